@@ -1,0 +1,405 @@
+"""The HTTP front: wire contract v1 (SPEC §1) and its compatible extensions (SPEC §2).
+
+A Klein app as a class attribute; its dependencies come in through ``__init__``. Errors are
+mapped to ``{"error", "detail"}`` bodies in one place (:meth:`SandboxAPI.api_error`), and the
+bearer-token check is one decorator (:func:`authorized`).
+"""
+
+import hmac
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar, cast
+
+from klein import Klein
+from twisted.internet.defer import CancelledError
+from twisted.logger import Logger
+from twisted.protocols.basic import FileSender
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+from werkzeug.exceptions import HTTPException
+
+import sandboxd
+from sandboxd import exec_request, exec_run, workspace
+from sandboxd.errors import APIError, BadRequest, TooLarge, Unauthorized
+from sandboxd.exec_request import ExecRequest
+from sandboxd.layout import RID_PATTERN
+from sandboxd.manager import Sandbox, SandboxManager
+from sandboxd.paths import normalise
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+JSON_BODY_LIMIT = 64 << 20
+ITEM_ID_MAX = 255
+
+log = Logger()
+
+
+def capability(*names: str) -> Callable[[F], F]:
+    """Tag a route as implementing the named capabilities (listed by ``/healthz``)."""
+
+    def tag(route: F) -> F:
+        route.capabilities = names  # type: ignore[attr-defined]
+        return route
+
+    return tag
+
+
+def authorized(route: F) -> F:
+    """Refuse the call with ``401`` unless it carries the configured bearer token."""
+
+    @wraps(route)
+    def checked(self: "SandboxAPI", request: IRequest, *args: Any, **kwargs: Any) -> Any:
+        if self.token is not None:
+            header = request.getHeader(b"authorization") or b""
+            expected = b"Bearer " + self.token
+            if not hmac.compare_digest(header, expected):
+                raise Unauthorized("a valid 'Authorization: Bearer <token>' header is required")
+        return route(self, request, *args, **kwargs)
+
+    return cast(F, checked)
+
+
+def json_response(request: IRequest, body: Any, status: int = 200) -> bytes:
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", b"application/json")
+    return json.dumps(body).encode()
+
+
+def no_content(request: IRequest) -> bytes:
+    request.setResponseCode(204)
+    return b""
+
+
+def query(request: IRequest, name: str, default: str | None = None) -> str:
+    """One query parameter as text, ``400`` when missing or not UTF-8."""
+    values = request.args.get(name.encode()) if request.args else None
+    if not values:
+        if default is not None:
+            return default
+        raise BadRequest(f"{name}: missing query parameter")
+    try:
+        return cast(bytes, values[0]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"{name}: not UTF-8") from None
+
+
+def json_body(request: IRequest) -> dict[str, Any]:
+    """The request's JSON object, ``400`` when it is not one (an absent body is ``{}``)."""
+    refuse_too_large(request, JSON_BODY_LIMIT)
+    raw = request.content.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest("body: not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body: must be a JSON object")
+    return body
+
+
+def refuse_too_large(request: IRequest, limit: int) -> None:
+    """``413`` when the body was over the site's limit, or is over ``limit``."""
+    if getattr(request, "too_large", False):
+        raise TooLarge("the request body is over the configured limit")
+    length = request.getHeader(b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise TooLarge(f"the request body is over {limit} bytes")
+
+
+class SandboxAPI:
+    """The Klein application serving one :class:`SandboxManager`."""
+
+    app = Klein()
+
+    def __init__(
+        self,
+        manager: SandboxManager,
+        *,
+        token: bytes | None = None,
+        pod_url: str | None = None,
+        pod_ip: str | None = None,
+    ) -> None:
+        self.manager = manager
+        self.token = token
+        self.pod_url = pod_url
+        self.pod_ip = pod_ip
+        self.capabilities = self._collect_capabilities()
+
+    def _collect_capabilities(self) -> list[str]:
+        names = {*exec_request.CAPABILITIES, *exec_run.CAPABILITIES}
+        names.add(f"isolation.{self.manager.isolation.name}")
+        names.add("auth.bearer" if self.token is not None else "auth.none")
+        for attribute in vars(type(self)).values():
+            names.update(getattr(attribute, "capabilities", ()))
+        return sorted(names)
+
+    # Errors, in one place
+
+    @app.handle_errors(APIError)
+    def api_error(self, request: IRequest, failure: Failure) -> bytes:
+        error = cast(APIError, failure.value)
+        body = {"error": error.wire_type, "detail": error.detail}
+        return json_response(request, body, error.status)
+
+    @app.handle_errors(HTTPException)
+    def routing_error(self, request: IRequest, failure: Failure) -> bytes:
+        error = cast(HTTPException, failure.value)
+        body = {"error": type(error).__name__, "detail": error.description or ""}
+        return json_response(request, body, error.code or 500)
+
+    @app.handle_errors(Exception)
+    def internal_error(self, request: IRequest, failure: Failure) -> bytes:
+        log.failure("unexpected error answering {uri}", failure, uri=request.uri)
+        body = {"error": "InternalError", "detail": failure.getErrorMessage()}
+        return json_response(request, body, 500)
+
+    def sandbox(self, rid: str) -> Sandbox:
+        if not RID_PATTERN.match(rid):
+            return self.manager.get("")
+        return self.manager.get(rid)
+
+    # Health
+
+    @app.route("/healthz", methods=["GET"])
+    def healthz(self, request: IRequest) -> bytes:
+        body = {
+            "status": "draining" if self.manager.draining else "ok",
+            "version": sandboxd.__version__,
+            "capabilities": self.capabilities,
+        }
+        return json_response(request, body)
+
+    @app.route("/readyz", methods=["GET"])
+    def readyz(self, request: IRequest) -> bytes:
+        reason = None
+        if self.manager.draining:
+            reason = "draining"
+        elif self.manager.isolation.uids.free == 0:
+            reason = "no free uid"
+        if reason is not None:
+            return json_response(request, {"ready": False, "reason": reason}, 503)
+        return json_response(request, {"ready": True, "isolation": self.manager.isolation.name})
+
+    @app.route("/drain", methods=["POST"])
+    @authorized
+    def drain(self, request: IRequest) -> bytes:
+        self.manager.draining = True
+        log.info("drain requested over HTTP")
+        return no_content(request)
+
+    # Lifecycle
+
+    @app.route("/sandboxes", methods=["POST"])
+    @authorized
+    def create(self, request: IRequest) -> bytes:
+        body = json_body(request)
+        image = body.get("image")
+        if image is not None and not isinstance(image, str):
+            raise BadRequest("image: must be a string")
+        ports = body.get("exposed_ports")
+        if ports is not None and not (
+            isinstance(ports, list) and all(type(p) is int for p in ports)
+        ):
+            raise BadRequest("exposed_ports: must be a list of port numbers")
+        check_item_id(body.get("item_id"))
+        sandbox = self.manager.create(env=body.get("env"))
+        return json_response(request, {"pod_url": self.own_url(request), "remote_id": sandbox.rid})
+
+    def own_url(self, request: IRequest) -> str:
+        """This replica's directly addressable URL: configured, else ``POD_IP`` and our port.
+
+        Without either, the address and port the request arrived at (this host as the caller
+        reached it).
+        """
+        if self.pod_url is not None:
+            return self.pod_url.rstrip("/")
+        local = request.getHost()
+        host = str(self.pod_ip or getattr(local, "host", "127.0.0.1"))
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{getattr(local, 'port', 80)}"
+
+    @app.route("/sandboxes", methods=["GET"])
+    @authorized
+    @capability("sandboxes.list")
+    def listing(self, request: IRequest) -> bytes:
+        return json_response(request, {"sandboxes": self.manager.listing()})
+
+    @app.route("/sandboxes/<rid>", methods=["DELETE"])
+    @authorized
+    async def kill(self, request: IRequest, rid: str) -> bytes:
+        self.sandbox(rid)
+        await self.manager.kill(rid)
+        return no_content(request)
+
+    @app.route("/sandboxes/<rid>/stats", methods=["GET"])
+    @authorized
+    @capability("sandboxes.stats")
+    def stats(self, request: IRequest, rid: str) -> bytes:
+        usage = self.manager.stats(self.sandbox(rid))
+        return json_response(
+            request,
+            {
+                "memory_bytes": usage.memory_bytes,
+                "memory_peak_bytes": usage.memory_peak_bytes,
+                "cpu_usec": usage.cpu_usec,
+                "pids": usage.pids,
+                "oom_kills": usage.oom_kills,
+            },
+        )
+
+    # Commands
+
+    @app.route("/sandboxes/<rid>/exec", methods=["POST"])
+    @authorized
+    async def exec(self, request: IRequest, rid: str) -> None:
+        sandbox = self.sandbox(rid)
+        command = ExecRequest.parse(json_body(request))
+        request.setHeader(b"content-type", b"application/x-ndjson")
+        run = self.manager.start_exec(sandbox, command, request.write)
+        request.registerProducer(run, True)  # type: ignore[attr-defined]
+        try:
+            try:
+                frame = await run.when_finished()
+            except CancelledError:
+                raise  # the client went away: finally kills the command
+            except Exception as e:  # in band: the status line is already sent
+                log.failure("exec in {rid} failed", Failure(), rid=rid)
+                frame = {"error": type(e).__name__, "detail": str(e)}
+            request.write(exec_run.encode_frame(frame))
+        finally:
+            request.unregisterProducer()  # type: ignore[attr-defined]
+            run.abort()
+
+    # Files
+
+    @app.route("/sandboxes/<rid>/file", methods=["PUT"])
+    @authorized
+    @capability("files.413", "files.507")
+    async def upload(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        parts = normalise(query(request, "path"))
+        refuse_too_large(request, self.manager.config.max_body)
+        content = request.content
+        content.seek(0)
+        await self.manager.files(sandbox, lambda ws: workspace.write_from(ws, parts, content))
+        return no_content(request)
+
+    @app.route("/sandboxes/<rid>/file", methods=["GET"])
+    @authorized
+    async def download(self, request: IRequest, rid: str) -> None:
+        sandbox = self.sandbox(rid)
+        parts = normalise(query(request, "path"))
+        source, length = await self.manager.open_for_reading(sandbox, parts)
+        try:
+            request.setHeader(b"content-type", b"application/octet-stream")
+            request.setHeader(b"content-length", str(length).encode())
+            await FileSender().beginFileTransfer(source, request)
+        finally:
+            source.close()
+
+    @app.route("/sandboxes/<rid>/file", methods=["DELETE"])
+    @authorized
+    async def delete(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        parts = normalise(query(request, "path"))
+        await self.manager.files(sandbox, lambda ws: workspace.delete(ws, parts))
+        return no_content(request)
+
+    @app.route("/sandboxes/<rid>/exists", methods=["GET"])
+    @authorized
+    async def exists(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        parts = normalise(query(request, "path"))
+        found = await self.manager.files(sandbox, lambda ws: workspace.exists(ws, parts))
+        return json_response(request, {"exists": found})
+
+    @app.route("/sandboxes/<rid>/size", methods=["GET"])
+    @authorized
+    async def size(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        parts = normalise(query(request, "path"))
+        found = await self.manager.files(sandbox, lambda ws: workspace.size(ws, parts))
+        return json_response(request, {"size": found})
+
+    @app.route("/sandboxes/<rid>/disk-usage", methods=["GET"])
+    @authorized
+    async def disk_usage(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        total = await self.manager.files(sandbox, workspace.disk_usage)
+        return json_response(request, {"bytes": total})
+
+    @app.route("/sandboxes/<rid>/walk", methods=["GET"])
+    @authorized
+    async def walk(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        parts = normalise(query(request, "root", "/"), "root")
+        entries = await self.manager.files(sandbox, lambda ws: workspace.walk(ws, parts))
+        body = {
+            "entries": [{"path": e.path, "size": e.size, "version": e.version} for e in entries]
+        }
+        return json_response(request, body)
+
+    @app.route("/sandboxes/<rid>/mkdir", methods=["POST"])
+    @authorized
+    async def mkdir(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        parts = normalise(json_body(request).get("path"))
+        await self.manager.files(sandbox, lambda ws: workspace.mkdir(ws, parts))
+        return no_content(request)
+
+    @app.route("/sandboxes/<rid>/dir", methods=["DELETE"])
+    @authorized
+    async def rmdir(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        parts = normalise(query(request, "path"))
+        await self.manager.files(sandbox, lambda ws: workspace.rmdir(ws, parts))
+        return no_content(request)
+
+    @app.route("/sandboxes/<rid>/rename", methods=["POST"])
+    @authorized
+    async def rename(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
+        body = json_body(request)
+        source = normalise(body.get("src"), "src")
+        target = normalise(body.get("dst"), "dst")
+        await self.manager.files(sandbox, lambda ws: workspace.rename(ws, source, target))
+        return no_content(request)
+
+    # Ready marker and archive
+
+    @app.route("/sandboxes/<rid>/mark-ready", methods=["POST"])
+    @authorized
+    def mark_ready(self, request: IRequest, rid: str) -> bytes:
+        self.manager.mark_ready(self.sandbox(rid))
+        return no_content(request)
+
+    @app.route("/sandboxes/<rid>/ready", methods=["GET"])
+    @authorized
+    def ready(self, request: IRequest, rid: str) -> bytes:
+        return json_response(request, {"ready": self.manager.is_ready(self.sandbox(rid))})
+
+    @app.route("/sandboxes/<rid>/persist", methods=["POST"])
+    @authorized
+    def persist(self, request: IRequest, rid: str) -> bytes:
+        self.sandbox(rid)
+        delete = json_body(request).get("delete", False)
+        if not isinstance(delete, bool):
+            raise BadRequest("delete: must be true or false")
+        # Without an archive root persist is a no-op (SPEC §1 "Archive").
+        return no_content(request)
+
+    def resource(self) -> Any:
+        return self.app.resource()
+
+
+def check_item_id(item_id: object) -> None:
+    """``item_id`` names one archive entry: no ``/``, no ``..``, no NUL, bounded length."""
+    if item_id is None:
+        return
+    if not isinstance(item_id, str) or not item_id:
+        raise BadRequest("item_id: must be a non-empty string")
+    if "/" in item_id or "\0" in item_id or item_id in (".", "..") or len(item_id) > ITEM_ID_MAX:
+        raise BadRequest("item_id: must be one path component without '/', '..' or NUL")

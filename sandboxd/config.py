@@ -1,0 +1,220 @@
+"""The daemon's configuration: one table of settings, read from ``SANDBOXD_*`` and options.
+
+Every setting has an environment variable and a ``twistd sandboxd --option`` of the same name;
+the option wins. A value that does not parse raises :class:`ConfigError` naming the variable, so
+start-up stops with one clear line.
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attrs import field, fields, frozen
+
+from sandboxd.units import parse_cores, parse_count, parse_duration, parse_size
+
+ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
+LOG_FORMATS = ("text", "json")
+
+
+class ConfigError(Exception):
+    """A setting has a value that cannot be used; the message names the variable."""
+
+
+def _choice(allowed: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in allowed:
+            raise ValueError(f"{text!r} is not one of {', '.join(allowed)}")
+        return value
+
+    return parse
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("is empty")
+    return text.strip()
+
+
+def _optional_text(text: str) -> str | None:
+    return text.strip() or None
+
+
+def _setting(
+    env: str, default: str | None, parse: Callable[[str], Any], help: str, secret: bool = False
+) -> Any:
+    """Declare one setting: its variable, default (as text an operator would write) and parser."""
+    return field(
+        metadata={"env": env, "default": default, "parse": parse, "help": help, "secret": secret}
+    )
+
+
+@frozen
+class Config:
+    """The effective configuration. Sizes are bytes, durations seconds, cores a float."""
+
+    listen: str = _setting(
+        "SANDBOXD_LISTEN", "tcp:8080", _text, "Twisted endpoint string to listen on"
+    )
+    pod_url: str | None = _setting(
+        "SANDBOXD_POD_URL",
+        None,
+        _optional_text,
+        "This replica's own URL (default: from POD_IP and the port)",
+    )
+    root: str = _setting(
+        "SANDBOXD_ROOT",
+        "/var/lib/sandboxd/sandboxes",
+        _text,
+        "Directory holding one directory per sandbox",
+    )
+    uid_min: int = _setting(
+        "SANDBOXD_UID_MIN", "200000", parse_count, "First uid/gid of the sandbox pool"
+    )
+    uid_max: int = _setting(
+        "SANDBOXD_UID_MAX", "201999", parse_count, "Last uid/gid of the sandbox pool"
+    )
+    memory_max: int = _setting(
+        "SANDBOXD_MEMORY_MAX", "512M", parse_size, "Memory limit of each sandbox (e.g. 512M)"
+    )
+    cpu_cores: float = _setting(
+        "SANDBOXD_CPU_CORES", "1.0", parse_cores, "CPU limit of each sandbox in cores (e.g. 1.5)"
+    )
+    pids_max: int = _setting(
+        "SANDBOXD_PIDS_MAX", "256", parse_count, "Process limit of each sandbox"
+    )
+    cgroup_root: str | None = _setting(
+        "SANDBOXD_CGROUP_ROOT", None, _optional_text, "Cgroup subtree to manage (default: detect)"
+    )
+    exec_timeout: float = _setting(
+        "SANDBOXD_EXEC_TIMEOUT", "10m", parse_duration, "Longest an exec may run (exit 124 after)"
+    )
+    log_timeout: float = _setting(
+        "SANDBOXD_LOG_TIMEOUT",
+        "5m",
+        parse_duration,
+        "Longest an exec may stay silent (exit 124 after)",
+    )
+    idle_ttl: float = _setting(
+        "SANDBOXD_IDLE_TTL", "30m", parse_duration, "Kill sandboxes idle this long"
+    )
+    drain_deadline: float = _setting(
+        "SANDBOXD_DRAIN_DEADLINE", "60s", parse_duration, "Longest a drain waits for busy sandboxes"
+    )
+    archive_root: str | None = _setting(
+        "SANDBOXD_ARCHIVE_ROOT",
+        None,
+        _optional_text,
+        "Archive directory for persist/restore (default: none)",
+    )
+    tools_dir: str = _setting(
+        "SANDBOXD_TOOLS_DIR",
+        "/var/lib/sandboxd/tools",
+        _text,
+        "Directory of installed third-party tools",
+    )
+    token_file: str | None = _setting(
+        "SANDBOXD_TOKEN_FILE",
+        None,
+        _optional_text,
+        "File holding the bearer token (root-only)",
+        secret=True,
+    )
+    isolation: str = _setting(
+        "SANDBOXD_ISOLATION",
+        "auto",
+        _choice(ISOLATION_MODES),
+        "auto, cgroup2, cgroup1 or none (none: development only)",
+    )
+    max_output: int = _setting(
+        "SANDBOXD_MAX_OUTPUT",
+        "16M",
+        parse_size,
+        "Bytes of stdout and of stderr kept per exec for the final frame",
+    )
+    max_body: int = _setting(
+        "SANDBOXD_MAX_BODY", "8G", parse_size, "Largest request body (uploads) accepted"
+    )
+    keepalive: float = _setting(
+        "SANDBOXD_KEEPALIVE",
+        "5s",
+        parse_duration,
+        'Interval of {"o": ""} frames while an exec is silent',
+    )
+    log_format: str = _setting(
+        "SANDBOXD_LOG_FORMAT",
+        "text",
+        _choice(LOG_FORMATS),
+        "Log output: text or json (one JSON object per line)",
+    )
+
+    @classmethod
+    def load(
+        cls, environ: Mapping[str, str], options: Mapping[str, str | None] | None = None
+    ) -> "Config":
+        """Build the configuration: option, else environment variable, else default."""
+        options = options or {}
+        values: dict[str, Any] = {}
+        for setting in fields(cls):
+            meta = setting.metadata
+            text = options.get(option_name(setting.name))
+            if text is None:
+                text = environ.get(meta["env"])
+            if text is None:
+                text = meta["default"]
+            if text is None:
+                values[setting.name] = None
+                continue
+            try:
+                values[setting.name] = meta["parse"](text)
+            except ValueError as e:
+                raise ConfigError(f"{meta['env']}: {e}") from None
+        config = cls(**values)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Refuse combinations that cannot work, naming the variables."""
+        if self.uid_min <= 0:
+            raise ConfigError("SANDBOXD_UID_MIN: must be above 0 (uid 0 is root)")
+        if self.uid_max < self.uid_min:
+            raise ConfigError("SANDBOXD_UID_MAX: must not be below SANDBOXD_UID_MIN")
+        if self.pids_max < 1:
+            raise ConfigError("SANDBOXD_PIDS_MAX: must be at least 1")
+        for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{env_name(name)}: must be above zero")
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective settings by variable name, secrets replaced by ``<set>``."""
+        shown: dict[str, Any] = {}
+        for setting in fields(type(self)):
+            value = getattr(self, setting.name)
+            if setting.metadata["secret"] and value is not None:
+                value = "<set>"
+            shown[setting.metadata["env"]] = value
+        return shown
+
+
+def option_name(attribute: str) -> str:
+    """``max_output`` → ``max-output``: the ``twistd sandboxd`` option of a setting."""
+    return attribute.replace("_", "-")
+
+
+def env_name(attribute: str) -> str:
+    """The environment variable of a setting attribute."""
+    for setting in fields(Config):
+        if setting.name == attribute:
+            return str(setting.metadata["env"])
+    raise KeyError(attribute)
+
+
+def option_table() -> list[list[Any]]:
+    """``optParameters`` rows for ``twisted.python.usage.Options``: one per setting."""
+    rows: list[list[Any]] = []
+    for setting in fields(Config):
+        meta = setting.metadata
+        default = meta["default"]
+        help_text = f"{meta['help']} [env {meta['env']}; default {default or 'unset'}]"
+        rows.append([option_name(setting.name), None, None, help_text])
+    return rows

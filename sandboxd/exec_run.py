@@ -1,0 +1,238 @@
+"""One running command: its process, the NDJSON frames it produces, its timers.
+
+An :class:`ExecRun` is the ``ProcessProtocol`` of the spawned command and the push producer of
+its HTTP response: when the client reads slowly, twisted.web pauses it, and it stops reading the
+command's pipes, so the command blocks on write instead of the daemon buffering without bound.
+"""
+
+import base64
+import contextlib
+import json
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorProcess, IReactorTime
+from twisted.internet.protocol import ProcessProtocol
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+EXIT_TIMEOUT = 124
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+EXIT_SIGNAL_BASE = 128
+
+LINGER_AFTER_EXIT = 1.0
+"""Seconds to keep reading after the command exits, for output still in the pipes (a
+background child that keeps the pipes open does not hold the exec open longer than this)."""
+
+CAPABILITIES = ("exec.keepalive", "exec.output-cap", "exec.backpressure")
+
+KEEPALIVE_FRAME = b'{"o":""}\n'
+
+
+def output_frame(data: bytes) -> bytes:
+    """The NDJSON line of one live output chunk."""
+    return b'{"o":"' + base64.b64encode(data) + b'"}\n'
+
+
+def encode_frame(frame: Mapping[str, Any]) -> bytes:
+    """Any other NDJSON line."""
+    return json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+
+
+def exit_code_of(reason: Failure) -> int:
+    """The shell's exit code for how a process ended (``128 + N`` for signal N)."""
+    value = reason.value
+    if isinstance(value, ProcessDone):
+        return 0
+    if isinstance(value, ProcessTerminated):
+        if value.signal is not None:
+            return EXIT_SIGNAL_BASE + int(value.signal)
+        if value.exitCode is not None:
+            return int(value.exitCode)
+    return 1
+
+
+@implementer(IPushProducer)
+class ExecRun(ProcessProtocol):
+    """Runs one command and reports it as frames; :meth:`when_finished` gives the final frame."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        emit: Callable[[bytes], None],
+        *,
+        max_output: int,
+        keepalive: float,
+        log_timeout: float,
+        timeout: float,
+        on_activity: Callable[[], None] = lambda: None,
+        on_end: Callable[[], None] = lambda: None,
+        kill: Callable[[int, int], None] = os.killpg,
+    ) -> None:
+        self.clock = clock
+        self.emit = emit
+        self.max_output = max_output
+        self.keepalive = keepalive
+        self.log_timeout = log_timeout
+        self.timeout = timeout
+        self.on_activity = on_activity
+        self.on_end = on_end
+        self._killpg = kill
+        self.frame: dict[str, Any] | None = None
+        self._waiters: list[Deferred[dict[str, Any]]] = []
+        self.buffers: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+        self.truncated = False
+        self.timed_out = False
+        self.stdin: bytes | None = None
+        self.pid: int | None = None
+        self._timers: dict[str, IDelayedCall] = {}
+        self._paused = False
+
+    def start(
+        self,
+        reactor: IReactorProcess,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        devnull: int,
+    ) -> None:
+        """Spawn ``argv``; a command that cannot be executed ends at once with 127 or 126."""
+        self.stdin = stdin
+        child_fds: dict[int, int | str] = {0: "w" if stdin is not None else devnull, 1: "r", 2: "r"}
+        try:
+            process = reactor.spawnProcess(
+                self, argv[0], list(argv), env=dict(env), childFDs=child_fds
+            )
+        except FileNotFoundError as e:
+            self._finish(EXIT_NOT_FOUND, f"{argv[0]}: command not found: {e}\n".encode())
+            return
+        except PermissionError as e:
+            self._finish(EXIT_NOT_EXECUTABLE, f"{argv[0]}: not executable: {e}\n".encode())
+            return
+        self.pid = process.pid
+        self._schedule("deadline", self.timeout, self._expire)
+        self._schedule("silence", self.log_timeout, self._expire)
+        self._schedule("keepalive", self.keepalive, self._keepalive)
+
+    @property
+    def ended(self) -> bool:
+        return self.frame is not None
+
+    def when_finished(self) -> Deferred[dict[str, Any]]:
+        """A new Deferred firing with the final frame (cancelling it does not stop the run)."""
+        waiter: Deferred[dict[str, Any]] = Deferred()
+        if self.frame is not None:
+            waiter.callback(self.frame)
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+    # ProcessProtocol
+
+    def connectionMade(self) -> None:
+        if self.stdin is not None:
+            assert self.transport is not None
+            self.transport.write(self.stdin)
+            self.transport.closeStdin()
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        self.emit(output_frame(data))
+        kept = self.buffers[childFD]
+        room = self.max_output - len(kept)
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        kept += data
+        self.on_activity()
+        self._schedule("keepalive", self.keepalive, self._keepalive)
+        if not self._paused:
+            self._schedule("silence", self.log_timeout, self._expire)
+
+    def processExited(self, reason: Failure) -> None:
+        """The command is gone; give its pipes a moment, then stop waiting for them."""
+        self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
+
+    def processEnded(self, reason: Failure) -> None:
+        code = EXIT_TIMEOUT if self.timed_out else exit_code_of(reason)
+        self._finish(code)
+
+    # IPushProducer (the HTTP response's flow control)
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+        self._cancel("silence")
+        if self.transport is not None:
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        if self.transport is not None and not self.ended:
+            self._schedule("silence", self.log_timeout, self._expire)
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    def stopProducing(self) -> None:
+        self.abort()
+
+    # Ending
+
+    def abort(self) -> None:
+        """Kill the command's whole process group (client gone, daemon stopping, sandbox killed)."""
+        if self.ended or self.pid is None:
+            return
+        try:
+            self._killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            # Not yet a group leader (still in the wrapper) or already gone.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        self._close_pipes()
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        self.abort()
+
+    def _close_pipes(self) -> None:
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def _keepalive(self) -> None:
+        self.emit(KEEPALIVE_FRAME)
+        self._schedule("keepalive", self.keepalive, self._keepalive)
+
+    def _finish(self, code: int, stderr: bytes = b"") -> None:
+        for name in list(self._timers):
+            self._cancel(name)
+        if stderr:
+            self.emit(output_frame(stderr))
+            self.buffers[2] += stderr
+        frame: dict[str, Any] = {
+            "exit": code,
+            "out": base64.b64encode(self.buffers[1]).decode(),
+            "err": base64.b64encode(self.buffers[2]).decode(),
+        }
+        if self.truncated:
+            frame["truncated"] = True
+        self.frame = frame
+        self.on_end()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.called:
+                waiter.callback(frame)
+
+    def _schedule(self, name: str, delay: float, action: Callable[[], None]) -> None:
+        self._cancel(name)
+        self._timers[name] = self.clock.callLater(delay, self._fire, name, action)
+
+    def _fire(self, name: str, action: Callable[[], None]) -> None:
+        del self._timers[name]
+        action()
+
+    def _cancel(self, name: str) -> None:
+        call = self._timers.pop(name, None)
+        if call is not None and call.active():
+            call.cancel()

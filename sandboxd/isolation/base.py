@@ -1,0 +1,120 @@
+"""The isolation seam: what the sandbox manager asks of uids, cgroups and file credentials.
+
+The manager never touches the kernel itself; it holds one :class:`Isolation` bundle, built at
+start-up from the configuration (``sandboxd.isolation.select``). ``--isolation=none`` gives the
+development bundle of ``sandboxd.isolation.none``; the cgroup drivers give real isolation.
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from attrs import frozen
+from twisted.internet.defer import Deferred
+
+T = TypeVar("T")
+
+
+class IsolationUnavailable(Exception):
+    """The configured isolation cannot be provided; the message is one line naming the cause."""
+
+
+class NoFreeUid(Exception):
+    """Every uid of the pool is held by a live sandbox."""
+
+
+@frozen
+class Identity:
+    """The numeric uid and gid a sandbox's processes and file calls run as."""
+
+    uid: int
+    gid: int
+
+
+@frozen
+class Limits:
+    """Resource limits of one sandbox's cgroup (``None``: no limit)."""
+
+    memory_bytes: int | None
+    cpu_cores: float | None
+    pids: int | None
+
+
+@frozen
+class CgroupStats:
+    """What the cgroup says of a sandbox (``GET /sandboxes/{rid}/stats``)."""
+
+    memory_bytes: int
+    memory_peak_bytes: int
+    cpu_usec: int
+    pids: int
+    oom_kills: int
+
+
+class UidPool(Protocol):
+    """Bare numeric uids/gids, one per live sandbox, never 0, never shared."""
+
+    @property
+    def total(self) -> int: ...
+
+    @property
+    def free(self) -> int: ...
+
+    def allocate(self) -> Identity:
+        """Take a free identity; raise :class:`NoFreeUid` when none is left."""
+
+    def claim(self, identity: Identity) -> None:
+        """Mark an identity as taken (restart recovery of a predecessor's leftovers)."""
+
+    def release(self, identity: Identity) -> None:
+        """Give an identity back to the pool."""
+
+
+class CgroupDriver(Protocol):
+    """One cgroup per sandbox, inside the subtree delegated to the daemon."""
+
+    name: str
+
+    def preflight(self) -> None:
+        """Check the driver can work here (raise :class:`IsolationUnavailable` if not)."""
+
+    def create(self, rid: str, limits: Limits) -> None:
+        """Create the sandbox's cgroup with its limits."""
+
+    def procs_files(self, rid: str) -> Sequence[str]:
+        """The ``cgroup.procs`` files a new process writes its pid into to join the sandbox."""
+
+    def kill(self, rid: str) -> Deferred[None]:
+        """SIGKILL every process in the sandbox's cgroup; fire once the cgroup is empty."""
+
+    def remove(self, rid: str) -> None:
+        """Remove the (empty) cgroup; a missing cgroup is not an error."""
+
+    def stats(self, rid: str) -> CgroupStats:
+        """Read the sandbox's usage counters."""
+
+    def leftovers(self) -> list[str]:
+        """Sandbox ids whose cgroups exist in our subtree (left by a crashed predecessor)."""
+
+
+class FsCredentials(Protocol):
+    """Runs blocking file work with a sandbox's filesystem credentials."""
+
+    def run(self, identity: Identity, work: Callable[[], T]) -> Deferred[T]:
+        """Call ``work()`` in a worker thread whose fsuid/fsgid are the identity's."""
+
+
+@frozen
+class Isolation:
+    """Everything the manager needs to isolate sandboxes, chosen once at start-up.
+
+    ``wrap(identity, procs_files, argv)`` returns the argv that joins the cgroup, starts a new
+    session (so the exec's process group can be killed) and drops privilege before ``argv``.
+    """
+
+    name: str
+    uids: UidPool
+    cgroups: CgroupDriver
+    fs: FsCredentials
+    wrap: Callable[[Identity, Sequence[str], Sequence[str]], list[str]]
+    owns_files: bool
+    """True when the daemon must chown what it creates to the sandbox's identity (as root)."""

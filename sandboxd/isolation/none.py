@@ -1,0 +1,121 @@
+"""``--isolation=none``: development mode, every sandbox runs as the daemon's own user.
+
+There is no cgroup and no uid switch: the only separation is the per-sandbox directory and a
+process group per exec. The pool still bounds how many sandboxes live at once, so capacity
+behaves as it does when isolated.
+"""
+
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from attrs import define, field
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
+
+from sandboxd.isolation.base import (
+    CgroupStats,
+    Identity,
+    Isolation,
+    IsolationUnavailable,
+    Limits,
+    NoFreeUid,
+)
+
+T = TypeVar("T")
+
+
+@define
+class CountingPool:
+    """A pool of ``total`` slots that all hand out the same identity (the daemon's own)."""
+
+    identity: Identity
+    total: int
+    _used: int = field(default=0, init=False)
+
+    @property
+    def free(self) -> int:
+        return self.total - self._used
+
+    def allocate(self) -> Identity:
+        if self._used >= self.total:
+            raise NoFreeUid(f"all {self.total} sandbox slots are in use")
+        self._used += 1
+        return self.identity
+
+    def claim(self, identity: Identity) -> None:
+        """Nothing to reclaim: no uid was ever set aside."""
+
+    def release(self, identity: Identity) -> None:
+        self._used = max(0, self._used - 1)
+
+
+@define
+class NoCgroups:
+    """A cgroup driver that creates nothing and reports zero usage."""
+
+    name: str = "none"
+
+    def preflight(self) -> None:
+        """Always possible."""
+
+    def create(self, rid: str, limits: Limits) -> None:
+        """No cgroup: limits are not enforced in this mode."""
+
+    def procs_files(self, rid: str) -> Sequence[str]:
+        return ()
+
+    def kill(self, rid: str) -> Deferred[None]:
+        """Nothing to sweep: the manager kills each exec's process group itself."""
+        return succeed(None)
+
+    def remove(self, rid: str) -> None:
+        """Nothing was created."""
+
+    def stats(self, rid: str) -> CgroupStats:
+        return CgroupStats(memory_bytes=0, memory_peak_bytes=0, cpu_usec=0, pids=0, oom_kills=0)
+
+    def leftovers(self) -> list[str]:
+        return []
+
+
+@define
+class ThreadedFiles:
+    """Runs file work in a thread pool with the daemon's own credentials."""
+
+    reactor: object
+    pool: ThreadPool
+
+    def run(self, identity: Identity, work: Callable[[], T]) -> Deferred[T]:
+        return deferToThreadPool(self.reactor, self.pool, work)  # type: ignore[arg-type]
+
+
+def session_wrapper(setsid: str) -> Callable[[Identity, Sequence[str], Sequence[str]], list[str]]:
+    """Wrap a command so it starts a session (its own process group) and nothing else."""
+
+    def wrap(identity: Identity, procs_files: Sequence[str], argv: Sequence[str]) -> list[str]:
+        return [setsid, "--", *argv]
+
+    return wrap
+
+
+def find_program(name: str) -> str:
+    """The absolute path of a program the daemon relies on, or a one-line refusal."""
+    path = shutil.which(name, path=os.defpath + ":/usr/sbin:/sbin")
+    if path is None:
+        raise IsolationUnavailable(f"{name} not found (install util-linux)")
+    return path
+
+
+def no_isolation(reactor: object, pool: ThreadPool, capacity: int) -> Isolation:
+    """The development bundle: the daemon's own uid, no cgroups, a session per exec."""
+    return Isolation(
+        name="none",
+        uids=CountingPool(Identity(os.getuid(), os.getgid()), capacity),
+        cgroups=NoCgroups(),
+        fs=ThreadedFiles(reactor, pool),
+        wrap=session_wrapper(find_program("setsid")),
+        owns_files=False,
+    )

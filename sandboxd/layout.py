@@ -1,0 +1,82 @@
+"""The on-disk layout of one sandbox (SPEC §3).
+
+``{root}/{rid}/`` is owned root:{gid} mode 0710, so the sandbox can enter it but not change it;
+inside it ``workspace/``, ``home/`` and ``tmp/`` belong to the sandbox's uid (0700), and the
+ready marker ``.ready`` is a root-owned sibling of the workspace that the sandbox cannot forge.
+"""
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Callable
+
+from attrs import frozen
+
+from sandboxd.isolation.base import Identity
+
+RID_PATTERN = re.compile(r"^[0-9a-f]{16}$")
+SUBDIRS = ("workspace", "home", "tmp")
+
+
+@frozen
+class Layout:
+    """Where a sandbox's directories live; ``chown`` is injectable for tests without root."""
+
+    root: str
+    owns_files: bool
+    chown: Callable[[str, int, int], None] = os.chown
+
+    def directory(self, rid: str) -> str:
+        return os.path.join(self.root, rid)
+
+    def workspace(self, rid: str) -> str:
+        return os.path.join(self.root, rid, "workspace")
+
+    def home(self, rid: str) -> str:
+        return os.path.join(self.root, rid, "home")
+
+    def tmp(self, rid: str) -> str:
+        return os.path.join(self.root, rid, "tmp")
+
+    def ready_marker(self, rid: str) -> str:
+        return os.path.join(self.root, rid, ".ready")
+
+    def prepare_root(self) -> None:
+        """Create the root (0711: sandboxes may pass through it, never list it)."""
+        os.makedirs(self.root, mode=0o711, exist_ok=True)
+        if self.owns_files:
+            os.chmod(self.root, 0o711)
+
+    def create(self, rid: str, identity: Identity) -> None:
+        """Make the sandbox's directory tree with the ownership of SPEC §3."""
+        top = self.directory(rid)
+        os.mkdir(top, 0o710)
+        if self.owns_files:
+            self.chown(top, 0, identity.gid)
+        for name in SUBDIRS:
+            path = os.path.join(top, name)
+            os.mkdir(path, 0o700)
+            if self.owns_files:
+                self.chown(path, identity.uid, identity.gid)
+
+    def mark_ready(self, rid: str) -> None:
+        fd = os.open(self.ready_marker(rid), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        os.close(fd)
+
+    def is_ready(self, rid: str) -> bool:
+        return os.path.isfile(self.ready_marker(rid)) and not os.path.islink(self.ready_marker(rid))
+
+    def destroy(self, rid: str) -> None:
+        """Remove the ready marker first, then every file of the sandbox."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.ready_marker(rid))
+        shutil.rmtree(self.directory(rid), ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """Sandbox directories present under the root (a predecessor's, at start-up)."""
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        return sorted(name for name in names if RID_PATTERN.match(name))

@@ -1,0 +1,293 @@
+"""Blocking file operations on one workspace, safe against links and swapped components.
+
+Every function here runs in a worker thread, under the sandbox's own filesystem credentials
+(``Isolation.fs``). Each walks from the workspace root one component at a time with
+``O_NOFOLLOW | O_DIRECTORY`` relative to the previous directory's descriptor, so no symlink is
+ever followed, and a component the sandbox swaps for a symlink while the call runs makes the
+call fail instead of leading it elsewhere. Regular files with several links that the sandbox
+does not own are refused too (a hardlink to a file outside).
+"""
+
+import errno
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import BinaryIO
+
+from attrs import frozen
+
+from sandboxd.errors import APIError, BadRequest, InsufficientStorage, PathNotFound
+from sandboxd.paths import Parts, display
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_UPLOAD_PREFIX = ".sandboxd-upload-"
+_COPY_CHUNK = 1 << 20
+
+
+@frozen
+class WalkEntry:
+    """One regular file: ``/``-rooted path, size, and a version that changes with content."""
+
+    path: str
+    size: int
+    version: str
+
+
+def version_of(st: os.stat_result) -> str:
+    """Inode, mtime, ctime and size: any write, replace or rename changes at least one."""
+    return f"{st.st_ino:x}.{st.st_mtime_ns:x}.{st.st_ctime_ns:x}.{st.st_size:x}"
+
+
+def translate(error: OSError, parts: Parts) -> APIError:
+    """Map an OS error of a file call to the answer the contract gives."""
+    where = display(parts)
+    if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        return PathNotFound(f"{where}: no such file or directory")
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientStorage(f"{where}: no space left")
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return BadRequest(f"{where}: permission denied")
+    return BadRequest(f"{where}: {os.strerror(error.errno or 0)}")
+
+
+@contextmanager
+def _opened_dir(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def parent_of(workspace: str, parts: Parts, create: bool = False) -> Iterator[int]:
+    """A descriptor of the directory holding ``parts[-1]`` (the root itself for ``()``).
+
+    With ``create``, missing directories on the way are made (``mkdir -p``).
+    """
+    fd = os.open(workspace, _DIR_FLAGS)
+    try:
+        for name in parts[:-1]:
+            try:
+                next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def open_for_reading(workspace: str, parts: Parts, owner: int) -> tuple[BinaryIO, int]:
+    """Open a regular file for download; returns the file and its size.
+
+    A file with several links that ``owner`` (the sandbox's uid) does not own is refused: it
+    can only be a hard link to something from outside the workspace.
+    """
+    if not parts:
+        raise BadRequest("/: is a directory")
+    try:
+        with parent_of(workspace, parts) as parent:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as e:
+        raise translate(e, parts) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise BadRequest(f"{display(parts)}: not a regular file")
+    if st.st_nlink > 1 and st.st_uid != owner:
+        os.close(fd)
+        raise BadRequest(f"{display(parts)}: a hard link to a file the sandbox does not own")
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def write_from(workspace: str, parts: Parts, source: BinaryIO) -> None:
+    """Replace (or create) a file with the bytes of ``source``, creating parent directories.
+
+    The data goes to a hidden temporary file beside the target, renamed over it once complete,
+    so a reader never sees half a file and a failed write (disk full) leaves nothing behind.
+    """
+    if not parts:
+        raise BadRequest("/: is a directory")
+    temp = _UPLOAD_PREFIX + secrets.token_hex(8)
+    try:
+        with parent_of(workspace, parts, create=True) as parent:
+            existing = _lstat(parent, parts[-1])
+            if existing is not None and stat.S_ISDIR(existing.st_mode):
+                raise BadRequest(f"{display(parts)}: is a directory")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(temp, flags, 0o644, dir_fd=parent)
+            try:
+                with os.fdopen(fd, "wb", closefd=False) as target:
+                    shutil.copyfileobj(source, target, _COPY_CHUNK)
+                os.rename(temp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
+            except BaseException:
+                with suppress(OSError):
+                    os.unlink(temp, dir_fd=parent)
+                raise
+            finally:
+                os.close(fd)
+    except OSError as e:
+        raise translate(e, parts) from None
+
+
+def exists(workspace: str, parts: Parts) -> bool:
+    """Whether a regular file or directory is at the path (symlinks do not count)."""
+    try:
+        with parent_of(workspace, parts) as parent:
+            if not parts:
+                return True
+            st = _lstat(parent, parts[-1])
+    except OSError:
+        return False
+    return st is not None and (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode))
+
+
+def size(workspace: str, parts: Parts) -> int | None:
+    """The size of the regular file at the path, or ``None`` when there is none."""
+    if not parts:
+        return None
+    try:
+        with parent_of(workspace, parts) as parent:
+            st = _lstat(parent, parts[-1])
+    except OSError:
+        return None
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return None
+    return st.st_size
+
+
+def _scan(dir_fd: int, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
+    """Every regular file below ``dir_fd`` as (``/``-rooted path, lstat), links not followed."""
+    with os.scandir(dir_fd) as entries:
+        listed = list(entries)
+    for entry in listed:
+        if entry.name.startswith(_UPLOAD_PREFIX):
+            continue
+        path = f"{prefix}/{entry.name}"
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                with _opened_dir(os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)) as child:
+                    yield from _scan(child, path)
+            elif entry.is_file(follow_symlinks=False):
+                yield path, entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # removed or swapped while walking: not a regular file under root
+
+
+def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
+    """Every regular file under the path (none when it is missing)."""
+    try:
+        with parent_of(workspace, parts) as parent:
+            if not parts:
+                found = list(_scan(parent, ""))
+            else:
+                st = _lstat(parent, parts[-1])
+                if st is None:
+                    return []
+                if stat.S_ISREG(st.st_mode):
+                    return [WalkEntry(display(parts), st.st_size, version_of(st))]
+                if not stat.S_ISDIR(st.st_mode):
+                    return []
+                with _opened_dir(os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)) as top:
+                    found = list(_scan(top, display(parts)))
+    except OSError:
+        return []
+    return [WalkEntry(path, st.st_size, version_of(st)) for path, st in found]
+
+
+def disk_usage(workspace: str) -> int:
+    """Total bytes of the regular files in the workspace."""
+    with _opened_dir(os.open(workspace, _DIR_FLAGS)) as root:
+        return sum(st.st_size for _, st in _scan(root, ""))
+
+
+def delete(workspace: str, parts: Parts) -> None:
+    """Delete one file (not a directory)."""
+    if not parts:
+        raise BadRequest("/: is a directory")
+    try:
+        with parent_of(workspace, parts) as parent:
+            st = _lstat(parent, parts[-1])
+            if st is None:
+                raise FileNotFoundError(errno.ENOENT, "missing")
+            if stat.S_ISDIR(st.st_mode):
+                raise BadRequest(f"{display(parts)}: is a directory")
+            os.unlink(parts[-1], dir_fd=parent)
+    except OSError as e:
+        raise translate(e, parts) from None
+
+
+def mkdir(workspace: str, parts: Parts) -> None:
+    """``mkdir -p``: create the directory and its missing parents."""
+    if not parts:
+        return
+    try:
+        with parent_of(workspace, parts, create=True) as parent:
+            try:
+                os.mkdir(parts[-1], 0o755, dir_fd=parent)
+            except FileExistsError:
+                st = _lstat(parent, parts[-1])
+                if st is None or not stat.S_ISDIR(st.st_mode):
+                    raise BadRequest(f"{display(parts)}: exists and is not a directory") from None
+    except OSError as e:
+        raise translate(e, parts) from None
+
+
+def _remove_entry(parent: int, name: str, st: os.stat_result) -> None:
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=parent)
+    else:
+        os.unlink(name, dir_fd=parent)
+
+
+def rmdir(workspace: str, parts: Parts) -> None:
+    """Remove a directory and everything in it."""
+    if not parts:
+        raise BadRequest("/: the workspace root cannot be removed")
+    try:
+        with parent_of(workspace, parts) as parent:
+            st = _lstat(parent, parts[-1])
+            if st is None:
+                raise FileNotFoundError(errno.ENOENT, "missing")
+            if not stat.S_ISDIR(st.st_mode):
+                raise BadRequest(f"{display(parts)}: not a directory")
+            shutil.rmtree(parts[-1], dir_fd=parent)
+    except OSError as e:
+        raise translate(e, parts) from None
+
+
+def rename(workspace: str, source: Parts, target: Parts) -> None:
+    """Move ``source`` to ``target``, replacing what is there and creating its parents."""
+    if not source or not target:
+        raise BadRequest("the workspace root cannot be renamed or replaced")
+    if target[: len(source)] == source and len(target) > len(source):
+        raise BadRequest(f"{display(target)}: inside {display(source)}")
+    try:
+        with parent_of(workspace, source) as src_parent:
+            if _lstat(src_parent, source[-1]) is None:
+                raise FileNotFoundError(errno.ENOENT, "missing")
+            try:
+                with parent_of(workspace, target, create=True) as dst_parent:
+                    existing = _lstat(dst_parent, target[-1])
+                    if existing is not None and source != target:
+                        _remove_entry(dst_parent, target[-1], existing)
+                    os.rename(source[-1], target[-1], src_dir_fd=src_parent, dst_dir_fd=dst_parent)
+            except OSError as e:
+                raise translate(e, target) from None
+    except OSError as e:
+        raise translate(e, source) from None

@@ -1,0 +1,38 @@
+"""Packaging for sandboxd (the daemon) and sandboxd_client (the client and sandboxctl)."""
+
+from setuptools import setup
+
+setup(
+    name="sandboxd",
+    version="0.1.0",
+    description="A self-hosted sandbox host for AI-agent applications",
+    long_description=open("README.rst", encoding="utf-8").read(),
+    long_description_content_type="text/x-rst",
+    python_requires=">=3.11",
+    packages=[
+        "sandboxd",
+        "sandboxd.isolation",
+        "sandboxd_client",
+        "twisted.plugins",
+    ],
+    package_data={"twisted": ["plugins/sandboxd_plugin.py"]},
+    install_requires=[
+        "twisted>=24.7",
+        "klein>=24.8",
+        "treq>=24.9",
+        "attrs>=23.1",
+        "prometheus_client>=0.20",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-twisted>=1.14",
+            "hypothesis>=6.100",
+            "coverage[toml]>=7.5",
+            "mypy>=1.10",
+            "mypy-zope>=1.0",
+            "ruff>=0.5",
+        ],
+    },
+    entry_points={"console_scripts": ["sandboxctl = sandboxd_client.cli:main"]},
+)
