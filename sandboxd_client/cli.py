@@ -1,0 +1,269 @@
+"""
+``sandboxctl``: the sandboxd client at a terminal (SPEC §6).
+
+    sandboxctl [--url URL] [--token-file FILE] [--json] COMMAND ...
+
+    create [--image I] [--env K=V]... [--port P]... [--item-id ID]   print a new handle
+    kill HANDLE
+    exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] -- CMD...
+    put HANDLE LOCAL REMOTE          upload a local file (progress bar on a terminal)
+    get HANDLE REMOTE LOCAL          download to a local file (progress bar on a terminal)
+    ls HANDLE [ROOT]                 every file under ROOT (default /)
+    rm HANDLE PATH [-r]              delete a file (-r: a directory and its contents)
+    list [--pod URL]                 live sandboxes (operators)
+    health [--pod URL]
+
+``exec`` streams the command's output (stdout and stderr, interleaved as produced) live to
+stdout and exits with the command's exit code, like ``docker exec``; its own failures exit 125.
+Every other failure prints one line on stderr and exits 1. ``--url`` defaults to
+``$SANDBOXD_URL`` (else http://127.0.0.1:8080), ``--token-file`` to ``$SANDBOXD_TOKEN_FILE``.
+``--json`` prints machine-readable results on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any, BinaryIO, NoReturn, TextIO
+
+from attrs import asdict
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import react
+
+from .client import HttpSandbox
+from .progress import MIB, ProgressBar
+from .types import SandboxError, SandboxHandle, SandboxSpec
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+EXEC_FAILED = 125
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; global options are accepted before or after the subcommand."""
+    parser = argparse.ArgumentParser(prog="sandboxctl", description="Drive a sandboxd service.")
+    common = argparse.ArgumentParser(add_help=False)
+    for p, default in ((parser, True), (common, False)):
+
+        def d(value: Any, default: bool = default) -> Any:
+            return value if default else argparse.SUPPRESS
+
+        p.add_argument("--url", default=d(os.environ.get("SANDBOXD_URL", DEFAULT_URL)))
+        p.add_argument("--token-file", default=d(os.environ.get("SANDBOXD_TOKEN_FILE")))
+        p.add_argument("--json", action="store_true", default=d(False), help="JSON output")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, parents=[common])
+
+    p = add("create", "create a sandbox and print its handle")
+    p.add_argument("--image")
+    p.add_argument("--env", type=_env_pair, action="append", default=[])
+    p.add_argument("--port", type=int, action="append", default=[])
+    p.add_argument("--item-id")
+    add("kill", "kill a sandbox").add_argument("handle")
+    p = add("exec", "run a command, streaming its output")
+    p.add_argument("handle")
+    p.add_argument("--env", type=_env_pair, action="append", default=[])
+    p.add_argument("--cwd")
+    p.add_argument("--timeout", type=float)
+    p.add_argument("-i", "--stdin", action="store_true", help="send this process's stdin")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p = add("put", "upload a local file")
+    p.add_argument("handle")
+    p.add_argument("local")
+    p.add_argument("remote")
+    p = add("get", "download a file")
+    p.add_argument("handle")
+    p.add_argument("remote")
+    p.add_argument("local")
+    p = add("ls", "list files under ROOT")
+    p.add_argument("handle")
+    p.add_argument("root", nargs="?", default="/")
+    p = add("rm", "delete a file (or, with -r, a directory)")
+    p.add_argument("handle")
+    p.add_argument("path")
+    p.add_argument("-r", "--recursive", action="store_true")
+    add("list", "list live sandboxes").add_argument("--pod")
+    add("health", "show service health").add_argument("--pod")
+    return parser
+
+
+def describe(e: BaseException) -> str:
+    """One line naming the failure for a person."""
+    if isinstance(e, SandboxError):
+        return f"{type(e).__name__}: {e.detail}"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{type(e).__name__}: {e.strerror}" + (f": {e.filename}" if e.filename else "")
+    return f"{type(e).__name__}: {e}"
+
+
+class Console:
+    """Where ``run`` writes: binary stdout (command output, results) and text stderr."""
+
+    def __init__(self, out: BinaryIO, err: TextIO, *, tty: bool | None = None) -> None:
+        self.out = out
+        self.err = err
+        self.tty = err.isatty() if tty is None else tty
+
+    def print(self, text: str) -> None:
+        self.out.write(text.encode("utf-8") + b"\n")
+        self.out.flush()
+
+    def json(self, value: object) -> None:
+        self.print(json.dumps(value, sort_keys=True))
+
+    def progress(self, label: str, total: int | None) -> ProgressBar | None:
+        """A progress bar on stderr, only on a terminal and only for large transfers."""
+        if self.tty and (total is None or total >= MIB):
+            return ProgressBar(self.err, label)
+        return None
+
+
+async def _transfer(console: Console, label: str, total: int | None, call: Any, *args: Any) -> None:
+    bar: list[ProgressBar | None] = [None]
+
+    def on_progress(done: int, size: int | None) -> None:
+        if bar[0] is None:
+            bar[0] = console.progress(label, size if size is not None else total)
+        if bar[0] is not None:
+            bar[0].update(done, size)
+
+    try:
+        await call(*args, on_progress=on_progress)
+    finally:
+        if bar[0] is not None:
+            bar[0].finish()
+
+
+async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
+    """Carry out one parsed command; return the exit code (exceptions are the caller's)."""
+    cmd, as_json = args.command, args.json
+    if cmd == "create":
+        spec = SandboxSpec(args.image, dict(args.env), tuple(args.port), args.item_id)
+        handle = await client.create(spec)
+        console.json({"handle": handle.id}) if as_json else console.print(handle.id)
+        return 0
+    if cmd == "exec":
+        argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not argv:
+            raise ValueError("exec needs a command after --")
+        stdin = sys.stdin.buffer.read() if args.stdin else None
+
+        def live(chunk: bytes) -> None:
+            console.out.write(chunk)
+            console.out.flush()
+
+        result = await client.exec(
+            SandboxHandle(args.handle),
+            argv,
+            on_output=None if as_json else live,
+            env=dict(args.env) or None,
+            cwd=args.cwd,
+            timeout=args.timeout,
+            stdin=stdin,
+        )
+        if as_json:
+            fields = asdict(result)
+            for key in ("stdout", "stderr"):
+                fields[key] = (
+                    result.stdout.decode("utf-8", "replace")
+                    if key == "stdout"
+                    else (result.stderr.decode("utf-8", "replace"))
+                )
+            console.json(fields)
+        return result.exit_code
+    handle = SandboxHandle(getattr(args, "handle", "") or "")
+    if cmd == "kill":
+        await client.kill(handle)
+    elif cmd == "put":
+        total = os.path.getsize(args.local)
+        await _transfer(
+            console, args.remote, total, client.upload_file, handle, args.remote, args.local
+        )
+    elif cmd == "get":
+        await _transfer(
+            console, args.remote, None, client.download_to_file, handle, args.remote, args.local
+        )
+    elif cmd == "rm":
+        await (client.rmdir if args.recursive else client.delete)(handle, args.path)
+    elif cmd == "ls":
+        entries = await client.walk(handle, args.root)
+        if as_json:
+            console.json([asdict(e) for e in entries])
+        for e in [] if as_json else entries:
+            console.print(f"{e.size:>12}  {e.path}")
+        return 0
+    elif cmd == "list":
+        infos = await client.list_sandboxes(args.pod)
+        if as_json:
+            console.json([asdict(i) for i in infos])
+        for i in [] if as_json else infos:
+            ready = "ready" if i.ready else "-"
+            console.print(f"{i.remote_id}  {ready:5}  execs={i.execs}  last_active={i.last_active}")
+        return 0
+    elif cmd == "health":
+        health = await client.health(args.pod)
+        if as_json:
+            console.json(asdict(health))
+        else:
+            console.print(f"{health.status}  {health.version}  {' '.join(health.capabilities)}")
+        return 0
+    if as_json:
+        console.json({"ok": True})
+    return 0
+
+
+def read_token(path: str | None) -> str | None:
+    """The bearer token in ``path`` (surrounding whitespace stripped), or ``None``."""
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip() or None
+
+
+async def _main(reactor: Any, argv: list[str] | None) -> None:
+    args = build_parser().parse_args(argv)
+    console = Console(sys.stdout.buffer, sys.stderr)
+    failed = EXEC_FAILED if args.command == "exec" else 1
+    try:
+        client = HttpSandbox(args.url, token=read_token(args.token_file), reactor=reactor)
+    except (OSError, ValueError) as e:
+        print(f"sandboxctl: {describe(e)}", file=sys.stderr)
+        raise SystemExit(failed) from None
+    work: Deferred[int] = Deferred.fromCoroutine(run(client, args, console))
+
+    def interrupt(signum: int, frame: object) -> None:
+        reactor.callFromThread(work.cancel)
+
+    reactor.callWhenRunning(signal.signal, signal.SIGINT, interrupt)
+    try:
+        code = await work
+    except CancelledError:
+        print("sandboxctl: interrupted", file=sys.stderr)
+        code = 130
+    except Exception as e:
+        print(f"sandboxctl: {describe(e)}", file=sys.stderr)
+        code = failed
+    finally:
+        await client.close()
+    raise SystemExit(code)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console-script entry point: parse ``argv`` (default ``sys.argv[1:]``) and exit."""
+    react(_main, [argv])
+    raise AssertionError("react() returned")  # pragma: no cover
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""
+Mapping failures to the exceptions of SPEC §1's error model.
+
+Three sources of failure, one vocabulary:
+
+- an HTTP error status with a JSON body ``{"error": type, "detail": msg}``
+  (``error_from_response``), where the body may also be garbage (an HTML 502 from a proxy);
+- an in-band ``{"error", "detail"}`` frame at the end of an exec stream (``error_from_frame``);
+- a transport failure from Twisted (``error_from_transport``): our own deadline firing is
+  ``SandboxBusy``; refused / reset / lost is ``SandboxNotFound`` for a sandbox's replica (or
+  ``SandboxUnavailable`` for the load-balanced service address, where no sandbox exists yet).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from collections.abc import Iterator
+
+from twisted.internet import error as ierror
+from twisted.internet.defer import CancelledError
+from twisted.python.failure import Failure
+from twisted.web._newclient import ParseError, RequestGenerationFailed
+from twisted.web._newclient import _WrapperException as WrapperException
+
+from .types import (
+    ProtocolError,
+    SandboxBusy,
+    SandboxError,
+    SandboxNotFound,
+    SandboxUnavailable,
+    TooLarge,
+)
+
+# Error type names (the wire's "error" field) understood without looking at the status.
+_BY_TYPE: dict[str, int] = {
+    "SandboxNotFound": 404,
+    "NotFound": 404,
+    "FileNotFoundError": 404,
+    "BadRequest": 400,
+    "ValueError": 400,
+    "Unauthorized": 401,
+    "PermissionError": 403,
+    "Forbidden": 403,
+    "TooLarge": 413,
+    "Draining": 503,
+    "NoCapacity": 503,
+    "SandboxUnavailable": 503,
+    "InsufficientStorage": 507,
+    "SandboxBusy": 504,
+    "Timeout": 504,
+}
+
+
+def error_for(status: int, error: str | None, detail: str) -> Exception:
+    """
+    The exception for an HTTP error ``status`` and wire error type ``error``.
+
+    404 is ``FileNotFoundError`` only when the type says so, else ``SandboxNotFound``;
+    400 ``ValueError``; 401/403 ``PermissionError``; 413 ``TooLarge``; 503
+    ``SandboxUnavailable``; 507 ``OSError(ENOSPC)``; 408/504 ``SandboxBusy``; anything else a
+    ``SandboxError`` carrying status, type and detail.
+    """
+    if status == 404:
+        if error == "FileNotFoundError":
+            return FileNotFoundError(errno.ENOENT, detail)
+        return SandboxNotFound(detail, status=status, error=error)
+    if status == 400:
+        return ValueError(detail)
+    if status in (401, 403):
+        return PermissionError(detail)
+    if status == 413:
+        return TooLarge(detail, status=status, error=error)
+    if status == 503:
+        return SandboxUnavailable(detail, status=status, error=error)
+    if status == 507:
+        return OSError(errno.ENOSPC, detail)
+    if status in (408, 504):
+        return SandboxBusy(detail, status=status, error=error)
+    return SandboxError(detail, status=status, error=error)
+
+
+def parse_error_body(body: bytes) -> tuple[str | None, str | None]:
+    """``(error, detail)`` from a JSON error body, or ``(None, None)`` if it is not one."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    if not isinstance(obj, dict):
+        return None, None
+    error, detail = obj.get("error"), obj.get("detail")
+    return (
+        error if isinstance(error, str) else None,
+        detail if isinstance(detail, str) else None,
+    )
+
+
+def error_from_response(status: int, body: bytes) -> Exception:
+    """The exception for an error response; a non-JSON body still maps by status."""
+    error, detail = parse_error_body(body)
+    if detail is None:
+        snippet = body[:200].decode("utf-8", "replace").strip()
+        detail = f"HTTP {status}" + (f": {snippet}" if snippet else "")
+    return error_for(status, error, detail)
+
+
+def error_from_frame(error: object, detail: object) -> Exception:
+    """The exception for an in-band exec ``{"error", "detail"}`` frame (HTTP status was 200)."""
+    etype = error if isinstance(error, str) else None
+    text = detail if isinstance(detail, str) else f"exec failed on the host: {etype}"
+    status = _BY_TYPE.get(etype or "")
+    if status is None:
+        return SandboxError(text, error=etype)
+    return error_for(status, etype, text)
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The innermost exceptions under Twisted's wrapper exceptions (ResponseFailed, …)."""
+    if isinstance(exc, WrapperException):
+        for reason in exc.reasons:
+            inner = reason.value if isinstance(reason, Failure) else reason
+            if isinstance(inner, BaseException):
+                yield from _leaves(inner)
+    else:
+        yield exc
+
+
+_TIMEOUTS = (ierror.TimeoutError, ierror.TCPTimedOutError)
+_DEAD = (
+    ierror.ConnectError,
+    ierror.ConnectionClosed,
+    ierror.DNSLookupError,
+    ConnectionError,
+)
+_CANCELLED = (CancelledError, ierror.ConnectingCancelledError)
+
+
+def error_from_transport(exc: BaseException, *, timed_out: bool, service: bool) -> BaseException:
+    """
+    Map a transport-level exception to the error model.
+
+    ``timed_out`` says our own deadline fired (the cancellation it caused is then
+    ``SandboxBusy``, whatever Twisted wrapped it in). ``service`` says the request went to the
+    load-balanced base URL rather than a sandbox's replica: a dead address there is
+    ``SandboxUnavailable`` instead of ``SandboxNotFound``. A failure of our own request body
+    (e.g. reading the local file) is re-raised as it is; exceptions that are not transport
+    failures (and a caller's own cancellation) are returned unchanged.
+    """
+    if isinstance(exc, SandboxError | OSError | ValueError) and not isinstance(
+        exc, ierror.DNSLookupError | ConnectionError
+    ):
+        return exc
+    leaves = list(_leaves(exc))
+    if isinstance(exc, RequestGenerationFailed) and leaves:
+        return leaves[0]
+    if timed_out or any(isinstance(leaf, _TIMEOUTS) for leaf in leaves):
+        return SandboxBusy("timed out waiting for the sandbox host")
+    if any(isinstance(leaf, _CANCELLED) for leaf in leaves):
+        return exc if isinstance(exc, CancelledError) else CancelledError()
+    if any(isinstance(leaf, ParseError) for leaf in leaves):
+        return ProtocolError(f"unparseable HTTP response: {leaves[0]!r}")
+    if any(type(leaf).__module__.startswith("OpenSSL") for leaf in leaves):
+        return SandboxError(f"TLS failure: {leaves[0]!r}")
+    if isinstance(exc, WrapperException) or any(isinstance(leaf, _DEAD) for leaf in leaves):
+        reason = ", ".join(type(leaf).__name__ for leaf in leaves) or type(exc).__name__
+        if service:
+            return SandboxUnavailable(f"sandbox service unreachable ({reason})")
+        return SandboxNotFound(f"sandbox host unreachable ({reason})")
+    return exc

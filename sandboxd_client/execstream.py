@@ -1,0 +1,106 @@
+"""
+Decoding the exec NDJSON stream (SPEC §1) into live output and one ``ExecResult``.
+
+Frames, one JSON object per line:
+
+- ``{"o": base64}``: a live chunk (stdout and stderr interleaved); keepalives are ``{"o": ""}``
+  and are not forwarded;
+- ``{"exit": int, "out": base64, "err": base64, "truncated"?: bool}``: the final result;
+- ``{"error": type, "detail": msg}``: the host failed while running the command.
+
+The decoder is pure (no I/O, no reactor): feed it bytes in any split and it behaves the same.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+from collections.abc import Callable
+
+from .errors import error_from_frame
+from .ndjson import DEFAULT_MAX_LINE, LineSplitter
+from .types import ExecResult, ProtocolError, SandboxNotFound
+
+OutputCallback = Callable[[bytes], object]
+
+
+def _b64(frame: dict[str, object], key: str) -> bytes:
+    value = frame.get(key, "")
+    if value is None:
+        return b""
+    if not isinstance(value, str):
+        raise ProtocolError(f"exec frame field {key!r} is not a base64 string")
+    try:
+        return base64.b64decode(value.encode("ascii"), validate=True)
+    except (UnicodeError, binascii.Error):
+        raise ProtocolError(f"exec frame field {key!r} is not valid base64") from None
+
+
+class ExecStreamDecoder:
+    """
+    Incremental exec-stream decoder.
+
+    ``feed`` calls ``on_output`` synchronously for every non-empty ``o`` chunk, in order, and
+    lets its exceptions propagate (the caller then drops the stream). Frames after the final
+    ``exit``/``error`` frame are ignored, as are unknown fields.
+    """
+
+    def __init__(self, on_output: OutputCallback | None, max_line: int = DEFAULT_MAX_LINE):
+        self._on_output = on_output
+        self._lines = LineSplitter(max_line)
+        self._result: ExecResult | None = None
+        self._error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once the final ``exit`` or ``error`` frame has been decoded."""
+        return self._result is not None or self._error is not None
+
+    def feed(self, data: bytes) -> None:
+        """Decode every frame ``data`` completes. ``ProtocolError`` for a malformed frame."""
+        for line in self._lines.feed(data):
+            if not self.done:
+                self._frame(line)
+
+    def _frame(self, line: bytes) -> None:
+        try:
+            frame = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            raise ProtocolError(f"exec stream frame is not JSON: {line[:80]!r}") from None
+        if not isinstance(frame, dict):
+            raise ProtocolError(f"exec stream frame is not an object: {line[:80]!r}")
+        if "exit" in frame:
+            code = frame["exit"]
+            truncated = frame.get("truncated", False)
+            if isinstance(code, bool) or not isinstance(code, int):
+                raise ProtocolError(f"exec exit code is not an integer: {code!r}")
+            if not isinstance(truncated, bool):
+                raise ProtocolError(f"exec 'truncated' is not a boolean: {truncated!r}")
+            self._result = ExecResult(code, _b64(frame, "out"), _b64(frame, "err"), truncated)
+        elif "error" in frame:
+            self._error = error_from_frame(frame["error"], frame.get("detail"))
+        elif "o" in frame:
+            chunk = _b64(frame, "o")
+            if chunk and self._on_output is not None:
+                self._on_output(chunk)
+
+    def finish(self) -> ExecResult:
+        """
+        The result once the stream has ended.
+
+        Raises the mapped exception of an ``error`` frame, or ``SandboxNotFound`` when the
+        stream ended with neither (the replica died; delivered chunks stay delivered).
+        """
+        tail = self._lines.flush()
+        if tail.strip() and not self.done:
+            # A last frame sent without its newline counts; one cut off mid-frame means the
+            # replica died, which is reported below.
+            with contextlib.suppress(ProtocolError):
+                self._frame(tail)
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise SandboxNotFound("exec stream ended without an exit frame: the replica died")
+        return self._result

@@ -1,0 +1,180 @@
+"""
+Value types and exceptions of the sandboxd client (SPEC §6).
+
+Every value is an immutable attrs class. Exceptions follow SPEC §1's error model: each one tells
+the application what to do next, so each one is raised only for the situation it names.
+
+- ``SandboxNotFound``: the sandbox is gone (unknown handle, killed, or its replica is dead).
+  The application recreates it from its own store.
+- ``SandboxBusy``: the replica is reachable but did not answer in time. The sandbox is alive;
+  do **not** open a second one for the same work.
+- ``SandboxUnavailable``: the service refused to create a sandbox (503 draining / no capacity),
+  or the load balancer in front of it could not be reached.
+- builtin ``FileNotFoundError`` (missing path), ``ValueError`` (400: bad request, bad handle),
+  ``PermissionError`` (401/403: missing or wrong bearer token), ``OSError(ENOSPC)`` (507).
+- ``SandboxError``: the base of the classes above that are ours, and what any other
+  failure (413, 500, a malformed reply) is raised as.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from attrs import field, frozen
+
+
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _strs(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def _objects(values: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    return tuple(values)
+
+
+class SandboxError(Exception):
+    """
+    A failure reported by (or on the way to) a sandboxd host.
+
+    ``status`` is the HTTP status when there was one (``None`` for transport failures and
+    in-band exec errors), ``error`` the wire error type (e.g. ``"TooLarge"``) and ``detail`` the
+    human-readable message.
+    """
+
+    def __init__(self, detail: str, *, status: int | None = None, error: str | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+        self.error = error
+
+
+class SandboxNotFound(SandboxError):
+    """The sandbox does not exist (any more), or the replica holding it is dead."""
+
+
+class SandboxBusy(SandboxError):
+    """The replica is reachable but too slow: the sandbox is presumed alive."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The service cannot take the request now (503 draining / no capacity, or unreachable)."""
+
+
+class ProtocolError(SandboxError):
+    """The reply does not follow the wire contract (garbage body, missing fields)."""
+
+
+class TooLarge(SandboxError, ValueError):
+    """413: the request body is over the host's limit. Also a ``ValueError``."""
+
+
+@frozen
+class SandboxSpec:
+    """What to create: every field is optional (SPEC §1 ``POST /sandboxes``)."""
+
+    image: str | None = None
+    env: Mapping[str, str] = field(factory=dict)
+    exposed_ports: tuple[int, ...] = field(default=(), converter=_ints)
+    item_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The request body: fields left at their defaults are not sent."""
+        body: dict[str, Any] = {}
+        if self.image is not None:
+            body["image"] = self.image
+        if self.env:
+            body["env"] = dict(self.env)
+        if self.exposed_ports:
+            body["exposed_ports"] = list(self.exposed_ports)
+        if self.item_id is not None:
+            body["item_id"] = self.item_id
+        return body
+
+
+@frozen
+class SandboxHandle:
+    """
+    An opaque, storable reference to one sandbox.
+
+    ``id`` is base64 of ``{"u": pod_url, "r": remote_id}`` (see ``sandboxd_client.handles``),
+    so any client replica can route it without shared state.
+    """
+
+    id: str
+
+
+@frozen
+class ExecResult:
+    """
+    The outcome of one command: a non-zero ``exit_code`` is a result, not an error.
+
+    ``stdout``/``stderr`` are the separate buffers of the final frame; ``truncated`` is true when
+    the host capped them (the live ``on_output`` stream is never capped).
+    """
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    truncated: bool = False
+
+
+@frozen
+class WalkEntry:
+    """One regular file under a walked root: workspace-relative path, size, opaque version."""
+
+    path: str
+    size: int
+    version: str | int
+
+
+@frozen
+class ResolvedTool:
+    """A tool the host installed: mount it by ``sha``; ``commands`` is the schema for the model."""
+
+    sha: str
+    version: str
+    stale: bool
+    commands: tuple[Mapping[str, Any], ...] = field(converter=_objects)
+
+
+@frozen
+class ToolsResolution:
+    """Per-tool answer of ``resolve_tools``: resolved tools and refused ones with a reason."""
+
+    tools: Mapping[str, ResolvedTool]
+    refused: Mapping[str, str]
+
+
+@frozen
+class Health:
+    """``GET /healthz``: status, daemon version and the capability names it implements."""
+
+    status: str
+    version: str
+    capabilities: tuple[str, ...] = field(converter=_strs)
+
+
+@frozen
+class SandboxInfo:
+    """One live sandbox as listed by ``GET /sandboxes`` (for operators)."""
+
+    remote_id: str
+    created: float | str | None
+    last_active: float | str | None
+    ready: bool
+    execs: int
+
+
+@frozen
+class SandboxStats:
+    """``GET /sandboxes/{rid}/stats``: cgroup counters of one sandbox."""
+
+    memory_bytes: int | None
+    memory_peak_bytes: int | None
+    cpu_usec: int | None
+    pids: int | None
+    oom_kills: int | None

@@ -1,0 +1,183 @@
+"""
+Wire contract v1 (SPEC §1): request bodies and the decoding of JSON replies into values.
+
+Pure functions, no I/O. Every decoder checks the fields it reads and raises ``ProtocolError``
+for a reply that does not follow the contract, so a garbage ``200`` never turns into a
+plausible-looking value. Unknown extra fields are ignored (compatible extensions).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from .handles import encode_handle
+from .types import (
+    Health,
+    ProtocolError,
+    ResolvedTool,
+    SandboxHandle,
+    SandboxInfo,
+    SandboxStats,
+    ToolsResolution,
+    WalkEntry,
+)
+
+T = TypeVar("T")
+
+JSON = b"application/json"
+
+
+def json_bytes(payload: object) -> bytes:
+    """A request body: compact UTF-8 JSON."""
+    return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+
+
+def _obj(reply: object, what: str) -> dict[str, Any]:
+    if not isinstance(reply, dict):
+        raise ProtocolError(f"{what}: expected a JSON object, got {type(reply).__name__}")
+    return reply
+
+
+def _get(reply: Mapping[str, Any], key: str, kind: type[T] | tuple[type, ...], what: str) -> T:
+    value = reply.get(key)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise ProtocolError(f"{what}: field {key!r} missing or of the wrong type: {value!r:.80}")
+    return value  # type: ignore[return-value]
+
+
+def _opt_int(reply: Mapping[str, Any], key: str, what: str) -> int | None:
+    value = reply.get(key)
+    if value is None:
+        return None
+    return _get(reply, key, int, what)
+
+
+def exec_body(
+    cmd: Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+    stdin: bytes | None,
+    tools: Sequence[str] | None,
+) -> dict[str, Any]:
+    """The ``POST /exec`` body; ``ValueError`` for a malformed command (before any request)."""
+    if isinstance(cmd, str | bytes) or not cmd or not all(isinstance(a, str) for a in cmd):
+        raise ValueError("cmd must be a non-empty list of strings (argv), not a shell string")
+    body: dict[str, Any] = {"cmd": list(cmd)}
+    if env:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ValueError("env must map strings to strings")
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError("timeout must be a positive number of seconds")
+        body["timeout"] = timeout
+    if stdin is not None:
+        body["stdin"] = base64.b64encode(bytes(stdin)).decode("ascii")
+    if tools:
+        if isinstance(tools, str) or not all(isinstance(t, str) for t in tools):
+            raise ValueError("tools must be a list of tool shas")
+        body["tools"] = list(tools)
+    return body
+
+
+def decode_created(reply: object) -> SandboxHandle:
+    """``POST /sandboxes`` → a handle routing to the replica that created the sandbox."""
+    obj = _obj(reply, "create")
+    pod_url = _get(obj, "pod_url", str, "create")
+    remote_id = _get(obj, "remote_id", str, "create")
+    try:
+        return encode_handle(pod_url, remote_id)
+    except ValueError as e:
+        raise ProtocolError(f"create: unusable reply: {e}") from None
+
+
+def decode_field(reply: object, key: str, kind: type[T], what: str) -> T:
+    """One typed field of a JSON object reply (``{exists}``, ``{bytes}``, ``{ready}``)."""
+    return _get(_obj(reply, what), key, kind, what)
+
+
+def decode_size(reply: object) -> int | None:
+    """``GET size`` → the size, or ``None`` when the file is absent."""
+    return _opt_int(_obj(reply, "size"), "size", "size")
+
+
+def decode_walk(reply: object) -> list[WalkEntry]:
+    """``GET walk`` → one ``WalkEntry`` per regular file."""
+    entries = _get(_obj(reply, "walk"), "entries", list, "walk")
+    out = []
+    for entry in entries:
+        e = _obj(entry, "walk entry")
+        out.append(
+            WalkEntry(
+                path=_get(e, "path", str, "walk entry"),
+                size=_get(e, "size", int, "walk entry"),
+                version=_get(e, "version", (str, int), "walk entry"),
+            )
+        )
+    return out
+
+
+def decode_tools(reply: object) -> ToolsResolution:
+    """``POST /tools/resolve`` → resolved tools and refusals, per tool."""
+    obj = _obj(reply, "resolve_tools")
+    tools: dict[str, ResolvedTool] = {}
+    for name, value in _get(obj, "tools", dict, "resolve_tools").items():
+        t = _obj(value, f"tool {name}")
+        commands = _get(t, "commands", list, f"tool {name}") if "commands" in t else []
+        tools[name] = ResolvedTool(
+            sha=_get(t, "sha", str, f"tool {name}"),
+            version=_get(t, "version", str, f"tool {name}"),
+            stale=bool(t.get("stale", False)),
+            commands=tuple(_obj(c, f"tool {name} command") for c in commands),
+        )
+    refused_raw = obj.get("refused") or {}
+    refused = {str(k): str(v) for k, v in _obj(refused_raw, "resolve_tools refused").items()}
+    return ToolsResolution(tools=tools, refused=refused)
+
+
+def decode_health(reply: object) -> Health:
+    """``GET /healthz`` → ``Health``."""
+    obj = _obj(reply, "healthz")
+    caps = obj.get("capabilities") or []
+    if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+        raise ProtocolError("healthz: capabilities must be a list of strings")
+    return Health(
+        status=_get(obj, "status", str, "healthz"),
+        version=str(obj.get("version", "")),
+        capabilities=tuple(caps),
+    )
+
+
+def decode_list(reply: object) -> list[SandboxInfo]:
+    """``GET /sandboxes`` → one ``SandboxInfo`` per live sandbox."""
+    out = []
+    for item in _get(_obj(reply, "list"), "sandboxes", list, "list"):
+        s = _obj(item, "list entry")
+        out.append(
+            SandboxInfo(
+                remote_id=_get(s, "remote_id", str, "list entry"),
+                created=s.get("created"),
+                last_active=s.get("last_active"),
+                ready=bool(s.get("ready", False)),
+                execs=_opt_int(s, "execs", "list entry") or 0,
+            )
+        )
+    return out
+
+
+def decode_stats(reply: object) -> SandboxStats:
+    """``GET /sandboxes/{rid}/stats`` → ``SandboxStats`` (absent counters are ``None``)."""
+    obj = _obj(reply, "stats")
+    return SandboxStats(
+        **{
+            k: _opt_int(obj, k, "stats")
+            for k in ("memory_bytes", "memory_peak_bytes", "cpu_usec", "pids", "oom_kills")
+        }
+    )
