@@ -41,7 +41,10 @@ def test_output_is_streamed_before_the_command_ends(daemon: Daemon, tmp_path: Pa
     """The first chunk arrives while the command is still blocked waiting for the test."""
     rid = daemon.create()
     gate = tmp_path / "gate"
-    script = f"echo first; i=0; while [ ! -e {gate} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; echo second"
+    script = (
+        f"echo first; i=0; while [ ! -e {gate} ] && [ $i -lt 300 ]; "
+        "do sleep 0.1; i=$((i+1)); done; echo second"
+    )
     response = open_exec(daemon, rid, {"cmd": ["sh", "-c", script]})
     first = json.loads(response.readline())
     while first == {"o": ""}:
