@@ -45,6 +45,7 @@ from typing import Any
 
 from hyperlink import DecodedURL
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgent
 
@@ -79,7 +80,8 @@ class HttpSandbox:
     :param base_url: the load-balanced service URL ``create`` (and ``health``, ``list``,
         ``resolve_tools``) are sent to.
     :param token: bearer token sent on every request (SPEC §2 auth).
-    :param reactor: the reactor/clock to use; the global reactor if ``None``.
+    :param reactor: the reactor to connect with; the global reactor if ``None``.
+    :param clock: what deadlines and backoffs are timed with; ``reactor`` if ``None``.
     :param pool: / :param agent: inject connection handling (tests, custom TLS). By default a
         persistent ``HTTPConnectionPool`` that ``close()`` closes.
     :param retry: attempts, read deadlines and backoffs of idempotent calls.
@@ -95,6 +97,7 @@ class HttpSandbox:
         *,
         token: str | None = None,
         reactor: Any = None,
+        clock: IReactorTime | None = None,
         pool: HTTPConnectionPool | None = None,
         agent: IAgent | None = None,
         retry: RetryPolicy | None = None,
@@ -112,7 +115,7 @@ class HttpSandbox:
 
             reactor = global_reactor
         self._base = check_base_url(base_url)
-        self._reactor = reactor
+        self._clock: IReactorTime = clock if clock is not None else reactor
         self._retry = retry if retry is not None else RetryPolicy()
         self._exec_idle_timeout = exec_idle_timeout
         self._create_timeout = create_timeout
@@ -121,6 +124,7 @@ class HttpSandbox:
         self._max_exec_line = max_exec_line
         self._http = Transport(
             reactor,
+            clock=self._clock,
             token=token,
             pool=pool,
             agent=agent,
@@ -149,7 +153,7 @@ class HttpSandbox:
                 method, url, timeout=deadline, service=service, payload=payload
             )
 
-        return await retrying(self._reactor, self._retry, attempt, gone_ok=gone_ok)
+        return await retrying(self._clock, self._retry, attempt, gone_ok=gone_ok)
 
     async def _once(
         self, method: str, url: DecodedURL, payload: Any, *, timeout: float, service: bool
@@ -249,7 +253,7 @@ class HttpSandbox:
             await self._http.check(response, timeout=deadline, service=False)
             await self._http.read(response, lambda _: None, timeout=deadline, service=False)
 
-        await retrying(self._reactor, self._retry, attempt)
+        await retrying(self._clock, self._retry, attempt)
 
     @async_to_deferred
     async def upload_file(
@@ -284,7 +288,7 @@ class HttpSandbox:
             await self._http.check(response, timeout=deadline, service=False)
             await self._http.read(response, lambda _: None, timeout=deadline, service=False)
 
-        await retrying(self._reactor, self._retry, attempt)
+        await retrying(self._clock, self._retry, attempt)
 
     @async_to_deferred
     async def download(self, handle: Handle, path: str) -> bytes:
@@ -298,7 +302,7 @@ class HttpSandbox:
             await self._http.read(response, chunks.append, timeout=deadline, service=False)
             return b"".join(chunks)
 
-        return await retrying(self._reactor, self._retry, attempt)
+        return await retrying(self._clock, self._retry, attempt)
 
     @async_to_deferred
     async def download_to_file(
@@ -336,7 +340,7 @@ class HttpSandbox:
                     os.unlink(tmp)
                 raise
 
-        await retrying(self._reactor, self._retry, attempt)
+        await retrying(self._clock, self._retry, attempt)
 
     @async_to_deferred
     async def exists(self, handle: Handle, path: str) -> bool:

@@ -20,6 +20,7 @@ from typing import IO, Any
 from hyperlink import DecodedURL
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Cooperator
 from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool
 from twisted.web.http_headers import Headers
@@ -69,6 +70,7 @@ class Transport:
         self,
         reactor: Any,
         *,
+        clock: IReactorTime,
         token: str | None,
         pool: HTTPConnectionPool | None,
         agent: IAgent | None,
@@ -76,7 +78,7 @@ class Transport:
         max_persistent_per_host: int,
         cached_connection_timeout: float,
     ) -> None:
-        self._clock = reactor
+        self._clock = clock
         self._own_pool = pool is None and agent is None
         if pool is None:
             pool = HTTPConnectionPool(reactor, persistent=True)
