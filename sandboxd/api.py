@@ -12,6 +12,7 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from klein import Klein
+from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.protocols.basic import FileSender
@@ -125,7 +126,12 @@ class SandboxAPI:
         self.token = token
         self.pod_url = pod_url
         self.pod_ip = pod_ip
+        self.on_drain: Callable[[], None] = self._refuse_creates
+        """What ``POST /drain`` starts; the daemon's service makes it drain and exit."""
         self.capabilities = self._collect_capabilities()
+
+    def _refuse_creates(self) -> None:
+        self.manager.draining = True
 
     def _collect_capabilities(self) -> list[str]:
         names = {*exec_request.CAPABILITIES, *exec_run.CAPABILITIES}
@@ -185,9 +191,17 @@ class SandboxAPI:
     @app.route("/drain", methods=["POST"])
     @authorized
     def drain(self, request: IRequest) -> bytes:
-        self.manager.draining = True
         log.info("drain requested over HTTP")
+        self.manager.draining = True
+        self.on_drain()
         return no_content(request)
+
+    @app.route("/metrics", methods=["GET"])
+    @authorized
+    @capability("metrics")
+    def metrics(self, request: IRequest) -> bytes:
+        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+        return self.manager.metrics.exposition()
 
     # Lifecycle
 

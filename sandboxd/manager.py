@@ -8,13 +8,16 @@ kernel. Time comes from the injected clock; processes from the injected reactor.
 import os
 import secrets
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any, BinaryIO, TypeVar
 
 from attrs import define, field
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorProcess, IReactorTime
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd import workspace
@@ -24,6 +27,7 @@ from sandboxd.exec_request import ExecRequest, parse_env
 from sandboxd.exec_run import ExecRun
 from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
 from sandboxd.layout import Layout
+from sandboxd.metrics import Metrics
 from sandboxd.paths import Parts
 
 T = TypeVar("T")
@@ -63,11 +67,16 @@ class SandboxManager:
     layout: Layout
     sandboxes: dict[str, Sandbox] = field(factory=dict)
     draining: bool = False
+    metrics: Metrics = field(factory=Metrics)
+    drain_poll: float = 0.1
+    """Seconds between looks at the running commands while a drain waits for them."""
     _devnull: int = field(init=False, default=-1)
+    _drained: list[Deferred[None]] | None = field(init=False, default=None)
 
     def start(self) -> Deferred[None]:
         """Prepare the root and reclaim what a crashed predecessor left behind."""
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        self.metrics.watch(lambda: self.isolation.uids.free, lambda: float(self.draining))
         self.layout.prepare_root()
         return self.recover()
 
@@ -114,6 +123,8 @@ class SandboxManager:
         now = self.clock.seconds()
         sandbox = Sandbox(rid, identity, create_env, created=now, last_active=now)
         self.sandboxes[rid] = sandbox
+        self.metrics.created.inc()
+        self.metrics.sandboxes.set(len(self.sandboxes))
         log.info("created sandbox {rid} as uid {uid}", rid=rid, uid=identity.uid)
         return sandbox
 
@@ -130,17 +141,86 @@ class SandboxManager:
         sandbox = self.sandboxes.pop(rid, None)
         if sandbox is None:
             raise SandboxNotFound(f"no sandbox {rid!r}")
+        self.metrics.sandboxes.set(len(self.sandboxes))
         for run in list(sandbox.running):
             run.abort()
+        with suppress(OSError):  # no counters to read: nothing to add
+            self.metrics.oom_kills.inc(self.isolation.cgroups.stats(rid).oom_kills)
         await self._dispose(rid)
         self.isolation.uids.release(sandbox.identity)
+        self.metrics.killed.inc()
         log.info("killed sandbox {rid}", rid=rid)
+
+    def reap_idle(self) -> Deferred[Any]:
+        """Kill every sandbox with no call, no running command and no output for ``idle_ttl``.
+
+        One failing kill is logged and does not stop the others (nor the next round).
+        """
+        now = self.clock.seconds()
+        idle = [
+            s
+            for s in self.sandboxes.values()
+            if not s.running and now - s.last_active >= self.config.idle_ttl
+        ]
+        kills = []
+        for sandbox in idle:
+            log.info(
+                "reaping sandbox {rid}: idle for {idle:.0f} s",
+                rid=sandbox.rid,
+                idle=now - sandbox.last_active,
+            )
+            self.metrics.reaped.inc()
+            kill = Deferred.fromCoroutine(self.kill(sandbox.rid))
+            kill.addErrback(self._log_reap_failure, sandbox.rid)
+            kills.append(kill)
+        return DeferredList(kills)
+
+    @staticmethod
+    def _log_reap_failure(failure: Failure, rid: str) -> None:
+        log.failure("reaping {rid} failed", failure, rid=rid)
+
+    def drain(self) -> Deferred[None]:
+        """Refuse new sandboxes, wait for running commands (at most ``drain_deadline``), then
+        kill every sandbox. Fires once that is done; calling it again waits for the same drain.
+        """
+        waiter: Deferred[None] = Deferred()
+        if self._drained is None:
+            self._drained = [waiter]
+            Deferred.fromCoroutine(self._drain()).addBoth(self._drain_done)
+        elif not self._drained and not self.sandboxes:
+            return succeed(None)
+        else:
+            self._drained.append(waiter)
+        return waiter
+
+    async def _drain(self) -> None:
+        self.draining = True
+        deadline = self.clock.seconds() + self.config.drain_deadline
+        busy = sum(len(s.running) for s in self.sandboxes.values())
+        log.info(
+            "draining: {sandboxes} sandboxes, {busy} commands running",
+            sandboxes=len(self.sandboxes),
+            busy=busy,
+        )
+        while any(s.running for s in self.sandboxes.values()):
+            if self.clock.seconds() >= deadline:
+                log.warn("drain deadline passed: killing sandboxes with running commands")
+                break
+            await deferLater(self.clock, self.drain_poll, lambda: None)
+        kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in list(self.sandboxes)]
+        await DeferredList(kills, consumeErrors=True)
+        log.info("drained: every sandbox is gone")
+
+    def _drain_done(self, result: object) -> None:
+        waiters, self._drained = self._drained or [], []
+        for waiter in waiters:
+            waiter.callback(None)
 
     async def _dispose(self, rid: str) -> None:
         await self.isolation.cgroups.kill(rid)
         self.isolation.cgroups.remove(rid)
         await deferToThreadPool(
-            self.clock,  # type: ignore[arg-type]
+            self.reactor,  # type: ignore[arg-type]
             self.admin_pool,
             self.layout.destroy,
             rid,
@@ -179,9 +259,15 @@ class SandboxManager:
         def touch() -> None:
             sandbox.last_active = self.clock.seconds()
 
+        started = self.clock.seconds()
+
         def end() -> None:
             sandbox.running.discard(run)
             touch()
+            self.metrics.execs_in_flight.dec()
+            self.metrics.exec_seconds.observe(self.clock.seconds() - started)
+            if run.frame is not None:
+                self.metrics.exec_exits.labels(str(run.frame["exit"])).inc()
 
         run = ExecRun(
             self.clock,
@@ -200,6 +286,7 @@ class SandboxManager:
         )
         sandbox.execs += 1
         sandbox.running.add(run)
+        self.metrics.execs_in_flight.inc()
         env = self.command_env(sandbox, request)
         run.start(self.reactor, argv, env, request.stdin, self._devnull)
         return run

@@ -6,13 +6,14 @@ Each boot step is logged as it runs; a step that fails stops start-up with one l
 """
 
 import os
+import sys
 from typing import Any
 
-from twisted.application.internet import StreamServerEndpointService
-from twisted.application.service import IService, MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.application.internet import StreamServerEndpointService, TimerService
+from twisted.application.service import IService, MultiService
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.logger import Logger
+from twisted.logger import ILogObserver, Logger, jsonFileLogObserver
 from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
@@ -37,33 +38,61 @@ class Options(usage.Options):
         return "Usage: twistd [twistd options] sandboxd [options]"
 
 
-class ManagerService(Service):
-    """Starts the manager (restart recovery) and, on stop, kills every live sandbox."""
+class SandboxdService(MultiService):
+    """The daemon: stopping it drains first (the HTTP endpoint keeps serving existing sandboxes
+    until every command ended or the drain deadline passed), then stops the endpoint.
 
-    def __init__(self, manager: SandboxManager, pools: list[ThreadPool]) -> None:
+    ``POST /drain`` runs the same drain and then stops the reactor: the daemon exits.
+    """
+
+    def __init__(
+        self,
+        manager: SandboxManager,
+        pools: list[ThreadPool],
+        reactor: Any,
+        log_observer: Any = None,
+    ) -> None:
+        super().__init__()
         self.manager = manager
         self.pools = pools
+        self.reactor = reactor
+        self.log_observer = log_observer
+
+    def setServiceParent(self, parent: Any) -> None:
+        """Under twistd, the parent is the application: give it our log observer, if any."""
+        if self.log_observer is not None and hasattr(parent, "setComponent"):
+            parent.setComponent(ILogObserver, self.log_observer)
+        super().setServiceParent(parent)
 
     def startService(self) -> None:
-        super().startService()
         for pool in self.pools:
             pool.start()
-        self.manager.start()
+        self.manager.start().addErrback(lambda f: log.failure("recovery failed", f))
+        super().startService()
+        log.info("sandboxd ready")
+
+    def drain_and_exit(self) -> None:
+        """Drain (``POST /drain``), then stop the reactor."""
+        self.manager.drain().addCallback(lambda _: self.reactor.stop())
 
     def stopService(self) -> Deferred[Any]:
-        super().stopService()
-        self.manager.draining = True
-        kills = [
-            Deferred.fromCoroutine(self.manager.kill(rid)) for rid in list(self.manager.sandboxes)
-        ]
-        done: Deferred[Any] = DeferredList(kills, consumeErrors=True)
+        log.info("stopping: draining first")
+        drained = self.manager.drain()
+
+        def stop_children(_: object) -> Deferred[Any]:
+            return maybeDeferred(MultiService.stopService, self)
 
         def stop_pools(result: object) -> object:
             for pool in self.pools:
                 pool.stop()
             return result
 
-        return done.addBoth(stop_pools)
+        return drained.addCallback(stop_children).addBoth(stop_pools)
+
+
+def reap_interval(idle_ttl: float) -> float:
+    """How often the idle reaper looks: a quarter of the TTL, between 1 s and 60 s."""
+    return max(1.0, min(idle_ttl / 4, 60.0))
 
 
 def read_token(path: str | None) -> bytes | None:
@@ -117,8 +146,14 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     layout = Layout(config.root, owns_files=isolation.owns_files)
     manager = SandboxManager(config, reactor, reactor, isolation, admin_pool, layout)
     api = SandboxAPI(manager, token=token, pod_url=config.pod_url, pod_ip=environ.get("POD_IP"))
-    top = MultiService()
-    ManagerService(manager, [file_pool, admin_pool]).setServiceParent(top)
+    observer = None
+    if config.log_format == "json":
+        observer = jsonFileLogObserver(sys.stdout, recordSeparator="")
+    top = SandboxdService(manager, [file_pool, admin_pool], reactor, observer)
+    api.on_drain = top.drain_and_exit
+    reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
+    reaper.clock = reactor
+    reaper.setServiceParent(top)
     site = make_site(api.app.resource(), config.max_body)
     endpoint = serverFromString(reactor, config.listen)
     StreamServerEndpointService(endpoint, site).setServiceParent(top)

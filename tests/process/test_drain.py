@@ -1,0 +1,60 @@
+"""Graceful drain of a real daemon: SIGTERM and POST /drain with commands in flight."""
+
+import base64
+import json
+import signal
+from pathlib import Path
+
+from tests.process.conftest import start_daemon, stop_daemon
+from tests.process.test_exec_stream import open_exec
+
+
+def read_frames(response) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [json.loads(line) for line in response.read().splitlines()]
+
+
+def test_sigterm_lets_a_running_exec_finish_and_refuses_creates(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, "--isolation=none", "--drain-deadline=60s")
+    try:
+        rid = daemon.create()
+        gate = tmp_path / "gate"
+        script = (
+            f"echo started; i=0; while [ ! -e {gate} ] && [ $i -lt 300 ]; "
+            "do sleep 0.1; i=$((i+1)); done; echo finished"
+        )
+        response = open_exec(daemon, rid, {"cmd": ["sh", "-c", script]})
+        assert json.loads(response.readline()) == {"o": base64.b64encode(b"started\n").decode()}
+        daemon.process.send_signal(signal.SIGTERM)
+        # Draining: new sandboxes are refused, existing ones keep answering.
+        for _ in range(200):
+            status, body = daemon.call("POST", "/sandboxes", {})
+            if status == 503:
+                break
+        assert (status, json.loads(body)["error"]) == (503, "Draining")
+        assert daemon.call("GET", "/readyz")[0] == 503
+        assert daemon.call("PUT", f"/sandboxes/{rid}/file?path=x", raw=b"1")[0] == 204
+        assert daemon.process.poll() is None
+        gate.touch()
+        rest = read_frames(response)
+        assert rest[-1]["exit"] == 0
+        assert base64.b64decode(rest[-1]["out"]) == b"started\nfinished\n"
+        # twistd ends by re-raising the signal it stopped for: a clean stop, for systemd too.
+        assert daemon.process.wait(30) in (0, -signal.SIGTERM)
+        assert not any(daemon.root.iterdir())  # drained sandboxes are removed
+    finally:
+        stop_daemon(daemon)
+
+
+def test_drain_deadline_kills_a_command_that_never_ends(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, "--isolation=none", "--drain-deadline=1s")
+    try:
+        rid = daemon.create()
+        response = open_exec(daemon, rid, {"cmd": ["sh", "-c", "echo up; exec sleep 1000"]})
+        response.readline()
+        status, _ = daemon.call("POST", "/drain")
+        assert status == 204
+        frames = read_frames(response)
+        assert frames[-1]["exit"] == 128 + signal.SIGKILL  # complete final frame, not cut
+        assert daemon.process.wait(30) == 0
+    finally:
+        stop_daemon(daemon)
