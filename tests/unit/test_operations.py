@@ -1,0 +1,137 @@
+"""The idle reaper and the drain deadline, driven by a ``Clock`` (no waiting on real time)."""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.task import Clock
+
+from sandboxd.config import Config
+from sandboxd.isolation.none import NoCgroups, no_isolation
+from sandboxd.layout import Layout
+from sandboxd.manager import SandboxManager
+from sandboxd.tap import reap_interval
+from tests.http.http_harness import ProcessReactor, SyncFiles, SyncPool, result_of
+
+
+class FakeRun:
+    """Stands in for a running command: the manager only asks it to abort."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+@pytest.fixture
+def manager(tmp_path: Path) -> Iterator[SandboxManager]:
+    config = Config.load(
+        {},
+        {
+            "isolation": "none",
+            "root": str(tmp_path / "root"),
+            "idle-ttl": "30m",
+            "drain-deadline": "60s",
+            "uid-min": "1000",
+            "uid-max": "1003",
+        },
+    )
+    reactor = ProcessReactor()
+    isolation = attrs.evolve(no_isolation(reactor, None, 4), fs=SyncFiles())  # type: ignore[arg-type]
+    layout = Layout(config.root, owns_files=False)
+    built = SandboxManager(config, reactor, Clock(), isolation, SyncPool(), layout)  # type: ignore[arg-type]
+    result_of(built.start())
+    yield built
+    os.close(built._devnull)
+
+
+def metric(manager: SandboxManager, name: str) -> float:
+    for family in text_string_to_metric_families(manager.metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name == name:
+                return float(sample.value)
+    raise KeyError(name)
+
+
+def test_reaper_kills_only_sandboxes_idle_past_the_ttl(manager: SandboxManager) -> None:
+    clock: Any = manager.clock
+    old = manager.create()
+    clock.advance(20 * 60)
+    fresh = manager.create()
+    clock.advance(10 * 60)  # old: 30 min idle, fresh: 10 min
+    result_of(manager.reap_idle())
+    assert set(manager.sandboxes) == {fresh.rid}
+    assert not os.path.exists(manager.layout.directory(old.rid))
+    assert metric(manager, "sandboxd_sandboxes_reaped_total") == 1
+    assert metric(manager, "sandboxd_uid_pool_free") == 3
+
+
+def test_a_call_or_a_running_command_keeps_a_sandbox_alive(manager: SandboxManager) -> None:
+    clock: Any = manager.clock
+    called = manager.create()
+    busy = manager.create()
+    busy.running.add(FakeRun())  # type: ignore[arg-type]
+    clock.advance(29 * 60)
+    manager.get(called.rid)  # any API call is activity
+    clock.advance(2 * 60)
+    result_of(manager.reap_idle())
+    assert set(manager.sandboxes) == {called.rid, busy.rid}
+
+
+def test_reaper_survives_a_failing_kill(manager: SandboxManager) -> None:
+    clock: Any = manager.clock
+    first, second = manager.create(), manager.create()
+    calls: list[str] = []
+
+    class Refusing(NoCgroups):
+        def kill(self, rid: str) -> Any:
+            calls.append(rid)
+            if rid == first.rid:
+                raise OSError("the kernel said no")
+            return super().kill(rid)
+
+    manager.isolation = attrs.evolve(manager.isolation, cgroups=Refusing())
+    clock.advance(31 * 60)
+    result_of(manager.reap_idle())
+    assert sorted(calls) == sorted([first.rid, second.rid])
+    assert second.rid not in manager.sandboxes
+
+
+def test_drain_waits_for_running_commands_until_the_deadline(manager: SandboxManager) -> None:
+    clock: Any = manager.clock
+    sandbox = manager.create()
+    run = FakeRun()
+    sandbox.running.add(run)  # type: ignore[arg-type]
+    drained = manager.drain()
+    assert manager.draining
+    clock.advance(30)
+    assert not drained.called and not run.aborted  # still waiting for the command
+    clock.advance(31)  # past the 60 s deadline
+    assert drained.called and run.aborted
+    assert manager.sandboxes == {}
+    assert result_of(manager.drain()) is None  # a second drain is already done
+
+
+def test_drain_ends_as_soon_as_commands_end(manager: SandboxManager) -> None:
+    clock: Any = manager.clock
+    sandbox = manager.create()
+    run = FakeRun()
+    sandbox.running.add(run)  # type: ignore[arg-type]
+    drained = manager.drain()
+    also = manager.drain()
+    clock.advance(1)
+    sandbox.running.clear()
+    clock.advance(manager.drain_poll)
+    assert drained.called and also.called and not run.aborted
+    assert metric(manager, "sandboxd_draining") == 1
+
+
+def test_reap_interval_is_bounded() -> None:
+    assert reap_interval(30 * 60) == 60
+    assert reap_interval(8) == 2
+    assert reap_interval(1) == 1
