@@ -52,6 +52,7 @@ class Sandbox:
     last_active: float
     execs: int = 0
     running: set[ExecRun] = field(factory=set)
+    oom_kills_seen: int = 0
 
 
 @define
@@ -268,6 +269,10 @@ class SandboxManager:
             self.metrics.exec_seconds.observe(self.clock.seconds() - started)
             if run.frame is not None:
                 self.metrics.exec_exits.labels(str(run.frame["exit"])).inc()
+            if run.timed_out:
+                log.info("exec in {rid} timed out (exit 124)", rid=sandbox.rid)
+            elif run.frame is not None and run.frame["exit"] == 137:
+                self._note_oom(sandbox)
 
         run = ExecRun(
             self.clock,
@@ -290,6 +295,16 @@ class SandboxManager:
         env = self.command_env(sandbox, request)
         run.start(self.reactor, argv, env, request.stdin, self._devnull)
         return run
+
+    def _note_oom(self, sandbox: Sandbox) -> None:
+        """Log an OOM kill when the sandbox's cgroup counts a new one."""
+        try:
+            kills = self.isolation.cgroups.stats(sandbox.rid).oom_kills
+        except OSError:
+            return
+        if kills > sandbox.oom_kills_seen:
+            sandbox.oom_kills_seen = kills
+            log.warn("OOM kill in sandbox {rid} ({kills} so far)", rid=sandbox.rid, kills=kills)
 
     # Files, each in a worker thread with the sandbox's filesystem credentials
 
