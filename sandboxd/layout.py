@@ -8,11 +8,11 @@ ready marker ``.ready`` is a root-owned sibling of the workspace that the sandbo
 import contextlib
 import os
 import re
-import shutil
 from collections.abc import Callable
 
 from attrs import frozen
 
+from sandboxd import workspace
 from sandboxd.isolation.base import Identity
 
 RID_PATTERN = re.compile(r"^[0-9a-f]{16}$")
@@ -71,7 +71,9 @@ class Layout:
         """Remove the ready marker first, then every file of the sandbox."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.ready_marker(rid))
-        shutil.rmtree(self.directory(rid), ignore_errors=True)
+        # Not shutil.rmtree: it recurses, and a sandbox can nest directories deeper than
+        # Python's recursion limit (a RecursionError here would leak the uid and the files).
+        workspace.remove_tree(self.directory(rid))
 
     def leftovers(self) -> list[str]:
         """Sandbox directories present under the root (a predecessor's, at start-up)."""

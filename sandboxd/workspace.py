@@ -171,22 +171,149 @@ def size(workspace: str, parts: Parts) -> int | None:
     return st.st_size
 
 
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _climb(fd: int, expected: tuple[int, int]) -> int:
+    """The parent of directory ``fd`` (``fd`` is closed), checked to be the one we came from.
+
+    Trees are walked without recursion and with one descriptor at a time, however deep they
+    are (a sandbox can nest directories far beyond ``PATH_MAX``). Going back up through ``..``
+    is safe because the parent must be the very directory (device and inode) the walk came
+    down from; else the walk stops.
+    """
+    try:
+        up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if _identity(up) != expected:
+        os.close(up)
+        raise OSError(errno.ESTALE, "a directory was moved while the tree was walked")
+    return up
+
+
 def _scan(dir_fd: int, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
-    """Every regular file below ``dir_fd`` as (``/``-rooted path, lstat), links not followed."""
-    with os.scandir(dir_fd) as entries:
-        listed = list(entries)
-    for entry in listed:
-        if entry.name.startswith(_UPLOAD_PREFIX):
-            continue
-        path = f"{prefix}/{entry.name}"
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                with _opened_dir(os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)) as child:
-                    yield from _scan(child, path)
-            elif entry.is_file(follow_symlinks=False):
-                yield path, entry.stat(follow_symlinks=False)
-        except OSError:
-            continue  # removed or swapped while walking: not a regular file under root
+    """Every regular file below ``dir_fd`` as (``/``-rooted path, lstat), links not followed.
+
+    Iterative (see :func:`_climb`): no recursion limit, and two descriptors at most.
+    """
+    fd = os.dup(dir_fd)
+    # One frame per directory from ``dir_fd`` down to ``fd``: its path, its identity, and
+    # the subdirectories still to visit.
+    stack: list[tuple[str, tuple[int, int], list[str]]] = []
+    try:
+        while True:
+            found: list[tuple[str, os.stat_result]] = []
+            subdirs: list[str] = []
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.name.startswith(_UPLOAD_PREFIX):
+                        continue
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            subdirs.append(entry.name)
+                        elif entry.is_file(follow_symlinks=False):
+                            found.append((entry.name, entry.stat(follow_symlinks=False)))
+                    except OSError:
+                        continue  # removed or swapped while walking: not a file under root
+            subdirs.reverse()  # taken with pop(): visited in listing order
+            yield from ((f"{prefix}/{name}", st) for name, st in found)
+            stack.append((prefix, _identity(fd), subdirs))
+            while True:
+                path, _, pending = stack[-1]
+                if pending:
+                    name = pending.pop()
+                    try:
+                        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                    except OSError:
+                        continue  # removed or swapped while walking
+                    os.close(fd)
+                    fd, prefix = child, f"{path}/{name}"
+                    break
+                stack.pop()
+                if not stack:
+                    return
+                below, fd = fd, -1
+                fd = _climb(below, stack[-1][1])
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _remove_tree(parent: int, name: str, strict: bool = True) -> None:
+    """``rm -rf`` of the directory ``name`` in ``parent``: no symlink is followed, and no
+    recursion (see :func:`_climb`), so any depth is removed.
+
+    Not ``strict``: an entry that cannot be removed is left and the rest still goes.
+    """
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    # One frame per directory from ``name`` down to ``fd``: its name, its identity, and the
+    # subdirectories still to empty and remove.
+    stack: list[tuple[str, tuple[int, int], list[str]]] = []
+    current = name
+    try:
+        while True:
+            subdirs: list[str] = []
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            subdirs.append(entry.name)
+                        else:
+                            os.unlink(entry.name, dir_fd=fd)
+                    except FileNotFoundError:
+                        continue
+                    except OSError:
+                        if strict:
+                            raise
+            stack.append((current, _identity(fd), subdirs))
+            while True:
+                done, _, pending = stack[-1]
+                if pending:
+                    current = pending.pop()
+                    try:
+                        child = os.open(current, _DIR_FLAGS, dir_fd=fd)
+                    except FileNotFoundError:
+                        continue
+                    except OSError:
+                        if strict:
+                            raise
+                        continue
+                    os.close(fd)
+                    fd = child
+                    break
+                stack.pop()
+                below, fd = fd, -1
+                if not stack:
+                    os.close(below)
+                    _rmdir(parent, done, strict)
+                    return
+                fd = _climb(below, stack[-1][1])
+                _rmdir(fd, done, strict)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _rmdir(parent: int, name: str, strict: bool) -> None:
+    try:
+        os.rmdir(name, dir_fd=parent)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if strict:
+            raise
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory ``path`` and everything in it, best effort (what cannot be
+    removed is left), at any depth and without following symlinks. A missing path is fine.
+    """
+    head, name = os.path.split(os.path.normpath(path))
+    with suppress(OSError), _opened_dir(os.open(head or ".", _DIR_FLAGS)) as parent:
+        _remove_tree(parent, name, strict=False)
 
 
 def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
@@ -250,7 +377,7 @@ def mkdir(workspace: str, parts: Parts) -> None:
 
 def _remove_entry(parent: int, name: str, st: os.stat_result) -> None:
     if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(name, dir_fd=parent)
+        _remove_tree(parent, name)
     else:
         os.unlink(name, dir_fd=parent)
 
@@ -266,7 +393,7 @@ def rmdir(workspace: str, parts: Parts) -> None:
                 raise FileNotFoundError(errno.ENOENT, "missing")
             if not stat.S_ISDIR(st.st_mode):
                 raise BadRequest(f"{display(parts)}: not a directory")
-            shutil.rmtree(parts[-1], dir_fd=parent)
+            _remove_tree(parent, parts[-1])
     except OSError as e:
         raise translate(e, parts) from None
 
