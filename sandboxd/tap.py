@@ -18,6 +18,7 @@ from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 import sandboxd
+from sandboxd import notify
 from sandboxd.api import SandboxAPI
 from sandboxd.config import Config, ConfigError, option_table
 from sandboxd.isolation.base import IsolationUnavailable
@@ -70,13 +71,16 @@ class SandboxdService(MultiService):
         self.manager.start().addErrback(lambda f: log.failure("recovery failed", f))
         super().startService()
         log.info("sandboxd ready")
+        notify.ready_when_listening(self)  # systemd Type=notify: READY=1 once listening
 
     def drain_and_exit(self) -> None:
         """Drain (``POST /drain``), then stop the reactor."""
+        notify.stopping()
         self.manager.drain().addCallback(lambda _: self.reactor.stop())
 
     def stopService(self) -> Deferred[Any]:
         log.info("stopping: draining first")
+        notify.stopping()
         drained = self.manager.drain()
 
         def stop_children(_: object) -> Deferred[Any]:
