@@ -284,8 +284,11 @@ class SandboxAPI:
                 frame = {"error": type(e).__name__, "detail": str(e)}
             request.write(exec_run.encode_frame(frame))
         finally:
-            request.unregisterProducer()  # type: ignore[attr-defined]
+            # Abort first: after a disconnect the request has no channel any more, and
+            # unregisterProducer would raise before the command's process group is killed.
             run.abort()
+            if getattr(request, "channel", None) is not None:
+                request.unregisterProducer()  # type: ignore[attr-defined]
 
     # Files
 

@@ -43,10 +43,11 @@ class ExecRequest:
                 raise BadRequest("timeout: must be a number of seconds")
             if not timeout > 0:
                 raise BadRequest("timeout: must be above zero")
+        cwd = body.get("cwd")
         return cls(
             cmd=tuple(cmd),
             env=parse_env(body.get("env"), "env"),
-            cwd=normalise(body.get("cwd") or "/", "cwd"),
+            cwd=normalise("/" if cwd is None else cwd, "cwd"),
             timeout=None if timeout is None else float(timeout),
             stdin=_parse_stdin(body.get("stdin")),
             tools=_parse_tools(body.get("tools")),

@@ -102,7 +102,10 @@ def open_for_reading(workspace: str, parts: Parts, owner: int) -> tuple[BinaryIO
         raise BadRequest("/: is a directory")
     try:
         with parent_of(workspace, parts) as parent:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+            # O_NONBLOCK: opening a FIFO the sandbox made must not block the worker thread
+            # (it is then refused as not a regular file); regular files ignore the flag.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(parts[-1], flags, dir_fd=parent)
     except OSError as e:
         raise translate(e, parts) from None
     st = os.fstat(fd)
@@ -404,6 +407,9 @@ def rename(workspace: str, source: Parts, target: Parts) -> None:
         raise BadRequest("the workspace root cannot be renamed or replaced")
     if target[: len(source)] == source and len(target) > len(source):
         raise BadRequest(f"{display(target)}: inside {display(source)}")
+    if source[: len(target)] == target and len(source) > len(target):
+        # Replacing an ancestor would remove the source along with it.
+        raise BadRequest(f"{display(source)}: inside {display(target)}")
     try:
         with parent_of(workspace, source) as src_parent:
             if _lstat(src_parent, source[-1]) is None:
