@@ -97,7 +97,22 @@ def json_body(request: IRequest) -> dict[str, Any]:
         raise BadRequest("body: not valid JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("body: must be a JSON object")
+    refuse_lone_surrogates(body)
     return body
+
+
+def refuse_lone_surrogates(body: dict[str, Any]) -> None:
+    """``400`` naming the field whose text holds a lone surrogate (JSON ``"\\ud800"``).
+
+    Such text has no UTF-8 form: it could be neither a path, nor an argument, nor an
+    environment entry, and would fail later, deep inside the call, as a ``500``.
+    """
+    for key, value in body.items():
+        try:
+            json.dumps({key: value}, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            name = key.encode("utf-8", "backslashreplace").decode()
+            raise BadRequest(f"{name}: not valid Unicode (a lone surrogate)") from None
 
 
 def refuse_too_large(request: IRequest, limit: int) -> None:
