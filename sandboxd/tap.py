@@ -6,6 +6,7 @@ Each boot step is logged as it runs; a step that fails stops start-up with one l
 """
 
 import os
+import stat
 import sys
 from typing import Any
 
@@ -99,11 +100,31 @@ def reap_interval(idle_ttl: float) -> float:
     return max(1.0, min(idle_ttl / 4, 60.0))
 
 
-def read_token(path: str | None) -> bytes | None:
-    """The bearer token from its file (surrounding whitespace removed)."""
+def read_token(path: str | None, euid: int | None = None) -> bytes | None:
+    """The bearer token from its file (surrounding whitespace removed).
+
+    The file must be a regular file owned by the daemon's user (root, when it runs as root)
+    and grant no access at all to group or others; else start-up stops, naming the problem.
+    The checks are made on the opened file, so the file checked is the file read.
+    """
     if path is None:
         return None
-    with open(path, "rb") as f:
+    euid = os.geteuid() if euid is None else euid
+    owner = "root" if euid == 0 else f"the daemon's user (uid {euid})"
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is not a regular file")
+        if st.st_uid != euid:
+            raise ConfigError(
+                f"SANDBOXD_TOKEN_FILE: {path} is owned by uid {st.st_uid}, not by {owner}"
+            )
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                f"SANDBOXD_TOKEN_FILE: {path} has mode {stat.S_IMODE(st.st_mode):04o}, must "
+                "grant group and others no access (chmod 600)"
+            )
         token = f.read().strip()
     if not token:
         raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is empty")
