@@ -286,6 +286,8 @@ class SandboxAPI:
     async def exec(self, request: IRequest, rid: str) -> None:
         sandbox = self.sandbox(rid)
         command = ExecRequest.parse(json_body(request))
+        # E2BIG is decided here, on the environment the command would really get: 400.
+        exec_request.check_exec_size(command.cmd, self.manager.command_env(sandbox, command))
         request.setHeader(b"content-type", b"application/x-ndjson")
         run = self.manager.start_exec(sandbox, command, request.write)
         request.registerProducer(run, True)  # type: ignore[attr-defined]

@@ -2,7 +2,9 @@
 
 import base64
 import binascii
+import os
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attrs import frozen
@@ -13,6 +15,46 @@ from sandboxd.paths import Parts, normalise
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 CAPABILITIES = ("exec.cwd", "exec.timeout", "exec.stdin", "exec.tools")
+
+ARG_STRLEN_MAX = 32 * 4096
+"""The kernel's limit on one argument or one ``NAME=value`` entry, NUL included
+(``MAX_ARG_STRLEN``)."""
+
+ARGS_MAX_CAP = 6 << 20
+"""The kernel never allows more than three quarters of 8 MiB for argv and environment."""
+
+ARGS_RESERVE = 32 << 10
+"""Room kept for the host's own wrapper arguments (its scripts, paths, ids)."""
+
+CARRIER_SIZE = 24
+"""Bytes the isolation wrapper may add to one environment entry (``__SANDBOXD_<i>=``)."""
+
+
+def exec_args_limit() -> int:
+    """Bytes of argv and environment (strings, NULs and pointers) a command may have."""
+    return min(os.sysconf("SC_ARG_MAX"), ARGS_MAX_CAP) - ARGS_RESERVE
+
+
+def check_exec_size(cmd: Sequence[str], env: Mapping[str, str]) -> None:
+    """``400`` when the command line and environment are over what ``execve`` takes.
+
+    Decided before anything runs, so ``E2BIG`` is a ``400 BadRequest`` naming the field,
+    never a failure half-way through starting the command.
+    """
+    total = 0
+    for arg in cmd:
+        size = len(arg.encode()) + 1
+        if size > ARG_STRLEN_MAX:
+            raise BadRequest(f"cmd: an argument is over {ARG_STRLEN_MAX - 1} bytes")
+        total += size + 8
+    for key, value in env.items():
+        size = len(key.encode()) + len(value.encode()) + 2 + CARRIER_SIZE
+        if size > ARG_STRLEN_MAX:
+            raise BadRequest(f"env: the entry {key!r} is over the limit of one entry")
+        total += size + 8
+    limit = exec_args_limit()
+    if total > limit:
+        raise BadRequest(f"cmd: argument list too long ({total} bytes with env; limit {limit})")
 
 
 @frozen
@@ -67,6 +109,8 @@ def parse_env(value: object, field: str) -> dict[str, str]:
             raise BadRequest(f"{field}: {key!r} is not a valid variable name")
         if "\0" in item:
             raise BadRequest(f"{field}: the value of {key!r} contains a NUL byte")
+        if len(key.encode()) + len(item.encode()) + 2 + CARRIER_SIZE > ARG_STRLEN_MAX:
+            raise BadRequest(f"{field}: the entry {key!r} is over the limit of one entry")
     return dict(value)
 
 
