@@ -137,7 +137,7 @@ class HttpSandbox:
 
     def _url(self, handle: Handle, *segments: str) -> DecodedURL:
         route = decode_handle(handle)
-        return route.pod_url.child("sandboxes", route.remote_id, *segments)
+        return route.base.child("sandboxes", route.remote_id, *segments)
 
     async def _idempotent(
         self,
@@ -403,7 +403,7 @@ class HttpSandbox:
         sandbox that will mount them to resolve on its replica (else ``base_url``).
         """
         if handle is not None:
-            url, service = decode_handle(handle).pod_url.child("tools", "resolve"), False
+            url, service = decode_handle(handle).base.child("tools", "resolve"), False
         else:
             url, service = self._base.child("tools", "resolve"), True
         payload = {"tools": dict(tools)}

@@ -13,7 +13,7 @@ import base64
 import binascii
 import json
 
-from attrs import frozen
+from attrs import field, frozen
 from hyperlink import DecodedURL
 
 from .types import SandboxHandle
@@ -21,10 +21,16 @@ from .types import SandboxHandle
 
 @frozen
 class Route:
-    """Where a handle's calls go: the replica's base URL and the sandbox's remote id there."""
+    """
+    Where a handle's calls go: the replica's base URL and the sandbox's remote id there.
 
-    pod_url: DecodedURL
+    ``base`` is ``pod_url`` parsed; it is left out of comparisons because hyperlink's URL
+    equality fails on IPv6 literal hosts.
+    """
+
+    pod_url: str
     remote_id: str
+    base: DecodedURL = field(eq=False, repr=False)
 
 
 def check_base_url(url: str) -> DecodedURL:
@@ -81,4 +87,4 @@ def decode_handle(handle: SandboxHandle | str) -> Route:
         raise ValueError(f"malformed sandbox handle {hid[:80]!r}") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("u"), str):
         raise ValueError(f"malformed sandbox handle {hid[:80]!r}")
-    return Route(check_base_url(obj["u"]), _check_remote_id(obj.get("r")))
+    return Route(obj["u"], _check_remote_id(obj.get("r")), check_base_url(obj["u"]))

@@ -28,6 +28,7 @@ from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 
 from .body import IdleTimer, ProgressProducer, read_body
 from .errors import error_from_response, error_from_transport
+from .literal_hosts import LiteralHostAgent, standin_url
 from .types import ProtocolError
 from .wire import JSON, json_bytes
 
@@ -88,7 +89,7 @@ class Transport:
         if agent is None:
             agent = Agent(reactor, pool=pool, connectTimeout=connect_timeout)
         self._cooperator = Cooperator(scheduler=lambda f: reactor.callLater(0, f))
-        self._treq = HTTPClient(agent, data_to_body_producer=self.producer)
+        self._treq = HTTPClient(LiteralHostAgent(agent), data_to_body_producer=self.producer)
         self._token = token
 
     def producer(self, data: bytes | IO[bytes] | IBodyProducer) -> IBodyProducer:
@@ -135,7 +136,7 @@ class Transport:
             body = ProgressProducer(body, sent)
         d = self._treq.request(
             method,
-            url,
+            standin_url(url),
             headers=self._headers(content_type),
             data=body,
             unbuffered=True,

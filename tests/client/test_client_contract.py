@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 from conftest import Served, make_client
+from twisted.internet import reactor
+from twisted.internet.error import CannotListenError
+from twisted.web.server import Site
 
 from sandboxd_client import (
     ExecResult,
@@ -26,7 +29,7 @@ from sandboxd_client import (
 async def test_create_routes_to_the_pod_url(client: HttpSandbox, fake: Served) -> None:
     handle = await client.create(SandboxSpec(image="py", env={"A": "1"}, exposed_ports=[80]))
     route = decode_handle(handle)
-    assert route.pod_url.to_text() == fake.pod_url
+    assert route.pod_url == fake.pod_url
     assert route.remote_id == "sb-1"
     assert json.loads(fake.state.seen[0].body) == {
         "image": "py",
@@ -37,6 +40,24 @@ async def test_create_routes_to_the_pod_url(client: HttpSandbox, fake: Served) -
     await client.kill(handle)
     ports = [s.port for s in fake.state.seen]
     assert ports == [fake.lb_port, fake.pod_port, fake.pod_port]
+
+
+@pytest_twisted.ensureDeferred
+async def test_ipv6_pod_url(client: HttpSandbox, fake: Served) -> None:
+    try:
+        pod6 = reactor.listenTCP(0, Site(fake.state.app.resource()), interface="::1")
+    except CannotListenError:
+        pytest.skip("no IPv6 loopback here")
+    fake.state.pod_url = f"http://[::1]:{pod6.getHost().port}"
+    try:
+        handle = await client.create()
+        assert decode_handle(handle).base.host == "::1"
+        await client.upload(handle, "a b", b"six")
+        assert await client.download(handle, "a b") == b"six"
+        assert (await client.exec(handle, ["echo", "v6"])).stdout == b"v6\n"
+        assert fake.state.seen[-1].headers["host"] == f"[::1]:{pod6.getHost().port}"
+    finally:
+        await pod6.stopListening()
 
 
 @pytest_twisted.ensureDeferred

@@ -1,0 +1,161 @@
+"""The exec stream decoder and the NDJSON splitter, in memory: any split gives the same answer."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sandboxd_client import ExecResult, ProtocolError, SandboxNotFound
+from sandboxd_client.execstream import ExecStreamDecoder
+from sandboxd_client.ndjson import LineSplitter
+
+
+def encode(chunks: list[bytes], result: ExecResult | None, crlf: bool = False) -> bytes:
+    """An exec stream: one live frame per chunk (empty ones are keepalives), then the exit."""
+    frames = [{"o": base64.b64encode(c).decode()} for c in chunks]
+    if result is not None:
+        final: dict[str, object] = {
+            "exit": result.exit_code,
+            "out": base64.b64encode(result.stdout).decode(),
+            "err": base64.b64encode(result.stderr).decode(),
+        }
+        if result.truncated:
+            final["truncated"] = True
+        frames.append(final)
+    eol = b"\r\n" if crlf else b"\n"
+    return b"".join(json.dumps(f).encode() + eol for f in frames)
+
+
+def decode(pieces: list[bytes]) -> tuple[list[bytes], ExecResult]:
+    out: list[bytes] = []
+    decoder = ExecStreamDecoder(out.append)
+    for piece in pieces:
+        decoder.feed(piece)
+    return out, decoder.finish()
+
+
+def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = [0, *sorted(set(cuts)), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+results = st.builds(
+    ExecResult,
+    exit_code=st.integers(0, 255),
+    stdout=st.binary(max_size=300),
+    stderr=st.binary(max_size=300),
+    truncated=st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chunks=st.lists(st.binary(max_size=200), max_size=12),
+    result=results,
+    crlf=st.booleans(),
+    data=st.data(),
+)
+def test_any_split_of_a_stream_decodes_the_same(
+    chunks: list[bytes], result: ExecResult, crlf: bool, data: st.DataObject
+) -> None:
+    stream = encode(chunks, result, crlf)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=40))
+    out, got = decode(split_at(stream, cuts))
+    assert out == [c for c in chunks if c]
+    assert got == result
+
+
+def test_every_byte_boundary_and_byte_by_byte() -> None:
+    chunks = [b"hello ", b"", b"\x00\xff binary", b"", b"world\n"]
+    result = ExecResult(1, b"hello world\n", b"oops", True)
+    stream = encode(chunks, result)
+    expected = [c for c in chunks if c]
+    for i in range(len(stream) + 1):
+        assert decode([stream[:i], stream[i:]]) == (expected, result)
+    assert decode([stream[i : i + 1] for i in range(len(stream))]) == (expected, result)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chunks=st.lists(st.binary(min_size=1, max_size=50), max_size=8), data=st.data())
+def test_a_stream_cut_anywhere_is_not_found_with_the_chunks_so_far(
+    chunks: list[bytes], data: st.DataObject
+) -> None:
+    stream = encode(chunks, ExecResult(0, b"x", b"", False))
+    cut = data.draw(st.integers(0, len(stream) - 2))  # never the whole final frame
+    out: list[bytes] = []
+    decoder = ExecStreamDecoder(out.append)
+    decoder.feed(stream[:cut])
+    with pytest.raises(SandboxNotFound):
+        decoder.finish()
+    complete = stream[:cut].count(b"\n")
+    tail = stream[:cut].rsplit(b"\n", 1)[-1]
+    if tail.endswith(b"}"):
+        complete += 1  # a whole frame missing only its newline still counts
+    assert out == chunks[:complete]
+
+
+def test_very_long_final_frame() -> None:
+    big = bytes(range(256)) * 40000  # ~10 MiB, ~13.6 MiB once base64'd
+    stream = encode([b"a"], ExecResult(0, big, b"", False))
+    pieces = [stream[i : i + 65536] for i in range(0, len(stream), 65536)]
+    out, result = decode(pieces)
+    assert out == [b"a"] and result.stdout == big
+
+
+def test_final_frame_without_newline_and_extra_frames() -> None:
+    stream = encode([b"x"], None) + b'\n\n{"exit": 4, "out": "", "err": ""}'
+    assert decode([stream]) == ([b"x"], ExecResult(4, b"", b"", False))
+    after = encode([], ExecResult(0, b"", b"", False)) + b'{"o": "eQ=="}\n{"exit": 9}\n'
+    out, result = decode([after])
+    assert out == [] and result.exit_code == 0  # frames after the final one are ignored
+
+
+def test_unknown_fields_and_missing_buffers_are_tolerated() -> None:
+    out, result = decode([b'{"o": "eA==", "seq": 1}\n{"exit": 0, "future": true}\n'])
+    assert out == [b"x"] and result == ExecResult(0, b"", b"", False)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"not json",
+        b"[1]",
+        b'{"exit": "0"}',
+        b'{"exit": true}',
+        b'{"exit": 0, "truncated": "yes"}',
+        b'{"o": 5}',
+        b'{"o": "###"}',
+        b'{"exit": 0, "out": "a"}',
+        b"\xff\xfe",
+    ],
+)
+def test_malformed_frames_are_protocol_errors(line: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        ExecStreamDecoder(None).feed(line + b"\n")
+
+
+def test_splitter_bounds_lines() -> None:
+    splitter = LineSplitter(max_line=10)
+    assert splitter.feed(b"0123456789\nab") == [b"0123456789"]
+    assert splitter.pending == 2
+    with pytest.raises(ProtocolError):
+        splitter.feed(b"c" * 9)
+    with pytest.raises(ProtocolError):
+        LineSplitter(max_line=4).feed(b"abcdef\n")
+
+
+@given(
+    st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=10), st.data()
+)
+def test_splitter_is_split_invariant(lines: list[bytes], data: st.DataObject) -> None:
+    stream = b"".join(line + b"\n" for line in lines)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=20))
+    splitter = LineSplitter()
+    got = [line for piece in split_at(stream, cuts) for line in splitter.feed(piece)]
+    assert got == [line.rstrip(b"\r") for line in lines if line.rstrip(b"\r").strip()]
+    assert splitter.flush() == b""

@@ -1,0 +1,268 @@
+"""Handles, the error mapping and the retry policy, without a network."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+from typing import Any
+
+import pytest
+from hyperlink import DecodedURL
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet import error as ierror
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, fail, succeed
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web._newclient import (
+    RequestGenerationFailed,
+    ResponseFailed,
+    ResponseNeverReceived,
+)
+
+from sandboxd_client import (
+    ProtocolError,
+    RetryPolicy,
+    SandboxBusy,
+    SandboxError,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxSpec,
+    SandboxUnavailable,
+    TooLarge,
+    decode_handle,
+    encode_handle,
+)
+from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
+from sandboxd_client.literal_hosts import literal_uri, standin_url
+from sandboxd_client.retry import retrying
+from sandboxd_client.wire import decode_created
+
+# -- handles -------------------------------------------------------------------------------
+
+rids = st.text(min_size=1, max_size=40).filter(
+    lambda r: (
+        r not in (".", "..") and "/" not in r and all(ord(c) >= 0x20 and c != "\x7f" for c in r)
+    )
+)
+pod_urls = st.sampled_from(
+    ["http://10.1.2.3:8080", "https://pod-1.sandboxd.svc:8443/", "http://[fd00::5]:9/prefix"]
+)
+
+
+@settings(max_examples=50)
+@given(pod_url=pod_urls, rid=rids)
+def test_handles_round_trip(pod_url: str, rid: str) -> None:
+    handle = encode_handle(pod_url, rid)
+    route = decode_handle(handle)
+    assert route.remote_id == rid
+    expected = DecodedURL.from_text(pod_url)
+    assert (route.base.host, route.base.port) == (expected.host, expected.port)
+    assert route.base.path == expected.path
+    assert decode_handle(handle.id) == route  # the bare id string works too
+
+
+def test_handles_are_base64_json_and_both_alphabets_decode() -> None:
+    raw = json.dumps({"u": "http://10.0.0.1:8080", "r": "r??"}, separators=(",", ":")).encode()
+    standard = base64.b64encode(raw).decode()
+    urlsafe = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    assert "+" in standard or "/" in standard  # the test is only meaningful if they differ
+    for text in (standard, urlsafe, f"  {standard}\n"):
+        assert decode_handle(SandboxHandle(text)).remote_id == "r??"
+    ours = encode_handle("http://10.0.0.1:8080", "r1").id
+    assert json.loads(base64.urlsafe_b64decode(ours)) == {"u": "http://10.0.0.1:8080", "r": "r1"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"null",
+        b'{"u": 1, "r": "x"}',
+        b'{"u": "http://h", "r": ""}',
+        b'{"u": "http://h", "r": ".."}',
+        b'{"u": "http://h", "r": "a/b"}',
+        b'{"u": "file:///etc", "r": "x"}',
+        b'{"u": "http://h?q=1", "r": "x"}',
+        b'{"u": "http://", "r": "x"}',
+        b"\xff\xfe",
+    ],
+)
+def test_malformed_handles(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_handle(SandboxHandle(base64.b64encode(raw).decode()))
+
+
+def test_create_reply_becomes_a_handle() -> None:
+    handle = decode_created({"pod_url": "http://10.0.0.9:8080", "remote_id": "r9", "x": 1})
+    assert decode_handle(handle).remote_id == "r9"
+    for bad in (None, [], {"pod_url": "http://h"}, {"pod_url": 5, "remote_id": "r"}):
+        with pytest.raises(ProtocolError):
+            decode_created(bad)
+
+
+def test_spec_sends_only_what_is_set() -> None:
+    assert SandboxSpec().to_json() == {}
+    assert SandboxSpec(item_id="i", exposed_ports=[1, 2]).to_json() == {
+        "item_id": "i",
+        "exposed_ports": [1, 2],
+    }
+
+
+def test_ipv6_literal_hosts_survive_treq() -> None:
+    url = DecodedURL.from_text("http://[2001:db8::8a2e:370:7334]:8080/sandboxes").add("p", "a+b")
+    uri = standin_url(url).encoded_url.to_uri().to_text().encode()  # what treq does
+    assert literal_uri(uri) == b"http://[2001:db8::8a2e:370:7334]:8080/sandboxes?p=a%2Bb"
+    assert standin_url(DecodedURL.from_text("http://10.0.0.1/")).host == "10.0.0.1"
+    assert literal_uri(b"http://v6-zz.example/") == b"http://v6-zz.example/"
+
+
+# -- error mapping -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "etype", "exc"),
+    [
+        (404, "SandboxNotFound", SandboxNotFound),
+        (404, None, SandboxNotFound),
+        (404, "FileNotFoundError", FileNotFoundError),
+        (400, "BadRequest", ValueError),
+        (401, "Unauthorized", PermissionError),
+        (413, "TooLarge", TooLarge),
+        (503, "Draining", SandboxUnavailable),
+        (503, "NoCapacity", SandboxUnavailable),
+        (504, None, SandboxBusy),
+        (500, "Internal", SandboxError),
+        (502, None, SandboxError),
+    ],
+)
+def test_statuses_map_to_the_error_model(status: int, etype: str | None, exc: type) -> None:
+    err = error_for(status, etype, "d")
+    assert type(err) is exc
+    assert not isinstance(err, SandboxNotFound) or status == 404
+
+
+def test_507_is_enospc_and_frames_map_by_type() -> None:
+    err = error_for(507, "InsufficientStorage", "full")
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC
+    assert isinstance(error_from_frame("Unauthorized", "x"), PermissionError)
+    assert isinstance(error_from_frame(None, None), SandboxError)
+
+
+def _wrapped(cls: type, *inner: BaseException) -> BaseException:
+    exc: BaseException = cls([Failure(e) for e in inner])
+    return exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "timed_out", "expected"),
+    [
+        (ierror.ConnectionRefusedError(), False, SandboxNotFound),
+        (_wrapped(ResponseNeverReceived, ierror.ConnectionLost()), False, SandboxNotFound),
+        (_wrapped(ResponseFailed, ierror.ConnectionDone()), False, SandboxNotFound),
+        (ierror.NoRouteError(), False, SandboxNotFound),
+        (ierror.DNSLookupError("x"), False, SandboxNotFound),
+        (ierror.TimeoutError(), False, SandboxBusy),
+        (ierror.TCPTimedOutError(), False, SandboxBusy),
+        (_wrapped(ResponseNeverReceived, CancelledError()), True, SandboxBusy),
+        (CancelledError(), True, SandboxBusy),
+        (CancelledError(), False, CancelledError),
+        (_wrapped(ResponseNeverReceived, CancelledError()), False, CancelledError),
+        (ierror.ConnectingCancelledError(None), False, CancelledError),
+        (KeyError("bug"), False, KeyError),
+    ],
+)
+def test_transport_failures_map_to_the_error_model(
+    exc: BaseException, timed_out: bool, expected: type
+) -> None:
+    assert type(error_from_transport(exc, timed_out=timed_out, service=False)) is expected
+
+
+def test_service_addresses_are_unavailable_not_not_found() -> None:
+    err = error_from_transport(ierror.ConnectionRefusedError(), timed_out=False, service=True)
+    assert type(err) is SandboxUnavailable
+
+
+def test_a_failing_request_body_is_reraised_as_itself() -> None:
+    local = PermissionError(errno.EACCES, "denied")
+    err = error_from_transport(
+        _wrapped(RequestGenerationFailed, local), timed_out=False, service=False
+    )
+    assert err is local
+
+
+# -- retry policy --------------------------------------------------------------------------
+
+
+def test_deadlines_and_backoffs_grow_and_are_capped() -> None:
+    p = RetryPolicy(
+        attempts=6,
+        timeout=1,
+        timeout_growth=2,
+        max_timeout=5,
+        backoff=0.5,
+        backoff_growth=3,
+        max_backoff=4,
+    )
+    assert [p.deadline(n) for n in range(6)] == [1, 2, 4, 5, 5, 5]
+    assert [p.delay(n) for n in range(6)] == [0, 0.5, 1.5, 4, 4, 4]
+
+
+def _run(
+    clock: Clock, policy: RetryPolicy, outcomes: list[Any], **kw: Any
+) -> tuple[Deferred[Any], list[float], list[float]]:
+    """Drive ``retrying`` on a fake clock; ``outcomes`` are the attempts' results in turn."""
+    deadlines: list[float] = []
+    started: list[float] = []
+
+    async def attempt(deadline: float) -> Any:
+        deadlines.append(deadline)
+        started.append(clock.seconds())
+        outcome = outcomes.pop(0)
+        return await (fail(outcome) if isinstance(outcome, BaseException) else succeed(outcome))
+
+    d = ensureDeferred(retrying(clock, policy, attempt, **kw))
+    for _ in range(50):
+        clock.advance(1)
+    return d, deadlines, started
+
+
+def test_busy_is_retried_with_growing_deadlines_and_backoffs() -> None:
+    clock = Clock()
+    p = RetryPolicy(
+        attempts=4,
+        timeout=1,
+        timeout_growth=2,
+        max_timeout=3,
+        backoff=1,
+        backoff_growth=2,
+        max_backoff=2,
+    )
+    d, deadlines, started = _run(clock, p, [SandboxBusy("slow")] * 4)
+    failure = []
+    d.addErrback(failure.append)
+    assert failure[0].check(SandboxBusy) and "after 4 attempts" in str(failure[0].value)
+    assert deadlines == [1, 2, 3, 3]
+    assert started == [0, 1, 3, 5]  # waited 1, 2, 2
+
+
+def test_only_busy_is_retried_and_success_stops() -> None:
+    clock = Clock()
+    d, deadlines, _ = _run(clock, RetryPolicy(), [SandboxBusy("x"), 42])
+    assert d.result == 42 and len(deadlines) == 2
+    d2, deadlines2, _ = _run(clock, RetryPolicy(), [SandboxNotFound("dead")])
+    d2.addErrback(lambda f: f.trap(SandboxNotFound))
+    assert len(deadlines2) == 1
+
+
+def test_gone_counts_as_done_only_after_a_timeout() -> None:
+    clock = Clock()
+    d, _, _ = _run(
+        clock, RetryPolicy(), [SandboxBusy("x"), FileNotFoundError()], gone_ok=FileNotFoundError
+    )
+    assert d.result is None
+    d2, _, _ = _run(clock, RetryPolicy(), [FileNotFoundError()], gone_ok=FileNotFoundError)
+    errors: list[Failure] = []
+    d2.addErrback(errors.append)
+    assert errors[0].check(FileNotFoundError)
