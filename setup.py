@@ -1,12 +1,14 @@
 """Packaging for sandboxd (the daemon) and sandboxd_client (the client and sandboxctl)."""
 
+from pathlib import Path
+
 from setuptools import setup
 
 setup(
     name="sandboxd",
     version="0.1.0",
     description="A self-hosted sandbox host for AI-agent applications",
-    long_description=open("README.rst", encoding="utf-8").read(),
+    long_description=Path(__file__).with_name("README.rst").read_text(encoding="utf-8"),
     long_description_content_type="text/x-rst",
     python_requires=">=3.11",
     packages=[
