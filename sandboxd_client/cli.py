@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cwd")
     p.add_argument("--timeout", type=float)
     p.add_argument("-i", "--stdin", action="store_true", help="send this process's stdin")
-    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.add_argument("cmd", nargs="*", help="the command (put it after -- if it has options)")
     p = add("put", "upload a local file")
     p.add_argument("handle")
     p.add_argument("local")
@@ -96,6 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
     add("list", "list live sandboxes").add_argument("--pod")
     add("health", "show service health").add_argument("--pod")
     return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """
+    Parse a command line; for ``exec``, everything after the first ``--`` is the command
+    verbatim (options included), so ``exec HANDLE --cwd d -- ls -l`` works.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if "--" in argv:
+        cut = argv.index("--")
+        args = parser.parse_args(argv[:cut])
+        if args.command == "exec":
+            args.cmd = [*args.cmd, *argv[cut + 1 :]]
+            return args
+    return parser.parse_args(argv)
 
 
 def describe(e: BaseException) -> str:
@@ -119,6 +135,11 @@ class Console:
         self.out.write(text.encode("utf-8") + b"\n")
         self.out.flush()
 
+    def error(self, message: str) -> None:
+        """One line on stderr: ``sandboxctl: <message>``."""
+        self.err.write(f"sandboxctl: {message}\n")
+        self.err.flush()
+
     def json(self, value: object) -> None:
         self.print(json.dumps(value, sort_keys=True))
 
@@ -129,95 +150,107 @@ class Console:
         return None
 
 
-async def _transfer(console: Console, label: str, total: int | None, call: Any, *args: Any) -> None:
-    bar: list[ProgressBar | None] = [None]
+async def _transfer(console: Console, label: str, call: Any, *args: Any) -> None:
+    """Run an upload/download, drawing a progress bar when ``console`` wants one."""
+    bar: list[ProgressBar | None] = []
 
-    def on_progress(done: int, size: int | None) -> None:
-        if bar[0] is None:
-            bar[0] = console.progress(label, size if size is not None else total)
+    def on_progress(done: int, total: int | None) -> None:
+        if not bar:
+            bar.append(console.progress(label, total))
         if bar[0] is not None:
-            bar[0].update(done, size)
+            bar[0].update(done, total)
 
     try:
         await call(*args, on_progress=on_progress)
     finally:
-        if bar[0] is not None:
+        if bar and bar[0] is not None:
             bar[0].finish()
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
+    argv = args.cmd
+    if not argv:
+        raise ValueError("exec needs a command: sandboxctl exec HANDLE -- CMD...")
+    stdin = sys.stdin.buffer.read() if args.stdin else None
+
+    def live(chunk: bytes) -> None:
+        console.out.write(chunk)
+        console.out.flush()
+
+    result = await client.exec(
+        SandboxHandle(args.handle),
+        argv,
+        on_output=None if args.json else live,
+        env=dict(args.env) or None,
+        cwd=args.cwd,
+        timeout=args.timeout,
+        stdin=stdin,
+    )
+    if args.json:
+        console.json(
+            {
+                "exit_code": result.exit_code,
+                "stdout": _text(result.stdout),
+                "stderr": _text(result.stderr),
+                "truncated": result.truncated,
+            }
+        )
+    return result.exit_code
 
 
 async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
     """Carry out one parsed command; return the exit code (exceptions are the caller's)."""
     cmd, as_json = args.command, args.json
+    if cmd == "exec":
+        return await _exec(client, args, console)
     if cmd == "create":
         spec = SandboxSpec(args.image, dict(args.env), tuple(args.port), args.item_id)
         handle = await client.create(spec)
-        console.json({"handle": handle.id}) if as_json else console.print(handle.id)
-        return 0
-    if cmd == "exec":
-        argv = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        if not argv:
-            raise ValueError("exec needs a command after --")
-        stdin = sys.stdin.buffer.read() if args.stdin else None
-
-        def live(chunk: bytes) -> None:
-            console.out.write(chunk)
-            console.out.flush()
-
-        result = await client.exec(
-            SandboxHandle(args.handle),
-            argv,
-            on_output=None if as_json else live,
-            env=dict(args.env) or None,
-            cwd=args.cwd,
-            timeout=args.timeout,
-            stdin=stdin,
-        )
         if as_json:
-            fields = asdict(result)
-            for key in ("stdout", "stderr"):
-                fields[key] = (
-                    result.stdout.decode("utf-8", "replace")
-                    if key == "stdout"
-                    else (result.stderr.decode("utf-8", "replace"))
-                )
-            console.json(fields)
-        return result.exit_code
-    handle = SandboxHandle(getattr(args, "handle", "") or "")
-    if cmd == "kill":
-        await client.kill(handle)
-    elif cmd == "put":
-        total = os.path.getsize(args.local)
-        await _transfer(
-            console, args.remote, total, client.upload_file, handle, args.remote, args.local
-        )
-    elif cmd == "get":
-        await _transfer(
-            console, args.remote, None, client.download_to_file, handle, args.remote, args.local
-        )
-    elif cmd == "rm":
-        await (client.rmdir if args.recursive else client.delete)(handle, args.path)
-    elif cmd == "ls":
-        entries = await client.walk(handle, args.root)
+            console.json({"handle": handle.id})
+        else:
+            console.print(handle.id)
+        return 0
+    if cmd in ("list", "health"):
+        if cmd == "list":
+            infos = await client.list_sandboxes(args.pod)
+            lines = [
+                f"{i.remote_id}  {'ready' if i.ready else '-':5}  execs={i.execs}  "
+                f"last_active={i.last_active}"
+                for i in infos
+            ]
+            value: object = [asdict(i) for i in infos]
+        else:
+            health = await client.health(args.pod)
+            lines = [f"{health.status}  {health.version}  {' '.join(health.capabilities)}"]
+            value = asdict(health)
+        if as_json:
+            console.json(value)
+        for line in [] if as_json else lines:
+            console.print(line)
+        return 0
+    handle = SandboxHandle(args.handle)
+    if cmd == "ls":
+        entries = sorted(await client.walk(handle, args.root), key=lambda e: e.path)
         if as_json:
             console.json([asdict(e) for e in entries])
         for e in [] if as_json else entries:
             console.print(f"{e.size:>12}  {e.path}")
         return 0
-    elif cmd == "list":
-        infos = await client.list_sandboxes(args.pod)
-        if as_json:
-            console.json([asdict(i) for i in infos])
-        for i in [] if as_json else infos:
-            ready = "ready" if i.ready else "-"
-            console.print(f"{i.remote_id}  {ready:5}  execs={i.execs}  last_active={i.last_active}")
-        return 0
-    elif cmd == "health":
-        health = await client.health(args.pod)
-        if as_json:
-            console.json(asdict(health))
-        else:
-            console.print(f"{health.status}  {health.version}  {' '.join(health.capabilities)}")
-        return 0
+    if cmd == "kill":
+        await client.kill(handle)
+    elif cmd == "put":
+        await _transfer(console, args.remote, client.upload_file, handle, args.remote, args.local)
+    elif cmd == "get":
+        await _transfer(
+            console, args.remote, client.download_to_file, handle, args.remote, args.local
+        )
+    elif cmd == "rm":
+        await (client.rmdir if args.recursive else client.delete)(handle, args.path)
     if as_json:
         console.json({"ok": True})
     return 0
@@ -231,32 +264,43 @@ def read_token(path: str | None) -> str | None:
         return f.read().strip() or None
 
 
-async def _main(reactor: Any, argv: list[str] | None) -> None:
-    args = build_parser().parse_args(argv)
-    console = Console(sys.stdout.buffer, sys.stderr)
+async def main_async(
+    reactor: Any, argv: list[str] | None, console: Console, *, interruptible: bool = False
+) -> int:
+    """
+    Parse ``argv``, run the command, and return the exit code; failures become one line on
+    ``console.err``. ``interruptible``: Ctrl-C cancels the command (an exec is then killed on
+    the host because its stream is dropped) and the exit code is 130.
+    """
+    args = parse_args(argv)
     failed = EXEC_FAILED if args.command == "exec" else 1
     try:
         client = HttpSandbox(args.url, token=read_token(args.token_file), reactor=reactor)
     except (OSError, ValueError) as e:
-        print(f"sandboxctl: {describe(e)}", file=sys.stderr)
-        raise SystemExit(failed) from None
+        console.error(describe(e))
+        return failed
     work: Deferred[int] = Deferred.fromCoroutine(run(client, args, console))
+    if interruptible:
 
-    def interrupt(signum: int, frame: object) -> None:
-        reactor.callFromThread(work.cancel)
+        def interrupt(signum: int, frame: object) -> None:
+            reactor.callFromThread(work.cancel)
 
-    reactor.callWhenRunning(signal.signal, signal.SIGINT, interrupt)
+        reactor.callWhenRunning(signal.signal, signal.SIGINT, interrupt)
     try:
-        code = await work
+        return await work
     except CancelledError:
-        print("sandboxctl: interrupted", file=sys.stderr)
-        code = 130
+        console.error("interrupted")
+        return 130
     except Exception as e:
-        print(f"sandboxctl: {describe(e)}", file=sys.stderr)
-        code = failed
+        console.error(describe(e))
+        return failed
     finally:
         await client.close()
-    raise SystemExit(code)
+
+
+async def _main(reactor: Any, argv: list[str] | None) -> None:
+    console = Console(sys.stdout.buffer, sys.stderr)
+    raise SystemExit(await main_async(reactor, argv, console, interruptible=True))
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -1,0 +1,155 @@
+"""``sandboxctl``: in-process through ``cli.run``, and as a real process through ``main``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+from conftest import Served
+from twisted.internet import reactor
+from twisted.internet.utils import getProcessOutputAndValue
+
+from sandboxd_client import HttpSandbox, encode_handle
+from sandboxd_client.cli import Console, main_async, parse_args, run
+from sandboxd_client.progress import MIB
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def ctl(client: HttpSandbox, *argv: str, tty: bool = False) -> tuple[int, bytes, str]:
+    out, err = io.BytesIO(), FakeTTY() if tty else io.StringIO()
+    code = await run(client, parse_args(list(argv)), Console(out, err))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_parser_keeps_the_command_after_the_separator() -> None:
+    args = parse_args(["exec", "H", "--env", "A=1", "--", "ls", "-l", "--", "--json"])
+    assert args.cmd == ["ls", "-l", "--", "--json"] and args.env == [("A", "1")]
+    assert args.json is False
+    assert parse_args(["exec", "H", "echo", "hi"]).cmd == ["echo", "hi"]
+    assert parse_args(["ls", "H", "--json"]).json is True
+    assert parse_args(["--json", "ls", "H"]).json is True
+    with pytest.raises(SystemExit):
+        parse_args(["create", "--env", "novalue"])
+
+
+@pytest_twisted.ensureDeferred
+async def test_commands_in_process(client: HttpSandbox, fake: Served, tmp_path: Path) -> None:
+    code, out, _ = await ctl(client, "create", "--image", "py", "--env", "A=1")
+    handle = out.decode().strip()
+    assert code == 0 and json.loads(fake.state.seen[-1].body) == {"image": "py", "env": {"A": "1"}}
+    code, out, _ = await ctl(client, "exec", handle, "--", "both")
+    assert code == 3 and out == b"to stdout\nto stderr\n"
+    code, out, _ = await ctl(client, "--json", "exec", handle, "--", "echo", "hi")
+    assert code == 0
+    assert json.loads(out) == {"exit_code": 0, "stdout": "hi\n", "stderr": "", "truncated": False}
+
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(2 * MIB + 3))
+    code, _, err = await ctl(client, "put", handle, str(big), "dir/big", tty=True)
+    assert code == 0 and "100%" in err and err.endswith("\n")
+    code, _, err = await ctl(client, "get", handle, "dir/big", str(tmp_path / "back"), tty=True)
+    assert "100%" in err and (tmp_path / "back").read_bytes() == big.read_bytes()
+    small = tmp_path / "small"
+    small.write_bytes(b"tiny")
+    _, _, err = await ctl(client, "put", handle, str(small), "small", tty=True)
+    assert err == ""  # no bar for small files
+    _, _, err = await ctl(client, "get", handle, "dir/big", str(tmp_path / "quiet"))
+    assert err == ""  # no bar off a terminal
+
+    _, out, _ = await ctl(client, "ls", handle)
+    assert out.decode().split() == [str(2 * MIB + 3), "dir/big", "4", "small"]
+    _, out, _ = await ctl(client, "ls", handle, "dir", "--json")
+    assert [e["path"] for e in json.loads(out)] == ["dir/big"]
+    assert (await ctl(client, "rm", handle, "small"))[0] == 0
+    assert (await ctl(client, "rm", "-r", handle, "dir", "--json"))[1] == b'{"ok": true}\n'
+    assert await client.walk(handle) == []
+    _, out, _ = await ctl(client, "list", "--json")
+    assert [s["remote_id"] for s in json.loads(out)] == ["sb-1"]
+    _, out, _ = await ctl(client, "health")
+    assert out.decode().split() == ["ok", "fake-1", "auth"]
+    assert (await ctl(client, "kill", handle))[0] == 0
+    assert (await ctl(client, "list"))[1] == b""
+
+
+async def ctl_main(*argv: str, env: dict[str, str] | None = None) -> tuple[int, bytes, str]:
+    """``main_async`` in this process: argument parsing, defaults, error lines, exit codes."""
+    out, err = io.BytesIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in ("SANDBOXD_URL", "SANDBOXD_TOKEN_FILE")}
+    os.environ.update(env or {})
+    try:
+        code = await main_async(reactor, list(argv), Console(out, err))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest_twisted.ensureDeferred
+async def test_errors_are_one_line_with_an_exit_code(fake: Served, tmp_path: Path) -> None:
+    code, out, err = await ctl_main("create", env={"SANDBOXD_URL": fake.lb_url})
+    assert (code, err) == (0, "")
+    handle = out.decode().strip()
+    code, out, err = await ctl_main("exec", "not-a-handle", "--", "true")
+    assert code == 125 and out == b""
+    assert err.startswith("sandboxctl: ValueError: malformed sandbox handle")
+    assert err.count("\n") == 1
+    code, _, err = await ctl_main("--url", fake.lb_url, "exec", handle)
+    assert code == 125 and err.startswith("sandboxctl: ValueError: exec needs a command")
+    code, _, err = await ctl_main("kill", encode_handle(fake.pod_url, "nope").id)
+    assert code == 1 and err.startswith("sandboxctl: SandboxNotFound: ")
+    code, _, err = await ctl_main("get", handle, "missing", str(tmp_path / "x"))
+    assert code == 1 and err.startswith("sandboxctl: FileNotFoundError: ")
+    code, _, err = await ctl_main("--url", "ftp://x", "health")
+    assert code == 1 and err.startswith("sandboxctl: ValueError: URL 'ftp://x' must be")
+
+
+@pytest_twisted.ensureDeferred
+async def test_token_file_and_unreachable_service(
+    fake: Served, tmp_path: Path, closed_port: int
+) -> None:
+    fake.state.token = "t0k"
+    token = tmp_path / "token"
+    token.write_text("t0k\n")
+    code, _, err = await ctl_main("--url", fake.lb_url, "create")
+    assert code == 1 and err.startswith("sandboxctl: PermissionError: ")
+    code, out, _ = await ctl_main("--url", fake.lb_url, "--token-file", str(token), "create")
+    assert code == 0
+    env = {"SANDBOXD_URL": fake.lb_url, "SANDBOXD_TOKEN_FILE": str(token)}
+    code, out, _ = await ctl_main("--json", "list", env=env)
+    assert code == 0 and len(json.loads(out)) == 1
+    code, _, err = await ctl_main("--url", f"http://127.0.0.1:{closed_port}", "health")
+    assert code == 1 and err.startswith("sandboxctl: SandboxUnavailable: ")
+    code, _, err = await ctl_main("--token-file", str(tmp_path / "none"), "health")
+    assert code == 1 and err.startswith("sandboxctl: FileNotFoundError: ")
+
+
+async def sandboxctl(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``python -m sandboxd_client.cli`` as its own process."""
+    full_env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": REPO, **(env or {})}
+    out, err, code = await getProcessOutputAndValue(
+        sys.executable, ["-m", "sandboxd_client.cli", *argv], env=full_env, path=REPO
+    )
+    return code, out.decode(), err.decode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_real_command_exits_like_the_command(client: HttpSandbox, fake: Served) -> None:
+    handle = (await client.create()).id
+    code, out, err = await sandboxctl("--url", fake.lb_url, "exec", handle, "--", "both")
+    assert (code, out, err) == (3, "to stdout\nto stderr\n", "")
+    code, out, err = await sandboxctl("kill", encode_handle(fake.pod_url, "nope").id)
+    assert code == 1 and out == "" and err.startswith("sandboxctl: SandboxNotFound: ")
