@@ -21,7 +21,7 @@ from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
 import sandboxd
-from sandboxd import exec_request, exec_run, workspace
+from sandboxd import archive, exec_request, exec_run, workspace
 from sandboxd.errors import APIError, BadRequest, TooLarge, Unauthorized
 from sandboxd.exec_request import ExecRequest
 from sandboxd.layout import RID_PATTERN
@@ -152,6 +152,8 @@ class SandboxAPI:
         names = {*exec_request.CAPABILITIES, *exec_run.CAPABILITIES}
         names.add(f"isolation.{self.manager.isolation.name}")
         names.add("auth.bearer" if self.token is not None else "auth.none")
+        if self.manager.archive is not None:
+            names.add("archive")
         for attribute in vars(type(self)).values():
             names.update(getattr(attribute, "capabilities", ()))
         return sorted(names)
@@ -222,7 +224,7 @@ class SandboxAPI:
 
     @app.route("/sandboxes", methods=["POST"])
     @authorized
-    def create(self, request: IRequest) -> bytes:
+    async def create(self, request: IRequest) -> bytes:
         body = json_body(request)
         image = body.get("image")
         if image is not None and not isinstance(image, str):
@@ -232,8 +234,8 @@ class SandboxAPI:
             isinstance(ports, list) and all(type(p) is int for p in ports)
         ):
             raise BadRequest("exposed_ports: must be a list of port numbers")
-        check_item_id(body.get("item_id"))
-        sandbox = self.manager.create(env=body.get("env"))
+        item_id = check_item_id(body.get("item_id"))
+        sandbox = await self.manager.create_restored(env=body.get("env"), item_id=item_id)
         return json_response(request, {"pod_url": self.own_url(request), "remote_id": sandbox.rid})
 
     def own_url(self, request: IRequest) -> str:
@@ -417,23 +419,34 @@ class SandboxAPI:
 
     @app.route("/sandboxes/<rid>/persist", methods=["POST"])
     @authorized
-    def persist(self, request: IRequest, rid: str) -> bytes:
-        self.sandbox(rid)
+    async def persist(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.sandbox(rid)
         delete = json_body(request).get("delete", False)
         if not isinstance(delete, bool):
             raise BadRequest("delete: must be true or false")
-        # Without an archive root persist is a no-op (SPEC §1 "Archive").
+        # No archive, no item_id, or not ready: a no-op, still 204 (SPEC §1 "Archive").
+        await self.manager.persist(sandbox, delete)
         return no_content(request)
 
     def resource(self) -> Any:
         return self.app.resource()
 
 
-def check_item_id(item_id: object) -> None:
-    """``item_id`` names one archive entry: no ``/``, no ``..``, no NUL, bounded length."""
+def check_item_id(item_id: object) -> str | None:
+    """``item_id`` names one archive entry: no ``/``, no ``..``, no NUL, bounded length, and not
+    the archive's own ``.sandboxd-`` names."""
     if item_id is None:
-        return
+        return None
     if not isinstance(item_id, str) or not item_id:
         raise BadRequest("item_id: must be a non-empty string")
-    if "/" in item_id or "\0" in item_id or item_id in (".", "..") or len(item_id) > ITEM_ID_MAX:
-        raise BadRequest("item_id: must be one path component without '/', '..' or NUL")
+    try:
+        size = len(item_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest("item_id: not valid Unicode text") from None
+    if "/" in item_id or "\0" in item_id or item_id in (".", "..") or size > ITEM_ID_MAX:
+        raise BadRequest(
+            f"item_id: one path component of at most {ITEM_ID_MAX} bytes, no '/' or NUL"
+        )
+    if item_id.startswith(archive.RESERVED_PREFIX):
+        raise BadRequest(f"item_id: names starting with {archive.RESERVED_PREFIX!r} are reserved")
+    return item_id

@@ -21,6 +21,8 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd import workspace
+from sandboxd.archive import Archive
+from sandboxd.archive_rsync import WorkspaceEnd
 from sandboxd.config import Config
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.exec_request import ExecRequest, parse_env
@@ -52,6 +54,8 @@ class Sandbox:
     last_active: float
     execs: int = 0
     running: set[ExecRun] = field(factory=set)
+    item_id: str | None = None
+    """The archive entry this sandbox restores from and persists to (``None``: none)."""
     oom_kills_seen: int = 0
 
 
@@ -70,6 +74,8 @@ class SandboxManager:
     draining: bool = False
     metrics: Metrics = field(factory=Metrics)
     drain_poll: float = 0.1
+    archive: Archive | None = None
+    """Where ``item_id`` sandboxes are restored from and persisted to (``None``: no archive)."""
     """Seconds between looks at the running commands while a drain waits for them."""
     _devnull: int = field(init=False, default=-1)
     _drained: list[Deferred[None]] | None = field(init=False, default=None)
@@ -103,8 +109,8 @@ class SandboxManager:
 
     # Lifecycle
 
-    def create(self, env: object = None) -> Sandbox:
-        """A new sandbox with its own identity, cgroup and directories."""
+    def create(self, env: object = None, item_id: str | None = None) -> Sandbox:
+        """A new sandbox with its own identity, cgroup and directories (not restored)."""
         if self.draining:
             raise Draining("the daemon is draining and accepts no new sandboxes")
         create_env = parse_env(env, "env")
@@ -122,7 +128,7 @@ class SandboxManager:
             self.isolation.uids.release(identity)
             raise
         now = self.clock.seconds()
-        sandbox = Sandbox(rid, identity, create_env, created=now, last_active=now)
+        sandbox = Sandbox(rid, identity, create_env, created=now, last_active=now, item_id=item_id)
         self.sandboxes[rid] = sandbox
         self.metrics.created.inc()
         self.metrics.sandboxes.set(len(self.sandboxes))
@@ -316,6 +322,39 @@ class SandboxManager:
     def open_for_reading(self, sandbox: Sandbox, parts: Parts) -> Deferred[tuple[BinaryIO, int]]:
         uid = sandbox.identity.uid
         return self.files(sandbox, lambda ws: workspace.open_for_reading(ws, parts, uid))
+
+    # Archive
+
+    async def create_restored(self, env: object = None, item_id: str | None = None) -> Sandbox:
+        """``POST /sandboxes``: a new sandbox; with an archive and ``item_id``, the item is
+        restored into it (as its uid) and only then marked ready. A missing archive entry gives an
+        empty, ready workspace; a failed restore kills the sandbox and raises.
+        """
+        sandbox = self.create(env, item_id=item_id)
+        if self.archive is None or item_id is None:
+            return sandbox
+        try:
+            await self.archive.restore(item_id, self._workspace_end(sandbox))
+        except BaseException:
+            with suppress(SandboxNotFound):
+                await self.kill(sandbox.rid)
+            raise
+        self.layout.mark_ready(sandbox.rid)
+        return sandbox
+
+    async def persist(self, sandbox: Sandbox, delete: bool) -> bool:
+        """Copy the workspace to the archive (``--delete`` with ``delete``); ``False`` for the
+        no-op cases: no archive, no ``item_id``, or not ready (a half-restored workspace must never
+        overwrite the archive).
+        """
+        if self.archive is None or sandbox.item_id is None or not self.is_ready(sandbox):
+            return False
+        await self.archive.persist(sandbox.item_id, self._workspace_end(sandbox), delete)
+        return True
+
+    def _workspace_end(self, sandbox: Sandbox) -> WorkspaceEnd:
+        procs = tuple(self.isolation.cgroups.procs_files(sandbox.rid))
+        return WorkspaceEnd(sandbox.identity, procs, self.layout.workspace(sandbox.rid))
 
     # Ready marker
 

@@ -21,6 +21,7 @@ from twisted.python.threadpool import ThreadPool
 import sandboxd
 from sandboxd import notify
 from sandboxd.api import SandboxAPI
+from sandboxd.archive import Archive, ArchiveUnavailable, build_archive
 from sandboxd.config import Config, ConfigError, option_table
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
@@ -169,7 +170,19 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     if token is None:
         log.warn("auth: no SANDBOXD_TOKEN_FILE: any local process can drive every sandbox")
     layout = Layout(config.root, owns_files=isolation.owns_files)
-    manager = SandboxManager(config, reactor, reactor, isolation, admin_pool, layout)
+    archive: Archive | None = None
+    if config.archive_root is not None:
+        try:
+            archive = build_archive(config.archive_root, reactor, admin_pool)
+        except ArchiveUnavailable as e:
+            fail("archive", e)
+            raise  # pragma: no cover
+        log.info(
+            "archive: {root} (rsync {rsync})", root=config.archive_root, rsync=archive.rsync.rsync
+        )
+    manager = SandboxManager(
+        config, reactor, reactor, isolation, admin_pool, layout, archive=archive
+    )
     api = SandboxAPI(manager, token=token, pod_url=config.pod_url, pod_ip=environ.get("POD_IP"))
     observer = None
     if config.log_format == "json":
