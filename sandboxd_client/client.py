@@ -10,8 +10,9 @@ means the sandbox is alive but slow. Idempotent calls (file reads and writes, pr
 mkdir, rmdir, mark_ready, kill) are retried on ``SandboxBusy`` under ``retry``; ``create``,
 ``persist``, ``exec``, ``rename`` and ``resolve_tools`` are sent exactly once.
 
-From asyncio, install Twisted's asyncio reactor before anything imports the reactor, and bridge
-each Deferred with ``asFuture``::
+From asyncio, install Twisted's asyncio reactor on your loop before anything imports the
+reactor, start it (this runs Twisted's start-up: its thread pool resolves host names), and
+bridge each Deferred with ``asFuture``::
 
     import asyncio
     from twisted.internet import asyncioreactor
@@ -30,7 +31,14 @@ each Deferred with ``asFuture``::
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     asyncioreactor.install(loop)
-    loop.run_until_complete(main())
+    from twisted.internet import reactor
+
+    reactor.startRunning(installSignalHandlers=False)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        reactor.stop()
+        loop.run_forever()  # runs Twisted's shutdown, which then stops the loop
 
 Security: a handle carries the URL its calls (and the bearer token) are sent to; store handles
 where only the application can write them.
