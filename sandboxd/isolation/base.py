@@ -5,10 +5,10 @@ start-up from the configuration (``sandboxd.isolation.select``). ``--isolation=n
 development bundle of ``sandboxd.isolation.none``; the cgroup drivers give real isolation.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
-from attrs import frozen
+from attrs import field, frozen
 from twisted.internet.defer import Deferred
 
 T = TypeVar("T")
@@ -103,6 +103,11 @@ class FsCredentials(Protocol):
         """Call ``work()`` in a worker thread whose fsuid/fsgid are the identity's."""
 
 
+def plain_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env``: what an unprivileged wrapper (``--isolation=none``) spawns with."""
+    return dict(env)
+
+
 @frozen
 class Isolation:
     """Everything the manager needs to isolate sandboxes, chosen once at start-up.
@@ -118,3 +123,12 @@ class Isolation:
     wrap: Callable[[Identity, Sequence[str], Sequence[str]], list[str]]
     owns_files: bool
     """True when the daemon must chown what it creates to the sandbox's identity (as root)."""
+    spawn_env: Callable[[Mapping[str, str]], dict[str, str]] = field(default=plain_env)
+    """The ``env`` to give ``spawnProcess`` for a wrapped command whose environment is ``env``.
+
+    The first programs of a wrapped argv run as root, so the command's environment must not reach
+    them as is (``LD_PRELOAD``, ``LD_LIBRARY_PATH``, locale paths... would act with root's
+    rights); the cgroup bundles encode it so that only the command, after the privilege drop,
+    sees it. Raises ``ValueError`` for a name that cannot be carried (not a shell identifier, or
+    the wrapper's reserved ``__SANDBOXD_`` prefix): a ``400`` for the caller.
+    """

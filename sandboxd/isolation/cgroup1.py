@@ -1,0 +1,221 @@
+"""The cgroup v1 driver: one cgroup per sandbox in each of the memory, cpu, pids hierarchies.
+
+For hybrid hosts, where the v1 hierarchies hold the controllers. Each hierarchy gets the same
+layout under the daemon's own cgroup in it (or ``SANDBOXD_CGROUP_ROOT``)::
+
+    <own>/sandboxd-<12 hex>/<rid>/
+
+in ``memory``, ``cpu`` (``cpuacct`` too when mounted apart, for CPU time), ``pids``, and
+``freezer`` when mounted (for an atomic kill). Co-mounted controllers share one directory.
+v1 has no rule against processes in inner cgroups, so the daemon stays where it is.
+"""
+
+import errno
+import os
+
+from attrs import define
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+
+from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
+from sandboxd.isolation.cgfiles import (
+    Kernel,
+    make_dirs,
+    read_int,
+    read_keyed,
+    read_pids,
+    read_text,
+    remove_dir,
+    require_root,
+    sweep,
+)
+from sandboxd.isolation.hierarchy import Mount, directory, override_path, v1_mount
+from sandboxd.isolation.limits import CPU_PERIOD_US, v1_cpu_quota, v1_memory, v1_pids
+from sandboxd.isolation.naming import check_rid, instance_name, is_rid
+from sandboxd.isolation.polling import StillPopulated, wait_until
+
+REQUIRED = ("memory", "cpu", "pids")
+OPTIONAL = ("cpuacct", "freezer")
+HINT = "delegate the daemon's cgroups to it or set SANDBOXD_CGROUP_ROOT"
+FREEZE_TIMEOUT = 1.0
+
+
+def _missing(mounts: list[Mount]) -> list[str]:
+    return [c for c in REQUIRED if v1_mount(mounts, c) is None]
+
+
+@define
+class Cgroup1Driver:
+    """``CgroupDriver`` on the v1 hierarchies."""
+
+    delegated: dict[str, str]
+    """Controller → directory of the delegated cgroup in its hierarchy."""
+    instance: str
+    """Name of this daemon instance's directory in each hierarchy."""
+    clock: IReactorTime
+    kernel: Kernel
+    kill_timeout: float = 30.0
+    name: str = "cgroup1"
+
+    @classmethod
+    def locate(
+        cls,
+        mounts: list[Mount],
+        own: dict[str, str],
+        cgroup_root: str | None,
+        state_root: str,
+        clock: IReactorTime,
+        kernel: Kernel,
+    ) -> "Cgroup1Driver":
+        """Find each hierarchy's delegated directory; one-line refusal if one is missing."""
+        missing = _missing(mounts)
+        if missing:
+            raise IsolationUnavailable(f"cgroup1: no {' '.join(missing)} hierarchy is mounted")
+        override = None if cgroup_root is None else override_path(mounts, cgroup_root)
+        delegated = {}
+        for controller in REQUIRED + OPTIONAL:
+            mount = v1_mount(mounts, controller)
+            if mount is None:
+                continue
+            path = override or own.get(controller)
+            where = None if path is None else directory(mount, path)
+            if where is not None:
+                delegated[controller] = where
+            elif controller in REQUIRED:
+                raise IsolationUnavailable(
+                    f"cgroup1: cannot place cgroup {path} in the {controller} hierarchy"
+                    f" mounted at {mount.mountpoint}"
+                )
+        return cls(delegated, instance_name(state_root), clock, kernel)
+
+    def _instance(self, controller: str) -> str | None:
+        where = self.delegated.get(controller)
+        return None if where is None else os.path.join(where, self.instance)
+
+    def _instances(self) -> list[str]:
+        """The instance directory of every hierarchy, each once (co-mounted ones share)."""
+        found = []
+        for controller in REQUIRED + OPTIONAL:
+            path = self._instance(controller)
+            if path is not None and path not in found:
+                found.append(path)
+        return found
+
+    def _dirs(self, rid: str) -> list[str]:
+        check_rid(rid)
+        return [os.path.join(instance, rid) for instance in self._instances()]
+
+    def _file(self, controller: str, rid: str, name: str) -> str:
+        instance = self._instance(controller)
+        assert instance is not None
+        return os.path.join(instance, check_rid(rid), name)
+
+    def preflight(self) -> None:
+        """Check root and the delegated directories; create the instance directories."""
+        require_root(self.kernel, self.name)
+        for path in self._instances():
+            parent = os.path.dirname(path)
+            if not os.path.isdir(parent):
+                raise IsolationUnavailable(f"cgroup1: cgroup {parent} does not exist")
+            try:
+                make_dirs(self.kernel, path)
+            except OSError as e:
+                raise IsolationUnavailable(
+                    f"cgroup1: cannot create {path} ({e.strerror}): {HINT}"
+                ) from None
+
+    def create(self, rid: str, limits: Limits) -> None:
+        """Make the sandbox's cgroup in every hierarchy and write its limits (all or nothing)."""
+        made: list[str] = []
+        try:
+            for path in self._dirs(rid):
+                self.kernel.mkdir(path)
+                made.append(path)
+            memory = v1_memory(limits)
+            self.kernel.write(self._file("memory", rid, "memory.limit_in_bytes"), memory)
+            memsw = self._file("memory", rid, "memory.memsw.limit_in_bytes")
+            if os.path.exists(memsw):
+                self.kernel.write(memsw, memory)
+            self.kernel.write(self._file("cpu", rid, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+            self.kernel.write(self._file("cpu", rid, "cpu.cfs_quota_us"), v1_cpu_quota(limits))
+            self.kernel.write(self._file("pids", rid, "pids.max"), v1_pids(limits))
+        except BaseException:
+            for path in reversed(made):
+                remove_dir(self.kernel, path)
+            raise
+
+    def procs_files(self, rid: str) -> list[str]:
+        """``cgroup.procs`` of the sandbox's cgroup in every hierarchy."""
+        return [os.path.join(path, "cgroup.procs") for path in self._dirs(rid)]
+
+    def kill(self, rid: str) -> Deferred[None]:
+        """Freeze, SIGKILL every process, thaw (or sweep until empty); fire once none is left."""
+        return Deferred.fromCoroutine(self._kill(rid))
+
+    async def _kill(self, rid: str) -> None:
+        dirs = [path for path in self._dirs(rid) if os.path.isdir(path)]
+        if not dirs:
+            return
+        procs = [os.path.join(path, "cgroup.procs") for path in dirs]
+        freezer = self._instance("freezer")
+        state = None if freezer is None else os.path.join(freezer, rid, "freezer.state")
+        if state is not None and os.path.exists(state):
+            self.kernel.write(state, "FROZEN")
+            await wait_until(self.clock, lambda: read_text(state) == "FROZEN", FREEZE_TIMEOUT)
+            sweep(procs, self.kernel)
+            self.kernel.write(state, "THAWED")
+        else:
+            sweep(procs, self.kernel)
+        if not await wait_until(
+            self.clock,
+            lambda: not read_pids(procs),
+            self.kill_timeout,
+            lambda: sweep(procs, self.kernel),
+        ):
+            raise StillPopulated(f"cgroup {rid} still has processes after {self.kill_timeout}s")
+
+    def remove(self, rid: str) -> None:
+        """``rmdir`` the sandbox's cgroup in every hierarchy (missing is fine; busy raises)."""
+        failure: OSError | None = None
+        for path in self._dirs(rid):
+            try:
+                remove_dir(self.kernel, path)
+            except OSError as e:
+                failure = failure or e
+        if failure is not None:
+            raise failure
+
+    def stats(self, rid: str) -> CgroupStats:
+        """Memory now and at peak, CPU time (from cpuacct), processes and OOM kills."""
+        cpu_usec = 0
+        if self._instance("cpuacct") is not None:
+            cpu_usec = read_int(self._file("cpuacct", rid, "cpuacct.usage")) // 1000
+        return CgroupStats(
+            memory_bytes=read_int(self._file("memory", rid, "memory.usage_in_bytes")),
+            memory_peak_bytes=read_int(self._file("memory", rid, "memory.max_usage_in_bytes")),
+            cpu_usec=cpu_usec,
+            pids=read_int(self._file("pids", rid, "pids.current")),
+            oom_kills=read_keyed(self._file("memory", rid, "memory.oom_control")).get(
+                "oom_kill", 0
+            ),
+        )
+
+    def leftovers(self) -> list[str]:
+        """Sandbox cgroups in any hierarchy's instance directory (a crashed predecessor's)."""
+        found: set[str] = set()
+        for instance in self._instances():
+            try:
+                names = os.listdir(instance)
+            except FileNotFoundError:
+                continue
+            found.update(n for n in names if is_rid(n) and os.path.isdir(os.path.join(instance, n)))
+        return sorted(found)
+
+    def remove_instance(self) -> None:
+        """``rmdir`` every instance directory left empty (clean shutdown)."""
+        for path in self._instances():
+            try:
+                self.kernel.rmdir(path)
+            except OSError as e:
+                if e.errno not in (errno.ENOENT, errno.EBUSY, errno.ENOTEMPTY):
+                    raise

@@ -1,0 +1,193 @@
+"""The privileged exec wrapper: join the cgroup as root, then drop to the sandbox's identity.
+
+``wrap(identity, procs_files, argv)`` gives the argv the daemon spawns (as root)::
+
+    sh -c ROOT sandboxd-exec UID GID N PROCS_1 .. PROCS_N ARGV..
+
+``ROOT`` writes its own pid into every ``cgroup.procs`` (so everything the command ever forks
+is inside the limits), resets ``oom_score_adj`` to 0 (the daemon's protective value would be
+inherited), then ``exec``\\ s ``setsid`` (a new session and process group, which the daemon can
+``killpg``; ``setsid`` does not fork when its caller leads no group, and a spawned child never
+does) and ``setpriv`` (uid/gid, no supplementary groups, ``no_new_privs``), which runs ``ARGV``:
+the pid the daemon holds is the command's own. A failed join exits :data:`JOIN_FAILED` with a
+message on stderr, and the command never starts. ``ARGV`` travels as positional parameters,
+never through the shell's parser, so any bytes are fine.
+
+The command's environment must not reach the root part (``LD_PRELOAD`` in a root ``sh`` is
+root code). :func:`spawn_env` makes the environment to spawn with: one made only of names
+known to be harmless passes as is; any other is carried as ``__SANDBOXD_<i>=NAME=VALUE``
+entries, which no program interprets, and a ``sh`` started after the privilege drop unpacks
+them and ``exec``\\ s the command (``env --`` for a name starting with ``-``, which ``exec``
+might take as an option). Exit codes stay the shell's: 127 not found, 126 not executable.
+"""
+
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+
+from attrs import field, frozen
+
+from sandboxd.isolation.base import Identity
+from sandboxd.isolation.none import find_program
+
+JOIN_FAILED = 125
+"""Exit code of a wrapper that could not put the command in its cgroup (``sandboxd-exec:``)."""
+
+PREFIX = "__SANDBOXD_"
+"""Reserved environment prefix: the wrapper's own carrier variables."""
+
+SAFE_NAMES = frozenset({"PATH", "HOME", "TMPDIR", "TERM", "USER", "LOGNAME", "SHELL", "PWD"})
+"""Names ``sh``, ``setsid``, ``setpriv`` and the C library do not act on as root."""
+
+LOCALE_NAMES = frozenset(
+    {"LANG", "LANGUAGE"}
+    | {
+        f"LC_{part}"
+        for part in [
+            "ALL",
+            "CTYPE",
+            "NUMERIC",
+            "TIME",
+            "COLLATE",
+            "MONETARY",
+            "MESSAGES",
+            "PAPER",
+            "NAME",
+            "ADDRESS",
+            "TELEPHONE",
+            "MEASUREMENT",
+            "IDENTIFICATION",
+        ]
+    }
+)
+"""Locale names: harmless as long as they name a system locale (no ``/``: not a path)."""
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+_ROOT = """\
+u=$1 g=$2 n=$3
+shift 3
+while [ "$n" -gt 0 ]; do
+  echo "$$" > "$1" || { echo "sandboxd-exec: cannot join cgroup $1" >&2; exit @JOIN_FAILED@; }
+  n=$((n - 1))
+  shift
+done
+echo 0 > /proc/self/oom_score_adj || {
+  echo "sandboxd-exec: cannot reset oom_score_adj" >&2; exit @JOIN_FAILED@; }
+if [ -n "${__SANDBOXD_N+x}" ]; then
+  exec @SETSID@ -- @SETPRIV@ --reuid="$u" --regid="$g" --clear-groups --no-new-privs \\
+    -- @SH@ -c @UNPACK@ sandboxd-exec "$@"
+fi
+exec @SETSID@ -- @SETPRIV@ --reuid="$u" --regid="$g" --clear-groups --no-new-privs -- "$@"
+"""
+
+_UNPACK = """\
+__SANDBOXD_i=0
+while [ "$__SANDBOXD_i" -lt "$__SANDBOXD_N" ]; do
+  eval "__SANDBOXD_kv=\\${__SANDBOXD_$__SANDBOXD_i}"
+  unset "__SANDBOXD_$__SANDBOXD_i"
+  export "$__SANDBOXD_kv"
+  __SANDBOXD_i=$((__SANDBOXD_i + 1))
+done
+unset __SANDBOXD_i __SANDBOXD_kv __SANDBOXD_N
+case $1 in -*) exec @ENV@ -- "$@" ;; esac
+exec "$@"
+"""
+
+
+def _fill(template: str, values: Mapping[str, str]) -> str:
+    for key, value in values.items():
+        template = template.replace(f"@{key}@", value)
+    return template
+
+
+def _root_script(programs: "Programs") -> str:
+    q = shlex.quote
+    unpack = _fill(_UNPACK, {"ENV": q(programs.env)})
+    return _fill(
+        _ROOT,
+        {
+            "JOIN_FAILED": str(JOIN_FAILED),
+            "SETSID": q(programs.setsid),
+            "SETPRIV": q(programs.setpriv),
+            "SH": q(programs.sh),
+            "UNPACK": q(unpack),
+        },
+    )
+
+
+@frozen
+class Programs:
+    """Absolute paths of the programs the wrapper runs, resolved once at start-up."""
+
+    sh: str
+    setsid: str
+    setpriv: str
+    env: str
+
+    @classmethod
+    def find(cls, which: Callable[[str], str] = find_program) -> "Programs":
+        """Resolve each program; ``which`` raises ``IsolationUnavailable`` for a missing one."""
+        return cls(
+            sh=which("sh"), setsid=which("setsid"), setpriv=which("setpriv"), env=which("env")
+        )
+
+
+@frozen
+class Wrapper:
+    """``Isolation.wrap`` for the cgroup drivers (call it with identity, procs files, argv)."""
+
+    programs: Programs
+    script: str = field(init=False)
+
+    @script.default
+    def _script(self) -> str:
+        return _root_script(self.programs)
+
+    def __call__(
+        self, identity: Identity, procs_files: Sequence[str], argv: Sequence[str]
+    ) -> list[str]:
+        """The argv to spawn as root for ``argv`` to run as ``identity`` in its cgroup."""
+        if identity.uid <= 0 or identity.gid <= 0:
+            raise ValueError(f"refusing to run a command as {identity}: never as root")
+        if not argv:
+            raise ValueError("empty command")
+        return [
+            self.programs.sh,
+            "-c",
+            self.script,
+            "sandboxd-exec",
+            str(identity.uid),
+            str(identity.gid),
+            str(len(procs_files)),
+            *procs_files,
+            *argv,
+        ]
+
+
+def _harmless(name: str, value: str) -> bool:
+    if name in SAFE_NAMES:
+        return True
+    return name in LOCALE_NAMES and "/" not in value
+
+
+def spawn_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment to spawn a wrapped argv with, for a command whose environment is ``env``.
+
+    ``ValueError`` for a name that is not a shell identifier or uses the reserved prefix, and
+    for a non-numeric ``OPTIND`` (the shell that unpacks would refuse it).
+    """
+    for name, value in env.items():
+        if _NAME.fullmatch(name) is None:
+            raise ValueError(f"environment name {name!r} is not a shell identifier")
+        if name.startswith(PREFIX):
+            raise ValueError(f"environment name {name!r} uses the reserved prefix {PREFIX}")
+        if name == "OPTIND" and not value.isdigit():
+            raise ValueError(f"environment OPTIND={value!r} is not a number")
+        if "\0" in value:
+            raise ValueError(f"environment {name} holds a NUL byte")
+    if all(_harmless(name, value) for name, value in env.items()):
+        return dict(env)
+    carried = {f"{PREFIX}{i}": f"{name}={value}" for i, (name, value) in enumerate(env.items())}
+    carried[f"{PREFIX}N"] = str(len(env))
+    return carried

@@ -1,0 +1,249 @@
+"""The cgroup v1 driver against fake memory, cpu, cpuacct, pids and freezer hierarchies."""
+
+import errno
+from pathlib import Path
+
+import pytest
+from isolation_fakes import FakeKernel, settle, write
+
+from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
+from sandboxd.isolation.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.hierarchy import Mount
+from sandboxd.isolation.naming import instance_name
+from sandboxd.isolation.polling import StillPopulated
+
+RID = "0123456789abcdef"
+LIMITS = Limits(memory_bytes=50 << 20, cpu_cores=0.2, pids=20)
+STATE = "/srv/sandboxes"
+INSTANCE = instance_name(STATE)
+SEPARATE = ("memory", "cpu", "cpuacct", "pids", "freezer")
+COMOUNTED = ("memory", "cpu,cpuacct", "pids")
+
+
+def setup(
+    tmp_path: Path,
+    hierarchies: tuple[str, ...] = SEPARATE,
+    cgroup_root: str | None = None,
+    **fake_options: object,
+) -> tuple[FakeKernel, Cgroup1Driver]:
+    """v1 hierarchies under ``tmp/v1``; the daemon's memory cgroup is ``/process_api/x``."""
+    fake = FakeKernel(tmp_path / "v1", 1, **fake_options)
+    fake.make_root(*hierarchies)
+    fake.make_cgroup(fake.base / "memory" / "process_api" / "x")
+    mounts = [
+        Mount("/", str(fake.base / name), "cgroup", frozenset(["rw", *name.split(",")]))
+        for name in hierarchies
+    ]
+    mounts.append(Mount("/", str(tmp_path / "unified"), "cgroup2", frozenset(["rw"])))
+    own = {c: "/" for name in hierarchies for c in name.split(",")}
+    own["memory"] = "/process_api/x"
+    driver = Cgroup1Driver.locate(mounts, own, cgroup_root, STATE, fake.clock, fake.kernel())
+    return fake, driver
+
+
+def ready(tmp_path: Path, **options: object) -> tuple[FakeKernel, Cgroup1Driver]:
+    fake, driver = setup(tmp_path, **options)  # type: ignore[arg-type]
+    driver.preflight()
+    driver.create(RID, LIMITS)
+    return fake, driver
+
+
+def boxes(fake: FakeKernel, hierarchies: tuple[str, ...] = SEPARATE) -> list[Path]:
+    """The sandbox's cgroup in each hierarchy."""
+    found = []
+    for name in hierarchies:
+        parent = fake.base / name / ("process_api/x" if name == "memory" else "")
+        found.append(parent / INSTANCE / RID)
+    return found
+
+
+def test_locate_finds_each_hierarchy_under_our_own_cgroup(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    assert driver.delegated == {
+        "memory": str(fake.base / "memory" / "process_api" / "x"),
+        "cpu": str(fake.base / "cpu"),
+        "pids": str(fake.base / "pids"),
+        "cpuacct": str(fake.base / "cpuacct"),
+        "freezer": str(fake.base / "freezer"),
+    }
+    assert driver.instance == INSTANCE and driver.name == "cgroup1"
+
+
+def test_locate_with_a_cgroup_root_uses_it_in_every_hierarchy(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path, cgroup_root="/sandboxd")
+    assert set(driver.delegated.values()) == {
+        str(fake.base / name / "sandboxd") for name in SEPARATE
+    }
+
+
+def test_locate_refuses_missing_hierarchies(tmp_path: Path) -> None:
+    with pytest.raises(IsolationUnavailable, match="no cpu pids hierarchy is mounted"):
+        setup(tmp_path, hierarchies=("memory",))
+
+
+def test_locate_refuses_a_required_cgroup_the_mount_does_not_show(tmp_path: Path) -> None:
+    mounts = [
+        Mount("/", str(tmp_path / c), "cgroup", frozenset([c])) for c in ("memory", "cpu", "pids")
+    ]
+    mounts.append(Mount("/hidden", str(tmp_path / "freezer"), "cgroup", frozenset(["freezer"])))
+    own = {"memory": "/", "cpu": "/", "freezer": "/"}
+    with pytest.raises(IsolationUnavailable, match="cannot place cgroup None in the pids"):
+        Cgroup1Driver.locate(mounts, own, None, STATE, None, None)  # type: ignore[arg-type]
+    own["pids"] = "/"
+    driver = Cgroup1Driver.locate(mounts, own, None, STATE, None, None)  # type: ignore[arg-type]
+    assert "freezer" not in driver.delegated  # optional, and not visible: done without
+
+
+def test_preflight_creates_the_instance_in_every_hierarchy(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    driver.preflight()
+    driver.preflight()
+    for box in boxes(fake):
+        assert box.parent.is_dir()
+
+
+def test_preflight_needs_root(tmp_path: Path) -> None:
+    _, driver = setup(tmp_path, euid=1000)
+    with pytest.raises(IsolationUnavailable, match="cgroup1 isolation needs root"):
+        driver.preflight()
+
+
+def test_preflight_refuses_a_missing_delegated_cgroup(tmp_path: Path) -> None:
+    _, driver = setup(tmp_path, cgroup_root="/absent")
+    with pytest.raises(IsolationUnavailable, match="absent does not exist"):
+        driver.preflight()
+
+
+def test_preflight_refuses_a_subtree_it_cannot_write(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    fake.fail[str(fake.base / "pids" / INSTANCE)] = PermissionError(
+        errno.EACCES, "Permission denied"
+    )
+    with pytest.raises(
+        IsolationUnavailable, match=r"cannot create .*Permission denied.*CGROUP_ROOT"
+    ):
+        driver.preflight()
+
+
+def test_create_writes_limits_in_each_hierarchy(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path)
+    memory, cpu, cpuacct, pids, freezer = boxes(fake)
+    assert (memory / "memory.limit_in_bytes").read_text() == str(50 << 20)
+    assert (memory / "memory.memsw.limit_in_bytes").read_text() == str(50 << 20)
+    assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "20000"
+    assert (pids / "pids.max").read_text() == "20"
+    assert cpuacct.is_dir() and freezer.is_dir()
+    assert sorted(driver.procs_files(RID)) == sorted(str(b / "cgroup.procs") for b in boxes(fake))
+    assert driver.leftovers() == [RID]
+
+
+def test_comounted_cpu_and_cpuacct_share_one_directory(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path, hierarchies=COMOUNTED, has_memsw=False)
+    memory, cpu, pids = boxes(fake, COMOUNTED)
+    assert driver.procs_files(RID) == [str(b / "cgroup.procs") for b in (memory, cpu, pids)]
+    assert not (memory / "memory.memsw.limit_in_bytes").exists()
+    write(cpu / "cpuacct.usage", "5000000")
+    assert driver.stats(RID).cpu_usec == 5000
+
+
+def test_create_is_all_or_nothing(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    driver.preflight()
+    _, cpu, *_ = boxes(fake)
+    fake.fail[str(cpu / "cpu.cfs_quota_us")] = OSError(errno.EINVAL, "Invalid argument")
+    with pytest.raises(OSError, match="Invalid"):
+        driver.create(RID, LIMITS)
+    assert not any(box.exists() for box in boxes(fake))
+    with pytest.raises(ValueError):
+        driver.create("nope", LIMITS)
+
+
+def test_kill_freezes_kills_thaws_and_waits_for_every_hierarchy(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path, death_delay=0.01)
+    pids = [fake.spawn(*boxes(fake)) for _ in range(3)]
+    settle(fake.clock, driver.kill(RID))
+    assert not any(fake.alive(p) for p in pids)
+    state = str(boxes(fake)[-1] / "freezer.state")
+    assert [t for p, t in fake.writes if p == state] == ["FROZEN", "THAWED"]
+    for box in boxes(fake):
+        assert (box / "cgroup.procs").read_text() == ""
+    driver.remove(RID)
+    assert not any(box.exists() for box in boxes(fake))
+
+
+def test_kill_goes_on_when_freezing_does_not_complete(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path, sticky_freeze=True)
+    pid = fake.spawn(*boxes(fake))
+    settle(fake.clock, driver.kill(RID))
+    assert not fake.alive(pid)
+    assert fake.clock.seconds() >= 1.0
+
+
+def test_kill_without_a_freezer_sweeps_until_empty(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path, hierarchies=COMOUNTED, respawn=3, death_delay=0.003)
+    pid = fake.spawn(*boxes(fake, COMOUNTED))
+    settle(fake.clock, driver.kill(RID))
+    assert not fake.alive(pid)
+    assert all((b / "cgroup.procs").read_text() == "" for b in boxes(fake, COMOUNTED))
+    assert len(fake.signalled) >= 4
+
+
+def test_kill_of_a_missing_sandbox_is_immediate(tmp_path: Path) -> None:
+    _, driver = setup(tmp_path)
+    results: list[object] = []
+    driver.kill(RID).addBoth(results.append)
+    assert results == [None]
+
+
+def test_kill_gives_up_after_the_grace_period(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path)
+    fake.immortal.add(fake.spawn(*boxes(fake)))
+    driver.kill_timeout = 1.0
+    with pytest.raises(StillPopulated, match=RID):
+        settle(fake.clock, driver.kill(RID))
+
+
+def test_remove_tries_every_hierarchy_and_reports_the_first_failure(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path)
+    memory, cpu, *_ = boxes(fake)
+    fake.spawn(cpu)
+    with pytest.raises(OSError, match="busy"):
+        driver.remove(RID)
+    assert not memory.exists() and cpu.exists()
+    driver.remove_instance()  # cpu's is busy, the others go
+    assert cpu.parent.exists() and not memory.parent.exists()
+
+
+def test_remove_instance_raises_unexpected_errors(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    driver.preflight()
+    fake.fail[str(fake.base / "pids" / INSTANCE)] = PermissionError(errno.EACCES, "denied")
+    with pytest.raises(PermissionError):
+        driver.remove_instance()
+
+
+def test_stats(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path)
+    memory, _, cpuacct, pids, _ = boxes(fake)
+    write(memory / "memory.usage_in_bytes", "1000")
+    write(memory / "memory.max_usage_in_bytes", "4000")
+    write(memory / "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2")
+    write(cpuacct / "cpuacct.usage", "3000999")
+    write(pids / "pids.current", "4")
+    assert driver.stats(RID) == CgroupStats(1000, 4000, 3000, 4, 2)
+
+
+def test_stats_without_cpuacct_reports_no_cpu_time(tmp_path: Path) -> None:
+    _, driver = ready(tmp_path, hierarchies=("memory", "cpu", "pids"))
+    assert driver.stats(RID).cpu_usec == 0
+
+
+def test_leftovers_is_the_union_of_every_hierarchy(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    assert driver.leftovers() == []
+    driver.preflight()
+    fake.mkdir(str(fake.base / "pids" / INSTANCE / "00000000000000aa"))
+    fake.mkdir(str(fake.base / "cpu" / INSTANCE / "00000000000000bb"))
+    (fake.base / "cpu" / INSTANCE / "junk").mkdir()
+    assert driver.leftovers() == ["00000000000000aa", "00000000000000bb"]

@@ -1,0 +1,173 @@
+"""Choosing the bundle at start-up: loud refusals, never a silent fallback to no isolation."""
+
+import os
+from pathlib import Path
+
+import pytest
+from isolation_fakes import FakeKernel, write
+from twisted.internet.task import Clock
+from twisted.python.threadpool import ThreadPool
+
+from sandboxd.config import Config
+from sandboxd.isolation.base import IsolationUnavailable, plain_env
+from sandboxd.isolation.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.fscreds import FsCredentialThreads
+from sandboxd.isolation.none import CountingPool
+from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation
+from sandboxd.isolation.uids import NumericUidPool
+from sandboxd.isolation.wrapper import Wrapper, spawn_env
+
+
+class Machine:
+    """A fake host: mountinfo and /proc/self/cgroup texts, and records of what was changed."""
+
+    def __init__(self, tmp: Path, v2: str | None, v1: bool, euid: int = 0) -> None:
+        self.tmp = tmp
+        self.oom: list[int] = []
+        self.groups: list[list[int]] = []
+        mountinfo = []
+        proc = []
+        self.fake = FakeKernel(tmp / ("v1" if v1 else "cg"), 1 if v1 else 2, euid=euid)
+        if v1:
+            self.fake.make_root("memory", "cpu,cpuacct", "pids")
+            for n, name in enumerate(("memory", "cpu,cpuacct", "pids")):
+                point = self.fake.base / name
+                mountinfo.append(f"{30 + n} 1 0:{n} / {point} rw - cgroup cgroup rw,{name}")
+                proc.append(f"{n + 1}:{name}:/")
+        if v2 is not None:
+            point = tmp / "cg"
+            if v1:
+                point.mkdir()
+                write(point / "cgroup.controllers", v2)
+            else:
+                self.fake.make_root()
+                write(point / "cgroup.controllers", v2)
+                self.fake.spawn(point)
+            mountinfo.append(f"40 1 0:40 / {point} rw - cgroup2 cgroup2 rw")
+            proc.append("0::/")
+        self.files = {
+            "/proc/self/mountinfo": "\n".join(mountinfo) + "\n",
+            "/proc/self/cgroup": "\n".join(proc) + "\n",
+        }
+
+    def host(self, missing: str | None = None) -> Host:
+        def which(name: str) -> str:
+            if name == missing:
+                raise IsolationUnavailable(f"{name} not found (install util-linux)")
+            return f"/usr/bin/{name}"
+
+        return Host(
+            kernel=self.fake.kernel(),
+            read=self.files.__getitem__,
+            which=which,
+            set_oom_score_adj=self.oom.append,
+            setgroups=self.groups.append,
+            fsids=lambda: "libc",  # type: ignore[arg-type,return-value]
+        )
+
+
+def config(tmp: Path, isolation: str) -> Config:
+    return Config.load(
+        {
+            "SANDBOXD_ISOLATION": isolation,
+            "SANDBOXD_ROOT": str(tmp / "root"),
+            "SANDBOXD_UID_MIN": "300000",
+            "SANDBOXD_UID_MAX": "300009",
+        }
+    )
+
+
+POOL = ThreadPool()
+
+
+def test_none_only_when_named_and_touches_nothing(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2=None, v1=False, euid=1000)
+    iso = build_isolation(config(tmp_path, "none"), Clock(), POOL, machine.host())
+    assert iso.name == "none" and not iso.owns_files
+    assert isinstance(iso.uids, CountingPool) and iso.uids.total == 10
+    assert iso.spawn_env is plain_env
+    env = {"A": "1"}
+    assert iso.spawn_env(env) == env and iso.spawn_env(env) is not env
+    assert machine.oom == [] and machine.groups == []
+
+
+@pytest.mark.parametrize("mode", ["auto", "cgroup2", "cgroup1"])
+def test_isolation_needs_root_even_for_auto(tmp_path: Path, mode: str) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False, euid=1000)
+    with pytest.raises(IsolationUnavailable, match=f"isolation {mode} needs root .*uid 1000"):
+        build_isolation(config(tmp_path, mode), Clock(), POOL, machine.host())
+    assert machine.oom == []
+
+
+@pytest.mark.parametrize("program", ["setpriv", "setsid"])
+def test_refuses_without_util_linux(tmp_path: Path, program: str) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    with pytest.raises(IsolationUnavailable, match=f"{program} not found"):
+        build_isolation(config(tmp_path, "auto"), Clock(), POOL, machine.host(missing=program))
+
+
+def test_auto_prefers_v2_with_the_controllers(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2="cpuset cpu io memory pids", v1=False)
+    clock = Clock()
+    iso = build_isolation(config(tmp_path, "auto"), clock, POOL, machine.host())
+    assert iso.name == "cgroup2" and isinstance(iso.cgroups, Cgroup2Driver)
+    assert iso.owns_files
+    assert isinstance(iso.uids, NumericUidPool) and (iso.uids.uid_min, iso.uids.total) == (
+        300000,
+        10,
+    )
+    assert isinstance(iso.fs, FsCredentialThreads) and iso.fs.pool is POOL
+    assert iso.fs.ids == "libc"
+    assert isinstance(iso.wrap, Wrapper) and iso.wrap.programs.setpriv == "/usr/bin/setpriv"
+    assert iso.spawn_env is spawn_env
+    assert Path(iso.cgroups.instance).is_dir()  # preflight ran
+    assert machine.oom == [DAEMON_OOM_SCORE_ADJ] and machine.groups == [[]]
+
+
+def test_auto_takes_v1_on_a_hybrid_host(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2="hugetlb", v1=True)
+    iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, machine.host())
+    assert iso.name == "cgroup1" and isinstance(iso.cgroups, Cgroup1Driver)
+    assert machine.oom == [DAEMON_OOM_SCORE_ADJ]
+
+
+def test_auto_takes_v1_without_any_cgroup2_mount(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2=None, v1=True)
+    assert build_isolation(config(tmp_path, "auto"), Clock(), POOL, machine.host()).name == (
+        "cgroup1"
+    )
+
+
+def test_auto_refuses_in_one_line_naming_both_reasons(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2="memory pids", v1=False)
+    with pytest.raises(IsolationUnavailable) as caught:
+        build_isolation(config(tmp_path, "auto"), Clock(), POOL, machine.host())
+    message = str(caught.value)
+    assert message.startswith("no usable cgroup hierarchy: cgroup2: controllers cpu not delegated")
+    assert "cgroup1: no memory cpu pids hierarchy is mounted" in message
+    assert "\n" not in message and machine.oom == []
+
+
+def test_named_drivers_are_taken_or_refused(tmp_path: Path) -> None:
+    hybrid = Machine(tmp_path, v2="hugetlb", v1=True)
+    with pytest.raises(IsolationUnavailable, match="cgroup2: controllers memory cpu pids"):
+        build_isolation(config(tmp_path, "cgroup2"), Clock(), POOL, hybrid.host())
+    assert build_isolation(config(tmp_path, "cgroup1"), Clock(), POOL, hybrid.host()).name == (
+        "cgroup1"
+    )
+    pure = Machine(tmp_path / "pure", v2="memory cpu pids", v1=False)
+    with pytest.raises(IsolationUnavailable, match="cgroup1: no memory cpu pids"):
+        build_isolation(config(tmp_path, "cgroup1"), Clock(), POOL, pure.host())
+    assert build_isolation(config(tmp_path, "cgroup2"), Clock(), POOL, pure.host()).name == (
+        "cgroup2"
+    )
+
+
+def test_default_host_is_the_real_machine() -> None:
+    host = Host()
+    assert host.kernel.geteuid() == os.geteuid()
+    assert host.read("/proc/self/mountinfo")
+    current = int(host.read("/proc/self/oom_score_adj"))
+    host.set_oom_score_adj(current)  # writes the value it already has: changes nothing
+    assert int(host.read("/proc/self/oom_score_adj")) == current
