@@ -6,10 +6,14 @@ is discarded as it arrives instead, so nothing over the limit is stored anywhere
 handler answers ``413 TooLarge``.
 """
 
+import json
 from typing import Any
 
+from twisted.web.http import HTTPChannel
+from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
+from zope.interface import implementer
 
 
 class _Discard:
@@ -57,9 +61,59 @@ class LimitedRequest(Request):
         self.content = _Discard()
 
 
+def error_body(detail: str) -> bytes:
+    """A ``400 BadRequest`` body of the wire contract's error model."""
+    return json.dumps({"error": "BadRequest", "detail": detail}).encode()
+
+
+class Channel(HTTPChannel):
+    """An HTTP channel that answers an over-long request line or header line with a JSON
+    ``400`` before closing, instead of dropping the connection without a word (a client takes
+    a dropped connection for a dead replica: ``SandboxNotFound``)."""
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        body = error_body(f"a request or header line is over {self.MAX_LENGTH} bytes")
+        assert self.transport is not None
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self.loseConnection()
+
+
+@implementer(IResource)
+class Utf8URLs:
+    """The API's resource, behind a check that the URL is UTF-8: Klein would answer anything
+    else with a ``text/html`` ``400``; this gives the contract's JSON ``400 BadRequest``."""
+
+    isLeaf = True
+
+    def __init__(self, inner: IResource) -> None:
+        self.inner = inner
+
+    def getChildWithDefault(self, name: bytes, request: IRequest) -> IResource:
+        return self  # a leaf: never called by twisted.web
+
+    def putChild(self, path: bytes, child: IResource) -> None:
+        raise NotImplementedError("a leaf resource has no children")
+
+    def render(self, request: IRequest) -> Any:
+        try:
+            request.getRequestHostname().decode("utf-8")
+            for segment in (*request.prepath, *request.postpath):
+                segment.decode("utf-8")
+        except UnicodeDecodeError:
+            request.setResponseCode(400)
+            request.setHeader(b"content-type", b"application/json")
+            return error_body("the URL is not UTF-8")
+        return self.inner.render(request)
+
+
 def make_site(resource: IResource, max_body: int) -> Site:
-    """A site whose requests refuse bodies over ``max_body`` bytes."""
+    """A site whose requests refuse bodies over ``max_body`` bytes, and whose malformed
+    requests get JSON errors."""
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
-    site = Site(resource, requestFactory=request_class)
+    site = Site(Utf8URLs(resource), requestFactory=request_class)
+    site.protocol = Channel  # type: ignore[assignment]
     site.displayTracebacks = False
     return site
