@@ -27,11 +27,13 @@ from sandboxd.exec_request import ExecRequest
 from sandboxd.layout import RID_PATTERN
 from sandboxd.manager import Sandbox, SandboxManager
 from sandboxd.paths import normalise
+from sandboxd.tools import ToolResolver
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_BODY_LIMIT = 64 << 20
 ITEM_ID_MAX = 255
+MAX_TOOLS = 64
 
 log = Logger()
 
@@ -136,9 +138,12 @@ class SandboxAPI:
         token: bytes | None = None,
         pod_url: str | None = None,
         pod_ip: str | None = None,
+        tools: ToolResolver | None = None,
     ) -> None:
         self.manager = manager
         self.token = token
+        self.tools = tools
+        """Resolves ``POST /tools/resolve`` (``None``: every tool is refused)."""
         self.pod_url = pod_url
         self.pod_ip = pod_ip
         self.on_drain: Callable[[], None] = self._refuse_creates
@@ -288,8 +293,6 @@ class SandboxAPI:
     async def exec(self, request: IRequest, rid: str) -> None:
         sandbox = self.sandbox(rid)
         command = ExecRequest.parse(json_body(request))
-        # E2BIG is decided here, on the environment the command would really get: 400.
-        exec_request.check_exec_size(command.cmd, self.manager.command_env(sandbox, command))
         request.setHeader(b"content-type", b"application/x-ndjson")
         run = self.manager.start_exec(sandbox, command, request.write)
         request.registerProducer(run, True)  # type: ignore[attr-defined]
@@ -427,6 +430,22 @@ class SandboxAPI:
         # No archive, no item_id, or not ready: a no-op, still 204 (SPEC §1 "Archive").
         await self.manager.persist(sandbox, delete)
         return no_content(request)
+
+    # Third-party tools
+
+    @app.route("/tools/resolve", methods=["POST"])
+    @authorized
+    @capability("tools.resolve")
+    async def resolve_tools(self, request: IRequest) -> bytes:
+        wanted = json_body(request).get("tools")
+        if not isinstance(wanted, dict):
+            raise BadRequest("tools: must be an object of name → manifest URL")
+        if len(wanted) > MAX_TOOLS:
+            raise BadRequest(f"tools: at most {MAX_TOOLS} per request")
+        if self.tools is None:
+            reason = "tool resolution is not available on this replica"
+            return json_response(request, {"tools": {}, "refused": dict.fromkeys(wanted, reason)})
+        return json_response(request, await self.tools.resolve(wanted))
 
     def resource(self) -> Any:
         return self.app.resource()

@@ -25,7 +25,7 @@ from sandboxd.archive import Archive
 from sandboxd.archive_rsync import WorkspaceEnd
 from sandboxd.config import Config
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
-from sandboxd.exec_request import ExecRequest, parse_env
+from sandboxd.exec_request import ExecRequest, check_exec_size, parse_env
 from sandboxd.exec_run import ExecRun
 from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
 from sandboxd.layout import Layout
@@ -259,6 +259,13 @@ class SandboxManager:
             if not os.path.isdir(os.path.join(self.config.tools_dir, sha)):
                 raise BadRequest(f"tools: {sha} is not installed")
         cwd = os.path.join(self.layout.workspace(sandbox.rid), *request.cwd)
+        env = self.command_env(sandbox, request)
+        # E2BIG is decided here, on the environment the command would really get: 400.
+        check_exec_size(request.cmd, env)
+        try:
+            env = self.isolation.spawn_env(env)
+        except ValueError as e:
+            raise BadRequest(f"env: {e}") from None
         timeout = self.config.exec_timeout
         if request.timeout is not None:
             timeout = min(timeout, request.timeout)
@@ -298,7 +305,6 @@ class SandboxManager:
         sandbox.execs += 1
         sandbox.running.add(run)
         self.metrics.execs_in_flight.inc()
-        env = self.command_env(sandbox, request)
         run.start(self.reactor, argv, env, request.stdin, self._devnull)
         return run
 
