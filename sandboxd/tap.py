@@ -27,6 +27,7 @@ from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
 from sandboxd.layout import Layout
 from sandboxd.manager import SandboxManager
+from sandboxd.tools import build_tools
 from sandboxd.web import make_site
 
 log = Logger()
@@ -183,7 +184,10 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     manager = SandboxManager(
         config, reactor, reactor, isolation, admin_pool, layout, archive=archive
     )
-    api = SandboxAPI(manager, token=token, pod_url=config.pod_url, pod_ip=environ.get("POD_IP"))
+    tools = build_tools(config.tools_dir, reactor, admin_pool)
+    api = SandboxAPI(
+        manager, token=token, pod_url=config.pod_url, pod_ip=environ.get("POD_IP"), tools=tools
+    )
     observer = None
     if config.log_format == "json":
         observer = jsonFileLogObserver(sys.stdout, recordSeparator="")
