@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from attrs import field, frozen
 from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
+from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
@@ -28,12 +29,33 @@ from sandboxd.isolation.none import find_program, no_isolation
 from sandboxd.isolation.uids import NumericUidPool
 from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
 
+log = Logger()
+
 DAEMON_OOM_SCORE_ADJ = -900
 """The daemon's own ``oom_score_adj``: a sandbox's memory bomb must never take it down."""
 
 
 def _set_oom_score_adj(value: int) -> None:
     write_text("/proc/self/oom_score_adj", str(value))
+
+
+def protect_daemon(set_oom_score_adj: Callable[[int], None]) -> bool:
+    """Lower the daemon's ``oom_score_adj`` so a host-wide OOM picks sandboxes first.
+
+    Needs ``CAP_SYS_RESOURCE``; without it the daemon runs unprotected, with a warning (the
+    sandboxes' own memory limits still hold, and their OOM kills stay inside their cgroups).
+    """
+    try:
+        set_oom_score_adj(DAEMON_OOM_SCORE_ADJ)
+    except OSError as e:
+        log.warn(
+            "isolation: cannot lower the daemon's oom_score_adj to {value} ({why}):"
+            " a host-wide OOM may kill the daemon",
+            value=DAEMON_OOM_SCORE_ADJ,
+            why=e.strerror,
+        )
+        return False
+    return True
 
 
 @frozen
@@ -98,7 +120,7 @@ def build_isolation(
     programs = Programs.find(host.which)
     driver = choose_driver(config, reactor, host)
     driver.preflight()
-    host.set_oom_score_adj(DAEMON_OOM_SCORE_ADJ)
+    protect_daemon(host.set_oom_score_adj)
     drop_supplementary_groups(host.setgroups)
     threads_reactor: IReactorFromThreads = reactor  # type: ignore[assignment]
     return Isolation(

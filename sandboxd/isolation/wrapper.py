@@ -5,13 +5,15 @@
     sh -c ROOT sandboxd-exec UID GID N PROCS_1 .. PROCS_N ARGV..
 
 ``ROOT`` writes its own pid into every ``cgroup.procs`` (so everything the command ever forks
-is inside the limits), resets ``oom_score_adj`` to 0 (the daemon's protective value would be
-inherited), then ``exec``\\ s ``setsid`` (a new session and process group, which the daemon can
-``killpg``; ``setsid`` does not fork when its caller leads no group, and a spawned child never
-does) and ``setpriv`` (uid/gid, no supplementary groups, ``no_new_privs``), which runs ``ARGV``:
-the pid the daemon holds is the command's own. A failed join exits :data:`JOIN_FAILED` with a
-message on stderr, and the command never starts. ``ARGV`` travels as positional parameters,
-never through the shell's parser, so any bytes are fine.
+is inside the limits) and resets ``oom_score_adj`` to 0 (the daemon's protective value would
+be inherited; a value above 0 that cannot be lowered without ``CAP_SYS_RESOURCE`` is kept, as
+it protects nothing). Then it ``exec``\\ s ``setsid`` (a new session and process group, which
+the daemon can ``killpg``; ``setsid`` does not fork when its caller leads no group, and a
+spawned child never does) and ``setpriv`` (uid/gid, no supplementary groups,
+``no_new_privs``), which runs ``ARGV``: the pid the daemon holds is the command's own. A failed
+join exits :data:`JOIN_FAILED` with a message on stderr, and the command never starts.
+``ARGV`` travels as positional parameters, never through the shell's parser, so any bytes are
+fine.
 
 The command's environment must not reach the root part (``LD_PRELOAD`` in a root ``sh`` is
 root code). :func:`spawn_env` makes the environment to spawn with: one made only of names
@@ -72,8 +74,10 @@ while [ "$n" -gt 0 ]; do
   n=$((n - 1))
   shift
 done
-echo 0 > /proc/self/oom_score_adj || {
-  echo "sandboxd-exec: cannot reset oom_score_adj" >&2; exit @JOIN_FAILED@; }
+if ! { echo 0 > /proc/self/oom_score_adj; } 2>/dev/null; then
+  read -r adj < /proc/self/oom_score_adj
+  [ "$adj" -ge 0 ] || { echo "sandboxd-exec: cannot reset oom_score_adj" >&2; exit @JOIN_FAILED@; }
+fi
 if [ -n "${__SANDBOXD_N+x}" ]; then
   exec @SETSID@ -- @SETPRIV@ --reuid="$u" --regid="$g" --clear-groups --no-new-privs \\
     -- @SH@ -c @UNPACK@ sandboxd-exec "$@"
