@@ -6,6 +6,7 @@ ready marker ``.ready`` is a root-owned sibling of the workspace that the sandbo
 """
 
 import contextlib
+import fcntl
 import os
 import re
 from collections.abc import Callable
@@ -17,6 +18,10 @@ from sandboxd.isolation.base import Identity
 
 RID_PATTERN = re.compile(r"^[0-9a-f]{16}$")
 SUBDIRS = ("workspace", "home", "tmp")
+
+
+class RootInUse(Exception):
+    """Another daemon holds the lock of this state root."""
 
 
 @frozen
@@ -48,12 +53,28 @@ class Layout:
         if self.owns_files:
             os.chmod(self.root, 0o711)
 
+    def lock(self) -> int:
+        """Hold ``{root}/.lock`` for the life of the process, so that no two daemons share a root
+        (each would take the other's sandboxes for a crashed predecessor's leftovers).
+
+        Returns the descriptor that holds the lock (kept open on purpose).
+        """
+        path = os.path.join(self.root, ".lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RootInUse(f"another sandboxd is using {self.root}") from None
+        return fd
+
     def create(self, rid: str, identity: Identity) -> None:
         """Make the sandbox's directory tree with the ownership of SPEC §3."""
         top = self.directory(rid)
         os.mkdir(top, 0o710)
         if self.owns_files:
             self.chown(top, 0, identity.gid)
+            os.chmod(top, 0o710)  # whatever the umask: the sandbox's group must enter it
         for name in SUBDIRS:
             path = os.path.join(top, name)
             os.mkdir(path, 0o700)

@@ -25,7 +25,7 @@ from sandboxd.archive import Archive, ArchiveUnavailable, build_archive
 from sandboxd.config import Config, ConfigError, option_table
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
-from sandboxd.layout import Layout
+from sandboxd.layout import Layout, RootInUse
 from sandboxd.manager import SandboxManager
 from sandboxd.tools import build_tools
 from sandboxd.web import make_site
@@ -171,6 +171,13 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     if token is None:
         log.warn("auth: no SANDBOXD_TOKEN_FILE: any local process can drive every sandbox")
     layout = Layout(config.root, owns_files=isolation.owns_files)
+    try:
+        layout.prepare_root()
+        layout.lock()
+    except (OSError, RootInUse) as e:
+        fail("state root", e)
+        raise  # pragma: no cover
+    log.info("state root {root} ready and locked", root=config.root)
     archive: Archive | None = None
     if config.archive_root is not None:
         try:
@@ -198,7 +205,9 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     reaper.setServiceParent(top)
     site = make_site(api.app.resource(), config.max_body)
     endpoint = serverFromString(reactor, config.listen)
-    StreamServerEndpointService(endpoint, site).setServiceParent(top)
+    listener = StreamServerEndpointService(endpoint, site)
+    listener._raiseSynchronously = True  # a port that cannot be had stops start-up (as strports)
+    listener.setServiceParent(top)
     log.info("configuration: {settings}", settings=config.redacted())
     log.info("listening on {listen}", listen=config.listen)
     return top

@@ -1,0 +1,57 @@
+"""Start-up refusals of a real ``twistd -n sandboxd``: each stops it with one clear line."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.process.conftest import REPO, free_port, start_daemon, stop_daemon
+
+
+def run_daemon(*args: str) -> subprocess.CompletedProcess[str]:
+    twistd = str(Path(sys.executable).parent / "twistd")
+    return subprocess.run(
+        [twistd, "--nodaemon", "--pidfile=", "sandboxd", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_a_second_daemon_on_the_same_root_is_refused(tmp_path: Path) -> None:
+    first = start_daemon(tmp_path, "--isolation=none")
+    try:
+        rid = first.create()
+        result = run_daemon(
+            "--isolation=none",
+            f"--root={first.root}",
+            f"--listen=tcp:{free_port()}:interface=127.0.0.1",
+        )
+        assert result.returncode != 0
+        assert f"another sandboxd is using {first.root}" in result.stderr
+        # The first daemon's sandbox was not taken for a leftover.
+        assert first.call("GET", f"/sandboxes/{rid}/ready")[0] == 200
+    finally:
+        stop_daemon(first)
+
+
+def test_a_port_already_taken_stops_start_up_before_recovery(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    first = start_daemon(tmp_path / "a", "--isolation=none")
+    try:
+        result = run_daemon(
+            "--isolation=none",
+            f"--root={tmp_path / 'b'}",
+            f"--listen=tcp:{first.port}:interface=127.0.0.1",
+        )
+        assert result.returncode != 0
+        assert "Address already in use" in result.stdout + result.stderr
+        assert "recovery done" not in result.stdout
+    finally:
+        stop_daemon(first)
+
+
+def test_a_bad_value_names_its_variable(tmp_path: Path) -> None:
+    result = run_daemon("--isolation=none", f"--root={tmp_path}", "--idle-ttl=soon")
+    assert result.returncode != 0
+    assert "SANDBOXD_IDLE_TTL" in result.stderr
