@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
+from attrs import evolve
 from isolation_fakes import FakeKernel, write
 from twisted.internet.task import Clock
 from twisted.python.threadpool import ThreadPool
@@ -14,7 +15,7 @@ from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.fscreds import FsCredentialThreads
 from sandboxd.isolation.none import CountingPool
-from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation
+from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation, protect_daemon
 from sandboxd.isolation.uids import NumericUidPool
 from sandboxd.isolation.wrapper import Wrapper, spawn_env
 
@@ -171,3 +172,24 @@ def test_default_host_is_the_real_machine() -> None:
     current = int(host.read("/proc/self/oom_score_adj"))
     host.set_oom_score_adj(current)  # writes the value it already has: changes nothing
     assert int(host.read("/proc/self/oom_score_adj")) == current
+
+
+def test_daemon_protection_is_best_effort() -> None:
+    seen: list[int] = []
+    assert protect_daemon(seen.append) is True
+    assert seen == [DAEMON_OOM_SCORE_ADJ]
+
+    def refused(_: int) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    assert protect_daemon(refused) is False
+
+
+def test_build_goes_on_when_the_daemon_cannot_be_protected(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+
+    def refused(_: int) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    host = evolve(machine.host(), set_oom_score_adj=refused)
+    assert build_isolation(config(tmp_path, "auto"), Clock(), POOL, host).name == "cgroup2"

@@ -223,3 +223,15 @@ def test_scripts_are_plain_posix_sh(rig: Rig) -> None:
     assert mode & stat.S_IXUSR
     check = subprocess.run(["/bin/sh", "-n", "-c", rig.wrapper.script], check=False)
     assert check.returncode == 0
+
+
+def test_an_oom_score_adj_that_cannot_be_lowered_is_kept(rig: Rig) -> None:
+    def raise_own() -> None:
+        Path("/proc/self/oom_score_adj").write_text("100")
+
+    wrapped = rig.wrapper(SANDBOX, rig.procs, ["cat", "/proc/self/oom_score_adj"])
+    done = subprocess.run(
+        wrapped, env=BASE_ENV, capture_output=True, text=True, preexec_fn=raise_own, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("0", "100")  # 100 without CAP_SYS_RESOURCE
