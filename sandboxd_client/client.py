@@ -172,7 +172,12 @@ class HttpSandbox:
 
     @async_to_deferred
     async def create(self, spec: SandboxSpec | None = None) -> SandboxHandle:
-        """Create a sandbox through ``base_url``; never retried (it would open a second one)."""
+        """
+        Create a sandbox through ``base_url``; never retried (it could open a second one).
+
+        ``SandboxBusy`` here means the outcome is unknown: a sandbox may exist that no handle
+        names; the host's idle reaper collects it.
+        """
         body = (spec if spec is not None else SandboxSpec()).to_json()
         url = self._base.child("sandboxes")
         reply = await self._once("POST", url, body, timeout=self._create_timeout, service=True)

@@ -125,7 +125,7 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
-_TIMEOUTS = (ierror.TimeoutError, ierror.TCPTimedOutError)
+_TIMEOUTS = (ierror.TimeoutError, ierror.TCPTimedOutError, TimeoutError)
 _DEAD = (
     ierror.ConnectError,
     ierror.ConnectionClosed,
@@ -146,15 +146,15 @@ def error_from_transport(exc: BaseException, *, timed_out: bool, service: bool) 
     (e.g. reading the local file) is re-raised as it is; exceptions that are not transport
     failures (and a caller's own cancellation) are returned unchanged.
     """
-    if isinstance(exc, SandboxError | OSError | ValueError) and not isinstance(
-        exc, ierror.DNSLookupError | ConnectionError
-    ):
+    if timed_out:
+        return SandboxBusy("timed out waiting for the sandbox host")
+    if isinstance(exc, SandboxError):
         return exc
     leaves = list(_leaves(exc))
-    if isinstance(exc, RequestGenerationFailed) and leaves:
-        return leaves[0]
-    if timed_out or any(isinstance(leaf, _TIMEOUTS) for leaf in leaves):
-        return SandboxBusy("timed out waiting for the sandbox host")
+    if isinstance(exc, RequestGenerationFailed):
+        return leaves[0] if leaves else exc
+    if any(isinstance(leaf, _TIMEOUTS) for leaf in leaves):
+        return SandboxBusy("timed out connecting to the sandbox host")
     if any(isinstance(leaf, _CANCELLED) for leaf in leaves):
         return exc if isinstance(exc, CancelledError) else CancelledError()
     if any(isinstance(leaf, ParseError) for leaf in leaves):

@@ -151,5 +151,3 @@ async def test_the_real_command_exits_like_the_command(client: HttpSandbox, fake
     handle = (await client.create()).id
     code, out, err = await sandboxctl("--url", fake.lb_url, "exec", handle, "--", "both")
     assert (code, out, err) == (3, "to stdout\nto stderr\n", "")
-    code, out, err = await sandboxctl("kill", encode_handle(fake.pod_url, "nope").id)
-    assert code == 1 and out == "" and err.startswith("sandboxctl: SandboxNotFound: ")

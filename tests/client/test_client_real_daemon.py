@@ -203,10 +203,10 @@ async def test_exec(client: HttpSandbox) -> None:
         assert (await client.exec(h, ["sleep", "5"], timeout=1)).exit_code == 124
         # Silent for longer than the client's patience, yet alive: keepalives carry it.
         quiet = HttpSandbox(
-            decode_handle(h).pod_url, token=TOKEN, exec_idle_timeout=1.8, retry=None
+            decode_handle(h).pod_url, token=TOKEN, exec_idle_timeout=1.6, retry=None
         )
         try:
-            assert (await quiet.exec(h, ["sh", "-c", "sleep 3; echo done"])).stdout == b"done\n"
+            assert (await quiet.exec(h, ["sh", "-c", "sleep 2.5; echo done"])).stdout == b"done\n"
         finally:
             await quiet.close()
     finally:

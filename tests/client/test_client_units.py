@@ -171,6 +171,9 @@ def _wrapped(cls: type, *inner: BaseException) -> BaseException:
         (_wrapped(ResponseNeverReceived, CancelledError()), False, CancelledError),
         (ierror.ConnectingCancelledError(None), False, CancelledError),
         (KeyError("bug"), False, KeyError),
+        (TimeoutError(), False, SandboxBusy),
+        (ConnectionResetError(), False, SandboxNotFound),
+        (SandboxNotFound("x"), True, SandboxBusy),
     ],
 )
 def test_transport_failures_map_to_the_error_model(
