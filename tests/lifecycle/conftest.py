@@ -1,0 +1,50 @@
+"""Fixtures of the lifecycle state machine: the daemon variants it runs against."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+from lifecycle_harness import InProcessDaemon, build_daemon
+
+from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.isolation.select import Host
+
+NONE_SETTINGS = {"isolation": "none", "uid-min": "1000", "uid-max": "1002"}
+"""Three sandbox slots: creates beyond them must answer ``503 NoCapacity``."""
+
+_UID_BASE = 236_000 + (os.getpid() % 1000) * 3
+"""Runs of this suite at the same time (developers, CI) get uid ranges of their own."""
+
+KERNEL_SETTINGS = {
+    "isolation": "cgroup1",
+    "uid-min": str(_UID_BASE),
+    "uid-max": str(_UID_BASE + 2),
+    "memory-max": "256M",
+    "cpu-cores": "1",
+    "pids-max": "64",
+}
+"""Real uids (a range no other test uses) and real cgroup v1 limits; three sandboxes."""
+
+KERNEL_HOST = Host(set_oom_score_adj=lambda value: None)
+"""The real host, except that the test runner keeps its own ``oom_score_adj`` (protecting
+itself from the OOM killer is the daemon's business, not the test process's)."""
+
+
+@pytest.fixture
+def none_daemon() -> Callable[[], InProcessDaemon]:
+    return lambda: build_daemon(NONE_SETTINGS)
+
+
+@pytest.fixture
+def kernel_daemon() -> Callable[[], InProcessDaemon]:
+    """Builds cgroup v1 daemons; skips unless root on a host where that driver works."""
+    if os.geteuid() != 0:
+        pytest.skip("real uids and cgroups need root")
+    try:
+        probe = build_daemon(KERNEL_SETTINGS, KERNEL_HOST)
+    except IsolationUnavailable as e:
+        pytest.skip(f"cgroup1 isolation unavailable here: {e}")
+    probe.close()
+    return lambda: build_daemon(KERNEL_SETTINGS, KERNEL_HOST)
