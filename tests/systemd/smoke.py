@@ -92,7 +92,7 @@ def wait_for(what: str, predicate: Callable[[], bool], seconds: float) -> bool:
     while time.monotonic() < deadline:
         try:
             if predicate():
-                return True
+                return check(what, True)
         except (OSError, AssertionError, ValueError):
             pass
         time.sleep(0.5)
