@@ -10,16 +10,30 @@ means the sandbox is alive but slow. Idempotent calls (file reads and writes, pr
 mkdir, rmdir, mark_ready, kill) are retried on ``SandboxBusy`` under ``retry``; ``create``,
 ``persist``, ``exec``, ``rename`` and ``resolve_tools`` are sent exactly once.
 
+From Twisted::
+
+    from twisted.internet.task import react
+    from sandboxd_client import HttpSandbox
+
+    async def main(reactor) -> None:
+        client = HttpSandbox("http://sandboxd:8080", reactor=reactor)
+        handle = await client.create()
+        result = await client.exec(handle, ["echo", "hi"], on_output=print)
+        await client.kill(handle)
+        await client.close()
+
+    react(main)
+
 From asyncio, install Twisted's asyncio reactor on your loop before anything imports the
 reactor, start it (this runs Twisted's start-up: its thread pool resolves host names), and
 bridge each Deferred with ``asFuture``::
 
     import asyncio
     from twisted.internet import asyncioreactor
+    from sandboxd_client import HttpSandbox  # importing it installs no reactor
 
     async def main() -> None:
         from twisted.internet import reactor
-        from sandboxd_client import HttpSandbox
 
         client = HttpSandbox("http://sandboxd:8080", reactor=reactor)
         loop = asyncio.get_running_loop()

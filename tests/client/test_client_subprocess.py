@@ -82,9 +82,11 @@ ASYNCIO_SCRIPT = """
     import asyncio, json, sys
     from twisted.internet import asyncioreactor
 
+    # Importing the client must not install a reactor (install() below would then fail).
+    from sandboxd_client import HttpSandbox, SandboxNotFound
+
     async def app(url: str) -> dict:
         from twisted.internet import reactor
-        from sandboxd_client import HttpSandbox, SandboxNotFound
 
         client = HttpSandbox(url, reactor=reactor)
         loop = asyncio.get_running_loop()
