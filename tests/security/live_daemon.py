@@ -27,9 +27,10 @@ OPENAPI = REPO / "docs" / "openapi.yaml"
 PUBLIC = {("GET", "/healthz"), ("GET", "/readyz")}
 """The only operations served without the token."""
 
-PENDING = {("POST", "/tools/resolve"): "issue 6 (third-party tools) has not landed"}
-"""Documented operations not served yet: the contract tests fail once one is served, so the
-entry gets removed here."""
+PENDING: dict[tuple[str, str], str] = {}
+"""Documented operations not served yet, each with its reason (e.g. ``{("POST",
+"/tools/resolve"): "issue 6"}``): they are expected to answer a routing ``404``, and the
+contract tests fail once one is served, so that its entry gets removed here."""
 
 
 def _load(name: str, path: Path) -> ModuleType:
