@@ -37,6 +37,7 @@ _BY_TYPE: dict[str, int] = {
     "SandboxNotFound": 404,
     "NotFound": 404,
     "FileNotFoundError": 404,
+    "PathNotFound": 404,
     "BadRequest": 400,
     "ValueError": 400,
     "Unauthorized": 401,
@@ -107,6 +108,8 @@ def error_from_response(status: int, body: bytes) -> Exception:
 def error_from_frame(error: object, detail: object) -> Exception:
     """The exception for an in-band exec ``{"error", "detail"}`` frame (HTTP status was 200)."""
     etype = error if isinstance(error, str) else None
+    if etype == "PathNotFound":  # a host may name its exception class instead of the wire type
+        etype = "FileNotFoundError"
     text = detail if isinstance(detail, str) else f"exec failed on the host: {etype}"
     status = _BY_TYPE.get(etype or "")
     if status is None:

@@ -148,6 +148,8 @@ def test_507_is_enospc_and_frames_map_by_type() -> None:
     assert isinstance(err, OSError) and err.errno == errno.ENOSPC
     assert isinstance(error_from_frame("Unauthorized", "x"), PermissionError)
     assert isinstance(error_from_frame(None, None), SandboxError)
+    assert isinstance(error_from_frame("PathNotFound", "cwd"), FileNotFoundError)
+    assert isinstance(error_from_frame("FileNotFoundError", "cwd"), FileNotFoundError)
 
 
 def _wrapped(cls: type, *inner: BaseException) -> BaseException:
