@@ -92,6 +92,7 @@ class ExecRun(ProcessProtocol):
         self.pid: int | None = None
         self._timers: dict[str, IDelayedCall] = {}
         self._paused = False
+        self._exited = False
 
     def start(
         self,
@@ -155,6 +156,7 @@ class ExecRun(ProcessProtocol):
 
     def processExited(self, reason: Failure) -> None:
         """The command is gone; give its pipes a moment, then stop waiting for them."""
+        self._exited = True
         self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
 
     def processEnded(self, reason: Failure) -> None:
@@ -187,9 +189,11 @@ class ExecRun(ProcessProtocol):
         try:
             self._killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:
-            # Not yet a group leader (still in the wrapper) or already gone.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
+            # Not yet a group leader (still in the wrapper) or already gone. Once reaped, the
+            # pid may belong to another process: only a command not yet exited is killed by pid.
+            if not self._exited:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
         self._close_pipes()
 
     def _expire(self) -> None:

@@ -20,6 +20,10 @@ def normalise(text: object, field: str = "path") -> Parts:
         raise BadRequest(f"{field}: must be a string")
     if "\0" in text:
         raise BadRequest(f"{field}: contains a NUL byte")
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise BadRequest(f"{field}: not valid Unicode (a lone surrogate)") from None
     if len(text.encode("utf-8", "surrogateescape")) >= PATH_MAX:
         raise BadRequest(f"{field}: longer than {PATH_MAX} bytes")
     parts: list[str] = []

@@ -1,0 +1,463 @@
+"""One running command (``sandboxd.exec_run.ExecRun``): frames, timers, flow control, ending.
+
+A ``Clock`` drives every timer and a fake reactor/process transport stands in for the child,
+so each rule (deadline, silence, keepalive, pause/resume, abort) is checked step by step.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+from typing import Any
+
+import pytest
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+
+from sandboxd.exec_run import (
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_TIMEOUT,
+    KEEPALIVE_FRAME,
+    LINGER_AFTER_EXIT,
+    ExecRun,
+    encode_frame,
+    exit_code_of,
+    output_frame,
+)
+
+PID = 424242
+DEVNULL = 99
+
+
+class FakeProcess:
+    """The process transport ``spawnProcess`` would return."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.written = bytearray()
+        self.stdin_closed = False
+        self.lost = 0
+        self.paused = 0
+        self.resumed = 0
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def closeStdin(self) -> None:
+        self.stdin_closed = True
+
+    def loseConnection(self) -> None:
+        self.lost += 1
+
+    def pauseProducing(self) -> None:
+        self.paused += 1
+
+    def resumeProducing(self) -> None:
+        self.resumed += 1
+
+
+class FakeReactor:
+    def __init__(self, pid: int = PID, error: BaseException | None = None) -> None:
+        self.pid = pid
+        self.error = error
+        self.spawned: list[dict[str, Any]] = []
+        self.process: FakeProcess | None = None
+
+    def spawnProcess(
+        self, proto: ExecRun, executable: str, args: list[str], env: dict[str, str], childFDs: Any
+    ) -> FakeProcess:
+        self.spawned.append(
+            {"executable": executable, "args": args, "env": env, "childFDs": childFDs}
+        )
+        if self.error is not None:
+            raise self.error
+        self.process = FakeProcess(self.pid)
+        proto.makeConnection(self.process)  # as twisted's Process does
+        return self.process
+
+
+class Harness:
+    """An ExecRun with recorded frames, kills and callbacks."""
+
+    def __init__(self, **overrides: Any) -> None:
+        self.clock = Clock()
+        self.frames: list[bytes] = []
+        self.kills: list[tuple[int, int]] = []
+        self.activity = 0
+        self.ends = 0
+        self.kill_error: BaseException | None = None
+        settings = {
+            "max_output": 16,
+            "keepalive": 5.0,
+            "log_timeout": 30.0,
+            "timeout": 100.0,
+            **overrides,
+        }
+        self.run = ExecRun(
+            self.clock,
+            self.frames.append,
+            on_activity=self._active,
+            on_end=self._ended,
+            kill=self._kill,
+            **settings,
+        )
+        self.reactor = FakeReactor()
+
+    def _active(self) -> None:
+        self.activity += 1
+
+    def _ended(self) -> None:
+        self.ends += 1
+
+    def _kill(self, pid: int, sig: int) -> None:
+        self.kills.append((pid, sig))
+        if self.kill_error is not None:
+            raise self.kill_error
+
+    def start(self, stdin: bytes | None = None, env: dict[str, str] | None = None) -> ExecRun:
+        self.run.start(self.reactor, ["/bin/cmd", "arg"], env or {"A": "1"}, stdin, DEVNULL)
+        return self.run
+
+    @property
+    def process(self) -> FakeProcess:
+        assert self.reactor.process is not None
+        return self.reactor.process
+
+    def decoded(self) -> list[dict[str, Any]]:
+        return [json.loads(frame) for frame in self.frames]
+
+    def end(self, reason: BaseException) -> dict[str, Any]:
+        self.run.processExited(Failure(reason))
+        self.run.processEnded(Failure(reason))
+        assert self.run.frame is not None
+        return self.run.frame
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def terminated(code: int | None = None, sig: int | None = None) -> ProcessTerminated:
+    return ProcessTerminated(exitCode=code, signal=sig)
+
+
+# Frames and exit codes
+
+
+def test_frame_encodings() -> None:
+    assert output_frame(b"hi") == b'{"o":"aGk="}\n'
+    assert json.loads(KEEPALIVE_FRAME) == {"o": ""}
+    assert encode_frame({"exit": 0, "out": ""}) == b'{"exit":0,"out":""}\n'
+
+
+@pytest.mark.parametrize(
+    ("reason", "code"),
+    [
+        (ProcessDone(0), 0),
+        (terminated(3), 3),
+        (terminated(0), 0),
+        (terminated(None, signal.SIGKILL), 137),
+        (terminated(1, signal.SIGTERM), 143),
+        (terminated(), 1),
+        (RuntimeError("odd"), 1),
+    ],
+)
+def test_exit_code_of(reason: BaseException, code: int) -> None:
+    assert exit_code_of(Failure(reason)) == code
+
+
+# Start
+
+
+def test_start_spawns_with_devnull_stdin_and_its_timers() -> None:
+    h = Harness()
+    run = h.start(env={"PATH": "/bin"})
+    (spawn,) = h.reactor.spawned
+    assert spawn["executable"] == "/bin/cmd"
+    assert spawn["args"] == ["/bin/cmd", "arg"]
+    assert spawn["env"] == {"PATH": "/bin"}
+    assert spawn["childFDs"] == {0: DEVNULL, 1: "r", 2: "r"}
+    assert run.pid == PID
+    assert not h.process.stdin_closed and h.process.written == b""
+    assert sorted(call.getTime() for call in h.clock.getDelayedCalls()) == [5.0, 30.0, 100.0]
+
+
+def test_start_feeds_stdin_then_eof() -> None:
+    h = Harness()
+    h.start(stdin=b"\x00input")
+    assert h.reactor.spawned[0]["childFDs"][0] == "w"
+    assert h.process.written == b"\x00input"
+    assert h.process.stdin_closed
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "text"),
+    [
+        (FileNotFoundError(2, "No such file"), EXIT_NOT_FOUND, b"command not found"),
+        (PermissionError(13, "Permission denied"), EXIT_NOT_EXECUTABLE, b"not executable"),
+    ],
+)
+def test_a_command_that_cannot_start_ends_at_once(
+    error: BaseException, code: int, text: bytes
+) -> None:
+    h = Harness()
+    h.reactor.error = error
+    run = h.start()
+    assert run.ended and run.pid is None
+    assert run.frame is not None
+    assert run.frame["exit"] == code
+    err = base64.b64decode(run.frame["err"])
+    assert err.startswith(b"/bin/cmd: ") and text in err
+    assert h.decoded() == [{"o": run.frame["err"]}]
+    assert h.ends == 1
+    assert h.clock.getDelayedCalls() == []
+    run.abort()
+    assert h.kills == []
+
+
+# Output
+
+
+def test_output_is_streamed_and_kept_apart() -> None:
+    h = Harness()
+    run = h.start()
+    run.childDataReceived(1, b"out")
+    run.childDataReceived(2, b"err")
+    run.childDataReceived(1, b"more")
+    assert h.decoded() == [{"o": b64(b"out")}, {"o": b64(b"err")}, {"o": b64(b"more")}]
+    assert h.activity == 3
+    frame = h.end(ProcessDone(0))
+    assert frame == {"exit": 0, "out": b64(b"outmore"), "err": b64(b"err")}
+    assert h.ends == 1
+
+
+def test_buffers_are_capped_the_stream_is_not() -> None:
+    h = Harness(max_output=4)
+    run = h.start()
+    run.childDataReceived(1, b"abc")
+    run.childDataReceived(1, b"defgh")  # one byte of room left
+    run.childDataReceived(1, b"ijk")  # no room
+    run.childDataReceived(2, b"1234")  # exactly full
+    assert b"".join(base64.b64decode(f["o"]) for f in h.decoded()) == b"abcdefghijk1234"
+    frame = h.end(terminated(2))
+    assert frame == {"exit": 2, "out": b64(b"abcd"), "err": b64(b"1234"), "truncated": True}
+
+
+def test_output_exactly_at_the_cap_is_not_truncated() -> None:
+    h = Harness(max_output=4)
+    run = h.start()
+    run.childDataReceived(1, b"abcd")
+    assert "truncated" not in h.end(ProcessDone(0))
+
+
+# Timers
+
+
+def test_deadline_kills_the_group_and_gives_124() -> None:
+    h = Harness(timeout=10.0, log_timeout=1000.0, keepalive=1000.0)
+    run = h.start()
+    h.clock.advance(9.75)
+    assert h.kills == [] and not run.timed_out
+    h.clock.advance(0.25)
+    assert run.timed_out
+    assert h.kills == [(PID, signal.SIGKILL)]
+    assert h.process.lost == 1
+    assert h.end(terminated(None, signal.SIGKILL))["exit"] == EXIT_TIMEOUT
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_output_does_not_push_the_deadline_back() -> None:
+    h = Harness(timeout=10.0, log_timeout=3.0, keepalive=1000.0)
+    run = h.start()
+    for _ in range(4):
+        h.clock.advance(2.5)
+        run.childDataReceived(1, b".")
+    assert h.kills == [(PID, signal.SIGKILL)]
+    assert run.timed_out
+
+
+def test_silence_gives_124_and_output_resets_it() -> None:
+    h = Harness(log_timeout=3.0, keepalive=1000.0)
+    run = h.start()
+    h.clock.advance(2.75)
+    run.childDataReceived(2, b"still here")
+    h.clock.advance(2.75)
+    assert h.kills == []
+    h.clock.advance(0.25)
+    assert h.kills == [(PID, signal.SIGKILL)] and run.timed_out
+    assert h.end(terminated(None, signal.SIGKILL))["exit"] == EXIT_TIMEOUT
+
+
+def test_keepalive_frames_while_quiet() -> None:
+    h = Harness(keepalive=1.0)
+    run = h.start()
+    h.clock.advance(1.0)
+    h.clock.advance(1.0)
+    assert h.frames == [KEEPALIVE_FRAME, KEEPALIVE_FRAME]
+    h.clock.advance(0.5)
+    run.childDataReceived(1, b"x")  # output pushes the next keepalive back
+    h.clock.advance(0.75)
+    assert h.frames[2:] == [output_frame(b"x")]
+    h.clock.advance(0.25)
+    assert h.frames[3:] == [KEEPALIVE_FRAME]
+    h.end(ProcessDone(0))
+    h.clock.advance(10)
+    assert h.frames[4:] == []
+
+
+def test_linger_after_exit_closes_the_pipes() -> None:
+    h = Harness()
+    run = h.start()
+    run.processExited(Failure(ProcessDone(0)))  # a background child still holds the pipes
+    h.clock.advance(LINGER_AFTER_EXIT * 0.75)
+    assert h.process.lost == 0
+    h.clock.advance(LINGER_AFTER_EXIT * 0.25)
+    assert h.process.lost == 1
+    run.processEnded(Failure(ProcessDone(0)))
+    assert run.frame is not None and run.frame["exit"] == 0
+
+
+# Flow control
+
+
+def test_pause_stops_reading_and_the_silence_clock() -> None:
+    h = Harness(log_timeout=3.0, keepalive=1000.0)
+    run = h.start()
+    run.pauseProducing()
+    assert h.process.paused == 1
+    h.clock.advance(10)  # a slow reader is not a silent command
+    run.childDataReceived(1, b"late")  # buffered before the pause took effect
+    h.clock.advance(10)
+    assert h.kills == []
+    run.resumeProducing()
+    assert h.process.resumed == 1
+    h.clock.advance(2.75)
+    assert h.kills == []
+    h.clock.advance(0.25)
+    assert h.kills == [(PID, signal.SIGKILL)]
+
+
+def test_pause_does_not_stop_the_deadline() -> None:
+    h = Harness(timeout=5.0, log_timeout=3.0)
+    run = h.start()
+    run.pauseProducing()
+    h.clock.advance(5.0)
+    assert run.timed_out and h.kills == [(PID, signal.SIGKILL)]
+
+
+def test_flow_control_before_start_and_after_end() -> None:
+    h = Harness()
+    h.run.pauseProducing()
+    h.run.resumeProducing()
+    h.run._close_pipes()  # nothing to close yet
+    run = h.start()
+    h.end(ProcessDone(0))
+    run.resumeProducing()
+    assert h.process.resumed == 0
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_stop_producing_aborts() -> None:
+    h = Harness()
+    run = h.start()
+    run.stopProducing()
+    assert h.kills == [(PID, signal.SIGKILL)]
+    assert h.process.lost == 1
+    assert not run.timed_out
+    assert h.end(terminated(None, signal.SIGKILL))["exit"] == 137
+
+
+# Abort
+
+
+def test_abort_before_start_or_after_end_does_nothing() -> None:
+    h = Harness()
+    h.run.abort()
+    h.start()
+    h.end(ProcessDone(0))
+    h.run.abort()
+    assert h.kills == []
+
+
+@pytest.fixture
+def sleeper() -> Any:
+    process = subprocess.Popen(["sleep", "300"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_abort_kills_by_pid_when_there_is_no_group_yet(sleeper: subprocess.Popen[bytes]) -> None:
+    h = Harness()
+    h.reactor.pid = sleeper.pid
+    h.kill_error = ProcessLookupError()
+    h.start()
+    h.run.abort()
+    assert sleeper.wait() == -signal.SIGKILL
+
+
+def test_abort_after_exit_never_kills_a_recycled_pid(sleeper: subprocess.Popen[bytes]) -> None:
+    h = Harness()
+    h.reactor.pid = sleeper.pid  # stands for a pid reused after the command was reaped
+    h.kill_error = ProcessLookupError()
+    run = h.start()
+    run.processExited(Failure(ProcessDone(0)))
+    run.abort()
+    assert sleeper.poll() is None
+    assert h.process.lost == 1
+
+
+def test_abort_of_a_process_already_gone() -> None:
+    h = Harness()
+    h.reactor.pid = 2**22 + 12345  # above pid_max: no such process
+    h.kill_error = ProcessLookupError()
+    h.start()
+    h.run.abort()
+    assert h.process.lost == 1
+
+
+def test_the_real_killpg_is_the_default() -> None:
+    run = ExecRun(Clock(), lambda frame: None, max_output=1, keepalive=1, log_timeout=1, timeout=1)
+    assert run._killpg is os.killpg
+
+
+# Waiting for the end
+
+
+def test_when_finished_before_and_after_the_end() -> None:
+    h = Harness()
+    run = h.start()
+    early = run.when_finished()
+    cancelled = run.when_finished()
+    results: list[Any] = []
+    early.addCallback(results.append)
+    cancelled.addErrback(lambda f: None)
+    cancelled.cancel()  # a client that went away: the run goes on
+    frame = h.end(terminated(5))
+    assert results == [frame]
+    late: list[Any] = []
+    run.when_finished().addCallback(late.append)
+    assert late == [frame]
+
+
+def test_a_callback_per_end() -> None:
+    calls: list[str] = []
+    run = ExecRun(
+        Clock(),
+        lambda frame: None,
+        max_output=1,
+        keepalive=1,
+        log_timeout=1,
+        timeout=1,
+    )
+    run.on_end = lambda: calls.append("end")
+    reactor = FakeReactor()
+    run.start(reactor, ["x"], {}, None, DEVNULL)  # type: ignore[arg-type]
+    run.processEnded(Failure(ProcessDone(0)))
+    assert calls == ["end"]
+    run.on_activity()  # the default does nothing
