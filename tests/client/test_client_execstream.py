@@ -53,7 +53,7 @@ results = st.builds(
 )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     chunks=st.lists(st.binary(max_size=200), max_size=12),
     result=results,
