@@ -204,6 +204,8 @@ class SandboxAPI:
         reason = None
         if self.manager.draining:
             reason = "draining"
+        elif self.manager.recovering:
+            reason = "reclaiming a predecessor's sandboxes"
         elif self.manager.isolation.uids.free == 0:
             reason = "no free uid"
         if reason is not None:

@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import os
 import re
+import stat
 from collections.abc import Callable
 
 from attrs import frozen
@@ -48,10 +49,27 @@ class Layout:
         return os.path.join(self.root, rid, ".ready")
 
     def prepare_root(self) -> None:
-        """Create the root (0711: sandboxes may pass through it, never list it)."""
+        """Create the root (0711: sandboxes may pass through it, never list it).
+
+        When sandboxes run as uids of their own, every directory above the root must let them
+        through (search permission for others), or no command could enter its workspace:
+        that is refused here with the directory named.
+        """
         os.makedirs(self.root, mode=0o711, exist_ok=True)
-        if self.owns_files:
-            os.chmod(self.root, 0o711)
+        if not self.owns_files:
+            return
+        os.chmod(self.root, 0o711)
+        path = os.path.abspath(self.root)
+        while True:
+            if not os.stat(path).st_mode & stat.S_IXOTH:
+                raise PermissionError(
+                    f"{path} is not searchable by sandbox uids (chmod o+x, or choose another"
+                    " SANDBOXD_ROOT)"
+                )
+            parent = os.path.dirname(path)
+            if parent == path:
+                return
+            path = parent
 
     def lock(self) -> int:
         """Hold ``{root}/.lock`` for the life of the process, so that no two daemons share a root

@@ -54,6 +54,8 @@ class Sandbox:
     last_active: float
     execs: int = 0
     running: set[ExecRun] = field(factory=set)
+    file_calls: set[Deferred[None]] = field(factory=set)
+    """File work in flight (each fires when its thread is done): kill waits for them."""
     item_id: str | None = None
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
     oom_kills_seen: int = 0
@@ -72,6 +74,8 @@ class SandboxManager:
     layout: Layout
     sandboxes: dict[str, Sandbox] = field(factory=dict)
     draining: bool = False
+    recovering: bool = False
+    """True while start-up reclaims a predecessor's leftovers (creates wait for it)."""
     metrics: Metrics = field(factory=Metrics)
     drain_poll: float = 0.1
     archive: Archive | None = None
@@ -91,10 +95,15 @@ class SandboxManager:
         """Kill and remove every sandbox (cgroup, processes, files) found from a predecessor."""
         rids = sorted(set(self.layout.leftovers()) | set(self.isolation.cgroups.leftovers()))
         rids = [rid for rid in rids if rid not in self.sandboxes]
+        self.recovering = True
         kills = [Deferred.fromCoroutine(self._dispose(rid)) for rid in rids]
         done: Deferred[Any] = DeferredList(kills, consumeErrors=True)
 
-        def report(_: object) -> None:
+        def report(results: list[tuple[bool, Any]]) -> None:
+            self.recovering = False
+            for rid, (ok, failure) in zip(rids, results, strict=True):
+                if not ok:
+                    log.failure("recovery of {rid} failed", failure, rid=rid)
             log.info("recovery done: {count} leftover sandboxes reclaimed", count=len(rids))
 
         return done.addCallback(report)
@@ -113,6 +122,8 @@ class SandboxManager:
         """A new sandbox with its own identity, cgroup and directories (not restored)."""
         if self.draining:
             raise Draining("the daemon is draining and accepts no new sandboxes")
+        if self.recovering:
+            raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
         create_env = parse_env(env, "env")
         try:
             identity = self.isolation.uids.allocate()
@@ -153,6 +164,9 @@ class SandboxManager:
             run.abort()
         with suppress(OSError):  # no counters to read: nothing to add
             self.metrics.oom_kills.inc(self.isolation.cgroups.stats(rid).oom_kills)
+        # A file call already in a worker thread may still create entries (an upload's
+        # parents): removing the tree before it ends could leave them behind.
+        await DeferredList(list(sandbox.file_calls))
         await self._dispose(rid)
         self.isolation.uids.release(sandbox.identity)
         self.metrics.killed.inc()
@@ -323,7 +337,16 @@ class SandboxManager:
     def files(self, sandbox: Sandbox, work: Callable[[str], T]) -> Deferred[T]:
         """Run ``work(workspace_path)`` as the sandbox (per-thread fsuid/fsgid)."""
         path = self.layout.workspace(sandbox.rid)
-        return self.isolation.fs.run(sandbox.identity, lambda: work(path))
+        running = self.isolation.fs.run(sandbox.identity, lambda: work(path))
+        ended: Deferred[None] = Deferred()
+        sandbox.file_calls.add(ended)
+
+        def end(result: Any) -> Any:
+            sandbox.file_calls.discard(ended)
+            ended.callback(None)
+            return result
+
+        return running.addBoth(end)
 
     def open_for_reading(self, sandbox: Sandbox, parts: Parts) -> Deferred[tuple[BinaryIO, int]]:
         uid = sandbox.identity.uid

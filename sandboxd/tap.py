@@ -170,7 +170,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         raise  # pragma: no cover
     if token is None:
         log.warn("auth: no SANDBOXD_TOKEN_FILE: any local process can drive every sandbox")
-    layout = Layout(config.root, owns_files=isolation.owns_files)
+    layout = Layout(os.path.realpath(config.root), owns_files=isolation.owns_files)
     try:
         layout.prepare_root()
         layout.lock()

@@ -2,10 +2,12 @@
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+SHARED_ROOTS = Path("/tmp/sandboxd-tests")
 
 
 def free_port() -> int:
@@ -60,8 +63,21 @@ class Daemon:
 
 
 def start_daemon(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Daemon:
+    """Start ``twistd -n sandboxd`` on a free port; its state root is ``tmp_path/root``.
+
+    pytest's temporary directories are private to root (0700), which sandbox uids cannot
+    pass through; as root, the state root is therefore made beneath ``/tmp/sandboxd-tests``
+    (linked from ``tmp_path/root`` for the test to find it).
+    """
     port = free_port()
     root = tmp_path / "root"
+    if os.geteuid() == 0 and not root.exists():
+        SHARED_ROOTS.mkdir(mode=0o711, exist_ok=True)
+        SHARED_ROOTS.chmod(0o711)
+        real = Path(tempfile.mkdtemp(prefix="root-", dir=SHARED_ROOTS))
+        real.chmod(0o711)
+        root.symlink_to(real)
+    root = root.resolve()
     log = tmp_path / "daemon.log"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     environ["PYTHONPATH"] = str(REPO)
@@ -94,6 +110,7 @@ def start_daemon(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
 
 
 def stop_daemon(daemon: Daemon) -> None:
+    """Stop the daemon (SIGTERM: it drains), and remove a state root made for it in /tmp."""
     if daemon.process.poll() is None:
         daemon.process.send_signal(signal.SIGTERM)
         try:
@@ -101,6 +118,8 @@ def stop_daemon(daemon: Daemon) -> None:
         except subprocess.TimeoutExpired:
             daemon.process.kill()
             daemon.process.wait()
+    if daemon.root.parent == SHARED_ROOTS:
+        shutil.rmtree(daemon.root, ignore_errors=True)
 
 
 @pytest.fixture
