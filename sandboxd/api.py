@@ -305,7 +305,8 @@ class SandboxAPI:
                 raise  # the client went away: finally kills the command
             except Exception as e:  # in band: the status line is already sent
                 log.failure("exec in {rid} failed", Failure(), rid=rid)
-                frame = {"error": type(e).__name__, "detail": str(e)}
+                kind = e.wire_type if isinstance(e, APIError) else type(e).__name__
+                frame = {"error": kind, "detail": str(e)}
             request.write(exec_run.encode_frame(frame))
         finally:
             # Abort first: after a disconnect the request has no channel any more, and
