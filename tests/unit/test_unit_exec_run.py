@@ -17,6 +17,7 @@ import pytest
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
+from unit_fakes import FakeProcess, FakeReactor
 
 from sandboxd.exec_run import (
     EXIT_NOT_EXECUTABLE,
@@ -32,53 +33,6 @@ from sandboxd.exec_run import (
 
 PID = 424242
 DEVNULL = 99
-
-
-class FakeProcess:
-    """The process transport ``spawnProcess`` would return."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.written = bytearray()
-        self.stdin_closed = False
-        self.lost = 0
-        self.paused = 0
-        self.resumed = 0
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def closeStdin(self) -> None:
-        self.stdin_closed = True
-
-    def loseConnection(self) -> None:
-        self.lost += 1
-
-    def pauseProducing(self) -> None:
-        self.paused += 1
-
-    def resumeProducing(self) -> None:
-        self.resumed += 1
-
-
-class FakeReactor:
-    def __init__(self, pid: int = PID, error: BaseException | None = None) -> None:
-        self.pid = pid
-        self.error = error
-        self.spawned: list[dict[str, Any]] = []
-        self.process: FakeProcess | None = None
-
-    def spawnProcess(
-        self, proto: ExecRun, executable: str, args: list[str], env: dict[str, str], childFDs: Any
-    ) -> FakeProcess:
-        self.spawned.append(
-            {"executable": executable, "args": args, "env": env, "childFDs": childFDs}
-        )
-        if self.error is not None:
-            raise self.error
-        self.process = FakeProcess(self.pid)
-        proto.makeConnection(self.process)  # as twisted's Process does
-        return self.process
 
 
 class Harness:
@@ -106,7 +60,7 @@ class Harness:
             kill=self._kill,
             **settings,
         )
-        self.reactor = FakeReactor()
+        self.reactor = FakeReactor(PID)
 
     def _active(self) -> None:
         self.activity += 1

@@ -1,0 +1,244 @@
+"""The twisted.web site (``sandboxd.web``): body limit (413), JSON answers to malformed requests.
+
+``LimitedRequest`` is tested directly (``DummyChannel``) and through a real ``Site`` on a real
+loopback port, with raw HTTP bytes so the test controls ``Content-Length`` and chunking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import pytest_twisted
+from http_harness import Harness
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.test.requesthelper import DummyChannel
+
+from sandboxd.web import LimitedRequest, Utf8URLs, _Discard, make_site
+
+LIMIT = 64
+
+
+class Collect(Protocol):
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+        self.received = bytearray()
+        self.done: Deferred[bytes] = Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(self.request)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.done.callback(bytes(self.received))
+
+
+def dechunk(data: bytes) -> bytes:
+    body = bytearray()
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return bytes(body)
+        body += data[:size]
+        data = data[size + 2 :]
+
+
+class Answer:
+    def __init__(self, raw: bytes) -> None:
+        head, _, self.body = raw.partition(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        self.status = int(status_line.split()[1])
+        self.headers = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines)}
+        if self.headers.get("transfer-encoding") == "chunked":
+            self.body = dechunk(self.body)
+
+    def json(self) -> Any:
+        assert self.headers["content-type"] == "application/json"
+        return json.loads(self.body)
+
+
+@pytest.fixture
+def site_port(harness: Harness) -> Any:
+    from twisted.internet import reactor
+
+    port = reactor.listenTCP(0, make_site(harness.api.resource(), LIMIT), interface="127.0.0.1")
+    yield port.getHost().port
+    port.stopListening()
+
+
+async def send(port: int, raw: bytes) -> Answer:
+    from twisted.internet import reactor
+
+    protocol = Collect(raw)
+    await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), protocol)
+    return Answer(await protocol.done)
+
+
+def put(rid: str, body: bytes, path: str = "f") -> bytes:
+    return (
+        f"PUT /sandboxes/{rid}/file?path={path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def put_chunked(rid: str, chunks: list[bytes]) -> bytes:
+    head = (
+        f"PUT /sandboxes/{rid}/file?path=f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks)
+    return head + body + b"0\r\n\r\n"
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_upload_within_the_limit_is_stored(harness: Harness, site_port: int) -> None:
+    rid = harness.create()
+    answer = await send(site_port, put(rid, b"x" * LIMIT))
+    assert answer.status == 204
+    with open(os.path.join(harness.workspace(rid), "f"), "rb") as f:
+        assert f.read() == b"x" * LIMIT
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_declared_body_over_the_limit_is_413(harness: Harness, site_port: int) -> None:
+    rid = harness.create()
+    answer = await send(site_port, put(rid, b"x" * (LIMIT + 1)))
+    assert answer.status == 413
+    assert answer.json()["error"] == "TooLarge"
+    assert os.listdir(harness.workspace(rid)) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_chunked_body_over_the_limit_is_413(harness: Harness, site_port: int) -> None:
+    rid = harness.create()
+    answer = await send(site_port, put_chunked(rid, [b"a" * 40, b"b" * 40, b"c" * 40]))
+    assert answer.status == 413
+    assert answer.json()["error"] == "TooLarge"
+    assert os.listdir(harness.workspace(rid)) == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_chunked_body_within_the_limit_is_stored(harness: Harness, site_port: int) -> None:
+    rid = harness.create()
+    answer = await send(site_port, put_chunked(rid, [b"a" * 30, b"b" * 30]))
+    assert answer.status == 204
+    with open(os.path.join(harness.workspace(rid), "f"), "rb") as f:
+        assert f.read() == b"a" * 30 + b"b" * 30
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_json_body_over_the_limit_is_413(harness: Harness, site_port: int) -> None:
+    body = json.dumps({"env": {"A": "x" * LIMIT}}).encode()
+    raw = (
+        b"POST /sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    answer = await send(site_port, raw)
+    assert answer.status == 413
+    assert harness.manager.sandboxes == {}
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_overlong_header_line_gets_a_json_400(site_port: int) -> None:
+    raw = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"y" * 20000 + b"\r\n\r\n"
+    answer = await send(site_port, raw)
+    assert answer.status == 400
+    assert answer.json()["error"] == "BadRequest"
+    assert answer.headers["connection"] == "close"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_url_that_is_not_utf8_gets_a_json_400(site_port: int) -> None:
+    raw = b"GET /sandboxes/%ff%fe/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    answer = await send(site_port, raw)
+    assert answer.status == 400
+    assert answer.json() == {"error": "BadRequest", "detail": "the URL is not UTF-8"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_utf8_url_reaches_the_api(site_port: int) -> None:
+    raw = b"GET /sandboxes/%C3%A9/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    answer = await send(site_port, raw)
+    assert answer.status == 404
+    assert answer.json()["error"] == "SandboxNotFound"
+
+
+def test_utf8_urls_is_a_leaf(harness: Harness) -> None:
+    wrapped = Utf8URLs(harness.api.resource())
+    assert wrapped.isLeaf
+    assert wrapped.getChildWithDefault(b"x", None) is wrapped  # type: ignore[arg-type]
+    with pytest.raises(NotImplementedError):
+        wrapped.putChild(b"x", wrapped)
+
+
+def test_make_site() -> None:
+    site = make_site(Utf8URLs(None), 123)  # type: ignore[arg-type]
+    assert site.requestFactory.max_body == 123
+    assert issubclass(site.requestFactory, LimitedRequest)
+    assert site.displayTracebacks is False
+
+
+# LimitedRequest directly
+
+
+def limited(max_body: int) -> LimitedRequest:
+    request = LimitedRequest(DummyChannel())
+    request.max_body = max_body
+    return request
+
+
+def test_a_small_declared_length_is_kept() -> None:
+    request = limited(10)
+    request.gotLength(4)
+    request.handleContentChunk(b"abcd")
+    assert not request.too_large
+    request.content.seek(0)
+    assert request.content.read() == b"abcd"
+
+
+def test_a_large_declared_length_is_refused_before_any_byte() -> None:
+    request = limited(10)
+    request.gotLength(11)
+    assert request.too_large
+    request.handleContentChunk(b"x" * 11)
+    assert isinstance(request.content, _Discard)
+    assert request.content.read() == b""
+
+
+def test_an_unknown_length_is_counted_as_it_arrives() -> None:
+    request = limited(10)
+    request.gotLength(None)
+    kept = request.content
+    request.handleContentChunk(b"x" * 6)
+    assert not request.too_large
+    request.handleContentChunk(b"x" * 5)
+    assert request.too_large
+    assert kept.closed
+    assert isinstance(request.content, _Discard)
+    request.handleContentChunk(b"more")
+
+
+def test_refusing_without_content_yet() -> None:
+    request = limited(1)
+    request.content = None
+    request.handleContentChunk(b"xx")
+    assert request.too_large
+
+
+def test_discard() -> None:
+    discard = _Discard()
+    discard.write(b"dropped")
+    assert discard.seek(0, 0) == 0
+    assert discard.tell() == 0
+    assert discard.read() == b""
+    assert discard.read(10) == b""
+    discard.close()

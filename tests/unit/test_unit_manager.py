@@ -1,0 +1,517 @@
+"""The sandbox manager (``sandboxd.manager``) with fake isolation, a Clock and a fake reactor."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from unit_fakes import FakeCgroups, FakeReactor, SyncFiles, SyncPool, fake_isolation
+
+from sandboxd.config import Config
+from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
+from sandboxd.exec_request import ExecRequest
+from sandboxd.isolation.base import CgroupStats, Isolation
+from sandboxd.layout import Layout
+from sandboxd.manager import BASE_PATH, CD_AND_EXEC, SandboxManager
+
+SHA = "ab" * 32
+
+
+def fired(d: Deferred[Any]) -> Any:
+    results: list[Any] = []
+    d.addBoth(results.append)
+    assert results, "not fired"
+    if isinstance(results[0], Failure):
+        results[0].raiseException()
+    return results[0]
+
+
+class World:
+    """A manager on fakes, and handles on each fake."""
+
+    def __init__(self, tmp_path: Path, isolation: Isolation | None = None, **settings: str):
+        options = {
+            "root": str(tmp_path / "root"),
+            "tools-dir": str(tmp_path / "tools"),
+            "exec-timeout": "60s",
+            "drain-deadline": "10s",
+            "idle-ttl": "100s",
+            **settings,
+        }
+        self.config = Config.load({}, options)
+        self.clock = Clock()
+        self.reactor = FakeReactor()
+        self.isolation = isolation or fake_isolation()
+        self.layout = Layout(self.config.root, owns_files=False)
+        self.manager = SandboxManager(
+            self.config,
+            self.reactor,  # type: ignore[arg-type]
+            self.clock,
+            self.isolation,
+            SyncPool(),  # type: ignore[arg-type]
+            self.layout,
+        )
+
+    @property
+    def cgroups(self) -> FakeCgroups:
+        return self.isolation.cgroups  # type: ignore[return-value]
+
+    @property
+    def fs(self) -> SyncFiles:
+        return self.isolation.fs  # type: ignore[return-value]
+
+    def start(self) -> None:
+        fired(self.manager.start())
+
+    def close(self) -> None:
+        if self.manager._devnull >= 0:
+            os.close(self.manager._devnull)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Any:
+    w = World(tmp_path)
+    w.start()
+    yield w
+    w.close()
+
+
+def exec_request(**fields: Any) -> ExecRequest:
+    return ExecRequest.parse({"cmd": ["echo", "hi"], **fields})
+
+
+# Start and recovery
+
+
+def test_start_reclaims_a_predecessors_leftovers(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    root = Path(w.config.root)
+    (root / "0123456789abcdef" / "workspace").mkdir(parents=True)
+    (root / "0123456789abcdef" / "workspace" / "f").write_bytes(b"x")
+    (root / "not-a-sandbox").mkdir()
+    w.cgroups.leftover = ["fedcba9876543210"]
+    w.start()
+    assert sorted(w.cgroups.killed) == ["0123456789abcdef", "fedcba9876543210"]
+    assert sorted(w.cgroups.removed) == ["0123456789abcdef", "fedcba9876543210"]
+    assert sorted(os.listdir(root)) == ["not-a-sandbox"]
+    assert not w.manager.recovering
+    w.close()
+
+
+def test_one_failed_recovery_does_not_stop_the_others(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.cgroups.leftover = ["0000000000000001", "0000000000000002"]
+    w.cgroups.kill_results["0000000000000001"] = OSError("stuck")
+    w.start()
+    assert w.cgroups.removed == ["0000000000000002"]
+    assert not w.manager.recovering
+    w.close()
+
+
+def test_creates_wait_for_recovery(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.cgroups.leftover = ["0000000000000001"]
+    pending: Deferred[None] = Deferred()
+    w.cgroups.kill_results["0000000000000001"] = pending
+    started = w.manager.start()
+    assert w.manager.recovering
+    with pytest.raises(NoCapacity, match="reclaiming"):
+        w.manager.create()
+    pending.callback(None)
+    fired(started)
+    assert w.manager.create().rid
+    w.close()
+
+
+def test_recover_skips_live_sandboxes(world: World) -> None:
+    sandbox = world.manager.create()
+    world.cgroups.leftover = [sandbox.rid]
+    fired(world.manager.recover())
+    assert sandbox.rid not in world.cgroups.killed
+    assert os.path.isdir(world.layout.directory(sandbox.rid))
+
+
+# Create, get, kill
+
+
+def test_create(world: World) -> None:
+    world.clock.advance(7)
+    sandbox = world.manager.create(env={"A": "1"})
+    assert world.manager.sandboxes == {sandbox.rid: sandbox}
+    assert (sandbox.created, sandbox.last_active, sandbox.env) == (7, 7, {"A": "1"})
+    assert world.cgroups.created == [(sandbox.rid, world.manager.limits)]
+    assert world.manager.limits.memory_bytes == world.config.memory_max
+    assert world.manager.limits.cpu_cores == world.config.cpu_cores
+    assert world.manager.limits.pids == world.config.pids_max
+    assert os.path.isdir(world.layout.workspace(sandbox.rid))
+    assert world.isolation.uids.free == 3
+
+
+def test_create_refusals(world: World) -> None:
+    with pytest.raises(BadRequest, match=r"^env:"):
+        world.manager.create(env={"A=B": "x"})
+    assert world.isolation.uids.free == 4
+    for _ in range(4):
+        world.manager.create()
+    with pytest.raises(NoCapacity, match="slots"):
+        world.manager.create()
+    world.manager.draining = True
+    with pytest.raises(Draining):
+        world.manager.create()
+
+
+@pytest.mark.parametrize("where", ["cgroup", "layout"])
+def test_a_failed_create_gives_everything_back(world: World, where: str) -> None:
+    if where == "cgroup":
+        world.cgroups.create_error = OSError("no cgroup")
+    else:
+        world.layout = world.manager.layout = Layout(  # type: ignore[misc]
+            os.path.join(world.config.root, "missing", "deeper"), owns_files=False
+        )
+    with pytest.raises(OSError):
+        world.manager.create()
+    assert world.manager.sandboxes == {}
+    assert world.isolation.uids.free == 4
+    assert len(world.cgroups.removed) == 1
+    assert os.listdir(world.config.root) == []
+
+
+def test_get_touches(world: World) -> None:
+    sandbox = world.manager.create()
+    world.clock.advance(5)
+    assert world.manager.get(sandbox.rid) is sandbox
+    assert sandbox.last_active == 5
+    with pytest.raises(SandboxNotFound):
+        world.manager.get("0123456789abcdef")
+
+
+def test_kill(world: World) -> None:
+    sandbox = world.manager.create()
+    world.layout.mark_ready(sandbox.rid)
+    fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
+    assert world.manager.sandboxes == {}
+    assert world.cgroups.killed == [sandbox.rid]
+    assert not os.path.exists(world.layout.directory(sandbox.rid))
+    assert world.isolation.uids.free == 4
+    with pytest.raises(SandboxNotFound):
+        fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
+
+
+def test_kill_without_readable_counters(world: World) -> None:
+    sandbox = world.manager.create()
+    world.cgroups.stats_error = OSError("gone")
+    fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
+    assert world.manager.sandboxes == {}
+
+
+def test_kill_waits_for_file_calls_in_flight(world: World) -> None:
+    sandbox = world.manager.create()
+    world.fs.hold = Deferred()
+    call = world.manager.files(sandbox, lambda ws: os.mkdir(os.path.join(ws, "late")))
+    assert len(sandbox.file_calls) == 1
+    killing = Deferred.fromCoroutine(world.manager.kill(sandbox.rid))
+    assert not killing.called
+    assert os.path.isdir(world.layout.directory(sandbox.rid))
+    world.fs.hold.callback(None)
+    fired(call)
+    fired(killing)
+    assert sandbox.file_calls == set()
+    assert not os.path.exists(world.layout.directory(sandbox.rid))
+
+
+def test_files_runs_as_the_sandbox_and_passes_errors_on(world: World) -> None:
+    sandbox = world.manager.create()
+    assert fired(world.manager.files(sandbox, lambda ws: ws)) == world.layout.workspace(sandbox.rid)
+    assert world.fs.identities == [sandbox.identity]
+    failing = world.manager.files(sandbox, lambda ws: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        fired(failing)
+    assert sandbox.file_calls == set()
+
+
+def test_open_for_reading(world: World) -> None:
+    sandbox = world.manager.create()
+    Path(world.layout.workspace(sandbox.rid), "f").write_bytes(b"abc")
+    source, length = fired(world.manager.open_for_reading(sandbox, ("f",)))
+    with source:
+        assert (source.read(), length) == (b"abc", 3)
+
+
+# Idle reaper
+
+
+def test_reap_idle_kills_only_idle_sandboxes(world: World) -> None:
+    old = world.manager.create()
+    world.clock.advance(60)
+    busy = world.manager.create()
+    fresh = world.manager.create()
+    world.clock.advance(50)
+    world.manager.get(fresh.rid)
+    busy.running.add(object())  # type: ignore[arg-type]
+    world.clock.advance(50)  # old: 160 s, busy: 100 s but running, fresh: 50 s
+    fired(world.manager.reap_idle())
+    assert set(world.manager.sandboxes) == {busy.rid, fresh.rid}
+    assert old.rid in world.cgroups.killed
+
+
+def test_a_failing_reap_is_logged_and_the_rest_go_on(world: World) -> None:
+    first = world.manager.create()
+    second = world.manager.create()
+    world.cgroups.kill_results[first.rid] = OSError("stuck")
+    world.clock.advance(100)
+    fired(world.manager.reap_idle())
+    assert second.rid not in world.manager.sandboxes
+    assert world.cgroups.killed == [first.rid, second.rid]
+
+
+# Drain
+
+
+def test_drain_with_nothing_running_kills_at_once(world: World) -> None:
+    sandbox = world.manager.create()
+    done = world.manager.drain()
+    fired(done)
+    assert world.manager.draining
+    assert world.manager.sandboxes == {}
+    assert world.cgroups.killed == [sandbox.rid]
+    fired(world.manager.drain())  # drained already: fires at once
+
+
+def test_drain_waits_for_running_commands(world: World) -> None:
+    sandbox = world.manager.create()
+    run = world.manager.start_exec(sandbox, exec_request(), lambda frame: None)
+    first = world.manager.drain()
+    second = world.manager.drain()
+    world.clock.advance(world.manager.drain_poll * 3)
+    assert not first.called and not second.called
+    assert world.manager.sandboxes
+    run.processEnded(Failure(ProcessDone(0)))
+    world.clock.advance(world.manager.drain_poll)
+    fired(first)
+    fired(second)
+    assert world.manager.sandboxes == {}
+
+
+def test_drain_deadline_kills_busy_sandboxes(world: World) -> None:
+    sandbox = world.manager.create()
+    run = world.manager.start_exec(sandbox, exec_request(), lambda frame: None)
+    done = world.manager.drain()
+    world.clock.advance(5)
+    assert not done.called
+    world.clock.pump([world.manager.drain_poll] * 60)
+    fired(done)
+    assert world.manager.sandboxes == {}
+    assert world.reactor.process is not None and world.reactor.process.lost == 1
+    assert not run.ended  # killed; its end comes when the process is reaped
+
+
+# Commands
+
+
+def test_command_env(world: World) -> None:
+    sandbox = world.manager.create(env={"TERM": "xterm", "A": "create"})
+    request = exec_request(env={"A": "exec"}, tools=[SHA, "cd" * 32])
+    env = world.manager.command_env(sandbox, request)
+    tools = world.config.tools_dir
+    assert env == {
+        "PATH": f"{tools}/{SHA}/bin:{tools}/{'cd' * 32}/bin:{BASE_PATH}",
+        "HOME": world.layout.home(sandbox.rid),
+        "TMPDIR": world.layout.tmp(sandbox.rid),
+        "LANG": "C.UTF-8",
+        "TERM": "xterm",
+        "A": "exec",
+    }
+
+
+def test_start_exec_wraps_the_command(world: World) -> None:
+    sandbox = world.manager.create()
+    frames: list[bytes] = []
+    run = world.manager.start_exec(sandbox, exec_request(cwd="sub/dir", stdin=""), frames.append)
+    (spawn,) = world.reactor.spawned
+    workspace = world.layout.workspace(sandbox.rid)
+    assert spawn["args"] == [
+        "wrapper",
+        "5000",
+        f"/cg/{sandbox.rid}/cgroup.procs",
+        "--",
+        "/bin/sh",
+        "-c",
+        CD_AND_EXEC,
+        "sh",
+        os.path.join(workspace, "sub", "dir"),
+        "echo",
+        "hi",
+    ]
+    assert spawn["env"]["TERM"] == "dumb"
+    assert spawn["childFDs"][0] == "w"
+    assert sandbox.execs == 1 and sandbox.running == {run}
+    world.clock.advance(3)
+    run.childDataReceived(1, b"hi\n")
+    assert sandbox.last_active == 3
+    world.clock.advance(2)
+    run.processEnded(Failure(ProcessDone(0)))
+    assert sandbox.running == set()
+    assert sandbox.last_active == 5
+
+
+def test_exec_timeout_is_the_smaller_of_request_and_host(world: World) -> None:
+    sandbox = world.manager.create()
+    short = world.manager.start_exec(sandbox, exec_request(timeout=2), lambda f: None)
+    long = world.manager.start_exec(sandbox, exec_request(timeout=1000), lambda f: None)
+    default = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    assert (short.timeout, long.timeout, default.timeout) == (2.0, 60.0, 60.0)
+
+
+def test_a_timed_out_exec_is_logged(world: World) -> None:
+    sandbox = world.manager.create()
+    run = world.manager.start_exec(sandbox, exec_request(timeout=1), lambda f: None)
+    world.clock.advance(1)
+    run.processEnded(Failure(ProcessTerminated(signal=9)))
+    assert run.frame is not None and run.frame["exit"] == 124
+
+
+def test_an_oom_kill_is_noted_once(world: World) -> None:
+    sandbox = world.manager.create()
+    for kills in (1, 1, 2):
+        world.cgroups.stats_value = CgroupStats(0, 0, 0, 0, kills)
+        run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+        run.processEnded(Failure(ProcessTerminated(signal=9)))
+        assert sandbox.oom_kills_seen == kills
+    world.cgroups.stats_error = OSError("no counters")
+    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    run.processEnded(Failure(ProcessTerminated(signal=9)))
+    assert sandbox.oom_kills_seen == 2
+
+
+def test_the_end_of_a_run_without_a_frame_is_tolerated(world: World) -> None:
+    sandbox = world.manager.create()
+    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    run.on_end()
+    assert sandbox.running == set()
+
+
+def test_a_command_that_cannot_start_is_not_left_running(world: World) -> None:
+    world.reactor.error = FileNotFoundError(2, "no wrapper")
+    sandbox = world.manager.create()
+    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    assert run.frame is not None and run.frame["exit"] == 127
+    assert sandbox.running == set()
+
+
+def test_exec_refusals(world: World, tmp_path: Path) -> None:
+    sandbox = world.manager.create()
+    with pytest.raises(BadRequest, match="not installed"):
+        world.manager.start_exec(sandbox, exec_request(tools=[SHA]), lambda f: None)
+    (Path(world.config.tools_dir) / SHA).mkdir(parents=True)
+    world.manager.start_exec(sandbox, exec_request(tools=[SHA]), lambda f: None)
+    big = {f"V{i}": "x" * 100_000 for i in range(80)}
+    with pytest.raises(BadRequest, match="too long"):
+        world.manager.start_exec(sandbox, exec_request(env=big), lambda f: None)
+    assert sandbox.execs == 1
+
+
+def test_spawn_env_refusal_is_400(tmp_path: Path) -> None:
+    def picky(env: Any) -> dict[str, str]:
+        if "BAD" in env:
+            raise ValueError("'BAD' cannot be carried")
+        return dict(env)
+
+    w = World(tmp_path, isolation=fake_isolation(spawn_env=picky))
+    w.start()
+    sandbox = w.manager.create()
+    with pytest.raises(BadRequest, match=r"^env: 'BAD' cannot be carried"):
+        w.manager.start_exec(sandbox, exec_request(env={"BAD": "1"}), lambda f: None)
+    assert sandbox.running == set() and sandbox.execs == 0
+    w.close()
+
+
+def test_kill_aborts_running_commands(world: World) -> None:
+    sandbox = world.manager.create()
+    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    kills: list[tuple[int, int]] = []
+    run._killpg = lambda pid, sig: kills.append((pid, sig))
+    fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
+    assert kills == [(world.reactor.pid, 9)]
+
+
+# Archive
+
+
+class FakeArchive:
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.restored: list[tuple[str, Any]] = []
+        self.persisted: list[tuple[str, Any, bool]] = []
+
+    async def restore(self, item_id: str, end: Any) -> None:
+        self.restored.append((item_id, end))
+        if self.error is not None:
+            raise self.error
+
+    async def persist(self, item_id: str, end: Any, delete: bool) -> None:
+        self.persisted.append((item_id, end, delete))
+
+
+def test_create_restored_without_archive_is_a_plain_create(world: World) -> None:
+    sandbox = fired(Deferred.fromCoroutine(world.manager.create_restored({}, "item")))
+    assert sandbox.item_id == "item"
+    assert not world.manager.is_ready(sandbox)
+    assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, True))) is False
+
+
+def test_create_restored_restores_then_marks_ready(world: World) -> None:
+    archive = FakeArchive()
+    world.manager.archive = archive  # type: ignore[assignment]
+    plain = fired(Deferred.fromCoroutine(world.manager.create_restored(None, None)))
+    assert archive.restored == [] and not world.manager.is_ready(plain)
+    sandbox = fired(Deferred.fromCoroutine(world.manager.create_restored(None, "item-1")))
+    ((item, end),) = archive.restored
+    assert item == "item-1"
+    assert end.identity == sandbox.identity
+    assert end.path == world.layout.workspace(sandbox.rid)
+    assert end.procs_files == (f"/cg/{sandbox.rid}/cgroup.procs",)
+    assert world.manager.is_ready(sandbox)
+    assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, False))) is True
+    assert archive.persisted == [("item-1", end, False)]
+    assert fired(Deferred.fromCoroutine(world.manager.persist(plain, True))) is False
+
+
+def test_persist_needs_ready(world: World) -> None:
+    archive = FakeArchive()
+    world.manager.archive = archive  # type: ignore[assignment]
+    sandbox = world.manager.create(item_id="item")
+    assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, True))) is False
+    world.manager.mark_ready(sandbox)
+    assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, True))) is True
+
+
+def test_a_failed_restore_kills_the_sandbox(world: World) -> None:
+    world.manager.archive = FakeArchive(error=RuntimeError("rsync failed"))  # type: ignore[assignment]
+    with pytest.raises(RuntimeError, match="rsync failed"):
+        fired(Deferred.fromCoroutine(world.manager.create_restored(None, "item")))
+    assert world.manager.sandboxes == {}
+    assert world.isolation.uids.free == 4
+
+
+# Operators
+
+
+def test_stats_and_listing(world: World) -> None:
+    sandbox = world.manager.create()
+    assert world.manager.stats(sandbox) == world.cgroups.stats_value
+    world.manager.mark_ready(sandbox)
+    assert world.manager.listing() == [
+        {
+            "remote_id": sandbox.rid,
+            "created": 0.0,
+            "last_active": 0.0,
+            "ready": True,
+            "execs": 0,
+        }
+    ]
