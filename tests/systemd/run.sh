@@ -18,7 +18,6 @@
 # SANDBOXD_SMOKE_KEEP=1 keeps the work directory (image, serial log) for a look afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-repo=$PWD
 
 if [ "$(id -u)" != 0 ]; then
   echo "SKIP tests/systemd/run.sh: needs root (debootstrap, chroot, a filesystem image)"
@@ -87,9 +86,11 @@ trap cleanup EXIT
 # declare the dependencies; each run then builds and installs only the project's own wheel.
 t0=$SECONDS
 buildvenv=$cache/build-venv
-if [ ! -x "$buildvenv/bin/pip" ]; then
+if [ ! -e "$buildvenv/.complete-v2" ]; then
+  rm -rf "$buildvenv"
   /usr/bin/python3 -m venv "$buildvenv"
-  "$buildvenv/bin/pip" install -q --disable-pip-version-check --upgrade pip setuptools wheel
+  "$buildvenv/bin/pip" install -q --disable-pip-version-check --upgrade pip 'setuptools>=64' wheel
+  touch "$buildvenv/.complete-v2"
 fi
 mkdir -p "$work/src" "$work/wheels"
 # The work tree as it is (tracked and new files, nothing git ignores), outside the repository.
