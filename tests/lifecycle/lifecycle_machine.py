@@ -86,7 +86,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     sandboxes = Bundle("sandboxes")
     make_daemon: Callable[[], InProcessDaemon]
     kernel: bool = False
-    stats: dict[str, int] = {}
+    tally: dict[str, int] = {}
     """Calls made, by rule name, over every example of the run (a figure for the report)."""
 
     def __init__(self) -> None:
@@ -99,7 +99,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     # Helpers
 
     def count(self, name: str) -> None:
-        self.stats[name] = self.stats.get(name, 0) + 1
+        self.tally[name] = self.tally.get(name, 0) + 1
 
     @property
     def total(self) -> int:
@@ -330,6 +330,20 @@ class LifecycleMachine(RuleBasedStateMachine):
         if reply is not None:
             files = self.live[rid].workspace.files()
             assert reply.json() == {"bytes": sum(len(v) for v in files.values())}
+
+    @rule(rid=sandboxes)
+    def stats(self, rid: str) -> None:
+        """Operators' view of the cgroup: numbers, and a live process counted where one is."""
+        self.count("stats")
+        reply = self.file_call("GET", rid, "stats", lambda s: (200, None))
+        if reply is None:
+            return
+        stats = reply.json()
+        keys = {"memory_bytes", "memory_peak_bytes", "cpu_usec", "pids", "oom_kills"}
+        assert set(stats) == keys and all(type(v) is int and v >= 0 for v in stats.values())
+        assert stats["oom_kills"] == 0
+        if self.kernel and self.live[rid].background:
+            assert stats["pids"] >= 1, stats
 
     # Ready marker
 

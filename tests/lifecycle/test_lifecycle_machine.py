@@ -17,7 +17,7 @@ from lifecycle_harness import InProcessDaemon, synchronously
 from lifecycle_machine import LifecycleMachine
 from twisted.internet.defer import Deferred
 
-EXAMPLES = int(os.environ.get("SANDBOXD_LIFECYCLE_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("SANDBOXD_LIFECYCLE_EXAMPLES", "20"))
 STEPS = int(os.environ.get("SANDBOXD_LIFECYCLE_STEPS", "30"))
 
 SETTINGS = settings(
@@ -33,7 +33,7 @@ def run_machine(name: str, factory: Callable[[], InProcessDaemon], kernel: bool)
     machine = type(
         name,
         (LifecycleMachine,),
-        {"make_daemon": staticmethod(factory), "kernel": kernel, "stats": counters},
+        {"make_daemon": staticmethod(factory), "kernel": kernel, "tally": counters},
     )
     started = time.monotonic()
     run_state_machine_as_test(machine, settings=SETTINGS)
