@@ -1,0 +1,60 @@
+"""Schemathesis hooks for fuzzing a live daemon (``SCHEMATHESIS_HOOKS=fuzz_hooks``).
+
+* ``{rid}``: a generated id of the documented shape is replaced by a live sandbox's id
+  (``SANDBOXD_FUZZ_RIDS``), so the file and exec operations reach a real workspace instead of
+  all answering ``404 SandboxNotFound``. Ids of any other shape are sent as generated. Kill is
+  left alone (it would remove the sandboxes the others use).
+* ``exec``: a generated ``cmd`` made of strings runs as arguments of ``/bin/echo``: every
+  field still reaches the daemon's validation and the command is really started, but random
+  argv never runs as a program (the daemon runs as root in CI).
+* ``/tools/resolve``: manifest URLs that the daemon would fetch point at a closed local port.
+* ``application/x-ndjson`` (the exec stream): every line must be one JSON object, every line
+  but the last an output frame ``{"o": ...}``, the last an exit or error frame; the last frame
+  is what schemathesis then validates against the documented ``ExecFrame`` schema.
+"""
+
+import json
+import os
+import re
+from typing import Any
+
+import schemathesis
+
+RID = re.compile(r"^[0-9a-f]{16}$")
+LIVE = [rid for rid in os.environ.get("SANDBOXD_FUZZ_RIDS", "").split(",") if rid]
+CLOSED_PORT_URL = "http://127.0.0.1:9/manifest.json"
+
+
+@schemathesis.hook
+def before_call(context: Any, case: Any, kwargs: Any) -> None:
+    path = case.operation.path
+    parameters = case.path_parameters or {}
+    rid = parameters.get("rid")
+    if LIVE and isinstance(rid, str) and RID.match(rid) and path != "/sandboxes/{rid}":
+        parameters["rid"] = LIVE[int(rid, 16) % len(LIVE)]
+    body = case.body
+    if path.endswith("/exec") and isinstance(body, dict):
+        cmd = body.get("cmd")
+        if isinstance(cmd, list) and cmd and all(isinstance(arg, str) for arg in cmd):
+            body["cmd"] = ["/bin/echo", *cmd]
+    if path == "/tools/resolve" and isinstance(body, dict):
+        tools = body.get("tools")
+        if isinstance(tools, dict):
+            for name, url in tools.items():
+                if isinstance(url, str) and "://" in url:
+                    tools[name] = CLOSED_PORT_URL
+
+
+@schemathesis.deserializer("application/x-ndjson")
+def exec_stream(context: Any, response: Any) -> Any:
+    lines = response.content.splitlines()
+    if not lines:
+        raise ValueError("an exec stream without frames")
+    frames = [json.loads(line) for line in lines]
+    for frame in frames[:-1]:
+        if not (isinstance(frame, dict) and set(frame) == {"o"}):
+            raise ValueError(f"not an output frame before the last one: {frame!r}")
+    last = frames[-1]
+    if not (isinstance(last, dict) and ("exit" in last or "error" in last)):
+        raise ValueError(f"the stream does not end with an exit or error frame: {last!r}")
+    return last
