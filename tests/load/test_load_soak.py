@@ -297,6 +297,7 @@ async def test_soak_mixed_calls_leave_nothing_behind(soak_daemon: SoakDaemon) ->
         "cgroups": daemon.leftover_cgroups(),
         "processes": stray_processes(daemon.root, daemon.uid_min, daemon.uid_max),
         "uid_pool_free": uid_pool_free(daemon),
+        "readyz": daemon.get("/readyz")[0],
     }
     report = {
         "seconds": round(elapsed, 1),
@@ -329,6 +330,7 @@ async def test_soak_mixed_calls_leave_nothing_behind(soak_daemon: SoakDaemon) ->
         "cgroups": [],
         "processes": [],
         "uid_pool_free": daemon.uid_max - daemon.uid_min + 1,
+        "readyz": 200,
     }
     assert after.fds <= baseline.fds + FD_TOLERANCE, (baseline, after)
     assert after.rss_kib <= baseline.rss_kib + RSS_TOLERANCE_KIB, (baseline, after)
