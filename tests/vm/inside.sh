@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Guest side of tests/vm/run.sh: prepare a delegated cgroup-v2 subtree, run pytest in it, and
+# write pytest's exit code to vm-out/status. Runs as root under virtme-ng's init.
+#
+#   inside.sh <vm-out dir>      (arguments and environment come from <vm-out>/args and /env)
+#
+# The guest: host root filesystem read-only (9p), /tmp and a few others throw-away overlays,
+# <vm-out> the only directory written back to the host. cgroup2 is mounted at /sys/fs/cgroup
+# without nsdelegate; every process starts in the root cgroup.
+#
+# cgroup layout it prepares (the test run's view is that of a systemd service with
+# Delegate=yes, which is what sandboxd expects on cgroup v2):
+#
+#   /sys/fs/cgroup                      subtree_control: cpu memory pids (+ whatever was there)
+#   |                                   holds init, this script and the rest of the guest
+#   `-- sandboxd-vm-tests/              = D, the delegated cgroup of the test run
+#                                       cgroup.controllers: cpu memory pids (usable by D's
+#                                       children once D enables them); subtree_control: EMPTY;
+#                                       cgroup.procs: pytest and nothing else
+#
+# Why this shape. cgroup v2 lets only leaves hold processes once a cgroup enables controllers
+# for its children ("no internal processes"). So D must start with processes and an empty
+# subtree_control, exactly like a Delegate=yes unit: whoever wants child cgroups with limits
+# (the daemon's cgroup v2 driver, or a test doing what it does) first moves every process of D
+# into a leaf (sandboxd uses D/sandboxd-supervisor) and then enables memory/cpu/pids in D.
+# This script therefore stays in the root cgroup (which is exempt from that rule) and starts
+# pytest directly into D, so nothing but the test run has to be moved. After a daemon (or the
+# smoke test) has prepared D, pytest lives in D/sandboxd-supervisor and D's subtree_control is
+# "cpu memory pids"; a later daemon started from there takes D (the supervisor leaf's parent)
+# as its delegated cgroup again.
+#
+# The test run also sees: SANDBOXD_VM=1, SANDBOXD_VM_CGROUP=/sys/fs/cgroup/sandboxd-vm-tests,
+# HOME and TMPDIR under /tmp, PYTHONDONTWRITEBYTECODE=1, no pytest cache, Hypothesis' database
+# under /tmp, COVERAGE_FILE=<vm-out>/.coverage.vm (same paths as on the host, so the host can
+# combine it as is).
+set -euo pipefail
+
+out="${1:?usage: inside.sh <vm-out dir>}"
+status_file="$out/status"
+status=99 # what the host sees if this script dies before pytest ends
+
+finish() {
+    printf '%s\n' "$status" >"$status_file.tmp" && mv -f "$status_file.tmp" "$status_file"
+    sync
+}
+trap finish EXIT
+
+fail() {
+    printf 'inside.sh: %s\n' "$*" >&2
+    exit 1 # finish() reports status 99
+}
+
+date +%s >"$out/booted"
+printf 'inside.sh: guest up after %ss (kernel %s)\n' "$(cut -d' ' -f1 /proc/uptime)" "$(uname -r)" >&2
+
+# shellcheck source=/dev/null
+source "$out/env"
+args=()
+while IFS= read -r -d '' arg; do args+=("$arg"); done <"$out/args"
+
+# --- cgroup v2 -------------------------------------------------------------------------
+cgroot=/sys/fs/cgroup
+want=(memory cpu pids)
+[[ "$(stat -f -c %T "$cgroot")" == cgroup2fs ]] || fail "$cgroot is not a cgroup2 mount"
+available="$(cat "$cgroot/cgroup.controllers")"
+for c in "${want[@]}"; do
+    [[ " $available " == *" $c "* ]] || fail "controller $c missing from $cgroot ($available)"
+done
+echo "+memory +cpu +pids" >"$cgroot/cgroup.subtree_control"
+
+delegated="$cgroot/sandboxd-vm-tests"
+mkdir -p "$delegated"
+for c in "${want[@]}"; do
+    grep -qw "$c" "$delegated/cgroup.controllers" || fail "controller $c not available in $delegated"
+done
+[[ -z "$(cat "$delegated/cgroup.subtree_control")" ]] || fail "$delegated already enables controllers"
+printf 'inside.sh: root subtree_control: %s; test run in %s (controllers: %s)\n' \
+    "$(cat "$cgroot/cgroup.subtree_control")" "$delegated" "$(cat "$delegated/cgroup.controllers")" >&2
+
+# --- environment -----------------------------------------------------------------------
+export HOME=/tmp/vm-home
+export TMPDIR=/tmp
+export XDG_CACHE_HOME="$HOME/.cache"
+export PYTHONDONTWRITEBYTECODE=1
+export HYPOTHESIS_STORAGE_DIRECTORY=/tmp/hypothesis
+export COVERAGE_FILE="$VM_OUT/.coverage.vm"
+export SANDBOXD_VM=1
+export SANDBOXD_VM_CGROUP="$delegated"
+# `python3` in the tests is the interpreter run.sh resolved (its venv, if any), then the host's PATH.
+PATH="${VM_GUEST_PYTHON%/*}:$VM_HOST_PATH:/usr/sbin:/usr/bin:/sbin:/bin"
+export PATH
+mkdir -p "$HOME" "$HYPOTHESIS_STORAGE_DIRECTORY"
+cd "$VM_REPO"
+
+cmd=("$VM_GUEST_PYTHON")
+if [[ "$VM_WITH_COVERAGE" == 1 ]]; then cmd+=(-m coverage run); fi
+cmd+=(-m pytest -p no:cacheprovider "${args[@]}")
+printf 'inside.sh: %s\n' "${cmd[*]}" >&2
+
+# --- run pytest as the only process of the delegated cgroup ---------------------------
+set +e
+(
+    echo "$BASHPID" >"$delegated/cgroup.procs"
+    exec "${cmd[@]}"
+)
+status=$?
+set -e
+printf 'inside.sh: pytest exited %s after %ss of guest uptime\n' "$status" "$(cut -d' ' -f1 /proc/uptime)" >&2
+
+# Anything the tests left running dies with the VM anyway; kill it first so no writer races
+# the status file.
+if [[ -e "$delegated/cgroup.kill" ]]; then echo 1 >"$delegated/cgroup.kill" || true; fi
