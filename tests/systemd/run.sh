@@ -99,6 +99,9 @@ git ls-files -z --cached --others --exclude-standard \
   | tar --null -T - -cf - | tar -xf - -C "$work/src"
 deps_key=$(cat setup.py pyproject.toml | sha256sum | cut -c1-12)
 deps=$cache/venv-$key-$deps_key
+for old in "$cache"/venv-*; do   # venvs of older dependency lists
+  if [ -d "$old" ] && [ "$old" != "$deps" ]; then rm -rf "$old"; fi
+done
 pipw=("$buildvenv/bin/pip" wheel -q --disable-pip-version-check -w "$work/wheels")
 if [ -e "$deps/.complete" ]; then
   timeout -s KILL 600 "${pipw[@]}" --no-deps --no-build-isolation "$work/src" \
