@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import ROOT, Workspaces, all_bytes, as_root, reactor, tree
+from archive_helpers import ROOT, Workspaces, all_bytes, as_root, reactor, tree
 from twisted.internet.defer import Deferred, DeferredList, gatherResults
 from twisted.internet.task import deferLater
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import tree
+from archive_helpers import tree
 
 from tests.process.conftest import REPO, Daemon, start_daemon, stop_daemon
 
@@ -30,7 +30,7 @@ def archived(tmp_path: Path) -> Iterator[Daemon]:
 
 
 def archive_of(daemon: Daemon) -> Path:
-    return daemon.root.parent / "archive"
+    return daemon.log.parent / "archive"
 
 
 def create(daemon: Daemon, **body: object) -> str:

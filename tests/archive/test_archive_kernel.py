@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import all_bytes, reactor
+from archive_helpers import all_bytes, reactor
 from twisted.internet.defer import Deferred
 
 from sandboxd.archive import Archive, build_archive

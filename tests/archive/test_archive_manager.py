@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import reactor
+from archive_helpers import reactor
 from twisted.internet.defer import Deferred
 from twisted.python.threadpool import ThreadPool
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import COMMANDS, GOOD, dead_url, manifest, sha256
+from tools_helpers import COMMANDS, GOOD, dead_url, manifest, sha256
 
 from tests.process.conftest import Daemon, free_port, start_daemon, stop_daemon
 
@@ -85,7 +85,7 @@ def test_a_resolved_tool_runs_in_a_sandbox_through_tools(daemon: Daemon, store: 
         daemon, rid, {"cmd": ["sh", "-c", "command -v hello"], "tools": [sha]}
     )
     assert base64.b64decode(frame["out"]).decode().strip() == str(
-        daemon.root.parent / "tools" / sha / "bin" / "hello"
+        daemon.log.parent / "tools" / sha / "bin" / "hello"
     )
     # Without naming the tool, it is not on PATH.
     status, frame = last_frame(daemon, rid, {"cmd": ["greet", "world"]})

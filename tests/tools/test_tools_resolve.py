@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest_twisted
-from conftest import (
+from tools_helpers import (
     COMMANDS,
     GOOD,
     TOOL_SCRIPT,
