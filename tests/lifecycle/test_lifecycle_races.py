@@ -14,7 +14,16 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from lifecycle_harness import BASE, build_daemon, pause, spin, spin_until, synchronously
+import pytest
+from lifecycle_harness import (
+    BASE,
+    InProcessDaemon,
+    build_daemon,
+    pause,
+    spin,
+    spin_until,
+    synchronously,
+)
 from lifecycle_variants import NONE_SETTINGS
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
@@ -80,11 +89,15 @@ def test_kill_waits_for_file_calls_in_flight() -> Deferred[None]:
     return synchronously(body)
 
 
-def test_kill_racing_uploads() -> Deferred[None]:
+@pytest.mark.parametrize(
+    "variant", ["none_daemon", pytest.param("kernel_daemon", marks=pytest.mark.kernel)]
+)
+def test_kill_racing_uploads(variant: str, request: pytest.FixtureRequest) -> Deferred[None]:
     """Uploads that create deep directories, then a kill at once: never a leftover."""
+    make_daemon: Callable[[], InProcessDaemon] = request.getfixturevalue(variant)
 
     def body() -> None:
-        daemon = build_daemon(NONE_SETTINGS)
+        daemon = make_daemon()
         answers: dict[int, int] = {}
         try:
             for _ in range(RACES):
