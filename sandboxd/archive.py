@@ -34,8 +34,10 @@ import ctypes.util
 import errno
 import hashlib
 import os
+import re
 import secrets
 import shutil
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -287,6 +289,22 @@ class Archive:
 
 
 SEARCH_PATH = os.defpath + ":/usr/sbin:/sbin"
+MIN_RSYNC = (3, 1, 3)
+SAFE_RSYNC = (3, 4, 0)
+
+
+def rsync_version(rsync: str) -> tuple[int, ...]:
+    """The version of the ``rsync`` program (start-up only: runs it and waits)."""
+    try:
+        shown = subprocess.run(
+            [rsync, "--version"], capture_output=True, timeout=30, check=False
+        ).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ArchiveUnavailable(f"{rsync} does not run: {e}") from None
+    found = re.search(r"version\s+v?(\d+)\.(\d+)\.(\d+)", shown)
+    if found is None:
+        raise ArchiveUnavailable(f"{rsync} --version shows no version")
+    return tuple(int(part) for part in found.groups())
 
 
 def build_archive(
@@ -298,6 +316,18 @@ def build_archive(
     if rsync is None:
         raise ArchiveUnavailable(
             f"rsync not found in {search_path}: install it, or unset SANDBOXD_ARCHIVE_ROOT"
+        )
+    version = rsync_version(rsync)
+    if version < MIN_RSYNC:
+        raise ArchiveUnavailable(
+            f"{rsync} is version {'.'.join(map(str, version))}; the archive needs"
+            f" {'.'.join(map(str, MIN_RSYNC))} or later (--munge-links, nanosecond times)"
+        )
+    if version < SAFE_RSYNC:
+        log.warn(
+            "archive: rsync {version} predates the 3.4.0 fixes of CVE-2024-12084..12088;"
+            " upgrade it",
+            version=".".join(map(str, version)),
         )
     setpriv = shutil.which("setpriv", path=search_path)
     archive = Archive(root, Rsync(reactor, rsync, setpriv), pool)

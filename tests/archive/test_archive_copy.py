@@ -390,3 +390,12 @@ def test_an_uncreatable_archive_root_refuses_to_start(scratch: Path, pool: Any) 
     (scratch / "file").write_bytes(b"")
     with pytest.raises(ArchiveUnavailable, match="SANDBOXD_ARCHIVE_ROOT"):
         build_archive(str(scratch / "file" / "archive"), reactor(), pool)
+
+
+def test_an_rsync_too_old_for_munged_links_refuses_to_start(scratch: Path, pool: Any) -> None:
+    fake = scratch / "bin" / "rsync"
+    fake.parent.mkdir()
+    fake.write_bytes(b"#!/bin/sh\necho 'rsync  version 3.1.2  protocol version 31'\n")
+    fake.chmod(0o755)
+    with pytest.raises(ArchiveUnavailable, match=r"version 3\.1\.2; the archive needs 3\.1\.3"):
+        build_archive(str(scratch / "a"), reactor(), pool, search_path=str(fake.parent))
