@@ -231,6 +231,14 @@ class SandboxManager:
         kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in list(self.sandboxes)]
         await DeferredList(kills, consumeErrors=True)
         log.info("drained: every sandbox is gone")
+        # The drain ends the daemon: its (now empty) instance cgroups go too, or every clean
+        # stop on a new state root would leave one behind in each hierarchy.
+        remove_instance = getattr(self.isolation.cgroups, "remove_instance", None)
+        if remove_instance is not None:
+            try:
+                remove_instance()
+            except OSError as e:
+                log.warn("cannot remove the instance cgroups: {why}", why=e)
 
     def _drain_done(self, result: object) -> None:
         waiters, self._drained = self._drained or [], []

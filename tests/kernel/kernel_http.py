@@ -1,0 +1,382 @@
+"""Helpers of the real-kernel behaviour suite over HTTP (``test_isolation_http_*``).
+
+The suite drives a real ``twistd -n sandboxd`` with real isolation (``--isolation=auto``: the
+cgroup v1 driver on the hybrid hosts, cgroup v2 in the VM of ``tests/vm/run.sh``) as root, over
+real HTTP, and looks at the kernel's own view (``/proc``, ``/sys/fs/cgroup``, the files) to judge
+what the daemon answers. Every daemon gets a uid block of its own (other suites' daemons run
+alongside), and :meth:`KernelDaemon.stop` proves it left nothing behind.
+"""
+
+import base64
+import hashlib
+import http.client
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from attrs import define, field, frozen
+
+from sandboxd.isolation.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
+from sandboxd.isolation.naming import instance_name
+from tests.process.conftest import SHARED_ROOTS, Daemon, start_daemon, stop_daemon
+
+IN_VM = os.environ.get("SANDBOXD_VM") == "1"
+"""Inside the cgroup v2 VM of ``tests/vm/run.sh`` (software emulation: keep counts small)."""
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+UID_BLOCK = 8
+_UID_BASE = 600_000 + random.randrange(3000) * 64
+_blocks = itertools.count()
+
+
+def uid_block() -> tuple[int, int]:
+    """A block of :data:`UID_BLOCK` uids no other daemon of this run (or, most likely, of a
+    concurrent run: the base is random) gets."""
+    k = next(_blocks)
+    assert k < 64 // UID_BLOCK, "more daemons than uid blocks: widen the per-run range"
+    low = _UID_BASE + k * UID_BLOCK
+    return low, low + UID_BLOCK - 1
+
+
+def isolation_problem() -> str | None:
+    """Why ``--isolation=auto`` cannot isolate here (``None``: it can), as the daemon decides:
+    cgroup v2 where the unified hierarchy delegates ``memory cpu pids`` to us, else cgroup v1.
+    """
+    if os.geteuid() != 0:
+        return "real isolation needs root"
+    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    own = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+    why = []
+    for driver in (Cgroup2Driver, Cgroup1Driver):
+        try:
+            found = driver.locate(mounts, own, None, "/x", None, None)  # type: ignore[arg-type]
+        except Exception as e:
+            why.append(str(e))
+            continue
+        problem = found.problem() if isinstance(found, Cgroup2Driver) else None
+        if problem is None:
+            return None
+        why.append(problem)
+    return "no usable cgroup driver: " + "; ".join(why)
+
+
+def expected_driver() -> str:
+    """The driver ``auto`` must pick: v2 in the VM, v1 on the hybrid hosts."""
+    return "cgroup2" if IN_VM else "cgroup1"
+
+
+# --- the kernel's view ---------------------------------------------------------------------
+
+
+def proc_uids(pid: int) -> tuple[int, ...] | None:
+    """Real, effective, saved and filesystem uid of a live (non-zombie) process, else None."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+        return None
+    return tuple(int(u) for u in fields["Uid"].split())
+
+
+def alive(pid: int) -> bool:
+    return proc_uids(pid) is not None
+
+
+def processes_of(uids: Iterable[int]) -> list[int]:
+    """Live processes with any of ``uids`` as real, effective, saved or filesystem uid."""
+    wanted = set(uids)
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ids = proc_uids(int(entry))
+            if ids is not None and wanted & set(ids):
+                found.append(int(entry))
+    return found
+
+
+def wait_for(predicate: Any, timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+
+
+def cgroup_dirs_named(*names: str) -> list[str]:
+    """Directories with any of ``names`` anywhere under /sys/fs/cgroup (every hierarchy)."""
+    wanted = set(names)
+    found = []
+    for top, dirs, _ in os.walk(CGROUP_ROOT):
+        found.extend(os.path.join(top, d) for d in dirs if d in wanted)
+    return found
+
+
+def digest(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def tree_snapshot(top: str | Path) -> dict[str, tuple[int, int, str | None]]:
+    """Every entry below ``top`` (links not followed): mode, owner and content digest."""
+    snapshot: dict[str, tuple[int, int, str | None]] = {}
+    for here, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(here, name)
+            st = os.lstat(path)
+            content = digest(path) if os.path.isfile(path) and not os.path.islink(path) else None
+            snapshot[os.path.relpath(path, top)] = (st.st_mode, st.st_uid, content)
+    return snapshot
+
+
+def scratch_dir(mode: int = 0o755) -> Path:
+    """A root-owned directory sandbox uids can reach, on the state roots' filesystem (under
+    /tmp/sandboxd-tests, beside the daemons' roots); the caller removes it."""
+    SHARED_ROOTS.mkdir(mode=0o711, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="kernel-", dir=SHARED_ROOTS))
+    path.chmod(mode)
+    return path
+
+
+# --- HTTP ----------------------------------------------------------------------------------
+
+
+@frozen
+class Answer:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@frozen
+class Result:
+    """The last frame of an exec stream."""
+
+    exit: int
+    out: bytes
+    err: bytes
+
+    @property
+    def text(self) -> str:
+        return self.out.decode(errors="replace").strip()
+
+
+class Client:
+    """Keep-alive HTTP/1.1 to one daemon, one connection per calling thread."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._local = threading.local()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        timeout: float = 60,
+        headers: Mapping[str, str] | None = None,
+    ) -> Answer:
+        for attempt in range(2):
+            conn = getattr(self._local, "conn", None)
+            if conn is None or conn.timeout != timeout:
+                if conn is not None:
+                    conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+                self._local.conn = conn
+            try:
+                conn.request(method, path, body=body, headers=dict(headers or {}))
+                response = conn.getresponse()
+                return Answer(response.status, response.read())
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                # A kept-alive connection the daemon closed between two calls: once more on a
+                # fresh one (never for a call that could have reached the daemon twice).
+                conn.close()
+                self._local.conn = None
+                if attempt or method == "POST":
+                    raise
+        raise AssertionError("unreachable")
+
+
+def q(path: str) -> str:
+    return urllib.parse.quote(path, safe="")
+
+
+@define
+class KernelDaemon:
+    """A real daemon with real isolation, its uid block, and what the tests made with it."""
+
+    daemon: Daemon
+    uid_min: int
+    uid_max: int
+    client: Client
+    rids: list[str] = field(factory=list)
+
+    @classmethod
+    def start(
+        cls,
+        tmp_path: Path,
+        *args: str,
+        uids: int = UID_BLOCK,
+        env: Mapping[str, str] | None = None,
+    ) -> "KernelDaemon":
+        low, high = uid_block()
+        assert 1 <= uids <= UID_BLOCK
+        daemon = start_daemon(
+            tmp_path,
+            "--isolation=auto",
+            f"--uid-min={low}",
+            f"--uid-max={low + uids - 1}",
+            *args,
+            env=dict(env or {}),
+        )
+        kd = cls(daemon, low, high, Client(daemon.port))
+        try:
+            capabilities = kd.call("GET", "/healthz").json()["capabilities"]
+            assert f"isolation.{expected_driver()}" in capabilities, capabilities
+        except BaseException:
+            stop_daemon(daemon)
+            raise
+        return kd
+
+    @property
+    def root(self) -> Path:
+        return self.daemon.root
+
+    def call(self, method: str, path: str, body: Any = None, timeout: float = 60) -> Answer:
+        data = None if body is None else json.dumps(body).encode()
+        return self.client.request(method, path, data, timeout)
+
+    def healthy(self, timeout: float = 10) -> bool:
+        answer = self.call("GET", "/healthz", timeout=timeout)
+        return answer.status == 200 and answer.json()["status"] == "ok"
+
+    def create(self) -> "Box":
+        answer = self.call("POST", "/sandboxes", {})
+        assert answer.status == 200, answer
+        rid = str(answer.json()["remote_id"])
+        self.rids.append(rid)
+        return Box(self, rid)
+
+    def stop(self) -> None:
+        """SIGTERM (drain), then prove nothing is left: no process of the uid block, no
+        cgroup of this daemon (its instance directory nor any sandbox's), no state root."""
+        instance = instance_name(str(self.root))
+        stop_daemon(self.daemon)
+        # twistd re-raises the SIGTERM it stopped on: -15 is a clean stop.
+        returncode = self.daemon.process.returncode
+        assert returncode in (0, -signal.SIGTERM), (returncode, self.daemon.log.read_text())
+        uids = range(self.uid_min, self.uid_max + 1)
+        assert wait_for(lambda: not processes_of(uids), 10), processes_of(uids)
+        assert cgroup_dirs_named(instance, *self.rids) == []
+        assert not self.root.exists()
+
+
+@define
+class Box:
+    """One sandbox of a :class:`KernelDaemon`."""
+
+    kd: KernelDaemon
+    rid: str
+
+    @property
+    def directory(self) -> Path:
+        return self.kd.root / self.rid
+
+    @property
+    def workspace(self) -> Path:
+        return self.directory / "workspace"
+
+    def url(self, what: str, **params: str) -> str:
+        query = "&".join(f"{k}={q(v)}" for k, v in params.items())
+        return f"/sandboxes/{self.rid}/{what}" + (f"?{query}" if query else "")
+
+    def exec(
+        self,
+        cmd: list[str],
+        timeout: float = 60,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        body: dict[str, Any] = {"cmd": cmd, "timeout": timeout}
+        if env is not None:
+            body["env"] = dict(env)
+        answer = self.kd.call("POST", self.url("exec"), body, timeout=timeout + 30)
+        assert answer.status == 200, answer
+        final = json.loads(answer.body.splitlines()[-1])
+        assert "exit" in final, final
+        return Result(
+            int(final["exit"]), base64.b64decode(final["out"]), base64.b64decode(final["err"])
+        )
+
+    def run(self, script: str, timeout: float = 60) -> Result:
+        """``sh -c script`` in the sandbox."""
+        return self.exec(["sh", "-c", script], timeout=timeout)
+
+    def ok(self, script: str, timeout: float = 60) -> str:
+        """``sh -c script``, which must succeed; its stdout."""
+        result = self.run(script, timeout)
+        assert result.exit == 0, result
+        return result.text
+
+    def uid(self) -> int:
+        return int(self.ok("id -u"))
+
+    def download(self, path: str) -> Answer:
+        return self.kd.call("GET", self.url("file", path=path))
+
+    def upload(self, path: str, data: bytes) -> Answer:
+        return self.kd.client.request("PUT", self.url("file", path=path), data)
+
+    def delete(self, path: str) -> Answer:
+        return self.kd.call("DELETE", self.url("file", path=path))
+
+    def rmdir(self, path: str) -> Answer:
+        return self.kd.call("DELETE", self.url("dir", path=path))
+
+    def mkdir(self, path: str) -> Answer:
+        return self.kd.call("POST", self.url("mkdir"), {"path": path})
+
+    def rename(self, src: str, dst: str) -> Answer:
+        return self.kd.call("POST", self.url("rename"), {"src": src, "dst": dst})
+
+    def exists(self, path: str) -> Answer:
+        return self.kd.call("GET", self.url("exists", path=path))
+
+    def size(self, path: str) -> Answer:
+        return self.kd.call("GET", self.url("size", path=path))
+
+    def walk(self, root: str = "/") -> Answer:
+        return self.kd.call("GET", self.url("walk", root=root))
+
+    def ready(self) -> bool:
+        answer = self.kd.call("GET", self.url("ready"))
+        assert answer.status == 200, answer
+        return bool(answer.json()["ready"])
+
+    def stats(self) -> dict[str, int]:
+        answer = self.kd.call("GET", self.url("stats"))
+        assert answer.status == 200, answer
+        return dict(answer.json())
+
+    def kill(self) -> Answer:
+        return self.kd.call("DELETE", f"/sandboxes/{self.rid}")
+
+
+def remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
