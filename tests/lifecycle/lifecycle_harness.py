@@ -15,6 +15,7 @@ turns a stuck call into a failure.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -234,7 +235,19 @@ class InProcessDaemon:
         return self.finish(self.start_exec(rid, body))
 
     def close(self) -> None:
-        """Stop the pools, close the manager's descriptor, remove cgroup instances and files."""
+        """Stop the pools, close the manager's descriptor, remove cgroup instances and files.
+
+        Whatever a failed example left alive is killed first (best effort): a failing test
+        must not leave processes or cgroups on the host.
+        """
+        for rid in list(self.manager.sandboxes):
+            with contextlib.suppress(Exception):
+                spin(Deferred.fromCoroutine(self.manager.kill(rid)), self.stub, limit=10)
+        cgroups = self.isolation.cgroups
+        for rid in cgroups.leftovers():
+            with contextlib.suppress(Exception):
+                spin(cgroups.kill(rid), self.stub, limit=10)
+                cgroups.remove(rid)
         for pool in self.pools:
             pool.stop()
         if self.manager._devnull >= 0:
