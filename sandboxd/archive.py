@@ -178,6 +178,16 @@ class Archive:
         os.chmod(self.staging, 0o700)
 
     def item(self, item_id: str) -> str:
+        """``{root}/{item_id}``; an item_id that is not one plain component is refused (the API
+        validates first: this is the last line)."""
+        if (
+            not item_id
+            or "/" in item_id
+            or "\0" in item_id
+            or item_id in (".", "..")
+            or item_id.startswith(RESERVED_PREFIX)
+        ):
+            raise ArchiveFailed(f"item_id {item_id!r} cannot name an archive entry")
         return os.path.join(self.root, item_id)
 
     def _names(self, item_id: str) -> tuple[str, str]:
@@ -206,21 +216,22 @@ class Archive:
             if not present:
                 return False
             args = [*COPY, "--munge-links", "--", self.item(item_id) + "/", REMOTE]
-            await self._rsync(self.rsync.with_workspace(end, args), "restore", item_id)
+            await self._rsync(lambda: self.rsync.with_workspace(end, args), "restore", item_id)
             return True
 
     async def _persist(self, item_id: str, end: WorkspaceEnd, delete: bool) -> None:
         async with self._lock(item_id):
+            current = self.item(item_id)
             present = await self._blocking(self._repair, item_id)
             prefix, old = self._names(item_id)
             new = prefix + secrets.token_hex(8)
             await self._blocking(os.mkdir, new, 0o700)
             try:
-                current = self.item(item_id)
                 link = [f"--link-dest={current}"] if present else []
                 if present and not delete:
+                    keep = [*COPY, *link, "--", current + "/", new + "/"]
                     await self._rsync(
-                        self.rsync.local([*COPY, *link, "--", current + "/", new + "/"]),
+                        lambda: self.rsync.local(keep),
                         "persist (keeping the current version)",
                         item_id,
                     )
@@ -228,7 +239,7 @@ class Archive:
                 args = [*COPY, "--munge-links", *link, "--", REMOTE, new + "/"]
                 if delete:
                     args.insert(1, "--delete")
-                await self._rsync(self.rsync.with_workspace(end, args), "persist", item_id)
+                await self._rsync(lambda: self.rsync.with_workspace(end, args), "persist", item_id)
                 await self._blocking(self._install, new, current, old, present)
             except BaseException:
                 await self._blocking(shutil.rmtree, new, True)
@@ -250,9 +261,9 @@ class Archive:
             if not lock.locked and not lock.waiting:
                 self._locks.pop(item_id, None)
 
-    async def _rsync(self, run: Deferred[None], what: str, item_id: str) -> None:
+    async def _rsync(self, run: Callable[[], Deferred[None]], what: str, item_id: str) -> None:
         try:
-            await run
+            await run()
         except RsyncFailed as e:
             log.error("{what} of item {item_id} failed: {e}", what=what, item_id=item_id, e=e)
             raise ArchiveFailed(f"{what} of item {item_id!r} failed: {e}") from None

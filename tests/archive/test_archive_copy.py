@@ -399,3 +399,11 @@ def test_an_rsync_too_old_for_munged_links_refuses_to_start(scratch: Path, pool:
     fake.chmod(0o755)
     with pytest.raises(ArchiveUnavailable, match=r"version 3\.1\.2; the archive needs 3\.1\.3"):
         build_archive(str(scratch / "a"), reactor(), pool, search_path=str(fake.parent))
+
+
+@pytest.mark.parametrize("item_id", ["", ".", "..", "a/b", "../x", "x\0", ".sandboxd-staging"])
+def test_the_archive_itself_refuses_item_ids_that_are_not_one_plain_name(
+    archive: Archive, item_id: str
+) -> None:
+    with pytest.raises(ArchiveFailed):
+        archive.item(item_id)
