@@ -109,19 +109,28 @@ class SoakDaemon:
     def leftover_directories(self) -> list[str]:
         return sorted(n for n in os.listdir(self.root) if is_rid(n))
 
-    def leftover_cgroups(self) -> list[str]:
-        """Sandbox cgroups under this daemon's instance directories, in any hierarchy."""
+    def instance_cgroups(self) -> list[str]:
+        """This daemon's instance directories (``sandboxd-<hash>``), in every hierarchy."""
         if self.isolation == "none":
             return []
         name = instance_name(self.root)
         found = []
         for top, dirs, _ in os.walk(CGROUP_MOUNT):
             if os.path.basename(top) == name:
-                found.extend(os.path.join(top, d) for d in dirs if is_rid(d))
+                found.append(top)
                 dirs[:] = []
             elif top.count("/") > 8:
                 dirs[:] = []
         return sorted(found)
+
+    def leftover_cgroups(self) -> list[str]:
+        """Sandbox cgroups under this daemon's instance directories, in any hierarchy."""
+        return sorted(
+            os.path.join(top, d)
+            for top in self.instance_cgroups()
+            for d in os.listdir(top)
+            if is_rid(d) and os.path.isdir(os.path.join(top, d))
+        )
 
     def stop(self) -> str:
         """SIGTERM (drain), else SIGKILL; the log's text."""
