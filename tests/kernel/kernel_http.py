@@ -35,6 +35,9 @@ from tests.process.conftest import SHARED_ROOTS, Daemon, start_daemon, stop_daem
 IN_VM = os.environ.get("SANDBOXD_VM") == "1"
 """Inside the cgroup v2 VM of ``tests/vm/run.sh`` (software emulation: keep counts small)."""
 
+SLOW = 5.0 if IN_VM else 1.0
+"""Factor for the deadlines of things that merely take time (never for a limit's figure)."""
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 UID_BLOCK = 8
@@ -263,7 +266,7 @@ class KernelDaemon:
         data = None if body is None else json.dumps(body).encode()
         return self.client.request(method, path, data, timeout)
 
-    def healthy(self, timeout: float = 10) -> bool:
+    def healthy(self, timeout: float = 10 * SLOW) -> bool:
         answer = self.call("GET", "/healthz", timeout=timeout)
         return answer.status == 200 and answer.json()["status"] == "ok"
 
@@ -283,7 +286,7 @@ class KernelDaemon:
         returncode = self.daemon.process.returncode
         assert returncode in (0, -signal.SIGTERM), (returncode, self.daemon.log.read_text())
         uids = range(self.uid_min, self.uid_max + 1)
-        assert wait_for(lambda: not processes_of(uids), 10), processes_of(uids)
+        assert wait_for(lambda: not processes_of(uids), 10 * SLOW), processes_of(uids)
         assert cgroup_dirs_named(instance, *self.rids) == []
         assert not self.root.exists()
 

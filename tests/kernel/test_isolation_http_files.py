@@ -21,6 +21,7 @@ import pytest
 
 from tests.kernel.kernel_http import (
     IN_VM,
+    SLOW,
     Answer,
     Box,
     KernelDaemon,
@@ -295,7 +296,7 @@ def test_a_component_swapped_for_a_symlink_in_a_tight_loop_never_escapes(
     swapper = threading.Thread(target=swap)
     swapper.start()
     # Swapping has begun once "d" has been seen as a link.
-    assert wait_for(lambda: (a.workspace / "d").is_symlink() or not swapper.is_alive(), 60)
+    assert wait_for(lambda: (a.workspace / "d").is_symlink() or not swapper.is_alive(), 60 * SLOW)
 
     rng = random.Random(4)
     plan = [rng.choice("GGGGPPPPSEMW") for _ in range(RACE_REQUESTS)]

@@ -16,6 +16,7 @@ import pytest
 
 from tests.kernel.conftest import TIGHT_CPU, TIGHT_MEMORY, TIGHT_PIDS
 from tests.kernel.kernel_http import (
+    SLOW,
     Box,
     KernelDaemon,
     Result,
@@ -52,7 +53,7 @@ import sys, time
 wall0, cpu0 = time.monotonic(), time.process_time()
 while time.monotonic() - wall0 < float(sys.argv[1]):
     pass
-print(time.process_time() - cpu0, time.monotonic() - wall0)
+print(time.process_time() - cpu0, wall0, time.monotonic())
 """
 
 
@@ -97,12 +98,12 @@ def test_a_fork_bomb_stops_at_pids_max_and_the_daemon_keeps_answering(
             peak = max(peak, seen, len(processes_of([uid])))
             assert seen <= TIGHT_PIDS
             started = time.monotonic()
-            assert tight.healthy(timeout=10)
-            assert other.ok("echo other", timeout=10) == "other"
-            assert time.monotonic() - started < 10
+            assert tight.healthy()
+            assert other.ok("echo other", timeout=10 * SLOW) == "other"
+            assert time.monotonic() - started < 10 * SLOW
             answered += 1
     finally:
-        attacker.join(60)
+        attacker.join(60 * SLOW)
     assert not attacker.is_alive()
     result = results[0]
     assert isinstance(result, Result) and result.exit == 0, result
@@ -112,7 +113,7 @@ def test_a_fork_bomb_stops_at_pids_max_and_the_daemon_keeps_answering(
     assert answered >= 2, "the daemon answered while the bomb ran"
     # The bomb filled the sandbox up to its limit, and no further.
     assert TIGHT_PIDS * 3 // 4 <= peak <= TIGHT_PIDS, peak
-    assert wait_for(lambda: bomb.stats()["pids"] == 0, 15), bomb.stats()
+    assert wait_for(lambda: bomb.stats()["pids"] == 0, 15 * SLOW), bomb.stats()
     assert bomb.ok("echo again") == "again"
     bomb.kill()
     other.kill()
@@ -127,10 +128,12 @@ def hog_ratio(hog: Box, seconds: float) -> tuple[float, float, float]:
         timeout=90,
     )
     assert result.exit == 0, result
-    runs = [tuple(float(x) for x in line.split()) for line in result.text.splitlines()]
+    runs = [[float(x) for x in line.split()] for line in result.text.splitlines()]
     assert len(runs) == 2, result
-    cpu = sum(c for c, _ in runs)
-    wall = max(w for _, w in runs)
+    # Over the window from the first start to the last end (the system-wide monotonic clock):
+    # the two need not start together (each first starts Python, inside the same limit).
+    cpu = sum(c for c, _, _ in runs)
+    wall = max(end for _, _, end in runs) - min(start for _, start, _ in runs)
     return cpu, wall, cpu / wall
 
 

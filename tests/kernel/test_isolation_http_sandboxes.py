@@ -16,6 +16,7 @@ import pytest
 
 from tests.kernel.conftest import CANARY_NAME, CANARY_VALUE, OTHER_CANARY_NAME
 from tests.kernel.kernel_http import (
+    SLOW,
     Box,
     KernelDaemon,
     Result,
@@ -55,7 +56,7 @@ DOUBLE_FORK = "import os, time; os.fork() or os.setsid(); os.fork() or time.slee
 def background_sleeper(box: Box, seconds: int = 300) -> int:
     """Start ``sleep`` in the sandbox, outliving its exec; its pid."""
     pid = int(box.ok(f"sleep {seconds} </dev/null >/dev/null 2>&1 & echo $!"))
-    assert wait_for(lambda: proc_uids(pid) is not None, 5)
+    assert wait_for(lambda: proc_uids(pid) is not None, 5 * SLOW)
     return pid
 
 
@@ -132,7 +133,7 @@ def test_a_sandbox_cannot_signal_or_ptrace_another(roomy: KernelDaemon) -> None:
     assert alive(pid)
     a.kill()
     b.kill()
-    assert wait_for(lambda: not alive(pid), 5)
+    assert wait_for(lambda: not alive(pid), 5 * SLOW)
 
 
 def test_a_sandbox_cannot_forge_or_remove_its_ready_marker(roomy: KernelDaemon) -> None:
@@ -216,14 +217,14 @@ def test_kill_and_stop_leave_no_process_cgroup_directory_or_uid(tmp_path: Path) 
 
         streamer = threading.Thread(target=stream)
         streamer.start()
-        assert wait_for(lambda: len(processes_of([uid])) >= 8, 10), processes_of([uid])
+        assert wait_for(lambda: len(processes_of([uid])) >= 8, 10 * SLOW), processes_of([uid])
         pids = processes_of([uid])
         assert kd.call("DELETE", f"/sandboxes/{box.rid}").status == 204
-        streamer.join(30)
+        streamer.join(30 * SLOW)
         assert not streamer.is_alive()
         assert isinstance(streaming[0], Result) and streaming[0].exit == 137, streaming
 
-        assert wait_for(lambda: not processes_of([uid]), 5), processes_of([uid])
+        assert wait_for(lambda: not processes_of([uid]), 5 * SLOW), processes_of([uid])
         assert not any(alive(pid) for pid in pids)
         assert cgroup_dirs_named(box.rid) == []
         assert not box.directory.exists()
@@ -238,7 +239,7 @@ def test_kill_and_stop_leave_no_process_cgroup_directory_or_uid(tmp_path: Path) 
         assert again.ok("ls -A; ls -A $HOME $TMPDIR") == f"{home}:\n\n{tmp}:"
         # Stopping the daemon with a live sandbox holding a setsid double-fork.
         assert again.ok("setsid sh -c 'sleep 305 &' </dev/null >/dev/null 2>&1; echo ok") == "ok"
-        assert wait_for(lambda: len(processes_of([uid])) >= 1, 5)
+        assert wait_for(lambda: len(processes_of([uid])) >= 1, 5 * SLOW)
     finally:
         kd.stop()  # asserts: no process of the uid, no cgroup of the daemon, no state root
 
