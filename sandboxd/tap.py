@@ -114,10 +114,11 @@ def read_token(path: str | None, euid: int | None = None) -> bytes | None:
     euid = os.geteuid() if euid is None else euid
     owner = "root" if euid == 0 else f"the daemon's user (uid {euid})"
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory
+        os.close(fd)
+        raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is not a regular file")
         if st.st_uid != euid:
             raise ConfigError(
                 f"SANDBOXD_TOKEN_FILE: {path} is owned by uid {st.st_uid}, not by {owner}"

@@ -57,3 +57,29 @@ def harness(settings: dict[str, str], token: bytes | None) -> Iterator[Harness]:
     api = SandboxAPI(manager, token=token, pod_url=config.pod_url)
     yield Harness(config, clock, manager, api, StubTreq(api.app.resource()), token)
     os.close(manager._devnull)
+
+
+def _cache_pytests_twisted_version_lookup() -> None:
+    """``treq.testing`` imports ``twisted.trial.unittest``; from then on pytest (9.x) asks
+    ``importlib.metadata`` for Twisted's version before *every* test, which costs more than
+    most of these tests. The installed version cannot change during a run: ask once."""
+    import functools
+    import sys
+
+    from _pytest import unittest as pytest_unittest
+
+    original = getattr(pytest_unittest, "_get_twisted_version", None)
+    if original is None or hasattr(original, "cache_info"):
+        return
+    cached = functools.cache(original)
+
+    def lookup() -> Any:
+        if "twisted.trial.unittest" not in sys.modules:
+            return original()
+        return cached()
+
+    lookup.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    pytest_unittest._get_twisted_version = lookup
+
+
+_cache_pytests_twisted_version_lookup()

@@ -7,6 +7,8 @@ import os
 import pytest
 from http_harness import Harness
 
+from sandboxd.api import check_item_id
+from sandboxd.errors import BadRequest
 from sandboxd.layout import RID_PATTERN
 from sandboxd.manager import SandboxManager
 
@@ -189,3 +191,31 @@ def test_an_unexpected_failure_is_a_500_json_body(
     reply = harness.call("GET", f"/sandboxes/{rid}/ready")
     assert reply.status == 500
     assert reply.json() == {"error": "InternalError", "detail": "disk on fire"}
+
+
+@pytest.mark.parametrize(
+    ("route", "raw"),
+    [
+        ("/sandboxes", b'{"env": {"A": "\\ud800"}}'),
+        ("/sandboxes/{rid}/exec", b'{"cmd": ["echo", "\\udfff"]}'),
+        ("/sandboxes/{rid}/mkdir", b'{"path": "a\\ud800"}'),
+        ("/sandboxes/{rid}/rename", b'{"src": "a", "dst": "\\ud800"}'),
+    ],
+)
+def test_lone_surrogates_in_json_are_400(harness: Harness, route: str, raw: bytes) -> None:
+    rid = harness.create()
+    reply = harness.call("POST", route.format(rid=rid), data=raw)
+    assert reply.error() == (400, "BadRequest")
+    assert "surrogate" in reply.json()["detail"]
+
+
+def test_item_ids_reserved_for_the_archive_are_400(harness: Harness) -> None:
+    reply = harness.call("POST", "/sandboxes", json_body={"item_id": ".sandboxd-staging"})
+    assert reply.error() == (400, "BadRequest")
+
+
+def test_check_item_id() -> None:
+    assert check_item_id(None) is None
+    assert check_item_id("item-1") == "item-1"
+    with pytest.raises(BadRequest, match="not valid Unicode"):
+        check_item_id("a\ud800")

@@ -176,3 +176,60 @@ class TestToken:
         rid = harness.create()
         reply = harness.call("GET", f"/sandboxes/{rid}/ready")
         assert reply.status == 200
+
+
+def test_readyz_is_503_while_recovering(harness: Harness) -> None:
+    harness.manager.recovering = True
+    reply = harness.call("GET", "/readyz")
+    assert reply.status == 503
+    assert reply.json()["ready"] is False
+
+
+def test_metrics_are_prometheus_text(harness: Harness) -> None:
+    harness.create()
+    reply = harness.call("GET", "/metrics")
+    assert reply.status == 200
+    assert (reply.header("content-type") or "").startswith("text/plain")
+    assert b"sandboxd_sandboxes 1.0" in reply.body
+    assert "metrics" in harness.call("GET", "/healthz").json()["capabilities"]
+
+
+class FakeTools:
+    def __init__(self) -> None:
+        self.asked: list[dict[str, str]] = []
+
+    async def resolve(self, wanted: dict[str, str]) -> dict[str, object]:
+        self.asked.append(wanted)
+        return {
+            "tools": {"jq": {"sha": "ab" * 32, "version": "1", "stale": False, "commands": []}},
+            "refused": {},
+        }
+
+
+def test_tools_resolve_answers_per_tool(harness: Harness) -> None:
+    tools = FakeTools()
+    harness.api.tools = tools  # type: ignore[assignment]
+    reply = harness.call(
+        "POST", "/tools/resolve", json_body={"tools": {"jq": "https://tools.test/jq.json"}}
+    )
+    assert reply.status == 200
+    assert reply.json()["tools"]["jq"]["sha"] == "ab" * 32
+    assert tools.asked == [{"jq": "https://tools.test/jq.json"}]
+
+
+def test_tools_resolve_without_a_resolver_refuses_each_tool(harness: Harness) -> None:
+    harness.api.tools = None
+    reply = harness.call("POST", "/tools/resolve", json_body={"tools": {"a": "u", "b": "v"}})
+    assert reply.status == 200
+    body = reply.json()
+    assert body["tools"] == {}
+    assert set(body["refused"]) == {"a", "b"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"tools": ["a"]}, {"tools": "a"}, {"tools": {f"t{i}": "u" for i in range(65)}}],
+)
+def test_tools_resolve_bad_bodies(harness: Harness, body: object) -> None:
+    reply = harness.call("POST", "/tools/resolve", json_body=body)
+    assert reply.error() == (400, "BadRequest")

@@ -6,12 +6,20 @@ import os
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from unit_fakes import FakeCgroups, FakeReactor, SyncFiles, SyncPool, fake_isolation
+from unit_fakes import (
+    FakeCgroups,
+    FakeReactor,
+    InstanceCgroups,
+    SyncFiles,
+    SyncPool,
+    fake_isolation,
+)
 
 from sandboxd.config import Config
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
@@ -515,3 +523,15 @@ def test_stats_and_listing(world: World) -> None:
             "execs": 0,
         }
     ]
+
+
+@pytest.mark.parametrize("error", [None, OSError("busy")])
+def test_a_drain_removes_the_instance_cgroups(tmp_path: Path, error: OSError | None) -> None:
+    isolation = attrs.evolve(fake_isolation(), cgroups=InstanceCgroups(error))
+    w = World(tmp_path, isolation=isolation)
+    w.start()
+    w.manager.create()
+    fired(w.manager.drain())
+    assert w.cgroups.instance_removed == 1  # type: ignore[attr-defined]
+    assert w.manager.sandboxes == {}
+    w.close()

@@ -140,6 +140,20 @@ class FakeCgroups:
         return list(self.leftover)
 
 
+class InstanceCgroups(FakeCgroups):
+    """A driver that also owns cgroups of its own instance, removed after a drain."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        super().__init__()
+        self.instance_error = error
+        self.instance_removed = 0
+
+    def remove_instance(self) -> None:
+        self.instance_removed += 1
+        if self.instance_error is not None:
+            raise self.instance_error
+
+
 def wrap(identity: Identity, procs_files: Sequence[str], argv: Sequence[str]) -> list[str]:
     """A recognisable wrapper: what the isolation would put before the command."""
     return ["wrapper", str(identity.uid), *procs_files, "--", *argv]

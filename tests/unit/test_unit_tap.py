@@ -1,0 +1,336 @@
+"""``twistd sandboxd`` (``sandboxd.tap``): options, the service tree, start-up refusals.
+
+The service tree is built with ``isolation=none`` listening on ``tcp:0`` on loopback, started
+and stopped with the real reactor, and asked ``/healthz`` over real TCP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.application.internet import StreamServerEndpointService, TimerService
+from twisted.application.service import Application, IServiceCollection
+from twisted.internet.defer import fail
+from twisted.logger import ILogObserver
+from unit_fakes import fake_isolation
+
+from sandboxd import tap
+from sandboxd.config import ConfigError, option_table
+from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.manager import SandboxManager
+
+
+@pytest.fixture(autouse=True)
+def no_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+
+
+@pytest.fixture
+def environ(tmp_path: Path) -> dict[str, str]:
+    return {
+        "SANDBOXD_ISOLATION": "none",
+        "SANDBOXD_LISTEN": "tcp:0:interface=127.0.0.1",
+        "SANDBOXD_ROOT": str(tmp_path / "root"),
+        "SANDBOXD_TOOLS_DIR": str(tmp_path / "tools"),
+        "SANDBOXD_UID_MIN": "1000",
+        "SANDBOXD_UID_MAX": "1003",
+    }
+
+
+def options(*argv: str) -> tap.Options:
+    parsed = tap.Options()
+    parsed.parseOptions(list(argv))
+    return parsed
+
+
+def build(environ: dict[str, str], *argv: str) -> tap.SandboxdService:
+    from twisted.internet import reactor
+
+    service = tap.makeService(options(*argv), reactor, environ)
+    assert isinstance(service, tap.SandboxdService)
+    return service
+
+
+def listener(service: tap.SandboxdService) -> StreamServerEndpointService:
+    (found,) = [s for s in service if isinstance(s, StreamServerEndpointService)]
+    return found
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_bytes(b"  t0ken-value \n")
+    path.chmod(0o600)
+    return path
+
+
+# Options
+
+
+def test_options_document_every_setting() -> None:
+    usage = str(tap.Options())
+    assert usage.startswith("Usage: twistd [twistd options] sandboxd [options]")
+    for row in option_table():
+        assert f"--{row[0]}" in usage
+
+
+def test_options_parse() -> None:
+    parsed = options("--max-output", "1K", "--isolation=none")
+    assert parsed["max-output"] == "1K"
+    assert parsed["isolation"] == "none"
+    assert parsed["listen"] is None
+
+
+def test_reap_interval() -> None:
+    assert tap.reap_interval(1) == 1.0
+    assert tap.reap_interval(20) == 5.0
+    assert tap.reap_interval(3600) == 60.0
+
+
+# The service tree
+
+
+def test_make_service_builds_the_tree(environ: dict[str, str]) -> None:
+    service = build(environ, "--max-output", "1K")
+    assert service.manager.config.max_output == 1024
+    assert service.manager.isolation.name == "none"
+    assert service.manager.layout.root == os.path.realpath(environ["SANDBOXD_ROOT"])
+    assert os.path.isdir(environ["SANDBOXD_ROOT"])
+    kinds = {type(child) for child in service}
+    assert kinds == {TimerService, StreamServerEndpointService}
+    assert service.log_observer is None
+
+
+def test_option_beats_environment(environ: dict[str, str]) -> None:
+    environ["SANDBOXD_MAX_OUTPUT"] = "2K"
+    assert build(environ, "--max-output", "1K").manager.config.max_output == 1024
+    other = {**environ, "SANDBOXD_ROOT": environ["SANDBOXD_ROOT"] + "-2"}
+    assert build(other).manager.config.max_output == 2048
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_daemon_starts_serves_and_stops(environ: dict[str, str]) -> None:
+    service = build(environ)
+    service.startService()
+    try:
+        port = await listener(service)._waitingForPort  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{port.getHost().port}"
+        response = await treq.get(url + "/healthz")
+        body = json.loads(await response.content())
+        assert body["status"] == "ok"
+        assert "isolation.none" in body["capabilities"]
+        created = await treq.post(url + "/sandboxes", data=b"{}")
+        assert created.code == 200
+        assert len(service.manager.sandboxes) == 1
+    finally:
+        await service.stopService()
+    assert service.manager.draining
+    assert service.manager.sandboxes == {}
+    assert all(not pool.started for pool in service.pools)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_configured_token_guards_the_api(environ: dict[str, str], token_file: Path) -> None:
+    environ["SANDBOXD_TOKEN_FILE"] = str(token_file)
+    service = build(environ)
+    service.startService()
+    try:
+        port = await listener(service)._waitingForPort  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{port.getHost().port}"
+        refused = await treq.get(url + "/sandboxes")
+        assert refused.code == 401
+        await refused.content()
+        allowed = await treq.get(
+            url + "/sandboxes", headers={"Authorization": "Bearer t0ken-value"}
+        )
+        assert allowed.code == 200
+        await allowed.content()
+    finally:
+        await service.stopService()
+
+
+def test_a_failed_recovery_is_logged_not_raised(
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = build(environ)
+    monkeypatch.setattr(SandboxManager, "start", lambda self: fail(OSError("recovery broke")))
+    monkeypatch.setattr(tap.notify, "ready_when_listening", lambda service: None)
+    monkeypatch.setattr(tap.MultiService, "startService", lambda self: None)
+    service.startService()
+    for pool in service.pools:
+        pool.stop()
+
+
+def test_drain_and_exit_stops_the_reactor_once_drained(environ: dict[str, str]) -> None:
+    service = build(environ)
+
+    class Reactor:
+        stopped = 0
+
+        def stop(self) -> None:
+            self.stopped += 1
+
+    service.reactor = Reactor()
+    service.drain_and_exit()
+    assert service.manager.draining
+    assert service.reactor.stopped == 1
+
+
+def test_json_logs_go_to_the_application(environ: dict[str, str]) -> None:
+    environ["SANDBOXD_LOG_FORMAT"] = "json"
+    service = build(environ)
+    assert service.log_observer is not None
+    application = Application("sandboxd")
+    service.setServiceParent(application)
+    assert application.getComponent(ILogObserver) is service.log_observer
+    assert service in list(IServiceCollection(application))
+
+
+def test_text_logs_leave_the_application_alone(environ: dict[str, str]) -> None:
+    service = build(environ)
+    application = Application("sandboxd")
+    service.setServiceParent(application)
+    assert application.getComponent(ILogObserver) is None
+
+
+def test_with_an_archive(environ: dict[str, str], tmp_path: Path) -> None:
+    environ["SANDBOXD_ARCHIVE_ROOT"] = str(tmp_path / "archive")
+    service = build(environ)
+    assert service.manager.archive is not None
+
+
+def test_another_isolation_is_reported_by_name(
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tap, "build_isolation", lambda config, reactor, pool: fake_isolation())
+    assert build(environ).manager.isolation.name == "fake"
+
+
+# Start-up refusals: one line naming the step and the cause
+
+
+def refused(environ: dict[str, str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as caught:
+        build(environ, *argv)
+    message = str(caught.value)
+    assert message.startswith("sandboxd: start-up failed at ")
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SANDBOXD_MAX_OUTPUT", "lots"),
+        ("SANDBOXD_UID_MIN", "x"),
+        ("SANDBOXD_EXEC_TIMEOUT", "forever"),
+        ("SANDBOXD_ISOLATION", "docker"),
+        ("SANDBOXD_LISTEN", " "),
+    ],
+)
+def test_a_bad_value_stops_start_up_naming_the_variable(
+    environ: dict[str, str], variable: str, value: str
+) -> None:
+    environ[variable] = value
+    message = refused(environ)
+    assert message.startswith("sandboxd: start-up failed at configuration: " + variable + ":")
+
+
+def test_a_bad_option_stops_start_up_naming_the_variable(environ: dict[str, str]) -> None:
+    message = refused(environ, "--keepalive", "often")
+    assert "SANDBOXD_KEEPALIVE" in message
+
+
+def test_unavailable_isolation_stops_start_up(
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable(config: Any, reactor: Any, pool: Any) -> Any:
+        raise IsolationUnavailable("no cgroup controllers delegated")
+
+    monkeypatch.setattr(tap, "build_isolation", unavailable)
+    assert refused(environ) == (
+        "sandboxd: start-up failed at isolation: no cgroup controllers delegated"
+    )
+
+
+def test_a_missing_token_file_stops_start_up(environ: dict[str, str], tmp_path: Path) -> None:
+    environ["SANDBOXD_TOKEN_FILE"] = str(tmp_path / "missing-token")
+    assert "at token:" in refused(environ)
+
+
+def test_a_bad_token_file_stops_start_up(environ: dict[str, str], token_file: Path) -> None:
+    token_file.chmod(0o644)
+    environ["SANDBOXD_TOKEN_FILE"] = str(token_file)
+    message = refused(environ)
+    assert "at token: SANDBOXD_TOKEN_FILE:" in message
+
+
+def test_an_unusable_state_root_stops_start_up(environ: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    environ["SANDBOXD_ROOT"] = str(tmp_path / "file" / "root")
+    assert "at state root:" in refused(environ)
+
+
+def test_two_daemons_never_share_a_root(environ: dict[str, str]) -> None:
+    build(environ)
+    assert "at state root: another sandboxd" in refused(environ)
+
+
+def test_an_unusable_archive_stops_start_up(environ: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    environ["SANDBOXD_ARCHIVE_ROOT"] = str(tmp_path / "file" / "archive")
+    assert "at archive:" in refused(environ)
+
+
+# The token file
+
+
+def test_read_token(token_file: Path) -> None:
+    assert tap.read_token(None) is None
+    assert tap.read_token(str(token_file)) == b"t0ken-value"
+
+
+@pytest.mark.parametrize(
+    ("prepare", "match"),
+    [
+        (lambda p: p.chmod(0o640), "mode 0640"),
+        (lambda p: p.chmod(0o604), "mode 0604"),
+        (lambda p: p.write_bytes(b" \n"), "is empty"),
+    ],
+)
+def test_read_token_refusals(token_file: Path, prepare: Any, match: str) -> None:
+    prepare(token_file)
+    with pytest.raises(ConfigError, match=match):
+        tap.read_token(str(token_file))
+
+
+def test_read_token_must_be_a_regular_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a regular file"):
+        tap.read_token(str(tmp_path))
+
+
+@pytest.mark.parametrize("euid", [0, 4242])
+def test_read_token_must_be_owned_by_the_daemon(token_file: Path, euid: int) -> None:
+    if os.stat(token_file).st_uid == euid:
+        euid += 1
+    with pytest.raises(ConfigError, match="is owned by uid"):
+        tap.read_token(str(token_file), euid=euid)
+
+
+def test_read_token_never_blocks_on_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        tap.read_token(str(fifo))
+
+
+def test_defaults_are_the_global_reactor_and_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOXD_PIDS_MAX", "many")
+    with pytest.raises(SystemExit, match="SANDBOXD_PIDS_MAX"):
+        tap.makeService(options())
