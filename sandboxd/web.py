@@ -75,7 +75,15 @@ class Channel(HTTPChannel):
     a dropped connection for a dead replica: ``SandboxNotFound``)."""
 
     def lineLengthExceeded(self, line: bytes) -> None:
-        body = error_body(f"a request or header line is over {self.MAX_LENGTH} bytes")
+        self._refuse(f"a request or header line is over {self.MAX_LENGTH} bytes")
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        """twisted.web's answer to a malformed request (bad request line, headers too many
+        or too large, bad length or chunking): the same, with a JSON body."""
+        self._refuse("malformed HTTP request")
+
+    def _refuse(self, detail: str) -> None:
+        body = error_body(detail)
         assert self.transport is not None
         self.transport.write(
             b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"

@@ -404,6 +404,45 @@ def test_a_create_env_and_an_exec_env_together_over_the_limit_are_400(daemon: An
     assert in_flight(daemon) == 0
 
 
+# Malformed HTTP
+
+
+def raw_exchange(daemon: Any, data: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=60) as s:
+        s.sendall(data)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+MALFORMED_HTTP = [
+    b"GARBAGE\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+    + b"".join(b"X-%d: v\r\n" % i for i in range(600))
+    + b"\r\n",  # too many headers
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"y" * 20000 + b"\r\n\r\n",
+    b"GET /healthz?" + b"q" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
+    b"POST /sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n{}",
+    b"POST /sandboxes HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n",
+]
+
+
+@pytest.mark.parametrize("data", MALFORMED_HTTP, ids=range(len(MALFORMED_HTTP)))
+def test_malformed_http_is_a_json_400_and_changes_nothing(daemon: Any, data: bytes) -> None:
+    """Answered, in the error model, before the connection closes: a silently dropped
+    connection would make a client take this replica for dead (``SandboxNotFound``)."""
+    before = snapshot(daemon, None)
+    head, _, body = raw_exchange(daemon, data).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), head
+    assert b"content-type: application/json" in head.lower(), head
+    assert json.loads(body)["error"] == "BadRequest"
+    assert snapshot(daemon, None) == before
+
+
 # Bodies over the limit
 
 
