@@ -168,6 +168,8 @@ class SandboxAPI:
     @app.handle_errors(APIError)
     def api_error(self, request: IRequest, failure: Failure) -> bytes:
         error = cast(APIError, failure.value)
+        if isinstance(error, Unauthorized):
+            request.setHeader(b"www-authenticate", b'Bearer realm="sandboxd"')  # RFC 9110
         body = {"error": error.wire_type, "detail": error.detail}
         return json_response(request, body, error.status)
 
@@ -338,7 +340,12 @@ class SandboxAPI:
         try:
             request.setHeader(b"content-type", b"application/octet-stream")
             request.setHeader(b"content-length", str(length).encode())
-            await FileSender().beginFileTransfer(source, request)
+            bounded = BoundedReader(source, length)
+            await FileSender().beginFileTransfer(bounded, request)
+            if bounded.remaining:
+                # The file shrank while it was sent: the promised length cannot be met, so
+                # the connection ends (a truncated answer for the client, never a hang).
+                request.loseConnection()  # type: ignore[attr-defined]
         finally:
             source.close()
 
@@ -452,6 +459,21 @@ class SandboxAPI:
 
     def resource(self) -> Any:
         return self.app.resource()
+
+
+class BoundedReader:
+    """Reads at most ``remaining`` bytes of ``source``: a download sends exactly the
+    ``Content-Length`` it announced, even when the sandbox appends to the file meanwhile
+    (more bytes would be taken for the next answer on a kept-alive connection)."""
+
+    def __init__(self, source: Any, remaining: int) -> None:
+        self.source = source
+        self.remaining = remaining
+
+    def read(self, size: int) -> bytes:
+        data = self.source.read(min(size, self.remaining)) if self.remaining > 0 else b""
+        self.remaining -= len(data)
+        return bytes(data)
 
 
 def check_item_id(item_id: object) -> str | None:

@@ -115,11 +115,17 @@ def resolve(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def check(reply: Reply, method: str, path: str) -> None:
-    """The reply's status is documented for the operation, its media type is the documented
-    one, and a JSON body validates against the documented schema."""
+    """The reply's status is documented for the operation, so are its headers, its media type
+    is the documented one, and a JSON body validates against the documented schema."""
     responses = operation(method, path)["responses"]
     assert str(reply.status) in responses, (method, path, reply)
     documented = resolve(responses[str(reply.status)])
+    for name, header in documented.get("headers", {}).items():
+        value = reply.headers.get(name)
+        if header.get("required"):
+            assert value is not None, (name, reply)
+        if value is not None:
+            validate(value, header["schema"])
     content = documented.get("content")
     if not content:
         assert reply.body == b"", reply

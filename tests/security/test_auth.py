@@ -233,6 +233,7 @@ def test_every_route_but_health_needs_the_token(
         else:
             assert reply.status == 401, (headers, reply)
             assert reply.error() == "Unauthorized"
+            assert reply.headers["WWW-Authenticate"] == 'Bearer realm="sandboxd"'
             assert token not in reply.body.decode(errors="replace")
     reply = call(authed, method, target + ("&" if "?" in target else "?") + f"token={token}")
     assert reply.status in ((200, 503) if (method, path) in PUBLIC else (401,)), reply
