@@ -19,6 +19,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.test.requesthelper import DummyChannel
 
+from sandboxd.manager import SandboxManager
 from sandboxd.web import LimitedRequest, Utf8URLs, _Discard, make_site
 
 LIMIT = 64
@@ -80,7 +81,8 @@ async def send(port: int, raw: bytes) -> Answer:
 
     protocol = Collect(raw)
     await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), protocol)
-    return Answer(await protocol.done)
+    # A hang guard (a server that never closes), not a timing assertion.
+    return Answer(await protocol.done.addTimeout(60, reactor))
 
 
 def put(rid: str, body: bytes, path: str = "f") -> bytes:
@@ -157,6 +159,21 @@ async def test_an_overlong_header_line_gets_a_json_400(site_port: int) -> None:
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_overlong_request_line_gets_a_json_400(site_port: int) -> None:
+    answer = await send(site_port, b"GET /" + b"a" * 70000)
+    assert answer.status == 400
+    assert answer.json()["error"] == "BadRequest"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_malformed_request_gets_a_json_400(site_port: int) -> None:
+    raw = b"PUT /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: many\r\n\r\n"
+    answer = await send(site_port, raw)
+    assert answer.status == 400
+    assert answer.json()["error"] == "BadRequest"
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_url_that_is_not_utf8_gets_a_json_400(site_port: int) -> None:
     raw = b"GET /sandboxes/%ff%fe/ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     answer = await send(site_port, raw)
@@ -170,6 +187,61 @@ async def test_a_utf8_url_reaches_the_api(site_port: int) -> None:
     answer = await send(site_port, raw)
     assert answer.status == 404
     assert answer.json()["error"] == "SandboxNotFound"
+
+
+def open_then(change: Any) -> Any:
+    """``SandboxManager.open_for_reading`` that changes the file right after opening it."""
+    original = SandboxManager.open_for_reading
+
+    def opened(self: SandboxManager, sandbox: Any, parts: Any) -> Any:
+        def changed(result: Any) -> Any:
+            change(os.path.join(self.layout.workspace(sandbox.rid), *parts))
+            return result
+
+        return original(self, sandbox, parts).addCallback(changed)
+
+    return opened
+
+
+def get_file(rid: str, path: str, close: bool) -> bytes:
+    connection = "Connection: close\r\n" if close else ""
+    return f"GET /sandboxes/{rid}/file?path={path} HTTP/1.1\r\nHost: x\r\n{connection}\r\n".encode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_download_sends_its_content_length_while_the_file_grows(
+    harness: Harness, site_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rid = harness.create()
+    with open(os.path.join(harness.workspace(rid), "log"), "wb") as f:
+        f.write(b"a" * 100_000)
+
+    def grow(path: str) -> None:
+        with open(path, "ab") as f:
+            f.write(b"b" * 50_000)
+
+    monkeypatch.setattr(SandboxManager, "open_for_reading", open_then(grow))
+    answer = await send(site_port, get_file(rid, "log", close=True))
+    assert answer.status == 200
+    assert answer.headers["content-length"] == "100000"
+    assert answer.body == b"a" * 100_000  # nothing after: the connection stays in step
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_download_of_a_file_that_shrinks_ends_the_connection(
+    harness: Harness, site_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rid = harness.create()
+    with open(os.path.join(harness.workspace(rid), "log"), "wb") as f:
+        f.write(b"a" * 100_000)
+    monkeypatch.setattr(
+        SandboxManager, "open_for_reading", open_then(lambda path: os.truncate(path, 10_000))
+    )
+    # Keep-alive: a client waiting for the promised bytes must see the connection end.
+    answer = await send(site_port, get_file(rid, "log", close=False))
+    assert answer.status == 200
+    assert answer.headers["content-length"] == "100000"
+    assert answer.body == b"a" * 10_000
 
 
 def test_utf8_urls_is_a_leaf(harness: Harness) -> None:
