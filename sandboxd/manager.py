@@ -327,7 +327,13 @@ class SandboxManager:
         sandbox.execs += 1
         sandbox.running.add(run)
         self.metrics.execs_in_flight.inc()
-        run.start(self.reactor, argv, env, request.stdin, self._devnull)
+        try:
+            run.start(self.reactor, argv, env, request.stdin, self._devnull)
+        except BaseException:
+            # Not started at all (fork or pipes refused): nothing may wait for it to end.
+            sandbox.running.discard(run)
+            self.metrics.execs_in_flight.dec()
+            raise
         return run
 
     def _note_oom(self, sandbox: Sandbox) -> None:

@@ -535,3 +535,15 @@ def test_a_drain_removes_the_instance_cgroups(tmp_path: Path, error: OSError | N
     assert w.cgroups.instance_removed == 1  # type: ignore[attr-defined]
     assert w.manager.sandboxes == {}
     w.close()
+
+
+def test_a_spawn_that_fails_outright_leaves_nothing_running(world: World) -> None:
+    world.reactor.error = OSError(11, "Resource temporarily unavailable")  # fork: EAGAIN
+    sandbox = world.manager.create()
+    with pytest.raises(OSError, match="temporarily unavailable"):
+        world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    assert sandbox.running == set()
+    # So the idle reaper and a drain do not wait for it forever.
+    world.clock.advance(100)
+    fired(world.manager.reap_idle())
+    assert world.manager.sandboxes == {}
