@@ -95,6 +95,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.count("examples")
         self.live: dict[str, SandboxModel] = {}
         self.killed: list[str] = []
+        self.drained = False
 
     # Helpers
 
@@ -138,6 +139,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.count("create")
         env = {"GREETING": greeting} if greeting else {}
         reply = self.call("POST", "/sandboxes", body={"env": env} if env else {})
+        if self.drained:
+            assert reply.error() == (503, "Draining"), reply
+            return multiple()
         if len(self.live) >= self.total:
             assert reply.error() == (503, "NoCapacity"), reply
             return multiple()
@@ -185,6 +189,23 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert code == SIGKILL_EXIT
         self.forget(rid)
         self.check_processes()
+
+    @precondition(lambda self: not self.drained and len(self.live) >= 2)
+    @rule()
+    def drain(self) -> None:
+        """``POST /drain``, then the drain the daemon's service runs: every sandbox goes, new
+        ones are refused, ``/readyz`` says 503 (a final state for this daemon)."""
+        self.count("drain")
+        reply = self.call("POST", "/drain")
+        assert (reply.status, reply.body) == (204, b""), reply
+        spin(self.daemon.manager.drain(), self.daemon.stub)
+        self.drained = True
+        for rid in sorted(self.live):
+            self.forget(rid)
+        self.check_processes()
+        reply = self.call("GET", "/readyz")
+        assert (reply.status, reply.json()["ready"]) == (503, False), reply
+        assert self.call("GET", "/healthz").json()["status"] == "draining"
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
@@ -560,5 +581,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             left = processes_with_uids(config.uid_min, config.uid_max)
             assert left == [], f"processes of sandbox uids left: {describe(left)}"
             for instance in daemon.isolation.cgroups._instances():  # type: ignore[attr-defined]
+                if self.drained:
+                    assert not os.path.exists(instance), f"a drain left {instance}"
+                    continue
                 left = [n for n in os.listdir(instance) if is_rid(n)]
                 assert left == [], f"cgroups left in {instance}: {left}"
