@@ -167,7 +167,17 @@ class SandboxManager:
         # A file call already in a worker thread may still create entries (an upload's
         # parents): removing the tree before it ends could leave them behind.
         await DeferredList(list(sandbox.file_calls))
-        await self._dispose(rid)
+        try:
+            await self._dispose(rid)
+        except Exception:
+            # Its processes may live on: the uid stays out of the pool until the next start-up
+            # reclaims what is left (restart recovery).
+            log.failure(
+                "kill of {rid} failed: uid {uid} quarantined until restart",
+                rid=rid,
+                uid=sandbox.identity.uid,
+            )
+            raise
         self.isolation.uids.release(sandbox.identity)
         self.metrics.killed.inc()
         log.info("killed sandbox {rid}", rid=rid)
