@@ -115,6 +115,9 @@ class ExecRun(ProcessProtocol):
         except PermissionError as e:
             self._finish(EXIT_NOT_EXECUTABLE, f"{argv[0]}: not executable: {e}\n".encode())
             return
+        except OSError as e:  # the host could not start it (EAGAIN, ENOMEM...): in band
+            self._end({"error": "SpawnFailed", "detail": f"cannot start the command: {e}"})
+            return
         self.pid = process.pid
         self._schedule("deadline", self.timeout, self._expire)
         self._schedule("silence", self.log_timeout, self._expire)
@@ -155,9 +158,14 @@ class ExecRun(ProcessProtocol):
             self._schedule("silence", self.log_timeout, self._expire)
 
     def processExited(self, reason: Failure) -> None:
-        """The command is gone; give its pipes a moment, then stop waiting for them."""
+        """The command is gone; give its pipes a moment, then stop waiting for them.
+
+        While the client reads slowly (paused), the pipes are not being read: what the command
+        wrote last is still in them, so the moment starts only once reading resumes.
+        """
         self._exited = True
-        self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
+        if not self._paused:
+            self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
 
     def processEnded(self, reason: Failure) -> None:
         code = EXIT_TIMEOUT if self.timed_out else exit_code_of(reason)
@@ -168,6 +176,7 @@ class ExecRun(ProcessProtocol):
     def pauseProducing(self) -> None:
         self._paused = True
         self._cancel("silence")
+        self._cancel("linger")
         if self.transport is not None:
             self.transport.pauseProducing()  # type: ignore[attr-defined]
 
@@ -175,6 +184,8 @@ class ExecRun(ProcessProtocol):
         self._paused = False
         if self.transport is not None and not self.ended:
             self._schedule("silence", self.log_timeout, self._expire)
+            if self._exited:
+                self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
     def stopProducing(self) -> None:
@@ -209,8 +220,6 @@ class ExecRun(ProcessProtocol):
         self._schedule("keepalive", self.keepalive, self._keepalive)
 
     def _finish(self, code: int, stderr: bytes = b"") -> None:
-        for name in list(self._timers):
-            self._cancel(name)
         if stderr:
             self.emit(output_frame(stderr))
             self.buffers[2] += stderr
@@ -221,6 +230,12 @@ class ExecRun(ProcessProtocol):
         }
         if self.truncated:
             frame["truncated"] = True
+        self._end(frame)
+
+    def _end(self, frame: dict[str, Any]) -> None:
+        """Settle the run with its last frame (an exit frame, or an in-band error frame)."""
+        for name in list(self._timers):
+            self._cancel(name)
         self.frame = frame
         self.on_end()
         waiters, self._waiters = self._waiters, []

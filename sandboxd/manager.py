@@ -313,10 +313,10 @@ class SandboxManager:
             self.metrics.execs_in_flight.dec()
             self.metrics.exec_seconds.observe(self.clock.seconds() - started)
             if run.frame is not None:
-                self.metrics.exec_exits.labels(str(run.frame["exit"])).inc()
+                self.metrics.exec_exits.labels(str(run.frame.get("exit", "error"))).inc()
             if run.timed_out:
                 log.info("exec in {rid} timed out (exit 124)", rid=sandbox.rid)
-            elif run.frame is not None and run.frame["exit"] == 137:
+            elif run.frame is not None and run.frame.get("exit") == 137:
                 self._note_oom(sandbox)
 
         run = ExecRun(
