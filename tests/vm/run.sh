@@ -23,10 +23,15 @@
 #   VM_CPUS, VM_MEMORY, VM_KERNEL, VNG     (defaults 2, 2G, newest /boot/vmlinuz-*, /opt/vng/bin/vng)
 #   VM_PASS_ENV   extra variable names to pass into the guest (PYTHONPATH, PYTEST_ADDOPTS,
 #                 CI and SANDBOXD_*/HYPOTHESIS_* variables always are)
+#   VM_PYTEST_PLUGINS  pytest plugins loaded in the guest (default "pytest_twisted"; pytest_cov
+#                 is added for --cov arguments). Entry-point autoloading is off in the guest:
+#                 importing every installed plugin (schemathesis, hypothesis...) costs minutes
+#                 under emulation. "auto" turns autoloading back on.
 #
 # Exit status: pytest's (0 passed, 1 failed, 5 no tests collected...), or 97 when the
 # guest never started inside.sh (boot failure), 98 when it started but never reported
-# (crash, timeout), 96 when run.sh itself cannot start (missing deps, busy vm-out).
+# (crash, timeout), 99 when inside.sh failed before pytest (no cgroup2, missing
+# controllers), 96 when run.sh itself cannot start (missing deps, busy vm-out).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
@@ -77,7 +82,7 @@ fi
 mkdir -p "$out"
 exec 9>"$out/.lock"
 flock -n 9 || die 96 "another tests/vm/run.sh is using $out"
-rm -f "$out/status" "$out/booted" "$out/args" "$out/env"
+rm -f "$out/status" "$out/booted" "$out/args" "$out/env" "$out/pytest.log"
 
 # --- hand the arguments and environment to the guest through vm-out -----------------
 # Arguments NUL-separated (any bytes survive); environment as bash-quoted assignments.
@@ -88,6 +93,11 @@ if (($#)); then printf '%s\0' "$@" >"$out/args"; else : >"$out/args"; fi
     printf 'VM_GUEST_PYTHON=%q\n' "$guest_python"
     printf 'VM_WITH_COVERAGE=%q\n' "$coverage"
     printf 'VM_HOST_PATH=%q\n' "$PATH"
+    printf 'VM_PYTEST_PLUGINS=%q\n' "${VM_PYTEST_PLUGINS:-pytest_twisted}"
+    # Where the guest's Python reads its modules from: inside.sh remounts these with 9p page
+    # and dentry caching (the default 9p root has none: every import is many round trips).
+    "$guest_python" -c 'import site, sys; print("\n".join(sorted({sys.prefix, sys.base_prefix, *site.getsitepackages()})))' \
+        | while IFS= read -r dir; do printf 'VM_PY_DIRS+=(%q)\n' "$dir"; done
     names=(PYTHONPATH PYTEST_ADDOPTS CI)
     read -r -a extra <<<"${VM_PASS_ENV:-}"
     names+=("${extra[@]}")
@@ -107,7 +117,11 @@ vng_args=(
     --cpus "$VM_CPUS"
     --memory "$VM_MEMORY"
     --rwdir="$out"
-    --append "modprobe.blacklist=$VM_MODULE_BLACKLIST"
+    # The same host root again, for inside.sh to mount with cache=loose (see VM_PY_DIRS).
+    --qemu-opts="-fsdev local,id=vmhost,path=/,readonly=on,security_model=none,multidevs=remap -device virtio-9p-pci,fsdev=vmhost,mount_tag=vmhost"
+    # mitigations=off: speculative-execution mitigations cost much under TCG and protect nothing
+    # the tests check (they check uid/cgroup isolation, not side channels).
+    --append "mitigations=off modprobe.blacklist=$VM_MODULE_BLACKLIST"
     --exec "$exec_cmd"
 )
 printf 'tests/vm/run.sh: booting %s (%s CPUs, %s, TCG, timeout %ss)\n' \
