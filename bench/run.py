@@ -1,0 +1,161 @@
+"""sandboxd's benchmark: every figure of issue 9 beside its references, measured in one run.
+
+    python bench/run.py            # the issue's sizes (a few minutes; as root for isolated rows)
+    python bench/run.py --quick    # tiny sizes, well under a minute (CI: the harness works)
+
+References, measured in the same run: the floor (spawning ``/bin/true`` directly, and through
+the daemon's own cgroup-join + setpriv wrapper; HTTP round trips; pipe and copy throughput;
+walking the tree in-process), and the peer, SWE-ReX's ``swerex-remote`` (installed on first use
+into ``bench/.venv-swerex``). sandboxd runs as ``twistd -n sandboxd`` on loopback, isolated
+(root, cgroups; skipped when not root) and ``--isolation=none``, driven by its own client
+``HttpSandbox`` ("client" rows) and by the plain ``http.client`` connection that also drives the
+peer ("raw" rows).
+
+Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``). Exits 0 when every
+section ran, whatever the figures; 1 when a section could not run.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+
+from sbench import figures, floor, procs, report  # noqa: E402
+from sbench.rawhttp import RawHTTP  # noqa: E402
+from twisted.internet.defer import Deferred  # noqa: E402
+from twisted.internet.task import react  # noqa: E402
+
+SECTIONS = ("latency", "idle", "streaming", "transfers", "walk", "concurrent")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
+    parser.add_argument("--no-peer", action="store_true", help="skip SWE-ReX")
+    parser.add_argument("--no-isolated", action="store_true", help="skip the isolated daemon")
+    parser.add_argument(
+        "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
+    )
+    parser.add_argument("--out", type=Path, default=BENCH / "results", help="JSON directory")
+    return parser.parse_args(argv)
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(BENCH.parent), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+async def run(reactor: Any, args: argparse.Namespace) -> int:
+    sizes = figures.Sizes(args.quick)
+    root = os.geteuid() == 0
+    isolated = root and not args.no_isolated
+    meta: dict[str, Any] = {
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "revision": git_revision(),
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "root": root,
+        "loadavg_start": procs.loadavg(),
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="sandboxd-bench-"))
+    os.chmod(workdir, 0o755)
+    bench = figures.Bench(reactor, sizes, workdir)
+    servers: list[procs.Server] = []
+    failed: list[str] = []
+    started = time.monotonic()
+    try:
+        bench.floors = floor.Floors(reactor, isolated, procs.FLOOR_UID)
+        if not isolated:
+            why = "--no-isolated" if root else "not root"
+            bench.notes.append(f"isolated rows and the wrapper floor skipped ({why})")
+        labels = (["isolated"] if isolated else []) + ["none"]
+        for label in labels:
+            server = procs.start_sandboxd(label, label == "isolated", workdir)
+            servers.append(server)
+            bench.daemons[label] = figures.Sandboxd(label, server, reactor)
+            await bench.daemons[label].open()
+        if not args.no_peer:
+            program = procs.swerex_program(setup=True)
+            if program is None:
+                bench.notes.append("peer skipped: SWE-ReX could not be installed")
+            else:
+                peer = procs.start_swerex(program, workdir)
+                servers.append(peer)
+                bench.peer_server = peer
+                bench.peer = RawHTTP(peer.port, peer.headers)
+                meta["peer"] = f"swe-rex {procs.swerex_version()} (swerex-remote, uvicorn)"
+        meta["servers"] = [procs.describe(s) for s in servers]
+        for section in args.only or SECTIONS:
+            print(f"bench: {section} ...", file=sys.stderr, flush=True)
+            began = time.monotonic()
+            try:
+                await getattr(bench, section)()
+            except Exception:
+                failed.append(section)
+                bench.notes.append(f"section {section} failed: {traceback.format_exc(limit=3)}")
+                traceback.print_exc()
+            meta.setdefault("section_seconds", {})[section] = round(time.monotonic() - began, 1)
+    finally:
+        for d in bench.daemons.values():
+            try:
+                await d.close()
+            except Exception:
+                traceback.print_exc()
+        if bench.peer is not None:
+            bench.peer.close()
+        for server in servers:
+            server.stop()
+        if bench.floors is not None:
+            await bench.floors.close()
+        if failed:
+            print(f"bench: logs kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    meta["loadavg_end"] = procs.loadavg()
+    meta["seconds"] = round(time.monotonic() - started, 1)
+    result = {"meta": meta, "rows": bench.rows, "notes": bench.notes}
+    print(report.table(result))
+    path = report.write(result, args.out)
+    print(f"\nwritten: {path}")
+    return 1 if failed else 0
+
+
+def main() -> None:
+    args = parse(sys.argv[1:])
+    code: list[int] = []
+
+    async def body(reactor: Any) -> None:
+        code.append(await run(reactor, args))
+
+    try:
+        react(lambda reactor: Deferred.fromCoroutine(body(reactor)))
+    except SystemExit as e:
+        if e.code not in (0, None) or not code:
+            raise
+    sys.exit(code[0] if code else 1)
+
+
+if __name__ == "__main__":
+    main()

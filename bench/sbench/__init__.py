@@ -1,0 +1,1 @@
+"""The pieces of ``bench/run.py``: references (floor, peer), daemons, figures, report."""

@@ -1,0 +1,67 @@
+"""The table printed at the end of a run, and the JSON written beside it."""
+
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+FORMATS = {"ms": "{:.2f} ms", "s": "{:.3f} s", "MB/s": "{:.0f} MB/s", "/s": "{:.0f}/s"}
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return FORMATS.get(unit, "{:.1f} " + unit).format(value)
+
+
+def table(result: dict[str, Any]) -> str:
+    """A plain-text table: figure, variant, p50 (or rate), reference, ratio, target, met."""
+    meta = result["meta"]
+    head = ("figure", "variant", "value", "reference", "ratio", "target", "met")
+    lines = []
+    for row in result["rows"]:
+        ref = "" if row["ref"] is None else f"{row['ref']} = {fmt(row['ref_value'], row['unit'])}"
+        ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+        met = {None: "", True: "yes", False: "NO"}[row["met"]]
+        lines.append(
+            (
+                row["figure"],
+                row["variant"],
+                fmt(row["value"], row["unit"]),
+                ref,
+                ratio,
+                row["target"] or "",
+                met,
+            )
+        )
+    widths = [max(len(str(r[i])) for r in [head, *lines]) for i in range(len(head))]
+    out = [
+        f"sandboxd bench ({'quick' if meta['quick'] else 'full'}), {meta['revision']},"
+        f" {meta['cpus']} CPUs, load average {fmt_load(meta['loadavg_start'])} at start,"
+        f" {fmt_load(meta.get('loadavg_end'))} at end, {meta.get('seconds', '?')} s",
+        "ratio: value/reference for times, reference/value for rates (> 1: slower than it)",
+        "",
+        "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    for r in lines:
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    for note in result["notes"]:
+        out.append(f"note: {note}")
+    return "\n".join(out)
+
+
+def fmt_load(load: list[float] | None) -> str:
+    return "?" if not load else " ".join(f"{x:.2f}" for x in load)
+
+
+def write(result: dict[str, Any], directory: Path) -> Path:
+    """``<directory>/<UTC time>.json`` and a copy as ``latest.json``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    text = json.dumps(result, indent=1, default=str)
+    path = directory / f"{stamp}{'-quick' if result['meta']['quick'] else ''}.json"
+    path.write_text(text)
+    (directory / "latest.json").write_text(text)
+    return path
