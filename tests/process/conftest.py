@@ -18,6 +18,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_ROOTS = Path("/tmp/sandboxd-tests")
+SLOW = 8 if os.environ.get("SANDBOXD_VM") == "1" else 1
+"""Factor for start-up and stop deadlines: in the software-emulated VM of tests/vm/run.sh,
+importing Twisted alone can take longer than a daemon gets on the host."""
 
 
 def free_port() -> int:
@@ -94,7 +97,7 @@ def start_daemon(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ)
     daemon = Daemon(process, port, root, log)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 30 * SLOW
     while True:
         if process.poll() is not None:
             raise AssertionError(f"daemon exited {process.returncode}: {log.read_text()}")
@@ -114,7 +117,7 @@ def stop_daemon(daemon: Daemon) -> None:
     if daemon.process.poll() is None:
         daemon.process.send_signal(signal.SIGTERM)
         try:
-            daemon.process.wait(30)
+            daemon.process.wait(30 * SLOW)
         except subprocess.TimeoutExpired:
             daemon.process.kill()
             daemon.process.wait()
