@@ -40,6 +40,9 @@ status_file="$out/status"
 status=99 # what the host sees if this script dies before pytest ends
 
 finish() {
+    if [[ "$status" == 99 ]]; then
+        printf 'inside.sh: stopped before pytest finished; reporting status 99\n' >&2
+    fi
     printf '%s\n' "$status" >"$status_file.tmp" && mv -f "$status_file.tmp" "$status_file"
     sync
 }
@@ -128,12 +131,23 @@ cmd+=("${args[@]}")
 printf 'inside.sh: %s\n' "${cmd[*]}" >&2
 
 # --- run pytest as the only process of the delegated cgroup ---------------------------
-# The output also goes to vm-out/pytest.log (tee stays in the root cgroup).
+# pytest gets a session and process group of its own (setsid does not fork here: the subshell
+# leads no group), so a test or daemon that signals "its" process group by mistake cannot take
+# this script or tee down with it and lose the status. For the same reason this script only
+# notes SIGTERM/SIGHUP/SIGINT while it waits, and tee ignores them (tee stays in the root
+# cgroup; its copy of the output goes to vm-out/pytest.log).
+for sig in TERM HUP INT; do
+    # shellcheck disable=SC2064 # expand $sig now
+    trap "printf 'inside.sh: got SIG%s; still waiting for pytest\\n' $sig >&2" "$sig"
+done
 set +e
 (
     echo "$BASHPID" >"$delegated/cgroup.procs"
-    exec "${cmd[@]}"
-) 2>&1 | tee "$out/pytest.log"
+    exec setsid --wait "${cmd[@]}"
+) 2>&1 | (
+    trap '' TERM HUP INT
+    exec tee "$out/pytest.log"
+)
 status=${PIPESTATUS[0]}
 set -e
 printf 'inside.sh: pytest exited %s after %ss of guest uptime\n' "$status" "$(cut -d' ' -f1 /proc/uptime)" >&2
