@@ -415,3 +415,33 @@ def test_a_callback_per_end() -> None:
     run.processEnded(Failure(ProcessDone(0)))
     assert calls == ["end"]
     run.on_activity()  # the default does nothing
+
+
+def test_a_slow_reader_never_loses_the_tail_of_the_output() -> None:
+    """The command wrote its last bytes and exited while the client was slow (paused): its
+    pipes are not closed under it; the linger starts once reading resumes."""
+    h = Harness()
+    run = h.start()
+    run.pauseProducing()
+    run.processExited(Failure(ProcessDone(0)))
+    h.clock.advance(LINGER_AFTER_EXIT * 10)
+    assert h.process.lost == 0
+    run.resumeProducing()
+    run.childDataReceived(1, b"the tail")
+    run.pauseProducing()  # slow again: the linger waits again
+    h.clock.advance(LINGER_AFTER_EXIT * 10)
+    assert h.process.lost == 0
+    run.resumeProducing()
+    h.clock.advance(LINGER_AFTER_EXIT)
+    assert h.process.lost == 1
+    frame = h.end(ProcessDone(0))
+    assert base64.b64decode(frame["out"]) == b"the tail"
+
+
+def test_a_slow_reader_does_not_outlive_the_deadline() -> None:
+    h = Harness(timeout=10.0)
+    run = h.start()
+    run.pauseProducing()
+    run.processExited(Failure(ProcessDone(0)))
+    h.clock.advance(10.0)
+    assert run.timed_out and h.process.lost == 1
