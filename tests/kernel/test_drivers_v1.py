@@ -298,17 +298,21 @@ class DriverBehaviour:
         fs = bundle.isolation.fs
         bundle.pool.start()
         place = Path(tempfile.mkdtemp(prefix="sandboxd-fs-"))
+        mine = place / "mine"
         try:
             place.chmod(0o755)
             secret = place / "secret"
             secret.write_text("root only")
             secret.chmod(0o600)
-            (place / "shadow").symlink_to("/etc/shadow")
-            mine = place / "mine"
+            (place / "link").symlink_to(secret)
+            targets = [secret, place / "link"]
+            if not os.stat("/etc/shadow").st_mode & 0o004:  # a VM may have a readable one
+                (place / "shadow").symlink_to("/etc/shadow")
+                targets.append(place / "shadow")
             mine.mkdir()
             os.chown(mine, identity.uid, identity.gid)
 
-            for target in (secret, place / "shadow"):
+            for target in targets:
                 with pytest.raises(PermissionError):
                     await fs.run(identity, target.read_text)
             with pytest.raises(PermissionError):
@@ -323,9 +327,10 @@ class DriverBehaviour:
             assert secret.read_text() == "root only"  # this thread kept root's access
             assert await fs.run(identity, lambda: (mine / "new").read_text()) == "hello"
         finally:
-            for item in (mine / "new", secret, place / "shadow"):
+            for item in (mine / "new", secret, place / "link", place / "shadow"):
                 item.unlink(missing_ok=True)
-            mine.rmdir()
+            if mine.exists():
+                mine.rmdir()
             place.rmdir()
 
     def test_wrapper_spawn_cost(self, bundle: Bundle) -> None:
@@ -334,9 +339,11 @@ class DriverBehaviour:
         wrapped = iso.wrap(identity, iso.cgroups.procs_files(rid), ["/bin/true"])
         carried_env = {**BASE_ENV, "LD_LIBRARY_PATH": "/nowhere"}
 
+        runs = 30 if os.environ.get("SANDBOXD_VM") else 200  # software-emulated in the VM
+
         def p50(argv: list[str], env: Mapping[str, str]) -> float:
             times = []
-            for _ in range(200):
+            for _ in range(runs):
                 started = time.perf_counter()
                 pid = os.posix_spawn(argv[0], argv, env)
                 _, status = os.waitpid(pid, 0)
@@ -348,10 +355,11 @@ class DriverBehaviour:
         plain = p50(wrapped, iso.spawn_env(BASE_ENV))
         carried = p50(wrapped, iso.spawn_env(carried_env))
         print(
-            f"\nspawn p50 over 200 ({iso.name}): /bin/true {true:.2f} ms, wrapper {plain:.2f} ms,"
-            f" wrapper with carried env {carried:.2f} ms"
+            f"\nspawn p50 over {runs} ({iso.name}): /bin/true {true:.2f} ms,"
+            f" wrapper {plain:.2f} ms, wrapper with carried env {carried:.2f} ms"
         )
-        assert plain < true + 50
+        if not os.environ.get("SANDBOXD_VM"):  # software emulation: figures only
+            assert plain < true + 50
 
 
 class TestCgroup1(DriverBehaviour):
