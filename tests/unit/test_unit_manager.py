@@ -540,10 +540,18 @@ def test_a_drain_removes_the_instance_cgroups(tmp_path: Path, error: OSError | N
 def test_a_spawn_that_fails_outright_leaves_nothing_running(world: World) -> None:
     world.reactor.error = OSError(11, "Resource temporarily unavailable")  # fork: EAGAIN
     sandbox = world.manager.create()
-    with pytest.raises(OSError, match="temporarily unavailable"):
-        world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    assert run.frame is not None and run.frame["error"] == "SpawnFailed"
     assert sandbox.running == set()
     # So the idle reaper and a drain do not wait for it forever.
     world.clock.advance(100)
     fired(world.manager.reap_idle())
     assert world.manager.sandboxes == {}
+
+
+def test_a_spawn_that_raises_anything_else_leaves_nothing_running(world: World) -> None:
+    world.reactor.error = UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+    sandbox = world.manager.create()
+    with pytest.raises(UnicodeEncodeError):
+        world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    assert sandbox.running == set()
