@@ -90,7 +90,9 @@ def query(request: IRequest, name: str, default: str | None = None) -> str:
 def json_body(request: IRequest) -> dict[str, Any]:
     """The request's JSON object, ``400`` when it is not one (an absent body is ``{}``)."""
     refuse_too_large(request, JSON_BODY_LIMIT)
-    raw = request.content.read()
+    raw = request.content.read(JSON_BODY_LIMIT + 1)  # a chunked body has no Content-Length
+    if len(raw) > JSON_BODY_LIMIT:
+        raise TooLarge(f"the request body is over {JSON_BODY_LIMIT} bytes")
     if not raw.strip():
         return {}
     try:

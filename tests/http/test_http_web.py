@@ -19,6 +19,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.test.requesthelper import DummyChannel
 
+from sandboxd import api
 from sandboxd.manager import SandboxManager
 from sandboxd.web import LimitedRequest, Utf8URLs, _Discard, make_site
 
@@ -314,3 +315,33 @@ def test_discard() -> None:
     assert discard.read() == b""
     assert discard.read(10) == b""
     discard.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_chunked_json_body_over_the_json_limit_is_413(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a Content-Length the JSON limit is checked on the bytes themselves (else a
+    chunked body up to the upload limit would be read into memory whole)."""
+    from twisted.internet import reactor
+
+    monkeypatch.setattr(api, "JSON_BODY_LIMIT", 100)
+    port = reactor.listenTCP(0, make_site(harness.api.resource(), 1 << 20), interface="127.0.0.1")
+    try:
+        body = json.dumps({"env": {"A": "x" * 200}}).encode()
+        raw = (
+            b"POST /sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        )
+        answer = await send(port.getHost().port, raw)
+        assert answer.status == 413
+        assert answer.json()["error"] == "TooLarge"
+        assert harness.manager.sandboxes == {}
+        small = json.dumps({"env": {"A": "x"}}).encode()
+        raw = (
+            b"POST /sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(small), small)
+        )
+        assert (await send(port.getHost().port, raw)).status == 200
+    finally:
+        await port.stopListening()
