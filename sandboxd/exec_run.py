@@ -7,6 +7,8 @@ command's pipes, so the command blocks on write instead of the daemon buffering 
 
 import base64
 import contextlib
+import errno
+import functools
 import json
 import os
 import signal
@@ -16,6 +18,8 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorProcess, IReactorTime
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
+from twisted.internet.process import ProcessReader
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -33,14 +37,68 @@ CAPABILITIES = ("exec.keepalive", "exec.output-cap", "exec.backpressure")
 
 KEEPALIVE_FRAME = b'{"o":""}\n'
 
+READ_SIZE = 1 << 16
+"""Bytes read from the command's stdout or stderr at a time: a pipe's whole default capacity.
+Twisted reads 8 KiB; each read is one frame, so bulk output costs 8 times the reads, frames
+and reactor turns."""
+
+
+def read_from(fd: int, received: Callable[[bytes], None]) -> object:
+    """``twisted.internet.fdesc.readFromFD``, reading :data:`READ_SIZE` bytes at a time."""
+    try:
+        data = os.read(fd, READ_SIZE)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EINTR):
+            return None
+        return CONNECTION_LOST
+    if not data:
+        return CONNECTION_DONE
+    received(data)
+    return None
+
+
+def read_in_large_chunks(process: object) -> None:
+    """Make the process transport's output readers use :func:`read_from`."""
+    for reader in getattr(process, "pipes", {}).values():
+        if isinstance(reader, ProcessReader):
+            reader.doRead = functools.partial(  # type: ignore[method-assign]
+                read_from, reader.fd, reader.dataReceived
+            )
+
 
 def output_frame(data: bytes) -> bytes:
     """The NDJSON line of one live output chunk."""
     return b'{"o":"' + base64.b64encode(data) + b'"}\n'
 
 
+_BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+_EXIT_KEYS = (["exit", "out", "err"], ["exit", "out", "err", "truncated"])
+
+
+def _base64_text(value: object) -> bytes | None:
+    """``value`` as bytes when it is base64 text (which JSON writes as is), else ``None``."""
+    if not isinstance(value, str) or not value.isascii():
+        return None
+    data = value.encode("ascii")
+    return None if data.translate(None, _BASE64) else data
+
+
 def encode_frame(frame: Mapping[str, Any]) -> bytes:
-    """Any other NDJSON line."""
+    """Any other NDJSON line.
+
+    The exit frame carries up to ``max_output`` of output in base64: it is joined from its
+    parts, the very bytes ``json.dumps`` gives, in a fraction of its time and memory.
+    """
+    keys = list(frame)
+    truncated = frame.get("truncated", False)
+    if keys in _EXIT_KEYS and type(frame["exit"]) is int and type(truncated) is bool:
+        out, err = _base64_text(frame["out"]), _base64_text(frame["err"])
+        if out is not None and err is not None:
+            tail = b"}\n"
+            if len(keys) == 4:
+                tail = b',"truncated":true}\n' if truncated else b',"truncated":false}\n'
+            head = b'{"exit":%d,"out":"' % frame["exit"]
+            return b"".join([head, out, b'","err":"', err, b'"', tail])
     return json.dumps(frame, separators=(",", ":")).encode() + b"\n"
 
 
@@ -139,6 +197,7 @@ class ExecRun(ProcessProtocol):
     # ProcessProtocol
 
     def connectionMade(self) -> None:
+        read_in_large_chunks(self.transport)
         if self.stdin is not None:
             assert self.transport is not None
             self.transport.write(self.stdin)
