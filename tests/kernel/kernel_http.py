@@ -182,7 +182,14 @@ class Result:
 
 
 class Client:
-    """Keep-alive HTTP/1.1 to one daemon, one connection per calling thread."""
+    """Keep-alive HTTP/1.1 to one daemon, one connection per calling thread.
+
+    A connection idle for :data:`IDLE` seconds is replaced before use: the daemon (Twisted's
+    ``HTTPFactory``) closes idle connections after 60 s, and a ``POST`` sent on a connection the
+    daemon closed fails without being safe to send again.
+    """
+
+    IDLE = 20.0
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -198,7 +205,8 @@ class Client:
     ) -> Answer:
         for attempt in range(2):
             conn = getattr(self._local, "conn", None)
-            if conn is None or conn.timeout != timeout:
+            idle = time.monotonic() - getattr(self._local, "used", 0.0)
+            if conn is None or conn.timeout != timeout or idle > self.IDLE:
                 if conn is not None:
                     conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -206,7 +214,9 @@ class Client:
             try:
                 conn.request(method, path, body=body, headers=dict(headers or {}))
                 response = conn.getresponse()
-                return Answer(response.status, response.read())
+                answer = Answer(response.status, response.read())
+                self._local.used = time.monotonic()
+                return answer
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 # A kept-alive connection the daemon closed between two calls: once more on a
                 # fresh one (never for a call that could have reached the daemon twice).
@@ -215,6 +225,17 @@ class Client:
                 if attempt or method == "POST":
                     raise
         raise AssertionError("unreachable")
+
+
+RUN_EACH = """\
+for script do
+  sh -c "$script" >"$TMPDIR/.each-out" 2>"$TMPDIR/.each-err" </dev/null
+  code=$?
+  out=$(base64 -w0 "$TMPDIR/.each-out") err=$(base64 -w0 "$TMPDIR/.each-err")
+  printf '%s,%s,%s\\n' "$code" "$out" "$err"
+done
+rm -f "$TMPDIR/.each-out" "$TMPDIR/.each-err"
+"""
 
 
 def q(path: str) -> str:
@@ -330,6 +351,18 @@ class Box:
     def run(self, script: str, timeout: float = 60) -> Result:
         """``sh -c script`` in the sandbox."""
         return self.exec(["sh", "-c", script], timeout=timeout)
+
+    def run_each(self, scripts: list[str], timeout: float = 120) -> list[Result]:
+        """``sh -c script`` for each script, one after the other, in one exec (round trips
+        are what costs most in the VM); each one's own exit code and output."""
+        answer = self.exec(["sh", "-c", RUN_EACH, "sh", *scripts], timeout=timeout)
+        assert answer.exit == 0, answer
+        results = []
+        for line in answer.out.decode().splitlines():
+            code, out, err = line.split(",")
+            results.append(Result(int(code), base64.b64decode(out), base64.b64decode(err)))
+        assert len(results) == len(scripts), answer
+        return results
 
     def ok(self, script: str, timeout: float = 60) -> str:
         """``sh -c script``, which must succeed; its stdout."""

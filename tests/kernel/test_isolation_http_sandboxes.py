@@ -16,6 +16,7 @@ import pytest
 
 from tests.kernel.conftest import CANARY_NAME, CANARY_VALUE, OTHER_CANARY_NAME
 from tests.kernel.kernel_http import (
+    IN_VM,
     SLOW,
     Box,
     KernelDaemon,
@@ -94,8 +95,7 @@ def test_two_sandboxes_have_distinct_uids_and_private_workspaces(roomy: KernelDa
         f"touch {b.directory}/tmp/pwned",
         f"cd {other}",
     ]
-    for attack in attacks:
-        result = a.run(attack)
+    for attack, result in zip(attacks, a.run_each(attacks), strict=True):
         assert result.exit != 0, (attack, result)
         assert SECRET not in result.out + result.err
     assert sorted(os.listdir(b.workspace)) == before
@@ -116,16 +116,15 @@ def test_a_sandbox_cannot_signal_or_ptrace_another(roomy: KernelDaemon) -> None:
     assert uids is not None and set(uids) == {b.uid()}
     assert b.run(f"kill -0 {pid}").exit == 0, "its own sandbox may signal it"
 
-    for signal in ("-0", "-9", "-STOP", "-TERM"):
-        result = a.run(f"kill {signal} {pid}")
+    for result in a.run_each([f"kill {signal} {pid}" for signal in ("-0", "-9", "-STOP", "-TERM")]):
         assert result.exit != 0, result
         assert b"not permitted" in result.err, result
     assert alive(pid)
     state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     assert state == "S", "neither killed nor stopped"
 
-    for peek in (f"cat /proc/{pid}/environ", f"ls /proc/{pid}/fd", f"cat /proc/{pid}/maps"):
-        result = a.run(peek)
+    peeks = [f"cat /proc/{pid}/environ", f"ls /proc/{pid}/fd", f"cat /proc/{pid}/maps"]
+    for peek, result in zip(peeks, a.run_each(peeks), strict=True):
         assert result.exit != 0, (peek, result)
         assert b"ermission denied" in result.err, (peek, result)
     traced = a.exec(["python3", "-c", PTRACE_ATTACH, str(pid)])
@@ -149,8 +148,7 @@ def test_a_sandbox_cannot_forge_or_remove_its_ready_marker(roomy: KernelDaemon) 
         "ls -a ..",
         "chmod 777 ..",
     ]
-    for attempt in forge:
-        result = box.run(attempt)
+    for attempt, result in zip(forge, box.run_each(forge), strict=True):
         assert result.exit != 0, (attempt, result)
     for path in ("../.ready", "/../.ready", "a/../../.ready"):
         assert box.upload(path, b"").status == 400
@@ -173,8 +171,7 @@ def test_a_sandbox_cannot_forge_or_remove_its_ready_marker(roomy: KernelDaemon) 
         "chmod 777 ../.ready",
         "ln -f ../.ready gone",
     ]
-    for attempt in remove_attempts:
-        result = box.run(attempt)
+    for attempt, result in zip(remove_attempts, box.run_each(remove_attempts), strict=True):
         assert result.exit != 0, (attempt, result)
     for path in ("../.ready", "/../.ready"):
         assert box.delete(path).status == 400
@@ -299,11 +296,10 @@ def test_a_setuid_root_binary_cannot_escalate(roomy: KernelDaemon) -> None:
             "su -c id root",
             "su root -c 'touch /root/pwned'",
             "mount -t tmpfs none $HOME",
-            "umount /tmp",
+            "umount /proc",
             "newgrp root",
         ]
-        for attempt in escalations:
-            result = box.run(f"{attempt} </dev/null")
+        for attempt, result in zip(escalations, box.run_each(escalations), strict=True):
             assert result.exit != 0, (attempt, result)
             assert not result.out.strip().startswith(b"uid=0"), (attempt, result)
         assert not Path("/root/pwned").exists()
@@ -368,6 +364,7 @@ class LeftBehind(AssertionError):
     """What a killed sandbox left where the next holder of its uid can read it."""
 
 
+@pytest.mark.skipif(IN_VM, reason="not a driver's behaviour: the host run covers it")
 @pytest.mark.xfail(
     raises=LeftBehind,
     strict=True,
