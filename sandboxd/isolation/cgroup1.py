@@ -175,15 +175,22 @@ class Cgroup1Driver:
             raise StillPopulated(f"cgroup {rid} still has processes after {self.kill_timeout}s")
 
     def remove(self, rid: str) -> None:
-        """``rmdir`` the sandbox's cgroup in every hierarchy (missing is fine; busy raises)."""
+        """``rmdir`` the sandbox's cgroup in every hierarchy, memory last (missing is fine).
+
+        A busy one raises once every other hierarchy was tried, and the memory cgroup is then
+        kept, so that a sandbox whose removal failed or was cut short is still found by
+        :meth:`leftovers`.
+        """
+        memory, *others = self._dirs(rid)
         failure: OSError | None = None
-        for path in self._dirs(rid):
+        for path in reversed(others):
             try:
                 remove_dir(self.kernel, path)
             except OSError as e:
                 failure = failure or e
         if failure is not None:
             raise failure
+        remove_dir(self.kernel, memory)
 
     def stats(self, rid: str) -> CgroupStats:
         """Memory now and at peak, CPU time (from cpuacct), processes and OOM kills."""
@@ -201,15 +208,20 @@ class Cgroup1Driver:
         )
 
     def leftovers(self) -> list[str]:
-        """Sandbox cgroups in any hierarchy's instance directory (a crashed predecessor's)."""
-        found: set[str] = set()
-        for instance in self._instances():
-            try:
-                names = os.listdir(instance)
-            except FileNotFoundError:
-                continue
-            found.update(n for n in names if is_rid(n) and os.path.isdir(os.path.join(instance, n)))
-        return sorted(found)
+        """Sandbox cgroups in the memory hierarchy's instance directory (a predecessor's).
+
+        Only memory is looked at: every sandbox has its memory cgroup from the first moment of
+        :meth:`create` to the last of :meth:`remove`, and the other hierarchies may be shared
+        with daemons of other containers (seen: ``cpu`` and ``pids`` at ``/`` for all of them)
+        that happen to use the same state root path, whose sandboxes are not ours to kill.
+        """
+        instance = self._instance("memory")
+        assert instance is not None
+        try:
+            names = os.listdir(instance)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if is_rid(n) and os.path.isdir(os.path.join(instance, n)))
 
     def remove_instance(self) -> None:
         """``rmdir`` every instance directory left empty (clean shutdown)."""

@@ -210,9 +210,12 @@ def test_remove_tries_every_hierarchy_and_reports_the_first_failure(tmp_path: Pa
     fake.spawn(cpu)
     with pytest.raises(OSError, match="busy"):
         driver.remove(RID)
-    assert not memory.exists() and cpu.exists()
-    driver.remove_instance()  # cpu's is busy, the others go
-    assert cpu.parent.exists() and not memory.parent.exists()
+    assert memory.exists() and cpu.exists()  # memory goes last: found again by leftovers()
+    assert not any(box.exists() for box in boxes(fake)[2:])
+    assert driver.leftovers() == [RID]
+    driver.remove_instance()  # memory's and cpu's are busy, the others go
+    assert cpu.parent.exists() and memory.parent.exists()
+    assert not boxes(fake)[3].parent.exists()
 
 
 def test_remove_instance_raises_unexpected_errors(tmp_path: Path) -> None:
@@ -239,11 +242,12 @@ def test_stats_without_cpuacct_reports_no_cpu_time(tmp_path: Path) -> None:
     assert driver.stats(RID).cpu_usec == 0
 
 
-def test_leftovers_is_the_union_of_every_hierarchy(tmp_path: Path) -> None:
+def test_leftovers_come_from_the_memory_hierarchy(tmp_path: Path) -> None:
     fake, driver = setup(tmp_path)
     assert driver.leftovers() == []
     driver.preflight()
-    fake.mkdir(str(fake.base / "pids" / INSTANCE / "00000000000000aa"))
-    fake.mkdir(str(fake.base / "cpu" / INSTANCE / "00000000000000bb"))
-    (fake.base / "cpu" / INSTANCE / "junk").mkdir()
-    assert driver.leftovers() == ["00000000000000aa", "00000000000000bb"]
+    memory = fake.base / "memory" / "process_api" / "x" / INSTANCE
+    fake.mkdir(str(memory / "00000000000000aa"))
+    (memory / "junk").mkdir()
+    fake.mkdir(str(fake.base / "cpu" / INSTANCE / "00000000000000bb"))  # another daemon's
+    assert driver.leftovers() == ["00000000000000aa"]
