@@ -32,6 +32,9 @@ from sandboxd.tools import ToolResolver
 F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_BODY_LIMIT = 64 << 20
+DOWNLOAD_CHUNK = 1 << 18
+"""Bytes a download reads and sends at a time (``FileSender`` reads 16 KiB: one reactor turn
+and one cooperator tick each)."""
 ITEM_ID_MAX = 255
 MAX_TOOLS = 64
 
@@ -343,7 +346,9 @@ class SandboxAPI:
             request.setHeader(b"content-type", b"application/octet-stream")
             request.setHeader(b"content-length", str(length).encode())
             bounded = BoundedReader(source, length)
-            await FileSender().beginFileTransfer(bounded, request)
+            sender = FileSender()
+            sender.CHUNK_SIZE = DOWNLOAD_CHUNK
+            await sender.beginFileTransfer(bounded, request)
             if bounded.remaining:
                 # The file shrank while it was sent: the promised length cannot be met, so
                 # the connection ends (a truncated answer for the client, never a hang).

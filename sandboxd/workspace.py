@@ -25,6 +25,7 @@ from sandboxd.paths import Parts, display
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _UPLOAD_PREFIX = ".sandboxd-upload-"
 _COPY_CHUNK = 1 << 20
+_SENDFILE_CHUNK = 1 << 26
 
 
 @frozen
@@ -135,8 +136,7 @@ def write_from(workspace: str, parts: Parts, source: BinaryIO) -> None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(temp, flags, 0o644, dir_fd=parent)
             try:
-                with os.fdopen(fd, "wb", closefd=False) as target:
-                    shutil.copyfileobj(source, target, _COPY_CHUNK)
+                _copy_into(source, fd)
                 os.rename(temp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
             except BaseException:
                 with suppress(OSError):
@@ -146,6 +146,31 @@ def write_from(workspace: str, parts: Parts, source: BinaryIO) -> None:
                 os.close(fd)
     except OSError as e:
         raise translate(e, parts) from None
+
+
+def _copy_into(source: BinaryIO, fd: int) -> None:
+    """Copy the rest of ``source`` to the descriptor ``fd``.
+
+    A large request body arrives in a temporary file (twisted.web's): it is copied in the
+    kernel (``sendfile``), without passing through Python's buffers. Anything else (a small
+    body in memory, a source ``sendfile`` refuses) is copied in chunks.
+    """
+    try:
+        source.flush()
+        in_fd, start = source.fileno(), source.tell()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        in_fd = start = -1
+    if in_fd >= 0:
+        offset = start
+        try:
+            while sent := os.sendfile(fd, in_fd, offset, _SENDFILE_CHUNK):
+                offset += sent
+            return
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOSYS) or offset != start:
+                raise
+    with os.fdopen(fd, "wb", closefd=False) as target:
+        shutil.copyfileobj(source, target, _COPY_CHUNK)
 
 
 def exists(workspace: str, parts: Parts) -> bool:
