@@ -48,6 +48,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
     )
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="JSON directory")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override one size (see sbench.figures.Sizes), e.g. --set stream_bytes=67108864",
+    )
     return parser.parse_args(argv)
 
 
@@ -66,6 +73,11 @@ def git_revision() -> str:
 
 async def run(reactor: Any, args: argparse.Namespace) -> int:
     sizes = figures.Sizes(args.quick)
+    for setting in args.set:
+        name, _, value = setting.partition("=")
+        if not hasattr(sizes, name):
+            raise SystemExit(f"bench: --set {setting}: no size named {name!r}")
+        setattr(sizes, name, type(getattr(sizes, name))(value))
     root = os.geteuid() == 0
     isolated = root and not args.no_isolated
     meta: dict[str, Any] = {
@@ -78,6 +90,7 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
         "python": platform.python_version(),
         "root": root,
         "loadavg_start": procs.loadavg(),
+        "sizes": dict(vars(sizes)),
     }
     workdir = Path(tempfile.mkdtemp(prefix="sandboxd-bench-"))
     os.chmod(workdir, 0o755)

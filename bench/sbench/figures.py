@@ -548,13 +548,15 @@ class Bench:
     def _raw_stream(self, d: Sandboxd, size: int) -> float:
         """The same through ``http.client``, decoding each live frame (base64) as it comes."""
         got = [0]
-        pending = [b""]
+        pending: list[bytes] = []
         prefix = b'{"o":"'
 
         def sink(chunk: bytes) -> None:
-            data = pending[0] + chunk
-            lines = data.split(b"\n")
-            pending[0] = lines.pop()
+            if b"\n" not in chunk:
+                pending.append(chunk)  # (the final frame is one line of megabytes)
+                return
+            lines = (b"".join(pending) + chunk).split(b"\n")
+            pending[:] = [lines.pop()]
             for line in lines:
                 if line.startswith(prefix):
                     got[0] += len(base64.b64decode(line[len(prefix) : -2]))
