@@ -7,6 +7,7 @@ so each rule (deadline, silence, keepalive, pause/resume, abort) is checked step
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import signal
@@ -14,11 +15,16 @@ import subprocess
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
+from twisted.internet.process import ProcessReader
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from unit_fakes import FakeProcess, FakeReactor
 
+from sandboxd import exec_run
 from sandboxd.exec_run import (
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
@@ -172,6 +178,17 @@ def test_a_command_that_cannot_start_ends_at_once(
     assert h.clock.getDelayedCalls() == []
     run.abort()
     assert h.kills == []
+
+
+def test_a_command_the_host_cannot_start_ends_in_band() -> None:
+    h = Harness()
+    h.reactor.error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    run = h.start()
+    assert run.frame == {
+        "error": "SpawnFailed",
+        "detail": "cannot start the command: [Errno 11] Resource temporarily unavailable",
+    }
+    assert h.ends == 1 and h.clock.getDelayedCalls() == []
 
 
 # Output
@@ -445,3 +462,109 @@ def test_a_slow_reader_does_not_outlive_the_deadline() -> None:
     run.processExited(Failure(ProcessDone(0)))
     h.clock.advance(10.0)
     assert run.timed_out and h.process.lost == 1
+
+
+# Reading the command's pipes
+
+
+class ReadFails:
+    """Stands in for ``os`` in exec_run: ``read`` fails with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def read(self, fd: int, size: int) -> bytes:
+        raise OSError(self.code, os.strerror(self.code))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
+def test_read_from_a_pipe() -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    got: list[bytes] = []
+    try:
+        assert exec_run.read_from(r, got.append) is None  # nothing yet: EAGAIN
+        os.write(w, b"x" * 60_000)  # fits in the pipe; more than Twisted's 8 KiB reads
+        assert exec_run.read_from(r, got.append) is None
+        assert [len(chunk) for chunk in got] == [60_000]
+        os.close(w)
+        assert exec_run.read_from(r, got.append) is CONNECTION_DONE
+    finally:
+        os.close(r)
+
+
+@pytest.mark.parametrize(
+    ("code", "result"),
+    [(errno.EINTR, None), (errno.EAGAIN, None), (errno.EIO, CONNECTION_LOST)],
+)
+def test_read_from_errors(monkeypatch: pytest.MonkeyPatch, code: int, result: object) -> None:
+    monkeypatch.setattr(exec_run, "os", ReadFails(code))
+    assert exec_run.read_from(0, lambda data: None) is result
+
+
+def test_read_in_large_chunks_replaces_only_output_readers() -> None:
+    r, w = os.pipe()
+    reader = ProcessReader.__new__(ProcessReader)
+    reader.fd = r
+    got: list[bytes] = []
+    reader.dataReceived = got.append  # type: ignore[method-assign]
+    other = object()
+
+    class Process:
+        pipes = {1: reader, 0: other}
+
+    try:
+        exec_run.read_in_large_chunks(Process())
+        os.write(w, b"data")
+        assert reader.doRead() is None
+        assert got == [b"data"]
+    finally:
+        os.close(r)
+        os.close(w)
+    exec_run.read_in_large_chunks(object())  # no pipes: nothing to do
+
+
+# The exit frame's fast encoding gives exactly json.dumps' bytes
+
+base64_text = st.binary(max_size=64).map(lambda b: base64.b64encode(b).decode())
+any_text = st.one_of(base64_text, st.text(max_size=20), st.integers(), st.none())
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=200)
+@given(
+    exit=st.one_of(st.integers(-(2**40), 2**40), st.booleans(), st.floats(allow_nan=False)),
+    out=any_text,
+    err=any_text,
+    truncated=st.one_of(st.none(), st.booleans(), st.integers(0, 1)),
+)
+def test_encode_frame_is_json_dumps(exit: Any, out: Any, err: Any, truncated: Any) -> None:
+    frame: dict[str, Any] = {"exit": exit, "out": out, "err": err}
+    if truncated is not None:
+        frame["truncated"] = truncated
+    expected = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+    assert encode_frame(frame) == expected
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"exit": 0, "out": "", "err": ""},
+        {"exit": 137, "out": "aGk=", "err": "", "truncated": True},
+        {"exit": 1, "out": "aGk=", "err": "aGk=", "truncated": False},
+        {"exit": 0, "err": "", "out": ""},
+        {"exit": 0, "out": "é", "err": ""},
+        {"exit": 0, "out": "a b", "err": ""},
+        {"exit": 0, "out": b"aGk=", "err": ""},
+        {"error": "SpawnFailed", "detail": "no"},
+    ],
+)
+def test_encode_frame_examples(frame: dict[str, Any]) -> None:
+    try:
+        expected = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+    except TypeError:
+        with pytest.raises(TypeError):
+            encode_frame(frame)
+        return
+    assert encode_frame(frame) == expected
