@@ -392,11 +392,10 @@ class SandboxAPI:
     async def walk(self, request: IRequest, rid: str) -> bytes:
         sandbox = self.sandbox(rid)
         parts = normalise(query(request, "root", "/"), "root")
-        entries = await self.manager.files(sandbox, lambda ws: workspace.walk(ws, parts))
-        body = {
-            "entries": [{"path": e.path, "size": e.size, "version": e.version} for e in entries]
-        }
-        return json_response(request, body)
+        # Encoded in the file thread: a walk of many files must not hold the reactor.
+        body = await self.manager.files(sandbox, lambda ws: workspace.walk_body(ws, parts))
+        request.setHeader(b"content-type", b"application/json")
+        return body
 
     @app.route("/sandboxes/<rid>/mkdir", methods=["POST"])
     @authorized

@@ -15,6 +15,7 @@ import shutil
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from json.encoder import encode_basestring_ascii
 from typing import BinaryIO
 
 from attrs import frozen
@@ -344,25 +345,43 @@ def remove_tree(path: str) -> None:
         _remove_tree(parent, name, strict=False)
 
 
-def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
-    """Every regular file under the path (none when it is missing)."""
+def _walk_stats(workspace: str, parts: Parts) -> list[tuple[str, os.stat_result]]:
+    """Every regular file under the path with its lstat (none when it is missing)."""
     try:
         with parent_of(workspace, parts) as parent:
             if not parts:
-                found = list(_scan(parent, ""))
-            else:
-                st = _lstat(parent, parts[-1])
-                if st is None:
-                    return []
-                if stat.S_ISREG(st.st_mode):
-                    return [WalkEntry(display(parts), st.st_size, version_of(st))]
-                if not stat.S_ISDIR(st.st_mode):
-                    return []
-                with _opened_dir(os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)) as top:
-                    found = list(_scan(top, display(parts)))
+                return list(_scan(parent, ""))
+            st = _lstat(parent, parts[-1])
+            if st is None:
+                return []
+            if stat.S_ISREG(st.st_mode):
+                return [(display(parts), st)]
+            if not stat.S_ISDIR(st.st_mode):
+                return []
+            with _opened_dir(os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)) as top:
+                return list(_scan(top, display(parts)))
     except OSError:
         return []
+
+
+def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
+    """Every regular file under the path (none when it is missing)."""
+    found = _walk_stats(workspace, parts)
     return [WalkEntry(path, st.st_size, version_of(st)) for path, st in found]
+
+
+def walk_body(workspace: str, parts: Parts) -> bytes:
+    """The JSON body of ``GET walk``: ``{"entries": [{path, size, version}...]}`` for
+    :func:`walk`'s entries, the very bytes ``json.dumps`` gives, made without an object or a
+    dict per entry (a walk can list hundreds of thousands of files)."""
+    quote = encode_basestring_ascii
+    entries = ", ".join(
+        [
+            f'{{"path": {quote(path)}, "size": {st.st_size}, "version": "{version_of(st)}"}}'
+            for path, st in _walk_stats(workspace, parts)
+        ]
+    )
+    return ('{"entries": [' + entries + "]}").encode("ascii")
 
 
 def disk_usage(workspace: str) -> int:
