@@ -124,7 +124,9 @@ def make_site(resource: IResource, max_body: int) -> Site:
     """A site whose requests refuse bodies over ``max_body`` bytes, and whose malformed
     requests get JSON errors."""
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
-    site = Site(Utf8URLs(resource), requestFactory=request_class)
+    # No route takes an HTML form: twisted.web would parse each POST's content type with the
+    # email package (a tenth of a create's time), and read a multipart body whole into memory.
+    site = Site(Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False)
     site.protocol = Channel  # type: ignore[assignment]
     site.displayTracebacks = False
     return site
