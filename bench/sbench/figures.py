@@ -505,6 +505,13 @@ class Bench:
             "MB/s",
             extra={"bytes": big},
         )
+        self.row(
+            "exec output streamed (floor)",
+            "base64 encode + decode of 64 KiB chunks, one core",
+            base64_rate(),
+            "MB/s",
+            extra={"note": "the wire format's own cost: every live byte is encoded and decoded"},
+        )
         for label in self.daemons:
             for how in ("client", "raw"):
                 self.row(
@@ -840,6 +847,15 @@ def make_file(path: Path, size: int) -> None:
         while left > 0:
             f.write(block[:left])
             left -= min(left, len(block))
+
+
+def base64_rate(total: int = 64 * MiB) -> float:
+    """MB/s of base64-encoding and decoding ``total`` bytes in 64 KiB chunks, in-process."""
+    chunk = os.urandom(64 << 10)
+    start = time.perf_counter()
+    for _ in range(total // len(chunk)):
+        base64.b64decode(base64.b64encode(chunk))
+    return total / (time.perf_counter() - start) / MB
 
 
 def copy_rate(source: Path, target: Path) -> float:
