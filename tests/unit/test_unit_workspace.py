@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import signal
 import sys
@@ -753,3 +754,23 @@ def test_rename_never_follows_links(ws: Path, outside: Path) -> None:
     assert (ws / "filelink").read_bytes() == b"mine"
     assert tree(outside) == ["secret"]
     assert (outside / "secret").read_bytes() == SECRET
+
+
+# The walk's JSON body
+
+
+@pytest.mark.parametrize("root", [(), ("d",), ("d", "f"), ("missing",)])
+def test_walk_body_is_json_dumps_of_walk(ws: Path, root: tuple[str, ...]) -> None:
+    (ws / "d").mkdir()
+    names = ["plain", 'quo"te', "back\\slash", "tab\tnew\nline", "é ü 中", "\x01ctl", "emoji 🎉"]
+    for name in names:
+        (ws / "d" / name).write_bytes(name.encode())
+    (ws / "d" / "f").write_bytes(b"f")
+    os.close(os.open(os.path.join(os.fsencode(ws), b"d", b"bad-\xff-utf8"), os.O_CREAT, 0o644))
+    entries = [
+        {"path": e.path, "size": e.size, "version": e.version}
+        for e in workspace.walk(str(ws), root)
+    ]
+    body = workspace.walk_body(str(ws), root)
+    assert body == json.dumps({"entries": entries}).encode()
+    assert json.loads(body) == {"entries": entries}
