@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -774,3 +775,62 @@ def test_walk_body_is_json_dumps_of_walk(ws: Path, root: tuple[str, ...]) -> Non
     body = workspace.walk_body(str(ws), root)
     assert body == json.dumps({"entries": entries}).encode()
     assert json.loads(body) == {"entries": entries}
+
+
+# Uploads from twisted.web's temporary body file: copied with sendfile
+
+
+@pytest.fixture
+def body_file() -> Iterator[Any]:
+    with tempfile.TemporaryFile() as f:
+        f.write(b"header-to-skip")
+        f.write(bytes(range(256)) * 1000)
+        f.seek(len(b"header-to-skip"))
+        yield f
+
+
+def test_write_from_a_file_uses_its_remaining_bytes(ws: Path, body_file: Any) -> None:
+    workspace.write_from(str(ws), ("f",), body_file)
+    assert (ws / "f").read_bytes() == bytes(range(256)) * 1000
+
+
+def sendfile_fails(code: int, after: int = 0) -> Callable[..., Any]:
+    calls = {"n": 0}
+
+    def fault(real: Callable[..., Any], out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        calls["n"] += 1
+        if calls["n"] > after:
+            raise OSError(code, os.strerror(code))
+        return int(real(out_fd, in_fd, offset, min(count, 1000)))
+
+    return fault
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOSYS])
+def test_write_from_falls_back_when_sendfile_cannot(
+    ws: Path, body_file: Any, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    monkeypatch.setattr(workspace, "os", FaultyOs(sendfile=sendfile_fails(code)))
+    workspace.write_from(str(ws), ("f",), body_file)
+    monkeypatch.undo()
+    assert (ws / "f").read_bytes() == bytes(range(256)) * 1000
+
+
+def test_write_from_never_falls_back_half_way(
+    ws: Path, body_file: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workspace, "os", FaultyOs(sendfile=sendfile_fails(errno.EINVAL, 3)))
+    with pytest.raises(BadRequest):
+        workspace.write_from(str(ws), ("f",), body_file)
+    monkeypatch.undo()
+    assert tree(ws) == []
+
+
+def test_write_from_a_file_on_a_full_disk_is_507(
+    ws: Path, body_file: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workspace, "os", FaultyOs(sendfile=sendfile_fails(errno.ENOSPC, 2)))
+    with pytest.raises(InsufficientStorage):
+        workspace.write_from(str(ws), ("d", "f"), body_file)
+    monkeypatch.undo()
+    assert tree(ws) == ["d"]
