@@ -204,6 +204,13 @@ class Bench:
                 return float(row["value"])
         return None
 
+    async def settle(self) -> None:
+        """Let the reactor run a moment: after blocking work (the raw client, the floors) the
+        client's pool must see the connections the server closed meanwhile (twisted.web
+        closes idle ones after 60 s) before it hands one out."""
+        for _ in range(3):
+            await deferLater(self.reactor, 0.01, lambda: None)
+
     # Latency rounds
 
     async def rounds(
@@ -408,6 +415,7 @@ class Bench:
         for label, d in self.daemons.items():
             # Warm the daemon's allocator and connections first: their one-off growth is not
             # per-sandbox memory.
+            await self.settle()
             await self._create_many(d, self.sizes.idle_warmup, kill=True)
             await deferLater(self.reactor, 0.5, lambda: None)
             before = d.server.rss_kib()
@@ -538,6 +546,7 @@ class Bench:
             )
 
     async def _client_stream(self, d: Sandboxd, size: int) -> float:
+        await self.settle()
         got = [0]
 
         def count(chunk: bytes) -> None:
@@ -659,6 +668,7 @@ class Bench:
         self, d: Sandboxd, op: str, source: Path, received: Path, size: int
     ) -> float:
         name = "/bench/transfer.bin"
+        await self.settle()
         d.raw.ready()
         start = time.perf_counter()
         if op == "upload (client)":
@@ -760,6 +770,7 @@ class Bench:
                 times["python"].append(scan_tree(top, n))
                 argv = [find, str(top), "-type", "f", "-printf", "%i %s %T@ %C@ %p\n"]
                 times["find"].append(floor.run(argv, f.env)[0])
+                await self.settle()
                 start = time.perf_counter()
                 entries = await d.client.walk(d.handle, "/walk")
                 times["client"].append(time.perf_counter() - start)
@@ -829,6 +840,7 @@ class Bench:
 
     async def _all(self, d: Sandboxd, argv: list[str], count: int) -> float:
         """Seconds until ``count`` concurrent execs of ``argv`` have all ended (exit 0)."""
+        await self.settle()
         start = time.perf_counter()
         calls = [d.client.exec(d.handle, argv) for _ in range(count)]
         results = await DeferredList(calls, consumeErrors=True)

@@ -64,4 +64,34 @@ def write(result: dict[str, Any], directory: Path) -> Path:
     path = directory / f"{stamp}{'-quick' if result['meta']['quick'] else ''}.json"
     path.write_text(text)
     (directory / "latest.json").write_text(text)
+    (directory / "latest.rst").write_text(rst(result) + "\n")
     return path
+
+
+def rst(result: dict[str, Any]) -> str:
+    """The rows with a target, as an RST table for README.rst."""
+    meta = result["meta"]
+    head = ("figure", "sandboxd", "p50 / rate", "reference", "ratio", "target", "met")
+    lines = []
+    for row in result["rows"]:
+        if row["target"] is None:
+            continue
+        ref = "" if row["ref"] is None else f"{row['ref']} {fmt(row['ref_value'], row['unit'])}"
+        ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+        met = {None: "", True: "yes", False: "no"}[row["met"]]
+        value = fmt(row["value"], row["unit"])
+        lines.append((row["figure"], row["variant"], value, ref, ratio, row["target"], met))
+    widths = [max(len(str(r[i])) for r in [head, *lines]) for i in range(len(head))]
+    rule = "  ".join("=" * w for w in widths)
+    out = [
+        f"Last run: {meta['started']}, {meta['revision']}, {meta['cpus']} CPUs, load average"
+        f" {fmt_load(meta['loadavg_start'])} (start) / {fmt_load(meta.get('loadavg_end'))} (end).",
+        "",
+        rule,
+        "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
+        rule,
+    ]
+    for r in lines:
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    out.append(rule)
+    return "\n".join(out)
