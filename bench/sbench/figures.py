@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -119,6 +120,8 @@ class Sandboxd:
         self.raw = RawHTTP(server.port)
         self.handle: Any = None
         self.rid = ""
+        self.made: list[Any] = []
+        """Sandboxes the create variants made, killed after each batch (``Bench.reap``)."""
 
     async def open(self) -> None:
         self.handle = await self.client.create()
@@ -228,11 +231,23 @@ class Bench:
 
         for call in variants.values():
             await once(call)
+        await self.reap()
         for _ in range(self.sizes.rounds):
             for name, call in variants.items():
                 for _ in range(self.sizes.per_round):
                     samples[name].append(await once(call))
+                await self.reap()
         return samples
+
+    async def reap(self) -> None:
+        """Kill the sandboxes the create variants made, out of their timing, and give the kernel
+        a moment to finish with their cgroups (a kill leaves it work that slows whatever runs
+        right after it: an exec just after a kill here takes half as long again)."""
+        for d in self.daemons.values():
+            handles, d.made = d.made, []
+            if handles:
+                await self._kill_many(d, handles)
+                await deferLater(self.reactor, 0.1, lambda: None)
 
     def spawn_variants(self) -> dict[str, Callable[[], float]]:
         f = self.floors
@@ -403,7 +418,7 @@ class Bench:
                 if result.exit_code != 0:
                     raise RuntimeError(f"first exec exited {result.exit_code}")
             elapsed = time.perf_counter() - start
-            await d.client.kill(handle)
+            d.made.append(handle)
             return elapsed
 
         return call
@@ -845,6 +860,17 @@ class Bench:
                 target=at_most(1.5 * s, " s"),
                 extra={"walls_s": walls},
             )
+            walls = [raw_all(d, ["sleep", str(s)], c) for _ in range(self.sizes.sleep_reps)]
+            self.row(
+                "concurrent sleeps",
+                f"{label}: {c} x sleep {s:g} (raw, a thread each)",
+                median(walls),
+                "s",
+                ref="floor",
+                ref_value=ref,
+                target=at_most(1.5 * s, " s"),
+                extra={"walls_s": walls},
+            )
 
     async def _all(self, d: Sandboxd, argv: list[str], count: int) -> float:
         """Seconds until ``count`` concurrent execs of ``argv`` have all ended (exit 0)."""
@@ -857,6 +883,38 @@ class Bench:
         if bad:
             raise RuntimeError(f"concurrent {argv}: {len(bad)} failed: {bad[0]}")
         return wall
+
+
+def raw_all(d: Sandboxd, argv: list[str], count: int) -> float:
+    """Seconds until ``count`` execs of ``argv`` sent at once over ``count`` connections
+    (``http.client``, a thread each, connected beforehand) have all ended with exit 0."""
+    clients = [RawHTTP(d.server.port).ready() for _ in range(count)]
+    body = json.dumps({"cmd": argv}).encode()
+    gate = threading.Barrier(count + 1)
+    failures: list[str] = []
+
+    def one(client: RawHTTP) -> None:
+        gate.wait()
+        try:
+            status, data = client.request("POST", d.path("exec"), body)
+            if status != 200 or b'"exit":0' not in data:
+                failures.append(f"HTTP {status}: {data[-200:]!r}")
+        except Exception as e:
+            failures.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(c,)) for c in clients]
+    for thread in threads:
+        thread.start()
+    gate.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    for client in clients:
+        client.close()
+    if failures:
+        raise RuntimeError(f"concurrent {argv}: {len(failures)} failed: {failures[0]}")
+    return wall
 
 
 def make_file(path: Path, size: int) -> None:
