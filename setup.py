@@ -1,8 +1,58 @@
 """Packaging for sandboxd (the daemon) and sandboxd_client (the client and sandboxctl)."""
 
+import importlib.util
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.build_py import build_py
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
+HERE = Path(__file__).resolve().parent
+
+
+def _helper_build():  # type: ignore[no-untyped-def]
+    """``sandboxd/isolation/helper_build.py``, loaded by path (the dependencies may be absent)."""
+    spec = importlib.util.spec_from_file_location(
+        "sandboxd_helper_build", HERE / "sandboxd" / "isolation" / "helper_build.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildWithHelper(build_py):  # type: ignore[misc]
+    """The packages, plus the ``sandboxd-exec`` helper compiled into them when a C compiler is
+    there (in place for an editable install)."""
+
+    def run(self) -> None:
+        super().run()
+        helper = _helper_build()
+        base = HERE if getattr(self, "editable_mode", False) else Path(self.build_lib)
+        helper.build(base / "sandboxd" / "isolation" / helper.HELPER_NAME)
+
+
+class HelperWheel(bdist_wheel):  # type: ignore[misc]
+    """The helper is a plain executable: the wheel fits any Python 3 on this platform."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        python, abi, platform = super().get_tag()
+        if not self.root_is_pure:
+            python, abi = "py3", "none"
+        return python, abi, platform
+
+
+class HelperDistribution(Distribution):  # type: ignore[misc]
+    """A wheel built where the helper can be compiled carries it, so it is tagged for this
+    platform, not ``any``."""
+
+    def has_ext_modules(self) -> bool:
+        return _helper_build().find_compiler() is not None or super().has_ext_modules()
+
 
 setup(
     name="sandboxd",
@@ -17,7 +67,12 @@ setup(
         "sandboxd_client",
         "twisted.plugins",
     ],
-    package_data={"twisted": ["plugins/sandboxd_plugin.py"]},
+    package_data={
+        "twisted": ["plugins/sandboxd_plugin.py"],
+        "sandboxd.isolation": ["sandboxd_exec.c"],
+    },
+    cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},
+    distclass=HelperDistribution,
     install_requires=[
         "twisted>=24.7",
         "klein>=24.8",

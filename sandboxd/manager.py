@@ -36,10 +36,6 @@ T = TypeVar("T")
 
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 
-CD_AND_EXEC = 'cd -- "$1" && shift && unset OLDPWD && exec "$@"'
-"""Run after privilege is dropped, so a ``cwd`` the sandbox swapped for a symlink gets it
-nothing its uid could not reach anyway."""
-
 log = Logger()
 
 
@@ -330,9 +326,7 @@ class SandboxManager:
             on_end=end,
         )
         argv = self.isolation.wrap(
-            sandbox.identity,
-            self.isolation.cgroups.procs_files(sandbox.rid),
-            ["/bin/sh", "-c", CD_AND_EXEC, "sh", cwd, *request.cmd],
+            sandbox.identity, self.isolation.cgroups.procs_files(sandbox.rid), cwd, request.cmd
         )
         sandbox.execs += 1
         sandbox.running.add(run)

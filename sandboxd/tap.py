@@ -164,6 +164,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         log.warn("isolation: NONE — sandboxes run as the daemon's own user (development only)")
     else:
         log.info("isolation: {name} driver ready", name=isolation.name)
+    log.info("exec: commands start through the {chain}", chain=isolation.exec_chain)
     try:
         token = read_token(config.token_file)
     except (OSError, ConfigError) as e:

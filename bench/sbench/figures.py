@@ -255,15 +255,27 @@ class Bench:
         env, senv = f.env, f.spawn_env()
         variants: dict[str, Callable[[], float]] = {
             "floor: /bin/true direct": lambda: floor.run(f.direct(), env)[0],
-            "floor: setsid sh(cd) true (none's argv)": lambda: floor.run(f.none_chain(), env)[0],
+            "floor: setsid sh(cd) true (none's shell chain)": lambda: floor.run(
+                f.none_chain(), env
+            )[0],
         }
+        none_helper = f.none_helper()
+        if none_helper is not None:
+            variants["floor: helper session+cd true (none's argv)"] = lambda: floor.run(
+                none_helper, env
+            )[0]
         if f.isolated:
             variants["floor: wrapper (cgroup+setsid+setpriv) true"] = lambda: floor.run(
                 f.wrapper_floor(), senv
             )[0]
-            variants["floor: wrapper sh(cd) true (isolated's argv)"] = lambda: floor.run(
+            variants["floor: wrapper sh(cd) true (isolated's shell chain)"] = lambda: floor.run(
                 f.isolated_chain(), senv
             )[0]
+            helper = f.isolated_helper()
+            if helper is not None:
+                variants["floor: helper cgroup+setsid+uid+cd true (isolated's argv)"] = lambda: (
+                    floor.run(helper, senv)[0]
+                )
         return variants
 
     async def latency(self) -> None:

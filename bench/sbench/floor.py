@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from sandboxd.isolation.base import Identity, Limits
-from sandboxd.isolation.none import find_program
+from sandboxd.isolation.helper import HELPER, HelperSession, HelperWrapper, helper_problem
+from sandboxd.isolation.none import find_program, session_wrapper
 from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
-from sandboxd.manager import BASE_PATH, CD_AND_EXEC
+from sandboxd.manager import BASE_PATH
 
 READ_SIZE = 1 << 20
 
@@ -112,21 +113,44 @@ class Floors:
         return [self.true]
 
     def none_chain(self) -> list[str]:
-        """What ``--isolation=none`` spawns for ``true``: setsid, sh (cd), true."""
-        return [self.setsid, "--", "/bin/sh", "-c", CD_AND_EXEC, "sh", self.home, "true"]
+        """The shell chain of ``--isolation=none`` for ``true``: setsid, sh (cd), true."""
+        return session_wrapper(self.setsid)(self.identity, (), self.home, ["true"])
 
-    def wrapped(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` inside the daemon's wrapper: join the cgroup, setsid, setpriv."""
-        assert self.wrapper is not None
-        return self.wrapper(self.identity, self.driver.procs_files(self.rid), argv)
+    def none_helper(self) -> list[str] | None:
+        """What ``--isolation=none`` spawns for ``true`` with the helper (``None``: not built)."""
+        if helper_problem(HELPER, as_root=False) is not None:
+            return None
+        return HelperSession(HELPER)(self.identity, (), self.home, ["true"])
 
     def wrapper_floor(self) -> list[str]:
-        """The wrapper around ``/bin/true``: the reference of the isolated exec target."""
-        return self.wrapped([self.true])
+        """The reference of the isolated exec target: ``/bin/true`` in the shell wrapper (join
+        the cgroup as root, setsid, setpriv), no ``cd``."""
+        assert self.wrapper is not None
+        procs = self.driver.procs_files(self.rid)
+        return [
+            self.wrapper.programs.sh,
+            "-c",
+            self.wrapper.script,
+            "sandboxd-exec",
+            str(self.identity.uid),
+            str(self.identity.gid),
+            str(len(procs)),
+            *procs,
+            self.true,
+        ]
 
     def isolated_chain(self) -> list[str]:
-        """Exactly what the isolated daemon spawns for ``true`` (wrapper, sh (cd), true)."""
-        return self.wrapped(["/bin/sh", "-c", CD_AND_EXEC, "sh", self.home, "true"])
+        """The isolated shell chain for ``true`` (wrapper, sh (cd), true)."""
+        assert self.wrapper is not None
+        procs = self.driver.procs_files(self.rid)
+        return self.wrapper(self.identity, procs, self.home, ["true"])
+
+    def isolated_helper(self) -> list[str] | None:
+        """What the isolated daemon spawns for ``true`` with the helper (``None``: not built)."""
+        if helper_problem(HELPER, as_root=True) is not None:
+            return None
+        procs = self.driver.procs_files(self.rid)
+        return HelperWrapper(HELPER)(self.identity, procs, self.home, ["true"])
 
     def spawn_env(self) -> dict[str, str]:
         return spawn_env(self.env)

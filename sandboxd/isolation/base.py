@@ -103,6 +103,15 @@ class FsCredentials(Protocol):
         """Call ``work()`` in a worker thread whose fsuid/fsgid are the identity's."""
 
 
+CD_AND_EXEC = 'cd -- "$1" && shift && unset OLDPWD && exec "$@"'
+"""The shell chains' last step, run after privilege is dropped, so a ``cwd`` the sandbox
+swapped for a symlink gets it nothing its uid could not reach anyway."""
+
+Wrap = Callable[[Identity, Sequence[str], str, Sequence[str]], list[str]]
+"""``wrap(identity, procs_files, cwd, argv)``: the argv to spawn so that ``argv`` runs in the
+sandbox (see :class:`Isolation`)."""
+
+
 def plain_env(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``env``: what an unprivileged wrapper (``--isolation=none``) spawns with."""
     return dict(env)
@@ -112,15 +121,17 @@ def plain_env(env: Mapping[str, str]) -> dict[str, str]:
 class Isolation:
     """Everything the manager needs to isolate sandboxes, chosen once at start-up.
 
-    ``wrap(identity, procs_files, argv)`` returns the argv that joins the cgroup, starts a new
-    session (so the exec's process group can be killed) and drops privilege before ``argv``.
+    ``wrap(identity, procs_files, cwd, argv)`` returns the argv that joins the cgroup, starts a
+    new session (so the exec's process group can be killed), drops privilege, and only then
+    enters ``cwd`` (a component the sandbox swapped for a symlink gets it nothing its uid could
+    not reach) and execs ``argv``.
     """
 
     name: str
     uids: UidPool
     cgroups: CgroupDriver
     fs: FsCredentials
-    wrap: Callable[[Identity, Sequence[str], Sequence[str]], list[str]]
+    wrap: Wrap
     owns_files: bool
     """True when the daemon must chown what it creates to the sandbox's identity (as root)."""
     spawn_env: Callable[[Mapping[str, str]], dict[str, str]] = field(default=plain_env)
@@ -132,3 +143,6 @@ class Isolation:
     sees it. Raises ``ValueError`` for a name that cannot be carried (not a shell identifier, or
     the wrapper's reserved ``__SANDBOXD_`` prefix): a ``400`` for the caller.
     """
+    exec_chain: str = "shell"
+    """How commands start, for the start-up log: ``helper PATH`` or ``shell`` (the chain of
+    :mod:`sandboxd.isolation.wrapper`)."""

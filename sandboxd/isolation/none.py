@@ -16,13 +16,16 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.isolation.base import (
+    CD_AND_EXEC,
     CgroupStats,
     Identity,
     Isolation,
     IsolationUnavailable,
     Limits,
     NoFreeUid,
+    Wrap,
 )
+from sandboxd.isolation.helper import HelperSession
 
 T = TypeVar("T")
 
@@ -92,11 +95,14 @@ class ThreadedFiles:
         return deferToThreadPool(self.reactor, self.pool, work)  # type: ignore[arg-type]
 
 
-def session_wrapper(setsid: str) -> Callable[[Identity, Sequence[str], Sequence[str]], list[str]]:
-    """Wrap a command so it starts a session (its own process group) and nothing else."""
+def session_wrapper(setsid: str) -> Wrap:
+    """Wrap a command so it starts a session (its own process group) in ``cwd``, and nothing
+    else (the shell chain, where the helper was not built)."""
 
-    def wrap(identity: Identity, procs_files: Sequence[str], argv: Sequence[str]) -> list[str]:
-        return [setsid, "--", *argv]
+    def wrap(
+        identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
+    ) -> list[str]:
+        return [setsid, "--", "/bin/sh", "-c", CD_AND_EXEC, "sh", cwd, *argv]
 
     return wrap
 
@@ -109,13 +115,16 @@ def find_program(name: str) -> str:
     return path
 
 
-def no_isolation(reactor: object, pool: ThreadPool, capacity: int) -> Isolation:
-    """The development bundle: the daemon's own uid, no cgroups, a session per exec."""
+def no_isolation(reactor: object, pool: ThreadPool, capacity: int, helper: str | None) -> Isolation:
+    """The development bundle: the daemon's own uid, no cgroups, a session per exec (through
+    the exec ``helper`` when there is one)."""
+    wrap = session_wrapper(find_program("setsid")) if helper is None else HelperSession(helper)
     return Isolation(
         name="none",
         uids=CountingPool(Identity(os.getuid(), os.getgid()), capacity),
         cgroups=NoCgroups(),
         fs=ThreadedFiles(reactor, pool),
-        wrap=session_wrapper(find_program("setsid")),
+        wrap=wrap,
         owns_files=False,
+        exec_chain="shell" if helper is None else f"helper {helper}",
     )

@@ -24,6 +24,7 @@ from sandboxd.isolation.fscreds import (
     LibcFsIds,
     drop_supplementary_groups,
 )
+from sandboxd.isolation.helper import HELPER, HelperWrapper, helper_problem
 from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
 from sandboxd.isolation.none import find_program, no_isolation
 from sandboxd.isolation.uids import NumericUidPool
@@ -68,6 +69,23 @@ class Host:
     set_oom_score_adj: Callable[[int], None] = _set_oom_score_adj
     setgroups: Callable[[list[int]], None] = os.setgroups
     fsids: Callable[[], FsIds] = LibcFsIds
+    helper: str = HELPER
+    lstat: Callable[[str], os.stat_result] = os.lstat
+
+
+def find_helper(host: Host, as_root: bool) -> str | None:
+    """The exec helper's path when it can be used, else ``None`` (with a warning: commands
+    then start through the slower shell chain)."""
+    problem = helper_problem(host.helper, as_root, host.lstat)
+    if problem is None:
+        return host.helper
+    log.warn(
+        "exec: helper unusable ({problem}): commands start through sh, setsid and setpriv,"
+        " several milliseconds slower; build it with a C compiler (pip install . or"
+        " python -m sandboxd.isolation.helper_build)",
+        problem=problem,
+    )
+    return None
 
 
 Driver = Cgroup1Driver | Cgroup2Driver
@@ -110,14 +128,15 @@ def build_isolation(
     """
     capacity = config.uid_max - config.uid_min + 1
     if config.isolation == "none":
-        return no_isolation(reactor, file_pool, capacity)
+        return no_isolation(reactor, file_pool, capacity, find_helper(host, as_root=False))
     euid = host.kernel.geteuid()
     if euid != 0:
         raise IsolationUnavailable(
             f"isolation {config.isolation} needs root (running as uid {euid});"
             " SANDBOXD_ISOLATION=none runs unisolated, for development only"
         )
-    programs = Programs.find(host.which)
+    helper = find_helper(host, as_root=True)
+    wrap = HelperWrapper(helper) if helper is not None else Wrapper(Programs.find(host.which))
     driver = choose_driver(config, reactor, host)
     driver.preflight()
     protect_daemon(host.set_oom_score_adj)
@@ -128,7 +147,8 @@ def build_isolation(
         uids=NumericUidPool(config.uid_min, config.uid_max),
         cgroups=driver,
         fs=FsCredentialThreads(threads_reactor, file_pool, host.fsids()),
-        wrap=Wrapper(programs),
+        wrap=wrap,
         owns_files=True,
         spawn_env=spawn_env,
+        exec_chain="shell" if helper is None else f"helper {helper}",
     )

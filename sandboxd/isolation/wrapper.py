@@ -1,8 +1,9 @@
 """The privileged exec wrapper: join the cgroup as root, then drop to the sandbox's identity.
 
-``wrap(identity, procs_files, argv)`` gives the argv the daemon spawns (as root)::
+The fallback of :mod:`sandboxd.isolation.helper` (used where the helper was not built).
+``wrap(identity, procs_files, cwd, argv)`` gives the argv the daemon spawns (as root)::
 
-    sh -c ROOT sandboxd-exec UID GID N PROCS_1 .. PROCS_N ARGV..
+    sh -c ROOT sandboxd-exec UID GID N PROCS_1 .. PROCS_N sh -c CD_AND_EXEC sh CWD ARGV..
 
 ``ROOT`` writes its own pid into every ``cgroup.procs`` (so everything the command ever forks
 is inside the limits) and resets ``oom_score_adj`` to 0 (the daemon's protective value would
@@ -10,7 +11,8 @@ be inherited; a value above 0 that cannot be lowered without ``CAP_SYS_RESOURCE`
 it protects nothing). Then it ``exec``\\ s ``setsid`` (a new session and process group, which
 the daemon can ``killpg``; ``setsid`` does not fork when its caller leads no group, and a
 spawned child never does) and ``setpriv`` (uid/gid, no supplementary groups,
-``no_new_privs``), which runs ``ARGV``: the pid the daemon holds is the command's own. A failed
+``no_new_privs``), which runs ``sh`` to enter ``CWD`` as the sandbox and ``exec`` ``ARGV``:
+the pid the daemon holds is the command's own. A failed
 join exits :data:`JOIN_FAILED` with a message on stderr, and the command never starts.
 ``ARGV`` travels as positional parameters, never through the shell's parser, so any bytes are
 fine.
@@ -29,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from attrs import field, frozen
 
-from sandboxd.isolation.base import Identity
+from sandboxd.isolation.base import CD_AND_EXEC, Identity
 from sandboxd.isolation.none import find_program
 
 JOIN_FAILED = 125
@@ -149,9 +151,9 @@ class Wrapper:
         return _root_script(self.programs)
 
     def __call__(
-        self, identity: Identity, procs_files: Sequence[str], argv: Sequence[str]
+        self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
-        """The argv to spawn as root for ``argv`` to run as ``identity`` in its cgroup."""
+        """The argv to spawn as root for ``argv`` to run as ``identity`` in its cgroup and cwd."""
         if identity.uid <= 0 or identity.gid <= 0:
             raise ValueError(f"refusing to run a command as {identity}: never as root")
         if not argv:
@@ -165,6 +167,11 @@ class Wrapper:
             str(identity.gid),
             str(len(procs_files)),
             *procs_files,
+            self.programs.sh,
+            "-c",
+            CD_AND_EXEC,
+            "sh",
+            cwd,
             *argv,
         ]
 

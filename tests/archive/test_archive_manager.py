@@ -40,7 +40,7 @@ class GatedArchive:
 @pytest.fixture
 def manager(scratch: Path, archive: Archive, pool: ThreadPool) -> Iterator[SandboxManager]:
     config = Config.load({}, {"isolation": "none", "root": str(scratch / "root")})
-    isolation = no_isolation(reactor(), pool, 4)
+    isolation = no_isolation(reactor(), pool, 4, None)
     layout = Layout(config.root, owns_files=False)
     gated: Any = GatedArchive(archive)
     built = SandboxManager(config, reactor(), reactor(), isolation, pool, layout, archive=gated)

@@ -14,6 +14,7 @@ from twisted.internet.task import Clock
 
 from sandboxd.api import SandboxAPI
 from sandboxd.config import Config
+from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.none import no_isolation
 from sandboxd.layout import Layout
 from sandboxd.manager import SandboxManager
@@ -50,7 +51,10 @@ def harness(settings: dict[str, str], token: bytes | None) -> Iterator[Harness]:
     clock = Clock()
     reactor = ProcessReactor()
     capacity = config.uid_max - config.uid_min + 1
-    isolation = attrs.evolve(no_isolation(reactor, None, capacity), fs=SyncFiles())  # type: ignore[arg-type]
+    # The helper when it is built (as the daemon would), else the shell chain.
+    helper = HELPER if helper_problem(HELPER, as_root=False) is None else None
+    bundle = no_isolation(reactor, None, capacity, helper)  # type: ignore[arg-type]
+    isolation = attrs.evolve(bundle, fs=SyncFiles())
     layout = Layout(config.root, owns_files=isolation.owns_files)
     manager = SandboxManager(config, reactor, clock, isolation, SyncPool(), layout)  # type: ignore[arg-type]
     result_of(manager.start())

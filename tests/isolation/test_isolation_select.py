@@ -1,6 +1,7 @@
 """Choosing the bundle at start-up: loud refusals, never a silent fallback to no isolation."""
 
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from sandboxd.isolation.base import IsolationUnavailable, plain_env
 from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.fscreds import FsCredentialThreads
+from sandboxd.isolation.helper import HelperSession, HelperWrapper
 from sandboxd.isolation.none import CountingPool
 from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation, protect_daemon
 from sandboxd.isolation.uids import NumericUidPool
@@ -52,7 +54,9 @@ class Machine:
             "/proc/self/cgroup": "\n".join(proc) + "\n",
         }
 
-    def host(self, missing: str | None = None) -> Host:
+    def host(self, missing: str | None = None, helper: str | None = None) -> Host:
+        """The host; without ``helper``, the exec helper is missing (the shell chain is used)."""
+
         def which(name: str) -> str:
             if name == missing:
                 raise IsolationUnavailable(f"{name} not found (install util-linux)")
@@ -65,7 +69,31 @@ class Machine:
             set_oom_score_adj=self.oom.append,
             setgroups=self.groups.append,
             fsids=lambda: "libc",  # type: ignore[arg-type,return-value]
+            helper=helper or str(self.tmp / "no-such-helper"),
+            lstat=fake_lstat,
         )
+
+
+def stat_of(mode: int, uid: int = 0) -> os.stat_result:
+    return os.stat_result((mode, 0, 0, 1, uid, 0, 0, 0, 0, 0))
+
+
+HELPER_FILES = {
+    "/opt/sd/sandboxd-exec": stat_of(stat.S_IFREG | 0o755),
+    "/opt/sd": stat_of(stat.S_IFDIR | 0o755),
+    "/opt/user/sandboxd-exec": stat_of(stat.S_IFREG | 0o755, uid=1000),
+    "/opt/user": stat_of(stat.S_IFDIR | 0o755, uid=1000),
+    "/opt/open/sandboxd-exec": stat_of(stat.S_IFREG | 0o755),
+    "/opt/open": stat_of(stat.S_IFDIR | 0o777),
+    "/opt/plain/sandboxd-exec": stat_of(stat.S_IFREG | 0o644),
+    "/opt/plain": stat_of(stat.S_IFDIR | 0o755),
+}
+
+
+def fake_lstat(path: str) -> os.stat_result:
+    if path not in HELPER_FILES:
+        raise FileNotFoundError(2, "No such file or directory", path)
+    return HELPER_FILES[path]
 
 
 def config(tmp: Path, isolation: str) -> Config:
@@ -193,3 +221,32 @@ def test_build_goes_on_when_the_daemon_cannot_be_protected(tmp_path: Path) -> No
 
     host = evolve(machine.host(), set_oom_score_adj=refused)
     assert build_isolation(config(tmp_path, "auto"), Clock(), POOL, host).name == "cgroup2"
+
+
+def test_the_helper_replaces_the_shell_chain_when_only_root_can_change_it(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    for missing in ("setpriv", "setsid"):  # not needed with the helper
+        host = machine.host(missing=missing, helper="/opt/sd/sandboxd-exec")
+        iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, host)
+        assert isinstance(iso.wrap, HelperWrapper)
+        assert iso.wrap.helper == "/opt/sd/sandboxd-exec"
+        assert iso.exec_chain == "helper /opt/sd/sandboxd-exec"
+        assert iso.spawn_env is spawn_env
+
+
+@pytest.mark.parametrize("place", ["user", "open", "plain", "missing"])
+def test_a_helper_others_could_change_is_not_run_as_root(tmp_path: Path, place: str) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    host = machine.host(helper=f"/opt/{place}/sandboxd-exec")
+    iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, host)
+    assert isinstance(iso.wrap, Wrapper)
+    assert iso.exec_chain == "shell"
+
+
+@pytest.mark.parametrize(("place", "used"), [("sd", True), ("user", True), ("plain", False)])
+def test_none_uses_the_helper_when_it_is_executable(tmp_path: Path, place: str, used: bool) -> None:
+    machine = Machine(tmp_path, v2=None, v1=False, euid=1000)
+    host = machine.host(helper=f"/opt/{place}/sandboxd-exec")
+    iso = build_isolation(config(tmp_path, "none"), Clock(), POOL, host)
+    assert isinstance(iso.wrap, HelperSession) is used
+    assert iso.exec_chain == (f"helper /opt/{place}/sandboxd-exec" if used else "shell")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from attrs import frozen
 
-from sandboxd.isolation.base import Identity
+from sandboxd.isolation.base import CD_AND_EXEC, Identity
 from sandboxd.isolation.none import find_program
 from sandboxd.isolation.wrapper import JOIN_FAILED, PREFIX, Programs, Wrapper, spawn_env
 
@@ -36,7 +36,7 @@ class Rig:
     def run(
         self, argv: list[str], env: dict[str, str] | None = None, procs: list[str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        wrapped = self.wrapper(SANDBOX, self.procs if procs is None else procs, argv)
+        wrapped = self.wrapper(SANDBOX, self.procs if procs is None else procs, "/", argv)
         carried = spawn_env(BASE_ENV if env is None else env)
         return subprocess.run(
             wrapped, env=carried, capture_output=True, text=True, timeout=30, check=False
@@ -140,7 +140,7 @@ def test_other_environment_reaches_only_the_command(rig: Rig) -> None:
             key, value = line.split("=", 1)
             seen[key] = value
     assert seen["LD_PRELOAD"] == "/nonexistent.so"
-    assert seen["IFS"] == "0123456789"
+    assert "IFS" in seen  # the chain's last sh (cd) resets its value, as every sh does
     assert seen["EMPTY"] == ""
     assert "line1" in seen["WEIRD"]
     assert not any(key.startswith(PREFIX) for key in seen)
@@ -168,16 +168,30 @@ def test_exit_codes_follow_the_shell(rig: Rig, carried: bool) -> None:
 def test_wrap_refuses_root_and_empty_commands(rig: Rig) -> None:
     for identity in (Identity(0, 5), Identity(5, 0)):
         with pytest.raises(ValueError, match="never as root"):
-            rig.wrapper(identity, [], ["true"])
+            rig.wrapper(identity, [], "/", ["true"])
     with pytest.raises(ValueError, match="empty"):
-        rig.wrapper(SANDBOX, [], [])
+        rig.wrapper(SANDBOX, [], "/", [])
 
 
 def test_wrap_layout() -> None:
     wrapper = Wrapper(Programs("/bin/sh", "/s/setsid", "/s/set priv", "/usr/bin/env"))
-    argv = wrapper(SANDBOX, ["/cg/a", "/cg/b"], ["ls", "-l"])
+    argv = wrapper(SANDBOX, ["/cg/a", "/cg/b"], "/ws", ["ls", "-l"])
     assert argv[:2] == ["/bin/sh", "-c"]
-    assert argv[3:] == ["sandboxd-exec", "200007", "200008", "2", "/cg/a", "/cg/b", "ls", "-l"]
+    assert argv[3:] == [
+        "sandboxd-exec",
+        "200007",
+        "200008",
+        "2",
+        "/cg/a",
+        "/cg/b",
+        "/bin/sh",
+        "-c",
+        CD_AND_EXEC,
+        "sh",
+        "/ws",
+        "ls",
+        "-l",
+    ]
     assert "'/s/set priv'" in argv[2]
 
 
@@ -229,7 +243,7 @@ def test_an_oom_score_adj_that_cannot_be_lowered_is_kept(rig: Rig) -> None:
     def raise_own() -> None:
         Path("/proc/self/oom_score_adj").write_text("100")
 
-    wrapped = rig.wrapper(SANDBOX, rig.procs, ["cat", "/proc/self/oom_score_adj"])
+    wrapped = rig.wrapper(SANDBOX, rig.procs, "/", ["cat", "/proc/self/oom_score_adj"])
     done = subprocess.run(
         wrapped, env=BASE_ENV, capture_output=True, text=True, preexec_fn=raise_own, check=False
     )

@@ -94,7 +94,7 @@ class Bundle:
     ) -> subprocess.CompletedProcess[str]:
         """Spawn ``argv`` the way the daemon does: the wrapper's argv, the carried env."""
         iso = self.isolation
-        wrapped = iso.wrap(identity, iso.cgroups.procs_files(rid), argv)
+        wrapped = iso.wrap(identity, iso.cgroups.procs_files(rid), "/", argv)
         return subprocess.run(
             wrapped,
             env=iso.spawn_env(env),
@@ -338,7 +338,7 @@ class DriverBehaviour:
             pytest.skip("spawn timings mean nothing under software emulation (minutes of VM time)")
         rid, identity = bundle.sandbox()
         iso = bundle.isolation
-        wrapped = iso.wrap(identity, iso.cgroups.procs_files(rid), ["/bin/true"])
+        wrapped = iso.wrap(identity, iso.cgroups.procs_files(rid), "/", ["/bin/true"])
         carried_env = {**BASE_ENV, "LD_LIBRARY_PATH": "/nowhere"}
 
         runs = 200

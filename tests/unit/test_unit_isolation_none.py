@@ -13,6 +13,7 @@ from twisted.python.threadpool import ThreadPool
 
 from sandboxd.isolation import none
 from sandboxd.isolation.base import (
+    CD_AND_EXEC,
     CgroupStats,
     Identity,
     IsolationUnavailable,
@@ -55,10 +56,11 @@ def test_no_cgroups() -> None:
     assert cgroups.leftovers() == []
 
 
-def test_session_wrapper_starts_a_session_only() -> None:
+def test_session_wrapper_starts_a_session_and_enters_cwd_only() -> None:
     wrap = none.session_wrapper("/usr/bin/setsid")
-    argv = wrap(ME, ["/sys/fs/cgroup/x/cgroup.procs"], ["sh", "-c", "true"])
-    assert argv == ["/usr/bin/setsid", "--", "sh", "-c", "true"]
+    argv = wrap(ME, ["/sys/fs/cgroup/x/cgroup.procs"], "/ws", ["sh", "-c", "true"])
+    setsid = ["/usr/bin/setsid", "--"]
+    assert argv == [*setsid, "/bin/sh", "-c", CD_AND_EXEC, "sh", "/ws", "sh", "-c", "true"]
 
 
 def test_find_program() -> None:
@@ -75,13 +77,25 @@ def test_plain_env_copies() -> None:
 
 def test_no_isolation_bundle() -> None:
     pool = ThreadPool(0, 1)
-    isolation = none.no_isolation(reactor, pool, 3)
+    isolation = none.no_isolation(reactor, pool, 3, None)
     assert isolation.name == "none"
     assert not isolation.owns_files
     assert isolation.uids.total == 3
     assert isolation.uids.allocate() == ME
     assert isolation.spawn_env({"A": "1"}) == {"A": "1"}
-    assert isolation.wrap(ME, (), ["true"])[1:] == ["--", "true"]
+    assert isolation.wrap(ME, (), "/ws", ["true"])[1:3] == ["--", "/bin/sh"]
+    assert isolation.exec_chain == "shell"
+
+
+def test_no_isolation_bundle_with_the_helper() -> None:
+    isolation = none.no_isolation(reactor, ThreadPool(0, 1), 3, "/opt/sandboxd-exec")
+    assert isolation.wrap(ME, (), "/ws", ["true"]) == [
+        "/opt/sandboxd-exec",
+        "session",
+        "/ws",
+        "true",
+    ]
+    assert isolation.exec_chain == "helper /opt/sandboxd-exec"
 
 
 @pytest_twisted.ensureDeferred

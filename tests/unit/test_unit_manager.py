@@ -26,7 +26,7 @@ from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.exec_request import ExecRequest
 from sandboxd.isolation.base import CgroupStats, Isolation
 from sandboxd.layout import Layout
-from sandboxd.manager import BASE_PATH, CD_AND_EXEC, SandboxManager
+from sandboxd.manager import BASE_PATH, SandboxManager
 
 SHA = "ab" * 32
 
@@ -347,12 +347,8 @@ def test_start_exec_wraps_the_command(world: World) -> None:
         "wrapper",
         "5000",
         f"/cg/{sandbox.rid}/cgroup.procs",
-        "--",
-        "/bin/sh",
-        "-c",
-        CD_AND_EXEC,
-        "sh",
         os.path.join(workspace, "sub", "dir"),
+        "--",
         "echo",
         "hi",
     ]

@@ -154,9 +154,11 @@ class InstanceCgroups(FakeCgroups):
             raise self.instance_error
 
 
-def wrap(identity: Identity, procs_files: Sequence[str], argv: Sequence[str]) -> list[str]:
+def wrap(
+    identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
+) -> list[str]:
     """A recognisable wrapper: what the isolation would put before the command."""
-    return ["wrapper", str(identity.uid), *procs_files, "--", *argv]
+    return ["wrapper", str(identity.uid), *procs_files, cwd, "--", *argv]
 
 
 def fake_isolation(

@@ -1,0 +1,87 @@
+"""The exec helper ``sandboxd-exec``: a sandbox's command started in one exec, no shell between.
+
+The isolated chain ``sh`` (join the cgroup) → ``setsid`` → ``setpriv`` → ``sh`` (``cd``) →
+command costs four program starts before the command's own (5.4 ms for ``true`` here, against
+1.0 ms for ``true`` alone); the helper, a small static C program built with the package
+(``sandboxd_exec.c``, ``helper_build.py``), does the same steps in the same order in one
+(``sandboxd_exec.c`` says which, and the exit codes). Without it (no C compiler where the
+package was built) the daemon keeps the shell chain of :mod:`sandboxd.isolation.wrapper`.
+
+The helper runs as root in the isolated modes, so it is only used when nobody but root can
+change it: a regular executable file owned by root, writable neither by group nor others, in a
+directory likewise.
+"""
+
+import os
+import stat
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from attrs import frozen
+
+from sandboxd.isolation.base import Identity
+from sandboxd.isolation.helper_build import HELPER_NAME
+
+HELPER = str(Path(__file__).with_name(HELPER_NAME))
+"""Where the build puts the helper: beside this module."""
+
+
+def helper_problem(
+    path: str, as_root: bool, lstat: Callable[[str], os.stat_result] = os.lstat
+) -> str | None:
+    """Why the helper at ``path`` cannot be used (``None``: it can).
+
+    ``as_root``: the daemon runs it as root, so the file and its directory must be root's alone.
+    """
+    try:
+        st = lstat(path)
+        parent = lstat(os.path.dirname(path))
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & stat.S_IXUSR:
+        return f"{path} is not an executable file"
+    if as_root:
+        for what, info in ((path, st), (os.path.dirname(path), parent)):
+            if info.st_uid != 0 or info.st_mode & 0o022:
+                return f"{what} must be owned by root and writable by root alone"
+    return None
+
+
+@frozen
+class HelperWrapper:
+    """``Isolation.wrap`` for the cgroup drivers: join, setsid, drop to ``identity``, cd, exec."""
+
+    helper: str
+
+    def __call__(
+        self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
+    ) -> list[str]:
+        """The argv to spawn as root for ``argv`` to run as ``identity`` in its cgroup and cwd."""
+        if identity.uid <= 0 or identity.gid <= 0:
+            raise ValueError(f"refusing to run a command as {identity}: never as root")
+        if not argv:
+            raise ValueError("empty command")
+        return [
+            self.helper,
+            "sandbox",
+            str(identity.uid),
+            str(identity.gid),
+            cwd,
+            str(len(procs_files)),
+            *procs_files,
+            *argv,
+        ]
+
+
+@frozen
+class HelperSession:
+    """``Isolation.wrap`` for ``--isolation=none``: a new session, cd, exec (no uid, no cgroup)."""
+
+    helper: str
+
+    def __call__(
+        self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
+    ) -> list[str]:
+        if not argv:
+            raise ValueError("empty command")
+        return [self.helper, "session", cwd, *argv]

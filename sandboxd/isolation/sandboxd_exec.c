@@ -1,0 +1,191 @@
+/*
+ * sandboxd-exec: start one command of a sandbox in a single exec, with no shell in between.
+ *
+ *   sandboxd-exec sandbox UID GID CWD N PROCS_1 .. PROCS_N CMD [ARG..]
+ *   sandboxd-exec session CWD CMD [ARG..]
+ *
+ * "sandbox" (run as root by the isolated daemon), in this order:
+ *   1. write its own pid into every PROCS file (the sandbox's cgroup.procs): everything the
+ *      command ever forks is inside the limits;
+ *   2. reset oom_score_adj to 0 (the daemon's protective value would be inherited; a value
+ *      above 0 that cannot be lowered is kept, as it protects nothing);
+ *   3. setsid (a new session and process group that the daemon can killpg);
+ *   4. drop every supplementary group, then gid, then uid (real, effective, saved), and set
+ *      no_new_privs (setuid programs no longer raise privilege);
+ *   5. chdir(CWD) as the sandbox's uid, so a CWD the sandbox swapped for a symlink gets it
+ *      nothing its uid could not reach anyway;
+ *   6. execvp CMD with the command's environment and PWD=CWD.
+ * A failure in steps 1-4 exits 125 with "sandboxd-exec: ..." on stderr and the command never
+ * starts. "session" (the unisolated mode) does steps 3, 5 and 6 only, and passes the environment
+ * as it is.
+ *
+ * The command's environment must not act on this root process: it arrives either made only of
+ * names no program here acts on, or carried as __SANDBOXD_N=count and __SANDBOXD_<i>=NAME=VALUE
+ * entries (see sandboxd/isolation/wrapper.py), which are unpacked here for the command alone.
+ *
+ * Exit codes are the shell's: 2 when CWD cannot be entered, 127 when CMD is not found, 126
+ * when it cannot be executed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#define SETUP_FAILED 125
+#define CWD_FAILED 2
+#define NOT_EXECUTABLE 126
+#define NOT_FOUND 127
+#define PREFIX "__SANDBOXD_"
+
+extern char **environ;
+
+static void fail(int code, const char *what, const char *arg, int error)
+{
+    if (arg != NULL)
+        dprintf(2, "sandboxd-exec: %s %s: %s\n", what, arg, strerror(error));
+    else
+        dprintf(2, "sandboxd-exec: %s: %s\n", what, strerror(error));
+    _exit(code);
+}
+
+static long number(const char *text, const char *what)
+{
+    char *end = NULL;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || value <= 0)
+        fail(SETUP_FAILED, "bad", what, EINVAL);
+    return value;
+}
+
+static void write_all(const char *path, const char *text, const char *what)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        fail(SETUP_FAILED, what, path, errno);
+    size_t length = strlen(text);
+    ssize_t written = write(fd, text, length);
+    int error = errno;
+    close(fd);
+    if (written != (ssize_t)length)
+        fail(SETUP_FAILED, what, path, written < 0 ? error : EIO);
+}
+
+static void reset_oom_score_adj(void)
+{
+    int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        fail(SETUP_FAILED, "cannot reset oom_score_adj", NULL, errno);
+    if (write(fd, "0", 1) == 1) {
+        close(fd);
+        return;
+    }
+    char value[32] = {0};
+    ssize_t got = pread(fd, value, sizeof value - 1, 0);
+    close(fd);
+    if (got <= 0 || value[0] == '-')
+        fail(SETUP_FAILED, "cannot reset oom_score_adj", NULL, EPERM);
+}
+
+static void drop_privilege(uid_t uid, gid_t gid)
+{
+    if (setgroups(0, NULL) != 0)
+        fail(SETUP_FAILED, "setgroups", NULL, errno);
+    if (setresgid(gid, gid, gid) != 0)
+        fail(SETUP_FAILED, "setresgid", NULL, errno);
+    if (setresuid(uid, uid, uid) != 0)
+        fail(SETUP_FAILED, "setresuid", NULL, errno);
+    uid_t r, e, s;
+    if (getresuid(&r, &e, &s) != 0 || r != uid || e != uid || s != uid)
+        fail(SETUP_FAILED, "setresuid", "did not hold", EPERM);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        fail(SETUP_FAILED, "no_new_privs", NULL, errno);
+}
+
+/* The command's environment: the carried entries if there are any (and ``unpack``), else ours
+ * as it is; PWD is set to CWD either way (as a shell's cd would). */
+static char **command_env(const char *cwd, int unpack)
+{
+    const char *carried = unpack ? getenv(PREFIX "N") : NULL;
+    size_t count = 0;
+    while (environ[count] != NULL)
+        count++;
+    if (carried != NULL) {
+        size_t listed = (size_t)strtoul(carried, NULL, 10);
+        if (listed > count)
+            fail(SETUP_FAILED, "environment", PREFIX "N", EINVAL);
+        count = listed;
+    }
+    char **env = calloc(count + 2, sizeof *env);
+    if (env == NULL)
+        fail(SETUP_FAILED, "environment", NULL, ENOMEM);
+    size_t used = 0;
+    for (size_t i = 0; i < count; i++) {
+        const char *entry = environ[i];
+        if (carried != NULL) {
+            char name[48];
+            snprintf(name, sizeof name, PREFIX "%zu", i);
+            entry = getenv(name);
+        }
+        if (entry == NULL || strncmp(entry, "PWD=", 4) == 0)
+            continue;
+        env[used++] = (char *)entry;
+    }
+    char *pwd = malloc(strlen(cwd) + 5);
+    if (pwd == NULL)
+        fail(SETUP_FAILED, "environment", NULL, ENOMEM);
+    strcpy(pwd, "PWD=");
+    strcat(pwd, cwd);
+    env[used++] = pwd;
+    env[used] = NULL;
+    return env;
+}
+
+static int run(const char *cwd, char **argv, int unpack)
+{
+    char **env = command_env(cwd, unpack);
+    if (chdir(cwd) != 0)
+        fail(CWD_FAILED, "cd", cwd, errno);
+    environ = env; /* execvp searches the command's own PATH */
+    execvp(argv[0], argv);
+    int error = errno;
+    int code = (error == ENOENT || error == ENOTDIR) ? NOT_FOUND : NOT_EXECUTABLE;
+    dprintf(2, "sandboxd-exec: %s: %s\n", argv[0],
+            code == NOT_FOUND ? "command not found" : strerror(error));
+    return code;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 4 && strcmp(argv[1], "session") == 0) {
+        if (setsid() < 0)
+            fail(SETUP_FAILED, "setsid", NULL, errno);
+        return run(argv[2], argv + 3, 0);
+    }
+    if (argc < 7 || strcmp(argv[1], "sandbox") != 0) {
+        dprintf(2, "usage: sandboxd-exec sandbox UID GID CWD N PROCS.. CMD [ARG..]\n"
+                   "       sandboxd-exec session CWD CMD [ARG..]\n");
+        return SETUP_FAILED;
+    }
+    uid_t uid = (uid_t)number(argv[2], "uid");
+    gid_t gid = (gid_t)number(argv[3], "gid");
+    const char *cwd = argv[4];
+    char *end = NULL;
+    long procs = strtol(argv[5], &end, 10);
+    if (end == argv[5] || *end != '\0' || procs < 0 || procs > argc - 7)
+        fail(SETUP_FAILED, "bad", "procs count", EINVAL);
+    char pid[32];
+    snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    for (long i = 0; i < procs; i++)
+        write_all(argv[6 + i], pid, "cannot join cgroup");
+    reset_oom_score_adj();
+    if (setsid() < 0)
+        fail(SETUP_FAILED, "setsid", NULL, errno);
+    drop_privilege(uid, gid);
+    return run(cwd, argv + 6 + procs, 1);
+}
