@@ -55,5 +55,10 @@ def build(target: Path, compiler: str | None = None, run: Runner = _run) -> bool
     return False
 
 
+def main() -> int:
+    """Build the helper beside its source (a work tree's own); 1 when it could not be."""
+    return 0 if build(SOURCE.with_name(HELPER_NAME)) else 1
+
+
 if __name__ == "__main__":
-    sys.exit(0 if build(SOURCE.with_name(HELPER_NAME)) else 1)
+    sys.exit(main())

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.isolation.helper_build import find_compiler
 from tests.process.conftest import REPO, Daemon, free_port, stop_daemon
 
 pytestmark = pytest.mark.slow
@@ -85,7 +86,8 @@ def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_sdist_and_wheel(dist: Path) -> None:
     (sdist,) = dist.glob("sandboxd-*.tar.gz")
-    (wheel,) = dist.glob("sandboxd-*-py3-none-any.whl")
+    # With a C compiler the wheel carries the exec helper, so it is this platform's.
+    (wheel,) = dist.glob("sandboxd-*-py3-none-*.whl")
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     for needed in ("setup.py", "pyproject.toml", "README.rst", "sandboxd/tap.py"):
@@ -95,6 +97,13 @@ def test_sdist_and_wheel(dist: Path) -> None:
     assert "twisted/plugins/sandboxd_plugin.py" in files
     assert "sandboxd/notify.py" in files
     assert "sandboxd_client/cli.py" in files
+    assert "sandboxd/isolation/sandboxd_exec.c" in files
+    if find_compiler() is not None:
+        assert wheel.name.endswith("-py3-none-linux_x86_64.whl")
+        assert "sandboxd/isolation/sandboxd-exec" in files
+        with zipfile.ZipFile(wheel) as whl:
+            mode = whl.getinfo("sandboxd/isolation/sandboxd-exec").external_attr >> 16
+        assert mode & 0o777 == 0o755
     # Never shipped: it would shadow every other package's twisted plugins.
     assert "twisted/__init__.py" not in files
     assert "twisted/plugins/__init__.py" not in files

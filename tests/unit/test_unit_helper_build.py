@@ -1,0 +1,82 @@
+"""Building the exec helper: the real C compiler where there is one, the fallbacks without."""
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from sandboxd.isolation import helper_build
+from sandboxd.isolation.helper_build import build, find_compiler
+
+has_cc = pytest.mark.skipif(find_compiler() is None, reason="no C compiler here")
+
+
+@has_cc
+def test_builds_a_working_helper(tmp_path: Path) -> None:
+    target = tmp_path / "bin" / "sandboxd-exec"
+    assert build(target)
+    assert os.stat(target).st_mode & 0o777 == 0o755
+    assert not target.with_name("sandboxd-exec.part").exists()
+    done = subprocess.run(
+        [str(target), "session", str(tmp_path), "pwd"], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout) == (0, f"{tmp_path}\n")
+
+
+def test_compiler_from_cc_else_cc_or_gcc(monkeypatch: pytest.MonkeyPatch) -> None:
+    found = {"clang": "/opt/clang", "gcc": "/usr/bin/gcc"}
+    monkeypatch.setenv("CC", "clang")
+    assert find_compiler(found.get) == "/opt/clang"
+    monkeypatch.delenv("CC")
+    assert find_compiler(found.get) == "/usr/bin/gcc"
+    assert find_compiler(lambda name: None) is None
+
+
+def test_no_compiler_builds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    assert not build(tmp_path / "sandboxd-exec")
+    assert not (tmp_path / "sandboxd-exec").exists()
+    assert "no C compiler" in capsys.readouterr().err
+
+
+def test_links_dynamically_when_static_fails(tmp_path: Path) -> None:
+    calls: list[list[str]] = []
+
+    def run(argv: Sequence[str]) -> int:
+        calls.append(list(argv))
+        if "-static" in argv:
+            return 1
+        Path(argv[argv.index("-o") + 1]).write_bytes(b"\x7fELF")
+        return 0
+
+    target = tmp_path / "sandboxd-exec"
+    assert build(target, "/usr/bin/cc", run)
+    assert ["-static" in argv for argv in calls] == [True, False]
+    assert target.read_bytes() == b"\x7fELF"
+    assert os.stat(target).st_mode & 0o777 == 0o755
+
+
+def test_a_failing_compiler_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run(argv: Sequence[str]) -> int:
+        Path(argv[argv.index("-o") + 1]).write_bytes(b"partial")
+        return 1
+
+    target = tmp_path / "sandboxd-exec"
+    assert not build(target, "/usr/bin/cc", run)
+    assert list(tmp_path.iterdir()) == []
+    assert "failed" in capsys.readouterr().err
+
+
+def test_main_builds_beside_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[Path] = []
+    monkeypatch.setattr(helper_build, "build", lambda target: built.append(target) or True)
+    assert helper_build.main() == 0
+    assert built == [helper_build.SOURCE.with_name("sandboxd-exec")]
+    monkeypatch.setattr(helper_build, "build", lambda target: False)
+    assert helper_build.main() == 1
