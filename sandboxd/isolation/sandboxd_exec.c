@@ -58,7 +58,8 @@ static long number(const char *text, const char *what)
     char *end = NULL;
     errno = 0;
     long value = strtol(text, &end, 10);
-    if (errno != 0 || end == text || *end != '\0' || value <= 0)
+    /* Never 0 (root), never past what uid_t and gid_t hold ((uid_t)-1 means "unchanged"). */
+    if (errno != 0 || end == text || *end != '\0' || value <= 0 || value >= 0xffffffffL)
         fail(SETUP_FAILED, "bad", what, EINVAL);
     return value;
 }

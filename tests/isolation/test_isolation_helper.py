@@ -194,6 +194,8 @@ def test_exit_codes_follow_the_shell(rig: Rig, carried: bool) -> None:
         ["0", "1", "/", "0", "true"],  # uid 0
         ["5", "0", "/", "0", "true"],  # gid 0
         ["x", "5", "/", "0", "true"],
+        ["4294967296", "5", "/", "0", "true"],  # would wrap to uid 0
+        ["5", "4294967295", "/", "0", "true"],  # (gid_t)-1: "unchanged"
         ["5", "5", "/", "-1", "true"],
         ["5", "5", "/", "3", "a", "true"],  # more procs files than arguments left
         ["5", "5", "/", "1x", "true"],
