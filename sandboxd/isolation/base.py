@@ -112,6 +112,15 @@ Wrap = Callable[[Identity, Sequence[str], str, Sequence[str]], list[str]]
 sandbox (see :class:`Isolation`)."""
 
 
+def require_command(argv: Sequence[str], identity: Identity | None = None) -> None:
+    """``ValueError`` for an empty command, or for an ``identity`` that is root's (a wrapper
+    that drops privilege never runs a command as uid or gid 0)."""
+    if identity is not None and (identity.uid <= 0 or identity.gid <= 0):
+        raise ValueError(f"refusing to run a command as {identity}: never as root")
+    if not argv:
+        raise ValueError("empty command")
+
+
 def plain_env(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``env``: what an unprivileged wrapper (``--isolation=none``) spawns with."""
     return dict(env)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attrs import frozen
 
-from sandboxd.isolation.base import Identity
+from sandboxd.isolation.base import Identity, require_command
 from sandboxd.isolation.helper_build import HELPER_NAME
 
 HELPER = str(Path(__file__).with_name(HELPER_NAME))
@@ -57,10 +57,7 @@ class HelperWrapper:
         self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
         """The argv to spawn as root for ``argv`` to run as ``identity`` in its cgroup and cwd."""
-        if identity.uid <= 0 or identity.gid <= 0:
-            raise ValueError(f"refusing to run a command as {identity}: never as root")
-        if not argv:
-            raise ValueError("empty command")
+        require_command(argv, identity)
         return [
             self.helper,
             "sandbox",
@@ -82,6 +79,5 @@ class HelperSession:
     def __call__(
         self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
-        if not argv:
-            raise ValueError("empty command")
+        require_command(argv)
         return [self.helper, "session", cwd, *argv]

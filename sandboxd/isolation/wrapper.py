@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from attrs import field, frozen
 
-from sandboxd.isolation.base import CD_AND_EXEC, Identity
+from sandboxd.isolation.base import CD_AND_EXEC, Identity, require_command
 from sandboxd.isolation.none import find_program
 
 JOIN_FAILED = 125
@@ -154,10 +154,7 @@ class Wrapper:
         self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
         """The argv to spawn as root for ``argv`` to run as ``identity`` in its cgroup and cwd."""
-        if identity.uid <= 0 or identity.gid <= 0:
-            raise ValueError(f"refusing to run a command as {identity}: never as root")
-        if not argv:
-            raise ValueError("empty command")
+        require_command(argv, identity)
         return [
             self.programs.sh,
             "-c",
