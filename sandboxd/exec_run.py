@@ -5,9 +5,9 @@ its HTTP response: when the client reads slowly, twisted.web pauses it, and it s
 command's pipes, so the command blocks on write instead of the daemon buffering without bound.
 """
 
-import base64
 import contextlib
 import errno
+import fcntl
 import functools
 import json
 import os
@@ -15,6 +15,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pybase64
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorProcess, IReactorTime
@@ -38,15 +39,22 @@ CAPABILITIES = ("exec.keepalive", "exec.output-cap", "exec.backpressure")
 KEEPALIVE_FRAME = b'{"o":""}\n'
 
 READ_SIZE = 1 << 16
-"""Bytes read from the command's stdout or stderr at a time: a pipe's whole default capacity.
-Twisted reads 8 KiB; each read is one frame, so bulk output costs 8 times the reads, frames
-and reactor turns."""
+"""Bytes read from the command's stdout or stderr at a time when its pipe could not be enlarged:
+a pipe's whole default capacity. Twisted reads 8 KiB; each read is one frame, so bulk output
+costs 8 times the reads, frames and reactor turns."""
+
+PIPE_SIZE = 1 << 20
+"""The capacity asked for the command's stdout and stderr pipes (``F_SETPIPE_SZ``; 1 MiB is
+what an unprivileged process may ask by default), and then the size of each read: bulk output
+goes out in frames of up to this much, 16 times fewer than with a default pipe, each costing
+its reads, its frame and its turns of the reactor and of the HTTP flow control. Quiet output
+is unaffected: a read returns what the pipe holds."""
 
 
-def read_from(fd: int, received: Callable[[bytes], None]) -> object:
-    """``twisted.internet.fdesc.readFromFD``, reading :data:`READ_SIZE` bytes at a time."""
+def read_from(fd: int, received: Callable[[bytes], None], size: int = READ_SIZE) -> object:
+    """``twisted.internet.fdesc.readFromFD``, reading up to ``size`` bytes at a time."""
     try:
-        data = os.read(fd, READ_SIZE)
+        data = os.read(fd, size)
     except OSError as e:
         if e.errno in (errno.EAGAIN, errno.EINTR):
             return None
@@ -57,18 +65,36 @@ def read_from(fd: int, received: Callable[[bytes], None]) -> object:
     return None
 
 
+def enlarge_pipe(fd: int, size: int = PIPE_SIZE) -> int:
+    """Ask for a capacity of ``size`` bytes for the pipe ``fd``; return the capacity it has.
+
+    Best effort: past the system's limits (``/proc/sys/fs/pipe-max-size``, an unprivileged
+    user's pipe pages) the pipe keeps the capacity it had; :data:`READ_SIZE` if it cannot
+    even be asked (not a pipe).
+    """
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    try:
+        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
+    except OSError:
+        return READ_SIZE
+
+
 def read_in_large_chunks(process: object) -> None:
-    """Make the process transport's output readers use :func:`read_from`."""
+    """Make the process transport's output readers use :func:`read_from`, each reading its
+    whole pipe at once, after enlarging the pipe to :data:`PIPE_SIZE`."""
     for reader in getattr(process, "pipes", {}).values():
         if isinstance(reader, ProcessReader):
+            size = max(enlarge_pipe(reader.fd), READ_SIZE)
             reader.doRead = functools.partial(  # type: ignore[method-assign]
-                read_from, reader.fd, reader.dataReceived
+                read_from, reader.fd, reader.dataReceived, size
             )
 
 
 def output_frame(data: bytes) -> bytes:
-    """The NDJSON line of one live output chunk."""
-    return b'{"o":"' + base64.b64encode(data) + b'"}\n'
+    """The NDJSON line of one live output chunk (``pybase64``: SIMD, tens of times faster
+    than ``base64``, which cost most of the daemon's time when streaming bulk output)."""
+    return b"".join((b'{"o":"', pybase64.b64encode(data), b'"}\n'))
 
 
 _BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
@@ -83,23 +109,29 @@ def _base64_text(value: object) -> bytes | None:
     return None if data.translate(None, _BASE64) else data
 
 
-def encode_frame(frame: Mapping[str, Any]) -> bytes:
-    """Any other NDJSON line.
+def frame_parts(frame: Mapping[str, Any]) -> list[bytes]:
+    """Any other NDJSON line, in parts whose concatenation is the line.
 
-    The exit frame carries up to ``max_output`` of output in base64: it is joined from its
-    parts, the very bytes ``json.dumps`` gives, in a fraction of its time and memory.
+    The exit frame carries up to ``max_output`` of output in base64: its parts are the very
+    bytes ``json.dumps`` gives, in a fraction of its time and memory, and written one by one
+    they are never copied into one line of megabytes first.
     """
     keys = list(frame)
     truncated = frame.get("truncated", False)
     if keys in _EXIT_KEYS and type(frame["exit"]) is int and type(truncated) is bool:
         out, err = _base64_text(frame["out"]), _base64_text(frame["err"])
         if out is not None and err is not None:
-            tail = b"}\n"
+            tail = b'"}\n'
             if len(keys) == 4:
-                tail = b',"truncated":true}\n' if truncated else b',"truncated":false}\n'
+                tail = b'","truncated":true}\n' if truncated else b'","truncated":false}\n'
             head = b'{"exit":%d,"out":"' % frame["exit"]
-            return b"".join([head, out, b'","err":"', err, b'"', tail])
-    return json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+            return [head, out, b'","err":"', err, tail]
+    return [json.dumps(frame, separators=(",", ":")).encode() + b"\n"]
+
+
+def encode_frame(frame: Mapping[str, Any]) -> bytes:
+    """Any other NDJSON line (:func:`frame_parts` joined)."""
+    return b"".join(frame_parts(frame))
 
 
 def exit_code_of(reason: Failure) -> int:
@@ -282,11 +314,10 @@ class ExecRun(ProcessProtocol):
         if stderr:
             self.emit(output_frame(stderr))
             self.buffers[2] += stderr
-        frame: dict[str, Any] = {
-            "exit": code,
-            "out": base64.b64encode(self.buffers[1]).decode(),
-            "err": base64.b64encode(self.buffers[2]).decode(),
-        }
+        frame: dict[str, Any] = {"exit": code}
+        for fd, key in ((1, "out"), (2, "err")):
+            frame[key] = pybase64.b64encode_as_string(self.buffers[fd])
+            self.buffers[fd] = bytearray()  # up to max_output each: not kept twice
         if self.truncated:
             frame["truncated"] = True
         self._end(frame)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ from sandboxd.exec_run import (
     ExecRun,
     encode_frame,
     exit_code_of,
+    frame_parts,
     output_frame,
 )
 
@@ -217,6 +219,7 @@ def test_buffers_are_capped_the_stream_is_not() -> None:
     assert b"".join(base64.b64decode(f["o"]) for f in h.decoded()) == b"abcdefghijk1234"
     frame = h.end(terminated(2))
     assert frame == {"exit": 2, "out": b64(b"abcd"), "err": b64(b"1234"), "truncated": True}
+    assert run.buffers == {1: b"", 2: b""}  # given to the frame, not kept twice
 
 
 def test_output_exactly_at_the_cap_is_not_truncated() -> None:
@@ -504,6 +507,48 @@ def test_read_from_errors(monkeypatch: pytest.MonkeyPatch, code: int, result: ob
     assert exec_run.read_from(0, lambda data: None) is result
 
 
+def test_enlarge_pipe_gives_the_capacity_the_pipe_has() -> None:
+    r, w = os.pipe()
+    try:
+        default = fcntl.fcntl(r, fcntl.F_GETPIPE_SZ)
+        # The kernel refuses a size it cannot round to pages: the pipe keeps its capacity.
+        assert exec_run.enlarge_pipe(r, (1 << 31) + 1) == default
+        assert exec_run.enlarge_pipe(r) == exec_run.PIPE_SIZE
+        assert fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) == exec_run.PIPE_SIZE  # one pipe, two ends
+        os.set_blocking(w, False)
+        assert os.write(w, b"x" * exec_run.PIPE_SIZE) == exec_run.PIPE_SIZE
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_enlarge_pipe_of_a_file_that_is_no_pipe(tmp_path: Any) -> None:
+    with open(tmp_path / "f", "wb") as f:
+        assert exec_run.enlarge_pipe(f.fileno()) == exec_run.READ_SIZE
+
+
+def test_read_in_large_chunks_reads_a_whole_enlarged_pipe_at_once() -> None:
+    r, w = os.pipe()
+    reader = ProcessReader.__new__(ProcessReader)
+    reader.fd = r
+    got: list[bytes] = []
+    reader.dataReceived = got.append  # type: ignore[method-assign]
+
+    class Process:
+        pipes = {1: reader}
+
+    try:
+        exec_run.read_in_large_chunks(Process())
+        os.set_blocking(w, False)
+        data = os.urandom(exec_run.PIPE_SIZE)
+        assert os.write(w, data) == len(data)  # fits: the pipe was enlarged
+        assert reader.doRead() is None
+        assert got == [data]  # one read, one frame
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_read_in_large_chunks_replaces_only_output_readers() -> None:
     r, w = os.pipe()
     reader = ProcessReader.__new__(ProcessReader)
@@ -545,6 +590,19 @@ def test_encode_frame_is_json_dumps(exit: Any, out: Any, err: Any, truncated: An
         frame["truncated"] = truncated
     expected = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
     assert encode_frame(frame) == expected
+    assert b"".join(frame_parts(frame)) == expected
+
+
+def test_frame_parts_keep_the_buffers_apart() -> None:
+    frame = {"exit": 3, "out": "b3V0", "err": "ZXJy", "truncated": True}
+    assert frame_parts(frame) == [
+        b'{"exit":3,"out":"',
+        b"b3V0",
+        b'","err":"',
+        b"ZXJy",
+        b'","truncated":true}\n',
+    ]
+    assert frame_parts({"error": "E", "detail": "d"}) == [b'{"error":"E","detail":"d"}\n']
 
 
 @pytest.mark.parametrize(
