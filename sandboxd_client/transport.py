@@ -26,7 +26,7 @@ from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 
-from .body import IdleTimer, ProgressProducer, read_body
+from .body import SMALL_BODY, BytesProducer, IdleTimer, ProgressProducer, read_body
 from .errors import error_from_response, error_from_transport
 from .literal_hosts import LiteralHostAgent, standin_url
 from .types import ProtocolError
@@ -93,9 +93,12 @@ class Transport:
         self._token = token
 
     def producer(self, data: bytes | IO[bytes] | IBodyProducer) -> IBodyProducer:
-        """A body producer for bytes or an open binary file, on this client's cooperator."""
+        """A body producer for bytes or an open binary file, on this client's cooperator
+        (bytes up to :data:`~sandboxd_client.body.SMALL_BODY` are written whole at once)."""
         if IBodyProducer.providedBy(data):
             return data
+        if isinstance(data, bytes | bytearray) and len(data) <= SMALL_BODY:
+            return BytesProducer(bytes(data))
         source = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
         return FileBodyProducer(source, cooperator=self._cooperator)
 

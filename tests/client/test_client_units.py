@@ -23,6 +23,7 @@ from twisted.web._newclient import (
     ResponseNeverReceived,
     TransportProxyProducer,
 )
+from twisted.web.client import FileBodyProducer
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 from sandboxd_client import (
@@ -40,9 +41,11 @@ from sandboxd_client import (
     encode_handle,
 )
 from sandboxd_client.body import read_body
+from sandboxd_client.client import sandbox_url
 from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
 from sandboxd_client.literal_hosts import literal_uri, standin_url
 from sandboxd_client.retry import retrying
+from sandboxd_client.transport import Transport
 from sandboxd_client.wire import decode_created
 
 # -- handles -------------------------------------------------------------------------------
@@ -314,3 +317,45 @@ def test_other_transports_and_larger_reads_are_left_alone() -> None:
         read_body(Clock(), response, lambda data: None, 5.0)  # type: ignore[arg-type]
         response.protocol.connectionLost(Failure(ResponseDone()))
     assert connection.bufferSize == 4 * body.READ_SIZE
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+def test_a_small_body_is_written_whole_at_once_a_large_one_in_turns() -> None:
+    clock = Clock()
+    transport = Transport(
+        clock,
+        clock=clock,
+        token=None,
+        pool=None,
+        agent=object(),  # type: ignore[arg-type]
+        connect_timeout=None,
+        max_persistent_per_host=1,
+        cached_connection_timeout=1.0,
+    )
+    small = transport.producer(bytearray(b'{"cmd":["true"]}'))
+    assert isinstance(small, body.BytesProducer) and small.length == 16
+    consumer = _Consumer()
+    done = small.startProducing(consumer)  # type: ignore[arg-type]
+    assert done.called and consumer.written == [b'{"cmd":["true"]}']  # in this very turn
+    small.pauseProducing(), small.resumeProducing(), small.stopProducing()  # nothing to do
+    large = transport.producer(b"x" * (body.SMALL_BODY + 1))
+    assert isinstance(large, FileBodyProducer)
+    assert large.length == body.SMALL_BODY + 1
+    transport.close()
+
+
+def test_sandbox_urls_are_remembered_and_bad_handles_always_refused() -> None:
+    handle = encode_handle("http://10.0.0.5:8080", "r1")
+    url = sandbox_url(handle, ("exec",))
+    assert url.to_text() == "http://10.0.0.5:8080/sandboxes/r1/exec"
+    assert sandbox_url(handle, ("exec",)) is url
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            sandbox_url("not a handle", ("exec",))
