@@ -101,12 +101,22 @@ _BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 _EXIT_KEYS = (["exit", "out", "err"], ["exit", "out", "err", "truncated"])
 
 
+_CHECK_SIZE = 1 << 20
+
+
 def _base64_text(value: object) -> bytes | None:
-    """``value`` as bytes when it is base64 text (which JSON writes as is), else ``None``."""
+    """``value`` as bytes when it is base64 text (which JSON writes as is), else ``None``.
+
+    Checked a megabyte at a time: ``bytes.translate`` first allocates a result as large as its
+    input, which for a whole exit frame's buffer would be one more copy of it at the peak.
+    """
     if not isinstance(value, str) or not value.isascii():
         return None
     data = value.encode("ascii")
-    return None if data.translate(None, _BASE64) else data
+    for start in range(0, len(data), _CHECK_SIZE):
+        if data[start : start + _CHECK_SIZE].translate(None, _BASE64):
+            return None
+    return data
 
 
 def frame_parts(frame: Mapping[str, Any]) -> list[bytes]:

@@ -605,6 +605,14 @@ def test_frame_parts_keep_the_buffers_apart() -> None:
     assert frame_parts({"error": "E", "detail": "d"}) == [b'{"error":"E","detail":"d"}\n']
 
 
+def test_buffers_of_megabytes_are_checked_all_through() -> None:
+    out = base64.b64encode(os.urandom(3 << 20)).decode()
+    assert frame_parts({"exit": 0, "out": out, "err": ""})[1] == out.encode()
+    bad = out[: 2 << 20] + " " + out[2 << 20 :]  # past the first megabyte checked
+    expected = json.dumps({"exit": 0, "out": bad, "err": ""}, separators=(",", ":"))
+    assert frame_parts({"exit": 0, "out": bad, "err": ""}) == [expected.encode() + b"\n"]
+
+
 @pytest.mark.parametrize(
     "frame",
     [
