@@ -27,6 +27,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 
 from .body import SMALL_BODY, BytesProducer, IdleTimer, ProgressProducer, read_body
+from .endpoints import ReusedEndpoints
 from .errors import error_from_response, error_from_transport
 from .literal_hosts import LiteralHostAgent, standin_url
 from .types import ProtocolError
@@ -87,7 +88,8 @@ class Transport:
             pool.cachedConnectionTimeout = cached_connection_timeout  # type: ignore[assignment]
         self._pool = pool
         if agent is None:
-            agent = Agent(reactor, pool=pool, connectTimeout=connect_timeout)
+            endpoints = ReusedEndpoints(reactor, connect_timeout)
+            agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
         self._cooperator = Cooperator(scheduler=lambda f: reactor.callLater(0, f))
         self._treq = HTTPClient(LiteralHostAgent(agent), data_to_body_producer=self.producer)
         self._token = token
