@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from hyperlink import DecodedURL
 from treq.client import HTTPClient
+from treq.cookies import IndexableCookieJar
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Cooperator
@@ -60,6 +61,18 @@ class _Collector:
         return b"".join(self.chunks)
 
 
+class NoCookies(IndexableCookieJar):
+    """A cookie jar that keeps nothing and sends nothing: sandboxd sets no cookie, calls are
+    routed by URL (a replica's own ``pod_url``), and treq's jar looks at every request and
+    response (urllib's cookie machinery: a tenth of the client's CPU for a short ``exec``)."""
+
+    def add_cookie_header(self, request: Any) -> None:
+        """Send no cookie."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        """Keep no cookie."""
+
+
 class Transport:
     """
     Send requests and read replies for one client.
@@ -91,7 +104,9 @@ class Transport:
             endpoints = ReusedEndpoints(reactor, connect_timeout)
             agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
         self._cooperator = Cooperator(scheduler=lambda f: reactor.callLater(0, f))
-        self._treq = HTTPClient(LiteralHostAgent(agent), data_to_body_producer=self.producer)
+        self._treq = HTTPClient(
+            LiteralHostAgent(agent), cookiejar=NoCookies(), data_to_body_producer=self.producer
+        )
         self._token = token
 
     def producer(self, data: bytes | IO[bytes] | IBodyProducer) -> IBodyProducer:
