@@ -12,6 +12,8 @@ import functools
 import json
 import os
 import signal
+import struct
+import termios
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,10 +54,21 @@ its reads, its frame and its turns of the reactor and of the HTTP flow control. 
 is unaffected: a read returns what the pipe holds."""
 
 
-def read_from(fd: int, received: Callable[[bytes], None], size: int = READ_SIZE) -> object:
-    """``twisted.internet.fdesc.readFromFD``, reading up to ``size`` bytes at a time."""
+def waiting(fd: int) -> int:
+    """Bytes waiting to be read from the pipe ``fd`` (``FIONREAD``); 0 when it cannot tell."""
     try:
-        data = os.read(fd, size)
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
+
+
+def read_from(fd: int, received: Callable[[bytes], None], size: int = READ_SIZE) -> object:
+    """``twisted.internet.fdesc.readFromFD``, reading what the pipe holds: at least
+    :data:`READ_SIZE`, at most ``size`` bytes. A read buffer of a megabyte is mapped and
+    unmapped for each read (19 us against 1.3 us here), so it is asked for only when that much
+    is waiting, not for every line of a chatty command."""
+    try:
+        data = os.read(fd, min(max(waiting(fd), READ_SIZE), size))
     except OSError as e:
         if e.errno in (errno.EAGAIN, errno.EINTR):
             return None

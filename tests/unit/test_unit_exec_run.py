@@ -499,6 +499,31 @@ def test_read_from_a_pipe() -> None:
         os.close(r)
 
 
+def test_read_from_reads_what_the_pipe_holds_up_to_its_size() -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    got: list[bytes] = []
+    try:
+        exec_run.enlarge_pipe(r)
+        os.write(w, b"x" * 300_000)
+        assert exec_run.waiting(r) == 300_000
+        assert exec_run.read_from(r, got.append, 200_000) is None
+        assert exec_run.read_from(r, got.append, 200_000) is None
+        assert [len(chunk) for chunk in got] == [200_000, 100_000]
+        assert exec_run.waiting(r) == 0
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_waiting_is_zero_when_it_cannot_be_told() -> None:
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert exec_run.waiting(fd) == 0  # /dev/null has no FIONREAD
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize(
     ("code", "result"),
     [(errno.EINTR, None), (errno.EAGAIN, None), (errno.EIO, CONNECTION_LOST)],
