@@ -316,8 +316,9 @@ class SandboxAPI:
                 log.failure("exec in {rid} failed", Failure(), rid=rid)
                 kind = e.wire_type if isinstance(e, APIError) else type(e).__name__
                 frame = {"error": kind, "detail": str(e)}
-            for part in exec_run.frame_parts(frame):  # megabytes of buffers, never joined
+            for part in exec_run.frame_parts(frame):  # a megabyte at most, as it is taken
                 request.write(part)
+                await run.writable()
         finally:
             # Abort first: after a disconnect the request has no channel any more, and
             # unregisterProducer would raise before the command's process group is killed.

@@ -14,7 +14,7 @@ import os
 import signal
 import struct
 import termios
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pybase64
@@ -129,42 +129,52 @@ _BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 _EXIT_KEYS = (["exit", "out", "err"], ["exit", "out", "err", "truncated"])
 
 
-_CHECK_SIZE = 1 << 20
+PART_SIZE = 1 << 20
+"""Bytes of an exit frame's base64 checked, encoded and written at a time."""
 
 
-def _base64_text(value: object) -> bytes | None:
-    """``value`` as bytes when it is base64 text (which JSON writes as is), else ``None``.
+def _is_base64_text(value: object) -> bool:
+    """``value`` is base64 text (which JSON writes as is).
 
     Checked a megabyte at a time: ``bytes.translate`` first allocates a result as large as its
     input, which for a whole exit frame's buffer would be one more copy of it at the peak.
     """
     if not isinstance(value, str) or not value.isascii():
-        return None
-    data = value.encode("ascii")
-    for start in range(0, len(data), _CHECK_SIZE):
-        if data[start : start + _CHECK_SIZE].translate(None, _BASE64):
-            return None
-    return data
+        return False
+    for start in range(0, len(value), PART_SIZE):
+        if value[start : start + PART_SIZE].encode("ascii").translate(None, _BASE64):
+            return False
+    return True
 
 
-def frame_parts(frame: Mapping[str, Any]) -> list[bytes]:
+def _slices(text: str) -> Iterator[bytes]:
+    for start in range(0, len(text), PART_SIZE):
+        yield text[start : start + PART_SIZE].encode("ascii")
+
+
+def frame_parts(frame: Mapping[str, Any]) -> Iterator[bytes]:
     """Any other NDJSON line, in parts whose concatenation is the line.
 
     The exit frame carries up to ``max_output`` of output in base64: its parts are the very
-    bytes ``json.dumps`` gives, in a fraction of its time and memory, and written one by one
-    they are never copied into one line of megabytes first.
+    bytes ``json.dumps`` gives, in a fraction of its time, and its buffers come a megabyte at
+    a time, encoded as they are asked for. Written as the connection takes them, the line of
+    megabytes is never held whole as bytes, nor copied whole into the connection's buffer.
     """
     keys = list(frame)
     truncated = frame.get("truncated", False)
     if keys in _EXIT_KEYS and type(frame["exit"]) is int and type(truncated) is bool:
-        out, err = _base64_text(frame["out"]), _base64_text(frame["err"])
-        if out is not None and err is not None:
+        out, err = frame["out"], frame["err"]
+        if _is_base64_text(out) and _is_base64_text(err):
             tail = b'"}\n'
             if len(keys) == 4:
                 tail = b'","truncated":true}\n' if truncated else b'","truncated":false}\n'
-            head = b'{"exit":%d,"out":"' % frame["exit"]
-            return [head, out, b'","err":"', err, tail]
-    return [json.dumps(frame, separators=(",", ":")).encode() + b"\n"]
+            yield b'{"exit":%d,"out":"' % frame["exit"]
+            yield from _slices(out)
+            yield b'","err":"'
+            yield from _slices(err)
+            yield tail
+            return
+    yield json.dumps(frame, separators=(",", ":")).encode() + b"\n"
 
 
 def encode_frame(frame: Mapping[str, Any]) -> bytes:
@@ -221,6 +231,7 @@ class ExecRun(ProcessProtocol):
         self._timers: dict[str, IDelayedCall] = {}
         self._paused = False
         self._exited = False
+        self._writers: list[Deferred[None]] = []
 
     def start(
         self,
@@ -316,9 +327,28 @@ class ExecRun(ProcessProtocol):
             if self._exited:
                 self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
             self.transport.resumeProducing()  # type: ignore[attr-defined]
+        self._release_writers()
 
     def stopProducing(self) -> None:
         self.abort()
+        self._release_writers()
+
+    def writable(self) -> Deferred[None]:
+        """A Deferred firing once the response takes more (the final frame is written a part
+        at a time): at once, unless the client reads slowly (paused), then when it resumes or
+        the response is stopped."""
+        writer: Deferred[None] = Deferred()
+        if self._paused:
+            self._writers.append(writer)
+        else:
+            writer.callback(None)
+        return writer
+
+    def _release_writers(self) -> None:
+        writers, self._writers = self._writers, []
+        for writer in writers:
+            if not writer.called:  # a cancelled one has been called
+                writer.callback(None)
 
     # Ending
 

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.abstract import FileDescriptor
+from twisted.internet.defer import CancelledError
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.process import ProcessReader
@@ -575,6 +576,24 @@ def test_read_in_large_chunks_reads_a_whole_enlarged_pipe_at_once() -> None:
         os.close(w)
 
 
+def test_the_final_frame_is_written_as_fast_as_the_client_reads() -> None:
+    h = Harness()
+    run = h.start()
+    h.end(ProcessDone(0))
+    assert run.writable().called  # not paused: write on
+    run.pauseProducing()
+    waiting, cancelled = run.writable(), run.writable()
+    cancelled.addErrback(lambda f: f.trap(CancelledError))
+    cancelled.cancel()  # the client went away (Klein cancels the handler)
+    assert not waiting.called
+    run.resumeProducing()
+    assert waiting.called
+    run.pauseProducing()
+    stopped = run.writable()
+    run.stopProducing()  # the connection is gone: nothing more to wait for
+    assert stopped.called
+
+
 def test_send_in_large_chunks_raises_only_a_lower_cap_of_a_file_descriptor() -> None:
     connection = FileDescriptor(reactor=Clock())  # type: ignore[arg-type]
     assert connection.SEND_LIMIT == 128 * 1024  # Twisted's
@@ -633,22 +652,24 @@ def test_encode_frame_is_json_dumps(exit: Any, out: Any, err: Any, truncated: An
 
 def test_frame_parts_keep_the_buffers_apart() -> None:
     frame = {"exit": 3, "out": "b3V0", "err": "ZXJy", "truncated": True}
-    assert frame_parts(frame) == [
+    assert list(frame_parts(frame)) == [
         b'{"exit":3,"out":"',
         b"b3V0",
         b'","err":"',
         b"ZXJy",
         b'","truncated":true}\n',
     ]
-    assert frame_parts({"error": "E", "detail": "d"}) == [b'{"error":"E","detail":"d"}\n']
+    assert list(frame_parts({"error": "E", "detail": "d"})) == [b'{"error":"E","detail":"d"}\n']
 
 
 def test_buffers_of_megabytes_are_checked_all_through() -> None:
     out = base64.b64encode(os.urandom(3 << 20)).decode()
-    assert frame_parts({"exit": 0, "out": out, "err": ""})[1] == out.encode()
+    parts = list(frame_parts({"exit": 0, "out": out, "err": ""}))
+    assert [len(p) for p in parts[1:-2]] == [1 << 20, 1 << 20, 1 << 20, 1 << 20]  # 4 MiB
+    assert b"".join(parts[1:-2]) == out.encode()
     bad = out[: 2 << 20] + " " + out[2 << 20 :]  # past the first megabyte checked
     expected = json.dumps({"exit": 0, "out": bad, "err": ""}, separators=(",", ":"))
-    assert frame_parts({"exit": 0, "out": bad, "err": ""}) == [expected.encode() + b"\n"]
+    assert list(frame_parts({"exit": 0, "out": bad, "err": ""})) == [expected.encode() + b"\n"]
 
 
 @pytest.mark.parametrize(
