@@ -79,6 +79,7 @@ setup(
         "treq>=24.9",
         "attrs>=23.1",
         "prometheus_client>=0.20",
+        "pybase64>=1.4",
     ],
     extras_require={
         "test": [

@@ -304,6 +304,8 @@ class SandboxAPI:
         command = ExecRequest.parse(json_body(request))
         request.setHeader(b"content-type", b"application/x-ndjson")
         run = self.manager.start_exec(sandbox, command, request.write)
+        channel = getattr(request, "channel", None)  # None once the client has gone
+        exec_run.send_in_large_chunks(getattr(channel, "transport", None))
         request.registerProducer(run, True)  # type: ignore[attr-defined]
         try:
             try:
@@ -314,7 +316,9 @@ class SandboxAPI:
                 log.failure("exec in {rid} failed", Failure(), rid=rid)
                 kind = e.wire_type if isinstance(e, APIError) else type(e).__name__
                 frame = {"error": kind, "detail": str(e)}
-            request.write(exec_run.encode_frame(frame))
+            for part in exec_run.frame_parts(frame):  # a megabyte at most, as it is taken
+                request.write(part)
+                await run.writable()
         finally:
             # Abort first: after a disconnect the request has no channel any more, and
             # unregisterProducer would raise before the command's process group is killed.

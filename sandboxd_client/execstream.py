@@ -13,11 +13,12 @@ The decoder is pure (no I/O, no reactor): feed it bytes in any split and it beha
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import json
+import re
 from collections.abc import Callable
+
+import pybase64
 
 from .errors import error_from_frame
 from .ndjson import DEFAULT_MAX_LINE, LineSplitter
@@ -33,9 +34,66 @@ def _b64(frame: dict[str, object], key: str) -> bytes:
     if not isinstance(value, str):
         raise ProtocolError(f"exec frame field {key!r} is not a base64 string")
     try:
-        return base64.b64decode(value.encode("ascii"), validate=True)
-    except (UnicodeError, binascii.Error):
+        return pybase64.b64decode(value, validate=True)
+    except ValueError:  # binascii.Error, or text that is not ASCII
         raise ProtocolError(f"exec frame field {key!r} is not valid base64") from None
+
+
+_LIVE_HEAD = b'{"o":"'
+_LIVE_TAIL = b'"}'
+_EXIT_HEAD = b'{"exit":'
+_EXIT_TAILS = {b'"}': False, b'","truncated":false}': False, b'","truncated":true}': True}
+_JSON_INT = re.compile(rb"-?(?:0|[1-9][0-9]*)")
+
+
+def _plain_base64(line: memoryview) -> bytes | None:
+    """``line`` decoded when it is strict base64 (no whitespace, no escapes), else ``None``."""
+    try:
+        return pybase64.b64decode(line, validate=True)
+    except ValueError:
+        return None
+
+
+def fast_live_chunk(line: bytes) -> bytes | None:
+    """The chunk of a live frame written exactly as the host writes it, ``{"o":"<base64>"}``;
+    ``None`` for any other line (which JSON then decodes, to the same result).
+
+    Plain base64 holds no quote and no backslash, so such a line is one JSON string, as is:
+    slicing it out and decoding it skips ``json.loads`` and two copies of the chunk.
+    """
+    if line.startswith(_LIVE_HEAD) and line.endswith(_LIVE_TAIL):
+        return _plain_base64(memoryview(line)[len(_LIVE_HEAD) : -len(_LIVE_TAIL)])
+    return None
+
+
+def fast_exit(line: bytes) -> ExecResult | None:
+    """The result of an exit frame written exactly as the host writes it,
+    ``{"exit":N,"out":"<base64>","err":"<base64>"}`` with an optional ``"truncated"``;
+    ``None`` for any other line (which JSON then decodes, to the same result).
+
+    The exit frame carries the whole kept output (megabytes): found by its quotes and decoded
+    in place, it is never turned into text and back.
+    """
+    if not line.startswith(_EXIT_HEAD):
+        return None
+    out_key = line.find(b',"out":"', len(_EXIT_HEAD))
+    if out_key < 0 or not _JSON_INT.fullmatch(line, len(_EXIT_HEAD), out_key):
+        return None
+    out_start = out_key + len(b',"out":"')
+    out_end = line.find(b'"', out_start)
+    if out_end < 0 or not line.startswith(b'","err":"', out_end):
+        return None
+    err_start = out_end + len(b'","err":"')
+    err_end = line.find(b'"', err_start)
+    if err_end < 0 or line[err_end:] not in _EXIT_TAILS:
+        return None
+    view = memoryview(line)
+    out = _plain_base64(view[out_start:out_end])
+    err = _plain_base64(view[err_start:err_end])
+    if out is None or err is None:
+        return None
+    code = int(line[len(_EXIT_HEAD) : out_key])
+    return ExecResult(code, out, err, _EXIT_TAILS[line[err_end:]])
 
 
 class ExecStreamDecoder:
@@ -65,6 +123,15 @@ class ExecStreamDecoder:
                 self._frame(line)
 
     def _frame(self, line: bytes) -> None:
+        chunk = fast_live_chunk(line)
+        if chunk is not None:
+            if chunk and self._on_output is not None:
+                self._on_output(chunk)
+            return
+        result = fast_exit(line)
+        if result is not None:
+            self._result = result
+            return
         try:
             frame = json.loads(line)
         except (ValueError, UnicodeDecodeError):

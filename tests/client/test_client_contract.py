@@ -12,7 +12,8 @@ import pytest_twisted
 from conftest import Served, make_client
 from twisted.internet import reactor
 from twisted.internet.error import CannotListenError
-from twisted.web.server import Site
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
 
 from sandboxd_client import (
     ExecResult,
@@ -235,3 +236,33 @@ async def test_bad_handles_raise_value_error_before_any_request(
             with pytest.raises(ValueError):
                 await call(handle)
     assert fake.state.seen == []
+
+
+class _SetsCookies(Resource):
+    """``/healthz`` that sets a cookie on every answer and records the headers it got."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cookies: list[bytes | None] = []
+
+    def render_GET(self, request: Request) -> bytes:
+        self.cookies.append(request.getHeader(b"cookie"))
+        request.addCookie(b"affinity", b"replica-1", path=b"/")
+        request.setHeader(b"content-type", b"application/json")
+        return b'{"status": "ok", "version": "x", "capabilities": []}'
+
+
+@pytest_twisted.ensureDeferred
+async def test_cookies_are_neither_kept_nor_sent() -> None:
+    resource = _SetsCookies()
+    port = reactor.listenTCP(0, Site(resource), interface="127.0.0.1")
+    client = HttpSandbox(f"http://127.0.0.1:{port.getHost().port}", reactor=reactor)
+    try:
+        for _ in range(2):
+            assert (await client.health()).status == "ok"
+        assert resource.cookies == [None, None]
+    finally:
+        await client.close()
+        await port.stopListening()

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandboxd_client import ExecResult, ProtocolError, SandboxNotFound
-from sandboxd_client.execstream import ExecStreamDecoder
+from sandboxd_client.execstream import ExecStreamDecoder, fast_exit, fast_live_chunk
 from sandboxd_client.ndjson import LineSplitter
 
 
@@ -130,6 +130,7 @@ def test_unknown_fields_and_missing_buffers_are_tolerated() -> None:
         b'{"exit": 0, "truncated": "yes"}',
         b'{"o": 5}',
         b'{"o": "###"}',
+        b'{"o": "\\u00e9"}',
         b'{"exit": 0, "out": "a"}',
         b"\xff\xfe",
     ],
@@ -159,3 +160,125 @@ def test_splitter_is_split_invariant(lines: list[bytes], data: st.DataObject) ->
     got = [line for piece in split_at(stream, cuts) for line in splitter.feed(piece)]
     assert got == [line.rstrip(b"\r") for line in lines if line.rstrip(b"\r").strip()]
     assert splitter.flush() == b""
+
+
+# The host writes compact frames; those take a fast path that must give json's very answer.
+
+
+def compact(chunks: list[bytes], result: ExecResult) -> bytes:
+    """The stream exactly as the host writes it (no spaces)."""
+    return b"".join(
+        json.dumps(json.loads(line), separators=(",", ":")).encode() + b"\n"
+        for line in encode(chunks, result).splitlines()
+    )
+
+
+def general(line: bytes) -> tuple[list[bytes], ExecResult | None]:
+    """What the JSON path gives for one line: the same frame, re-spaced (no fast path)."""
+    out: list[bytes] = []
+    decoder = ExecStreamDecoder(out.append)
+    decoder.feed(json.dumps(json.loads(line)).encode() + b"\n")
+    return out, decoder._result
+
+
+@settings(max_examples=100, deadline=None)
+@given(chunks=st.lists(st.binary(max_size=200), max_size=12), result=results, data=st.data())
+def test_the_hosts_compact_stream_decodes_the_same_in_any_split(
+    chunks: list[bytes], result: ExecResult, data: st.DataObject
+) -> None:
+    stream = compact(chunks, result)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=40))
+    out, got = decode(split_at(stream, cuts))
+    assert out == [c for c in chunks if c]
+    assert got == result
+
+
+def test_fast_paths_take_the_hosts_frames() -> None:
+    assert fast_live_chunk(b'{"o":"aGk="}') == b"hi"
+    assert fast_live_chunk(b'{"o":""}') == b""
+    assert fast_exit(b'{"exit":-3,"out":"aGk=","err":""}') == ExecResult(-3, b"hi", b"", False)
+    assert fast_exit(b'{"exit":0,"out":"","err":"aGk=","truncated":true}') == ExecResult(
+        0, b"", b"hi", True
+    )
+    assert fast_exit(b'{"exit":0,"out":"","err":"","truncated":false}') == ExecResult(
+        0, b"", b"", False
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"o": "aGk="}',
+        b'{"o":"aGk=","seq":1}',
+        b'{"o":"aGk"}',
+        b'{"o":"a\\u0047k="}',
+        b'{"o":"aG k="}',
+        b'{"o":"aGk="} ',
+        b'{"exit": 0,"out":"","err":""}',
+        b'{"exit":01,"out":"","err":""}',
+        b'{"exit":true,"out":"","err":""}',
+        b'{"exit":0,"out":"","err":"","truncated":1}',
+        b'{"exit":0,"out":"","err":"","future":1}',
+        b'{"exit":0,"out":"a\\u0047k=","err":""}',
+        b'{"exit":0,"out":"aGk","err":""}',
+        b'{"exit":0,"out":"","err":"aGk"}',
+        b'{"exit":0,"out":"aGk="}',
+        b'{"exit":0,"out":"","err":"',
+        b'{"exit":0,"out":"',
+        b'{"exit":0}',
+        b'{"exit":0,"err":"","out":""}',
+        b'{"error":"SpawnFailed","detail":"no"}',
+    ],
+)
+def test_any_other_line_goes_to_json(line: bytes) -> None:
+    assert fast_live_chunk(line) is None
+    assert fast_exit(line) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (b'{"o":"aGk"}', "not valid base64"),
+        (b'{"exit":0,"out":"aGk","err":""}', "not valid base64"),
+        (b'{"exit":01,"out":"","err":""}', "not JSON"),
+    ],
+)
+def test_malformed_compact_frames_are_still_protocol_errors(line: bytes, error: str) -> None:
+    with pytest.raises(ProtocolError, match=error):
+        ExecStreamDecoder(None).feed(line + b"\n")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frame=st.one_of(
+        st.fixed_dictionaries({"o": st.binary(max_size=40).map(lambda b: b64(b))}),
+        st.fixed_dictionaries(
+            {
+                "exit": st.integers(-(2**70), 2**70),
+                "out": st.binary(max_size=40).map(lambda b: b64(b)),
+                "err": st.binary(max_size=40).map(lambda b: b64(b)),
+            },
+            optional={"truncated": st.booleans()},
+        ),
+    ),
+    cut=st.integers(0, 200),
+    junk=st.sampled_from(["", "=", "A", " ", "\\", '"', "é", "}", ","]),
+)
+def test_fast_paths_agree_with_json(frame: dict[str, object], cut: int, junk: str) -> None:
+    """A compact frame, perhaps with one character slipped in: fast or not, json's answer."""
+    text = json.dumps(frame, separators=(",", ":"))
+    text = text[:cut] + junk + text[cut:]
+    line = text.encode()
+    try:
+        expected = general(line)
+    except (ProtocolError, ValueError):
+        expected = None
+    chunk, result = fast_live_chunk(line), fast_exit(line)
+    if chunk is not None:
+        assert expected == ([chunk] if chunk else [], None)
+    if result is not None:
+        assert expected == ([], result)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()

@@ -12,14 +12,19 @@ from hyperlink import DecodedURL
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import error as ierror
+from twisted.internet.abstract import FileDescriptor
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web._newclient import (
     RequestGenerationFailed,
+    ResponseDone,
     ResponseFailed,
     ResponseNeverReceived,
+    TransportProxyProducer,
 )
+from twisted.web.client import FileBodyProducer
+from twisted.web.iweb import UNKNOWN_LENGTH
 
 from sandboxd_client import (
     ProtocolError,
@@ -31,12 +36,16 @@ from sandboxd_client import (
     SandboxSpec,
     SandboxUnavailable,
     TooLarge,
+    body,
     decode_handle,
     encode_handle,
 )
+from sandboxd_client.body import read_body
+from sandboxd_client.client import sandbox_url
 from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
 from sandboxd_client.literal_hosts import literal_uri, standin_url
 from sandboxd_client.retry import retrying
+from sandboxd_client.transport import Transport
 from sandboxd_client.wire import decode_created
 
 # -- handles -------------------------------------------------------------------------------
@@ -271,3 +280,82 @@ def test_gone_counts_as_done_only_after_a_timeout() -> None:
     errors: list[Failure] = []
     d2.addErrback(errors.append)
     assert errors[0].check(FileNotFoundError)
+
+
+class _Body:
+    """A response whose body is delivered over ``transport``, as Twisted's client does it."""
+
+    length = UNKNOWN_LENGTH
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.protocol: Any = None
+
+    def deliverBody(self, protocol: Any) -> None:
+        self.protocol = protocol
+        protocol.makeConnection(self.transport)
+
+
+def test_a_body_is_read_a_megabyte_at_a_time_then_the_connection_reads_as_before() -> None:
+    connection = FileDescriptor(reactor=Clock())  # type: ignore[arg-type]
+    assert connection.bufferSize == 1 << 16  # Twisted's
+    response = _Body(TransportProxyProducer(connection))
+    got: list[bytes] = []
+    done = read_body(Clock(), response, got.append, 5.0)  # type: ignore[arg-type]
+    assert connection.bufferSize == body.READ_SIZE
+    response.protocol.dataReceived(b"x")
+    response.protocol.connectionLost(Failure(ResponseDone()))
+    assert got == [b"x"] and done.called
+    assert connection.bufferSize == 1 << 16
+
+
+def test_other_transports_and_larger_reads_are_left_alone() -> None:
+    connection = FileDescriptor(reactor=Clock())  # type: ignore[arg-type]
+    connection.bufferSize = 4 * body.READ_SIZE
+    for transport in (TransportProxyProducer(connection), object()):
+        response = _Body(transport)
+        read_body(Clock(), response, lambda data: None, 5.0)  # type: ignore[arg-type]
+        response.protocol.connectionLost(Failure(ResponseDone()))
+    assert connection.bufferSize == 4 * body.READ_SIZE
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
+def test_a_small_body_is_written_whole_at_once_a_large_one_in_turns() -> None:
+    clock = Clock()
+    transport = Transport(
+        clock,
+        clock=clock,
+        token=None,
+        pool=None,
+        agent=object(),  # type: ignore[arg-type]
+        connect_timeout=None,
+        max_persistent_per_host=1,
+        cached_connection_timeout=1.0,
+    )
+    small = transport.producer(bytearray(b'{"cmd":["true"]}'))
+    assert isinstance(small, body.BytesProducer) and small.length == 16
+    consumer = _Consumer()
+    done = small.startProducing(consumer)  # type: ignore[arg-type]
+    assert done.called and consumer.written == [b'{"cmd":["true"]}']  # in this very turn
+    small.pauseProducing(), small.resumeProducing(), small.stopProducing()  # nothing to do
+    large = transport.producer(b"x" * (body.SMALL_BODY + 1))
+    assert isinstance(large, FileBodyProducer)
+    assert large.length == body.SMALL_BODY + 1
+    transport.close()
+
+
+def test_sandbox_urls_are_remembered_and_bad_handles_always_refused() -> None:
+    handle = encode_handle("http://10.0.0.5:8080", "r1")
+    url = sandbox_url(handle, ("exec",))
+    assert url.to_text() == "http://10.0.0.5:8080/sandboxes/r1/exec"
+    assert sandbox_url(handle, ("exec",)) is url
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            sandbox_url("not a handle", ("exec",))

@@ -129,6 +129,22 @@ def test_large_output_keeps_daemon_memory_bounded(daemon: Daemon) -> None:
     assert growth_mib < 64, f"daemon peak RSS grew by {growth_mib:.0f} MiB"
 
 
+def test_a_slow_reader_gets_the_whole_final_frame(daemon: Daemon) -> None:
+    """The final frame (1 MiB kept: 1.4 MB of base64) is written as the client takes it, after
+    more output than the socket buffers hold (the connection is paused when it comes)."""
+    rid = daemon.create()
+    size = 16 << 20
+    response = open_exec(daemon, rid, {"cmd": ["head", "-c", str(size), "/dev/zero"]})
+    body = bytearray()
+    while chunk := response.read(64 << 10):
+        body += chunk
+        time.sleep(0.001)  # a slow reader, the final frame included
+    got = [json.loads(line) for line in bytes(body).splitlines()]
+    assert sum(len(base64.b64decode(f["o"])) for f in got[:-1]) == size
+    assert got[-1]["exit"] == 0 and got[-1]["truncated"] is True
+    assert base64.b64decode(got[-1]["out"]) == bytes(1 << 20)
+
+
 def test_command_never_sees_the_daemon_environment(daemon: Daemon) -> None:
     rid = daemon.create()
     final = frames(open_exec(daemon, rid, {"cmd": ["env"], "env": {"EXTRA": "1"}}))[-1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -17,6 +18,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet.abstract import FileDescriptor
+from twisted.internet.defer import CancelledError
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.process import ProcessReader
@@ -34,6 +37,7 @@ from sandboxd.exec_run import (
     ExecRun,
     encode_frame,
     exit_code_of,
+    frame_parts,
     output_frame,
 )
 
@@ -217,6 +221,7 @@ def test_buffers_are_capped_the_stream_is_not() -> None:
     assert b"".join(base64.b64decode(f["o"]) for f in h.decoded()) == b"abcdefghijk1234"
     frame = h.end(terminated(2))
     assert frame == {"exit": 2, "out": b64(b"abcd"), "err": b64(b"1234"), "truncated": True}
+    assert run.buffers == {1: b"", 2: b""}  # given to the frame, not kept twice
 
 
 def test_output_exactly_at_the_cap_is_not_truncated() -> None:
@@ -495,6 +500,31 @@ def test_read_from_a_pipe() -> None:
         os.close(r)
 
 
+def test_read_from_reads_what_the_pipe_holds_up_to_its_size() -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    got: list[bytes] = []
+    try:
+        exec_run.enlarge_pipe(r)
+        os.write(w, b"x" * 300_000)
+        assert exec_run.waiting(r) == 300_000
+        assert exec_run.read_from(r, got.append, 200_000) is None
+        assert exec_run.read_from(r, got.append, 200_000) is None
+        assert [len(chunk) for chunk in got] == [200_000, 100_000]
+        assert exec_run.waiting(r) == 0
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_waiting_is_zero_when_it_cannot_be_told() -> None:
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        assert exec_run.waiting(fd) == 0  # /dev/null has no FIONREAD
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize(
     ("code", "result"),
     [(errno.EINTR, None), (errno.EAGAIN, None), (errno.EIO, CONNECTION_LOST)],
@@ -502,6 +532,78 @@ def test_read_from_a_pipe() -> None:
 def test_read_from_errors(monkeypatch: pytest.MonkeyPatch, code: int, result: object) -> None:
     monkeypatch.setattr(exec_run, "os", ReadFails(code))
     assert exec_run.read_from(0, lambda data: None) is result
+
+
+def test_enlarge_pipe_gives_the_capacity_the_pipe_has() -> None:
+    r, w = os.pipe()
+    try:
+        default = fcntl.fcntl(r, fcntl.F_GETPIPE_SZ)
+        # The kernel refuses a size it cannot round to pages: the pipe keeps its capacity.
+        assert exec_run.enlarge_pipe(r, (1 << 31) + 1) == default
+        assert exec_run.enlarge_pipe(r) == exec_run.PIPE_SIZE
+        assert fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) == exec_run.PIPE_SIZE  # one pipe, two ends
+        os.set_blocking(w, False)
+        assert os.write(w, b"x" * exec_run.PIPE_SIZE) == exec_run.PIPE_SIZE
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_enlarge_pipe_of_a_file_that_is_no_pipe(tmp_path: Any) -> None:
+    with open(tmp_path / "f", "wb") as f:
+        assert exec_run.enlarge_pipe(f.fileno()) == exec_run.READ_SIZE
+
+
+def test_read_in_large_chunks_reads_a_whole_enlarged_pipe_at_once() -> None:
+    r, w = os.pipe()
+    reader = ProcessReader.__new__(ProcessReader)
+    reader.fd = r
+    got: list[bytes] = []
+    reader.dataReceived = got.append  # type: ignore[method-assign]
+
+    class Process:
+        pipes = {1: reader}
+
+    try:
+        exec_run.read_in_large_chunks(Process())
+        os.set_blocking(w, False)
+        data = os.urandom(exec_run.PIPE_SIZE)
+        assert os.write(w, data) == len(data)  # fits: the pipe was enlarged
+        assert reader.doRead() is None
+        assert got == [data]  # one read, one frame
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_the_final_frame_is_written_as_fast_as_the_client_reads() -> None:
+    h = Harness()
+    run = h.start()
+    h.end(ProcessDone(0))
+    assert run.writable().called  # not paused: write on
+    run.pauseProducing()
+    waiting, cancelled = run.writable(), run.writable()
+    cancelled.addErrback(lambda f: f.trap(CancelledError))
+    cancelled.cancel()  # the client went away (Klein cancels the handler)
+    assert not waiting.called
+    run.resumeProducing()
+    assert waiting.called
+    run.pauseProducing()
+    stopped = run.writable()
+    run.stopProducing()  # the connection is gone: nothing more to wait for
+    assert stopped.called
+
+
+def test_send_in_large_chunks_raises_only_a_lower_cap_of_a_file_descriptor() -> None:
+    connection = FileDescriptor(reactor=Clock())  # type: ignore[arg-type]
+    assert connection.SEND_LIMIT == 128 * 1024  # Twisted's
+    exec_run.send_in_large_chunks(connection)
+    assert connection.SEND_LIMIT == exec_run.SEND_SIZE
+    assert FileDescriptor.SEND_LIMIT == 128 * 1024  # other connections unchanged
+    connection.SEND_LIMIT = 2 * exec_run.SEND_SIZE
+    exec_run.send_in_large_chunks(connection)
+    assert connection.SEND_LIMIT == 2 * exec_run.SEND_SIZE
+    exec_run.send_in_large_chunks(None)  # no connection (the client has gone): nothing to do
 
 
 def test_read_in_large_chunks_replaces_only_output_readers() -> None:
@@ -545,6 +647,29 @@ def test_encode_frame_is_json_dumps(exit: Any, out: Any, err: Any, truncated: An
         frame["truncated"] = truncated
     expected = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
     assert encode_frame(frame) == expected
+    assert b"".join(frame_parts(frame)) == expected
+
+
+def test_frame_parts_keep_the_buffers_apart() -> None:
+    frame = {"exit": 3, "out": "b3V0", "err": "ZXJy", "truncated": True}
+    assert list(frame_parts(frame)) == [
+        b'{"exit":3,"out":"',
+        b"b3V0",
+        b'","err":"',
+        b"ZXJy",
+        b'","truncated":true}\n',
+    ]
+    assert list(frame_parts({"error": "E", "detail": "d"})) == [b'{"error":"E","detail":"d"}\n']
+
+
+def test_buffers_of_megabytes_are_checked_all_through() -> None:
+    out = base64.b64encode(os.urandom(3 << 20)).decode()
+    parts = list(frame_parts({"exit": 0, "out": out, "err": ""}))
+    assert [len(p) for p in parts[1:-2]] == [1 << 20, 1 << 20, 1 << 20, 1 << 20]  # 4 MiB
+    assert b"".join(parts[1:-2]) == out.encode()
+    bad = out[: 2 << 20] + " " + out[2 << 20 :]  # past the first megabyte checked
+    expected = json.dumps({"exit": 0, "out": bad, "err": ""}, separators=(",", ":"))
+    assert list(frame_parts({"exit": 0, "out": bad, "err": ""})) == [expected.encode() + b"\n"]
 
 
 @pytest.mark.parametrize(
