@@ -204,7 +204,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
     reaper.clock = reactor
     reaper.setServiceParent(top)
-    site = make_site(api.app.resource(), config.max_body)
+    site = make_site(api.app.resource(), config.max_body, spool_dir=layout.root)
     endpoint = serverFromString(reactor, config.listen)
     listener = StreamServerEndpointService(endpoint, site)
     listener._raiseSynchronously = True  # a port that cannot be had stops start-up (as strports)
