@@ -18,7 +18,9 @@ import pytest_twisted
 from http_harness import Harness
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.test.requesthelper import DummyChannel
 
@@ -26,6 +28,7 @@ from sandboxd import api, workspace
 from sandboxd.errors import APIError, InsufficientStorage
 from sandboxd.manager import SandboxManager
 from sandboxd.web import (
+    READ_SIZE,
     SPOOL_MIN,
     LimitedRequest,
     Spool,
@@ -270,6 +273,15 @@ def test_make_site() -> None:
     assert site.requestFactory.max_body == 123
     assert issubclass(site.requestFactory, LimitedRequest)
     assert site.displayTracebacks is False
+
+
+def test_connections_read_in_large_pieces() -> None:
+    site = make_site(Utf8URLs(None), 123)  # type: ignore[arg-type]
+    channel = site.buildProtocol(None)  # type: ignore[arg-type]
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    assert transport.bufferSize == READ_SIZE  # type: ignore[attr-defined]
+    channel.connectionLost(Failure(ConnectionDone()))
 
 
 # LimitedRequest directly
