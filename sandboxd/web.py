@@ -115,7 +115,8 @@ def error_body(detail: str) -> bytes:
 
 READ_SIZE = 1 << 20
 """Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB: an upload
-of 1 GiB took 16 384 reactor turns, each through the whole HTTP parser)."""
+of 1 GiB took 16 384 reactor turns, each through the whole HTTP parser), and at most sends at
+a time (Twisted's default is 128 KiB)."""
 
 
 class Channel(HTTPChannel):
@@ -123,12 +124,13 @@ class Channel(HTTPChannel):
     ``400`` before closing, instead of dropping the connection without a word (a client takes
     a dropped connection for a dead replica: ``SandboxNotFound``).
 
-    It reads up to :data:`READ_SIZE` bytes at a time from a TCP or UNIX socket.
+    It reads and sends up to :data:`READ_SIZE` bytes at a time on a TCP or UNIX socket.
     """
 
     def connectionMade(self) -> None:
         super().connectionMade()
         self.transport.bufferSize = READ_SIZE  # type: ignore[union-attr]
+        self.transport.SEND_LIMIT = READ_SIZE  # type: ignore[union-attr]
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._refuse(f"a request or header line is over {self.MAX_LENGTH} bytes")

@@ -275,12 +275,13 @@ def test_make_site() -> None:
     assert site.displayTracebacks is False
 
 
-def test_connections_read_in_large_pieces() -> None:
+def test_connections_read_and_send_in_large_pieces() -> None:
     site = make_site(Utf8URLs(None), 123)  # type: ignore[arg-type]
     channel = site.buildProtocol(None)  # type: ignore[arg-type]
     transport = StringTransport()
     channel.makeConnection(transport)
     assert transport.bufferSize == READ_SIZE  # type: ignore[attr-defined]
+    assert transport.SEND_LIMIT == READ_SIZE  # type: ignore[attr-defined]
     channel.connectionLost(Failure(ConnectionDone()))
 
 
