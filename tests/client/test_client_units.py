@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 from twisted.internet import error as ierror
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, fail, succeed
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web._newclient import (
     RequestGenerationFailed,
     ResponseFailed,
     ResponseNeverReceived,
+    TransportProxyProducer,
 )
 
 from sandboxd_client import (
@@ -34,6 +36,7 @@ from sandboxd_client import (
     decode_handle,
     encode_handle,
 )
+from sandboxd_client.body import READ_SIZE, read_in_large_pieces
 from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
 from sandboxd_client.literal_hosts import literal_uri, standin_url
 from sandboxd_client.retry import retrying
@@ -271,3 +274,11 @@ def test_gone_counts_as_done_only_after_a_timeout() -> None:
     errors: list[Failure] = []
     d2.addErrback(errors.append)
     assert errors[0].check(FileNotFoundError)
+
+
+def test_a_connection_delivering_a_body_reads_and_sends_in_large_pieces() -> None:
+    connection = StringTransport()
+    read_in_large_pieces(TransportProxyProducer(connection))  # what deliverBody hands over
+    assert connection.bufferSize == READ_SIZE  # type: ignore[attr-defined]
+    assert connection.SEND_LIMIT == READ_SIZE  # type: ignore[attr-defined]
+    read_in_large_pieces(StringTransport())  # not a proxy: nothing to change
