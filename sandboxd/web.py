@@ -62,6 +62,16 @@ class Spool(io.BufferedRandom):
         super().__init__(io.FileIO(fd, "r+"))
 
 
+def can_spool(directory: str) -> bool:
+    """Whether request bodies can be spooled in ``directory`` (its filesystem takes unnamed
+    files, ``O_TMPFILE``)."""
+    try:
+        Spool(directory).close()
+    except OSError:
+        return False
+    return True
+
+
 class LimitedRequest(Request):
     """A request that keeps at most ``max_body`` bytes of body; ``too_large`` says it had more.
 

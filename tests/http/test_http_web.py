@@ -35,6 +35,7 @@ from sandboxd.web import (
     SpoolingSite,
     Utf8URLs,
     _Discard,
+    can_spool,
     make_site,
 )
 
@@ -457,6 +458,12 @@ def test_spooling_site_keeps_small_bodies_in_memory(spool_dir: Path) -> None:
     site.spool_dir = None
     with site.getContentFile(None) as temporary:
         assert not isinstance(temporary, Spool | io.BytesIO)  # twisted.web's own
+
+
+def test_can_spool(spool_dir: Path) -> None:
+    assert can_spool(str(spool_dir))
+    assert os.listdir(spool_dir) == []
+    assert not can_spool(str(spool_dir / "missing"))
 
 
 class Full:
