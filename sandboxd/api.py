@@ -5,8 +5,10 @@ mapped to ``{"error", "detail"}`` bodies in one place (:meth:`SandboxAPI.api_err
 bearer-token check is one decorator (:func:`authorized`).
 """
 
+import errno
 import hmac
 import json
+import os
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, TypeVar, cast
@@ -22,12 +24,13 @@ from werkzeug.exceptions import HTTPException
 
 import sandboxd
 from sandboxd import archive, exec_request, exec_run, workspace
-from sandboxd.errors import APIError, BadRequest, TooLarge, Unauthorized
+from sandboxd.errors import APIError, BadRequest, InsufficientStorage, TooLarge, Unauthorized
 from sandboxd.exec_request import ExecRequest
 from sandboxd.layout import RID_PATTERN
 from sandboxd.manager import Sandbox, SandboxManager
 from sandboxd.paths import normalise
 from sandboxd.tools import ToolResolver
+from sandboxd.web import Spool
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -123,9 +126,16 @@ def refuse_lone_surrogates(body: dict[str, Any]) -> None:
 
 
 def refuse_too_large(request: IRequest, limit: int) -> None:
-    """``413`` when the body was over the site's limit, or is over ``limit``."""
+    """``413`` when the body was over the site's limit, or is over ``limit``; ``507`` when it
+    could not be stored for want of space (``500`` for any other reason)."""
     if getattr(request, "too_large", False):
         raise TooLarge("the request body is over the configured limit")
+    error: OSError | None = getattr(request, "content_error", None)
+    if error is not None:
+        detail = f"the request body could not be stored: {os.strerror(error.errno or 0)}"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientStorage(detail)
+        raise APIError(detail)
     length = request.getHeader(b"content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise TooLarge(f"the request body is over {limit} bytes")
@@ -337,7 +347,15 @@ class SandboxAPI:
         refuse_too_large(request, self.manager.config.max_body)
         content = request.content
         content.seek(0)
-        await self.manager.files(sandbox, lambda ws: workspace.write_from(ws, parts, content))
+        linkable = isinstance(content, Spool)
+        if linkable:
+            # The complete body becomes the sandbox's own file, then is linked into place by
+            # the sandbox itself (its fs credentials: the link cannot land outside).
+            identity = sandbox.identity
+            os.fchown(content.fileno(), identity.uid, identity.gid)
+        await self.manager.files(
+            sandbox, lambda ws: workspace.write_from(ws, parts, content, linkable)
+        )
         return no_content(request)
 
     @app.route("/sandboxes/<rid>/file", methods=["GET"])

@@ -28,7 +28,7 @@ from sandboxd.isolation.select import build_isolation
 from sandboxd.layout import Layout, RootInUse
 from sandboxd.manager import SandboxManager
 from sandboxd.tools import build_tools
-from sandboxd.web import make_site
+from sandboxd.web import can_spool, make_site
 
 log = Logger()
 
@@ -205,7 +205,15 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
     reaper.clock = reactor
     reaper.setServiceParent(top)
-    site = make_site(api.app.resource(), config.max_body)
+    spool_dir: str | None = layout.root
+    if not can_spool(layout.root):
+        spool_dir = None
+        log.warn(
+            "request bodies: {root} takes no unnamed files (O_TMPFILE); large ones are stored "
+            "in the system's temporary directory, and uploads copied from there",
+            root=layout.root,
+        )
+    site = make_site(api.app.resource(), config.max_body, spool_dir=spool_dir)
     endpoint = serverFromString(reactor, config.listen)
     listener = StreamServerEndpointService(endpoint, site)
     listener._raiseSynchronously = True  # a port that cannot be had stops start-up (as strports)

@@ -4,9 +4,19 @@ twisted.web reads a whole request body before the handler runs (under 100 000 by
 larger in an unlinked temporary file). A body declared or found to be larger than ``max_body``
 is discarded as it arrives instead, so nothing over the limit is stored anywhere, and the
 handler answers ``413 TooLarge``.
+
+Larger bodies are stored in a :class:`Spool`: an unnamed file (``O_TMPFILE``) in the daemon's
+state root, on the workspaces' own filesystem, so that an upload can be linked into its
+workspace once complete instead of being written a second time. A body that cannot be stored
+(disk full) is discarded from then on, and the failure kept for the handler
+(:attr:`LimitedRequest.content_error`).
 """
 
+import io
 import json
+import os
+import tempfile
+from contextlib import suppress
 from typing import Any
 
 from twisted.web.http import HTTPChannel
@@ -35,21 +45,55 @@ class _Discard:
         """Nothing to close."""
 
 
+SPOOL_MIN = 100_000
+"""Bodies at least this long (or of unknown length) are stored in a :class:`Spool`; shorter
+ones in memory, as twisted.web does."""
+
+
+class Spool(io.BufferedRandom):
+    """A request body in an unnamed file (``O_TMPFILE``, mode 0644) of ``directory``.
+
+    Nothing is visible in the directory, and the space is given back when the file is closed,
+    unless the file was linked somewhere meanwhile (an upload, once complete).
+    """
+
+    def __init__(self, directory: str) -> None:
+        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o644)
+        super().__init__(io.FileIO(fd, "r+"))
+
+
+def can_spool(directory: str) -> bool:
+    """Whether request bodies can be spooled in ``directory`` (its filesystem takes unnamed
+    files, ``O_TMPFILE``)."""
+    try:
+        Spool(directory).close()
+    except OSError:
+        return False
+    return True
+
+
 class LimitedRequest(Request):
-    """A request that keeps at most ``max_body`` bytes of body; ``too_large`` says it had more."""
+    """A request that keeps at most ``max_body`` bytes of body; ``too_large`` says it had more.
+
+    ``content_error`` is the error that stopped the body from being stored (then discarded).
+    """
 
     max_body: int = 1 << 62
     too_large: bool = False
+    content_error: OSError | None = None
     _received: int = 0
 
     def gotLength(self, length: int | None) -> None:
         if length is not None and length > self.max_body:
             self._refuse()
-        else:
+            return
+        try:
             super().gotLength(length)
+        except OSError as e:
+            self._failed(e)
 
     def handleContentChunk(self, data: bytes) -> None:
-        if self.too_large:
+        if self.too_large or self.content_error is not None:
             return
         self._received += len(data)
         if self._received > self.max_body:
@@ -57,10 +101,20 @@ class LimitedRequest(Request):
                 self.content.close()
             self._refuse()
             return
-        super().handleContentChunk(data)
+        try:
+            super().handleContentChunk(data)
+        except OSError as e:
+            self._failed(e)
 
     def _refuse(self) -> None:
         self.too_large = True
+        self.content = _Discard()
+
+    def _failed(self, error: OSError) -> None:
+        if self.content is not None:
+            with suppress(OSError):
+                self.content.close()  # a spool's space is given back
+        self.content_error = error
         self.content = _Discard()
 
 
@@ -69,10 +123,24 @@ def error_body(detail: str) -> bytes:
     return json.dumps({"error": "BadRequest", "detail": detail}).encode()
 
 
+READ_SIZE = 1 << 20
+"""Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB: an upload
+of 1 GiB took 16 384 reactor turns, each through the whole HTTP parser), and at most sends at
+a time (Twisted's default is 128 KiB)."""
+
+
 class Channel(HTTPChannel):
     """An HTTP channel that answers an over-long request line or header line with a JSON
     ``400`` before closing, instead of dropping the connection without a word (a client takes
-    a dropped connection for a dead replica: ``SandboxNotFound``)."""
+    a dropped connection for a dead replica: ``SandboxNotFound``).
+
+    It reads and sends up to :data:`READ_SIZE` bytes at a time on a TCP or UNIX socket.
+    """
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.transport.bufferSize = READ_SIZE  # type: ignore[union-attr]
+        self.transport.SEND_LIMIT = READ_SIZE  # type: ignore[union-attr]
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._refuse(f"a request or header line is over {self.MAX_LENGTH} bytes")
@@ -120,13 +188,32 @@ class Utf8URLs:
         return self.inner.render(request)
 
 
-def make_site(resource: IResource, max_body: int) -> Site:
-    """A site whose requests refuse bodies over ``max_body`` bytes, and whose malformed
-    requests get JSON errors."""
+class SpoolingSite(Site):
+    """A site that stores request bodies of :data:`SPOOL_MIN` bytes or more (or of unknown
+    length) in a :class:`Spool` of ``spool_dir``; with no ``spool_dir``, where twisted.web
+    does (a temporary file in the system's temporary directory)."""
+
+    spool_dir: str | None = None
+
+    def getContentFile(self, length: int | None) -> Any:
+        """The file a request's body is written to (twisted.web's hook, called per request)."""
+        if length is not None and length < SPOOL_MIN:
+            return io.BytesIO()
+        if self.spool_dir is None:
+            return tempfile.TemporaryFile()
+        return Spool(self.spool_dir)
+
+
+def make_site(resource: IResource, max_body: int, spool_dir: str | None = None) -> Site:
+    """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
+    ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors."""
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
     # email package (a tenth of a create's time), and read a multipart body whole into memory.
-    site = Site(Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False)
+    site = SpoolingSite(
+        Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False
+    )
+    site.spool_dir = spool_dir
     site.protocol = Channel  # type: ignore[assignment]
     site.displayTracebacks = False
     return site

@@ -120,11 +120,15 @@ def open_for_reading(workspace: str, parts: Parts, owner: int) -> tuple[BinaryIO
     return os.fdopen(fd, "rb"), st.st_size
 
 
-def write_from(workspace: str, parts: Parts, source: BinaryIO) -> None:
+def write_from(workspace: str, parts: Parts, source: BinaryIO, linkable: bool = False) -> None:
     """Replace (or create) a file with the bytes of ``source``, creating parent directories.
 
     The data goes to a hidden temporary file beside the target, renamed over it once complete,
     so a reader never sees half a file and a failed write (disk full) leaves nothing behind.
+
+    ``linkable``: ``source`` is a complete unnamed file (``O_TMPFILE``) that the caller made
+    the sandbox's own; it is linked into place as that temporary file, nothing is copied. Where
+    it cannot be linked (another filesystem), its bytes from the current offset are copied.
     """
     if not parts:
         raise BadRequest("/: is a directory")
@@ -134,19 +138,39 @@ def write_from(workspace: str, parts: Parts, source: BinaryIO) -> None:
             existing = _lstat(parent, parts[-1])
             if existing is not None and stat.S_ISDIR(existing.st_mode):
                 raise BadRequest(f"{display(parts)}: is a directory")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(temp, flags, 0o644, dir_fd=parent)
+            if linkable and _link(source, parent, temp):
+                fd = -1  # linked: nothing to copy
+            else:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(temp, flags, 0o644, dir_fd=parent)
             try:
-                _copy_into(source, fd)
+                if fd >= 0:
+                    _copy_into(source, fd)
                 os.rename(temp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
             except BaseException:
                 with suppress(OSError):
                     os.unlink(temp, dir_fd=parent)
                 raise
             finally:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
     except OSError as e:
         raise translate(e, parts) from None
+
+
+def _link(source: BinaryIO, parent: int, name: str) -> bool:
+    """Give the unnamed file ``source`` the name ``name`` in ``parent``; ``False`` when it
+    cannot be (another filesystem, no ``/proc``...: the caller copies instead).
+
+    The link is made with the calling thread's credentials: it is refused unless the file
+    belongs to the sandbox (``fs.protected_hardlinks``) and ``parent`` is writable to it.
+    """
+    source.flush()
+    try:
+        os.link(f"/proc/self/fd/{source.fileno()}", name, dst_dir_fd=parent, follow_symlinks=True)
+    except OSError:
+        return False
+    return True
 
 
 def _copy_into(source: BinaryIO, fd: int) -> None:

@@ -80,7 +80,11 @@ class _SinkProtocol(Protocol):
         TLS wrapper, a test double) is left as it is.
         """
         connection = getattr(self.transport, "_producer", None)
-        if isinstance(connection, FileDescriptor) and connection.bufferSize < READ_SIZE:
+        if not isinstance(connection, FileDescriptor):
+            return
+        # A later upload on this pooled connection is sent as many bytes at a time.
+        connection.SEND_LIMIT = max(connection.SEND_LIMIT, READ_SIZE)
+        if connection.bufferSize < READ_SIZE:
             self._connection, self._read_size = connection, connection.bufferSize
             connection.bufferSize = READ_SIZE
 

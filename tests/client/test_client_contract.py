@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import os
 from pathlib import Path
@@ -108,6 +109,9 @@ async def test_streamed_files_round_trip(client: HttpSandbox, tmp_path: Path) ->
     sent: list[tuple[int, int | None]] = []
     await client.upload_file(h, "big.bin", str(src), on_progress=lambda d, t: sent.append((d, t)))
     assert sent[-1] == (len(data), len(data))
+    totals = [0] + [done for done, _ in sent]
+    steps = [b - a for a, b in itertools.pairwise(totals)]
+    assert steps == [1 << 20] * 3 + [7]  # read and sent in pieces of 1 MiB
     got: list[tuple[int, int | None]] = []
     await client.download_to_file(
         h, "big.bin", str(dst), on_progress=lambda d, t: got.append((d, t))

@@ -307,6 +307,8 @@ def test_a_body_is_read_a_megabyte_at_a_time_then_the_connection_reads_as_before
     response.protocol.connectionLost(Failure(ResponseDone()))
     assert got == [b"x"] and done.called
     assert connection.bufferSize == 1 << 16
+    # A later upload on the pooled connection is sent a megabyte at a time, not 128 KiB.
+    assert connection.SEND_LIMIT == body.READ_SIZE
 
 
 def test_other_transports_and_larger_reads_are_left_alone() -> None:

@@ -6,8 +6,11 @@ loopback port, with raw HTTP bytes so the test controls ``Content-Length`` and c
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,13 +18,26 @@ import pytest_twisted
 from http_harness import Harness
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.test.requesthelper import DummyChannel
 
-from sandboxd import api
+from sandboxd import api, workspace
+from sandboxd.errors import APIError, InsufficientStorage
 from sandboxd.manager import SandboxManager
-from sandboxd.web import LimitedRequest, Utf8URLs, _Discard, make_site
+from sandboxd.web import (
+    READ_SIZE,
+    SPOOL_MIN,
+    LimitedRequest,
+    Spool,
+    SpoolingSite,
+    Utf8URLs,
+    _Discard,
+    can_spool,
+    make_site,
+)
 
 LIMIT = 64
 
@@ -260,6 +276,16 @@ def test_make_site() -> None:
     assert site.displayTracebacks is False
 
 
+def test_connections_read_and_send_in_large_pieces() -> None:
+    site = make_site(Utf8URLs(None), 123)  # type: ignore[arg-type]
+    channel = site.buildProtocol(None)  # type: ignore[arg-type]
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    assert transport.bufferSize == READ_SIZE  # type: ignore[attr-defined]
+    assert transport.SEND_LIMIT == READ_SIZE  # type: ignore[attr-defined]
+    channel.connectionLost(Failure(ConnectionDone()))
+
+
 # LimitedRequest directly
 
 
@@ -345,3 +371,149 @@ async def test_a_chunked_json_body_over_the_json_limit_is_413(
         assert (await send(port.getHost().port, raw)).status == 200
     finally:
         await port.stopListening()
+
+
+# Large bodies spooled on the workspaces' filesystem
+
+
+@pytest.fixture
+def spool_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "spool"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def spooling_port(harness: Harness, spool_dir: Path) -> Any:
+    from twisted.internet import reactor
+
+    site = make_site(harness.api.resource(), 1 << 30, spool_dir=str(spool_dir))
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    yield port.getHost().port
+    port.stopListening()
+
+
+def never_copied(source: Any, fd: int) -> None:
+    raise AssertionError("a spooled body was copied instead of linked")
+
+
+BIG = bytes(range(256)) * (SPOOL_MIN // 256 + 100)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_large_upload_is_linked_from_its_spool_not_copied(
+    harness: Harness, spooling_port: int, spool_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workspace, "_copy_into", never_copied)
+    rid = harness.create()
+    for raw in (put(rid, BIG), put_chunked(rid, [BIG[:70_000], BIG[70_000:]])):
+        answer = await send(spooling_port, raw)
+        assert answer.status == 204, answer.body
+        with open(os.path.join(harness.workspace(rid), "f"), "rb") as f:
+            assert f.read() == BIG
+        assert os.listdir(harness.workspace(rid)) == ["f"]
+        assert os.listdir(spool_dir) == []  # the spool never had a name
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_large_json_body_is_read_from_its_spool(
+    harness: Harness, spooling_port: int
+) -> None:
+    body = json.dumps({"env": {"A": "x" * SPOOL_MIN}}).encode()
+    raw = (
+        b"POST /sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    answer = await send(spooling_port, raw)
+    assert answer.status == 200, answer.body
+    (sandbox,) = harness.manager.sandboxes.values()
+    assert sandbox.env["A"] == "x" * SPOOL_MIN
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_that_cannot_be_spooled_is_500_and_writes_nothing(
+    harness: Harness, spooling_port: int, spool_dir: Path
+) -> None:
+    rid = harness.create()
+    os.rmdir(spool_dir)
+    answer = await send(spooling_port, put(rid, BIG))
+    assert answer.status == 500
+    assert answer.json() == {
+        "error": "InternalError",
+        "detail": "the request body could not be stored: No such file or directory",
+    }
+    assert os.listdir(harness.workspace(rid)) == []
+    assert (await send(spooling_port, put(rid, b"small"))).status == 204  # kept in memory
+
+
+def test_spooling_site_keeps_small_bodies_in_memory(spool_dir: Path) -> None:
+    site = SpoolingSite(Utf8URLs(None))  # type: ignore[arg-type]
+    site.spool_dir = str(spool_dir)
+    assert isinstance(site.getContentFile(SPOOL_MIN - 1), io.BytesIO)
+    for length in (SPOOL_MIN, None):
+        with site.getContentFile(length) as spool:
+            assert isinstance(spool, Spool)
+            assert os.fstat(spool.fileno()).st_nlink == 0
+    assert os.listdir(spool_dir) == []
+    site.spool_dir = None
+    with site.getContentFile(None) as temporary:
+        assert not isinstance(temporary, Spool | io.BytesIO)  # twisted.web's own
+
+
+def test_can_spool(spool_dir: Path) -> None:
+    assert can_spool(str(spool_dir))
+    assert os.listdir(spool_dir) == []
+    assert not can_spool(str(spool_dir / "missing"))
+
+
+class Full:
+    """A content file on a full disk."""
+
+    closed = False
+
+    def write(self, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self) -> None:
+        self.closed = True
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_body_that_fills_the_disk_is_discarded_from_then_on() -> None:
+    request = limited(1 << 20)
+    request.gotLength(None)
+    request.content = full = Full()
+    request.handleContentChunk(b"x" * 10)
+    assert full.closed
+    assert isinstance(request.content, _Discard)
+    assert request.content_error is not None and request.content_error.errno == errno.ENOSPC
+    request.handleContentChunk(b"more")  # dropped
+    assert not request.too_large
+
+
+def test_a_body_whose_spool_cannot_be_opened_is_discarded(spool_dir: Path) -> None:
+    channel = DummyChannel()
+    channel.site = SpoolingSite(Utf8URLs(None))  # type: ignore[arg-type]
+    channel.site.spool_dir = str(spool_dir / "missing")
+    request = LimitedRequest(channel)
+    request.gotLength(None)
+    assert isinstance(request.content, _Discard)
+    assert request.content_error is not None and request.content_error.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"), [(errno.ENOSPC, InsufficientStorage), (errno.EDQUOT, InsufficientStorage)]
+)
+def test_a_body_that_could_not_be_stored_is_507(code: int, kind: type) -> None:
+    request = limited(1 << 20)
+    request.content_error = OSError(code, os.strerror(code))
+    with pytest.raises(kind, match="the request body could not be stored"):
+        api.refuse_too_large(request, 1 << 20)
+
+
+def test_a_body_that_could_not_be_stored_for_another_reason_is_500() -> None:
+    request = limited(1 << 20)
+    request.content_error = OSError(errno.EIO, os.strerror(errno.EIO))
+    with pytest.raises(APIError) as raised:
+        api.refuse_too_large(request, 1 << 20)
+    assert type(raised.value) is APIError and raised.value.status == 500

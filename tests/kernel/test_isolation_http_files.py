@@ -11,6 +11,7 @@ matter most: there only the file API's own care (no link followed, ever) keeps t
 
 import os
 import random
+import stat
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.web import SPOOL_MIN
 from tests.kernel.kernel_http import (
     IN_VM,
     SLOW,
@@ -40,6 +42,8 @@ pytestmark = [pytest.mark.kernel, pytest.mark.skipif(WHY_NOT is not None, reason
 SECRET = b"b's secret: never readable by another sandbox\n"
 OUTSIDE = b"outside the workspace: never served, never changed\n"
 OWN = b"OWN bytes of the sandbox\n"
+BIG = OWN * (SPOOL_MIN // len(OWN) + 1)
+"""An upload large enough to be spooled on the workspaces' filesystem, then linked into place."""
 
 RACE_REQUESTS = int(os.environ.get("SANDBOXD_TEST_RACE_REQUESTS", "300" if IN_VM else "2000"))
 """Requests of the swap race (fewer in the VM, where everything runs under emulation)."""
@@ -160,6 +164,34 @@ def test_symlinks_to_outside_never_leak_nor_touch_their_target(
         assert a.download(name).body == OWN
     assert os.readlink(a.workspace / "etc") == "/etc/passwd"
     assert not (a.workspace / "theirs").exists() and not (a.workspace / "real").exists()
+    assert host_state(outside, b) == before
+
+
+def test_large_uploads_are_the_sandboxs_own_files_and_stay_inside(
+    pair: tuple[Box, Box], outside: Path
+) -> None:
+    """A body spooled by the daemon (root) is handed to the sandbox's uid and linked into
+    place with the sandbox's own credentials: the same rules as a small upload."""
+    a, b = pair
+    links = f"ln -s /etc etc && ln -s {b.workspace} their_ws && ln -s {outside} out"
+    assert a.run(f"mkdir real && ln -s /etc/passwd passwd && {links}").exit == 0
+    state_root = sorted(os.listdir(a.kd.root))
+    before = host_state(outside, b)
+    for path in ("etc/pwned", "their_ws/new", "their_ws/secret", "out/new", "out/passwd"):
+        answer = a.upload(path, BIG)
+        assert refused(answer), (path, answer)
+    assert host_state(outside, b) == before
+    assert a.upload("real/big", BIG).status == 204
+    assert a.upload("passwd", BIG).status == 204  # replaces the link, not /etc/passwd
+    uid, gid = a.uid(), int(a.ok("id -g"))
+    for name in ("real/big", "passwd"):
+        st = (a.workspace / name).lstat()
+        assert stat.S_ISREG(st.st_mode), name
+        assert (st.st_uid, st.st_gid, st.st_nlink) == (uid, gid, 1), name
+        assert a.download(name).body == BIG
+    assert a.ok("echo more >> real/big && echo ok") == "ok"  # its own file: writable
+    assert sorted(os.listdir(a.kd.root)) == state_root  # no spool left behind
+    assert sorted(os.listdir(a.workspace / "real")) == ["big"]
     assert host_state(outside, b) == before
 
 
@@ -299,7 +331,7 @@ def test_a_component_swapped_for_a_symlink_in_a_tight_loop_never_escapes(
     assert wait_for(lambda: (a.workspace / "d").is_symlink() or not swapper.is_alive(), 60 * SLOW)
 
     rng = random.Random(4)
-    plan = [rng.choice("GGGGPPPPSEMW") for _ in range(RACE_REQUESTS)]
+    plan = [rng.choice("GGGGPPPPLSEMW") for _ in range(RACE_REQUESTS)]
 
     def one(kind: str) -> tuple[str, int]:
         if kind == "G":
@@ -307,9 +339,11 @@ def test_a_component_swapped_for_a_symlink_in_a_tight_loop_never_escapes(
             assert answer.status != 200 or answer.body.startswith(b"OWN"), answer
         elif kind == "P":
             answer = a.upload("d/passwd", OWN)
+        elif kind == "L":
+            answer = a.upload("d/passwd", BIG)
         elif kind == "S":
             answer = a.size("d/passwd")
-            assert answer.status != 200 or answer.json()["size"] in (None, len(OWN)), answer
+            assert answer.status != 200 or answer.json()["size"] in (None, len(OWN), len(BIG))
         elif kind == "E":
             answer = a.exists("d/passwd")
         elif kind == "M":
@@ -320,7 +354,8 @@ def test_a_component_swapped_for_a_symlink_in_a_tight_loop_never_escapes(
             answer = a.walk("d")
             if answer.status == 200:
                 for entry in answer.json()["entries"]:
-                    assert entry["path"].startswith("/d/") and entry["size"] in (0, len(OWN))
+                    assert entry["path"].startswith("/d/")
+                    assert entry["size"] in (0, len(OWN), len(BIG))
         never_outside(answer)
         assert answer.status < 300 or refused(answer), (kind, answer)
         return kind, answer.status
@@ -341,4 +376,4 @@ def test_a_component_swapped_for_a_symlink_in_a_tight_loop_never_escapes(
     assert outcomes[("G", 200)] > 0, "some downloads did find the sandbox's own file"
     assert host_state(outside, b) == before
     assert (a.workspace / "d").is_dir() and not (a.workspace / "d").is_symlink()
-    assert (a.workspace / "d" / "passwd").read_bytes() == OWN
+    assert (a.workspace / "d" / "passwd").read_bytes() in (OWN, BIG)

@@ -105,6 +105,15 @@ def test_make_service_builds_the_tree(environ: dict[str, str]) -> None:
     kinds = {type(child) for child in service}
     assert kinds == {TimerService, StreamServerEndpointService}
     assert service.log_observer is None
+    assert listener(service).factory.spool_dir == service.manager.layout.root  # type: ignore[attr-defined]
+
+
+def test_a_root_without_unnamed_files_spools_bodies_elsewhere(
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tap, "can_spool", lambda directory: False)
+    service = build(environ)
+    assert listener(service).factory.spool_dir is None  # type: ignore[attr-defined]
 
 
 def test_option_beats_environment(environ: dict[str, str]) -> None:

@@ -22,6 +22,7 @@ import pytest
 
 from sandboxd import workspace
 from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound
+from sandboxd.web import Spool
 
 OTHER_UID = os.getuid() + 4242
 SECRET = b"outside secret"
@@ -834,3 +835,57 @@ def test_write_from_a_file_on_a_full_disk_is_507(
         workspace.write_from(str(ws), ("d", "f"), body_file)
     monkeypatch.undo()
     assert tree(ws) == ["d"]
+
+
+# Uploads spooled in an unnamed file on the workspace's filesystem: linked into place
+
+
+BODY = bytes(range(256)) * 1000
+
+
+def spooled(directory: Path, data: bytes = BODY) -> Any:
+    """A complete body in an unnamed file (``O_TMPFILE``) of ``directory``, as twisted.web
+    leaves it (the offset at the end, some bytes still in the buffer)."""
+    spool = Spool(str(directory))
+    spool.write(data)
+    spool.write(b"!")  # smaller than the buffer: still in it
+    spool.seek(0)
+    return spool
+
+
+def test_a_spooled_body_is_linked_into_place_not_copied(ws: Path, tmp_path: Path) -> None:
+    (ws / "d").mkdir()
+    (ws / "d" / "f").write_bytes(b"old")
+    with spooled(tmp_path) as spool:
+        workspace.write_from(str(ws), ("d", "f"), spool, linkable=True)
+        st = os.fstat(spool.fileno())
+    assert (ws / "d" / "f").read_bytes() == BODY + b"!"
+    assert (ws / "d" / "f").stat().st_ino == st.st_ino  # the very file the body was spooled to
+    assert st.st_nlink == 1
+    assert tree(ws) == ["d", "d/f"]
+
+
+def test_a_spooled_body_on_another_filesystem_is_copied(ws: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(ws).st_dev:
+        pytest.skip("needs /dev/shm on a filesystem of its own")
+    with spooled(shm) as spool:
+        workspace.write_from(str(ws), ("f",), spool, linkable=True)
+        assert (ws / "f").stat().st_ino != os.fstat(spool.fileno()).st_ino
+    assert (ws / "f").read_bytes() == BODY + b"!"
+    assert tree(ws) == ["f"]
+
+
+def test_a_linked_body_whose_rename_fails_leaves_nothing(
+    ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_rename(real: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "full")
+
+    (ws / "f").write_bytes(b"old")
+    monkeypatch.setattr(workspace, "os", FaultyOs(rename=no_rename))
+    with spooled(tmp_path) as spool, pytest.raises(InsufficientStorage):
+        workspace.write_from(str(ws), ("f",), spool, linkable=True)
+    monkeypatch.undo()
+    assert tree(ws) == ["f"]
+    assert (ws / "f").read_bytes() == b"old"
