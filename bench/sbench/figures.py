@@ -957,14 +957,21 @@ def base64_rates(codec: Any, total: int = 256 * MiB) -> tuple[float, float]:
 
 
 def copy_rate(source: Path, target: Path) -> float:
-    """MB/s of copying ``source`` with 1 MiB reads and writes (no copy_file_range)."""
+    """MB/s of copying ``source`` with 1 MiB reads and writes (no copy_file_range).
+
+    The copy is removed afterwards: its page cache freed, the transfer measured next starts from
+    the machine the earlier ones had (here a new page of guest memory costs several times a
+    recycled one, and 1 GiB of them is the whole difference between two runs of an upload).
+    """
     size = source.stat().st_size
     buffer = bytearray(MiB)
     start = time.perf_counter()
     with open(source, "rb", buffering=0) as src, open(target, "wb", buffering=0) as dst:
         while n := src.readinto(buffer):
             dst.write(memoryview(buffer)[:n])
-    return size / (time.perf_counter() - start) / MB
+    elapsed = time.perf_counter() - start
+    target.unlink()
+    return size / elapsed / MB
 
 
 def make_tree(top: Path, n: int, uid: int, gid: int) -> None:
