@@ -37,7 +37,8 @@ from sandboxd_client import (
 from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
 from sandboxd_client.literal_hosts import literal_uri, standin_url
 from sandboxd_client.retry import retrying
-from sandboxd_client.wire import decode_created
+from sandboxd_client.types import WalkEntry
+from sandboxd_client.wire import decode_created, decode_walk
 
 # -- handles -------------------------------------------------------------------------------
 
@@ -100,6 +101,41 @@ def test_create_reply_becomes_a_handle() -> None:
     for bad in (None, [], {"pod_url": "http://h"}, {"pod_url": 5, "remote_id": "r"}):
         with pytest.raises(ProtocolError):
             decode_created(bad)
+
+
+def test_walk_reply_becomes_entries_checked_one_by_one() -> None:
+    class Name(str):
+        pass
+
+    reply = {
+        "entries": [
+            {"path": "/a", "size": 1, "version": "v1", "extra": True},
+            {"path": "/b", "size": 0, "version": 7},
+            {"path": Name("/c"), "size": 2, "version": "v3"},
+        ]
+    }
+    assert decode_walk(reply) == [
+        WalkEntry("/a", 1, "v1"),
+        WalkEntry("/b", 0, 7),
+        WalkEntry("/c", 2, "v3"),
+    ]
+    assert decode_walk({"entries": []}) == []
+    bad_entries: list[object] = [
+        None,
+        [],
+        {"size": 1, "version": "v"},
+        {"path": "/a", "size": True, "version": "v"},
+        {"path": "/a", "size": "1", "version": "v"},
+        {"path": "/a", "size": 1, "version": None},
+        {"path": "/a", "size": 1, "version": False},
+        {"path": "/a", "size": 1.5, "version": "v"},
+    ]
+    for bad in bad_entries:
+        with pytest.raises(ProtocolError, match="walk entry"):
+            decode_walk({"entries": [{"path": "/ok", "size": 1, "version": "v"}, bad]})
+    for bad_reply in (None, {"entries": {}}, {"entries": None}):
+        with pytest.raises(ProtocolError, match="walk"):
+            decode_walk(bad_reply)
 
 
 def test_spec_sends_only_what_is_set() -> None:
