@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import gc
 import json
 from typing import Any
 
@@ -37,6 +38,7 @@ from sandboxd_client import (
 from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
 from sandboxd_client.literal_hosts import literal_uri, standin_url
 from sandboxd_client.retry import retrying
+from sandboxd_client.transport import collector_paused
 from sandboxd_client.types import WalkEntry
 from sandboxd_client.wire import decode_created, decode_walk
 
@@ -136,6 +138,23 @@ def test_walk_reply_becomes_entries_checked_one_by_one() -> None:
     for bad_reply in (None, {"entries": {}}, {"entries": None}):
         with pytest.raises(ProtocolError, match="walk"):
             decode_walk(bad_reply)
+
+
+def test_the_collector_is_paused_and_resumed_only_if_it_ran() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError), collector_paused():
+        raise KeyError("decoding failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the application's choice is kept
+    finally:
+        gc.enable()
 
 
 def test_spec_sends_only_what_is_set() -> None:
