@@ -36,6 +36,7 @@ from sandboxd_client import (
     encode_handle,
 )
 from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
+from sandboxd_client.handles import check_base_url
 from sandboxd_client.literal_hosts import literal_uri, standin_url
 from sandboxd_client.retry import retrying
 from sandboxd_client.transport import collector_paused
@@ -95,6 +96,23 @@ def test_handles_are_base64_json_and_both_alphabets_decode() -> None:
 def test_malformed_handles(raw: bytes) -> None:
     with pytest.raises(ValueError):
         decode_handle(SandboxHandle(base64.b64encode(raw).decode()))
+
+
+def test_decoded_handles_and_urls_are_cached_and_bad_ones_always_raise() -> None:
+    handle = encode_handle("http://10.0.0.7:8080", "rid-cached")
+    first, again = decode_handle(handle), decode_handle(handle.id)
+    assert first is again
+    assert (first.pod_url, first.remote_id) == ("http://10.0.0.7:8080", "rid-cached")
+    assert check_base_url("http://10.0.0.7:8080") is first.base
+    for _ in range(2):
+        with pytest.raises(ValueError, match="malformed sandbox handle"):
+            decode_handle("not-a-handle!")
+        with pytest.raises(ValueError, match="must be http"):
+            check_base_url("ftp://10.0.0.7")
+        with pytest.raises(ValueError, match="malformed URL"):
+            check_base_url("http://[::1")
+        with pytest.raises(ValueError, match="must be a string"):
+            check_base_url(5)  # type: ignore[arg-type]
 
 
 def test_create_reply_becomes_a_handle() -> None:
