@@ -29,6 +29,11 @@ _COPY_CHUNK = 1 << 20
 _SENDFILE_CHUNK = 1 << 26
 
 
+DirFiles = tuple[str, list[tuple[str, os.stat_result]]]
+"""One directory of a walk: its ``/``-rooted path (``""`` for the top), and the name and
+lstat of each regular file in it."""
+
+
 @frozen
 class WalkEntry:
     """One regular file: ``/``-rooted path, size, and a version that changes with content."""
@@ -247,10 +252,12 @@ def _climb(fd: int, expected: tuple[int, int]) -> int:
     return up
 
 
-def _scan(dir_fd: int, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
-    """Every regular file below ``dir_fd`` as (``/``-rooted path, lstat), links not followed.
+def _scan_dirs(dir_fd: int, prefix: str) -> Iterator[DirFiles]:
+    """The regular files below ``dir_fd``, one directory at a time: its ``/``-rooted path
+    and its files' (name, lstat), for each directory that has any. Links are not followed.
 
-    Iterative (see :func:`_climb`): no recursion limit, and two descriptors at most.
+    Iterative (see :func:`_climb`): no recursion limit, and two descriptors at most. A
+    directory's files come before its subdirectories, which are visited in listing order.
     """
     fd = os.dup(dir_fd)
     # One frame per directory from ``dir_fd`` down to ``fd``: its path, its identity, and
@@ -262,17 +269,19 @@ def _scan(dir_fd: int, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
             subdirs: list[str] = []
             with os.scandir(fd) as entries:
                 for entry in entries:
-                    if entry.name.startswith(_UPLOAD_PREFIX):
+                    name = entry.name
+                    if name.startswith(_UPLOAD_PREFIX):
                         continue
                     try:
                         if entry.is_dir(follow_symlinks=False):
-                            subdirs.append(entry.name)
+                            subdirs.append(name)
                         elif entry.is_file(follow_symlinks=False):
-                            found.append((entry.name, entry.stat(follow_symlinks=False)))
+                            found.append((name, entry.stat(follow_symlinks=False)))
                     except OSError:
                         continue  # removed or swapped while walking: not a file under root
             subdirs.reverse()  # taken with pop(): visited in listing order
-            yield from ((f"{prefix}/{name}", st) for name, st in found)
+            if found:
+                yield prefix, found
             stack.append((prefix, _identity(fd), subdirs))
             while True:
                 path, _, pending = stack[-1]
@@ -369,49 +378,77 @@ def remove_tree(path: str) -> None:
         _remove_tree(parent, name, strict=False)
 
 
-def _walk_stats(workspace: str, parts: Parts) -> list[tuple[str, os.stat_result]]:
-    """Every regular file under the path with its lstat (none when it is missing)."""
-    try:
-        with parent_of(workspace, parts) as parent:
-            if not parts:
-                return list(_scan(parent, ""))
-            st = _lstat(parent, parts[-1])
-            if st is None:
-                return []
-            if stat.S_ISREG(st.st_mode):
-                return [(display(parts), st)]
-            if not stat.S_ISDIR(st.st_mode):
-                return []
+def _walk_dirs(workspace: str, parts: Parts) -> Iterator[DirFiles]:
+    """:func:`_scan_dirs` of the path, as it goes: directories with their files. A regular
+    file at the path is one directory of one file; anything else is none. ``OSError`` for a
+    path that cannot be walked, or a tree that changed under the walk (see :func:`_climb`).
+
+    Each directory's stats are dropped once the caller is done with them: a walk of many files
+    keeps no stat object per file alive (that many tracked objects also cost garbage
+    collections that grow with the walk).
+    """
+    with parent_of(workspace, parts) as parent:
+        if not parts:
+            yield from _scan_dirs(parent, "")
+            return
+        st = _lstat(parent, parts[-1])
+        if st is None:
+            return
+        if stat.S_ISREG(st.st_mode):
+            yield "".join(f"/{p}" for p in parts[:-1]), [(parts[-1], st)]
+        elif stat.S_ISDIR(st.st_mode):
             with _opened_dir(os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)) as top:
-                return list(_scan(top, display(parts)))
+                yield from _scan_dirs(top, display(parts))
+
+
+def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
+    """Every regular file under the path (none when it is missing, or on any error)."""
+    try:
+        return [
+            WalkEntry(f"{path}/{name}", st.st_size, version_of(st))
+            for path, found in _walk_dirs(workspace, parts)
+            for name, st in found
+        ]
     except OSError:
         return []
 
 
-def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
-    """Every regular file under the path (none when it is missing)."""
-    found = _walk_stats(workspace, parts)
-    return [WalkEntry(path, st.st_size, version_of(st)) for path, st in found]
+_WALK_ENTRY = '{"path": %s, "size": %d, "version": "%x.%x.%x.%x"}'
+"""One entry of the walk body, as ``json.dumps`` writes it (``version_of`` inlined)."""
 
 
 def walk_body(workspace: str, parts: Parts) -> bytes:
     """The JSON body of ``GET walk``: ``{"entries": [{path, size, version}...]}`` for
     :func:`walk`'s entries, the very bytes ``json.dumps`` gives, made without an object or a
-    dict per entry (a walk can list hundreds of thousands of files)."""
+    dict per entry (a walk can list hundreds of thousands of files), one directory at a time.
+    """
     quote = encode_basestring_ascii
-    entries = ", ".join(
-        [
-            f'{{"path": {quote(path)}, "size": {st.st_size}, "version": "{version_of(st)}"}}'
-            for path, st in _walk_stats(workspace, parts)
-        ]
-    )
-    return ('{"entries": [' + entries + "]}").encode("ascii")
+    entry = _WALK_ENTRY
+    entries: list[str] = []
+    try:
+        for path, found in _walk_dirs(workspace, parts):
+            where = path + "/"
+            entries += [
+                entry
+                % (
+                    quote(where + name),
+                    st.st_size,
+                    st.st_ino,
+                    st.st_mtime_ns,
+                    st.st_ctime_ns,
+                    st.st_size,
+                )
+                for name, st in found
+            ]
+    except OSError:
+        entries = []
+    return ('{"entries": [' + ", ".join(entries) + "]}").encode("ascii")
 
 
 def disk_usage(workspace: str) -> int:
     """Total bytes of the regular files in the workspace."""
     with _opened_dir(os.open(workspace, _DIR_FLAGS)) as root:
-        return sum(st.st_size for _, st in _scan(root, ""))
+        return sum(st.st_size for _, found in _scan_dirs(root, "") for _, st in found)
 
 
 def delete(workspace: str, parts: Parts) -> None:

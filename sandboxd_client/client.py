@@ -78,7 +78,7 @@ from .execstream import ExecStreamDecoder, OutputCallback
 from .handles import check_base_url, decode_handle
 from .ndjson import DEFAULT_MAX_LINE
 from .retry import RetryPolicy, retrying
-from .transport import Transport
+from .transport import Transport, collector_paused
 from .types import (
     ExecResult,
     Health,
@@ -403,7 +403,8 @@ class HttpSandbox:
     async def walk(self, handle: Handle, root: str = "/") -> list[WalkEntry]:
         """Every regular file under ``root``."""
         reply = await self._idempotent("GET", self._url(handle, "walk").set("root", root))
-        return wire.decode_walk(reply)
+        with collector_paused():  # one entry per file: see ``collector_paused``
+            return wire.decode_walk(reply)
 
     @async_to_deferred
     async def delete(self, handle: Handle, path: str) -> None:

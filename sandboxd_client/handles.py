@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 
 from attrs import field, frozen
@@ -33,14 +34,25 @@ class Route:
     base: DecodedURL = field(eq=False, repr=False)
 
 
+CACHED = 4096
+"""How many parsed base URLs and decoded handles are kept (each call decodes its handle, and
+parsing a URL costs tens of microseconds: hyperlink checks the host with IDNA)."""
+
+
 def check_base_url(url: str) -> DecodedURL:
     """
     Parse an ``http``/``https`` base URL with a host, or raise ``ValueError``.
 
-    Query and fragment are not allowed: calls append path segments to it.
+    Query and fragment are not allowed: calls append path segments to it. Parsed URLs are
+    cached (they are immutable); a malformed one raises every time.
     """
     if not isinstance(url, str):
         raise ValueError(f"URL must be a string, not {type(url).__name__}")
+    return _parse_base_url(url)
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _parse_base_url(url: str) -> DecodedURL:
     try:
         parsed = DecodedURL.from_text(url)
     except Exception as e:  # hyperlink raises several types for bad text
@@ -74,10 +86,16 @@ def decode_handle(handle: SandboxHandle | str) -> Route:
 
     Accepts standard and URL-safe base64, padded or not. Raises ``ValueError`` for anything
     that is not base64 of a JSON object with a string ``u`` (an http(s) URL) and a string ``r``.
+    Decoded handles are cached (a ``Route`` is immutable); a malformed one raises every time.
     """
     hid = handle.id if isinstance(handle, SandboxHandle) else handle
     if not isinstance(hid, str) or not hid.strip():
         raise ValueError("empty or non-string sandbox handle")
+    return _decode_id(hid)
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _decode_id(hid: str) -> Route:
     text = hid.strip().replace("-", "+").replace("_", "/")
     text += "=" * (-len(text) % 4)
     try:

@@ -12,9 +12,10 @@ through ``errors.error_from_transport`` and every non-2xx status through
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from hyperlink import DecodedURL
@@ -40,6 +41,32 @@ USER_AGENT = b"sandboxd-client/0.1"
 BODY_READ_SIZE = 1 << 20
 """Bytes of a request body read and written at a time (``FileBodyProducer`` reads 64 KiB: an
 upload of 1 GiB took 16 384 cooperator steps, reads and writes)."""
+
+
+PAUSE_GC_ABOVE = 1 << 20
+"""JSON replies from this size on are decoded with the garbage collector paused (see
+``collector_paused``)."""
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """
+    Pause Python's cyclic garbage collector for a burst of allocations that all stay alive.
+
+    Decoding a large reply (a walk of 100 000 files: as many dicts, then as many entries) makes
+    the collector run full collections over the whole process, all of whose objects survive;
+    in an application with a large heap that was about half of the decoding time. Nothing is
+    collected later than it would be: the collector resumes at the end (it is only resumed if
+    it was running).
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class _Enough(Exception):
@@ -239,7 +266,10 @@ class Transport:
         if response.code == 204 or not data.strip():
             return None
         try:
-            return json.loads(data)
+            if len(data) < PAUSE_GC_ABOVE:
+                return json.loads(data)
+            with collector_paused():
+                return json.loads(data)
         except (ValueError, UnicodeDecodeError):
             snippet = data[:80].decode("utf-8", "replace")
             raise ProtocolError(f"reply is not JSON (HTTP {response.code}): {snippet!r}") from None

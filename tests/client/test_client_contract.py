@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 import itertools
 import json
 import os
@@ -97,6 +98,38 @@ async def test_files_round_trip(client: HttpSandbox, fake: Served) -> None:
         await client.rename(h, "gone", "elsewhere")
     with pytest.raises(ValueError):
         await client.upload(h, "../escape", b"x")
+
+
+@pytest_twisted.ensureDeferred
+async def test_large_replies_are_decoded_with_the_collector_paused(
+    client: HttpSandbox, fake: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandboxd_client import transport, wire
+
+    h = await client.create()
+    await client.upload(h, "f", b"x")
+    seen: list[tuple[str, bool]] = []
+
+    def loads(data: bytes) -> object:
+        seen.append(("loads", gc.isenabled()))
+        return json.loads(data)
+
+    real_decode = wire.decode_walk
+
+    def decode_walk(reply: object) -> list[WalkEntry]:
+        seen.append(("decode", gc.isenabled()))
+        return real_decode(reply)
+
+    monkeypatch.setattr(transport, "json", type("Json", (), {"loads": staticmethod(loads)}))
+    monkeypatch.setattr(wire, "decode_walk", decode_walk)
+    assert [e.path for e in await client.walk(h)] == ["f"]
+    assert seen == [("loads", True), ("decode", False)]  # a small reply is decoded as usual
+    assert gc.isenabled()
+    seen.clear()
+    monkeypatch.setattr(transport, "PAUSE_GC_ABOVE", 1)
+    assert [e.path for e in await client.walk(h)] == ["f"]
+    assert seen == [("loads", False), ("decode", False)]
+    assert gc.isenabled()
 
 
 @pytest_twisted.ensureDeferred

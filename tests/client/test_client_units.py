@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import gc
 import json
 from typing import Any
 
@@ -43,10 +44,12 @@ from sandboxd_client import (
 from sandboxd_client.body import read_body
 from sandboxd_client.client import sandbox_url
 from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
+from sandboxd_client.handles import check_base_url
 from sandboxd_client.literal_hosts import literal_uri, standin_url
 from sandboxd_client.retry import retrying
-from sandboxd_client.transport import Transport
-from sandboxd_client.wire import decode_created
+from sandboxd_client.transport import Transport, collector_paused
+from sandboxd_client.types import WalkEntry
+from sandboxd_client.wire import decode_created, decode_walk
 
 # -- handles -------------------------------------------------------------------------------
 
@@ -103,12 +106,81 @@ def test_malformed_handles(raw: bytes) -> None:
         decode_handle(SandboxHandle(base64.b64encode(raw).decode()))
 
 
+def test_decoded_handles_and_urls_are_cached_and_bad_ones_always_raise() -> None:
+    handle = encode_handle("http://10.0.0.7:8080", "rid-cached")
+    first, again = decode_handle(handle), decode_handle(handle.id)
+    assert first is again
+    assert (first.pod_url, first.remote_id) == ("http://10.0.0.7:8080", "rid-cached")
+    assert check_base_url("http://10.0.0.7:8080") is first.base
+    for _ in range(2):
+        with pytest.raises(ValueError, match="malformed sandbox handle"):
+            decode_handle("not-a-handle!")
+        with pytest.raises(ValueError, match="must be http"):
+            check_base_url("ftp://10.0.0.7")
+        with pytest.raises(ValueError, match="malformed URL"):
+            check_base_url("http://[::1")
+        with pytest.raises(ValueError, match="must be a string"):
+            check_base_url(5)  # type: ignore[arg-type]
+
+
 def test_create_reply_becomes_a_handle() -> None:
     handle = decode_created({"pod_url": "http://10.0.0.9:8080", "remote_id": "r9", "x": 1})
     assert decode_handle(handle).remote_id == "r9"
     for bad in (None, [], {"pod_url": "http://h"}, {"pod_url": 5, "remote_id": "r"}):
         with pytest.raises(ProtocolError):
             decode_created(bad)
+
+
+def test_walk_reply_becomes_entries_checked_one_by_one() -> None:
+    class Name(str):
+        pass
+
+    reply = {
+        "entries": [
+            {"path": "/a", "size": 1, "version": "v1", "extra": True},
+            {"path": "/b", "size": 0, "version": 7},
+            {"path": Name("/c"), "size": 2, "version": "v3"},
+        ]
+    }
+    assert decode_walk(reply) == [
+        WalkEntry("/a", 1, "v1"),
+        WalkEntry("/b", 0, 7),
+        WalkEntry("/c", 2, "v3"),
+    ]
+    assert decode_walk({"entries": []}) == []
+    bad_entries: list[object] = [
+        None,
+        [],
+        {"size": 1, "version": "v"},
+        {"path": "/a", "size": True, "version": "v"},
+        {"path": "/a", "size": "1", "version": "v"},
+        {"path": "/a", "size": 1, "version": None},
+        {"path": "/a", "size": 1, "version": False},
+        {"path": "/a", "size": 1.5, "version": "v"},
+    ]
+    for bad in bad_entries:
+        with pytest.raises(ProtocolError, match="walk entry"):
+            decode_walk({"entries": [{"path": "/ok", "size": 1, "version": "v"}, bad]})
+    for bad_reply in (None, {"entries": {}}, {"entries": None}):
+        with pytest.raises(ProtocolError, match="walk"):
+            decode_walk(bad_reply)
+
+
+def test_the_collector_is_paused_and_resumed_only_if_it_ran() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(KeyError), collector_paused():
+        raise KeyError("decoding failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the application's choice is kept
+    finally:
+        gc.enable()
 
 
 def test_spec_sends_only_what_is_set() -> None:

@@ -386,9 +386,10 @@ def test_walk_skips_entries_removed_while_it_runs(ws: Path) -> None:
         (ws / name / "g").write_bytes(b"y")
     fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        scan = workspace._scan(fd, "")
+        scan = workspace._scan_dirs(fd, "")
         first = next(scan)  # the root's files come before its subdirectories
-        assert first[0] == "/f"
+        assert first[0] == ""
+        assert [name for name, _ in first[1]] == ["f"]
         (ws / "d1" / "g").unlink()
         (ws / "d1").rmdir()
         (ws / "d2" / "g").unlink()
@@ -439,8 +440,9 @@ def test_walk_stops_when_a_directory_is_moved_away(ws: Path, tmp_path: Path) -> 
     elsewhere.mkdir()
     fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        scan = workspace._scan(fd, "")
-        assert next(scan)[0] == "/a/f"
+        scan = workspace._scan_dirs(fd, "")
+        path, found = next(scan)
+        assert (path, [name for name, _ in found]) == ("/a", ["f"])
         os.rename(ws / "a", elsewhere / "a")  # ".." of the walk's directory is not ws now
         with pytest.raises(OSError) as caught:
             next(scan)
@@ -462,6 +464,7 @@ def test_walk_answers_nothing_when_the_tree_changes_under_it(
 
     monkeypatch.setattr(workspace, "os", FaultyOs(open=moved))
     assert workspace.walk(str(ws), ()) == []
+    assert workspace.walk_body(str(ws), ()) == b'{"entries": []}'
     assert [e.path for e in workspace.walk(str(ws), ("a",))] == ["/a/f"]
 
 
