@@ -33,7 +33,7 @@ REMOTE = "sandbox:./"
 """The workspace as rsync sees it: the remote end's working directory."""
 
 RSH_SCRIPT = (
-    "for f in $SANDBOXD_RSH_PROCS; do echo $$ > $f || exit 125; done; shift; "
+    "for f in $SANDBOXD_RSH_PROCS; do echo 0 > $f || exit 125; done; shift; "
     'if [ -n "$SANDBOXD_RSH_UID" ]; then '
     "echo 0 > /proc/self/oom_score_adj || exit 125; "
     'exec "$SANDBOXD_RSH_SETPRIV" --reuid="$SANDBOXD_RSH_UID" --regid="$SANDBOXD_RSH_GID" '
@@ -64,7 +64,7 @@ class WorkspaceEnd:
     """The workspace end of a copy: who the sandbox is, its cgroups, where its workspace is."""
 
     identity: Identity
-    procs_files: tuple[str, ...]
+    join_files: tuple[str, ...]
     path: str
 
 
@@ -89,10 +89,10 @@ class Rsync:
     def with_workspace(self, end: WorkspaceEnd, args: Sequence[str]) -> Deferred[None]:
         """rsync with ``args``, where :data:`REMOTE` names ``end``'s workspace, run as ``end``."""
         env = self._base_env()
-        for path in end.procs_files:
+        for path in end.join_files:
             if not path or any(c.isspace() for c in path):
                 raise RsyncFailed(f"cgroup file {path!r}: whitespace in the path")
-        env["SANDBOXD_RSH_PROCS"] = " ".join(end.procs_files)
+        env["SANDBOXD_RSH_PROCS"] = " ".join(end.join_files)
         if end.identity.uid != os.geteuid() or end.identity.gid != os.getegid():
             if self.setpriv is None:
                 raise RsyncFailed("cannot run as the sandbox: no setpriv")

@@ -326,7 +326,7 @@ class SandboxManager:
             on_end=end,
         )
         argv = self.isolation.wrap(
-            sandbox.identity, self.isolation.cgroups.procs_files(sandbox.rid), cwd, request.cmd
+            sandbox.identity, self.isolation.cgroups.join_files(sandbox.rid), cwd, request.cmd
         )
         sandbox.execs += 1
         sandbox.running.add(run)
@@ -400,7 +400,7 @@ class SandboxManager:
         return True
 
     def _workspace_end(self, sandbox: Sandbox) -> WorkspaceEnd:
-        procs = tuple(self.isolation.cgroups.procs_files(sandbox.rid))
+        procs = tuple(self.isolation.cgroups.join_files(sandbox.rid))
         return WorkspaceEnd(sandbox.identity, procs, self.layout.workspace(sandbox.rid))
 
     # Ready marker

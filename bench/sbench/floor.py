@@ -126,7 +126,7 @@ class Floors:
         """The reference of the isolated exec target: ``/bin/true`` in the shell wrapper (join
         the cgroup as root, setsid, setpriv), no ``cd``."""
         assert self.wrapper is not None
-        procs = self.driver.procs_files(self.rid)
+        procs = self.driver.join_files(self.rid)
         return [
             self.wrapper.programs.sh,
             "-c",
@@ -142,14 +142,14 @@ class Floors:
     def isolated_chain(self) -> list[str]:
         """The isolated shell chain for ``true`` (wrapper, sh (cd), true)."""
         assert self.wrapper is not None
-        procs = self.driver.procs_files(self.rid)
+        procs = self.driver.join_files(self.rid)
         return self.wrapper(self.identity, procs, self.home, ["true"])
 
     def isolated_helper(self) -> list[str] | None:
         """What the isolated daemon spawns for ``true`` with the helper (``None``: not built)."""
         if helper_problem(HELPER, as_root=True) is not None:
             return None
-        procs = self.driver.procs_files(self.rid)
+        procs = self.driver.join_files(self.rid)
         return HelperWrapper(HELPER)(self.identity, procs, self.home, ["true"])
 
     def spawn_env(self) -> dict[str, str]:

@@ -80,8 +80,8 @@ class CgroupDriver(Protocol):
     def create(self, rid: str, limits: Limits) -> None:
         """Create the sandbox's cgroup with its limits."""
 
-    def procs_files(self, rid: str) -> Sequence[str]:
-        """The ``cgroup.procs`` files a new process writes its pid into to join the sandbox."""
+    def join_files(self, rid: str) -> Sequence[str]:
+        """The files a new process writes ``0`` (itself) into to join the sandbox's cgroup."""
 
     def kill(self, rid: str) -> Deferred[None]:
         """SIGKILL every process in the sandbox's cgroup; fire once the cgroup is empty."""
@@ -108,7 +108,7 @@ CD_AND_EXEC = 'cd -- "$1" && shift && unset OLDPWD && exec "$@"'
 swapped for a symlink gets it nothing its uid could not reach anyway."""
 
 Wrap = Callable[[Identity, Sequence[str], str, Sequence[str]], list[str]]
-"""``wrap(identity, procs_files, cwd, argv)``: the argv to spawn so that ``argv`` runs in the
+"""``wrap(identity, join_files, cwd, argv)``: the argv to spawn so that ``argv`` runs in the
 sandbox (see :class:`Isolation`)."""
 
 
@@ -130,7 +130,7 @@ def plain_env(env: Mapping[str, str]) -> dict[str, str]:
 class Isolation:
     """Everything the manager needs to isolate sandboxes, chosen once at start-up.
 
-    ``wrap(identity, procs_files, cwd, argv)`` returns the argv that joins the cgroup, starts a
+    ``wrap(identity, join_files, cwd, argv)`` returns the argv that joins the cgroup, starts a
     new session (so the exec's process group can be killed), drops privilege, and only then
     enters ``cwd`` (a component the sandbox swapped for a symlink gets it nothing its uid could
     not reach) and execs ``argv``.

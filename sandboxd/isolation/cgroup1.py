@@ -144,9 +144,16 @@ class Cgroup1Driver:
                 remove_dir(self.kernel, path)
             raise
 
-    def procs_files(self, rid: str) -> list[str]:
-        """``cgroup.procs`` of the sandbox's cgroup in every hierarchy."""
-        return [os.path.join(path, "cgroup.procs") for path in self._dirs(rid)]
+    def join_files(self, rid: str) -> list[str]:
+        """``tasks`` of the sandbox's cgroup in every hierarchy.
+
+        A single-threaded process that writes ``0`` there moves itself (its only thread) with no
+        wait: the kernel takes its global threadgroup lock, whose writers wait for an RCU grace
+        period once migrations have been quiet for a while, only to move another task or a whole
+        thread group (``cgroup.procs``). Measured here (Linux 6.18, spaced 0.1 s apart): 1.7 ms
+        for ``sh -c 'echo 0 > tasks'`` against 7.9 ms for ``echo $$ > cgroup.procs``.
+        """
+        return [os.path.join(path, "tasks") for path in self._dirs(rid)]
 
     def kill(self, rid: str) -> Deferred[None]:
         """Freeze, SIGKILL every process, thaw (or sweep until empty); fire once none is left."""

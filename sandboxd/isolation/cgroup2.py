@@ -179,7 +179,7 @@ class Cgroup2Driver:
             remove_dir(self.kernel, path)
             raise
 
-    def procs_files(self, rid: str) -> tuple[str]:
+    def join_files(self, rid: str) -> tuple[str]:
         """The sandbox cgroup's ``cgroup.procs``."""
         return (os.path.join(self._dir(rid), "cgroup.procs"),)
 

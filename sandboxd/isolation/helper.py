@@ -54,7 +54,7 @@ class HelperWrapper:
     helper: str
 
     def __call__(
-        self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
+        self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
         """The argv to spawn as root for ``argv`` to run as ``identity`` in its cgroup and cwd."""
         require_command(argv, identity)
@@ -64,8 +64,8 @@ class HelperWrapper:
             str(identity.uid),
             str(identity.gid),
             cwd,
-            str(len(procs_files)),
-            *procs_files,
+            str(len(join_files)),
+            *join_files,
             *argv,
         ]
 
@@ -77,7 +77,7 @@ class HelperSession:
     helper: str
 
     def __call__(
-        self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
+        self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
         require_command(argv)
         return [self.helper, "session", cwd, *argv]

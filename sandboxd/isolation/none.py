@@ -67,7 +67,7 @@ class NoCgroups:
     def create(self, rid: str, limits: Limits) -> None:
         """No cgroup: limits are not enforced in this mode."""
 
-    def procs_files(self, rid: str) -> Sequence[str]:
+    def join_files(self, rid: str) -> Sequence[str]:
         return ()
 
     def kill(self, rid: str) -> Deferred[None]:
@@ -100,7 +100,7 @@ def session_wrapper(setsid: str) -> Wrap:
     else (the shell chain, where the helper was not built)."""
 
     def wrap(
-        identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
+        identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
         return [setsid, "--", "/bin/sh", "-c", CD_AND_EXEC, "sh", cwd, *argv]
 

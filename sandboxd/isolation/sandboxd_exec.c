@@ -1,12 +1,14 @@
 /*
  * sandboxd-exec: start one command of a sandbox in a single exec, with no shell in between.
  *
- *   sandboxd-exec sandbox UID GID CWD N PROCS_1 .. PROCS_N CMD [ARG..]
+ *   sandboxd-exec sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD [ARG..]
  *   sandboxd-exec session CWD CMD [ARG..]
  *
  * "sandbox" (run as root by the isolated daemon), in this order:
- *   1. write its own pid into every PROCS file (the sandbox's cgroup.procs): everything the
- *      command ever forks is inside the limits;
+ *   1. write 0 (itself) into every JOIN file (the sandbox's cgroup.procs, or each v1 hierarchy's
+ *      tasks: a single thread moving itself skips the kernel's global threadgroup lock, whose
+ *      writers wait for an RCU grace period): everything the command ever forks is inside the
+ *      limits;
  *   2. reset oom_score_adj to 0 (the daemon's protective value would be inherited; a value
  *      above 0 that cannot be lowered is kept, as it protects nothing);
  *   3. setsid (a new session and process group that the daemon can killpg);
@@ -169,7 +171,7 @@ int main(int argc, char **argv)
         return run(argv[2], argv + 3, 0);
     }
     if (argc < 7 || strcmp(argv[1], "sandbox") != 0) {
-        dprintf(2, "usage: sandboxd-exec sandbox UID GID CWD N PROCS.. CMD [ARG..]\n"
+        dprintf(2, "usage: sandboxd-exec sandbox UID GID CWD N JOIN.. CMD [ARG..]\n"
                    "       sandboxd-exec session CWD CMD [ARG..]\n");
         return SETUP_FAILED;
     }
@@ -180,10 +182,8 @@ int main(int argc, char **argv)
     long procs = strtol(argv[5], &end, 10);
     if (end == argv[5] || *end != '\0' || procs < 0 || procs > argc - 7)
         fail(SETUP_FAILED, "bad", "procs count", EINVAL);
-    char pid[32];
-    snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
     for (long i = 0; i < procs; i++)
-        write_all(argv[6 + i], pid, "cannot join cgroup");
+        write_all(argv[6 + i], "0\n", "cannot join cgroup");
     reset_oom_score_adj();
     if (setsid() < 0)
         fail(SETUP_FAILED, "setsid", NULL, errno);

@@ -1,11 +1,11 @@
 """The privileged exec wrapper: join the cgroup as root, then drop to the sandbox's identity.
 
 The fallback of :mod:`sandboxd.isolation.helper` (used where the helper was not built).
-``wrap(identity, procs_files, cwd, argv)`` gives the argv the daemon spawns (as root)::
+``wrap(identity, join_files, cwd, argv)`` gives the argv the daemon spawns (as root)::
 
-    sh -c ROOT sandboxd-exec UID GID N PROCS_1 .. PROCS_N sh -c CD_AND_EXEC sh CWD ARGV..
+    sh -c ROOT sandboxd-exec UID GID N JOIN_1 .. JOIN_N sh -c CD_AND_EXEC sh CWD ARGV..
 
-``ROOT`` writes its own pid into every ``cgroup.procs`` (so everything the command ever forks
+``ROOT`` writes ``0`` (itself) into every join file (so everything the command ever forks
 is inside the limits) and resets ``oom_score_adj`` to 0 (the daemon's protective value would
 be inherited; a value above 0 that cannot be lowered without ``CAP_SYS_RESOURCE`` is kept, as
 it protects nothing). Then it ``exec``\\ s ``setsid`` (a new session and process group, which
@@ -72,7 +72,7 @@ _ROOT = """\
 u=$1 g=$2 n=$3
 shift 3
 while [ "$n" -gt 0 ]; do
-  echo "$$" > "$1" || { echo "sandboxd-exec: cannot join cgroup $1" >&2; exit @JOIN_FAILED@; }
+  echo 0 > "$1" || { echo "sandboxd-exec: cannot join cgroup $1" >&2; exit @JOIN_FAILED@; }
   n=$((n - 1))
   shift
 done
@@ -151,7 +151,7 @@ class Wrapper:
         return _root_script(self.programs)
 
     def __call__(
-        self, identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
+        self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
         """The argv to spawn as root for ``argv`` to run as ``identity`` in its cgroup and cwd."""
         require_command(argv, identity)
@@ -162,8 +162,8 @@ class Wrapper:
             "sandboxd-exec",
             str(identity.uid),
             str(identity.gid),
-            str(len(procs_files)),
-            *procs_files,
+            str(len(join_files)),
+            *join_files,
             self.programs.sh,
             "-c",
             CD_AND_EXEC,

@@ -228,7 +228,7 @@ def test_create_writes_the_limits(tmp_path: Path) -> None:
     assert (box / "memory.swap.max").read_text() == "0"
     assert (box / "cpu.max").read_text() == "20000 100000"
     assert (box / "pids.max").read_text() == "20"
-    assert driver.procs_files(RID) == (str(box / "cgroup.procs"),)
+    assert driver.join_files(RID) == (str(box / "cgroup.procs"),)
     assert driver.leftovers() == [RID]
 
 

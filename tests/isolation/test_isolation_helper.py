@@ -79,7 +79,7 @@ def test_joins_every_cgroup_then_drops_privilege_in_one_process(rig: Rig) -> Non
     done = rig.run(["sh", "-c", probe])
     assert done.returncode == 0, done.stderr
     pid, oom, uid, gid, groups, sid, pgid, _, nnp, cwd, pwd = done.stdout.split()
-    assert [Path(p).read_text() for p in rig.procs] == [f"{pid}\n", f"{pid}\n"]
+    assert [Path(p).read_text() for p in rig.procs] == ["0\n", "0\n"]  # 0: the writer itself
     assert oom == "0"
     assert (uid, gid, groups) == ("612101", "612102", "612102")
     assert sid == pgid == pid  # its own session and process group: the daemon can killpg it

@@ -94,7 +94,7 @@ class Bundle:
     ) -> subprocess.CompletedProcess[str]:
         """Spawn ``argv`` the way the daemon does: the wrapper's argv, the carried env."""
         iso = self.isolation
-        wrapped = iso.wrap(identity, iso.cgroups.procs_files(rid), "/", argv)
+        wrapped = iso.wrap(identity, iso.cgroups.join_files(rid), "/", argv)
         return subprocess.run(
             wrapped,
             env=iso.spawn_env(env),
@@ -182,7 +182,7 @@ class DriverBehaviour:
         oom, *cgroups = done.stdout.splitlines()
         assert oom == "0"
         joined = [line for line in cgroups if line.endswith(f"/{rid}")]
-        assert len(joined) == len(bundle.isolation.cgroups.procs_files(rid))
+        assert len(joined) == len(bundle.isolation.cgroups.join_files(rid))
 
     @pytest_twisted.ensureDeferred
     async def test_a_join_that_fails_never_starts_the_command(self, bundle: Bundle) -> None:
@@ -258,14 +258,14 @@ class DriverBehaviour:
         pid = int(done.stdout.split()[0])
         cgroups = bundle.isolation.cgroups
         assert not dead(pid)
-        assert pid in read_pids(cgroups.procs_files(rid))
+        assert pid in read_pids(cgroups.join_files(rid))
         started = time.monotonic()
         await cgroups.kill(rid)
         latency = time.monotonic() - started
         print(f"\nkill latency ({cgroups.name}, 1 process): {latency * 1000:.1f} ms")
         assert dead(pid)
         cgroups.remove(rid)
-        assert all(not os.path.exists(os.path.dirname(p)) for p in cgroups.procs_files(rid))
+        assert all(not os.path.exists(os.path.dirname(p)) for p in cgroups.join_files(rid))
         assert rid not in cgroups.leftovers()
 
     @pytest_twisted.ensureDeferred
@@ -274,12 +274,12 @@ class DriverBehaviour:
         spawn = "i=0; while [ $i -lt 50 ]; do sleep 1000 >/dev/null 2>&1 & i=$((i + 1)); done"
         bundle.run(rid, identity, ["sh", "-c", spawn])
         cgroups = bundle.isolation.cgroups
-        assert len(read_pids(cgroups.procs_files(rid))) == 50
+        assert len(read_pids(cgroups.join_files(rid))) == 50
         started = time.monotonic()
         await cgroups.kill(rid)
         latency = time.monotonic() - started
         print(f"\nkill latency ({cgroups.name}, 50 processes): {latency * 1000:.1f} ms")
-        assert not read_pids(cgroups.procs_files(rid))
+        assert not read_pids(cgroups.join_files(rid))
 
     def test_leftovers_belong_to_one_state_root(self, bundle: Bundle) -> None:
         rid, _ = bundle.sandbox()
@@ -338,7 +338,7 @@ class DriverBehaviour:
             pytest.skip("spawn timings mean nothing under software emulation (minutes of VM time)")
         rid, identity = bundle.sandbox()
         iso = bundle.isolation
-        wrapped = iso.wrap(identity, iso.cgroups.procs_files(rid), "/", ["/bin/true"])
+        wrapped = iso.wrap(identity, iso.cgroups.join_files(rid), "/", ["/bin/true"])
         carried_env = {**BASE_ENV, "LD_LIBRARY_PATH": "/nowhere"}
 
         runs = 200
@@ -374,7 +374,7 @@ class TestCgroup1(DriverBehaviour):
         rid, _ = bundle.sandbox()
         driver = bundle.isolation.cgroups
         assert isinstance(driver, Cgroup1Driver)
-        dirs = [Path(p).parent for p in driver.procs_files(rid)]
+        dirs = [Path(p).parent for p in driver.join_files(rid)]
         memory = next(d for d in dirs if (d / "memory.limit_in_bytes").exists())
         cpu = next(d for d in dirs if (d / "cpu.cfs_quota_us").exists())
         pids = next(d for d in dirs if (d / "pids.max").exists())

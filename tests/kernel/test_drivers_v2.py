@@ -37,7 +37,7 @@ class TestCgroup2(DriverBehaviour):
 
     def test_limits_are_written(self, bundle: Bundle) -> None:
         rid, _ = bundle.sandbox()
-        box = Path(bundle.isolation.cgroups.procs_files(rid)[0]).parent
+        box = Path(bundle.isolation.cgroups.join_files(rid)[0]).parent
         assert int((box / "memory.max").read_text()) == LIMITS.memory_bytes
         if (box / "memory.swap.max").exists():
             assert (box / "memory.swap.max").read_text().strip() == "0"

@@ -47,7 +47,7 @@ def test_no_cgroups() -> None:
     assert cgroups.name == "none"
     cgroups.preflight()
     cgroups.create("0123456789abcdef", Limits(memory_bytes=1, cpu_cores=1.0, pids=1))
-    assert cgroups.procs_files("0123456789abcdef") == ()
+    assert cgroups.join_files("0123456789abcdef") == ()
     results: list[Any] = []
     cgroups.kill("0123456789abcdef").addCallback(results.append)
     assert results == [None]

@@ -479,7 +479,7 @@ def test_create_restored_restores_then_marks_ready(world: World) -> None:
     assert item == "item-1"
     assert end.identity == sandbox.identity
     assert end.path == world.layout.workspace(sandbox.rid)
-    assert end.procs_files == (f"/cg/{sandbox.rid}/cgroup.procs",)
+    assert end.join_files == (f"/cg/{sandbox.rid}/cgroup.procs",)
     assert world.manager.is_ready(sandbox)
     assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, False))) is True
     assert archive.persisted == [("item-1", end, False)]

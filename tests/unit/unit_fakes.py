@@ -116,7 +116,7 @@ class FakeCgroups:
             raise self.create_error
         self.created.append((rid, limits))
 
-    def procs_files(self, rid: str) -> Sequence[str]:
+    def join_files(self, rid: str) -> Sequence[str]:
         return (f"/cg/{rid}/cgroup.procs",)
 
     def kill(self, rid: str) -> Deferred[None]:
@@ -154,11 +154,9 @@ class InstanceCgroups(FakeCgroups):
             raise self.instance_error
 
 
-def wrap(
-    identity: Identity, procs_files: Sequence[str], cwd: str, argv: Sequence[str]
-) -> list[str]:
+def wrap(identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]) -> list[str]:
     """A recognisable wrapper: what the isolation would put before the command."""
-    return ["wrapper", str(identity.uid), *procs_files, cwd, "--", *argv]
+    return ["wrapper", str(identity.uid), *join_files, cwd, "--", *argv]
 
 
 def fake_isolation(
