@@ -106,6 +106,21 @@ class SoakDaemon:
         except urllib.error.HTTPError as e:
             return e.code, e.read()
 
+    def thread_stacks(self) -> str:
+        """What each of the daemon's threads is waiting in (``/proc/PID/task/*/wchan`` and
+        ``stat``), for a failure report."""
+        lines = []
+        for task in sorted(Path(f"/proc/{self.process.pid}/task").glob("*")):
+            try:
+                wchan = (task / "wchan").read_text()
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                kernel_stack = (task / "stack").read_text() if os.geteuid() == 0 else ""
+            except OSError as e:
+                lines.append(f"{task.name}: {e}")
+                continue
+            lines.append(f"{task.name}: state {state}, wchan {wchan}\n{kernel_stack}")
+        return "\n".join(lines)
+
     def leftover_directories(self) -> list[str]:
         return sorted(n for n in os.listdir(self.root) if is_rid(n))
 

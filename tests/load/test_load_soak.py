@@ -320,7 +320,15 @@ async def test_soak_mixed_calls_leave_nothing_behind(soak_daemon: SoakDaemon) ->
     peak = peaks.figures
 
     after = await settle(daemon, baseline)
-    status, body = daemon.get("/sandboxes")
+    try:
+        status, body = daemon.get("/sandboxes")
+    except OSError as e:  # seen once in CI: the daemon did not answer within 30 s
+        stacks = daemon.thread_stacks()
+        raise AssertionError(
+            f"no answer to GET /sandboxes after the load ({e}); daemon now {daemon.figures()},"
+            f" at the end of the load {end}, settled {after}; threads:\n{stacks}\n"
+            f"log tail:\n{daemon.log.read_text(errors='replace')[-6000:]}"
+        ) from e
     listed = json.loads(body)["sandboxes"] if status == 200 else body
     leftovers = {
         "listed": listed,
