@@ -314,8 +314,6 @@ class SandboxAPI:
         command = ExecRequest.parse(json_body(request))
         request.setHeader(b"content-type", b"application/x-ndjson")
         run = self.manager.start_exec(sandbox, command, request.write)
-        channel = getattr(request, "channel", None)  # None once the client has gone
-        exec_run.send_in_large_chunks(getattr(channel, "transport", None))
         request.registerProducer(run, True)  # type: ignore[attr-defined]
         try:
             try:

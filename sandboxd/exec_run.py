@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pybase64
-from twisted.internet.abstract import FileDescriptor
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorProcess, IReactorTime
@@ -105,20 +104,6 @@ def read_in_large_chunks(process: object) -> None:
             reader.doRead = functools.partial(  # type: ignore[method-assign]
                 read_from, reader.fd, reader.dataReceived, size
             )
-
-
-SEND_SIZE = 2 << 20
-"""Bytes the HTTP connection of an exec stream hands the kernel per ``send()`` at most: a whole
-frame of :data:`PIPE_SIZE` (in base64, a third larger) at once. Twisted sends 128 KiB at a
-time, each a turn of the reactor: a third of the daemon's CPU when streaming bulk output."""
-
-
-def send_in_large_chunks(connection: object) -> None:
-    """Let ``connection`` (the exec response's transport) send up to :data:`SEND_SIZE` bytes
-    per call; it keeps that for the requests that follow on it (only a cap, never a buffer).
-    Anything but a Twisted file descriptor (an in-memory test transport) is left alone."""
-    if isinstance(connection, FileDescriptor) and connection.SEND_LIMIT < SEND_SIZE:
-        connection.SEND_LIMIT = SEND_SIZE
 
 
 def output_frame(data: bytes) -> bytes:

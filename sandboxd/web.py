@@ -125,8 +125,12 @@ def error_body(detail: str) -> bytes:
 
 READ_SIZE = 1 << 20
 """Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB: an upload
-of 1 GiB took 16 384 reactor turns, each through the whole HTTP parser), and at most sends at
-a time (Twisted's default is 128 KiB)."""
+of 1 GiB took 16 384 reactor turns, each through the whole HTTP parser)."""
+
+SEND_SIZE = 2 << 20
+"""Bytes a connection hands the kernel per ``send()`` at most (Twisted's default is 128 KiB,
+each a turn of the reactor): a whole exec output frame (a 512 KiB pipe's worth, in base64) or a
+megabyte of a download at once. Only a cap, never a buffer."""
 
 
 class Channel(HTTPChannel):
@@ -134,13 +138,14 @@ class Channel(HTTPChannel):
     ``400`` before closing, instead of dropping the connection without a word (a client takes
     a dropped connection for a dead replica: ``SandboxNotFound``).
 
-    It reads and sends up to :data:`READ_SIZE` bytes at a time on a TCP or UNIX socket.
+    It reads up to :data:`READ_SIZE` and sends up to :data:`SEND_SIZE` bytes at a time on a
+    TCP or UNIX socket.
     """
 
     def connectionMade(self) -> None:
         super().connectionMade()
         self.transport.bufferSize = READ_SIZE  # type: ignore[union-attr]
-        self.transport.SEND_LIMIT = READ_SIZE  # type: ignore[union-attr]
+        self.transport.SEND_LIMIT = SEND_SIZE  # type: ignore[union-attr]
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._refuse(f"a request or header line is over {self.MAX_LENGTH} bytes")

@@ -29,6 +29,7 @@ from sandboxd.errors import APIError, InsufficientStorage
 from sandboxd.manager import SandboxManager
 from sandboxd.web import (
     READ_SIZE,
+    SEND_SIZE,
     SPOOL_MIN,
     LimitedRequest,
     Spool,
@@ -282,7 +283,7 @@ def test_connections_read_and_send_in_large_pieces() -> None:
     transport = StringTransport()
     channel.makeConnection(transport)
     assert transport.bufferSize == READ_SIZE  # type: ignore[attr-defined]
-    assert transport.SEND_LIMIT == READ_SIZE  # type: ignore[attr-defined]
+    assert transport.SEND_LIMIT == SEND_SIZE  # type: ignore[attr-defined]
     channel.connectionLost(Failure(ConnectionDone()))
 
 

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet.abstract import FileDescriptor
 from twisted.internet.defer import CancelledError
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
@@ -592,18 +591,6 @@ def test_the_final_frame_is_written_as_fast_as_the_client_reads() -> None:
     stopped = run.writable()
     run.stopProducing()  # the connection is gone: nothing more to wait for
     assert stopped.called
-
-
-def test_send_in_large_chunks_raises_only_a_lower_cap_of_a_file_descriptor() -> None:
-    connection = FileDescriptor(reactor=Clock())  # type: ignore[arg-type]
-    assert connection.SEND_LIMIT == 128 * 1024  # Twisted's
-    exec_run.send_in_large_chunks(connection)
-    assert connection.SEND_LIMIT == exec_run.SEND_SIZE
-    assert FileDescriptor.SEND_LIMIT == 128 * 1024  # other connections unchanged
-    connection.SEND_LIMIT = 2 * exec_run.SEND_SIZE
-    exec_run.send_in_large_chunks(connection)
-    assert connection.SEND_LIMIT == 2 * exec_run.SEND_SIZE
-    exec_run.send_in_large_chunks(None)  # no connection (the client has gone): nothing to do
 
 
 def test_read_in_large_chunks_replaces_only_output_readers() -> None:
