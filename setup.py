@@ -65,11 +65,13 @@ setup(
         "sandboxd",
         "sandboxd.isolation",
         "sandboxd_client",
+        "sandboxd_client.cli",
         "twisted.plugins",
     ],
     package_data={
         "twisted": ["plugins/sandboxd_plugin.py"],
         "sandboxd.isolation": ["sandboxd_exec.c"],
+        "sandboxd_client": ["py.typed"],
     },
     cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},
     distclass=HelperDistribution,

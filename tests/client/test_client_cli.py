@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import Served
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
 from sandboxd_client import HttpSandbox, encode_handle
 from sandboxd_client.cli import Console, main_async, parse_args, run
-from sandboxd_client.progress import MIB
+from sandboxd_client.cli._progress import MIB
+
+from .servers import Served
 
 REPO = str(Path(__file__).resolve().parents[2])
 

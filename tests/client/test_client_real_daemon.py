@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 from attrs import frozen
-from conftest import listen, url_of
 from twisted.web.resource import Resource
 from twisted.web.static import Data
 
@@ -34,6 +33,8 @@ from sandboxd_client import (
     decode_handle,
 )
 from sandboxd_client.cli import Console, main_async
+
+from .servers import listen, url_of
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "real-daemon-token"

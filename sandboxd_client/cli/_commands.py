@@ -33,9 +33,8 @@ from attrs import asdict
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import react
 
-from .client import HttpSandbox
-from .progress import MIB, ProgressBar
-from .types import SandboxError, SandboxHandle, SandboxSpec
+from .. import HttpSandbox, SandboxError, SandboxHandle, SandboxSpec
+from ._progress import MIB, ProgressBar
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXEC_FAILED = 125
@@ -307,7 +306,3 @@ def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point: parse ``argv`` (default ``sys.argv[1:]``) and exit."""
     react(_main, [argv])
     raise AssertionError("react() returned")  # pragma: no cover
-
-
-if __name__ == "__main__":
-    main()

@@ -100,7 +100,7 @@ class SandboxHandle:
     """
     An opaque, storable reference to one sandbox.
 
-    ``id`` is base64 of ``{"u": pod_url, "r": remote_id}`` (see ``sandboxd_client.handles``),
+    ``id`` is base64 of ``{"u": pod_url, "r": remote_id}`` (see ``sandboxd_client._handles``),
     so any client replica can route it without shared state.
     """
 
