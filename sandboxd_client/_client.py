@@ -5,10 +5,10 @@ Every method returns a ``Deferred`` (``await`` it from a Twisted coroutine, or t
 asyncio future with ``Deferred.asFuture``). ``create`` goes to ``base_url`` (the load balancer);
 every other sandbox call decodes the handle and goes straight to the replica that holds it.
 
-Failures (see ``SandboxError`` and its subclasses): ``SandboxNotFound`` means recreate, ``SandboxBusy``
-means the sandbox is alive but slow. Idempotent calls (file reads and writes, probes, delete,
-mkdir, rmdir, mark_ready, kill) are retried on ``SandboxBusy`` under ``retry``; ``create``,
-``persist``, ``exec``, ``rename`` and ``resolve_tools`` are sent exactly once.
+Failures (see ``SandboxError`` and its subclasses): ``SandboxNotFound`` means recreate,
+``SandboxBusy`` means the sandbox is alive but slow. Idempotent calls (file reads and writes,
+probes, delete, mkdir, rmdir, mark_ready, kill) are retried on ``SandboxBusy`` under ``retry``;
+``create``, ``persist``, ``exec``, ``rename`` and ``resolve_tools`` are sent exactly once.
 
 From Twisted::
 
