@@ -189,6 +189,7 @@ def test_spec_sends_only_what_is_set() -> None:
         "item_id": "i",
         "exposed_ports": [1, 2],
     }
+    assert SandboxSpec(network="egress").to_json() == {"network": "egress"}
 
 
 def test_ipv6_literal_hosts_survive_treq() -> None:
