@@ -66,6 +66,7 @@ setup(
         "sandboxd.isolation",
         "sandboxd_client",
         "sandboxd_client.cli",
+        "sandboxd_client.mcp_server",
         "twisted.plugins",
     ],
     package_data={
@@ -84,7 +85,9 @@ setup(
         "pybase64>=1.4",
     ],
     extras_require={
+        "mcp": ["mcp>=2.3,<3"],
         "test": [
+            "mcp>=2.3,<3",
             "pytest>=8",
             "pytest-twisted>=1.14",
             "hypothesis>=6.100",

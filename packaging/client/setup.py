@@ -20,7 +20,7 @@ setup(
     long_description=(HERE / "README.rst").read_text(encoding="utf-8"),
     long_description_content_type="text/x-rst",
     python_requires=">=3.11",
-    packages=["sandboxd_client", "sandboxd_client.cli"],
+    packages=["sandboxd_client", "sandboxd_client.cli", "sandboxd_client.mcp_server"],
     package_data={"sandboxd_client": ["py.typed"]},
     install_requires=[
         "twisted>=24.7",
@@ -30,6 +30,6 @@ setup(
         "zope.interface>=5.0",
         "pybase64>=1.4",
     ],
-    extras_require={"mcp": ["mcp>=1.10"]},
+    extras_require={"mcp": ["mcp>=2.3,<3"]},
     entry_points={"console_scripts": ["sandboxctl = sandboxd_client.cli:main"]},
 )

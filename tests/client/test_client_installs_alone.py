@@ -93,6 +93,12 @@ def test_only_what_the_client_imports_is_installed(installed: Path) -> None:
     assert not list(site.glob("sandboxd_client/**/*.so"))
 
 
+def test_sandboxctl_mcp_without_the_extra_says_how_to_get_it(installed: Path) -> None:
+    ran = _run(installed, installed / "bin" / "sandboxctl", "mcp")
+    assert ran.returncode == 1
+    assert "pip install 'sandboxd-client[mcp]'" in ran.stderr, ran.stderr
+
+
 def test_an_application_type_checks_against_the_installed_client(
     installed: Path, tmp_path: Path
 ) -> None:
