@@ -322,3 +322,63 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_wire_transcript(daemon: Daemon, tmp_path: Path) -> None:
+    """The JSON-RPC lines themselves, as an MCP host and the server exchange them (teed off
+    the server's stdin and stdout): tools/list, and a tools/call whose output arrives as
+    progress notifications before its result. ``SANDBOXD_MCP_TRANSCRIPT=FILE`` keeps it."""
+    sent, received = tmp_path / "sent.jsonl", tmp_path / "received.jsonl"
+    argv = " ".join(f"'{a}'" for a in [sys.executable, *server_argv(daemon)])
+    params = StdioServerParameters(
+        command="sh",
+        args=["-c", f"tee '{sent}' | {argv} | tee '{received}'"],
+        env=server_env(),
+        cwd=str(REPO),
+    )
+
+    async def test() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await session.list_tools()
+            sb = (await call(session, "create_sandbox"))["sandbox"]
+
+            async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                pass
+
+            await session.call_tool(
+                "run_command",
+                {"sandbox": sb, "command": "echo hello; sleep 0.2; echo world"},
+                progress_callback=on_progress,
+            )
+
+    run(test)
+    out = [json.loads(line) for line in sent.read_text().splitlines()]
+    back = [json.loads(line) for line in received.read_text().splitlines()]
+    listing = next(m for m in out if m.get("method") == "tools/list")
+    tools = next(m for m in back if m.get("id") == listing["id"])["result"]["tools"]
+    assert {t["name"] for t in tools} == TOOLS
+    run_call = next(
+        m for m in out if m.get("method") == "tools/call" and m["params"]["name"] == "run_command"
+    )
+    token = run_call["params"]["_meta"]["progressToken"]
+    progress = [
+        m["params"]
+        for m in back
+        if m.get("method") == "notifications/progress" and m["params"]["progressToken"] == token
+    ]
+    assert "".join(p.get("message", "") for p in progress) == "hello\nworld\n"
+    result = next(m for m in back if m.get("id") == run_call["id"])["result"]
+    assert result["isError"] is False
+    assert result["structuredContent"] == {
+        "exit_code": 0,
+        "stdout": "hello\nworld\n",
+        "stderr": "",
+        "truncated": False,
+    }
+    keep = os.environ.get("SANDBOXD_MCP_TRANSCRIPT")
+    if keep:
+        wanted = [listing, {"id": listing["id"], "result": {"tools": tools}}, run_call]
+        wanted += [{"method": "notifications/progress", "params": p} for p in progress]
+        wanted.append({"id": run_call["id"], "result": result})
+        Path(keep).write_text("".join(json.dumps(m) + "\n" for m in wanted))
