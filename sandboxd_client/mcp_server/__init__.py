@@ -13,6 +13,8 @@ import contextlib
 import signal
 from typing import Any, Literal
 
+from twisted.internet.defer import succeed
+
 from .. import HttpSandbox
 from ._bridge import ReactorThread
 from ._session import Registry
@@ -51,7 +53,8 @@ def serve(
     bridge = ReactorThread(reactor)
     bridge.start()
     registry = Registry()
-    client = HttpSandbox(url, token=token, reactor=reactor)
+    # Made on the reactor thread, like everything the client does from here on.
+    client = bridge.blocking(lambda: succeed(HttpSandbox(url, token=token, reactor=reactor)))
     limits = limits if limits is not None else Limits()
     server = build_server(client, bridge, registry, limits, log_level="WARNING")
     _stop_on_sigterm()
