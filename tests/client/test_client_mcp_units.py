@@ -53,3 +53,19 @@ def test_sessions_name_their_sandboxes_and_give_up_the_unkept_ones() -> None:
     one.forget("sb2")
     with pytest.raises(UnknownSandbox, match="none yet"):
         one.handle("sb2")
+
+
+def test_without_a_session_hook_the_server_is_one_session() -> None:
+    from sandboxd_client.mcp_server._tools import session_sandboxes
+
+    class Request:
+        session = object()  # no connection to be found
+
+    class Ctx:
+        request_context = Request()
+
+    registry = Registry()
+    kills: list[object] = []
+    first = session_sandboxes(Ctx(), registry, kills.append)  # type: ignore[arg-type]
+    assert session_sandboxes(Ctx(), registry, kills.append) is first  # type: ignore[arg-type]
+    assert registry.sessions == [first] and kills == []  # killed only when the server stops
