@@ -20,15 +20,15 @@ from twisted.python.threadpool import ThreadPool
 
 import sandboxd
 from sandboxd import notify
-from sandboxd.api import SandboxAPI
-from sandboxd.archive import Archive, ArchiveUnavailable, build_archive
 from sandboxd.config import Config, ConfigError, option_table
+from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
+from sandboxd.core.layout import Layout, RootInUse
+from sandboxd.core.manager import SandboxManager
+from sandboxd.core.tools.resolver import build_tools
+from sandboxd.http.api import SandboxAPI
+from sandboxd.http.site import can_spool, make_site
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
-from sandboxd.layout import Layout, RootInUse
-from sandboxd.manager import SandboxManager
-from sandboxd.tools import build_tools
-from sandboxd.web import can_spool, make_site
 
 log = Logger()
 

@@ -15,8 +15,14 @@ from archive_helpers import ROOT, Workspaces, all_bytes, as_root, reactor, tree
 from twisted.internet.defer import Deferred, DeferredList, gatherResults
 from twisted.internet.task import deferLater
 
-from sandboxd.archive import STAGING, Archive, ArchiveFailed, ArchiveUnavailable, build_archive
-from sandboxd.archive_rsync import Rsync
+from sandboxd.core.archive.rsync import Rsync
+from sandboxd.core.archive.store import (
+    STAGING,
+    Archive,
+    ArchiveFailed,
+    ArchiveUnavailable,
+    build_archive,
+)
 
 SECRET = b"host-secret-6f1c2a"
 

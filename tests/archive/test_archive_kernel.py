@@ -13,13 +13,13 @@ import pytest_twisted
 from archive_helpers import all_bytes, reactor
 from twisted.internet.defer import Deferred
 
-from sandboxd.archive import Archive, build_archive
 from sandboxd.config import Config
-from sandboxd.exec_request import ExecRequest
+from sandboxd.core.archive.store import Archive, build_archive
+from sandboxd.core.exec.spec import ExecRequest
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import Sandbox, SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import Host, build_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import Sandbox, SandboxManager
 
 pytestmark = pytest.mark.kernel
 

@@ -13,12 +13,12 @@ from archive_helpers import reactor
 from twisted.internet.defer import Deferred
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.archive import Archive, ArchiveFailed
-from sandboxd.archive_rsync import WorkspaceEnd
 from sandboxd.config import Config
+from sandboxd.core.archive.rsync import WorkspaceEnd
+from sandboxd.core.archive.store import Archive, ArchiveFailed
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.none import no_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import SandboxManager
 
 
 class GatedArchive:

@@ -12,12 +12,12 @@ from http_harness import Harness, ProcessReactor, SyncFiles, SyncPool, result_of
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
-from sandboxd.api import SandboxAPI
 from sandboxd.config import Config
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
+from sandboxd.http.api import SandboxAPI
 from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.none import no_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import SandboxManager
 
 DEFAULTS = {
     "isolation": "none",

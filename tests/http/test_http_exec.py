@@ -17,7 +17,7 @@ import pytest_twisted
 from http_harness import ExecStream, Harness, b64, unb64
 from twisted.internet.defer import fail
 
-from sandboxd.exec_run import ExecRun
+from sandboxd.core.exec.run import ExecRun
 
 SHA = "ab" * 32
 

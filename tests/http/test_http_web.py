@@ -1,4 +1,5 @@
-"""The twisted.web site (``sandboxd.web``): body limit (413), JSON answers to malformed requests.
+"""The twisted.web site (``sandboxd.http.site``): body limit (413), JSON answers to malformed
+requests.
 
 ``LimitedRequest`` is tested directly (``DummyChannel``) and through a real ``Site`` on a real
 loopback port, with raw HTTP bytes so the test controls ``Content-Length`` and chunking.
@@ -24,10 +25,11 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.test.requesthelper import DummyChannel
 
-from sandboxd import api, workspace
+from sandboxd.core.files import workspace
+from sandboxd.core.manager import SandboxManager
 from sandboxd.errors import APIError, InsufficientStorage
-from sandboxd.manager import SandboxManager
-from sandboxd.web import (
+from sandboxd.http import api
+from sandboxd.http.site import (
     READ_SIZE,
     SEND_SIZE,
     SPOOL_MIN,

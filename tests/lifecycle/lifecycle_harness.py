@@ -34,12 +34,12 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.iweb import UNKNOWN_LENGTH
 
-from sandboxd.api import SandboxAPI
 from sandboxd.config import Config
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
+from sandboxd.http.api import SandboxAPI
 from sandboxd.isolation.base import Isolation
 from sandboxd.isolation.select import Host, build_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import SandboxManager
 
 T = TypeVar("T")
 

@@ -214,7 +214,7 @@ def documented_operations(document: dict[str, Any] | None = None) -> set[tuple[s
 def served_operations() -> set[tuple[str, str]]:
     """``(METHOD, /path/{param})`` of every rule of the Klein app (HEAD and OPTIONS, which
     werkzeug adds by itself, left out)."""
-    from sandboxd.api import SandboxAPI
+    from sandboxd.http.api import SandboxAPI
 
     served = set()
     for rule in SandboxAPI.app.url_map.iter_rules():

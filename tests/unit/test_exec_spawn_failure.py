@@ -5,7 +5,7 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
-from sandboxd.exec_run import ExecRun
+from sandboxd.core.exec.run import ExecRun
 
 
 class RefusingReactor:

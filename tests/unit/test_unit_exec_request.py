@@ -1,4 +1,4 @@
-"""The exec body (``sandboxd.exec_request``): every field, every refusal naming its field."""
+"""The exec body (``sandboxd.core.exec.spec``): every field, every refusal naming its field."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from sandboxd import exec_request
-from sandboxd.errors import BadRequest
-from sandboxd.exec_request import (
+from sandboxd.core.exec import spec as exec_request
+from sandboxd.core.exec.spec import (
     ARG_STRLEN_MAX,
     CARRIER_SIZE,
     ExecRequest,
@@ -17,6 +16,7 @@ from sandboxd.exec_request import (
     exec_args_limit,
     parse_env,
 )
+from sandboxd.errors import BadRequest
 
 SHA = "0f" * 32
 

@@ -1,4 +1,4 @@
-"""One running command (``sandboxd.exec_run.ExecRun``): frames, timers, flow control, ending.
+"""One running command (``sandboxd.core.exec.run.ExecRun``): frames, timers, flow control, ending.
 
 A ``Clock`` drives every timer and a fake reactor/process transport stands in for the child,
 so each rule (deadline, silence, keepalive, pause/resume, abort) is checked step by step.
@@ -26,8 +26,8 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from unit_fakes import FakeProcess, FakeReactor
 
-from sandboxd import exec_run
-from sandboxd.exec_run import (
+from sandboxd.core.exec import run as exec_run
+from sandboxd.core.exec.run import (
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     EXIT_TIMEOUT,

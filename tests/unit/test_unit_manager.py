@@ -1,4 +1,5 @@
-"""The sandbox manager (``sandboxd.manager``) with fake isolation, a Clock and a fake reactor."""
+"""The sandbox manager (``sandboxd.core.manager``) with fake isolation, a Clock and a fake
+reactor."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ from unit_fakes import (
 )
 
 from sandboxd.config import Config
+from sandboxd.core.exec.spec import ExecRequest
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import BASE_PATH, SandboxManager
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
-from sandboxd.exec_request import ExecRequest
 from sandboxd.isolation.base import CgroupStats, Isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import BASE_PATH, SandboxManager
 
 SHA = "ab" * 32
 

@@ -1,4 +1,5 @@
-"""Workspace path normalisation (``sandboxd.paths``): the one place path text becomes parts."""
+"""Workspace path normalisation (``sandboxd.core.files.paths``): the one place path text
+becomes parts."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from sandboxd.core.files.paths import NAME_MAX, PATH_MAX, display, normalise
 from sandboxd.errors import APIError, BadRequest
-from sandboxd.paths import NAME_MAX, PATH_MAX, display, normalise
 
 # Path-like text: components drawn mostly from the interesting ones.
 component = st.one_of(

@@ -1,4 +1,5 @@
-"""Workspace file operations (``sandboxd.workspace``), called directly on a real directory.
+"""Workspace file operations (``sandboxd.core.files.workspace``), called directly on a real
+directory.
 
 Races (an entry removed or a directory moved while a call runs) are made deterministic either
 by stepping the walk generator or by a stand-in for the module's ``os`` that fails on cue.
@@ -20,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from sandboxd import workspace
+from sandboxd.core.files import workspace
 from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound
-from sandboxd.web import Spool
+from sandboxd.http.site import Spool
 
 OTHER_UID = os.getuid() + 4242
 SECRET = b"outside secret"

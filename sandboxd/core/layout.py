@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from attrs import frozen
 
-from sandboxd import workspace
+from sandboxd.core.files import workspace
 from sandboxd.isolation.base import Identity
 
 RID_PATTERN = re.compile(r"^[0-9a-f]{16}$")

@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IReactorProcess
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
-from sandboxd.exec_run import exit_code_of
+from sandboxd.core.exec.run import exit_code_of
 from sandboxd.isolation.base import Identity
 
 REMOTE = "sandbox:./"

@@ -20,8 +20,8 @@ from typing import BinaryIO
 
 from attrs import frozen
 
+from sandboxd.core.files.paths import Parts, display
 from sandboxd.errors import APIError, BadRequest, InsufficientStorage, PathNotFound
-from sandboxd.paths import Parts, display
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _UPLOAD_PREFIX = ".sandboxd-upload-"

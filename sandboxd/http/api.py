@@ -23,14 +23,17 @@ from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
 import sandboxd
-from sandboxd import archive, exec_request, exec_run, workspace
+from sandboxd.core.archive import store as archive
+from sandboxd.core.exec import run as exec_run
+from sandboxd.core.exec import spec as exec_request
+from sandboxd.core.exec.spec import ExecRequest
+from sandboxd.core.files import workspace
+from sandboxd.core.files.paths import normalise
+from sandboxd.core.layout import RID_PATTERN
+from sandboxd.core.manager import Sandbox, SandboxManager
+from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.errors import APIError, BadRequest, InsufficientStorage, TooLarge, Unauthorized
-from sandboxd.exec_request import ExecRequest
-from sandboxd.layout import RID_PATTERN
-from sandboxd.manager import Sandbox, SandboxManager
-from sandboxd.paths import normalise
-from sandboxd.tools import ToolResolver
-from sandboxd.web import Spool
+from sandboxd.http.site import Spool
 
 F = TypeVar("F", bound=Callable[..., Any])
 

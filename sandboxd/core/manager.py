@@ -20,17 +20,17 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd import workspace
-from sandboxd.archive import Archive
-from sandboxd.archive_rsync import WorkspaceEnd
 from sandboxd.config import Config
+from sandboxd.core.archive.rsync import WorkspaceEnd
+from sandboxd.core.archive.store import Archive
+from sandboxd.core.exec.run import ExecRun
+from sandboxd.core.exec.spec import ExecRequest, check_exec_size, parse_env
+from sandboxd.core.files import workspace
+from sandboxd.core.files.paths import Parts
+from sandboxd.core.layout import Layout
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
-from sandboxd.exec_request import ExecRequest, check_exec_size, parse_env
-from sandboxd.exec_run import ExecRun
 from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
-from sandboxd.layout import Layout
 from sandboxd.metrics import Metrics
-from sandboxd.paths import Parts
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The archive: restore ``{archive}/{item_id}`` into a new workspace, persist it back.
 
-**Who touches what.** Every copy is one rsync (:mod:`sandboxd.archive_rsync`) whose workspace
+**Who touches what.** Every copy is one rsync (:mod:`sandboxd.core.archive.rsync`) whose workspace
 end runs as the sandbox (its uid/gid, inside its cgroup) and whose archive end runs as the
 daemon. Restore therefore creates every file as the sandbox's uid, and can write nothing the
 sandbox could not write itself, whatever links the archive holds; persist reads the workspace
@@ -48,7 +48,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.archive_rsync import REMOTE, Rsync, RsyncFailed, WorkspaceEnd
+from sandboxd.core.archive.rsync import REMOTE, Rsync, RsyncFailed, WorkspaceEnd
 from sandboxd.errors import APIError
 
 P = ParamSpec("P")

@@ -9,8 +9,8 @@ from typing import Any
 
 from attrs import frozen
 
+from sandboxd.core.files.paths import Parts, normalise
 from sandboxd.errors import BadRequest
-from sandboxd.paths import Parts, normalise
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
