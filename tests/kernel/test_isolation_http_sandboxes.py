@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.isolation.namespaces import PLACES, kept_directories
 from tests.kernel.conftest import CANARY_NAME, CANARY_VALUE, OTHER_CANARY_NAME
 from tests.kernel.kernel_http import (
     SLOW,
@@ -100,7 +101,10 @@ def test_two_sandboxes_have_distinct_uids_and_private_workspaces(roomy: KernelDa
     assert sorted(os.listdir(b.workspace)) == before
     assert (b.workspace / "secret").read_bytes() == SECRET
     assert os.listdir(b.workspace / "sub") == []
-    assert os.listdir(b.directory / "home") == os.listdir(b.directory / "tmp") == []
+    assert os.listdir(b.directory / "home") == []
+    # Only the mount point binding a state root under /tmp back into the sandbox's own /tmp.
+    kept = {os.path.basename(p) for p in kept_directories(PLACES, [str(b.kd.root)])}
+    assert set(os.listdir(b.directory / "tmp")) <= kept
     assert b.download("secret").body == SECRET
     # And the sandbox itself keeps every right to its own workspace.
     assert b.ok("cat secret; ls") == SECRET.decode() + "secret\nsub"
