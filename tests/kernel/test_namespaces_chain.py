@@ -14,6 +14,7 @@ import pytest
 
 from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.namespace_server import NamespaceServer
 from sandboxd.isolation.namespaces import (
     KINDS,
     PLACES,
@@ -35,11 +36,11 @@ RID = "0123456789abcdef"
 
 
 def creators() -> list[str]:
-    return ["helper", "shell"]
+    return ["helper-server", "helper", "shell"]
 
 
 def make_creator(which: str) -> Creator:
-    if which == "helper":
+    if which.startswith("helper"):
         problem = helper_problem(HELPER, as_root=True)
         if problem is not None:
             pytest.skip(problem)
@@ -72,6 +73,8 @@ def test_made_entered_and_removed(root: Path, which: str) -> None:
         shm_bytes=8 << 20,
         nsenter=shutil.which("nsenter"),
     )
+    if which == "helper-server":
+        ns.run = NamespaceServer(HELPER)
     assert ns.keep == [str(SHARED)]
     ns.prepare()
     try:
@@ -85,7 +88,7 @@ def test_made_entered_and_removed(root: Path, which: str) -> None:
             f" ip -o link | cut -d: -f2; test -d {root} && echo kept"
         )
         argv = ["/bin/sh", "-c", script]
-        if which == "helper":
+        if which.startswith("helper"):
             argv = [HELPER, "session", "/", *argv]
         done = subprocess.run(
             ns.enter(RID, argv), capture_output=True, text=True, timeout=30, check=False
