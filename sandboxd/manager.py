@@ -87,6 +87,7 @@ class SandboxManager:
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.metrics.watch(lambda: self.isolation.uids.free, lambda: float(self.draining))
         self.layout.prepare_root()
+        self.isolation.namespaces.prepare()  # namespaces: done already when start-up checked it
         return self.recover()
 
     def recover(self) -> Deferred[None]:
