@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.archive_rsync import RSH_SCRIPT, Rsync, RsyncFailed, WorkspaceEnd
+from sandboxd.core.archive.rsync import RSH_SCRIPT, Rsync, RsyncFailed, WorkspaceEnd
 from sandboxd.isolation.base import Identity
 
 
