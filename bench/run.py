@@ -11,7 +11,8 @@ into ``bench/.venv-swerex``). sandboxd runs as ``twistd -n sandboxd`` on loopbac
 ``HttpSandbox`` ("client" rows) and by the plain ``http.client`` connection that also drives the
 peer ("raw" rows).
 
-Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``). Exits 0 when every
+Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``; a ``--quick`` run:
+``<time>-quick.json`` and ``latest-quick.json``, with no target judged). Exits 0 when every
 section ran, whatever the figures; 1 when a section could not run.
 """
 
