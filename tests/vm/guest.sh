@@ -23,7 +23,11 @@
 
 guest_cache=${SANDBOXD_TEST_CACHE:-/var/cache/sandboxd-test}
 
-guest_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
+# Messages name the script that sourced this file by its last two path parts (vm/run.sh...).
+guest_log() {
+    local dir=${0%/*}
+    printf '%s/%s: %s\n' "${dir##*/}" "${0##*/}" "$*" >&2
+}
 
 install_missing_packages() {
     local pkg missing=() upgrades
