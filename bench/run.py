@@ -125,6 +125,10 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
             print(f"bench: {section} ...", file=sys.stderr, flush=True)
             began = time.monotonic()
             try:
+                # The set-up above (daemons, SWE-ReX's venv) blocks the reactor for long enough
+                # that the server closes the client's idle pooled connection (after 60 s); the
+                # pool must see that before the section's first call reuses it.
+                await bench.settle()
                 await getattr(bench, section)()
             except Exception:
                 failed.append(section)
