@@ -9,8 +9,7 @@
 # Needs root and what .ci/vm-deps.sh provides (qemu, /opt/vng, a Debian kernel and its modules
 # in the cache, see tests/vm/guest.sh). The guest boots that kernel under KVM when a probe boot
 # with KVM reaches its init (else software emulation, TCG; the choice is printed), with the
-# host's root filesystem read-only (over
-# 9p), runs tests/vm/inside.sh as root, and powers off. Only <repo>/vm-out is writable in
+# host's root filesystem read-only (over 9p), runs tests/vm/inside.sh as root, and powers off. Only <repo>/vm-out is writable in
 # the guest and is written back; run.sh passes the arguments and environment in through it
 # and reads back the test run's exit code (vm-out/status) and coverage data.
 #
