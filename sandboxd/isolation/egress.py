@@ -1,0 +1,218 @@
+"""The ``egress`` network mode: a veth pair per sandbox, routed and filtered by nftables.
+
+:class:`Egress` owns the host side of the mode for one daemon:
+
+- :meth:`Egress.start` (start-up): takes the host-wide egress lock (one daemon per host owns the
+  layer), reclaims what a crashed predecessor left (its veths, its table, the forwarding
+  sysctls it found), turns IPv4 (and, with an IPv6 pool, IPv6) forwarding on if it is off —
+  logging it, and remembering the values found in ``state_file`` — and loads the table
+  ``inet {table}`` (see :meth:`EgressPlan.ruleset`).
+- :meth:`Egress.attach` (create): makes the slot's veth pair with its sandbox end in the
+  sandbox's (pinned) network namespace, addresses both ends and routes the sandbox through the
+  host end.
+- :meth:`Egress.detach` (kill): deletes the host end (the kernel deletes its peer with it).
+- :meth:`Egress.stop` (stop): deletes every veth of ours and the table, and puts the sysctls back
+  to what was found before the first daemon turned them on.
+
+Every method blocks (it runs ``ip``, ``nft`` and writes ``/proc/sys``): callers run it in a
+worker thread. Nothing here is per connection: once attached, the kernel does all the work.
+"""
+
+import fcntl
+import json
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+
+from attrs import define, field
+from twisted.logger import Logger
+
+from sandboxd.isolation.egress_plan import EgressPlan
+
+log = Logger()
+
+FORWARDING_V4 = "/proc/sys/net/ipv4/ip_forward"
+FORWARDING_V6 = "/proc/sys/net/ipv6/conf/all/forwarding"
+
+Runner = Callable[[Sequence[str], str], str]
+"""``run(argv, stdin_text)``: run a program, return its stdout; :class:`EgressError` if it fails."""
+
+
+class EgressError(Exception):
+    """The egress layer cannot do what was asked (the message names the step and the cause)."""
+
+
+def run_program(argv: Sequence[str], stdin: str) -> str:
+    """Run ``argv`` with ``stdin``; its stdout, or :class:`EgressError` with its stderr."""
+    try:
+        done = subprocess.run(
+            list(argv), input=stdin, capture_output=True, text=True, check=False, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EgressError(f"{argv[0]}: {e}") from None
+    if done.returncode != 0:
+        raise EgressError(f"{' '.join(argv[:3])}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def read_sysctl(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def write_sysctl(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+@define
+class Egress:
+    """The host side of the egress mode (see the module docstring)."""
+
+    plan: EgressPlan
+    state_file: str
+    """Where the forwarding values found at the first start are kept until the last stop."""
+    lock_file: str = "/run/sandboxd-egress.lock"
+    run: Runner = run_program
+    read: Callable[[str], str] = read_sysctl
+    write: Callable[[str, str], None] = write_sysctl
+    _lock_fd: int | None = field(default=None, init=False)
+
+    def _sysctls(self) -> list[str]:
+        return [FORWARDING_V4] + ([FORWARDING_V6] if self.plan.pool6 is not None else [])
+
+    def start(self) -> list[int]:
+        """Prepare the host (see the module docstring); the slots reclaimed from a predecessor.
+
+        :class:`EgressError` when the layer cannot be provided here (another daemon owns it, a
+        program is missing, the kernel refuses the ruleset); nothing of ours is left then.
+        """
+        self._lock()
+        try:
+            reclaimed = self.reclaim()
+            found = self._found_sysctls()
+            for path in self._sysctls():
+                if self.read(path) != "1":
+                    log.warn("egress: turning forwarding on ({path} = 1)", path=path)
+                    self.write(path, "1")
+            # Forwarding that was off before us must forward nothing but our sandboxes' traffic.
+            policy = "drop" if any(value != "1" for value in found.values()) else "accept"
+            self.run(["nft", "-f", "-"], self.plan.ruleset(policy))
+        except BaseException:
+            self._restore_sysctls()
+            self._unlock()
+            raise
+        log.info(
+            "egress: table inet {table} loaded, pool {pool4} {pool6}, forward policy {policy}",
+            table=self.plan.table,
+            pool4=self.plan.pool4,
+            pool6=self.plan.pool6 or "(no IPv6)",
+            policy=policy,
+        )
+        return reclaimed
+
+    def _found_sysctls(self) -> dict[str, str]:
+        """The forwarding values found before any daemon changed them (kept in the state file)."""
+        try:
+            with open(self.state_file) as f:
+                found: dict[str, str] = json.load(f)
+            return found
+        except FileNotFoundError:
+            pass
+        found = {path: self.read(path) for path in self._sysctls()}
+        tmp = self.state_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(found, f)
+        os.replace(tmp, self.state_file)
+        return found
+
+    def _restore_sysctls(self) -> None:
+        try:
+            with open(self.state_file) as f:
+                found: dict[str, str] = json.load(f)
+        except FileNotFoundError:
+            return
+        for path, value in found.items():
+            if self.read(path) != value:
+                log.info(
+                    "egress: forwarding back to what was found ({path} = {v})", path=path, v=value
+                )
+                self.write(path, value)
+        os.unlink(self.state_file)
+
+    def attach(self, netns: str, slot: int) -> None:
+        """Give the sandbox whose network namespace is pinned at ``netns`` its slot's veth.
+
+        On failure nothing of the slot is left and :class:`EgressError` says why.
+        """
+        if not os.path.isabs(netns):
+            raise ValueError(f"network namespace path must be absolute: {netns!r}")
+        host, inside = self.plan.attach_commands(slot, netns)
+        self._delete_link(self.plan.ifname(slot))  # a predecessor's, still there
+        try:
+            self.run(["ip", "-batch", "-"], host)
+            self.run(["nsenter", f"--net={netns}", "--", "ip", "-batch", "-"], inside)
+        except EgressError:
+            self._delete_link(self.plan.ifname(slot))
+            raise
+
+    def detach(self, slot: int) -> None:
+        """Delete the slot's veth pair (a missing one is not an error)."""
+        self._delete_link(self.plan.ifname(slot))
+
+    def links(self) -> list[int]:
+        """The slots whose veths exist on the host now."""
+        out = self.run(["ip", "-json", "link", "show", "type", "veth"], "")
+        slots = []
+        for link in json.loads(out or "[]"):
+            slot = self.plan.slot_of(str(link.get("ifname", "")))
+            if slot is not None:
+                slots.append(slot)
+        return sorted(slots)
+
+    def reclaim(self) -> list[int]:
+        """Delete every veth of ours and our table (a crashed predecessor's); the slots freed."""
+        slots = self.links()
+        for slot in slots:
+            self.detach(slot)
+        self._delete_table()
+        return slots
+
+    def stop(self) -> None:
+        """Remove everything :meth:`start` and :meth:`attach` made, restore the sysctls."""
+        try:
+            self.reclaim()
+        finally:
+            self._restore_sysctls()
+            self._unlock()
+        log.info("egress: table inet {table} removed", table=self.plan.table)
+
+    def _delete_link(self, name: str) -> None:
+        if os.path.exists(f"/sys/class/net/{name}"):
+            try:
+                self.run(["ip", "link", "del", name], "")
+            except EgressError:
+                if os.path.exists(f"/sys/class/net/{name}"):
+                    raise
+
+    def _delete_table(self) -> None:
+        self.run(
+            ["nft", "-f", "-"],
+            f"table inet {self.plan.table}\ndelete table inet {self.plan.table}\n",
+        )
+
+    def _lock(self) -> None:
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise EgressError(
+                f"another sandboxd owns the egress network on this host ({self.lock_file})"
+            ) from None
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
