@@ -172,6 +172,7 @@ class SandboxAPI:
         names = {*exec_request.CAPABILITIES, *exec_run.CAPABILITIES}
         names.add(f"isolation.{self.manager.isolation.name}")
         names.add("auth.bearer" if self.token is not None else "auth.none")
+        names.update(self.manager.isolation.namespaces.capabilities())
         if self.manager.archive is not None:
             names.add("archive")
         for attribute in vars(type(self)).values():
@@ -259,7 +260,9 @@ class SandboxAPI:
         ):
             raise BadRequest("exposed_ports: must be a list of port numbers")
         item_id = check_item_id(body.get("item_id"))
-        sandbox = await self.manager.create_restored(env=body.get("env"), item_id=item_id)
+        sandbox = await self.manager.create_restored(
+            env=body.get("env"), item_id=item_id, network=body.get("network")
+        )
         return json_response(request, {"pod_url": self.own_url(request), "remote_id": sandbox.rid})
 
     def own_url(self, request: IRequest) -> str:

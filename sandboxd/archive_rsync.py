@@ -36,11 +36,14 @@ RSH_SCRIPT = (
     "for f in $SANDBOXD_RSH_PROCS; do echo 0 > $f || exit 125; done; shift; "
     'if [ -n "$SANDBOXD_RSH_UID" ]; then '
     "echo 0 > /proc/self/oom_score_adj || exit 125; "
-    'exec "$SANDBOXD_RSH_SETPRIV" --reuid="$SANDBOXD_RSH_UID" --regid="$SANDBOXD_RSH_GID" '
-    '--clear-groups --no-new-privs -- "$@"; fi; exec "$@"'
+    'set -- "$SANDBOXD_RSH_SETPRIV" --reuid="$SANDBOXD_RSH_UID" --regid="$SANDBOXD_RSH_GID" '
+    '--clear-groups --no-new-privs -- "$@"; fi; '
+    'if [ -n "$SANDBOXD_RSH_NS" ]; then '
+    'set -- "$SANDBOXD_RSH_NSENTER" $SANDBOXD_RSH_NS --wd=. -- "$@"; fi; exec "$@"'
 )
-"""Run by rsync as ``RSH host rsync --server ...``: join the cgroups, drop privilege, exec the
-server end (``shift`` removes the host name)."""
+"""Run by rsync as ``RSH host rsync --server ...``: join the cgroups, enter the sandbox's
+namespaces (``nsenter``, keeping the working directory), drop privilege, exec the server end
+(``shift`` removes the host name)."""
 
 RSH = f"/bin/sh -c '{RSH_SCRIPT}' sandboxd-rsh"
 
@@ -66,6 +69,9 @@ class WorkspaceEnd:
     identity: Identity
     join_files: tuple[str, ...]
     path: str
+    namespaces: tuple[str, ...] = ()
+    """``nsenter`` options entering the sandbox's namespaces (empty: none)."""
+    nsenter: str | None = None
 
 
 @frozen
@@ -93,6 +99,11 @@ class Rsync:
             if not path or any(c.isspace() for c in path):
                 raise RsyncFailed(f"cgroup file {path!r}: whitespace in the path")
         env["SANDBOXD_RSH_PROCS"] = " ".join(end.join_files)
+        if end.namespaces:
+            if end.nsenter is None or any(c.isspace() for c in "".join(end.namespaces)):
+                raise RsyncFailed(f"cannot enter the namespaces {end.namespaces!r}")
+            env["SANDBOXD_RSH_NS"] = " ".join(end.namespaces)
+            env["SANDBOXD_RSH_NSENTER"] = end.nsenter
         if end.identity.uid != os.geteuid() or end.identity.gid != os.getegid():
             if self.setpriv is None:
                 raise RsyncFailed("cannot run as the sandbox: no setpriv")

@@ -10,6 +10,8 @@ from typing import Any
 
 from attrs import field, fields, frozen
 
+from sandboxd.isolation.namespaces import parse_namespaces
+from sandboxd.isolation.network import parse_mode, parse_modes
 from sandboxd.units import parse_cores, parse_count, parse_duration, parse_size
 
 ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
@@ -125,6 +127,24 @@ class Config:
         "auto",
         _choice(ISOLATION_MODES),
         "auto, cgroup2, cgroup1 or none (none: development only)",
+    )
+    namespaces: frozenset[str] = _setting(
+        "SANDBOXD_NAMESPACES",
+        "all",
+        parse_namespaces,
+        "Namespace layers per sandbox: all, none, or some of ipc,mount,net",
+    )
+    network: str | None = _setting(
+        "SANDBOXD_NETWORK",
+        None,
+        parse_mode,
+        "Default network mode of a create: none, egress or host (default: the strongest allowed)",
+    )
+    network_allow: tuple[str, ...] | None = _setting(
+        "SANDBOXD_NETWORK_ALLOW",
+        None,
+        parse_modes,
+        "Network modes a create may ask for, separated by commas (default: every one offered)",
     )
     max_output: int = _setting(
         "SANDBOXD_MAX_OUTPUT",

@@ -180,6 +180,18 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         fail("state root", e)
         raise  # pragma: no cover
     log.info("state root {root} ready and locked", root=config.root)
+    try:
+        isolation.namespaces.prepare()  # namespaces: the pins' directory, and one probe
+    except (OSError, IsolationUnavailable) as e:
+        fail("namespaces", e)
+        raise  # pragma: no cover
+    if isolation.namespaces.kinds:
+        log.info(
+            "namespaces: {kinds} per sandbox; network modes {modes} (default {default})",
+            kinds=", ".join(sorted(isolation.namespaces.kinds)),
+            modes=", ".join(isolation.namespaces.network.allowed),
+            default=isolation.namespaces.network.default,
+        )
     archive: Archive | None = None
     if config.archive_root is not None:
         try:

@@ -1,0 +1,191 @@
+/*
+ * sandboxd-exec's namespace steps (included by sandboxd_exec.c; see sandboxd/isolation/namespaces.py).
+ *
+ *   sandboxd-exec namespaces NSROOT RID KINDS TMP SHM_BYTES [KEEP..]
+ *   sandboxd-exec enter N NS_1 .. NS_N HELPER MODE ...
+ *
+ * "namespaces" (run as root at create) makes one sandbox's namespaces and pins them, as
+ * unshare(1) does: a child unshares the KINDS ("i" IPC, "m" mount, "n" network), and the parent
+ * bind-mounts the child's /proc/PID/ns/{ipc,mnt,net} onto NSROOT/RID/{ipc,mnt,net} (files it
+ * creates; NSROOT/RID must exist), then lets the child exit. The namespaces live as long as the
+ * pins (or a process inside). In a new mount namespace the child first makes every mount a
+ * slave (nothing it mounts reaches the host, the host's later mounts still arrive), detaches its
+ * copy of NSROOT (so this namespace holds no other sandbox's pins), then binds TMP (the sandbox's
+ * own tmp directory) onto /tmp and /var/tmp, mounts a tmpfs of SHM_BYTES (mode 1777) on
+ * /dev/shm, and a fresh mqueue on /dev/mqueue where that exists. Each KEEP is a host directory
+ * directly inside one of those places (the state root's, in test set-ups) that is bound back
+ * at its own path, with what is mounted below it. A new network namespace gets its loopback up.
+ *
+ * "enter" opens each NS_i and enters it with setns (the caller lists the mount namespace last:
+ * past it the other pins are no longer visible), then carries on as "HELPER MODE ...": the
+ * privilege drop comes after, so a sandbox's commands never run outside its namespaces.
+ *
+ * Failures exit 125 with "sandboxd-exec: ..." on stderr.
+ */
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#define NS_KEEP_MAX 8
+
+static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
+
+static void ns_loopback_up(void)
+{
+    int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        fail(SETUP_FAILED, "loopback socket", NULL, errno);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    if (ioctl(sock, SIOCGIFFLAGS, &ifr) != 0)
+        fail(SETUP_FAILED, "loopback flags", NULL, errno);
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    if (ioctl(sock, SIOCSIFFLAGS, &ifr) != 0)
+        fail(SETUP_FAILED, "loopback up", NULL, errno);
+    close(sock);
+}
+
+static int ns_is_dir(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void ns_mount(const char *source, const char *target, const char *type,
+                     unsigned long flags, const char *data)
+{
+    if (mount(source, target, type, flags, data) != 0)
+        fail(SETUP_FAILED, "mount", target, errno);
+}
+
+/* The child's mount namespace: slave root, no pins, private /tmp, /var/tmp, /dev/shm. */
+static void ns_private_places(const char *nsroot, const char *tmp, const char *shm_bytes,
+                              int keeps, char **keep, int ipc)
+{
+    ns_mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
+    if (umount2(nsroot, MNT_DETACH) != 0 && errno != EINVAL)
+        fail(SETUP_FAILED, "detach", nsroot, errno);
+    char tmp_source[64];
+    int tmp_fd = open(tmp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (tmp_fd < 0)
+        fail(SETUP_FAILED, "open", tmp, errno);
+    snprintf(tmp_source, sizeof tmp_source, "/proc/self/fd/%d", tmp_fd);
+    int keep_fd[NS_KEEP_MAX];
+    for (int i = 0; i < keeps; i++) {
+        keep_fd[i] = open(keep[i], O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (keep_fd[i] < 0)
+            fail(SETUP_FAILED, "keep", keep[i], errno);
+    }
+    for (size_t p = 0; p < 2; p++)
+        if (ns_is_dir(NS_PLACES[p]))
+            ns_mount(tmp_source, NS_PLACES[p], NULL, MS_BIND, NULL);
+    if (ns_is_dir(NS_PLACES[2])) {
+        char data[64];
+        snprintf(data, sizeof data, "size=%s,mode=1777", shm_bytes);
+        ns_mount("tmpfs", NS_PLACES[2], "tmpfs", MS_NOSUID | MS_NODEV, data);
+    }
+    if (ipc && ns_is_dir("/dev/mqueue"))
+        ns_mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    for (int i = 0; i < keeps; i++) {
+        char source[64];
+        snprintf(source, sizeof source, "/proc/self/fd/%d", keep_fd[i]);
+        if (mkdir(keep[i], 0755) != 0 && errno != EEXIST)
+            fail(SETUP_FAILED, "mkdir", keep[i], errno);
+        ns_mount(source, keep[i], NULL, MS_BIND | MS_REC, NULL);
+        close(keep_fd[i]);
+    }
+    close(tmp_fd);
+}
+
+static int make_namespaces(int argc, char **argv)
+{
+    if (argc < 7 || argc - 7 > NS_KEEP_MAX)
+        fail(SETUP_FAILED, "bad", "namespaces arguments", EINVAL);
+    const char *nsroot = argv[2], *rid = argv[3], *kinds = argv[4];
+    int ipc = strchr(kinds, 'i') != NULL, mnt = strchr(kinds, 'm') != NULL;
+    int net = strchr(kinds, 'n') != NULL;
+    int flags = (ipc ? CLONE_NEWIPC : 0) | (mnt ? CLONE_NEWNS : 0) | (net ? CLONE_NEWNET : 0);
+    int ready[2], done[2];
+    if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(done, O_CLOEXEC) != 0)
+        fail(SETUP_FAILED, "pipe", NULL, errno);
+    pid_t child = fork();
+    if (child < 0)
+        fail(SETUP_FAILED, "fork", NULL, errno);
+    if (child == 0) {
+        close(ready[0]);
+        close(done[1]);
+        if (unshare(flags) != 0)
+            fail(SETUP_FAILED, "unshare", kinds, errno);
+        if (mnt)
+            ns_private_places(nsroot, argv[5], argv[6], argc - 7, argv + 7, ipc);
+        if (net)
+            ns_loopback_up();
+        char byte = 1, ignored;
+        if (write(ready[1], &byte, 1) != 1)
+            _exit(SETUP_FAILED);
+        /* Held until the parent has pinned the namespaces (or died). */
+        while (read(done[0], &ignored, 1) < 0 && errno == EINTR)
+            ;
+        _exit(0);
+    }
+    close(ready[1]);
+    close(done[0]);
+    char byte;
+    ssize_t got;
+    while ((got = read(ready[0], &byte, 1)) < 0 && errno == EINTR)
+        ;
+    if (got != 1) {
+        waitpid(child, NULL, 0);
+        return SETUP_FAILED; /* the child said why */
+    }
+    static const char *const names[] = {"ipc", "mnt", "net"};
+    const int wanted[] = {ipc, mnt, net};
+    for (int k = 0; k < 3; k++) {
+        if (!wanted[k])
+            continue;
+        char source[64], pin[4096];
+        snprintf(source, sizeof source, "/proc/%d/ns/%s", (int)child, names[k]);
+        snprintf(pin, sizeof pin, "%s/%s/%s", nsroot, rid, names[k]);
+        int fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
+        if (fd < 0) {
+            kill(child, SIGKILL);
+            fail(SETUP_FAILED, "pin", pin, errno);
+        }
+        close(fd);
+        if (mount(source, pin, NULL, MS_BIND, NULL) != 0) {
+            kill(child, SIGKILL);
+            fail(SETUP_FAILED, "pin", pin, errno);
+        }
+    }
+    close(done[1]);
+    int status = 0;
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail(SETUP_FAILED, "namespace holder", NULL, ECHILD);
+    return 0;
+}
+
+/* "enter N NS.. HELPER MODE ...": setns into each, then the arguments from HELPER on. */
+static char **enter_namespaces(int *argc, char **argv)
+{
+    char *end = NULL;
+    long count = *argc > 2 ? strtol(argv[2], &end, 10) : -1;
+    if (end == argv[2] || (end != NULL && *end != '\0') || count < 0 || count > *argc - 4)
+        fail(SETUP_FAILED, "bad", "namespace count", EINVAL);
+    for (long i = 0; i < count; i++) {
+        const char *path = argv[3 + i];
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            fail(SETUP_FAILED, "open namespace", path, errno);
+        if (setns(fd, 0) != 0)
+            fail(SETUP_FAILED, "setns", path, errno);
+        close(fd);
+    }
+    *argc -= 3 + (int)count;
+    return argv + 3 + count;
+}
