@@ -175,6 +175,16 @@ class Namespaces:
             self.mounts.make_private(self.nsroot)
         except OSError as e:
             raise IsolationUnavailable(f"namespaces: cannot pin in {self.nsroot}: {e}") from None
+        try:
+            for mode in self.network.offered.values():
+                mode.prepare()  # egress: the host's side (table, forwarding) before the probe
+            self._probe()
+        except BaseException:
+            for mode in self.network.offered.values():
+                mode.close()  # start-up stops here: nothing of the modes is left on the host
+            raise
+
+    def _probe(self) -> None:
         probe = "0" * 16
         probe_tmp = os.path.join(self.nsroot, "probe-tmp")
         self._remove_probe(probe, probe_tmp)
@@ -267,7 +277,10 @@ class Namespaces:
         return sorted(name for name in names if _RID.match(name))
 
     def close(self) -> None:
-        """Unmount ``{root}/.ns`` (the daemon stops: every sandbox is gone)."""
+        """Close the network modes and unmount ``{root}/.ns`` (the daemon stops: every sandbox
+        is gone)."""
+        for mode in self.network.offered.values():
+            mode.close()
         if self.kinds and self.nsroot and os.path.isdir(self.nsroot):
             self.mounts.unmount_all(self.nsroot)
             try:
