@@ -8,8 +8,8 @@
   logging it, and remembering the values found in ``state_file`` — and loads the table
   ``inet {table}`` (see :meth:`EgressPlan.ruleset`).
 - :meth:`Egress.attach` (create): makes the slot's veth pair with its sandbox end in the
-  sandbox's (pinned) network namespace, addresses both ends and routes the sandbox through the
-  host end.
+  sandbox's (pinned) network namespace, addresses both ends, routes the sandbox through the
+  host end, and returns once the link is up.
 - :meth:`Egress.detach` (kill): deletes the host end (the kernel deletes its peer with it).
 - :meth:`Egress.stop` (stop): deletes every veth of ours and the table, and puts the sysctls back
   to what was found before the first daemon turned them on.
@@ -25,6 +25,8 @@ import json
 import os
 import shutil
 import subprocess
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,6 +44,8 @@ STATE_FILE = "/run/sandboxd-egress.json"
 """The forwarding values found before the layer turned them on (``/run``: gone at reboot, as
 the sysctls' changes are)."""
 RESOLV_CONF = "/etc/resolv.conf"
+UP_WAIT = 2.0
+"""Longest :meth:`Egress.attach` waits for a new veth to come up (seconds)."""
 PROGRAMS = (("nft", "nftables"), ("ip", "iproute2"), ("nsenter", "util-linux"))
 
 Runner = Callable[[Sequence[str], str], str]
@@ -86,6 +90,9 @@ class Egress:
     run: Runner = run_program
     read: Callable[[str], str] = read_sysctl
     write: Callable[[str, str], None] = write_sysctl
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    exists: Callable[[str], bool] = os.path.exists
     _lock_fd: int | None = field(default=None, init=False)
 
     def _sysctls(self) -> list[str]:
@@ -165,6 +172,18 @@ class Egress:
         except EgressError:
             self._delete_link(self.plan.ifname(slot))
             raise
+        self._wait_up(self.plan.ifname(slot))
+
+    def _wait_up(self, name: str) -> None:
+        """Wait until the kernel's link watcher has made the veth usable: until then its queue
+        discards what is sent, and a sandbox's first connection loses its SYN (a 1 s retry)."""
+        path = f"/sys/class/net/{name}/operstate"
+        deadline = self.clock() + UP_WAIT
+        while self.read(path) != "up":
+            if self.clock() > deadline:
+                log.warn("egress: {name} is not up yet; first packets may be lost", name=name)
+                return
+            self.sleep(0.0005)
 
     def detach(self, slot: int) -> None:
         """Delete the slot's veth pair (a missing one is not an error)."""
@@ -198,11 +217,11 @@ class Egress:
         log.info("egress: table inet {table} removed", table=self.plan.table)
 
     def _delete_link(self, name: str) -> None:
-        if os.path.exists(f"/sys/class/net/{name}"):
+        if self.exists(f"/sys/class/net/{name}"):
             try:
                 self.run(["ip", "link", "del", name], "")
             except EgressError:
-                if os.path.exists(f"/sys/class/net/{name}"):
+                if self.exists(f"/sys/class/net/{name}"):  # else the kernel deleted it meanwhile
                     raise
 
     def _delete_table(self) -> None:
@@ -232,9 +251,12 @@ class Egress:
 class EgressNetwork:
     """The ``egress`` network mode (:class:`sandboxd.isolation.network.NetworkMode`).
 
-    Hands each attached sandbox the lowest free slot of the plan, and gives it back at detach.
-    :meth:`prepare` starts the layer on the host, :meth:`close` stops it. Failures of the
-    layer at create surface as ``OSError`` (the create fails, nothing of the slot is left).
+    Each attached sandbox takes the slot freed longest ago. Detach only gives the slot back:
+    the sandbox's veth goes with its network namespace when the pin is removed (the kernel
+    deletes both ends of a veth whose one end's namespace dies), which costs the kill nothing;
+    a veth still there when its slot comes round again is deleted then. :meth:`prepare` starts
+    the layer on the host, :meth:`close` stops it. Failures of the layer at create surface as
+    ``OSError`` (the create fails, nothing of the slot is left).
     """
 
     egress: Egress
@@ -242,7 +264,11 @@ class EgressNetwork:
     name: str = "egress"
     own_namespace: bool = True
     _slots: dict[str, int] = field(factory=dict)
+    _free: deque[int] = field(init=False)
     _started: bool = field(default=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._free = deque(range(self.capacity))
 
     def prepare(self) -> None:
         """Start the layer (``IsolationUnavailable`` naming it when the host refuses)."""
@@ -268,20 +294,20 @@ class EgressNetwork:
             self.egress.stop()
 
     def attach(self, rid: str, netns: str) -> None:
-        taken = set(self._slots.values())
-        slot = next((s for s in range(self.capacity) if s not in taken), None)
-        if slot is None:
+        if not self._free:
             raise OSError(errno.ENOSPC, "egress: every slot of the pool is taken")
+        slot = self._free.popleft()
         try:
             self.egress.attach(netns, slot)
         except EgressError as e:
+            self._free.appendleft(slot)
             raise OSError(errno.EIO, f"egress: {e}") from None
         self._slots[rid] = slot
 
     def detach(self, rid: str, netns: str) -> None:
         slot = self._slots.pop(rid, None)
-        if slot is not None:  # a predecessor's veths went when the layer started
-            self.egress.detach(slot)
+        if slot is not None:  # (a predecessor's veths went when the layer started)
+            self._free.append(slot)
 
 
 def unreachable_nameservers(plan: EgressPlan, resolv_conf: str) -> list[str]:
