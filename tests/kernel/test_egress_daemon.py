@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,6 +85,10 @@ def create(daemon: Daemon, network: str) -> str:
     return str(json.loads(body)["remote_id"])
 
 
+def veths() -> list[str]:
+    return [name for name in os.listdir("/sys/class/net") if name.startswith("sbx")]
+
+
 def sysctls() -> dict[str, str]:
     return {path: Path(path).read_text().strip() for path in (FORWARDING_V4, FORWARDING_V6)}
 
@@ -133,13 +138,17 @@ def test_egress_sandboxes_reach_the_internet_and_nothing_of_the_host(
         assert reach(daemon, a, address, int(port)).startswith("refused")
         assert reach(daemon, a, "10.200.0.0", daemon.port).startswith("refused")  # the gateway
         daemon.call("DELETE", f"/sandboxes/{a}")
-        assert len([n for n in os.listdir("/sys/class/net") if n.startswith("sbx")]) == 1
+        for _ in range(500):  # the kernel deletes a's veth with its namespace, asynchronously
+            if len(veths()) == 1:
+                break
+            time.sleep(0.01)
+        assert len(veths()) == 1
     finally:
         stop_daemon(daemon)
     assert subprocess.run(
         ["nft", "list", "table", "inet", "sandboxd"], capture_output=True
     ).returncode
-    assert not [n for n in os.listdir("/sys/class/net") if n.startswith("sbx")]
+    assert not veths()
     assert sysctls() == found
 
 
