@@ -14,8 +14,9 @@
 - :meth:`Egress.stop` (stop): deletes every veth of ours and the table, and puts the sysctls back
   to what was found before the first daemon turned them on.
 
-Every method blocks (it runs ``ip``, ``nft`` and writes ``/proc/sys``): callers run it in a
-worker thread. Nothing here is per connection: once attached, the kernel does all the work.
+Every method blocks: :meth:`Egress.attach` only for its rtnetlink requests and the link coming
+up, the others also for ``ip`` and ``nft`` runs (start-up, stop, a lingering veth). Nothing here
+is per connection: once attached, the kernel does all the work.
 """
 
 import errno
@@ -24,6 +25,7 @@ import ipaddress
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections import deque
@@ -33,8 +35,9 @@ from typing import Any
 from attrs import define, field
 from twisted.logger import Logger
 
+from sandboxd.isolation import rtnl
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.egress_plan import EgressPlan
+from sandboxd.isolation.egress_plan import SANDBOX_IFNAME, EgressPlan
 
 log = Logger()
 
@@ -46,7 +49,7 @@ the sysctls' changes are)."""
 RESOLV_CONF = "/etc/resolv.conf"
 UP_WAIT = 2.0
 """Longest :meth:`Egress.attach` waits for a new veth to come up (seconds)."""
-PROGRAMS = (("nft", "nftables"), ("ip", "iproute2"), ("nsenter", "util-linux"))
+PROGRAMS = (("nft", "nftables"), ("ip", "iproute2"))
 
 Runner = Callable[[Sequence[str], str], str]
 """``run(argv, stdin_text)``: run a program, return its stdout; :class:`EgressError` if it fails."""
@@ -79,6 +82,43 @@ def write_sysctl(path: str, value: str) -> None:
         f.write(value)
 
 
+def wire_veth(plan: EgressPlan, slot: int, netns: str) -> None:
+    """Make the slot's veth pair, its sandbox end ``eth0`` in the namespace pinned at ``netns``,
+    address both ends, bring them (and the sandbox's loopback) up and route the sandbox
+    through the host end, over rtnetlink; ``OSError`` when the kernel refuses a step.
+
+    The same with iproute2, for operators: ``ip link add sbxN type veth peer name eth0 netns
+    PATH``, ``ip addr add H/31 dev sbxN`` (and ``H6/127 nodad``), ``ip link set sbxN up``, then
+    inside (``nsenter --net=PATH``): ``ip addr add S/31 dev eth0`` (and ``S6/127 nodad``), ``ip
+    link set eth0 up``, ``ip link set lo up``, ``ip route add default via H`` (and ``via H6``).
+    """
+    a = plan.addresses(slot)
+    name = plan.ifname(slot)
+    fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+    host = rtnl.open_here()
+    try:
+        host.add_veth(name, SANDBOX_IFNAME, fd)
+        index = socket.if_nametoindex(name)
+        host.add_address(index, a.host4, 31)
+        if a.host6 is not None:
+            host.add_address(index, a.host6, 127)
+        inside, eth0, lo = rtnl.socket_in(fd)
+        try:
+            inside.add_address(eth0, a.sandbox4, 31)
+            if a.sandbox6 is not None:
+                inside.add_address(eth0, a.sandbox6, 127)
+            inside.set_up(eth0)
+            inside.set_up(lo)
+            inside.add_default_route(eth0, a.host4)
+            if a.host6 is not None:
+                inside.add_default_route(eth0, a.host6)
+        finally:
+            inside.close()
+    finally:
+        host.close()
+        os.close(fd)
+
+
 @define
 class Egress:
     """The host side of the egress mode (see the module docstring)."""
@@ -93,6 +133,7 @@ class Egress:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     exists: Callable[[str], bool] = os.path.exists
+    wire: Callable[[EgressPlan, int, str], None] = wire_veth
     _lock_fd: int | None = field(default=None, init=False)
 
     def _sysctls(self) -> list[str]:
@@ -164,14 +205,12 @@ class Egress:
         """
         if not os.path.isabs(netns):
             raise ValueError(f"network namespace path must be absolute: {netns!r}")
-        host, inside = self.plan.attach_commands(slot, netns)
         self._delete_link(self.plan.ifname(slot))  # a predecessor's, still there
         try:
-            self.run(["ip", "-batch", "-"], host)
-            self.run(["nsenter", f"--net={netns}", "--", "ip", "-batch", "-"], inside)
-        except EgressError:
+            self.wire(self.plan, slot, netns)
+        except OSError as e:
             self._delete_link(self.plan.ifname(slot))
-            raise
+            raise EgressError(f"attach {self.plan.ifname(slot)} to {netns}: {e}") from None
         self._wait_up(self.plan.ifname(slot))
 
     def _wait_up(self, name: str) -> None:

@@ -148,25 +148,6 @@ class EgressPlan:
             (v4 if net.version == 4 else v6).append(net)
         return _collapsed(v4), _collapsed(v6)
 
-    def attach_commands(self, slot: int, netns: str) -> tuple[str, str]:
-        """``ip -batch`` input for the host side and for the sandbox's namespace."""
-        a = self.addresses(slot)
-        name = self.ifname(slot)
-        host = [
-            f"link add {name} type veth peer name {SANDBOX_IFNAME} netns {netns}",
-            f"addr add {a.host4}/31 dev {name}",
-        ]
-        inside = [f"addr add {a.sandbox4}/31 dev {SANDBOX_IFNAME}"]
-        if a.host6 is not None:
-            host.append(f"addr add {a.host6}/127 dev {name} nodad")
-            inside.append(f"addr add {a.sandbox6}/127 dev {SANDBOX_IFNAME} nodad")
-        host.append(f"link set {name} up")
-        inside += [f"link set {SANDBOX_IFNAME} up", "link set lo up"]
-        inside.append(f"route add default via {a.host4} dev {SANDBOX_IFNAME}")
-        if a.host6 is not None:
-            inside.append(f"route add default via {a.host6} dev {SANDBOX_IFNAME}")
-        return _lines(host), _lines(inside)
-
     def ruleset(self, forward_policy: str) -> str:
         """``nft -f`` input that replaces our table atomically.
 
@@ -233,7 +214,3 @@ table inet {self.table} {{
 
 def _collapsed(nets: Iterable[Network]) -> list[str]:
     return [str(n) for n in ipaddress.collapse_addresses(nets)]  # type: ignore[type-var]
-
-
-def _lines(lines: list[str]) -> str:
-    return "".join(line + "\n" for line in lines)

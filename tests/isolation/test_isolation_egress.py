@@ -60,9 +60,13 @@ class Host:
             return json.dumps([{"ifname": name} for name in sorted(self.links)])
         if argv[:3] == ["ip", "link", "del"]:
             self.links.discard(argv[3])
-        if argv[:2] == ["ip", "-batch"]:
-            self.links.add(stdin.split()[2])
         return ""
+
+    def wire(self, p: EgressPlan, slot: int, netns: str) -> None:
+        self.calls.append((["wire", str(slot), netns], ""))
+        self.links.add(p.ifname(slot))
+        if self.fail is not None and self.fail in netns:
+            raise OSError(17, "File exists")
 
     def read(self, path: str) -> str:
         if path.endswith("/operstate"):
@@ -92,6 +96,7 @@ class Host:
             clock=lambda: self.now,
             sleep=self.sleep,
             exists=self.exists,
+            wire=self.wire,
         )
 
     def nft_inputs(self) -> list[str]:
@@ -136,9 +141,6 @@ def test_slots_addresses_and_names() -> None:
     v4 = plan(pool6=None)
     assert v4.slots == POOL4.num_addresses // 2
     assert v4.addresses(0).host6 is None
-    host, inside = v4.attach_commands(0, "/ns/net")
-    assert "netns /ns/net" in host and "nodad" not in host + inside
-    assert "route add default via 10.200.0.0 dev eth0" in inside
 
 
 def test_the_plan_checks_its_size_and_names() -> None:
@@ -240,17 +242,13 @@ def test_attach_waits_for_the_link_and_cleans_up_a_failure(tmp_path: Path) -> No
     host.links.add("sbx2")  # a lingering veth of the slot's previous sandbox
     host.operstate_after = 3
     e.attach("/ns/a", 2)
-    assert [argv[:3] for argv, _ in host.calls] == [
-        ["ip", "link", "del"],
-        ["ip", "-batch", "-"],
-        ["nsenter", "--net=/ns/a", "--"],
-    ]
+    assert [argv[:3] for argv, _ in host.calls] == [["ip", "link", "del"], ["wire", "2", "/ns/a"]]
     assert host.now > 0  # it waited for the link watcher
     host.operstate_after = 10**9
     e.attach("/ns/b", 3)  # never up: a warning, not a failure
     assert host.now > egress_module.UP_WAIT
-    host.fail = "nsenter"
-    with pytest.raises(EgressError):
+    host.fail = "/ns/c"
+    with pytest.raises(EgressError, match="File exists"):
         e.attach("/ns/c", 5)
     assert "sbx5" not in host.links
     with pytest.raises(ValueError):
@@ -308,7 +306,7 @@ def test_the_mode_hands_out_slots_oldest_freed_first(tmp_path: Path) -> None:
         mode.attach("d", "/ns/d")
     mode.detach("a", "/ns/a")
     mode.detach("zz", "/ns/zz")  # unknown (a predecessor's): nothing
-    host.fail = "nsenter"
+    host.fail = "/ns/e"
     with pytest.raises(OSError, match="egress"):
         mode.attach("e", "/ns/e")
     host.fail = None

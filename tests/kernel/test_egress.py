@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from attrs import define, evolve
 
+from sandboxd.isolation import rtnl
 from sandboxd.isolation.egress import FORWARDING_V4, FORWARDING_V6, Egress, EgressError
 from sandboxd.isolation.egress_plan import EgressPlan, parse_networks
 from tests.kernel.netns_helpers import Scene, Server, connect, scene, sh
@@ -80,10 +81,10 @@ def table_exists(table: str) -> bool:
     )
 
 
-def make_egress(tmp: Path, tag: str, deny: str = DENIED_EXTRA + "/24") -> Egress:
+def make_egress(tmp: Path, tag: str, deny: str = DENIED_EXTRA + "/24", v6: bool = True) -> Egress:
     plan = EgressPlan(
         ipaddress.IPv4Network("10.250.0.0/24"),
-        ipaddress.IPv6Network("fd53:7465:7374::/120"),
+        ipaddress.IPv6Network("fd53:7465:7374::/120") if v6 else None,
         parse_networks(deny),
         table=f"sandboxd_t{tag}",
         prefix=f"egs{tag}x",
@@ -201,13 +202,14 @@ def test_a_second_daemon_cannot_take_the_layer(world: World, tmp_path: Path) -> 
 def test_a_crashed_predecessor_is_reclaimed(tmp_path: Path) -> None:
     found = sysctls_found()
     with scene() as s:
-        first = make_egress(tmp_path, s.tag)
+        # Not the module's world: a table and veths of its own (and IPv4 only).
+        first = make_egress(tmp_path, f"{s.tag}c", v6=False)
         sandbox = s.netns("c")
         first.start()
         try:
             first.attach(sandbox, 5)
             first._unlock()  # the process died: its lock went with it, nothing else did
-            second = make_egress(tmp_path, s.tag)
+            second = make_egress(tmp_path, f"{s.tag}c", v6=False)
             assert second.start() == [5]
             try:
                 assert not os.path.exists(f"/sys/class/net/{first.plan.ifname(5)}")
@@ -220,3 +222,16 @@ def test_a_crashed_predecessor_is_reclaimed(tmp_path: Path) -> None:
             first.stop()
     assert sysctls_found() == found
     assert not table_exists(first.plan.table)
+
+
+def test_rtnetlink_refusals_carry_the_kernel_errno(world: World) -> None:
+    here = rtnl.open_here()
+    fd = os.open(world.b, os.O_RDONLY)
+    try:
+        with pytest.raises(FileExistsError):  # the slot's veth is there already
+            here.add_veth(world.egress.plan.ifname(1), "eth9", fd)
+    finally:
+        here.close()
+        os.close(fd)
+    with open("/dev/null") as not_a_namespace, pytest.raises(OSError, match="setns"):
+        rtnl.socket_in(not_a_namespace.fileno())
