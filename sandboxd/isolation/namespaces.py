@@ -53,7 +53,8 @@ Runner = Callable[[Sequence[str]], tuple[int, str]]
 """Runs an argv to its end: exit code and stderr text."""
 
 
-def _run(argv: Sequence[str]) -> tuple[int, str]:
+def run_program(argv: Sequence[str]) -> tuple[int, str]:
+    """Run ``argv`` to its end with a plain environment: its exit code and stderr text."""
     done = subprocess.run(
         list(argv),
         stdin=subprocess.DEVNULL,
@@ -142,7 +143,7 @@ class Namespaces:
     creator: Creator | None = None
     keep: list[str] = field(factory=list)
     shm_bytes: int = 64 << 20
-    run: Runner = _run
+    run: Runner = run_program
     mounts: MountCalls = field(factory=MountCalls)
     nsenter: str | None = None
     """``nsenter`` for the processes the helper does not start (the archive's rsync end)."""
@@ -277,10 +278,13 @@ class Namespaces:
         return sorted(name for name in names if _RID.match(name))
 
     def close(self) -> None:
-        """Close the network modes and unmount ``{root}/.ns`` (the daemon stops: every sandbox
-        is gone)."""
+        """Close the network modes, unmount ``{root}/.ns`` (the daemon stops: every sandbox is
+        gone), end the runner."""
         for mode in self.network.offered.values():
             mode.close()
+        end_runner = getattr(self.run, "close", None)
+        if end_runner is not None:
+            end_runner()
         if self.kinds and self.nsroot and os.path.isdir(self.nsroot):
             self.mounts.unmount_all(self.nsroot)
             try:

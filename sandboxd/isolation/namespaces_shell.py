@@ -6,7 +6,8 @@ Used where the helper was not built (the shell chain of :mod:`sandboxd.isolation
 the helper's ``namespaces`` mode does (``sandboxd_exec_ns.h``): detach the copy of the pins'
 directory, bind the sandbox's ``tmp/`` onto ``/tmp`` and ``/var/tmp`` (through a descriptor
 opened before either is covered), a tmpfs on ``/dev/shm``, a fresh mqueue, the kept directories
-bound back, and the loopback up. ``nsenter`` opens every pin before it enters any.
+bound back (descriptors 3 to 8: ``sh`` redirects one digit; :func:`kept_directories` gives at
+most six), and the loopback up. ``nsenter`` opens every pin before it enters any.
 """
 
 from collections.abc import Callable, Sequence
@@ -21,11 +22,11 @@ nsroot=$1 tmp=$2 shm=$3 ipc=$4 net=$5 mnt=$6
 shift 6
 if [ "$mnt" = 1 ]; then
   umount -l -- "$nsroot" 2>/dev/null
-  exec 8<"$tmp" || exit 125
-  i=10
+  exec 9<"$tmp" || exit 125
+  i=3
   for k do eval "exec $i<\"\$k\"" || exit 125; i=$((i + 1)); done
   for p in /tmp /var/tmp; do
-    if [ -d "$p" ]; then mount -c --bind /proc/self/fd/8 "$p" || exit 125; fi
+    if [ -d "$p" ]; then mount -c --bind /proc/self/fd/9 "$p" || exit 125; fi
   done
   if [ -d /dev/shm ]; then
     mount -t tmpfs -o "nosuid,nodev,size=$shm,mode=1777" tmpfs /dev/shm || exit 125
@@ -33,7 +34,7 @@ if [ "$mnt" = 1 ]; then
   if [ "$ipc" = 1 ] && [ -d /dev/mqueue ]; then
     mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue || exit 125
   fi
-  i=10
+  i=3
   for k do
     mkdir -p -- "$k" && mount -c --rbind "/proc/self/fd/$i" "$k" || exit 125
     i=$((i + 1))

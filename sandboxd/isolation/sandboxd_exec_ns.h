@@ -2,6 +2,7 @@
  * sandboxd-exec's namespace steps (included by sandboxd_exec.c; see sandboxd/isolation/namespaces.py).
  *
  *   sandboxd-exec namespaces NSROOT RID KINDS TMP SHM_BYTES [KEEP..]
+ *   sandboxd-exec namespace-server
  *   sandboxd-exec enter N NS_1 .. NS_N HELPER MODE ...
  *
  * "namespaces" (run as root at create) makes one sandbox's namespaces and pins them, as
@@ -15,6 +16,11 @@
  * /dev/shm, and a fresh mqueue on /dev/mqueue where that exists. Each KEEP is a host directory
  * directly inside one of those places (the state root's, in test set-ups) that is bound back
  * at its own path, with what is mounted below it. A new network namespace gets its loopback up.
+ *
+ * "namespace-server" does the same for each line of its stdin (the arguments from NSROOT on,
+ * separated by tabs), one forked child each, and answers each with one line on stdout: the exit
+ * code, a tab, and what the child wrote on stderr (newlines as spaces). It ends at EOF. The
+ * daemon keeps one running, so a create costs no program start.
  *
  * "enter" opens each NS_i and enters it with setns (the caller lists the mount namespace last:
  * past it the other pins are no longer visible), then carries on as "HELPER MODE ...": the
@@ -188,4 +194,52 @@ static char **enter_namespaces(int *argc, char **argv)
     }
     *argc -= 3 + (int)count;
     return argv + 3 + count;
+}
+
+static int serve_namespaces(void)
+{
+    static char line[65536];
+    for (;;) {
+        size_t used = 0;
+        ssize_t got = 0;
+        while (used < sizeof line - 1 && (got = read(0, line + used, 1)) == 1 && line[used] != '\n')
+            used++;
+        if (got <= 0)
+            return 0;
+        line[used] = '\0';
+        char *args[8 + NS_KEEP_MAX] = {"sandboxd-exec", "namespaces"};
+        int count = 2;
+        for (char *tok = strtok(line, "\t"); tok != NULL && count < 7 + NS_KEEP_MAX;
+             tok = strtok(NULL, "\t"))
+            args[count++] = tok;
+        args[count] = NULL;
+        int err[2];
+        if (pipe2(err, O_CLOEXEC) != 0)
+            fail(SETUP_FAILED, "pipe", NULL, errno);
+        pid_t child = fork();
+        if (child < 0)
+            fail(SETUP_FAILED, "fork", NULL, errno);
+        if (child == 0) {
+            dup2(err[1], 2);
+            _exit(make_namespaces(count, args));
+        }
+        close(err[1]);
+        char message[2048];
+        size_t length = 0;
+        ssize_t part;
+        while ((part = read(err[0], message + length, sizeof message - 1 - length)) > 0)
+            length += (size_t)part;
+        close(err[0]);
+        int status = 0;
+        while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+            ;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        for (size_t i = 0; i < length; i++)
+            if (message[i] == '\n' || message[i] == '\t')
+                message[i] = ' ';
+        char answer[2100];
+        int size = snprintf(answer, sizeof answer, "%d\t%.*s\n", code, (int)length, message);
+        if (write(1, answer, (size_t)size) != size)
+            return SETUP_FAILED;
+    }
 }

@@ -26,13 +26,16 @@ from sandboxd.isolation.fscreds import (
 )
 from sandboxd.isolation.helper import HELPER, HelperWrapper, helper_problem
 from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
+from sandboxd.isolation.namespace_server import NamespaceServer
 from sandboxd.isolation.namespaces import (
     NS_DIR,
     PLACES,
     Creator,
     HelperCreator,
     Namespaces,
+    Runner,
     kept_directories,
+    run_program,
 )
 from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
 from sandboxd.isolation.network import (
@@ -205,10 +208,12 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
         return Namespaces(network=policy)
     root = os.path.realpath(config.root)
     creator: Creator
+    run: Runner = run_program
     if helper is None:
         creator = ShellCreator(ShellPrograms.find(host.which))
     else:
         creator = HelperCreator(helper)
+        run = NamespaceServer(helper)
     keep = []
     if "mount" in kinds:
         keep = kept_directories(PLACES, [root, os.path.realpath(config.tools_dir)])
@@ -220,4 +225,5 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
         keep=keep,
         shm_bytes=config.memory_max or 64 << 20,
         nsenter=host.which("nsenter"),
+        run=run,
     )
