@@ -80,13 +80,22 @@ def reach(daemon: Daemon, rid: str, host: str, port: int) -> str:
 
 
 def create(daemon: Daemon, network: str) -> str:
-    status, body = daemon.call("POST", "/sandboxes", {"network": network})
+    for _ in range(600):  # a restarted daemon answers 503 while it reclaims its predecessor's
+        status, body = daemon.call("POST", "/sandboxes", {"network": network})
+        if status != 503:
+            break
+        time.sleep(0.05)
     assert status == 200, body
     return str(json.loads(body)["remote_id"])
 
 
 def veths() -> list[str]:
     return [name for name in os.listdir("/sys/class/net") if name.startswith("sbx")]
+
+
+def table_exists() -> bool:
+    listed = subprocess.run(["nft", "list", "table", "inet", "sandboxd"], capture_output=True)
+    return listed.returncode == 0
 
 
 def sysctls() -> dict[str, str]:
@@ -165,3 +174,28 @@ def test_egress_is_not_offered_unless_named(tmp_path: Path) -> None:
     assert subprocess.run(
         ["nft", "list", "table", "inet", "sandboxd"], capture_output=True
     ).returncode
+
+
+def test_a_sigkilled_daemons_egress_is_reclaimed_by_the_next(tmp_path: Path) -> None:
+    found = sysctls()
+    base = 434000 + os.getpid() % 1000 * 20
+    args = (f"--uid-min={base}", f"--uid-max={base + 19}", "--network-allow=none,egress")
+    first = start_daemon(tmp_path, *args)
+    try:
+        create(first, "egress")
+        first.process.kill()
+        first.process.wait()
+        assert len(veths()) == 1  # its sandbox's namespace is still pinned, its veth with it
+        assert table_exists()
+        second = start_daemon(tmp_path, *args)
+        try:
+            assert not veths()  # reclaimed before its own first create
+            rid = create(second, "egress")
+            assert exec_out(second, rid, "cat", "/sys/class/net/eth0/operstate").strip() == "up"
+        finally:
+            stop_daemon(second)
+    finally:
+        stop_daemon(first)
+    assert not table_exists()
+    assert not veths()
+    assert sysctls() == found
