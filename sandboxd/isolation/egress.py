@@ -10,7 +10,8 @@
 - :meth:`Egress.attach` (create): makes the slot's veth pair with its sandbox end in the
   sandbox's (pinned) network namespace, addresses both ends, routes the sandbox through the
   host end, and returns once the link is up.
-- :meth:`Egress.detach` (kill): deletes the host end (the kernel deletes its peer with it).
+- :meth:`Egress.detach`: deletes a slot's veth (the kernel deletes both ends). A killed
+  sandbox needs none: its veth goes with its namespace (see :class:`EgressNetwork`).
 - :meth:`Egress.stop` (stop): deletes every veth of ours and the table, and puts the sysctls back
   to what was found before the first daemon turned them on.
 
@@ -171,13 +172,16 @@ class Egress:
 
     def _found_sysctls(self) -> dict[str, str]:
         """The forwarding values found before any daemon changed them (kept in the state file)."""
+        found: dict[str, str] = {}
         try:
             with open(self.state_file) as f:
-                found: dict[str, str] = json.load(f)
-            return found
+                found = json.load(f)
         except FileNotFoundError:
             pass
-        found = {path: self.read(path) for path in self._sysctls()}
+        missing = [path for path in self._sysctls() if path not in found]
+        if not missing:
+            return found
+        found.update({path: self.read(path) for path in missing})
         tmp = self.state_file + ".tmp"
         with open(tmp, "w") as f:
             json.dump(found, f)

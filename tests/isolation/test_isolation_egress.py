@@ -209,11 +209,17 @@ def test_forwarding_found_on_is_left_alone(tmp_path: Path) -> None:
 def test_a_crashed_predecessors_found_values_are_the_ones_restored(tmp_path: Path) -> None:
     host = Host(forwarding="1")  # the predecessor turned it on, then died
     (tmp_path / "found.json").write_text(json.dumps({FORWARDING_V4: "0"}))
-    e = host.egress(tmp_path, plan(pool6=None))
+    host.sysctls[FORWARDING_V6] = "0"  # it had no IPv6 pool; this daemon has one
+    e = host.egress(tmp_path)
     e.start()
     assert "policy drop;" in host.nft_inputs()[-1]
+    assert json.loads((tmp_path / "found.json").read_text()) == {
+        FORWARDING_V4: "0",
+        FORWARDING_V6: "0",
+    }
+    assert e._found_sysctls()[FORWARDING_V6] == "0"  # read from the file, not the host, now
     e.stop()
-    assert host.sysctls[FORWARDING_V4] == "0"
+    assert host.sysctls == {FORWARDING_V4: "0", FORWARDING_V6: "0"}
 
 
 def test_a_refused_ruleset_leaves_nothing(tmp_path: Path) -> None:
