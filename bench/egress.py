@@ -4,8 +4,8 @@
 
 As root, with a table and interface prefix of its own (so a running daemon is not touched):
 builds the egress tests' "internet" (a namespace with a TCP server on 198.51.100.1 behind a
-veth), then per round: ``ip netns add`` a sandbox stand-in, attach, first connect to the
-internet server from it, detach; then attach to another and remove its pin (``ip netns del``)
+veth), then per round: make a sandbox stand-in (a pinned namespace), attach, first connect to the
+internet server from it, detach; then attach to another and remove its pin (``umount``)
 as kill does, timing until the kernel has deleted the veth with the namespace. Reference in the
 same run: the first connect from the host itself (routing, no forwarding, no NAT). Prints p50
 and p90 in milliseconds; everything made is removed, the forwarding sysctls put back.
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sandboxd.isolation.egress import Egress
 from sandboxd.isolation.egress_plan import EgressPlan
-from tests.kernel.netns_helpers import connect, scene, sh
+from tests.kernel.netns_helpers import connect, scene
 
 
 def ms(samples: list[float]) -> str:
@@ -72,8 +72,7 @@ def main() -> int:
                 t3 = time.perf_counter()
                 egress.detach(i % plan.slots)
                 t4 = time.perf_counter()
-                sh("ip", "netns", "del", f"egt-s{i}-{s.tag}")
-                s.namespaces.remove(f"egt-s{i}-{s.tag}")
+                s.remove_netns(netns)
                 attach.append(t1 - t0)
                 first_sandbox.append(t2 - t1)
                 first_host.append(t3 - t2)
@@ -82,8 +81,7 @@ def main() -> int:
                 netns = s.netns(f"k{i}")
                 egress.attach(netns, i % plan.slots)
                 t0 = time.perf_counter()
-                sh("ip", "netns", "del", f"egt-k{i}-{s.tag}")
-                s.namespaces.remove(f"egt-k{i}-{s.tag}")
+                s.remove_netns(netns)
                 t1 = time.perf_counter()
                 while os.path.exists(f"/sys/class/net/{plan.ifname(i % plan.slots)}"):
                     time.sleep(0.0005)
@@ -99,7 +97,7 @@ def main() -> int:
     print(f"  first connect from the sandbox    {ms(first_sandbox)}")
     print(f"  first connect from the host       {ms(first_host)}")
     print(f"  detach                            {ms(detach)}")
-    print(f"  ip netns del (the pin's removal)  {ms(unpin)}")
+    print(f"  umount (the pin's removal)        {ms(unpin)}")
     print(f"  ... then the veth is gone after   {ms(gone)}")
     print(f"  stop                              {stopped * 1000:6.2f} ms")
     return 0

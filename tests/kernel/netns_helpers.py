@@ -11,9 +11,10 @@ import ctypes
 import os
 import socket
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -122,24 +123,41 @@ def connect(netns: str | None, address: str, port: int, timeout: float = 3.0) ->
 
 
 class Scene:
-    """Namespaces, veths and servers made by one test, all removed by :meth:`close`."""
+    """Namespaces, veths and servers made by one test, all removed by :meth:`close`.
+
+    Namespaces are pinned by ``unshare --net=FILE`` in a directory of the scene's own (bound
+    onto itself with private propagation, as ``ip netns`` does for ``/run/netns``), so nothing
+    depends on ``/run`` being writable (it is not in the test VM).
+    """
 
     def __init__(self) -> None:
         self.tag = f"{os.getpid() % 100000}"
+        self.dir = tempfile.mkdtemp(prefix=f"egt-{self.tag}-")
+        sh("mount", "--bind", self.dir, self.dir)
+        sh("mount", "--make-private", self.dir)
         self.namespaces: list[str] = []
         self.links: list[str] = []
         self.servers: list[Server] = []
 
     def netns(self, role: str) -> str:
-        """A new named network namespace (``ip netns add``); its path."""
-        name = f"egt-{role}-{self.tag}"
-        sh("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-        return f"/run/netns/{name}"
+        """A new network namespace, its loopback up; the path of its pin."""
+        path = os.path.join(self.dir, role)
+        open(path, "w").close()
+        self.namespaces.append(path)
+        sh("unshare", f"--net={path}", "true")
+        sh("nsenter", f"--net={path}", "ip", "link", "set", "lo", "up")
+        return path
+
+    def remove_netns(self, path: str) -> None:
+        """Unpin a namespace (the kernel then deletes it, and the veths inside)."""
+        subprocess.run(["umount", path], capture_output=True, check=False)
+        with suppress(FileNotFoundError):
+            os.unlink(path)
+        with suppress(ValueError):
+            self.namespaces.remove(path)
 
     def wire(self, role: str, netns: str, host_addrs: list[str], inside_addrs: list[str]) -> str:
-        """A veth from the host (``egt{role}{tag}``) to ``eth0`` in ``netns``, addressed."""
+        """A veth from the host (``eg{role}{tag}``) to ``eth0`` in ``netns``, addressed."""
         name = f"eg{role}{self.tag}"[:15]
         sh("ip", "link", "add", name, "type", "veth", "peer", "name", "eth0", "netns", netns)
         self.links.append(name)
@@ -159,8 +177,11 @@ class Scene:
             server.close()
         for link in self.links:
             subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
-        for name in self.namespaces:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+        for path in list(self.namespaces):
+            self.remove_netns(path)
+        subprocess.run(["umount", self.dir], capture_output=True, check=False)
+        with suppress(OSError):
+            os.rmdir(self.dir)
 
 
 @contextmanager

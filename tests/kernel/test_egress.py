@@ -4,9 +4,9 @@ nothing else (as root; every namespace, veth, table and sysctl made or changed i
 The test builds its own world: a namespace ``inet`` behind a veth, holding a server on
 198.51.100.1 (and 2001:db8:51::1, and 203.0.113.7 for a configured extra deny range), a
 namespace ``meta`` holding a server on 169.254.169.254 behind another veth (a cloud metadata
-service), and two sandbox stand-ins (``ip netns add``) attached by :class:`Egress`. Each refusal
-is shown to be the layer's doing: with the table removed (veths and forwarding unchanged), or
-the extra range not configured, the same connection succeeds.
+service), and two sandbox stand-ins (namespaces pinned by ``unshare --net=FILE``) attached by
+:class:`Egress`. Each refusal is shown to be the layer's doing: with the table removed (veths
+and forwarding unchanged), or the extra range not configured, the same connection succeeds.
 """
 
 import ipaddress
@@ -182,7 +182,7 @@ def test_the_host_cannot_open_connections_into_a_sandbox(world: World) -> None:
 def test_nothing_else_is_forwarded_because_forwarding_was_turned_on(world: World) -> None:
     if "0" not in world.found.values():
         pytest.skip("forwarding was already on here: the table leaves others' forwarding alone")
-    inet = f"/run/netns/egt-inet-{world.scene.tag}"
+    inet = os.path.join(world.scene.dir, "inet")
     sh("nsenter", f"--net={inet}", "ip", "route", "add", "169.254.0.0/16", "via", HOST_ON_INET4)
     server = world.servers["metadata"]
     assert connect(inet, server.address, server.port, timeout=1.0) == "timeout"
