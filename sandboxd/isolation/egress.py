@@ -44,6 +44,7 @@ log = Logger()
 
 FORWARDING_V4 = "/proc/sys/net/ipv4/ip_forward"
 FORWARDING_V6 = "/proc/sys/net/ipv6/conf/all/forwarding"
+IPV6_SYSCTLS = "/proc/sys/net/ipv6"
 STATE_FILE = "/run/sandboxd-egress.json"
 """The forwarding values found before the layer turned them on (``/run``: gone at reboot, as
 the sysctls' changes are)."""
@@ -51,6 +52,9 @@ RESOLV_CONF = "/etc/resolv.conf"
 UP_WAIT = 2.0
 """Longest :meth:`Egress.attach` waits for a new veth to come up (seconds)."""
 PROGRAMS = (("nft", "nftables"), ("ip", "iproute2"))
+PROGRAM_TIMEOUT = 300
+"""Longest an ``nft`` or ``ip`` run may take before it counts as hung (seconds): generous, as
+the first ruleset load pulls in kernel modules (over 30 s in an emulated VM on a busy host)."""
 
 Runner = Callable[[Sequence[str], str], str]
 """``run(argv, stdin_text)``: run a program, return its stdout; :class:`EgressError` if it fails."""
@@ -64,7 +68,12 @@ def run_program(argv: Sequence[str], stdin: str) -> str:
     """Run ``argv`` with ``stdin``; its stdout, or :class:`EgressError` with its stderr."""
     try:
         done = subprocess.run(
-            list(argv), input=stdin, capture_output=True, text=True, check=False, timeout=30
+            list(argv),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=PROGRAM_TIMEOUT,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise EgressError(f"{argv[0]}: {e}") from None
@@ -383,6 +392,10 @@ def network_mode(config: Any) -> EgressNetwork | None:
         plan.check(capacity)
     except ValueError as e:
         raise IsolationUnavailable(f"network mode egress: SANDBOXD_EGRESS_POOL: {e}") from None
+    if plan.pool6 is not None and not os.path.isdir(IPV6_SYSCTLS):
+        raise IsolationUnavailable(
+            "network mode egress: this kernel has no IPv6: set SANDBOXD_EGRESS_POOL6=none"
+        )
     for program, package in PROGRAMS:
         if shutil.which(program) is None:
             raise IsolationUnavailable(

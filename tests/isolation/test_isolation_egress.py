@@ -350,9 +350,13 @@ def test_network_mode_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(network_mode(config(network="egress")), EgressNetwork)
     with pytest.raises(IsolationUnavailable, match="SANDBOXD_EGRESS_POOL"):
         network_mode(config(network="egress", egress_pool="10.0.0.0/24"))
+    monkeypatch.setattr(egress_module, "IPV6_SYSCTLS", "/nonexistent")
+    with pytest.raises(IsolationUnavailable, match="SANDBOXD_EGRESS_POOL6=none"):
+        network_mode(config(network="egress"))
+    assert network_mode(config(network="egress", egress_pool6="none")) is not None
     monkeypatch.setattr(egress_module.shutil, "which", lambda name: None)
     with pytest.raises(IsolationUnavailable, match="nftables"):
-        network_mode(config(network="egress"))
+        network_mode(config(network="egress", egress_pool6="none"))
 
 
 def test_bad_egress_settings_name_their_variable() -> None:
