@@ -149,6 +149,7 @@ class Namespaces:
     """``nsenter`` for the processes the helper does not start (the archive's rsync end)."""
     _pins: dict[str, dict[str, str]] = field(factory=dict)
     _modes: dict[str, NetworkMode] = field(factory=dict)
+    _prepared: bool = False
 
     def capabilities(self) -> list[str]:
         """``isolation.ipc``, ``isolation.mount``, ``isolation.net`` in force, and the network
@@ -158,8 +159,9 @@ class Namespaces:
     def prepare(self) -> None:
         """Make ``{root}/.ns`` (root only) a mount with private propagation, check every kept
         directory is root's alone, and make and remove one probe set of namespaces, so that a
-        layer the kernel refuses stops start-up (``IsolationUnavailable`` naming it)."""
-        if not self.kinds:
+        layer the kernel refuses stops start-up (``IsolationUnavailable`` naming it). Once done,
+        calling it again does nothing (until :meth:`close`)."""
+        if not self.kinds or self._prepared:
             return
         for path in self.keep:
             st = os.lstat(path)
@@ -196,6 +198,7 @@ class Namespaces:
             raise IsolationUnavailable(f"namespaces {', '.join(sorted(self.kinds))}: {e}") from e
         finally:
             self._remove_probe(probe, probe_tmp)
+        self._prepared = True
 
     def _remove_probe(self, probe: str, probe_tmp: str) -> None:
         self.remove(probe)
@@ -280,6 +283,7 @@ class Namespaces:
     def close(self) -> None:
         """Close the network modes, unmount ``{root}/.ns`` (the daemon stops: every sandbox is
         gone), end the runner."""
+        self._prepared = False
         for mode in self.network.offered.values():
             mode.close()
         end_runner = getattr(self.run, "close", None)

@@ -18,9 +18,9 @@
  * at its own path, with what is mounted below it. A new network namespace gets its loopback up.
  *
  * "namespace-server" does the same for each line of its stdin (the arguments from NSROOT on,
- * separated by tabs), one forked child each, and answers each with one line on stdout: the exit
- * code, a tab, and what the child wrote on stderr (newlines as spaces). It ends at EOF. The
- * daemon keeps one running, so a create costs no program start.
+ * separated by tabs), and answers each with one line on stdout: the exit
+ * code, a tab, and what was written on stderr (newlines as spaces). It ends at EOF. The daemon
+ * keeps one running, so a create costs no program start and no process but the holder.
  *
  * "enter" opens each NS_i and enters it with setns (the caller lists the mount namespace last:
  * past it the other pins are no longer visible), then carries on as "HELPER MODE ...": the
@@ -109,20 +109,38 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *s
     close(tmp_fd);
 }
 
+/* A failure of the parent side: said on stderr, the code returned (the server lives on). */
+static int ns_refuse(const char *what, const char *arg, int error)
+{
+    dprintf(2, "sandboxd-exec: %s%s%s: %s\n", what, arg ? " " : "", arg ? arg : "", strerror(error));
+    return SETUP_FAILED;
+}
+
 static int make_namespaces(int argc, char **argv)
 {
     if (argc < 7 || argc - 7 > NS_KEEP_MAX)
-        fail(SETUP_FAILED, "bad", "namespaces arguments", EINVAL);
+        return ns_refuse("bad", "namespaces arguments", EINVAL);
     const char *nsroot = argv[2], *rid = argv[3], *kinds = argv[4];
     int ipc = strchr(kinds, 'i') != NULL, mnt = strchr(kinds, 'm') != NULL;
     int net = strchr(kinds, 'n') != NULL;
     int flags = (ipc ? CLONE_NEWIPC : 0) | (mnt ? CLONE_NEWNS : 0) | (net ? CLONE_NEWNET : 0);
     int ready[2], done[2];
-    if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(done, O_CLOEXEC) != 0)
-        fail(SETUP_FAILED, "pipe", NULL, errno);
+    if (pipe2(ready, O_CLOEXEC) != 0)
+        return ns_refuse("pipe", NULL, errno);
+    if (pipe2(done, O_CLOEXEC) != 0) {
+        close(ready[0]);
+        close(ready[1]);
+        return ns_refuse("pipe", NULL, errno);
+    }
     pid_t child = fork();
-    if (child < 0)
-        fail(SETUP_FAILED, "fork", NULL, errno);
+    if (child < 0) {
+        int error = errno;
+        close(ready[0]);
+        close(ready[1]);
+        close(done[0]);
+        close(done[1]);
+        return ns_refuse("fork", NULL, error);
+    }
     if (child == 0) {
         close(ready[0]);
         close(done[1]);
@@ -146,10 +164,13 @@ static int make_namespaces(int argc, char **argv)
     ssize_t got;
     while ((got = read(ready[0], &byte, 1)) < 0 && errno == EINTR)
         ;
+    close(ready[0]);
     if (got != 1) {
+        close(done[1]);
         waitpid(child, NULL, 0);
         return SETUP_FAILED; /* the child said why */
     }
+    int refused = 0;
     static const char *const names[] = {"ipc", "mnt", "net"};
     const int wanted[] = {ipc, mnt, net};
     for (int k = 0; k < 3; k++) {
@@ -159,21 +180,18 @@ static int make_namespaces(int argc, char **argv)
         snprintf(source, sizeof source, "/proc/%d/ns/%s", (int)child, names[k]);
         snprintf(pin, sizeof pin, "%s/%s/%s", nsroot, rid, names[k]);
         int fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
-        if (fd < 0) {
-            kill(child, SIGKILL);
-            fail(SETUP_FAILED, "pin", pin, errno);
-        }
-        close(fd);
-        if (mount(source, pin, NULL, MS_BIND, NULL) != 0) {
-            kill(child, SIGKILL);
-            fail(SETUP_FAILED, "pin", pin, errno);
+        if (fd < 0 || close(fd) != 0 || mount(source, pin, NULL, MS_BIND, NULL) != 0) {
+            refused = ns_refuse("pin", pin, errno);
+            break;
         }
     }
     close(done[1]);
     int status = 0;
-    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fail(SETUP_FAILED, "namespace holder", NULL, ECHILD);
-    return 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (refused == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
+        refused = ns_refuse("namespace holder", NULL, ECHILD);
+    return refused;
 }
 
 /* "enter N NS.. HELPER MODE ...": setns into each, then the arguments from HELPER on. */
@@ -213,27 +231,23 @@ static int serve_namespaces(void)
              tok = strtok(NULL, "\t"))
             args[count++] = tok;
         args[count] = NULL;
+        /* This request's messages (ours and the holder's) go to a pipe of its own. */
         int err[2];
         if (pipe2(err, O_CLOEXEC) != 0)
-            fail(SETUP_FAILED, "pipe", NULL, errno);
-        pid_t child = fork();
-        if (child < 0)
-            fail(SETUP_FAILED, "fork", NULL, errno);
-        if (child == 0) {
-            dup2(err[1], 2);
-            _exit(make_namespaces(count, args));
-        }
+            return SETUP_FAILED;
+        int saved = fcntl(2, F_DUPFD_CLOEXEC, 3);
+        if (saved < 0 || dup2(err[1], 2) < 0)
+            return SETUP_FAILED;
         close(err[1]);
+        int code = make_namespaces(count, args);
+        dup2(saved, 2);
+        close(saved);
         char message[2048];
         size_t length = 0;
         ssize_t part;
         while ((part = read(err[0], message + length, sizeof message - 1 - length)) > 0)
             length += (size_t)part;
         close(err[0]);
-        int status = 0;
-        while (waitpid(child, &status, 0) < 0 && errno == EINTR)
-            ;
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         for (size_t i = 0; i < length; i++)
             if (message[i] == '\n' || message[i] == '\t')
                 message[i] = ' ';

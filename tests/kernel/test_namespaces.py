@@ -280,7 +280,7 @@ def test_a_loopback_or_abstract_server_is_reached_and_squatted(
         probe = ["python3", "-c", NET, kind, "probe", where]
         shared = layer == "off" or network == "host"
         # The server is up once the attacker's own probe reaches it.
-        assert wait_for(lambda: "reached" in attacker.exec(probe).text.split(), 10 * SLOW)
+        assert wait_for(lambda: "reached" in attacker.exec(probe).text.split(), 30 * SLOW)
         seen = victim.exec(probe).text
         if shared:
             assert "reached attacker-here" in seen and "squatted 98" in seen, seen

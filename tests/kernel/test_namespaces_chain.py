@@ -125,3 +125,31 @@ def test_a_kernel_refusal_stops_start_up_naming_the_layer(root: Path, which: str
 def test_unmount_all_of_nothing_mounted(root: Path) -> None:
     MountCalls().unmount_all(str(root))
     assert root.is_dir()
+
+
+def test_the_server_answers_a_refusal_and_serves_on(root: Path) -> None:
+    make_creator("helper")
+    server = NamespaceServer(HELPER)
+    nsroot = root / ".ns"
+    try:
+        nsroot.mkdir()
+        mounts = MountCalls()
+        mounts.bind(str(nsroot), str(nsroot))
+        mounts.make_private(str(nsroot))
+        tmp = root / "tmp"
+        tmp.mkdir()
+        # No pins' directory for this sandbox: the pin is refused, the holder let go.
+        code, message = server([HELPER, "namespaces", str(nsroot), RID, "i", str(tmp), "1048576"])
+        assert code == 125 and f"pin {nsroot}/{RID}/ipc" in message, message
+        assert server([HELPER, "namespaces", str(nsroot), RID, "x", str(tmp), "1"])[0] == 0
+        (nsroot / RID).mkdir()
+        assert server([HELPER, "namespaces", str(nsroot), RID, "im", str(tmp), "1048576"]) == (
+            0,
+            "",
+        )
+        assert sorted(os.listdir(nsroot / RID)) == ["ipc", "mnt"]
+    finally:
+        server.close()
+        for name in ("ipc", "mnt"):
+            mounts.unmount_all(str(nsroot / RID / name))
+        mounts.unmount_all(str(nsroot))

@@ -26,24 +26,35 @@ from twisted.internet.interfaces import IReactorProcess
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
-from sandboxd.exec_run import exit_code_of
+from sandboxd.core.exec.run import exit_code_of
 from sandboxd.isolation.base import Identity
+from sandboxd.isolation.privdrop import SETUP_FAILED, oom_reset_sh, setpriv_args
 
 REMOTE = "sandbox:./"
 """The workspace as rsync sees it: the remote end's working directory."""
 
 RSH_SCRIPT = (
-    "for f in $SANDBOXD_RSH_PROCS; do echo 0 > $f || exit 125; done; shift; "
-    'if [ -n "$SANDBOXD_RSH_UID" ]; then '
-    "echo 0 > /proc/self/oom_score_adj || exit 125; "
-    'set -- "$SANDBOXD_RSH_SETPRIV" --reuid="$SANDBOXD_RSH_UID" --regid="$SANDBOXD_RSH_GID" '
-    '--clear-groups --no-new-privs -- "$@"; fi; '
+    f"for f in $SANDBOXD_RSH_PROCS; do echo 0 > $f || exit {SETUP_FAILED}; done; shift; "
     'if [ -n "$SANDBOXD_RSH_NS" ]; then '
-    'set -- "$SANDBOXD_RSH_NSENTER" $SANDBOXD_RSH_NS --wd=. -- "$@"; fi; exec "$@"'
+    'set -- /bin/sh -c "$SANDBOXD_RSH_CD" sandboxd-rsh "$@"; fi; '
+    'if [ -n "$SANDBOXD_RSH_UID" ]; then '
+    f"{oom_reset_sh('sandboxd-rsh')}; "
+    'set -- "$SANDBOXD_RSH_SETPRIV" '
+    + " ".join(setpriv_args('"$SANDBOXD_RSH_UID"', '"$SANDBOXD_RSH_GID"'))
+    + ' -- "$@"; fi; '
+    'if [ -n "$SANDBOXD_RSH_NS" ]; then '
+    'set -- "$SANDBOXD_RSH_NSENTER" $SANDBOXD_RSH_NS -- "$@"; fi; exec "$@"'
 )
-"""Run by rsync as ``RSH host rsync --server ...``: join the cgroups, enter the sandbox's
-namespaces (``nsenter``, keeping the working directory), drop privilege, exec the server end
-(``shift`` removes the host name)."""
+"""Run by rsync as ``RSH host rsync --server ...``: the steps of
+:mod:`sandboxd.isolation.privdrop` (join, oom, drop; its working directory is the workspace,
+whose parent only root can change), with the sandbox's namespaces entered (``nsenter``) before
+the drop, then exec the server end (``shift`` removes the host name). Entering a mount
+namespace moves the working directory to its root, so the server end then starts through
+:data:`CD_SCRIPT`, which enters the workspace again, as the sandbox."""
+
+CD_SCRIPT = 'cd -- "$SANDBOXD_RSH_DIR" && exec "$@"'
+"""The workspace entered again inside the sandbox's mount namespace (``SANDBOXD_RSH_CD``): the
+path is the daemon's, through the root-owned sandbox directory the sandbox cannot change."""
 
 RSH = f"/bin/sh -c '{RSH_SCRIPT}' sandboxd-rsh"
 
@@ -104,6 +115,8 @@ class Rsync:
                 raise RsyncFailed(f"cannot enter the namespaces {end.namespaces!r}")
             env["SANDBOXD_RSH_NS"] = " ".join(end.namespaces)
             env["SANDBOXD_RSH_NSENTER"] = end.nsenter
+            env["SANDBOXD_RSH_CD"] = CD_SCRIPT
+            env["SANDBOXD_RSH_DIR"] = end.path
         if end.identity.uid != os.geteuid() or end.identity.gid != os.getegid():
             if self.setpriv is None:
                 raise RsyncFailed("cannot run as the sandbox: no setpriv")
