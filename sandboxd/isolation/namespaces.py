@@ -178,6 +178,16 @@ class Namespaces:
             self.mounts.make_private(self.nsroot)
         except OSError as e:
             raise IsolationUnavailable(f"namespaces: cannot pin in {self.nsroot}: {e}") from None
+        try:
+            for mode in self.network.offered.values():
+                mode.prepare()  # egress: the host's side (table, forwarding) before the probe
+            self._probe()
+        except BaseException:
+            for mode in self.network.offered.values():
+                mode.close()  # start-up stops here: nothing of the modes is left on the host
+            raise
+
+    def _probe(self) -> None:
         probe = "0" * 16
         probe_tmp = os.path.join(self.nsroot, "probe-tmp")
         self._remove_probe(probe, probe_tmp)
@@ -271,8 +281,11 @@ class Namespaces:
         return sorted(name for name in names if _RID.match(name))
 
     def close(self) -> None:
-        """Unmount ``{root}/.ns`` (the daemon stops: every sandbox is gone), end the runner."""
+        """Close the network modes, unmount ``{root}/.ns`` (the daemon stops: every sandbox is
+        gone), end the runner."""
         self._prepared = False
+        for mode in self.network.offered.values():
+            mode.close()
         end_runner = getattr(self.run, "close", None)
         if end_runner is not None:
             end_runner()

@@ -3,10 +3,11 @@
 A mode says whether the sandbox gets a network namespace of its own and what is wired into it.
 ``none`` is a namespace with only its loopback (up); ``host`` is the host's own network, shared
 with the daemon and every other ``host`` sandbox. ``egress`` lives in its own module
-(:data:`EGRESS_MODULE`): when that module is importable, its ``network_mode(config)`` gives a
-:class:`NetworkMode` whose :meth:`~NetworkMode.attach` receives the pinned namespace's path
-right after create pins it (the place to wire a veth pair and filters) and whose
-:meth:`~NetworkMode.detach` runs at kill, before the pin is removed. Without that module the
+(:data:`EGRESS_MODULE`): when the configuration names ``egress``, its ``network_mode(config)``
+gives a :class:`NetworkMode` whose :meth:`~NetworkMode.prepare` readies the host at start-up,
+whose :meth:`~NetworkMode.attach` receives the pinned namespace's path right after create pins
+it (the place to wire a veth pair and filters), whose :meth:`~NetworkMode.detach` runs at kill,
+before the pin is removed, and whose :meth:`~NetworkMode.close` runs at stop. Without it the
 name is refused, at start-up when configured and with a ``400`` when a create asks for it.
 """
 
@@ -35,6 +36,12 @@ class NetworkMode(Protocol):
     def own_namespace(self) -> bool:
         """True when the sandbox gets a network namespace of its own."""
 
+    def prepare(self) -> None:
+        """Make ready on the host what the mode needs (start-up, before any create)."""
+
+    def close(self) -> None:
+        """Undo :meth:`prepare` (the daemon stops, every sandbox is gone)."""
+
     def attach(self, rid: str, netns: str) -> None:
         """Wire the sandbox's pinned network namespace ``netns`` (create, after pinning)."""
 
@@ -49,6 +56,12 @@ class HostNetwork:
     name: str = "host"
     own_namespace: bool = False
 
+    def prepare(self) -> None:
+        """Nothing to prepare."""
+
+    def close(self) -> None:
+        """Nothing to undo."""
+
     def attach(self, rid: str, netns: str) -> None:
         """Nothing to wire."""
 
@@ -62,6 +75,12 @@ class NoNetwork:
 
     name: str = "none"
     own_namespace: bool = True
+
+    def prepare(self) -> None:
+        """Nothing to prepare."""
+
+    def close(self) -> None:
+        """Nothing to undo."""
 
     def attach(self, rid: str, netns: str) -> None:
         """Nothing to wire (the helper brought the loopback up)."""

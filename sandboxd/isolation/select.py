@@ -188,7 +188,7 @@ def network_policy(config: Config, kinds: frozenset[str], host: Host) -> Network
         offered["none"] = NoNetwork()
         egress = host.egress(config)
         if egress is None:
-            why["egress"] = "its module is not installed"
+            why["egress"] = "not enabled: name it in SANDBOXD_NETWORK_ALLOW or SANDBOXD_NETWORK"
         else:
             offered["egress"] = egress
     if config.isolation == "none":
