@@ -69,7 +69,7 @@ setup(
     ],
     package_data={
         "twisted": ["plugins/sandboxd_plugin.py"],
-        "sandboxd.isolation": ["sandboxd_exec.c"],
+        "sandboxd.isolation": ["sandboxd_exec.c", "sandboxd_seccomp.h"],
     },
     cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},
     distclass=HelperDistribution,

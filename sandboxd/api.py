@@ -171,6 +171,7 @@ class SandboxAPI:
     def _collect_capabilities(self) -> list[str]:
         names = {*exec_request.CAPABILITIES, *exec_run.CAPABILITIES}
         names.add(f"isolation.{self.manager.isolation.name}")
+        names.update(self.manager.isolation.layers)
         names.add("auth.bearer" if self.token is not None else "auth.none")
         if self.manager.archive is not None:
             names.add("archive")

@@ -13,6 +13,8 @@ from attrs import field, fields, frozen
 from sandboxd.units import parse_cores, parse_count, parse_duration, parse_size
 
 ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
+SECCOMP_MODES = ("default", "off")
+SOCKET_BUFFER_MODES = ("charged", "off")
 LOG_FORMATS = ("text", "json")
 
 
@@ -34,6 +36,13 @@ def _text(text: str) -> str:
     if not text.strip():
         raise ValueError("is empty")
     return text.strip()
+
+
+def _umask(text: str) -> int:
+    value = text.strip()
+    if not value or any(c not in "01234567" for c in value) or int(value, 8) > 0o777:
+        raise ValueError(f"{text!r} is not an octal umask (e.g. 077)")
+    return int(value, 8)
 
 
 def _optional_text(text: str) -> str | None:
@@ -125,6 +134,24 @@ class Config:
         "auto",
         _choice(ISOLATION_MODES),
         "auto, cgroup2, cgroup1 or none (none: development only)",
+    )
+    seccomp: str = _setting(
+        "SANDBOXD_SECCOMP",
+        "default",
+        _choice(SECCOMP_MODES),
+        "System call filter of every command: default or off",
+    )
+    umask: int = _setting(
+        "SANDBOXD_UMASK",
+        "077",
+        _umask,
+        "umask of every command (octal; 077: nothing readable by another uid)",
+    )
+    socket_buffers: str = _setting(
+        "SANDBOXD_SOCKET_BUFFERS",
+        "charged",
+        _choice(SOCKET_BUFFER_MODES),
+        "Charge socket buffers to the sandbox's memory limit: charged or off",
     )
     max_output: int = _setting(
         "SANDBOXD_MAX_OUTPUT",

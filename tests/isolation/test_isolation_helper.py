@@ -241,6 +241,8 @@ def test_wrap_layout() -> None:
     argv = HelperWrapper("/h/sandboxd-exec")(SANDBOX, ["/cg/a", "/cg/b"], "/ws", ["ls", "-l"])
     assert argv == [
         "/h/sandboxd-exec",
+        "--umask=077",
+        "--seccomp=default",
         "sandbox",
         "612101",
         "612102",
@@ -251,6 +253,14 @@ def test_wrap_layout() -> None:
         "ls",
         "-l",
     ]
+    unfiltered = HelperWrapper("/h/sandboxd-exec", seccomp=False, umask=0o022)
+    assert unfiltered(SANDBOX, [], "/ws", ["ls"])[1:4] == [
+        "--umask=022",
+        "--seccomp=off",
+        "sandbox",
+    ]
+    session = HelperSession("/h/sandboxd-exec", umask=0o027)(SANDBOX, [], "/ws", ["ls"])
+    assert session == ["/h/sandboxd-exec", "--umask=027", "session", "/ws", "ls"]
 
 
 def test_the_built_helper_is_usable() -> None:
