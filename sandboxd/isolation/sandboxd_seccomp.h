@@ -11,7 +11,8 @@
  *
  *   - every foreign ABI is killed: a system call with another audit architecture than the
  *     helper's own (i386 through int 0x80 or a 32-bit program) or an x32 number; their numbers
- *     differ, so a number list cannot refuse them one by one;
+ *     differ, so a number list cannot refuse them one by one (number -1, a call a tracer such
+ *     as strace cancelled, passes: the kernel answers it ENOSYS itself, as libseccomp allows);
  *   - numbers above the last one this list knows of (LAST_KNOWN) and clone3 (whose flags sit
  *     in memory a filter cannot read) answer ENOSYS: the C library falls back (clone3 to clone),
  *     as with Docker's profile, and a future system call is unavailable until listed;
@@ -55,6 +56,7 @@
      CLONE_NEWPID | CLONE_NEWNET)
 #define UNSHARE_NAMESPACE_FLAGS (NAMESPACE_FLAGS | 0x00000080U /* CLONE_NEWTIME */)
 #define PERSONA_QUERY 0xffffffffU
+#define SKIPPED 0xffffffffU /* number -1: a tracer cancelled the call (the kernel answers ENOSYS) */
 
 #if FILTER_ARCH != 0
 static const unsigned int DENIED[] = {
@@ -158,6 +160,7 @@ static int build_filter(struct program *p)
     load(p, offsetof(struct seccomp_data, arch));
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, FILTER_ARCH, NEXT, KILL);
     load(p, offsetof(struct seccomp_data, nr));
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, SKIPPED, ALLOW, NEXT);
     emit(p, BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, KILL, NEXT);
     emit(p, BPF_JMP | BPF_JGT | BPF_K, LAST_KNOWN, NO_SYSCALL, NEXT);
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, NO_SYSCALL, NEXT);
