@@ -63,7 +63,9 @@ ALLOWED = ("netlink_socket", "tcp_socket")
 
 
 def _start(tmp_path: Path, *args: str) -> Iterator[Box]:
-    kd = KernelDaemon.start(tmp_path, "--memory-max=512M", "--pids-max=256", *args)
+    kd = KernelDaemon.start(
+        tmp_path, "--memory-max=512M", "--pids-max=256", "--exec-timeout=40m", *args
+    )
     try:
         box = kd.create()
         assert box.upload("attacks.py", ATTACKS.read_bytes()).status == 204
