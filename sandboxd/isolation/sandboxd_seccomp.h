@@ -28,6 +28,7 @@
  *     ADDR_NO_RANDOMIZE, which debuggers set for their debuggee) or the query 0xffffffff
  *     answers EPERM (READ_IMPLIES_EXEC, MMAP_PAGE_ZERO... help exploits);
  *   - the DENIED list answers EPERM.
+ * The numbers with a rule (DENIED and the argument checks) are found by a binary search.
  * ptrace stays allowed: the kernel's uid check (and yama, where loaded) decides, so strace and
  * gdb work on the sandbox's own processes and nothing else.
  */
@@ -36,6 +37,7 @@
 #include <linux/seccomp.h>
 #include <sched.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 
@@ -91,18 +93,21 @@ static const unsigned int ALLOWED_PERSONAS[] = {
 /* Jump targets: the shared returns at the end, and the argument checks. */
 enum target { NEXT, ALLOW, DENY, NO_SYSCALL, NO_FAMILY, KILL, AT_CLONE, AT_UNSHARE,
               AT_SOCKET, AT_PERSONALITY, TARGETS };
+/* Labels from TARGETS on are made as needed (the branches of the number search). */
 
 #define MAX_INSNS 192
+#define MAX_LABELS 128
 
 struct program {
     struct sock_filter insns[MAX_INSNS];
-    unsigned char jt[MAX_INSNS], jf[MAX_INSNS]; /* the target of each branch, NEXT if none */
-    unsigned int at[TARGETS];
+    unsigned char jt[MAX_INSNS], jf[MAX_INSNS]; /* the label of each branch, NEXT if none */
+    unsigned int at[MAX_LABELS];
+    unsigned int labels;
     unsigned int length;
 };
 
-static void emit(struct program *p, unsigned short code, unsigned int k, enum target jt,
-                 enum target jf)
+static void emit(struct program *p, unsigned short code, unsigned int k, unsigned int jt,
+                 unsigned int jf)
 {
     if (p->length >= MAX_INSNS)
         return; /* caught by finish() */
@@ -112,7 +117,12 @@ static void emit(struct program *p, unsigned short code, unsigned int k, enum ta
     p->length++;
 }
 
-static void label(struct program *p, enum target where) { p->at[where] = p->length; }
+static void label(struct program *p, unsigned int where) { p->at[where] = p->length; }
+
+static unsigned int new_label(struct program *p)
+{
+    return p->labels < MAX_LABELS ? p->labels++ : MAX_LABELS - 1; /* overflow: finish() fails */
+}
 
 static void load(struct program *p, unsigned int offset)
 {
@@ -128,7 +138,7 @@ static void give(struct program *p, enum target where, unsigned int action)
 /* Resolve every branch to its target: 0 when each is forward and in reach, else -1. */
 static int finish(struct program *p)
 {
-    if (p->length >= MAX_INSNS)
+    if (p->length >= MAX_INSNS || p->labels >= MAX_LABELS)
         return -1;
     for (unsigned int i = 0; i < p->length; i++) {
         unsigned char targets[2] = {p->jt[i], p->jf[i]};
@@ -148,6 +158,37 @@ static int finish(struct program *p)
 #define ARG0_LOW (offsetof(struct seccomp_data, args[0])) /* little-endian: the low word */
 #define COUNT(array) (sizeof(array) / sizeof((array)[0]))
 
+struct rule {
+    unsigned int nr;
+    enum target target;
+};
+
+static int by_number(const void *a, const void *b)
+{
+    unsigned int x = ((const struct rule *)a)->nr, y = ((const struct rule *)b)->nr;
+    return (x > y) - (x < y);
+}
+
+/* Branch on the number in A to the target of its rule (ALLOW for none), by binary search over
+ * the rules sorted by number: a dozen instructions per call instead of one per rule, which
+ * matters once per exec, when the kernel runs the filter for every number to find those it
+ * always allows (its cache), and for each call that is not cached. */
+static void search(struct program *p, const struct rule *rules, size_t count)
+{
+    if (count <= 3) {
+        for (size_t i = 0; i < count; i++)
+            emit(p, BPF_JMP | BPF_JEQ | BPF_K, rules[i].nr, rules[i].target,
+                 i + 1 == count ? ALLOW : NEXT);
+        return;
+    }
+    size_t half = count / 2;
+    unsigned int upper = new_label(p);
+    emit(p, BPF_JMP | BPF_JGE | BPF_K, rules[half].nr, upper, NEXT);
+    search(p, rules, half);
+    label(p, upper);
+    search(p, rules + half, count - half);
+}
+
 /* The default filter; -1 (errno ENOSYS) where it does not exist for this architecture. */
 static int build_filter(struct program *p)
 {
@@ -156,22 +197,33 @@ static int build_filter(struct program *p)
     errno = ENOSYS;
     return -1;
 #else
+    static const struct rule SPECIAL[] = {
+        {__NR_clone3, NO_SYSCALL},  {__NR_clone, AT_CLONE},   {__NR_unshare, AT_UNSHARE},
+        {__NR_socket, AT_SOCKET},   {__NR_socketpair, AT_SOCKET},
+        {__NR_personality, AT_PERSONALITY},
+    };
+    struct rule rules[COUNT(SPECIAL) + COUNT(DENIED)];
+    size_t count = 0;
+    for (size_t i = 0; i < COUNT(SPECIAL); i++)
+        rules[count++] = SPECIAL[i];
+    for (size_t i = 0; i < COUNT(DENIED); i++)
+        rules[count++] = (struct rule){DENIED[i], DENY};
+    qsort(rules, count, sizeof rules[0], by_number);
+    for (size_t i = 1; i < count; i++) {
+        if (rules[i].nr == rules[i - 1].nr) {
+            errno = EINVAL; /* a number listed twice: a mistake in the lists above */
+            return -1;
+        }
+    }
     p->length = 0;
+    p->labels = TARGETS;
     load(p, offsetof(struct seccomp_data, arch));
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, FILTER_ARCH, NEXT, KILL);
     load(p, offsetof(struct seccomp_data, nr));
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, SKIPPED, ALLOW, NEXT);
     emit(p, BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, KILL, NEXT);
     emit(p, BPF_JMP | BPF_JGT | BPF_K, LAST_KNOWN, NO_SYSCALL, NEXT);
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, __NR_clone3, NO_SYSCALL, NEXT);
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, AT_CLONE, NEXT);
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, __NR_unshare, AT_UNSHARE, NEXT);
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, __NR_socket, AT_SOCKET, NEXT);
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, __NR_socketpair, AT_SOCKET, NEXT);
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, __NR_personality, AT_PERSONALITY, NEXT);
-    for (size_t i = 0; i < COUNT(DENIED); i++)
-        emit(p, BPF_JMP | BPF_JEQ | BPF_K, DENIED[i], DENY, NEXT);
-    emit(p, BPF_RET | BPF_K, SECCOMP_RET_ALLOW, NEXT, NEXT);
+    search(p, rules, count);
 
     label(p, AT_CLONE);
     load(p, ARG0_LOW);
