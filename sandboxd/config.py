@@ -219,6 +219,8 @@ class Config:
             value = getattr(self, setting.name)
             if setting.metadata["secret"] and value is not None:
                 value = "<set>"
+            elif setting.name == "umask":
+                value = f"{value:03o}"  # as an operator writes it
             shown[setting.metadata["env"]] = value
         return shown
 

@@ -159,6 +159,10 @@ def test_redacted_hides_the_token_file() -> None:
     assert shown["SANDBOXD_MAX_OUTPUT"] == 16 << 20
 
 
+def test_redacted_shows_the_umask_in_octal() -> None:
+    assert Config.load({"SANDBOXD_UMASK": "27"}).redacted()["SANDBOXD_UMASK"] == "027"
+
+
 def test_redacted_shows_an_unset_secret_as_unset() -> None:
     assert Config.load({}).redacted()["SANDBOXD_TOKEN_FILE"] is None
 
