@@ -64,7 +64,12 @@ ALLOWED = ("netlink_socket", "tcp_socket")
 
 def _start(tmp_path: Path, *args: str) -> Iterator[Box]:
     kd = KernelDaemon.start(
-        tmp_path, "--memory-max=512M", "--pids-max=256", "--exec-timeout=40m", *args
+        tmp_path,
+        "--memory-max=512M",
+        "--pids-max=256",
+        "--exec-timeout=40m",
+        "--log-timeout=40m",
+        *args,
     )
     try:
         box = kd.create()
