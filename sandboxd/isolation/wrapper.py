@@ -107,7 +107,7 @@ def _fill(template: str, values: Mapping[str, str]) -> str:
     return template
 
 
-def _root_script(programs: "Programs", umask: int) -> str:
+def _root_script(programs: "Programs", umask: int = DEFAULT_UMASK) -> str:
     q = shlex.quote
     unpack = _fill(_UNPACK, {"ENV": q(programs.env)})
     return _fill(
