@@ -17,6 +17,8 @@ from sandboxd.isolation.network import parse_mode, parse_modes
 from sandboxd.units import parse_cores, parse_count, parse_duration, parse_size
 
 ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
+SECCOMP_MODES = ("default", "off")
+SOCKET_BUFFER_MODES = ("charged", "off")
 LOG_FORMATS = ("text", "json")
 
 
@@ -38,6 +40,13 @@ def _text(text: str) -> str:
     if not text.strip():
         raise ValueError("is empty")
     return text.strip()
+
+
+def _umask(text: str) -> int:
+    value = text.strip()
+    if not value or any(c not in "01234567" for c in value) or int(value, 8) > 0o777:
+        raise ValueError(f"{text!r} is not an octal umask (e.g. 077)")
+    return int(value, 8)
 
 
 def _optional_text(text: str) -> str | None:
@@ -166,6 +175,24 @@ class Config:
         parse_networks,
         "Ranges egress sandboxes may not reach, besides loopback, link-local, the host, the pool",
     )
+    seccomp: str = _setting(
+        "SANDBOXD_SECCOMP",
+        "default",
+        _choice(SECCOMP_MODES),
+        "System call filter of every command: default or off",
+    )
+    umask: int = _setting(
+        "SANDBOXD_UMASK",
+        "077",
+        _umask,
+        "umask of every command (octal; 077: nothing readable by another uid)",
+    )
+    socket_buffers: str = _setting(
+        "SANDBOXD_SOCKET_BUFFERS",
+        "charged",
+        _choice(SOCKET_BUFFER_MODES),
+        "Charge socket buffers to the sandbox's memory limit: charged or off",
+    )
     max_output: int = _setting(
         "SANDBOXD_MAX_OUTPUT",
         "16M",
@@ -232,6 +259,8 @@ class Config:
             value = getattr(self, setting.name)
             if setting.metadata["secret"] and value is not None:
                 value = "<set>"
+            elif setting.name == "umask":
+                value = f"{value:03o}"  # as an operator writes it
             shown[setting.metadata["env"]] = value
         return shown
 

@@ -168,6 +168,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     else:
         log.info("isolation: {name} driver ready", name=isolation.name)
     log.info("exec: commands start through the {chain}", chain=isolation.exec_chain)
+    log.info("isolation: layers in force: {layers}", layers=" ".join(isolation.layers) or "none")
     try:
         token = read_token(config.token_file)
     except (OSError, ConfigError) as e:

@@ -273,9 +273,13 @@ class Bench:
                 f.isolated_chain(), senv
             )[0]
             helper = f.isolated_helper()
-            if helper is not None:
+            unfiltered = f.isolated_helper(seccomp=False)
+            if helper is not None and unfiltered is not None:
                 variants["floor: helper cgroup+setsid+uid+cd true (isolated's argv)"] = lambda: (
                     floor.run(helper, senv)[0]
+                )
+                variants["floor: the same, --seccomp=off (SANDBOXD_SECCOMP=off)"] = lambda: (
+                    floor.run(unfiltered, senv)[0]
                 )
         return variants
 

@@ -145,12 +145,13 @@ class Floors:
         procs = self.driver.join_files(self.rid)
         return self.wrapper(self.identity, procs, self.home, ["true"])
 
-    def isolated_helper(self) -> list[str] | None:
-        """What the isolated daemon spawns for ``true`` with the helper (``None``: not built)."""
+    def isolated_helper(self, seccomp: bool = True) -> list[str] | None:
+        """What the isolated daemon spawns for ``true`` with the helper (``None``: not built),
+        with its system call filter or (``seccomp=False``) without."""
         if helper_problem(HELPER, as_root=True) is not None:
             return None
         procs = self.driver.join_files(self.rid)
-        return HelperWrapper(HELPER)(self.identity, procs, self.home, ["true"])
+        return HelperWrapper(HELPER, seccomp)(self.identity, procs, self.home, ["true"])
 
     def spawn_env(self) -> dict[str, str]:
         return spawn_env(self.env)

@@ -118,6 +118,7 @@ class SandboxAPI:
     def _collect_capabilities(self) -> list[str]:
         names = {*exec_spec.CAPABILITIES, *exec_run.CAPABILITIES}
         names.add(f"isolation.{self.manager.isolation.name}")
+        names.update(self.manager.isolation.layers)
         names.add("auth.bearer" if self.token is not None else "auth.none")
         names.update(self.manager.isolation.namespaces.capabilities())
         if self.manager.archive is not None:

@@ -174,3 +174,6 @@ class Isolation:
     exec_chain: str = "shell"
     """How commands start, for the start-up log: ``helper PATH`` or ``shell`` (the chain of
     :mod:`sandboxd.isolation.wrapper`)."""
+    layers: tuple[str, ...] = ()
+    """The capability names of the layers in force beyond uid + cgroup
+    (:mod:`sandboxd.isolation.layers`), for ``/healthz``."""

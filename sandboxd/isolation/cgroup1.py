@@ -38,6 +38,7 @@ REQUIRED = ("memory", "cpu", "pids")
 OPTIONAL = ("cpuacct", "freezer")
 HINT = "delegate the daemon's cgroups to it or set SANDBOXD_CGROUP_ROOT"
 FREEZE_TIMEOUT = 1.0
+TCP_LIMIT = "memory.kmem.tcp.limit_in_bytes"
 
 
 def _missing(mounts: list[Mount]) -> list[str]:
@@ -56,6 +57,9 @@ class Cgroup1Driver:
     kernel: Kernel
     kill_timeout: float = 30.0
     name: str = "cgroup1"
+    socket_buffers: bool = True
+    """Charge each sandbox's TCP socket buffers (``memory.kmem.tcp.limit_in_bytes``, set to the
+    memory limit): v1 leaves them uncharged unless a limit is written."""
 
     @classmethod
     def locate(
@@ -131,6 +135,13 @@ class Cgroup1Driver:
                 raise IsolationUnavailable(
                     f"cgroup1: cannot create {path} ({e.strerror}): {HINT}"
                 ) from None
+        memory = self._instance("memory")
+        assert memory is not None
+        if self.socket_buffers and not os.path.exists(os.path.join(memory, TCP_LIMIT)):
+            raise IsolationUnavailable(
+                f"socket buffers: the memory hierarchy has no {TCP_LIMIT} to charge them"
+                " (SANDBOXD_SOCKET_BUFFERS=off leaves them uncharged)"
+            )
 
     def create(self, rid: str, limits: Limits) -> None:
         """Make the sandbox's cgroup in every hierarchy and write its limits (all or nothing)."""
@@ -144,6 +155,8 @@ class Cgroup1Driver:
             memsw = self._file("memory", rid, "memory.memsw.limit_in_bytes")
             if os.path.exists(memsw):
                 self.kernel.write(memsw, memory)
+            if self.socket_buffers:
+                self.kernel.write(self._file("memory", rid, TCP_LIMIT), memory)
             self.kernel.write(self._file("cpu", rid, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
             self.kernel.write(self._file("cpu", rid, "cpu.cfs_quota_us"), v1_cpu_quota(limits))
             self.kernel.write(self._file("pids", rid, "pids.max"), v1_pids(limits))

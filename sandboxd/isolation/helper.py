@@ -14,6 +14,7 @@ directory likewise.
 
 import os
 import stat
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,6 +25,37 @@ from sandboxd.isolation.helper_build import HELPER_NAME
 
 HELPER = str(Path(__file__).with_name(HELPER_NAME))
 """Where the build puts the helper: beside this module."""
+
+DEFAULT_UMASK = 0o077
+
+Run = Callable[[Sequence[str]], tuple[int, str]]
+"""Run an argv to completion: its exit code and its stdout and stderr together."""
+
+
+def run_program(argv: Sequence[str]) -> tuple[int, str]:
+    """:data:`Run` with :mod:`subprocess` (start-up only: it blocks)."""
+    done = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=30, check=False, env={}
+    )
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def seccomp_problem(helper: str, run: Run = run_program) -> str | None:
+    """Why the helper's seccomp filter is not enforced here (``None``: it is).
+
+    ``sandboxd-exec seccomp-check`` applies the filter to itself and tries what it must refuse.
+    """
+    code, output = run([helper, "seccomp-check"])
+    if code == 0:
+        return None
+    return output.removeprefix("sandboxd-exec: ") or f"seccomp-check exited {code}"
+
+
+def _options(umask: int, seccomp: bool | None = None) -> list[str]:
+    options = [f"--umask={umask:03o}"]
+    if seccomp is not None:
+        options.append("--seccomp=default" if seccomp else "--seccomp=off")
+    return options
 
 
 def helper_problem(
@@ -49,9 +81,12 @@ def helper_problem(
 
 @frozen
 class HelperWrapper:
-    """``Isolation.wrap`` for the cgroup drivers: join, setsid, drop to ``identity``, cd, exec."""
+    """``Isolation.wrap`` for the cgroup drivers: join, setsid, drop to ``identity``, filter
+    system calls (``seccomp``), cd, exec with ``umask``."""
 
     helper: str
+    seccomp: bool = True
+    umask: int = DEFAULT_UMASK
 
     def __call__(
         self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
@@ -60,6 +95,7 @@ class HelperWrapper:
         require_command(argv, identity)
         return [
             self.helper,
+            *_options(self.umask, self.seccomp),
             "sandbox",
             str(identity.uid),
             str(identity.gid),
@@ -72,12 +108,14 @@ class HelperWrapper:
 
 @frozen
 class HelperSession:
-    """``Isolation.wrap`` for ``--isolation=none``: a new session, cd, exec (no uid, no cgroup)."""
+    """``Isolation.wrap`` for ``--isolation=none``: a new session, cd, exec with ``umask`` (no
+    uid, no cgroup, no filter)."""
 
     helper: str
+    umask: int = DEFAULT_UMASK
 
     def __call__(
         self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
         require_command(argv)
-        return [self.helper, "session", cwd, *argv]
+        return [self.helper, *_options(self.umask), "session", cwd, *argv]

@@ -25,7 +25,8 @@ from sandboxd.isolation.base import (
     NoFreeUid,
     Wrap,
 )
-from sandboxd.isolation.helper import HelperSession
+from sandboxd.isolation.helper import DEFAULT_UMASK, HelperSession
+from sandboxd.isolation.layers import UMASK, umask_isolates
 
 T = TypeVar("T")
 
@@ -98,14 +99,15 @@ class ThreadedFiles:
         return deferToThreadPool(self.reactor, self.pool, work)  # type: ignore[arg-type]
 
 
-def session_wrapper(setsid: str) -> Wrap:
-    """Wrap a command so it starts a session (its own process group) in ``cwd``, and nothing
-    else (the shell chain, where the helper was not built)."""
+def session_wrapper(setsid: str, umask: int = DEFAULT_UMASK) -> Wrap:
+    """Wrap a command so it starts a session (its own process group) in ``cwd`` with ``umask``,
+    and nothing else (the shell chain, where the helper was not built)."""
+    script = f"umask {umask:03o} && {CD_AND_EXEC}"
 
     def wrap(
         identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
-        return [setsid, "--", "/bin/sh", "-c", CD_AND_EXEC, "sh", cwd, *argv]
+        return [setsid, "--", "/bin/sh", "-c", script, "sh", cwd, *argv]
 
     return wrap
 
@@ -118,10 +120,20 @@ def find_program(name: str) -> str:
     return path
 
 
-def no_isolation(reactor: object, pool: ThreadPool, capacity: int, helper: str | None) -> Isolation:
-    """The development bundle: the daemon's own uid, no cgroups, a session per exec (through
-    the exec ``helper`` when there is one)."""
-    wrap = session_wrapper(find_program("setsid")) if helper is None else HelperSession(helper)
+def no_isolation(
+    reactor: object,
+    pool: ThreadPool,
+    capacity: int,
+    helper: str | None,
+    umask: int = DEFAULT_UMASK,
+) -> Isolation:
+    """The development bundle: the daemon's own uid, no cgroups, no system call filter, a
+    session per exec with ``umask`` (through the exec ``helper`` when there is one)."""
+    wrap: Wrap
+    if helper is None:
+        wrap = session_wrapper(find_program("setsid"), umask)
+    else:
+        wrap = HelperSession(helper, umask)
     return Isolation(
         name="none",
         uids=CountingPool(Identity(os.getuid(), os.getgid()), capacity),
@@ -130,4 +142,5 @@ def no_isolation(reactor: object, pool: ThreadPool, capacity: int, helper: str |
         wrap=wrap,
         owns_files=False,
         exec_chain="shell" if helper is None else f"helper {helper}",
+        layers=(UMASK,) if umask_isolates(umask) else (),
     )

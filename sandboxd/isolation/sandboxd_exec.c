@@ -1,9 +1,10 @@
 /*
  * sandboxd-exec: start one command of a sandbox in a single exec, with no shell in between.
  *
- *   sandboxd-exec sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD [ARG..]
- *   sandboxd-exec session CWD CMD [ARG..]
- *   sandboxd-exec enter N NS_1 .. NS_N sandboxd-exec sandbox ...   (sandboxd_exec_ns.h)
+ *   sandboxd-exec [--umask=OCTAL] [--seccomp=default|off] sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD [ARG..]
+ *   sandboxd-exec [--umask=OCTAL] session CWD CMD [ARG..]
+ *   sandboxd-exec seccomp-check | seccomp-dump
+ *   sandboxd-exec enter N NS_1 .. NS_N sandboxd-exec [--umask=..] sandbox ...   (sandboxd_exec_ns.h)
  *   sandboxd-exec namespaces NSROOT RID KINDS TMP SHM_BYTES [KEEP..]   (sandboxd_exec_ns.h)
  *   sandboxd-exec namespace-server   (sandboxd_exec_ns.h)
  *
@@ -16,13 +17,19 @@
  *      above 0 that cannot be lowered is kept, as it protects nothing);
  *   3. setsid (a new session and process group that the daemon can killpg);
  *   4. drop every supplementary group, then gid, then uid (real, effective, saved), and set
- *      no_new_privs (setuid programs no longer raise privilege);
+ *      no_new_privs (setuid programs no longer raise privilege); then, unless --seccomp=off,
+ *      apply the default seccomp filter (sandboxd_seccomp.h says what it refuses);
  *   5. chdir(CWD) as the sandbox's uid, so a CWD the sandbox swapped for a symlink gets it
  *      nothing its uid could not reach anyway;
- *   6. execvp CMD with the command's environment and PWD=CWD.
+ *   6. set the umask (--umask, default 077: nothing the command creates is readable by another
+ *      uid unless it says so) and execvp CMD with the command's environment and PWD=CWD.
  * A failure in steps 1-4 exits 125 with "sandboxd-exec: ..." on stderr and the command never
  * starts. "session" (the unisolated mode) does steps 3, 5 and 6 only, and passes the environment
  * as it is.
+ *
+ * "seccomp-check" applies the filter to itself and checks that the kernel enforces it (start-up
+ * runs it: exit 0 and "seccomp: enforced", else 125 and why). "seccomp-dump" writes the filter
+ * program (struct sock_filter[]) to stdout, for the tests that read it.
  *
  * The command's environment must not act on this root process: it arrives either made only of
  * names no program here acts on, or carried as __SANDBOXD_N=count and __SANDBOXD_<i>=NAME=VALUE
@@ -39,7 +46,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "sandboxd_seccomp.h"
 
 #define SETUP_FAILED 125
 #define CWD_FAILED 2
@@ -116,6 +126,81 @@ static void drop_privilege(uid_t uid, gid_t gid)
         fail(SETUP_FAILED, "no_new_privs", NULL, errno);
 }
 
+struct options {
+    mode_t umask;
+    int seccomp;
+};
+
+/* Leading --umask=OCTAL and --seccomp=default|off; the number of arguments they took. */
+static int parse_options(int argc, char **argv, struct options *options)
+{
+    int used = 0;
+    while (used + 1 < argc && strncmp(argv[used + 1], "--", 2) == 0) {
+        const char *option = argv[used + 1];
+        if (strncmp(option, "--umask=", 8) == 0) {
+            char *end = NULL;
+            errno = 0;
+            long mask = strtol(option + 8, &end, 8);
+            if (errno != 0 || end == option + 8 || *end != '\0' || mask < 0 || mask > 0777)
+                fail(SETUP_FAILED, "bad", option, EINVAL);
+            options->umask = (mode_t)mask;
+        } else if (strcmp(option, "--seccomp=default") == 0) {
+            options->seccomp = 1;
+        } else if (strcmp(option, "--seccomp=off") == 0) {
+            options->seccomp = 0;
+        } else {
+            fail(SETUP_FAILED, "bad option", option, EINVAL);
+        }
+        used++;
+    }
+    return used;
+}
+
+static void apply_seccomp(void)
+{
+    static struct program program;
+    if (build_filter(&program) != 0)
+        fail(SETUP_FAILED, "seccomp filter", NULL, errno);
+    struct sock_fprog fprog = {.len = (unsigned short)program.length, .filter = program.insns};
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) != 0)
+        fail(SETUP_FAILED, "seccomp", NULL, errno);
+}
+
+/* One expectation of seccomp_check: the call answered -1 with errno ``wanted``. */
+static void expect(long result, int wanted, const char *what)
+{
+    int error = errno;
+    if (result != -1 || error != wanted) {
+        dprintf(2, "sandboxd-exec: seccomp not enforced: %s answered %ld (%s)\n", what, result,
+                result == -1 ? strerror(error) : "success");
+        _exit(SETUP_FAILED);
+    }
+}
+
+static int seccomp_check(void)
+{
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        fail(SETUP_FAILED, "no_new_privs", NULL, errno);
+    apply_seccomp();
+    expect(unshare(CLONE_NEWUSER), EPERM, "unshare(CLONE_NEWUSER)");
+    expect(syscall(__NR_clone3, NULL, 0), ENOSYS, "clone3");
+    expect(socket(AF_PACKET, SOCK_RAW, 0), EAFNOSUPPORT, "socket(AF_PACKET)");
+    expect(syscall(__NR_keyctl, 0, -3, 0), EPERM, "keyctl");
+    dprintf(1, "seccomp: enforced\n");
+    return 0;
+}
+
+static int seccomp_dump(void)
+{
+    static struct program program;
+    if (build_filter(&program) != 0)
+        fail(SETUP_FAILED, "seccomp filter", NULL, errno);
+    size_t size = program.length * sizeof program.insns[0];
+    if (write(1, program.insns, size) != (ssize_t)size)
+        fail(SETUP_FAILED, "seccomp-dump", NULL, errno);
+    return 0;
+}
+
 /* The command's environment: the carried entries if there are any (and ``unpack``), else ours
  * as it is; PWD is set to CWD either way (as a shell's cd would). */
 static char **command_env(const char *cwd, int unpack)
@@ -155,9 +240,10 @@ static char **command_env(const char *cwd, int unpack)
     return env;
 }
 
-static int run(const char *cwd, char **argv, int unpack)
+static int run(const char *cwd, char **argv, int unpack, mode_t mask)
 {
     char **env = command_env(cwd, unpack);
+    umask(mask);
     if (chdir(cwd) != 0)
         fail(CWD_FAILED, "cd", cwd, errno);
     environ = env; /* execvp searches the command's own PATH */
@@ -177,10 +263,18 @@ int main(int argc, char **argv)
         return make_namespaces(argc, argv);
     if (argc == 2 && strcmp(argv[1], "namespace-server") == 0)
         return serve_namespaces();
+    struct options options = {.umask = 077, .seccomp = 1};
+    int used = parse_options(argc, argv, &options);
+    argc -= used;
+    argv += used;
+    if (argc == 2 && strcmp(argv[1], "seccomp-check") == 0)
+        return seccomp_check();
+    if (argc == 2 && strcmp(argv[1], "seccomp-dump") == 0)
+        return seccomp_dump();
     if (argc >= 4 && strcmp(argv[1], "session") == 0) {
         if (setsid() < 0)
             fail(SETUP_FAILED, "setsid", NULL, errno);
-        return run(argv[2], argv + 3, 0);
+        return run(argv[2], argv + 3, 0, options.umask);
     }
     if (argc < 7 || strcmp(argv[1], "sandbox") != 0) {
         dprintf(2, "usage: sandboxd-exec sandbox UID GID CWD N JOIN.. CMD [ARG..]\n"
@@ -200,5 +294,7 @@ int main(int argc, char **argv)
     if (setsid() < 0)
         fail(SETUP_FAILED, "setsid", NULL, errno);
     drop_privilege(uid, gid);
-    return run(cwd, argv + 6 + procs, 1);
+    if (options.seccomp)
+        apply_seccomp();
+    return run(cwd, argv + 6 + procs, 1, options.umask);
 }

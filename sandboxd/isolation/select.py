@@ -14,7 +14,7 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
-from sandboxd.isolation.base import Isolation, IsolationUnavailable
+from sandboxd.isolation.base import Isolation, IsolationUnavailable, Wrap
 from sandboxd.isolation.cgfiles import Kernel, read_text, write_text
 from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
@@ -24,8 +24,23 @@ from sandboxd.isolation.fscreds import (
     LibcFsIds,
     drop_supplementary_groups,
 )
-from sandboxd.isolation.helper import HELPER, HelperWrapper, helper_problem
+from sandboxd.isolation.helper import (
+    HELPER,
+    HelperWrapper,
+    Run,
+    helper_problem,
+    run_program,
+    seccomp_problem,
+)
 from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
+from sandboxd.isolation.layers import (
+    SECCOMP,
+    SOCKET_BUFFERS,
+    UMASK,
+    umask_isolates,
+    unprotected,
+    v2_sockets_uncharged,
+)
 from sandboxd.isolation.namespace_server import NamespaceServer
 from sandboxd.isolation.namespaces import (
     NS_DIR,
@@ -35,8 +50,8 @@ from sandboxd.isolation.namespaces import (
     Namespaces,
     Runner,
     kept_directories,
-    run_program,
 )
+from sandboxd.isolation.namespaces import run_program as run_namespace_program
 from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
 from sandboxd.isolation.network import (
     HostNetwork,
@@ -91,6 +106,7 @@ class Host:
     helper: str = HELPER
     lstat: Callable[[str], os.stat_result] = os.lstat
     egress: Callable[[Config], NetworkMode | None] = find_egress
+    run: Run = run_program
 
 
 def find_helper(host: Host, as_root: bool) -> str | None:
@@ -109,6 +125,51 @@ def find_helper(host: Host, as_root: bool) -> str | None:
 
 
 Driver = Cgroup1Driver | Cgroup2Driver
+
+
+def warn_unprotected(host: Host) -> None:
+    """Warn for each ``fs.protected_*`` sysctl that is off: in shared sticky directories
+    (``/tmp`` of the host network mode, ``/dev/shm``) one uid's planted link or file then
+    redirects another's writes."""
+    for name in unprotected(host.read):
+        log.warn(
+            "isolation: {name} is 0 on this host: a link or file planted in a shared sticky"
+            " directory can redirect another sandbox's opens (sysctl -w {name}=1)",
+            name=name,
+        )
+
+
+def require_seccomp(helper: str | None, run: Run) -> None:
+    """``IsolationUnavailable`` unless ``helper`` applies the filter and the kernel enforces it."""
+    off = "SANDBOXD_SECCOMP=off runs commands unfiltered"
+    if helper is None:
+        raise IsolationUnavailable(
+            f"seccomp: the filter needs the exec helper, which is unusable (see above); {off}"
+        )
+    problem = seccomp_problem(helper, run)
+    if problem is not None:
+        raise IsolationUnavailable(f"seccomp: {problem}; {off}")
+
+
+def charge_socket_buffers(driver: Driver, wanted: bool, host: Host) -> bool:
+    """Make ``driver`` charge socket buffers (v1) or check the kernel does (v2); True when
+    they are charged. v2 always charges them unless booted with ``cgroup.memory=nosocket``."""
+    if isinstance(driver, Cgroup1Driver):
+        driver.socket_buffers = wanted
+        return wanted
+    uncharged = v2_sockets_uncharged(host.read("/proc/cmdline"))
+    if wanted and uncharged:
+        raise IsolationUnavailable(
+            "socket buffers: the kernel was booted with cgroup.memory=nosocket, so cgroup v2"
+            " does not charge them; SANDBOXD_SOCKET_BUFFERS=off accepts that"
+        )
+    if not wanted and not uncharged:
+        log.info("socket buffers: SANDBOXD_SOCKET_BUFFERS=off, but cgroup v2 charges them anyway")
+    return not uncharged
+
+
+def _log_off(layer: str, why: str) -> None:
+    log.warn("isolation: layer {layer} is OFF ({why})", layer=layer, why=why)
 
 
 def choose_driver(config: Config, clock: IReactorTime, host: Host) -> Driver:
@@ -147,8 +208,15 @@ def build_isolation(
     ``file_pool`` stays the caller's to start and stop.
     """
     capacity = config.uid_max - config.uid_min + 1
+    warn_unprotected(host)
+    if not umask_isolates(config.umask):
+        _log_off(
+            UMASK, f"SANDBOXD_UMASK={config.umask:03o} lets other uids read what commands make"
+        )
     if config.isolation == "none":
-        bundle = no_isolation(reactor, file_pool, capacity, find_helper(host, as_root=False))
+        _log_off(SECCOMP, "--isolation=none applies no system call filter")
+        helper = find_helper(host, as_root=False)
+        bundle = no_isolation(reactor, file_pool, capacity, helper, config.umask)
         log.warn("namespaces: off (--isolation=none): sandboxes share IPC, /tmp and the network")
         policy = network_policy(config, frozenset(), host)
         return evolve(bundle, namespaces=Namespaces(network=policy))
@@ -159,8 +227,20 @@ def build_isolation(
             " SANDBOXD_ISOLATION=none runs unisolated, for development only"
         )
     helper = find_helper(host, as_root=True)
-    wrap = HelperWrapper(helper) if helper is not None else Wrapper(Programs.find(host.which))
+    seccomp = config.seccomp == "default"
+    if seccomp:
+        require_seccomp(helper, host.run)
+    else:
+        _log_off(SECCOMP, "SANDBOXD_SECCOMP=off: commands may make every system call")
+    wrap: Wrap
+    if helper is not None:
+        wrap = HelperWrapper(helper, seccomp, config.umask)
+    else:
+        wrap = Wrapper(Programs.find(host.which), config.umask)
     driver = choose_driver(config, reactor, host)
+    sockets = charge_socket_buffers(driver, config.socket_buffers == "charged", host)
+    if not sockets:
+        _log_off(SOCKET_BUFFERS, "socket buffers are not charged to the sandboxes' memory")
     driver.preflight()
     protect_daemon(host.set_oom_score_adj)
     drop_supplementary_groups(host.setgroups)
@@ -176,6 +256,15 @@ def build_isolation(
         spawn_env=spawn_env,
         exec_chain="shell" if helper is None else f"helper {helper}",
         namespaces=namespaces,
+        layers=tuple(
+            name
+            for name, on in (
+                (SECCOMP, seccomp),
+                (UMASK, umask_isolates(config.umask)),
+                (SOCKET_BUFFERS, sockets),
+            )
+            if on
+        ),
     )
 
 
@@ -208,7 +297,7 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
         return Namespaces(network=policy)
     root = os.path.realpath(config.root)
     creator: Creator
-    run: Runner = run_program
+    run: Runner = run_namespace_program
     if helper is None:
         creator = ShellCreator(ShellPrograms.find(host.which))
     else:

@@ -5,15 +5,15 @@ The fallback of :mod:`sandboxd.isolation.helper` (used where the helper was not 
 
     sh -c ROOT sandboxd-exec UID GID N JOIN_1 .. JOIN_N sh -c CD_AND_EXEC sh CWD ARGV..
 
-``ROOT`` writes ``0`` (itself) into every join file (so everything the command ever forks
-is inside the limits) and resets ``oom_score_adj`` to 0 (the daemon's protective value would
-be inherited; a value above 0 that cannot be lowered without ``CAP_SYS_RESOURCE`` is kept, as
-it protects nothing). Then it ``exec``\\ s ``setsid`` (a new session and process group, which
-the daemon can ``killpg``; ``setsid`` does not fork when its caller leads no group, and a
-spawned child never does) and ``setpriv`` (uid/gid, no supplementary groups,
-``no_new_privs``), which runs ``sh`` to enter ``CWD`` as the sandbox and ``exec`` ``ARGV``:
-the pid the daemon holds is the command's own. A failed
-join exits :data:`JOIN_FAILED` with a message on stderr, and the command never starts.
+``ROOT`` sets the command's umask (inherited by everything it runs), writes ``0`` (itself)
+into every join file (so everything the command ever forks is inside the limits) and resets
+``oom_score_adj`` to 0 (the daemon's protective value would be inherited; a value above 0 that
+cannot be lowered without ``CAP_SYS_RESOURCE`` is kept, as it protects nothing). Then it
+``exec``\\ s ``setsid`` (a new session and process group, which the daemon can
+``killpg``; ``setsid`` does not fork when its caller leads no group, and a spawned child never
+does) and ``setpriv`` (uid/gid, no supplementary groups, ``no_new_privs``), which runs ``sh`` to
+enter ``CWD`` as the sandbox and ``exec`` ``ARGV``: the pid the daemon holds is the command's
+own. A failed join exits :data:`JOIN_FAILED` with a message on stderr, and the command never starts.
 ``ARGV`` travels as positional parameters, never through the shell's parser, so any bytes are
 fine.
 
@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from attrs import field, frozen
 
 from sandboxd.isolation.base import CD_AND_EXEC, Identity, require_command
+from sandboxd.isolation.helper import DEFAULT_UMASK
 from sandboxd.isolation.none import find_program
 from sandboxd.isolation.privdrop import SETUP_FAILED, oom_reset_sh, setpriv_args
 
@@ -70,6 +71,7 @@ LOCALE_NAMES = frozenset(
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _ROOT = """\
+umask @UMASK@
 u=$1 g=$2 n=$3
 shift 3
 while [ "$n" -gt 0 ]; do
@@ -105,7 +107,7 @@ def _fill(template: str, values: Mapping[str, str]) -> str:
     return template
 
 
-def _root_script(programs: "Programs") -> str:
+def _root_script(programs: "Programs", umask: int = DEFAULT_UMASK) -> str:
     q = shlex.quote
     unpack = _fill(_UNPACK, {"ENV": q(programs.env)})
     return _fill(
@@ -118,6 +120,7 @@ def _root_script(programs: "Programs") -> str:
             "SETPRIV": q(programs.setpriv),
             "SH": q(programs.sh),
             "UNPACK": q(unpack),
+            "UMASK": f"{umask:03o}",
         },
     )
 
@@ -144,11 +147,12 @@ class Wrapper:
     """``Isolation.wrap`` for the cgroup drivers (call it with identity, procs files, argv)."""
 
     programs: Programs
+    umask: int = DEFAULT_UMASK
     script: str = field(init=False)
 
     @script.default
     def _script(self) -> str:
-        return _root_script(self.programs)
+        return _root_script(self.programs, self.umask)
 
     def __call__(
         self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]

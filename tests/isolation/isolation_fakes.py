@@ -75,6 +75,7 @@ class FakeKernel:
     has_swap: bool = True
     has_peak: bool = True
     has_memsw: bool = True
+    has_kmem_tcp: bool = True
     sticky_freeze: bool = False
     """Freezing never completes (a process stuck in the kernel)."""
     immortal: set[int] = field(factory=set)
@@ -244,8 +245,11 @@ class FakeKernel:
                     files["memory.swap.max"] = "max"
                 if self.has_peak:
                     files["memory.peak"] = "0"
-        elif "memory" in controllers and self.has_memsw:
-            files["memory.memsw.limit_in_bytes"] = "9223372036854771712"
+        elif "memory" in controllers:
+            if self.has_memsw:
+                files["memory.memsw.limit_in_bytes"] = "9223372036854771712"
+            if self.has_kmem_tcp:
+                files["memory.kmem.tcp.limit_in_bytes"] = "9223372036854771712"
         for name, text in files.items():
             write(path / name, text)
 

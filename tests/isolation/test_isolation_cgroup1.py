@@ -130,6 +130,7 @@ def test_create_writes_limits_in_each_hierarchy(tmp_path: Path) -> None:
     memory, cpu, cpuacct, pids, freezer = boxes(fake)
     assert (memory / "memory.limit_in_bytes").read_text() == str(50 << 20)
     assert (memory / "memory.memsw.limit_in_bytes").read_text() == str(50 << 20)
+    assert (memory / "memory.kmem.tcp.limit_in_bytes").read_text() == str(50 << 20)
     assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
     assert (cpu / "cpu.cfs_quota_us").read_text() == "20000"
     assert (pids / "pids.max").read_text() == "20"
@@ -137,6 +138,23 @@ def test_create_writes_limits_in_each_hierarchy(tmp_path: Path) -> None:
     # tasks, not cgroup.procs: a single thread moving itself skips the global threadgroup lock
     assert sorted(driver.join_files(RID)) == sorted(str(b / "tasks") for b in boxes(fake))
     assert driver.leftovers() == [RID]
+
+
+def test_socket_buffers_off_leaves_them_uncharged(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    driver.socket_buffers = False
+    driver.preflight()
+    driver.create(RID, LIMITS)
+    memory = boxes(fake)[0]
+    assert (memory / "memory.kmem.tcp.limit_in_bytes").read_text() == "9223372036854771712"
+
+
+def test_preflight_refuses_to_charge_socket_buffers_without_kmem_tcp(tmp_path: Path) -> None:
+    _, driver = setup(tmp_path, has_kmem_tcp=False)
+    with pytest.raises(IsolationUnavailable, match=r"socket buffers: .*SOCKET_BUFFERS=off"):
+        driver.preflight()
+    driver.socket_buffers = False
+    driver.preflight()
 
 
 def test_comounted_cpu_and_cpuacct_share_one_directory(tmp_path: Path) -> None:

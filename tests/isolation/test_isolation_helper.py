@@ -241,6 +241,8 @@ def test_wrap_layout() -> None:
     argv = HelperWrapper("/h/sandboxd-exec")(SANDBOX, ["/cg/a", "/cg/b"], "/ws", ["ls", "-l"])
     assert argv == [
         "/h/sandboxd-exec",
+        "--umask=077",
+        "--seccomp=default",
         "sandbox",
         "612101",
         "612102",
@@ -251,9 +253,56 @@ def test_wrap_layout() -> None:
         "ls",
         "-l",
     ]
+    unfiltered = HelperWrapper("/h/sandboxd-exec", seccomp=False, umask=0o022)
+    assert unfiltered(SANDBOX, [], "/ws", ["ls"])[1:4] == [
+        "--umask=022",
+        "--seccomp=off",
+        "sandbox",
+    ]
+    session = HelperSession("/h/sandboxd-exec", umask=0o027)(SANDBOX, [], "/ws", ["ls"])
+    assert session == ["/h/sandboxd-exec", "--umask=027", "session", "/ws", "ls"]
 
 
 def test_the_built_helper_is_usable() -> None:
     assert helper_problem(HELPER, as_root=False) is None
     mode = os.stat(HELPER).st_mode
     assert stat.S_ISREG(mode) and mode & 0o111 and not mode & 0o022
+
+
+@root
+@pytest.mark.parametrize("umask", [0o077, 0o022])
+def test_the_command_starts_with_the_umask_asked_for(rig: Rig, umask: int) -> None:
+    argv = HelperWrapper(HELPER, umask=umask)(SANDBOX, [], str(rig.top), ["sh", "-c", "umask"])
+    done = subprocess.run(argv, env=BASE_ENV, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout.strip()) == (0, f"{umask:04o}")
+    session = HelperSession(HELPER, umask)(SANDBOX, [], str(rig.top), ["sh", "-c", "umask"])
+    done = subprocess.run(session, env=BASE_ENV, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout.strip()) == (0, f"{umask:04o}")
+
+
+@root
+@pytest.mark.parametrize("seccomp", [True, False])
+def test_the_filter_is_applied_unless_asked_not_to(rig: Rig, seccomp: bool) -> None:
+    probe = ["grep", "^Seccomp:", "/proc/self/status"]
+    argv = HelperWrapper(HELPER, seccomp=seccomp)(SANDBOX, [], str(rig.top), probe)
+    done = subprocess.run(argv, env=BASE_ENV, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Seccomp:", "2" if seccomp else "0"]  # 2: filter mode
+
+
+@pytest.mark.parametrize(
+    "option", ["--umask=8", "--umask=", "--umask=1000", "--seccomp=strict", "--verbose"]
+)
+def test_a_bad_option_stops_before_anything(option: str) -> None:
+    done = subprocess.run(
+        [HELPER, option, "session", "/", "true"], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == JOIN_FAILED
+    assert done.stderr.startswith("sandboxd-exec: bad")
+
+
+def test_seccomp_check_and_dump_need_no_privilege() -> None:
+    check = subprocess.run([HELPER, "seccomp-check"], capture_output=True, text=True, timeout=30)
+    assert (check.returncode, check.stdout) == (0, "seccomp: enforced\n")
+    dump = subprocess.run([HELPER, "seccomp-dump"], capture_output=True, timeout=30)
+    assert dump.returncode == 0 and len(dump.stdout) % 8 == 0 and dump.stdout

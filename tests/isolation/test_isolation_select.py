@@ -2,6 +2,7 @@
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,22 @@ class Machine:
         self.files = {
             "/proc/self/mountinfo": "\n".join(mountinfo) + "\n",
             "/proc/self/cgroup": "\n".join(proc) + "\n",
+            "/proc/cmdline": "root=/dev/vda rw quiet\n",
+            "/proc/sys/fs/protected_symlinks": "1\n",
+            "/proc/sys/fs/protected_hardlinks": "1\n",
+            "/proc/sys/fs/protected_regular": "2\n",
         }
+        self.ran: list[list[str]] = []
+        self.seccomp_check = (0, "seccomp: enforced")
+
+    def run(self, argv: Sequence[str]) -> tuple[int, str]:
+        self.ran.append(list(argv))
+        return self.seccomp_check
+
+    def read(self, path: str) -> str:
+        if path not in self.files:
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return self.files[path]
 
     def host(self, missing: str | None = None, helper: str | None = None) -> Host:
         """The host; without ``helper``, the exec helper is missing (the shell chain is used)."""
@@ -64,13 +80,14 @@ class Machine:
 
         return Host(
             kernel=self.fake.kernel(),
-            read=self.files.__getitem__,
+            read=self.read,
             which=which,
             set_oom_score_adj=self.oom.append,
             setgroups=self.groups.append,
             fsids=lambda: "libc",  # type: ignore[arg-type,return-value]
             helper=helper or str(self.tmp / "no-such-helper"),
             lstat=fake_lstat,
+            run=self.run,
         )
 
 
@@ -96,13 +113,17 @@ def fake_lstat(path: str) -> os.stat_result:
     return HELPER_FILES[path]
 
 
-def config(tmp: Path, isolation: str) -> Config:
+def config(tmp: Path, isolation: str, seccomp: str = "off", **more: str) -> Config:
+    """The configuration of one test; the seccomp filter (which needs the helper) off unless
+    the test is about it."""
     return Config.load(
         {
             "SANDBOXD_ISOLATION": isolation,
             "SANDBOXD_ROOT": str(tmp / "root"),
             "SANDBOXD_UID_MIN": "300000",
             "SANDBOXD_UID_MAX": "300009",
+            "SANDBOXD_SECCOMP": seccomp,
+            **{f"SANDBOXD_{name.upper()}": value for name, value in more.items()},
         }
     )
 

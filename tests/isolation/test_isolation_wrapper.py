@@ -249,3 +249,17 @@ def test_an_oom_score_adj_that_cannot_be_lowered_is_kept(rig: Rig) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() in ("0", "100")  # 100 without CAP_SYS_RESOURCE
+
+
+@pytest.mark.parametrize(("umask", "modes"), [(0o077, "600 700"), (0o022, "644 755")])
+def test_the_command_starts_with_the_umask(
+    tmp_path: Path, rig: Rig, umask: int, modes: str
+) -> None:
+    wrapper = Wrapper(rig.wrapper.programs, umask)
+    made = tmp_path / "made"
+    argv = ["sh", "-c", f"umask; echo x > {made}.f; mkdir {made}.d; stat -c %a {made}.f {made}.d"]
+    done = subprocess.run(
+        wrapper(SANDBOX, [], "/", argv), env=spawn_env(BASE_ENV), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"{umask:04o}", *modes.split()]

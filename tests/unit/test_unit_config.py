@@ -31,6 +31,9 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "SANDBOXD_MAX_BODY": ("1GiB", 1 << 30),
     "SANDBOXD_KEEPALIVE": ("250ms", 0.25),
     "SANDBOXD_LOG_FORMAT": ("JSON", "json"),
+    "SANDBOXD_SECCOMP": ("Off", "off"),
+    "SANDBOXD_UMASK": (" 027 ", 0o027),
+    "SANDBOXD_SOCKET_BUFFERS": ("off", "off"),
 }
 
 BAD: dict[str, str] = {
@@ -51,7 +54,16 @@ BAD: dict[str, str] = {
     "SANDBOXD_MAX_BODY": "big",
     "SANDBOXD_KEEPALIVE": "often",
     "SANDBOXD_LOG_FORMAT": "xml",
+    "SANDBOXD_SECCOMP": "strict",
+    "SANDBOXD_UMASK": "0o77",
+    "SANDBOXD_SOCKET_BUFFERS": "maybe",
 }
+
+
+@pytest.mark.parametrize("text", ["", "8", "1000", "-1", "abc"])
+def test_a_umask_is_octal_and_at_most_777(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^SANDBOXD_UMASK: .*not an octal umask"):
+        Config.load({"SANDBOXD_UMASK": text})
 
 
 def attribute_of(env: str) -> str:
@@ -69,6 +81,7 @@ def test_defaults_load() -> None:
     assert config.isolation == "auto"
     assert config.token_file is None
     assert config.max_output == 16 << 20
+    assert (config.seccomp, config.umask, config.socket_buffers) == ("default", 0o077, "charged")
 
 
 @pytest.mark.parametrize("env", sorted(SAMPLES))
@@ -144,6 +157,10 @@ def test_redacted_hides_the_token_file() -> None:
     assert "/etc/secret/token-path" not in repr(shown)
     assert set(shown) == {f.metadata["env"] for f in fields(Config)}
     assert shown["SANDBOXD_MAX_OUTPUT"] == 16 << 20
+
+
+def test_redacted_shows_the_umask_in_octal() -> None:
+    assert Config.load({"SANDBOXD_UMASK": "27"}).redacted()["SANDBOXD_UMASK"] == "027"
 
 
 def test_redacted_shows_an_unset_secret_as_unset() -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,7 +61,21 @@ def test_session_wrapper_starts_a_session_and_enters_cwd_only() -> None:
     wrap = none.session_wrapper("/usr/bin/setsid")
     argv = wrap(ME, ["/sys/fs/cgroup/x/cgroup.procs"], "/ws", ["sh", "-c", "true"])
     setsid = ["/usr/bin/setsid", "--"]
-    assert argv == [*setsid, "/bin/sh", "-c", CD_AND_EXEC, "sh", "/ws", "sh", "-c", "true"]
+    script = f"umask 077 && {CD_AND_EXEC}"
+    assert argv == [*setsid, "/bin/sh", "-c", script, "sh", "/ws", "sh", "-c", "true"]
+
+
+@pytest.mark.parametrize(
+    ("umask", "file_mode", "dir_mode"), [(0o077, 0o600, 0o700), (0o022, 0o644, 0o755)]
+)
+def test_session_wrapper_sets_the_umask(
+    tmp_path: Path, umask: int, file_mode: int, dir_mode: int
+) -> None:
+    wrap = none.session_wrapper(none.find_program("setsid"), umask)
+    argv = wrap(ME, [], str(tmp_path), ["sh", "-c", "echo x > f && mkdir d"])
+    subprocess.run(argv, check=True, timeout=30)
+    assert stat.S_IMODE((tmp_path / "f").stat().st_mode) == file_mode
+    assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == dir_mode
 
 
 def test_find_program() -> None:
@@ -89,6 +106,7 @@ def test_no_isolation_bundle_with_the_helper() -> None:
     isolation = none.no_isolation(reactor, ThreadPool(0, 1), 3, "/opt/sandboxd-exec")
     assert isolation.wrap(ME, (), "/ws", ["true"]) == [
         "/opt/sandboxd-exec",
+        "--umask=077",
         "session",
         "/ws",
         "true",
