@@ -373,7 +373,7 @@ def test_cgroup_bundles_make_namespaces_with_the_helper_or_the_shell(
 
 def test_namespaces_off_by_name_or_without_net(tmp_path: Path) -> None:
     machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
-    base = {"SANDBOXD_ROOT": str(tmp_path / "root")}
+    base = {"SANDBOXD_ROOT": str(tmp_path / "root"), "SANDBOXD_SECCOMP": "off"}
     off = Config.load({**base, "SANDBOXD_NAMESPACES": "none"})
     iso = build_isolation(off, Clock(), POOL, machine.host())
     assert not iso.namespaces.kinds and iso.namespaces.network.default == "host"
