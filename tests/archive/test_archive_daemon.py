@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from archive_helpers import tree
 
+from tests.archive.archive_helpers import tree
 from tests.process.conftest import REPO, Daemon, start_daemon, stop_daemon
 
 

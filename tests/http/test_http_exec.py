@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from http_harness import ExecStream, Harness, b64, unb64
 from twisted.internet.defer import fail
 
 from sandboxd.core.exec.run import ExecRun
+from tests.http.http_harness import ExecStream, Harness, b64, unb64
 
 SHA = "ab" * 32
 

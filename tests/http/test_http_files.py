@@ -12,9 +12,9 @@ import os
 
 import pytest
 import pytest_twisted
-from http_harness import Harness
 
 from sandboxd.core.files import workspace
+from tests.http.http_harness import Harness
 
 
 def put(h: Harness, rid: str, path: str, data: bytes) -> None:

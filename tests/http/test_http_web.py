@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from http_harness import Harness
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.error import ConnectionDone
@@ -41,6 +40,7 @@ from sandboxd.http.site import (
     can_spool,
     make_site,
 )
+from tests.http.http_harness import Harness
 
 LIMIT = 64
 

@@ -18,12 +18,12 @@ from twisted.application.internet import StreamServerEndpointService, TimerServi
 from twisted.application.service import Application, IServiceCollection
 from twisted.internet.defer import fail
 from twisted.logger import ILogObserver
-from unit_fakes import fake_isolation
 
 from sandboxd import tap
 from sandboxd.config import ConfigError, option_table
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
+from tests.unit.unit_fakes import fake_isolation
 
 
 @pytest.fixture(autouse=True)
