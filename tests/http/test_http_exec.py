@@ -7,7 +7,6 @@ how fast the machine is.
 
 from __future__ import annotations
 
-import base64
 import os
 import stat
 from pathlib import Path
@@ -366,7 +365,7 @@ async def test_binary_output_survives(harness: Harness, rid: str) -> None:
     data = bytes(range(256))
     Path(harness.workspace(rid), "bin").write_bytes(data)
     last = await run_to_end(harness, rid, {"cmd": ["cat", "bin"]})
-    assert base64.b64decode(last["out"]) == data
+    assert unb64(last["out"]) == data
 
 
 @pytest_twisted.ensureDeferred

@@ -2,6 +2,7 @@
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ def setup(
     tmp_path: Path,
     hierarchies: tuple[str, ...] = SEPARATE,
     cgroup_root: str | None = None,
-    **fake_options: object,
+    **fake_options: Any,
 ) -> tuple[FakeKernel, Cgroup1Driver]:
     """v1 hierarchies under ``tmp/v1``; the daemon's memory cgroup is ``/process_api/x``."""
     fake = FakeKernel(tmp_path / "v1", 1, **fake_options)

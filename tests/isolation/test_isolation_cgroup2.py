@@ -2,6 +2,7 @@
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 from attrs import evolve
@@ -23,7 +24,7 @@ def mounts(base: Path) -> list[Mount]:
 
 
 def setup(
-    tmp_path: Path, own: str = "/svc", cgroup_root: str | None = None, **fake_options: object
+    tmp_path: Path, own: str = "/svc", cgroup_root: str | None = None, **fake_options: Any
 ) -> tuple[FakeKernel, Cgroup2Driver]:
     """A unified mount at ``tmp/cg`` with the daemon's cgroup ``own`` holding the daemon."""
     fake = FakeKernel(tmp_path / "cg", 2, **fake_options)

@@ -125,7 +125,7 @@ def wait_for(predicate: Any, timeout: float, step: float = 0.05) -> bool:
 def cgroup_dirs_named(*names: str) -> list[str]:
     """Directories with any of ``names`` anywhere under /sys/fs/cgroup (every hierarchy)."""
     wanted = set(names)
-    found = []
+    found: list[str] = []
     for top, dirs, _ in os.walk(CGROUP_ROOT):
         found.extend(os.path.join(top, d) for d in dirs if d in wanted)
     return found

@@ -68,7 +68,7 @@ def test_kill_waits_for_file_calls_in_flight() -> Deferred[None]:
             spin_until(lambda: bool(held.held), daemon.stub)
             kill = daemon.stub.request("DELETE", f"{BASE}/sandboxes/{rid}")
             answered: list[object] = []
-            kill.addBoth(lambda r: (answered.append(r), r)[1])
+            kill.addBoth(lambda r: (answered.append(r), r)[1])  # type: ignore[func-returns-value]
             for _ in range(20):
                 daemon.stub.flush()
                 pause()

@@ -42,7 +42,7 @@ def _load(name: str, path: Path) -> ModuleType:
     return module
 
 
-process = _load("sandboxd_process_daemons", REPO / "tests" / "process" / "conftest.py")
+process: Any = _load("sandboxd_process_daemons", REPO / "tests" / "process" / "conftest.py")
 Daemon = process.Daemon
 stop_daemon = process.stop_daemon
 

@@ -97,7 +97,7 @@ class Harness:
             raise self.kill_error
 
     def start(self, stdin: bytes | None = None, env: dict[str, str] | None = None) -> ExecRun:
-        self.run.start(self.reactor, ["/bin/cmd", "arg"], env or {"A": "1"}, stdin, DEVNULL)
+        self.run.start(self.reactor, ["/bin/cmd", "arg"], env or {"A": "1"}, stdin, DEVNULL)  # type: ignore[arg-type]
         self.stream.attach(self.run)
         assert self.response.producer is self.stream
         return self.run

@@ -182,7 +182,7 @@ def test_a_failed_create_gives_everything_back(world: World, where: str) -> None
     if where == "cgroup":
         world.cgroups.create_error = OSError("no cgroup")
     else:
-        world.layout = world.manager.layout = Layout(  # type: ignore[misc]
+        world.layout = world.manager.layout = Layout(
             os.path.join(world.config.root, "missing", "deeper"), owns_files=False
         )
     with pytest.raises(OSError):
