@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.archive.archive_helpers import tree
-from tests.process.conftest import REPO, Daemon, start_daemon, stop_daemon
+from tests.support.daemon import REPO, Daemon, start_daemon, stop_daemon
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from sandboxd.isolation.cgfiles import (
     sweep,
     write_text,
 )
-from tests.isolation.isolation_fakes import FakeKernel, write
+from tests.support.kernel_fakes import FakeKernel, write
 
 
 def test_readers(tmp_path: Path) -> None:

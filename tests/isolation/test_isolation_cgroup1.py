@@ -11,7 +11,7 @@ from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.hierarchy import Mount
 from sandboxd.isolation.naming import instance_name
 from sandboxd.isolation.polling import StillPopulated
-from tests.isolation.isolation_fakes import FakeKernel, settle, write
+from tests.support.kernel_fakes import FakeKernel, settle, write
 
 RID = "0123456789abcdef"
 LIMITS = Limits(memory_bytes=50 << 20, cpu_cores=0.2, pids=20)

@@ -6,7 +6,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from sandboxd.isolation.polling import MAX_DELAY, wait_until
-from tests.isolation.isolation_fakes import settle
+from tests.support.kernel_fakes import settle
 
 
 def test_true_at_once_needs_no_time() -> None:

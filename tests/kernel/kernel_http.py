@@ -30,7 +30,7 @@ from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
 from sandboxd.isolation.naming import instance_name
-from tests.process.conftest import SHARED_ROOTS, Daemon, start_daemon, stop_daemon
+from tests.support.daemon import SHARED_ROOTS, Daemon, start_daemon, stop_daemon
 
 IN_VM = os.environ.get("SANDBOXD_VM") == "1"
 """Inside the cgroup v2 VM of ``tests/vm/run.sh`` (software emulation: keep counts small)."""

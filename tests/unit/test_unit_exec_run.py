@@ -37,7 +37,7 @@ from sandboxd.core.exec.run import (
 )
 from sandboxd.http.stream import ExecStream
 from sandboxd.http.wire import KEEPALIVE_FRAME, final_frame, frame_parts, output_frame
-from tests.unit.unit_fakes import FakeProcess, FakeReactor
+from tests.support.fakes import FakeProcess, FakeReactor
 
 PID = 424242
 DEVNULL = 99

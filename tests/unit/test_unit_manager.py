@@ -21,7 +21,7 @@ from sandboxd.core.manager import BASE_PATH, SandboxManager
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.http import parse, wire
 from sandboxd.isolation.base import CgroupStats, Isolation
-from tests.unit.unit_fakes import (
+from tests.support.fakes import (
     FakeCgroups,
     FakeReactor,
     InstanceCgroups,

@@ -23,7 +23,7 @@ from sandboxd import notify, tap
 from sandboxd.config import ConfigError, option_table
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
-from tests.unit.unit_fakes import fake_isolation
+from tests.support.fakes import fake_isolation
 
 
 @pytest.fixture(autouse=True)
