@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandboxd_client import ExecResult, ProtocolError, SandboxNotFound
-from sandboxd_client.execstream import ExecStreamDecoder, fast_exit, fast_live_chunk
-from sandboxd_client.ndjson import LineSplitter
+from sandboxd_client._execstream import ExecStreamDecoder, fast_exit, fast_live_chunk
+from sandboxd_client._ndjson import LineSplitter
 
 
 def encode(chunks: list[bytes], result: ExecResult | None, crlf: bool = False) -> bytes:
@@ -150,6 +150,7 @@ def test_splitter_bounds_lines() -> None:
         LineSplitter(max_line=4).feed(b"abcdef\n")
 
 
+@settings(deadline=None)
 @given(
     st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=10), st.data()
 )
