@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from attrs import define, evolve, field
-from test_isolation_select import POOL, Machine, config
 from twisted.internet.task import Clock
 
 from sandboxd.config import Config, ConfigError
@@ -39,6 +38,7 @@ from sandboxd.isolation.network import (
     parse_modes,
 )
 from sandboxd.isolation.select import build_isolation
+from tests.isolation.test_isolation_select import POOL, Machine, config
 
 RID = "0123456789abcdef"
 
