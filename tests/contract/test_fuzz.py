@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_daemon import (
+
+from tests.security.live_daemon import (
     OPENAPI,
     PENDING,
     call,

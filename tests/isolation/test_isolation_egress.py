@@ -354,7 +354,7 @@ def test_network_mode_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(IsolationUnavailable, match="SANDBOXD_EGRESS_POOL6=none"):
         network_mode(config(network="egress"))
     assert network_mode(config(network="egress", egress_pool6="none")) is not None
-    monkeypatch.setattr(egress_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(egress_module.shutil, "which", lambda name: None)  # type: ignore[attr-defined]
     with pytest.raises(IsolationUnavailable, match="nftables"):
         network_mode(config(network="egress", egress_pool6="none"))
 

@@ -11,10 +11,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from attrs import define, evolve, field
-from test_isolation_select import POOL, Machine, config
 from twisted.internet.task import Clock
 
 from sandboxd.config import Config, ConfigError
@@ -38,6 +38,7 @@ from sandboxd.isolation.network import (
     parse_modes,
 )
 from sandboxd.isolation.select import build_isolation
+from tests.isolation.test_isolation_select import POOL, Machine, config
 
 RID = "0123456789abcdef"
 
@@ -90,9 +91,9 @@ class Egress:
 
 
 def namespaces(tmp_path: Path, runner: Runner, egress: Egress | None = None) -> Namespaces:
-    offered = {"none": NoNetwork(), "host": HostNetwork()}
+    offered: dict[str, Any] = {"none": NoNetwork(), "host": HostNetwork()}
     if egress is not None:
-        offered["egress"] = egress  # type: ignore[assignment]
+        offered["egress"] = egress
     policy = NetworkPolicy.choose(offered, None, None, {})
     return Namespaces(
         kinds=frozenset(KINDS),
@@ -126,7 +127,7 @@ def test_settings_parse_and_refuse_in_one_line() -> None:
 
 
 def test_policy_defaults_to_the_strongest_allowed_and_names_refusals() -> None:
-    offered = {"none": NoNetwork(), "host": HostNetwork()}
+    offered: dict[str, Any] = {"none": NoNetwork(), "host": HostNetwork()}
     policy = NetworkPolicy.choose(offered, None, None, {})
     assert (policy.default, policy.allowed) == ("none", ("none", "host"))
     assert policy.capabilities() == ["network.none", "network.host"]
@@ -162,7 +163,7 @@ def test_egress_is_offered_only_when_its_module_is_there(
         "def network_mode(config):\n    return ('egress for', config)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert find_egress("cfg", "fake_egress_plugin") == ("egress for", "cfg")  # type: ignore[comparison-overlap]
+    assert find_egress("cfg", "fake_egress_plugin") == ("egress for", "cfg")
     sys.modules.pop("fake_egress_plugin", None)
 
 

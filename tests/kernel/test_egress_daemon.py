@@ -20,7 +20,7 @@ import pytest
 
 from sandboxd.isolation.egress import FORWARDING_V4, FORWARDING_V6
 from tests.kernel.netns_helpers import Scene, scene
-from tests.process.conftest import Daemon, start_daemon, stop_daemon
+from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
 pytestmark = [
     pytest.mark.kernel,

@@ -24,7 +24,7 @@ from tests.kernel.kernel_http import (
     uid_block,
     wait_for,
 )
-from tests.process.conftest import start_daemon, stop_daemon
+from tests.support.daemon import start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.kernel]
 

@@ -26,7 +26,10 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from lifecycle_harness import (
+
+from sandboxd.isolation.base import Identity
+from sandboxd.isolation.naming import is_rid
+from tests.lifecycle.lifecycle_harness import (
     InProcessDaemon,
     describe,
     processes_by_uid,
@@ -35,10 +38,7 @@ from lifecycle_harness import (
     spin,
     spin_until,
 )
-from lifecycle_model import BAD, Parts, SandboxModel, render
-
-from sandboxd.isolation.base import Identity
-from sandboxd.isolation.naming import is_rid
+from tests.lifecycle.lifecycle_model import BAD, Parts, SandboxModel, render
 
 NAMES = ("a", "b", "c")
 SIGKILL_EXIT = 137
