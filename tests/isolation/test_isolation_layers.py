@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_isolation_select import POOL, Machine, config
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
@@ -21,6 +20,7 @@ from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.helper import HELPER, HelperWrapper, run_program, seccomp_problem
 from sandboxd.isolation.select import build_isolation
 from sandboxd.isolation.wrapper import Wrapper
+from tests.isolation.test_isolation_select import POOL, Machine, config
 
 HELPER_PATH = "/opt/sd/sandboxd-exec"  # root's own in test_isolation_select's fake lstat
 ALL_LAYERS = (layers.SECCOMP, layers.UMASK, layers.SOCKET_BUFFERS)

@@ -1,15 +1,12 @@
 """bench/sbench/report.py: a quick run judges nothing; a full run keeps its verdicts."""
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from sbench import report
+from bench.sbench import report
 
 
 def _result(quick: bool) -> dict[str, Any]:
