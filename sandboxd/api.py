@@ -174,6 +174,8 @@ class SandboxAPI:
         names.add("auth.bearer" if self.token is not None else "auth.none")
         if self.manager.archive is not None:
             names.add("archive")
+        if self.manager.layout.disk.enforcing:
+            names.add("isolation.disk")
         for attribute in vars(type(self)).values():
             names.update(getattr(attribute, "capabilities", ()))
         return sorted(names)
@@ -293,7 +295,9 @@ class SandboxAPI:
     @authorized
     @capability("sandboxes.stats")
     def stats(self, request: IRequest, rid: str) -> bytes:
-        usage = self.manager.stats(self.sandbox(rid))
+        sandbox = self.sandbox(rid)
+        usage = self.manager.stats(sandbox)
+        disk = self.manager.disk_usage(sandbox)
         return json_response(
             request,
             {
@@ -302,6 +306,10 @@ class SandboxAPI:
                 "cpu_usec": usage.cpu_usec,
                 "pids": usage.pids,
                 "oom_kills": usage.oom_kills,
+                "disk_bytes": disk.bytes,
+                "disk_limit_bytes": disk.bytes_limit,
+                "files": disk.files,
+                "files_limit": disk.files_limit,
             },
         )
 
