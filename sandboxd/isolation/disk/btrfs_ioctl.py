@@ -17,7 +17,6 @@ QUOTA_ENABLE = 1
 QUOTA_ENABLE_SIMPLE = 4
 LIMIT_MAX_RFER = 1 << 0
 LIMIT_MAX_EXCL = 1 << 1
-INHERIT_SET_LIMITS = 1 << 0
 SUBVOL_SPEC_BY_ID = 1 << 4
 FIRST_FREE_OBJECTID = 256
 """The inode number of every subvolume's top directory."""
@@ -142,25 +141,10 @@ def _call(fd: int, request: int, args: ctypes.Structure) -> None:
     fcntl.ioctl(fd, request, args)
 
 
-def create_subvolume(
-    dir_fd: int, name: str, limit_bytes: int | None = None, parent_qgroup: int | None = None
-) -> None:
-    """Make subvolume ``name`` in ``dir_fd``; with ``limit_bytes`` its own qgroup is limited
-    (referenced bytes) in the same transaction, with ``parent_qgroup`` it joins that qgroup."""
+def create_subvolume(dir_fd: int, name: str) -> None:
+    """Make subvolume ``name`` in ``dir_fd`` (its qgroup ``0/<id>`` comes with it)."""
     args = VolArgsV2()
     args.tail.name = os.fsencode(name)
-    inherit = QgroupInherit()
-    if limit_bytes is not None:
-        inherit.flags = INHERIT_SET_LIMITS
-        inherit.lim.flags = LIMIT_MAX_RFER
-        inherit.lim.max_rfer = limit_bytes
-    if parent_qgroup is not None:
-        inherit.num_qgroups = 1
-        inherit.qgroups[0] = parent_qgroup
-    if limit_bytes is not None or parent_qgroup is not None:
-        args.flags = 1 << 2  # BTRFS_SUBVOL_QGROUP_INHERIT
-        args.middle.si.size = ctypes.sizeof(inherit)
-        args.middle.si.qgroup_inherit = ctypes.addressof(inherit)
     _call(dir_fd, SUBVOL_CREATE_V2, args)
 
 
