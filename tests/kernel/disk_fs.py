@@ -48,11 +48,10 @@ def loop_filesystem(
         with open(image, "wb") as f:
             f.truncate(size_mib << 20)
         _run([*(MKFS[kind] if mkfs is None else mkfs), str(image)])
-        device = subprocess.run(
-            ["losetup", "--find", "--show", str(image)], check=True, capture_output=True, text=True
-        ).stdout.strip()
+        attach = ["losetup", "--find", "--show", str(image)]
+        device = subprocess.run(attach, check=True, capture_output=True).stdout.decode().strip()
         options = MOUNT_OPTIONS[kind] if mount_options is None else list(mount_options)
-        _run(["mount", "-t", kind, *options, device, str(mount)])
+        _run(["mount", "-t", kind, *options, device, str(mount)])  # device: once attached
         mounted = True
         mount.chmod(0o711)
         yield mount
