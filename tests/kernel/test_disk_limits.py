@@ -103,7 +103,9 @@ def test_a_sandbox_filling_its_disk_harms_nobody_else(tmp_path: Path, limited: b
                 assert usage["disk_limit_bytes"] == LIMIT
                 assert usage["disk_bytes"] is not None
                 assert LIMIT - 2 * MiB <= usage["disk_bytes"] <= LIMIT
-                assert stats(daemon, neighbour)["disk_bytes"] >= 8 * MiB  # type: ignore[operator]
+                assert sh(daemon, neighbour, "sync")[0] == 0
+                # The upload, copied from the spool into the subvolume, is charged to it too.
+                assert stats(daemon, neighbour)["disk_bytes"] >= 12 * MiB  # type: ignore[operator]
             else:  # the proof: the same attack, without the layer, starves the neighbour
                 assert code != 0 and "No space left on device" in out, out
                 assert upload_status == 507
@@ -137,6 +139,13 @@ def test_quota_goes_at_kill_and_a_new_sandbox_starts_empty(tmp_path: Path) -> No
             assert usage["disk_bytes"] is not None and usage["disk_bytes"] < MiB
             code, out, _ = sh(daemon, fresh, FILL.format(path="data", count=24))
             assert code == 0, out  # the whole limit is its own again
+            # An upload over what is left: 507, and the partial copy gone (its space with it).
+            assert upload(daemon, fresh, "/over", LIMIT) == 507
+            assert sh(daemon, fresh, "ls -A")[1].split() == ["data"]
+            code, out, _ = sh(
+                daemon, fresh, "rm data; sync; " + FILL.format(path="again", count=24)
+            )
+            assert code == 0, out
         finally:
             stop_daemon(daemon)
 
@@ -154,9 +163,13 @@ def test_recovery_removes_a_crashed_predecessors_subvolumes(tmp_path: Path) -> N
             first.process.kill()  # SIGKILL: no drain, no cleanup
             first.process.wait(30)
         assert (mount / rid).exists() and qgroups(mount)
+        # And a level-1 qgroup whose subvolume is gone (a crash between the two removals).
+        subprocess.run(["btrfs", "qgroup", "create", "1/4242", str(mount)], check=True)
         second = start_daemon(tmp_path, *args)
         try:
-            assert "recovery done: 1 leftover" in _wait_for_log(second.log, "recovery done")
+            log = _wait_for_log(second.log, "recovery done")
+            assert "recovery done: 1 leftover" in log
+            assert "removed 1 stale quota groups" in log
             assert not (mount / rid).exists()
             assert not (mount / PROBE).exists()
             assert qgroups(mount) == set()
