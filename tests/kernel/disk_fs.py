@@ -7,6 +7,7 @@ and unmounted, detached and deleted when the ``with`` block ends, whatever happe
 
 import base64
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -48,6 +49,8 @@ def loop_filesystem(
         with open(image, "wb") as f:
             f.truncate(size_mib << 20)
         _run([*(MKFS[kind] if mkfs is None else mkfs), str(image)])
+        if not os.path.exists("/dev/loop-control"):  # the VM's kernel has loop as a module
+            subprocess.run(["modprobe", "loop"], capture_output=True)
         attach = ["losetup", "--find", "--show", str(image)]
         device = subprocess.run(attach, check=True, capture_output=True).stdout.decode().strip()
         options = MOUNT_OPTIONS[kind] if mount_options is None else list(mount_options)
