@@ -41,10 +41,47 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000
 
 
+def layout_rounds(rounds: int) -> None:
+    """The layer alone, in-process: ``Layout.create``/``destroy`` on one btrfs, with the btrfs
+    driver (subvolume + qgroup) and with plain directories, interleaved."""
+    from sandboxd.isolation.base import Identity
+    from sandboxd.isolation.disk.base import DiskLimits
+    from sandboxd.isolation.disk.select import build_disk
+    from sandboxd.layout import Layout
+
+    with loop_filesystem("btrfs", 512) as mount:
+        (mount / "q").mkdir()
+        (mount / "p").mkdir()
+        quota = Layout(
+            str(mount / "q"), True, disk=build_disk(str(mount / "q"), DiskLimits(1 << 30, None))
+        )
+        plain = Layout(str(mount / "p"), True)
+        times: dict[str, tuple[list[float], list[float]]] = {
+            "subvolume + qgroup": ([], []),
+            "plain directory": ([], []),
+        }
+        for i in range(rounds):
+            for name, layout in (("subvolume + qgroup", quota), ("plain directory", plain)):
+                rid = f"{i:016x}"
+                start = time.perf_counter()
+                layout.create(rid, Identity(700_000, 700_000))
+                made = time.perf_counter()
+                layout.destroy(rid)
+                done = time.perf_counter()
+                times[name][0].append(made - start)
+                times[name][1].append(done - made)
+        print(f"layout alone, {rounds} rounds; ms")
+        for name, (made, gone) in times.items():
+            figures = [percentile(made, 0.5), percentile(made, 0.9)]
+            figures += [percentile(gone, 0.5), percentile(gone, 0.9)]
+            print(f"{name:<22}", "  ".join(f"{f:8.3f}" for f in figures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=200)
     args = parser.parse_args()
+    layout_rounds(args.rounds)
     with ExitStack() as stack:
         daemons: dict[str, Daemon] = {}
         for n, (name, fs, extra) in enumerate(
