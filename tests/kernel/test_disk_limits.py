@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.disk import btrfs_ioctl
-from sandboxd.isolation.disk.btrfs import PROBE
+from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable, DiskUsage
+from sandboxd.isolation.disk.btrfs import PROBE, BtrfsQuotas
+from sandboxd.workspace import remove_tree
 from tests.kernel.disk_fs import loop_filesystem, root_on, sh, stats, upload
 from tests.process.conftest import SHARED_ROOTS, start_daemon, stop_daemon
 
@@ -27,8 +29,8 @@ pytestmark = [
     pytest.mark.kernel,
     pytest.mark.skipif(os.geteuid() != 0, reason="loop mounts and real isolation need root"),
     pytest.mark.skipif(shutil.which("mkfs.btrfs") is None, reason="needs btrfs-progs"),
-    pytest.mark.skipif(os.environ.get("SANDBOXD_VM") == "1", reason="btrfs: on the host kernel"),
 ]
+ON_HOST = pytest.mark.skipif(os.environ.get("SANDBOXD_VM") == "1", reason="btrfs squota: host")
 
 MiB = 1 << 20
 LIMIT = 32 * MiB
@@ -56,6 +58,7 @@ def qgroups(mount: Path) -> set[str]:
     return {p.name for p in sysfs.iterdir() if p.name.startswith("1_")}
 
 
+@ON_HOST
 @pytest.mark.parametrize("limited", [True, False], ids=["disk-max", "no-limit"])
 def test_a_sandbox_filling_its_disk_harms_nobody_else(tmp_path: Path, limited: bool) -> None:
     with loop_filesystem("btrfs", 256) as mount:
@@ -115,6 +118,7 @@ def test_a_sandbox_filling_its_disk_harms_nobody_else(tmp_path: Path, limited: b
             stop_daemon(daemon)
 
 
+@ON_HOST
 def test_quota_goes_at_kill_and_a_new_sandbox_starts_empty(tmp_path: Path) -> None:
     with loop_filesystem("btrfs", 256) as mount:
         root_on(tmp_path, mount)
@@ -150,6 +154,7 @@ def test_quota_goes_at_kill_and_a_new_sandbox_starts_empty(tmp_path: Path) -> No
             stop_daemon(daemon)
 
 
+@ON_HOST
 def test_recovery_removes_a_crashed_predecessors_subvolumes(tmp_path: Path) -> None:
     with loop_filesystem("btrfs", 256) as mount:
         root_on(tmp_path, mount)
@@ -214,3 +219,38 @@ def _expect_refusal(tmp_path: Path, mount: Path, why: str) -> None:
     message = str(raised.value)
     assert "start-up failed at disk" in message, message
     assert why in message, message
+
+
+@ON_HOST
+def test_the_driver_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The branches no daemon takes on its own: a plain directory under a btrfs root (made
+    before limits were on), and a qgroup call the kernel refuses at start-up."""
+    with loop_filesystem("btrfs", 256) as mount:
+        driver = BtrfsQuotas.open(str(mount), DiskLimits(LIMIT, None))
+        try:
+            plain = mount / "0123456789abcdef"
+            (plain / "workspace").mkdir(parents=True)
+            (plain / "workspace" / "f").write_text("x")
+            assert driver.usage(str(plain)) == DiskUsage(None, None, None, None)
+            driver.destroy(str(plain), remove_tree)
+            assert not plain.exists()
+            driver.destroy(str(plain), remove_tree)  # gone already: fine
+
+            def refused(fd: int, qgroupid: int, max_referenced: int) -> None:
+                raise PermissionError(1, "Operation not permitted")
+
+            monkeypatch.setattr(btrfs_ioctl, "limit_qgroup", refused)
+            with pytest.raises(DiskUnavailable, match=r"btrfs subvolume with a qgroup on .*permit"):
+                BtrfsQuotas.open(str(mount), DiskLimits(LIMIT, None))
+            assert not (mount / PROBE).exists() and qgroups(mount) == set()
+        finally:
+            os.close(driver.root_fd)
+
+
+def test_btrfs_without_simple_quotas_is_refused(tmp_path: Path) -> None:
+    """A kernel before 6.7 (the VM's 6.1) has no simple quotas: start-up says so."""
+    major, minor = (int(n) for n in os.uname().release.split(".")[:2])
+    if (major, minor) >= (6, 7):
+        pytest.skip("this kernel has simple quotas")
+    with loop_filesystem("btrfs", 256) as mount:
+        _expect_refusal(tmp_path, mount, "they need Linux 6.7 or later")

@@ -106,9 +106,10 @@ class BtrfsQuotas:
             self.usage(path)
             self.destroy(path, _no_tree)
         except OSError as e:
-            raise DiskUnavailable(
-                f"disk: btrfs subvolume with a qgroup on {self.root}: {e}"
-            ) from None
+            with suppress(OSError):  # what the failed step left
+                self.destroy(path, _no_tree)
+            problem = f"disk: btrfs subvolume with a qgroup on {self.root}: {e}"
+            raise DiskUnavailable(problem) from None
 
     def charged(self, work: Callable[[], T]) -> Callable[[], T]:
         """The limits hold for the daemon's own writes too: ``work`` as it is."""
