@@ -63,6 +63,12 @@ setup(
     python_requires=">=3.11",
     packages=[
         "sandboxd",
+        "sandboxd.core",
+        "sandboxd.core.archive",
+        "sandboxd.core.exec",
+        "sandboxd.core.files",
+        "sandboxd.core.tools",
+        "sandboxd.http",
         "sandboxd.isolation",
         "sandboxd_client",
         "twisted.plugins",

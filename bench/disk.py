@@ -44,10 +44,10 @@ def percentile(values: list[float], p: float) -> float:
 def layout_rounds(rounds: int) -> None:
     """The layer alone, in-process: ``Layout.create``/``destroy`` on one btrfs, with the btrfs
     driver (subvolume + qgroup) and with plain directories, interleaved."""
+    from sandboxd.core.layout import Layout
     from sandboxd.isolation.base import Identity
     from sandboxd.isolation.disk.base import DiskLimits
     from sandboxd.isolation.disk.select import build_disk
-    from sandboxd.layout import Layout
 
     with loop_filesystem("btrfs", 512) as mount:
         (mount / "q").mkdir()

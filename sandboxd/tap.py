@@ -8,31 +8,32 @@ Each boot step is logged as it runs; a step that fails stops start-up with one l
 import os
 import stat
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import attrs
 from twisted.application.internet import StreamServerEndpointService, TimerService
 from twisted.application.service import IService, MultiService
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import ILogObserver, Logger, jsonFileLogObserver
 from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 import sandboxd
-from sandboxd import notify
-from sandboxd.api import SandboxAPI
-from sandboxd.archive import Archive, ArchiveUnavailable, build_archive
+from sandboxd import _twisted, notify
 from sandboxd.config import Config, ConfigError, option_table
+from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
+from sandboxd.core.layout import Layout, RootInUse
+from sandboxd.core.manager import SandboxManager
+from sandboxd.core.tools.resolver import build_tools
+from sandboxd.http.api import SandboxAPI
+from sandboxd.http.site import can_spool, make_site
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
 from sandboxd.isolation.select import build_isolation
-from sandboxd.layout import Layout, RootInUse
-from sandboxd.manager import SandboxManager
-from sandboxd.tools import build_tools
-from sandboxd.web import can_spool, make_site
 
 log = Logger()
 
@@ -65,6 +66,8 @@ class SandboxdService(MultiService):
         self.pools = pools
         self.reactor = reactor
         self.log_observer = log_observer
+        self.streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None)
+        """Fires once the open exec streams have written their last frames (the front's)."""
 
     def setServiceParent(self, parent: Any) -> None:
         """Under twistd, the parent is the application: give it our log observer, if any."""
@@ -83,12 +86,13 @@ class SandboxdService(MultiService):
     def drain_and_exit(self) -> None:
         """Drain (``POST /drain``), then stop the reactor."""
         notify.stopping()
-        self.manager.drain().addCallback(lambda _: self.reactor.stop())
+        drained = self.manager.drain().addCallback(lambda _: self.streams_written())
+        drained.addCallback(lambda _: self.reactor.stop())
 
     def stopService(self) -> Deferred[Any]:
         log.info("stopping: draining first")
         notify.stopping()
-        drained = self.manager.drain()
+        drained = self.manager.drain().addCallback(lambda _: self.streams_written())
 
         def stop_children(_: object) -> Deferred[Any]:
             return maybeDeferred(MultiService.stopService, self)
@@ -138,7 +142,7 @@ def read_token(path: str | None, euid: int | None = None) -> bytes | None:
     return token
 
 
-def fail(step: str, cause: object) -> None:
+def fail(step: str, cause: object) -> NoReturn:
     """Log the failed boot step as the last line and stop."""
     message = f"start-up failed at {step}: {cause}"
     log.critical(message)
@@ -182,7 +186,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         config = Config.load(environ, given)
     except ConfigError as e:
         fail("configuration", e)
-        raise  # pragma: no cover (fail raised)
     log.info("sandboxd {version} starting", version=sandboxd.__version__)
     file_pool = ThreadPool(minthreads=1, maxthreads=16, name="sandboxd-files")
     admin_pool = ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-admin")
@@ -190,7 +193,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         isolation = build_isolation(config, reactor, file_pool)
     except IsolationUnavailable as e:
         fail("isolation", e)
-        raise  # pragma: no cover
     if isolation.name == "none":
         log.warn("isolation: NONE — sandboxes run as the daemon's own user (development only)")
     else:
@@ -200,7 +202,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         token = read_token(config.token_file)
     except (OSError, ConfigError) as e:
         fail("token", e)
-        raise  # pragma: no cover
     if token is None:
         log.warn("auth: no SANDBOXD_TOKEN_FILE: any local process can drive every sandbox")
     layout = Layout(os.path.realpath(config.root), owns_files=isolation.owns_files)
@@ -209,7 +210,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         layout.lock()
     except (OSError, RootInUse) as e:
         fail("state root", e)
-        raise  # pragma: no cover
     log.info("state root {root} ready and locked", root=config.root)
     layout = start_disk(config, layout)
     archive: Archive | None = None
@@ -218,7 +218,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
             archive = build_archive(config.archive_root, reactor, admin_pool)
         except ArchiveUnavailable as e:
             fail("archive", e)
-            raise  # pragma: no cover
         log.info(
             "archive: {root} (rsync {rsync})", root=config.archive_root, rsync=archive.rsync.rsync
         )
@@ -234,6 +233,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         observer = jsonFileLogObserver(sys.stdout, recordSeparator="")
     top = SandboxdService(manager, [file_pool, admin_pool], reactor, observer)
     api.on_drain = top.drain_and_exit
+    top.streams_written = api.streams_written
     reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
     reaper.clock = reactor
     reaper.setServiceParent(top)
@@ -248,7 +248,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     site = make_site(api.app.resource(), config.max_body, spool_dir=spool_dir)
     endpoint = serverFromString(reactor, config.listen)
     listener = StreamServerEndpointService(endpoint, site)
-    listener._raiseSynchronously = True  # a port that cannot be had stops start-up (as strports)
+    _twisted.raise_synchronously(listener)  # a port that cannot be had stops start-up
     listener.setServiceParent(top)
     log.info("configuration: {settings}", settings=config.redacted())
     log.info("listening on {listen}", listen=config.listen)

@@ -15,11 +15,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sandboxd.core.manager import BASE_PATH
 from sandboxd.isolation.base import Identity, Limits
 from sandboxd.isolation.helper import HELPER, HelperSession, HelperWrapper, helper_problem
 from sandboxd.isolation.none import find_program, session_wrapper
 from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
-from sandboxd.manager import BASE_PATH
 
 READ_SIZE = 1 << 20
 

@@ -18,10 +18,10 @@ import attrs
 import pytest
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.archive import Archive, build_archive
-from sandboxd.archive_rsync import WorkspaceEnd
+from sandboxd.core.archive.rsync import WorkspaceEnd
+from sandboxd.core.archive.store import Archive, build_archive
+from sandboxd.core.layout import Layout
 from sandboxd.isolation.base import Identity
-from sandboxd.layout import Layout
 
 ROOT = os.geteuid() == 0
 SANDBOX_UID = 236200

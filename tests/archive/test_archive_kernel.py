@@ -13,13 +13,13 @@ import pytest_twisted
 from archive_helpers import all_bytes, reactor
 from twisted.internet.defer import Deferred
 
-from sandboxd.archive import Archive, build_archive
 from sandboxd.config import Config
-from sandboxd.exec_request import ExecRequest
+from sandboxd.core.archive.store import Archive, build_archive
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import Sandbox, SandboxManager
+from sandboxd.http import parse, wire
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import Host, build_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import Sandbox, SandboxManager
 
 pytestmark = pytest.mark.kernel
 
@@ -57,6 +57,7 @@ def kernel(scratch: Path) -> Iterator[tuple[SandboxManager, Archive]]:
     admin.start()
     archive = build_archive(str(scratch / "archive"), reactor(), admin)
     layout = Layout(config.root, owns_files=True)
+    layout.prepare_root()
     manager = SandboxManager(
         config, reactor(), reactor(), isolation, admin, layout, archive=archive
     )
@@ -77,9 +78,8 @@ def kernel(scratch: Path) -> Iterator[tuple[SandboxManager, Archive]]:
 
 
 async def run(manager: SandboxManager, sandbox: Sandbox, body: dict[str, Any]) -> dict[str, Any]:
-    execution = manager.start_exec(sandbox, ExecRequest.parse(body), lambda data: None)
-    frame: dict[str, Any] = await execution.when_finished()
-    return frame
+    execution = manager.start_exec(sandbox, parse.exec_spec(body), lambda fd, data: None)
+    return wire.final_frame(await execution.when_finished())
 
 
 def out(frame: dict[str, Any]) -> str:

@@ -13,12 +13,13 @@ from archive_helpers import reactor
 from twisted.internet.defer import Deferred
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.archive import Archive, ArchiveFailed
-from sandboxd.archive_rsync import WorkspaceEnd
 from sandboxd.config import Config
+from sandboxd.core.archive.rsync import WorkspaceEnd
+from sandboxd.core.archive.store import Archive
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
+from sandboxd.errors import ArchiveFailed
 from sandboxd.isolation.none import no_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import SandboxManager
 
 
 class GatedArchive:
@@ -43,6 +44,7 @@ def manager(scratch: Path, archive: Archive, pool: ThreadPool) -> Iterator[Sandb
     isolation = no_isolation(reactor(), pool, 4, None)
     layout = Layout(config.root, owns_files=False)
     gated: Any = GatedArchive(archive)
+    layout.prepare_root()
     built = SandboxManager(config, reactor(), reactor(), isolation, pool, layout, archive=gated)
     pytest_twisted.blockon(built.start())
     yield built

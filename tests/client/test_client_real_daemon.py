@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOKEN = "real-daemon-token"
 
 try:
-    import sandboxd.api  # noqa: F401  (the daemon is there to test against)
+    import sandboxd.http.api  # noqa: F401  (the daemon is there to test against)
 except ImportError:  # pragma: no cover - only while the daemon does not exist
     pytest.skip("sandboxd is not importable", allow_module_level=True)
 

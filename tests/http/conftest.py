@@ -12,12 +12,12 @@ from http_harness import Harness, ProcessReactor, SyncFiles, SyncPool, result_of
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
-from sandboxd.api import SandboxAPI
 from sandboxd.config import Config
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
+from sandboxd.http.api import SandboxAPI
 from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.none import no_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import SandboxManager
 
 DEFAULTS = {
     "isolation": "none",
@@ -56,6 +56,7 @@ def harness(settings: dict[str, str], token: bytes | None) -> Iterator[Harness]:
     bundle = no_isolation(reactor, None, capacity, helper)  # type: ignore[arg-type]
     isolation = attrs.evolve(bundle, fs=SyncFiles())
     layout = Layout(config.root, owns_files=isolation.owns_files)
+    layout.prepare_root()
     manager = SandboxManager(config, reactor, clock, isolation, SyncPool(), layout)  # type: ignore[arg-type]
     result_of(manager.start())
     api = SandboxAPI(manager, token=token, pod_url=config.pod_url)

@@ -23,10 +23,10 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.iweb import UNKNOWN_LENGTH
 
-from sandboxd.api import SandboxAPI
 from sandboxd.config import Config
+from sandboxd.core.manager import SandboxManager
+from sandboxd.http.api import SandboxAPI
 from sandboxd.isolation.base import Identity
-from sandboxd.manager import SandboxManager
 
 TOKEN = b"s3cret-token"
 POLL_LIMIT = 3000

@@ -14,7 +14,7 @@ import pytest
 import pytest_twisted
 from http_harness import Harness
 
-from sandboxd import workspace
+from sandboxd.core.files import workspace
 
 
 def put(h: Harness, rid: str, path: str, data: bytes) -> None:

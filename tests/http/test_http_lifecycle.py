@@ -7,10 +7,10 @@ import os
 import pytest
 from http_harness import Harness
 
-from sandboxd.api import check_item_id
+from sandboxd.core.layout import RID_PATTERN
+from sandboxd.core.manager import SandboxManager
 from sandboxd.errors import BadRequest
-from sandboxd.layout import RID_PATTERN
-from sandboxd.manager import SandboxManager
+from sandboxd.http.parse import check_item_id
 
 SANDBOX_ROUTES = [
     ("DELETE", "/sandboxes/{rid}"),

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.core.files.tree import remove_tree
 from sandboxd.isolation.disk import btrfs_ioctl
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable, DiskUsage
 from sandboxd.isolation.disk.btrfs import PROBE, BtrfsQuotas
-from sandboxd.workspace import remove_tree
 from tests.kernel.disk_fs import loop_filesystem, root_on, sh, stats, upload
 from tests.process.conftest import SHARED_ROOTS, start_daemon, stop_daemon
 

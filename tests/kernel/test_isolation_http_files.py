@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.web import SPOOL_MIN
+from sandboxd.http.site import SPOOL_MIN
 from tests.kernel.kernel_http import (
     IN_VM,
     SLOW,

@@ -34,12 +34,12 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.iweb import UNKNOWN_LENGTH
 
-from sandboxd.api import SandboxAPI
 from sandboxd.config import Config
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
+from sandboxd.http.api import SandboxAPI
 from sandboxd.isolation.base import Isolation
 from sandboxd.isolation.select import Host, build_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import SandboxManager
 
 T = TypeVar("T")
 
@@ -284,11 +284,12 @@ def build_daemon(settings: Mapping[str, str], host: Host | None = None) -> InPro
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     layout = Layout(config.root, owns_files=isolation.owns_files)
+    layout.prepare_root()
     manager = SandboxManager(config, reactor, clock, isolation, admin_pool, layout)
     file_pool.start()
     admin_pool.start()
     api = SandboxAPI(manager, token=None, pod_url="http://sandboxd.test")
-    stub = StubTreq(api.resource())
+    stub = StubTreq(api.app.resource())
     daemon = InProcessDaemon(
         config, clock, isolation, manager, api, stub, [file_pool, admin_pool], scratch
     )

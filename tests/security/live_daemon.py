@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -214,11 +215,11 @@ def documented_operations(document: dict[str, Any] | None = None) -> set[tuple[s
 def served_operations() -> set[tuple[str, str]]:
     """``(METHOD, /path/{param})`` of every rule of the Klein app (HEAD and OPTIONS, which
     werkzeug adds by itself, left out)."""
-    from sandboxd.api import SandboxAPI
+    from sandboxd.http.api import SandboxAPI
 
     served = set()
     for rule in SandboxAPI.app.url_map.iter_rules():
-        path = rule.rule.replace("<", "{").replace(">", "}")
+        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)  # <rid:rid> is {rid}
         for method in rule.methods or ():
             if method not in ("HEAD", "OPTIONS"):
                 served.add((method, path))

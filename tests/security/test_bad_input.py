@@ -21,8 +21,8 @@ from live_daemon import (
     snapshot,
 )
 
-from sandboxd.exec_request import ARG_STRLEN_MAX, exec_args_limit
-from sandboxd.paths import NAME_MAX, PATH_MAX
+from sandboxd.core.exec.spec import ARG_STRLEN_MAX, exec_args_limit
+from sandboxd.core.files.paths import NAME_MAX, PATH_MAX
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from tools_helpers import (
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 
-from sandboxd.tools import MEMORY, ToolResolver
-from sandboxd.tools_unpack import UnpackLimits
+from sandboxd.core.tools.resolver import MEMORY, ToolResolver
+from sandboxd.core.tools.unpack import UnpackLimits
 
 
 @pytest_twisted.ensureDeferred
@@ -344,7 +344,7 @@ async def test_sizes_and_time_are_bounded(
 async def test_an_unusable_tools_directory_refuses_every_tool(
     scratch: Path, pool: object, http: object, server: Server
 ) -> None:
-    from sandboxd.tools_fetch import Fetcher
+    from sandboxd.core.tools.fetch import Fetcher
 
     (scratch / "file").write_bytes(b"")
     fetcher = Fetcher(http, reactor())

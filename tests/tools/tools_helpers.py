@@ -23,8 +23,8 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from sandboxd.tools import ToolResolver
-from sandboxd.tools_fetch import Fetcher
+from sandboxd.core.tools.fetch import Fetcher
+from sandboxd.core.tools.resolver import ToolResolver
 
 TOOL_SCRIPT = b'#!/bin/sh\necho "hello from the tool: $*"\n'
 COMMANDS = [

@@ -11,9 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.task import Clock
 
 from sandboxd.config import Config
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.none import NoCgroups, no_isolation
-from sandboxd.layout import Layout
-from sandboxd.manager import SandboxManager
 from sandboxd.tap import reap_interval
 from tests.http.http_harness import ProcessReactor, SyncFiles, SyncPool, result_of
 
@@ -44,6 +44,7 @@ def manager(tmp_path: Path) -> Iterator[SandboxManager]:
     reactor = ProcessReactor()
     isolation = attrs.evolve(no_isolation(reactor, None, 4, None), fs=SyncFiles())  # type: ignore[arg-type]
     layout = Layout(config.root, owns_files=False)
+    layout.prepare_root()
     built = SandboxManager(config, reactor, Clock(), isolation, SyncPool(), layout)  # type: ignore[arg-type]
     result_of(built.start())
     yield built

@@ -13,13 +13,13 @@ import pytest
 
 from sandboxd import tap
 from sandboxd.config import Config, ConfigError
+from sandboxd.core.layout import Layout
 from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk import project_ioctl, select
 from sandboxd.isolation.disk.base import NO_USAGE, DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES, byte_budget, quota_mode
 from sandboxd.isolation.disk.plain import NoDiskLimits
 from sandboxd.isolation.disk.project import ProjectQuotas
-from sandboxd.layout import Layout
 
 
 def test_limits_are_read_as_sizes_and_counts() -> None:

@@ -1,4 +1,4 @@
-"""The on-disk layout of a sandbox (``sandboxd.layout``), ``chown`` injected."""
+"""The on-disk layout of a sandbox (``sandboxd.core.layout``), ``chown`` injected."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.core.layout import RID_PATTERN, SUBDIRS, Layout, RootInUse
 from sandboxd.isolation.base import Identity
-from sandboxd.layout import RID_PATTERN, SUBDIRS, Layout, RootInUse
 
 RID = "0123456789abcdef"
 IDENTITY = Identity(uid=200123, gid=200123)

@@ -22,8 +22,8 @@ from unit_fakes import fake_isolation
 
 from sandboxd import tap
 from sandboxd.config import ConfigError, option_table
+from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.manager import SandboxManager
 
 
 @pytest.fixture(autouse=True)

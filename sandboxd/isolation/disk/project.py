@@ -73,11 +73,10 @@ class ProjectQuotas:
     def usage(self, path: str) -> DiskUsage:
         fd = os.open(path, _DIR)
         try:
-            attrs = q.FsXattr()
-            q.fcntl.ioctl(fd, q.FSGETXATTR, attrs)
+            project = q.get_project(fd)
         finally:
             os.close(fd)
-        block = q.get_quota(self.root_fd, attrs.projid)
+        block = q.get_quota(self.root_fd, project)
         return DiskUsage(
             bytes=block.curspace,
             bytes_limit=block.bhardlimit * q.QUOTA_BLOCK or None,

@@ -100,6 +100,13 @@ def filesystem_type(path: str) -> int:
     return int(buf.type) & 0xFFFFFFFF
 
 
+def get_project(fd: int) -> int:
+    """The project id of the open file ``fd``."""
+    attrs = FsXattr()
+    fcntl.ioctl(fd, FSGETXATTR, attrs)
+    return int(attrs.projid)
+
+
 def set_project(fd: int, project: int) -> None:
     """Give the directory ``fd`` the project id ``project`` and the inherit flag: everything
     made in it from now on belongs to that project."""

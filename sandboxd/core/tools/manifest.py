@@ -12,7 +12,7 @@ from urllib.parse import urljoin
 
 from attrs import frozen
 
-from sandboxd.tools_fetch import ToolRefused, check_url
+from sandboxd.core.tools.fetch import ToolRefused, check_url
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 MAX_COMMANDS = 256

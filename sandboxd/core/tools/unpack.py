@@ -3,7 +3,7 @@
 Blocking: runs in a worker thread. The archive is unpacked into a fresh private (0700) directory
 under ``{tools_dir}/.tmp/`` and renamed to ``{tools_dir}/{sha}`` only once complete, so a
 directory named by a sha is always a whole tool. Any bad member refuses the whole artifact
-(:class:`~sandboxd.tools_fetch.ToolRefused`): an absolute path, a ``..`` component, a link
+(:class:`~sandboxd.core.tools.fetch.ToolRefused`): an absolute path, a ``..`` component, a link
 leading out of the tree (checked again after unpacking, on the real files, so a chain of links
 cannot escape either), a device file or FIFO, or more files or bytes than the limits. Members
 are written by walking from the top one component at a time with ``O_NOFOLLOW``, never through
@@ -24,7 +24,7 @@ from typing import IO
 
 from attrs import frozen
 
-from sandboxd.tools_fetch import ToolRefused
+from sandboxd.core.tools.fetch import ToolRefused
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 1 << 20

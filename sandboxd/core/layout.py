@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from attrs import field, frozen
 
-from sandboxd import workspace
+from sandboxd.core.files import tree
 from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk.base import DiskDriver, DiskUsage
 from sandboxd.isolation.disk.plain import NoDiskLimits
@@ -116,7 +116,7 @@ class Layout:
             os.unlink(self.ready_marker(rid))
         # Not shutil.rmtree: it recurses, and a sandbox can nest directories deeper than
         # Python's recursion limit (a RecursionError here would leak the uid and the files).
-        self.disk.destroy(self.directory(rid), workspace.remove_tree)  # disk hook
+        self.disk.destroy(self.directory(rid), tree.remove_tree)  # disk hook
 
     def disk_usage(self, rid: str) -> DiskUsage:
         """The sandbox's disk usage and limits as the kernel counts them."""

@@ -1,18 +1,18 @@
 """``POST /tools/resolve``: third-party tools, resolved one by one, installed once.
 
 For each ``name → manifest_url``: fetch the manifest (bounded size and time,
-:mod:`sandboxd.tools_fetch`), validate it (:mod:`sandboxd.tools_manifest`), and unless
+:mod:`sandboxd.core.tools.fetch`), validate it (:mod:`sandboxd.core.tools.manifest`), and unless
 ``{tools_dir}/{sha}`` is installed already, fetch the artifact (bounded), check its sha256, and
-unpack it (:mod:`sandboxd.tools_unpack`). The answer is per tool: a tool that fails goes to
+unpack it (:mod:`sandboxd.core.tools.unpack`). The answer is per tool: a tool that fails goes to
 ``refused`` with a reason, the others still resolve, and the request as a whole never fails.
 
 Two resolutions that need the same sha at the same time share one download and one unpack.
 Each success is remembered per manifest URL in ``{tools_dir}/resolutions.json`` (0600: manifest
 URLs may carry credentials), written atomically, read at start-up. When the store is unreachable
-(:class:`~sandboxd.tools_fetch.StoreUnreachable`: no connection, a timeout, a ``5xx``), the last
-success for that URL is answered with ``stale: true`` if its sha is still installed; with nothing
-remembered, the tool is refused. An answer of the store that is wrong (``404``, malformed, digest
-mismatch, unsafe archive) is refused even when something is remembered.
+(:class:`~sandboxd.core.tools.fetch.StoreUnreachable`: no connection, a timeout, a ``5xx``), the
+last success for that URL is answered with ``stale: true`` if its sha is still installed; with
+nothing remembered, the tool is refused. An answer of the store that is wrong (``404``,
+malformed, digest mismatch, unsafe archive) is refused even when something is remembered.
 """
 
 import contextlib
@@ -31,9 +31,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.tools_fetch import Fetcher, StoreUnreachable, ToolRefused, check_url
-from sandboxd.tools_manifest import Manifest
-from sandboxd.tools_unpack import TEMP, UnpackLimits, install
+from sandboxd.core.tools.fetch import Fetcher, StoreUnreachable, ToolRefused, check_url
+from sandboxd.core.tools.manifest import Manifest
+from sandboxd.core.tools.unpack import TEMP, UnpackLimits, install
 
 MEMORY = "resolutions.json"
 

@@ -1,6 +1,6 @@
 """The archive: restore ``{archive}/{item_id}`` into a new workspace, persist it back.
 
-**Who touches what.** Every copy is one rsync (:mod:`sandboxd.archive_rsync`) whose workspace
+**Who touches what.** Every copy is one rsync (:mod:`sandboxd.core.archive.rsync`) whose workspace
 end runs as the sandbox (its uid/gid, inside its cgroup) and whose archive end runs as the
 daemon. Restore therefore creates every file as the sandbox's uid, and can write nothing the
 sandbox could not write itself, whatever links the archive holds; persist reads the workspace
@@ -48,8 +48,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.archive_rsync import REMOTE, Rsync, RsyncFailed, WorkspaceEnd
-from sandboxd.errors import APIError
+from sandboxd.core.archive.rsync import REMOTE, Rsync, RsyncFailed, WorkspaceEnd
+from sandboxd.errors import ArchiveFailed
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -69,13 +69,6 @@ or hard-linked by ``--link-dest``) only when size and mtime agree to the nanosec
 RENAME_EXCHANGE = 2
 
 log = Logger()
-
-
-class ArchiveFailed(APIError):
-    """A persist or restore failed; the archive is as it was before the call."""
-
-    status = 500
-    wire_type = "ArchiveError"
 
 
 class ArchiveUnavailable(Exception):

@@ -20,18 +20,18 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd import workspace
-from sandboxd.archive import Archive
-from sandboxd.archive_rsync import WorkspaceEnd
 from sandboxd.config import Config
+from sandboxd.core.archive.rsync import WorkspaceEnd
+from sandboxd.core.archive.store import Archive
+from sandboxd.core.exec.run import EXIT_KILLED, ExecRun, Exited
+from sandboxd.core.exec.spec import ExecSpec, check_exec_size, parse_env
+from sandboxd.core.files import workspace
+from sandboxd.core.files.paths import Parts
+from sandboxd.core.layout import Layout
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
-from sandboxd.exec_request import ExecRequest, check_exec_size, parse_env
-from sandboxd.exec_run import ExecRun
 from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
-from sandboxd.layout import Layout
 from sandboxd.metrics import Metrics
-from sandboxd.paths import Parts
 
 T = TypeVar("T")
 
@@ -82,10 +82,10 @@ class SandboxManager:
     _drained: list[Deferred[None]] | None = field(init=False, default=None)
 
     def start(self) -> Deferred[None]:
-        """Prepare the root and reclaim what a crashed predecessor left behind."""
+        """Reclaim what a crashed predecessor left behind (the root is prepared before, by
+        :meth:`Layout.prepare_root`)."""
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.metrics.watch(lambda: self.isolation.uids.free, lambda: float(self.draining))
-        self.layout.prepare_root()
         return self.recover()
 
     def recover(self) -> Deferred[None]:
@@ -240,12 +240,10 @@ class SandboxManager:
         log.info("drained: every sandbox is gone")
         # The drain ends the daemon: its (now empty) instance cgroups go too, or every clean
         # stop on a new state root would leave one behind in each hierarchy.
-        remove_instance = getattr(self.isolation.cgroups, "remove_instance", None)
-        if remove_instance is not None:
-            try:
-                remove_instance()
-            except OSError as e:
-                log.warn("cannot remove the instance cgroups: {why}", why=e)
+        try:
+            self.isolation.cgroups.remove_instance()
+        except OSError as e:
+            log.warn("cannot remove the instance cgroups: {why}", why=e)
 
     def _drain_done(self, result: object) -> None:
         waiters, self._drained = self._drained or [], []
@@ -264,7 +262,7 @@ class SandboxManager:
 
     # Commands
 
-    def command_env(self, sandbox: Sandbox, request: ExecRequest) -> dict[str, str]:
+    def command_env(self, sandbox: Sandbox, request: ExecSpec) -> dict[str, str]:
         """A fresh environment: the host's base, then create-time env, then exec env last."""
         path = BASE_PATH
         for sha in reversed(request.tools):
@@ -281,9 +279,10 @@ class SandboxManager:
         return env
 
     def start_exec(
-        self, sandbox: Sandbox, request: ExecRequest, emit: Callable[[bytes], None]
+        self, sandbox: Sandbox, request: ExecSpec, on_output: Callable[[int, bytes], None]
     ) -> ExecRun:
-        """Spawn the command in the sandbox; the run's ``when_finished()`` gives the last frame."""
+        """Spawn the command in the sandbox; ``on_output(fd, data)`` is told each chunk of
+        its output, and the run's ``when_finished()`` gives how it ended."""
         for sha in request.tools:
             if not os.path.isdir(os.path.join(self.config.tools_dir, sha)):
                 raise BadRequest(f"tools: {sha} is not installed")
@@ -309,18 +308,18 @@ class SandboxManager:
             touch()
             self.metrics.execs_in_flight.dec()
             self.metrics.exec_seconds.observe(self.clock.seconds() - started)
-            if run.frame is not None:
-                self.metrics.exec_exits.labels(str(run.frame.get("exit", "error"))).inc()
+            outcome = run.outcome
+            code = outcome.code if isinstance(outcome, Exited) else None
+            self.metrics.exec_exits.labels("error" if code is None else str(code)).inc()
             if run.timed_out:
                 log.info("exec in {rid} timed out (exit 124)", rid=sandbox.rid)
-            elif run.frame is not None and run.frame.get("exit") == 137:
+            elif code == EXIT_KILLED:
                 self._note_oom(sandbox)
 
         run = ExecRun(
             self.clock,
-            emit,
+            on_output,
             max_output=self.config.max_output,
-            keepalive=self.config.keepalive,
             log_timeout=self.config.log_timeout,
             timeout=timeout,
             on_activity=touch,

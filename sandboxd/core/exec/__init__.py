@@ -1,0 +1,1 @@
+"""Running one command in a sandbox: its spec (a plain value) and its process protocol."""

@@ -1,0 +1,257 @@
+"""One running command: a ``ProcessProtocol`` that reports what happens as plain events.
+
+An :class:`ExecRun` spawns the command, keeps its deadline and its silence clock, and tells
+its listener each output chunk (:attr:`ExecRun.on_output`) and how the command ended
+(:meth:`ExecRun.when_finished`: an :class:`Exited` or a :class:`SpawnFailed`). It knows nothing
+of frames or connections: a front turns the events into its wire, and calls
+:meth:`ExecRun.pause_reading` / :meth:`ExecRun.resume_reading` when its client reads slowly,
+so the command blocks on write instead of the daemon buffering without bound.
+"""
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+
+from attrs import frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.interfaces import IDelayedCall, IReactorProcess, IReactorTime
+from twisted.internet.protocol import ProcessProtocol
+from twisted.python.failure import Failure
+
+from sandboxd.core.exec.pipes import read_in_large_chunks
+
+EXIT_TIMEOUT = 124
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+EXIT_SIGNAL_BASE = 128
+EXIT_KILLED = EXIT_SIGNAL_BASE + signal.SIGKILL
+
+LINGER_AFTER_EXIT = 1.0
+"""Seconds to keep reading after the command exits, for output still in the pipes (a
+background child that keeps the pipes open does not hold the exec open longer than this)."""
+
+CAPABILITIES = ("exec.keepalive", "exec.output-cap", "exec.backpressure")
+
+
+@frozen
+class Exited:
+    """The command ended: its shell exit code and its kept stdout and stderr."""
+
+    code: int
+    out: bytes
+    err: bytes
+    truncated: bool = False
+    """Some output was not kept (over ``max_output``); the live stream had all of it."""
+    timed_out: bool = False
+
+
+@frozen
+class SpawnFailed:
+    """The host could not start the command (``EAGAIN``, ``ENOMEM``...)."""
+
+    detail: str
+
+
+Outcome = Exited | SpawnFailed
+
+
+def exit_code_of(reason: Failure) -> int:
+    """The shell's exit code for how a process ended (``128 + N`` for signal N)."""
+    value = reason.value
+    if isinstance(value, ProcessDone):
+        return 0
+    if isinstance(value, ProcessTerminated):
+        if value.signal is not None:
+            return EXIT_SIGNAL_BASE + int(value.signal)
+        if value.exitCode is not None:
+            return int(value.exitCode)
+    return 1
+
+
+class ExecRun(ProcessProtocol):
+    """Runs one command; ``on_output(fd, data)`` for each chunk, :meth:`when_finished` for
+    the end."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        on_output: Callable[[int, bytes], None],
+        *,
+        max_output: int,
+        log_timeout: float,
+        timeout: float,
+        on_activity: Callable[[], None] = lambda: None,
+        on_end: Callable[[], None] = lambda: None,
+        kill: Callable[[int, int], None] = os.killpg,
+    ) -> None:
+        self.clock = clock
+        self.on_output = on_output
+        self.max_output = max_output
+        self.log_timeout = log_timeout
+        self.timeout = timeout
+        self.on_activity = on_activity
+        self.on_end = on_end
+        self._killpg = kill
+        self.outcome: Outcome | None = None
+        self._waiters: list[Deferred[Outcome]] = []
+        self.buffers: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+        self.truncated = False
+        self.timed_out = False
+        self.stdin: bytes | None = None
+        self.pid: int | None = None
+        self._timers: dict[str, IDelayedCall] = {}
+        self._paused = False
+        self._exited = False
+
+    def start(
+        self,
+        reactor: IReactorProcess,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        stdin: bytes | None,
+        devnull: int,
+    ) -> None:
+        """Spawn ``argv``; a command that cannot be executed ends at once with 127 or 126."""
+        self.stdin = stdin
+        child_fds: dict[int, int | str] = {0: "w" if stdin is not None else devnull, 1: "r", 2: "r"}
+        try:
+            process = reactor.spawnProcess(
+                self, argv[0], list(argv), env=dict(env), childFDs=child_fds
+            )
+        except FileNotFoundError as e:
+            self._finish(EXIT_NOT_FOUND, f"{argv[0]}: command not found: {e}\n".encode())
+            return
+        except PermissionError as e:
+            self._finish(EXIT_NOT_EXECUTABLE, f"{argv[0]}: not executable: {e}\n".encode())
+            return
+        except OSError as e:  # the host could not start it (EAGAIN, ENOMEM...)
+            self._end(SpawnFailed(f"cannot start the command: {e}"))
+            return
+        self.pid = process.pid
+        self._schedule("deadline", self.timeout, self._expire)
+        self._schedule("silence", self.log_timeout, self._expire)
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome is not None
+
+    def when_finished(self) -> Deferred[Outcome]:
+        """A new Deferred firing with the outcome (cancelling it does not stop the run)."""
+        waiter: Deferred[Outcome] = Deferred()
+        if self.outcome is not None:
+            waiter.callback(self.outcome)
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+    # ProcessProtocol
+
+    def connectionMade(self) -> None:
+        read_in_large_chunks(self.transport)
+        if self.stdin is not None:
+            assert self.transport is not None
+            self.transport.write(self.stdin)
+            self.transport.closeStdin()
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        self.on_output(childFD, data)
+        kept = self.buffers[childFD]
+        room = self.max_output - len(kept)
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        kept += data
+        self.on_activity()
+        if not self._paused:
+            self._schedule("silence", self.log_timeout, self._expire)
+
+    def processExited(self, reason: Failure) -> None:
+        """The command is gone; give its pipes a moment, then stop waiting for them.
+
+        While the reader is slow (paused), the pipes are not being read: what the command
+        wrote last is still in them, so the moment starts only once reading resumes.
+        """
+        self._exited = True
+        if not self._paused:
+            self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
+
+    def processEnded(self, reason: Failure) -> None:
+        code = EXIT_TIMEOUT if self.timed_out else exit_code_of(reason)
+        self._finish(code)
+
+    # Flow control: the front's client reads slowly
+
+    def pause_reading(self) -> None:
+        """Stop reading the command's pipes (it blocks on write) and its silence clock."""
+        self._paused = True
+        self._cancel("silence")
+        self._cancel("linger")
+        if self.transport is not None:
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def resume_reading(self) -> None:
+        """Read the command's pipes again."""
+        self._paused = False
+        if self.transport is not None and not self.ended:
+            self._schedule("silence", self.log_timeout, self._expire)
+            if self._exited:
+                self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    # Ending
+
+    def abort(self) -> None:
+        """Kill the command's whole process group (client gone, daemon stopping, sandbox killed)."""
+        if self.ended or self.pid is None:
+            return
+        try:
+            self._killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            # Not yet a group leader (still in the wrapper) or already gone. Once reaped, the
+            # pid may belong to another process: only a command not yet exited is killed by pid.
+            if not self._exited:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pid, signal.SIGKILL)
+        self._close_pipes()
+
+    def _expire(self) -> None:
+        self.timed_out = True
+        self.abort()
+
+    def _close_pipes(self) -> None:
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def _finish(self, code: int, stderr: bytes = b"") -> None:
+        if stderr:
+            self.on_output(2, stderr)
+            self.buffers[2] += stderr
+        out, err = bytes(self.buffers[1]), bytes(self.buffers[2])
+        self.buffers = {1: bytearray(), 2: bytearray()}  # up to max_output each: not kept twice
+        self._end(Exited(code, out, err, self.truncated, self.timed_out))
+
+    def _end(self, outcome: Outcome) -> None:
+        """Settle the run with its outcome."""
+        for name in list(self._timers):
+            self._cancel(name)
+        self.outcome = outcome
+        self.on_end()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.called:
+                waiter.callback(outcome)
+
+    def _schedule(self, name: str, delay: float, action: Callable[[], None]) -> None:
+        self._cancel(name)
+        self._timers[name] = self.clock.callLater(delay, self._fire, name, action)
+
+    def _fire(self, name: str, action: Callable[[], None]) -> None:
+        del self._timers[name]
+        action()
+
+    def _cancel(self, name: str) -> None:
+        call = self._timers.pop(name, None)
+        if call is not None and call.active():
+            call.cancel()

@@ -1,0 +1,1 @@
+"""Workspace files: path normalisation and the file operations, run as the sandbox."""

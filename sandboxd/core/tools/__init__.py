@@ -1,0 +1,1 @@
+"""Third-party tools: fetch a manifest and its artifact, verify, unpack, remember."""

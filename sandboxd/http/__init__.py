@@ -1,0 +1,1 @@
+"""The HTTP front: Klein routes that parse, call the core, and encode through one wire module."""
