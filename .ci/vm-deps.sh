@@ -28,6 +28,9 @@ PACKAGES=(
     file
     python3
     python3-venv
+    # mkfs.ext4 (e2fsprogs, in the base system) and mkfs.xfs make the loop filesystems of the
+    # ext4/XFS project-quota tests (tests/kernel/test_disk_project_quota.py) in the guest
+    xfsprogs
 )
 
 log() { printf 'vm-deps: %s\n' "$*" >&2; }

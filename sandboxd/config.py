@@ -53,6 +53,14 @@ def _optional_text(text: str) -> str | None:
     return text.strip() or None
 
 
+def _optional_size(text: str) -> int | None:
+    return parse_size(text) if text.strip() else None
+
+
+def _optional_count(text: str) -> int | None:
+    return parse_count(text) if text.strip() else None
+
+
 def _setting(
     env: str, default: str | None, parse: Callable[[str], Any], help: str, secret: bool = False
 ) -> Any:
@@ -95,6 +103,18 @@ class Config:
     )
     pids_max: int = _setting(
         "SANDBOXD_PIDS_MAX", "256", parse_count, "Process limit of each sandbox"
+    )
+    disk_max: int | None = _setting(
+        "SANDBOXD_DISK_MAX",
+        None,
+        _optional_size,
+        "Bytes each sandbox may store (e.g. 1G; needs btrfs or ext4/XFS project quotas)",
+    )
+    files_max: int | None = _setting(
+        "SANDBOXD_FILES_MAX",
+        None,
+        _optional_count,
+        "Files each sandbox may make (needs btrfs or ext4/XFS project quotas)",
     )
     cgroup_root: str | None = _setting(
         "SANDBOXD_CGROUP_ROOT", None, _optional_text, "Cgroup subtree to manage (default: detect)"
@@ -248,6 +268,9 @@ class Config:
             raise ConfigError("SANDBOXD_UID_MAX: must not be below SANDBOXD_UID_MIN")
         if self.pids_max < 1:
             raise ConfigError("SANDBOXD_PIDS_MAX: must be at least 1")
+        for name in ("disk_max", "files_max"):
+            if getattr(self, name) == 0:
+                raise ConfigError(f"{env_name(name)}: must be above zero (unset: no limit)")
         for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero")

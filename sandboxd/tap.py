@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import attrs
 from twisted.application.internet import StreamServerEndpointService, TimerService
 from twisted.application.service import IService, MultiService
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
@@ -30,6 +31,9 @@ from sandboxd.core.tools.resolver import build_tools
 from sandboxd.http.api import SandboxAPI
 from sandboxd.http.site import can_spool, make_site
 from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
+from sandboxd.isolation.disk.btrfs import FILE_BYTES
+from sandboxd.isolation.disk.select import build_disk
 from sandboxd.isolation.select import build_isolation
 
 log = Logger()
@@ -146,6 +150,32 @@ def fail(step: str, cause: object) -> NoReturn:
     raise SystemExit(f"sandboxd: {message}")
 
 
+def start_disk(config: Config, layout: Layout) -> Layout:
+    """The layout with the disk driver for the configured limits (boot step ``disk``)."""
+    limits = DiskLimits(bytes=config.disk_max, files=config.files_max)
+    try:
+        disk = build_disk(layout.root, limits)
+    except (OSError, DiskUnavailable) as e:
+        fail("disk", e)
+    if disk.enforcing:
+        log.info(
+            "disk: {name} limits on {root}: {bytes} bytes, {files} files per sandbox",
+            name=disk.name,
+            root=layout.root,
+            bytes=limits.bytes if limits.bytes is not None else "no limit of",
+            files=limits.files if limits.files is not None else "no limit of",
+        )
+        if disk.name == "btrfs" and limits.files is not None:
+            log.info(
+                "disk: btrfs has no inode limit: files are bounded by the bytes their metadata"
+                " takes (the byte limit; {per} bytes per file of SANDBOXD_FILES_MAX without one)",
+                per=FILE_BYTES,
+            )
+    else:
+        log.info("disk: no limits (SANDBOXD_DISK_MAX and SANDBOXD_FILES_MAX unset)")
+    return attrs.evolve(layout, disk=disk)
+
+
 def makeService(options: Options, reactor: Any = None, environ: Any = None) -> IService:
     """Build the daemon's service tree from options and the environment."""
     if reactor is None:
@@ -182,6 +212,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     except (OSError, RootInUse) as e:
         fail("state root", e)
     log.info("state root {root} ready and locked", root=config.root)
+    layout = start_disk(config, layout)
     try:
         isolation.namespaces.prepare()  # namespaces: the pins' directory, and one probe
     except (OSError, IsolationUnavailable) as e:

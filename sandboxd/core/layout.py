@@ -12,10 +12,12 @@ import re
 import stat
 from collections.abc import Callable
 
-from attrs import frozen
+from attrs import field, frozen
 
 from sandboxd.core.files import tree
 from sandboxd.isolation.base import Identity
+from sandboxd.isolation.disk.base import DiskDriver, DiskUsage
+from sandboxd.isolation.disk.plain import NoDiskLimits
 
 RID_PATTERN = re.compile(r"^[0-9a-f]{16}$")
 SUBDIRS = ("workspace", "home", "tmp")
@@ -32,6 +34,8 @@ class Layout:
     root: str
     owns_files: bool
     chown: Callable[[str, int, int], None] = os.chown
+    disk: DiskDriver = field(factory=NoDiskLimits)
+    """Makes, measures and removes each sandbox's top directory (``sandboxd.isolation.disk``)."""
 
     def directory(self, rid: str) -> str:
         return os.path.join(self.root, rid)
@@ -89,10 +93,10 @@ class Layout:
     def create(self, rid: str, identity: Identity) -> None:
         """Make the sandbox's directory tree with the ownership of SPEC §3."""
         top = self.directory(rid)
-        os.mkdir(top, 0o710)
+        self.disk.make_directory(top, identity)  # disk hook: a subvolume or a quota project
+        os.chmod(top, 0o710)
         if self.owns_files:
             self.chown(top, 0, identity.gid)
-            os.chmod(top, 0o710)  # whatever the umask: the sandbox's group must enter it
         for name in SUBDIRS:
             path = os.path.join(top, name)
             os.mkdir(path, 0o700)
@@ -112,7 +116,11 @@ class Layout:
             os.unlink(self.ready_marker(rid))
         # Not shutil.rmtree: it recurses, and a sandbox can nest directories deeper than
         # Python's recursion limit (a RecursionError here would leak the uid and the files).
-        tree.remove_tree(self.directory(rid))
+        self.disk.destroy(self.directory(rid), tree.remove_tree)  # disk hook
+
+    def disk_usage(self, rid: str) -> DiskUsage:
+        """The sandbox's disk usage and limits as the kernel counts them."""
+        return self.disk.usage(self.directory(rid))
 
     def leftovers(self) -> list[str]:
         """Sandbox directories present under the root (a predecessor's, at start-up)."""

@@ -30,6 +30,7 @@ from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
+from sandboxd.isolation.disk.base import DiskUsage
 from sandboxd.metrics import Metrics
 
 T = TypeVar("T")
@@ -382,7 +383,9 @@ class SandboxManager:
     def files(self, sandbox: Sandbox, work: Callable[[str], T]) -> Deferred[T]:
         """Run ``work(workspace_path)`` as the sandbox (per-thread fsuid/fsgid)."""
         path = self.layout.workspace(sandbox.rid)
-        running = self.isolation.fs.run(sandbox.identity, lambda: work(path))
+        # disk hook: the work is held to the sandbox's disk limits even where root is exempt
+        charged = self.layout.disk.charged(lambda: work(path))
+        running = self.isolation.fs.run(sandbox.identity, charged)
         ended: Deferred[None] = Deferred()
         sandbox.file_calls.add(ended)
 
@@ -451,6 +454,10 @@ class SandboxManager:
 
     def stats(self, sandbox: Sandbox) -> CgroupStats:
         return self.isolation.cgroups.stats(sandbox.rid)
+
+    def disk_usage(self, sandbox: Sandbox) -> DiskUsage:
+        """What the disk layer counts for the sandbox (all ``None`` without disk limits)."""
+        return self.layout.disk_usage(sandbox.rid)
 
     def listing(self) -> list[Mapping[str, Any]]:
         """``GET /sandboxes``: every live sandbox, for operators."""

@@ -123,6 +123,8 @@ class SandboxAPI:
         names.update(self.manager.isolation.namespaces.capabilities())
         if self.manager.archive is not None:
             names.add("archive")
+        if self.manager.layout.disk.enforcing:
+            names.add("isolation.disk")
         for attribute in vars(type(self)).values():
             names.update(getattr(attribute, "capabilities", ()))
         return sorted(names)
@@ -233,7 +235,9 @@ class SandboxAPI:
     @authorized
     @capability("sandboxes.stats")
     def stats(self, request: IRequest, rid: str) -> bytes:
-        usage = self.manager.stats(self.manager.get(rid))
+        sandbox = self.manager.get(rid)
+        usage = self.manager.stats(sandbox)
+        disk = self.manager.disk_usage(sandbox)
         return json_response(
             request,
             {
@@ -242,6 +246,10 @@ class SandboxAPI:
                 "cpu_usec": usage.cpu_usec,
                 "pids": usage.pids,
                 "oom_kills": usage.oom_kills,
+                "disk_bytes": disk.bytes,
+                "disk_limit_bytes": disk.bytes_limit,
+                "files": disk.files,
+                "files_limit": disk.files_limit,
             },
         )
 

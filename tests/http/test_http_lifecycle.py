@@ -182,6 +182,10 @@ def test_stats(harness: Harness) -> None:
         "cpu_usec": 0,
         "pids": 0,
         "oom_kills": 0,
+        "disk_bytes": None,  # no disk limits: nothing counted
+        "disk_limit_bytes": None,
+        "files": None,
+        "files_limit": None,
     }
 
 

@@ -361,7 +361,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         stats = reply.json()
         keys = {"memory_bytes", "memory_peak_bytes", "cpu_usec", "pids", "oom_kills"}
-        assert set(stats) == keys and all(type(v) is int and v >= 0 for v in stats.values())
+        disk = {"disk_bytes", "disk_limit_bytes", "files", "files_limit"}
+        assert set(stats) == keys | disk
+        assert all(type(stats[k]) is int and stats[k] >= 0 for k in keys)
+        assert all(stats[k] is None for k in disk)  # no disk limits configured here
         assert stats["oom_kills"] == 0
         if self.kernel and self.live[rid].background:
             assert stats["pids"] >= 1, stats
