@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from twisted.internet.task import Clock
-from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+from twisted.logger import ILogObserver, LogLevel, formatEvent, globalLogPublisher
+from zope.interface import provider
 
 from sandboxd.isolation import layers
 from sandboxd.isolation.base import IsolationUnavailable
@@ -31,6 +32,7 @@ def warnings() -> Iterator[list[str]]:
     """The text of every warning logged while the test runs."""
     seen: list[str] = []
 
+    @provider(ILogObserver)
     def observe(event: dict[str, Any]) -> None:
         if event.get("log_level") == LogLevel.warn:
             seen.append(formatEvent(event))

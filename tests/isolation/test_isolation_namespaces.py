@@ -83,6 +83,12 @@ class Egress:
     own_namespace: bool = True
     wired: list[tuple[str, str, str]] = field(factory=list)
 
+    def prepare(self) -> None:
+        self.wired.append(("prepare", "", ""))
+
+    def close(self) -> None:
+        self.wired.append(("close", "", ""))
+
     def attach(self, rid: str, netns: str) -> None:
         self.wired.append(("attach", rid, netns))
 
@@ -179,7 +185,7 @@ def test_create_pins_enters_mount_last_and_removes(tmp_path: Path) -> None:
     egress = Egress()
     ns = namespaces(tmp_path, runner, egress)
     os.makedirs(ns.nsroot)
-    ns.create(RID, "/root/x/tmp", egress)  # type: ignore[arg-type]
+    ns.create(RID, "/root/x/tmp", egress)
     pins = tmp_path / ".ns" / RID
     assert runner.argvs == [
         ["/h/sandboxd-exec", "namespaces", ns.nsroot, RID, "imn", "/root/x/tmp", str(64 << 20)]
