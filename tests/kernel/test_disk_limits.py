@@ -22,6 +22,7 @@ from sandboxd.core.files.tree import remove_tree
 from sandboxd.isolation.disk import btrfs_ioctl
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable, DiskUsage
 from sandboxd.isolation.disk.btrfs import PROBE, BtrfsQuotas
+from sandboxd.isolation.namespaces import NS_DIR
 from tests.kernel.disk_fs import loop_filesystem, root_on, sh, stats, upload
 from tests.support.daemon import SHARED_ROOTS, start_daemon, stop_daemon
 
@@ -136,7 +137,9 @@ def test_quota_goes_at_kill_and_a_new_sandbox_starts_empty(tmp_path: Path) -> No
             assert daemon.call("DELETE", f"/sandboxes/{rid}")[0] == 204
             assert not (mount / rid).exists()
             assert qgroups(mount) == set()
-            assert sorted(os.listdir(mount)) == [".lock"]
+            # The state root keeps its lock and the (now empty) directory of namespace pins.
+            assert sorted(os.listdir(mount)) == [".lock", NS_DIR]
+            assert os.listdir(mount / NS_DIR) == []
 
             fresh = daemon.create()
             usage = stats(daemon, fresh)
