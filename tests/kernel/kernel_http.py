@@ -41,7 +41,9 @@ SLOW = 5.0 if IN_VM else 1.0
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 UID_BLOCK = 8
-_UID_BASE = 600_000 + random.randrange(3000) * 64
+UID_RANGE = 1024
+"""uids one run's kernel daemons share out (one block of :data:`UID_BLOCK` each)."""
+_UID_BASE = 600_000 + random.randrange(3000) * UID_RANGE
 _blocks = itertools.count()
 
 
@@ -49,7 +51,7 @@ def uid_block() -> tuple[int, int]:
     """A block of :data:`UID_BLOCK` uids no other daemon of this run (or, most likely, of a
     concurrent run: the base is random) gets."""
     k = next(_blocks)
-    assert k < 64 // UID_BLOCK, "more daemons than uid blocks: widen the per-run range"
+    assert k < UID_RANGE // UID_BLOCK, "more daemons than uid blocks: widen the per-run range"
     low = _UID_BASE + k * UID_BLOCK
     return low, low + UID_BLOCK - 1
 
