@@ -70,6 +70,7 @@ setup(
         "sandboxd.core.tools",
         "sandboxd.http",
         "sandboxd.isolation",
+        "sandboxd.isolation.disk",
         "sandboxd_client",
         "sandboxd_client.cli",
         "sandboxd_client.mcp_server",
