@@ -20,7 +20,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorProcess, IReactorT
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
-from sandboxd.core.exec.pipes import read_in_large_chunks
+from sandboxd._twisted import output_readers
+from sandboxd.core.exec.pipes import read_in_large_chunks, waiting
 
 EXIT_TIMEOUT = 124
 EXIT_NOT_EXECUTABLE = 126
@@ -175,7 +176,7 @@ class ExecRun(ProcessProtocol):
         """
         self._exited = True
         if not self._paused:
-            self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
+            self._schedule("linger", LINGER_AFTER_EXIT, self._drain_and_close_pipes)
 
     def processEnded(self, reason: Failure) -> None:
         code = EXIT_TIMEOUT if self.timed_out else exit_code_of(reason)
@@ -197,7 +198,7 @@ class ExecRun(ProcessProtocol):
         if self.transport is not None and not self.ended:
             self._schedule("silence", self.log_timeout, self._expire)
             if self._exited:
-                self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
+                self._schedule("linger", LINGER_AFTER_EXIT, self._drain_and_close_pipes)
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
     # Ending
@@ -223,6 +224,20 @@ class ExecRun(ProcessProtocol):
     def _close_pipes(self) -> None:
         if self.transport is not None:
             self.transport.loseConnection()
+
+    def _drain_and_close_pipes(self) -> None:
+        """Read what the exited command left in its pipes, then close them.
+
+        The moment after the exit may run out before the reactor has come round to the pipes
+        (a busy daemon): timers run before I/O in a reactor turn, so without this read the
+        command's last output would be lost. Only what is waiting now is read (one read per
+        pipe): a background child that keeps writing does not hold the run open.
+        """
+        if self.transport is not None:
+            for reader in output_readers(self.transport):
+                if waiting(reader.fd) > 0:
+                    reader.doRead()
+        self._close_pipes()
 
     def _finish(self, code: int, stderr: bytes = b"") -> None:
         if stderr:
