@@ -26,9 +26,7 @@ class ExitRecorded(ExecRun):
 @pytest_twisted.ensureDeferred
 async def test_output_still_in_the_pipes_when_the_linger_ends_is_kept() -> None:
     clock = Clock()
-    run = ExitRecorded(
-        clock, lambda fd, data: None, max_output=1 << 20, log_timeout=60, timeout=60
-    )
+    run = ExitRecorded(clock, lambda fd, data: None, max_output=1 << 20, log_timeout=60, timeout=60)
     run.exited = Deferred()
     devnull = os.open(os.devnull, os.O_RDONLY)
     try:
