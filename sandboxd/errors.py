@@ -1,74 +1,43 @@
-"""The errors the API answers with: each knows its HTTP status and its wire ``error`` type.
+"""The errors the core raises: what went wrong, in words; never how a front answers it.
 
-The HTTP layer maps them in one place (``SandboxAPI.app.handle_errors``) to
-``{"error": <type>, "detail": <msg>}``.
+Each front maps them to its own answer in one place (the HTTP front: the error-type table of
+:mod:`sandboxd.http.wire`, which gives the status and the wire ``error`` type).
 """
 
-from typing import ClassVar
 
-
-class APIError(Exception):
-    """An error with a fixed HTTP status and wire type; the message is the ``detail``."""
-
-    status: ClassVar[int] = 500
-    wire_type: ClassVar[str] = "InternalError"
+class SandboxdError(Exception):
+    """A failure the caller is told about; the message is its :attr:`detail`. Any other
+    subclass than those below is an internal error."""
 
     @property
     def detail(self) -> str:
-        return str(self.args[0]) if self.args else self.wire_type
+        """The message (the class's name when there is none)."""
+        return str(self.args[0]) if self.args else type(self).__name__
 
 
-class BadRequest(APIError):
+class BadRequest(SandboxdError):
     """Malformed body, wrong field type, path escaping the workspace, bad item_id."""
 
-    status = 400
-    wire_type = "BadRequest"
 
-
-class Unauthorized(APIError):
-    """Missing or wrong bearer token."""
-
-    status = 401
-    wire_type = "Unauthorized"
-
-
-class SandboxNotFound(APIError):
+class SandboxNotFound(SandboxdError):
     """Unknown or killed sandbox id."""
 
-    status = 404
-    wire_type = "SandboxNotFound"
 
-
-class PathNotFound(APIError):
+class PathNotFound(SandboxdError):
     """Download / delete / rmdir / rename of a path that does not exist."""
 
-    status = 404
-    wire_type = "FileNotFoundError"
 
-
-class TooLarge(APIError):
-    """A request body over the configured limit."""
-
-    status = 413
-    wire_type = "TooLarge"
-
-
-class InsufficientStorage(APIError):
+class InsufficientStorage(SandboxdError):
     """A write failed with ENOSPC or EDQUOT."""
 
-    status = 507
-    wire_type = "InsufficientStorage"
 
-
-class Draining(APIError):
+class Draining(SandboxdError):
     """The daemon is draining and refuses new sandboxes."""
 
-    status = 503
-    wire_type = "Draining"
 
-
-class NoCapacity(APIError):
+class NoCapacity(SandboxdError):
     """No uid (or memory) is left for a new sandbox."""
 
-    status = 503
-    wire_type = "NoCapacity"
+
+class ArchiveFailed(SandboxdError):
+    """A persist or restore failed; the archive is as it was before the call."""

@@ -19,6 +19,8 @@ from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sandboxd import _twisted
+
 log = Logger()
 
 
@@ -54,7 +56,7 @@ def listening(services: Iterable[Any]) -> "Deferred[None]":
     waits: list[Deferred[Any]] = []
     for service in services:
         if isinstance(service, StreamServerEndpointService):
-            waiting = getattr(service, "_waitingForPort", None)
+            waiting = _twisted.waiting_for_port(service)
             if waiting is not None:
                 # Chain a fresh Deferred so the service's own result is left untouched.
                 mine: Deferred[Any] = Deferred()

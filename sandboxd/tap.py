@@ -19,7 +19,7 @@ from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 import sandboxd
-from sandboxd import notify
+from sandboxd import _twisted, notify
 from sandboxd.config import Config, ConfigError, option_table
 from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
 from sandboxd.core.layout import Layout, RootInUse
@@ -216,7 +216,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     site = make_site(api.app.resource(), config.max_body, spool_dir=spool_dir)
     endpoint = serverFromString(reactor, config.listen)
     listener = StreamServerEndpointService(endpoint, site)
-    listener._raiseSynchronously = True  # a port that cannot be had stops start-up (as strports)
+    _twisted.raise_synchronously(listener)  # a port that cannot be had stops start-up
     listener.setServiceParent(top)
     log.info("configuration: {settings}", settings=config.redacted())
     log.info("listening on {listen}", listen=config.listen)

@@ -23,8 +23,8 @@ from twisted.python.threadpool import ThreadPool
 from sandboxd.config import Config
 from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
-from sandboxd.core.exec.run import ExecRun
-from sandboxd.core.exec.spec import ExecRequest, check_exec_size, parse_env
+from sandboxd.core.exec.run import EXIT_KILLED, ExecRun, Exited
+from sandboxd.core.exec.spec import ExecSpec, check_exec_size, parse_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
@@ -263,7 +263,7 @@ class SandboxManager:
 
     # Commands
 
-    def command_env(self, sandbox: Sandbox, request: ExecRequest) -> dict[str, str]:
+    def command_env(self, sandbox: Sandbox, request: ExecSpec) -> dict[str, str]:
         """A fresh environment: the host's base, then create-time env, then exec env last."""
         path = BASE_PATH
         for sha in reversed(request.tools):
@@ -280,9 +280,10 @@ class SandboxManager:
         return env
 
     def start_exec(
-        self, sandbox: Sandbox, request: ExecRequest, emit: Callable[[bytes], None]
+        self, sandbox: Sandbox, request: ExecSpec, on_output: Callable[[int, bytes], None]
     ) -> ExecRun:
-        """Spawn the command in the sandbox; the run's ``when_finished()`` gives the last frame."""
+        """Spawn the command in the sandbox; ``on_output(fd, data)`` is told each chunk of
+        its output, and the run's ``when_finished()`` gives how it ended."""
         for sha in request.tools:
             if not os.path.isdir(os.path.join(self.config.tools_dir, sha)):
                 raise BadRequest(f"tools: {sha} is not installed")
@@ -308,18 +309,18 @@ class SandboxManager:
             touch()
             self.metrics.execs_in_flight.dec()
             self.metrics.exec_seconds.observe(self.clock.seconds() - started)
-            if run.frame is not None:
-                self.metrics.exec_exits.labels(str(run.frame.get("exit", "error"))).inc()
+            outcome = run.outcome
+            code = outcome.code if isinstance(outcome, Exited) else None
+            self.metrics.exec_exits.labels("error" if code is None else str(code)).inc()
             if run.timed_out:
                 log.info("exec in {rid} timed out (exit 124)", rid=sandbox.rid)
-            elif run.frame is not None and run.frame.get("exit") == 137:
+            elif code == EXIT_KILLED:
                 self._note_oom(sandbox)
 
         run = ExecRun(
             self.clock,
-            emit,
+            on_output,
             max_output=self.config.max_output,
-            keepalive=self.config.keepalive,
             log_timeout=self.config.log_timeout,
             timeout=timeout,
             on_activity=touch,

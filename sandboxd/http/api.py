@@ -1,13 +1,13 @@
-"""The HTTP front: wire contract v1 (SPEC §1) and its compatible extensions (SPEC §2).
+"""The HTTP front: the routes of wire contract v1 (SPEC §1) and its extensions (SPEC §2).
 
-A Klein app as a class attribute; its dependencies come in through ``__init__``. Errors are
-mapped to ``{"error", "detail"}`` bodies in one place (:meth:`SandboxAPI.api_error`), and the
-bearer-token check is one decorator (:func:`authorized`).
+A Klein app as a class attribute; its dependencies come in through ``__init__``. Each route
+parses its request (:mod:`sandboxd.http.parse`), calls the core, and encodes the answer
+(:mod:`sandboxd.http.wire`); errors are answered in one place (:meth:`SandboxAPI.api_error`,
+from the wire's error-type table), and the bearer-token check is one decorator
+(:func:`authorized`).
 """
 
-import errno
 import hmac
-import json
 import os
 from collections.abc import Callable
 from functools import wraps
@@ -15,7 +15,6 @@ from typing import Any, TypeVar, cast
 
 from klein import Klein
 from prometheus_client import CONTENT_TYPE_LATEST
-from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.protocols.basic import FileSender
 from twisted.python.failure import Failure
@@ -23,26 +22,23 @@ from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
 import sandboxd
-from sandboxd.core.archive import store as archive
 from sandboxd.core.exec import run as exec_run
-from sandboxd.core.exec import spec as exec_request
-from sandboxd.core.exec.spec import ExecRequest
+from sandboxd.core.exec import spec as exec_spec
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import normalise
-from sandboxd.core.layout import RID_PATTERN
-from sandboxd.core.manager import Sandbox, SandboxManager
+from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import ToolResolver
-from sandboxd.errors import APIError, BadRequest, InsufficientStorage, TooLarge, Unauthorized
+from sandboxd.errors import SandboxdError
+from sandboxd.http import parse, wire
+from sandboxd.http.parse import query
 from sandboxd.http.site import Spool
+from sandboxd.http.stream import ExecStream
+from sandboxd.http.wire import Unauthorized
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-JSON_BODY_LIMIT = 64 << 20
 DOWNLOAD_CHUNK = 1 << 18
-"""Bytes a download reads and sends at a time (``FileSender`` reads 16 KiB: one reactor turn
-and one cooperator tick each)."""
-ITEM_ID_MAX = 255
-MAX_TOOLS = 64
+"""Bytes a download reads and sends at a time (``FileSender`` reads 16 KiB)."""
 
 log = Logger()
 
@@ -72,10 +68,16 @@ def authorized(route: F) -> F:
     return cast(F, checked)
 
 
-def json_response(request: IRequest, body: Any, status: int = 200) -> bytes:
+def answer(request: IRequest, status: int, body: bytes) -> bytes:
+    """A JSON answer of ``status`` whose ``body`` the wire module made."""
     request.setResponseCode(status)
-    request.setHeader(b"content-type", b"application/json")
-    return json.dumps(body).encode()
+    request.setHeader(b"content-type", wire.JSON)
+    return body
+
+
+def json_response(request: IRequest, value: Any, status: int = 200) -> bytes:
+    """A JSON answer of ``value``."""
+    return answer(request, status, wire.body(value))
 
 
 def no_content(request: IRequest) -> bytes:
@@ -83,71 +85,11 @@ def no_content(request: IRequest) -> bytes:
     return b""
 
 
-def query(request: IRequest, name: str, default: str | None = None) -> str:
-    """One query parameter as text, ``400`` when missing or not UTF-8."""
-    values = request.args.get(name.encode()) if request.args else None
-    if not values:
-        if default is not None:
-            return default
-        raise BadRequest(f"{name}: missing query parameter")
-    try:
-        return cast(bytes, values[0]).decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest(f"{name}: not UTF-8") from None
-
-
-def json_body(request: IRequest) -> dict[str, Any]:
-    """The request's JSON object, ``400`` when it is not one (an absent body is ``{}``)."""
-    refuse_too_large(request, JSON_BODY_LIMIT)
-    raw = request.content.read(JSON_BODY_LIMIT + 1)  # a chunked body has no Content-Length
-    if len(raw) > JSON_BODY_LIMIT:
-        raise TooLarge(f"the request body is over {JSON_BODY_LIMIT} bytes")
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, ValueError):
-        raise BadRequest("body: not valid JSON") from None
-    if not isinstance(body, dict):
-        raise BadRequest("body: must be a JSON object")
-    refuse_lone_surrogates(body)
-    return body
-
-
-def refuse_lone_surrogates(body: dict[str, Any]) -> None:
-    """``400`` naming the field whose text holds a lone surrogate (JSON ``"\\ud800"``).
-
-    Such text has no UTF-8 form: it could be neither a path, nor an argument, nor an
-    environment entry, and would fail later, deep inside the call, as a ``500``.
-    """
-    for key, value in body.items():
-        try:
-            json.dumps({key: value}, ensure_ascii=False).encode()
-        except UnicodeEncodeError:
-            name = key.encode("utf-8", "backslashreplace").decode()
-            raise BadRequest(f"{name}: not valid Unicode (a lone surrogate)") from None
-
-
-def refuse_too_large(request: IRequest, limit: int) -> None:
-    """``413`` when the body was over the site's limit, or is over ``limit``; ``507`` when it
-    could not be stored for want of space (``500`` for any other reason)."""
-    if getattr(request, "too_large", False):
-        raise TooLarge("the request body is over the configured limit")
-    error: OSError | None = getattr(request, "content_error", None)
-    if error is not None:
-        detail = f"the request body could not be stored: {os.strerror(error.errno or 0)}"
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientStorage(detail)
-        raise APIError(detail)
-    length = request.getHeader(b"content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise TooLarge(f"the request body is over {limit} bytes")
-
-
 class SandboxAPI:
     """The Klein application serving one :class:`SandboxManager`."""
 
     app = Klein()
+    app.url_map.converters["rid"] = parse.RidConverter
 
     def __init__(
         self,
@@ -172,7 +114,7 @@ class SandboxAPI:
         self.manager.draining = True
 
     def _collect_capabilities(self) -> list[str]:
-        names = {*exec_request.CAPABILITIES, *exec_run.CAPABILITIES}
+        names = {*exec_spec.CAPABILITIES, *exec_run.CAPABILITIES}
         names.add(f"isolation.{self.manager.isolation.name}")
         names.add("auth.bearer" if self.token is not None else "auth.none")
         if self.manager.archive is not None:
@@ -183,30 +125,26 @@ class SandboxAPI:
 
     # Errors, in one place
 
-    @app.handle_errors(APIError)
+    # Errors, in one place: the wire's error-type table
+
+    @app.handle_errors(SandboxdError)
     def api_error(self, request: IRequest, failure: Failure) -> bytes:
-        error = cast(APIError, failure.value)
+        error = cast(SandboxdError, failure.value)
         if isinstance(error, Unauthorized):
             request.setHeader(b"www-authenticate", b'Bearer realm="sandboxd"')  # RFC 9110
-        body = {"error": error.wire_type, "detail": error.detail}
-        return json_response(request, body, error.status)
+        status, body = wire.core_error_body(error)
+        return answer(request, status, body)
 
     @app.handle_errors(HTTPException)
     def routing_error(self, request: IRequest, failure: Failure) -> bytes:
         error = cast(HTTPException, failure.value)
-        body = {"error": type(error).__name__, "detail": error.description or ""}
-        return json_response(request, body, error.code or 500)
+        body = wire.error_body(type(error).__name__, error.description or "")
+        return answer(request, error.code or 500, body)
 
     @app.handle_errors(Exception)
     def internal_error(self, request: IRequest, failure: Failure) -> bytes:
         log.failure("unexpected error answering {uri}", failure, uri=request.uri)
-        body = {"error": "InternalError", "detail": failure.getErrorMessage()}
-        return json_response(request, body, 500)
-
-    def sandbox(self, rid: str) -> Sandbox:
-        if not RID_PATTERN.match(rid):
-            return self.manager.get("")
-        return self.manager.get(rid)
+        return answer(request, 500, wire.error_body(wire.INTERNAL[1], failure.getErrorMessage()))
 
     # Health
 
@@ -252,17 +190,8 @@ class SandboxAPI:
     @app.route("/sandboxes", methods=["POST"])
     @authorized
     async def create(self, request: IRequest) -> bytes:
-        body = json_body(request)
-        image = body.get("image")
-        if image is not None and not isinstance(image, str):
-            raise BadRequest("image: must be a string")
-        ports = body.get("exposed_ports")
-        if ports is not None and not (
-            isinstance(ports, list) and all(type(p) is int for p in ports)
-        ):
-            raise BadRequest("exposed_ports: must be a list of port numbers")
-        item_id = check_item_id(body.get("item_id"))
-        sandbox = await self.manager.create_restored(env=body.get("env"), item_id=item_id)
+        env, item_id = parse.create_body(parse.json_body(request))
+        sandbox = await self.manager.create_restored(env=env, item_id=item_id)
         return json_response(request, {"pod_url": self.own_url(request), "remote_id": sandbox.rid})
 
     def own_url(self, request: IRequest) -> str:
@@ -285,18 +214,18 @@ class SandboxAPI:
     def listing(self, request: IRequest) -> bytes:
         return json_response(request, {"sandboxes": self.manager.listing()})
 
-    @app.route("/sandboxes/<rid>", methods=["DELETE"])
+    @app.route("/sandboxes/<rid:rid>", methods=["DELETE"])
     @authorized
     async def kill(self, request: IRequest, rid: str) -> bytes:
-        self.sandbox(rid)
+        self.manager.get(rid)
         await self.manager.kill(rid)
         return no_content(request)
 
-    @app.route("/sandboxes/<rid>/stats", methods=["GET"])
+    @app.route("/sandboxes/<rid:rid>/stats", methods=["GET"])
     @authorized
     @capability("sandboxes.stats")
     def stats(self, request: IRequest, rid: str) -> bytes:
-        usage = self.manager.stats(self.sandbox(rid))
+        usage = self.manager.stats(self.manager.get(rid))
         return json_response(
             request,
             {
@@ -310,42 +239,25 @@ class SandboxAPI:
 
     # Commands
 
-    @app.route("/sandboxes/<rid>/exec", methods=["POST"])
+    @app.route("/sandboxes/<rid:rid>/exec", methods=["POST"])
     @authorized
     async def exec(self, request: IRequest, rid: str) -> None:
-        sandbox = self.sandbox(rid)
-        command = ExecRequest.parse(json_body(request))
-        request.setHeader(b"content-type", b"application/x-ndjson")
-        run = self.manager.start_exec(sandbox, command, request.write)
-        request.registerProducer(run, True)  # type: ignore[attr-defined]
-        try:
-            try:
-                frame = await run.when_finished()
-            except CancelledError:
-                raise  # the client went away: finally kills the command
-            except Exception as e:  # in band: the status line is already sent
-                log.failure("exec in {rid} failed", Failure(), rid=rid)
-                kind = e.wire_type if isinstance(e, APIError) else type(e).__name__
-                frame = {"error": kind, "detail": str(e)}
-            for part in exec_run.frame_parts(frame):  # a megabyte at most, as it is taken
-                request.write(part)
-                await run.writable()
-        finally:
-            # Abort first: after a disconnect the request has no channel any more, and
-            # unregisterProducer would raise before the command's process group is killed.
-            run.abort()
-            if getattr(request, "channel", None) is not None:
-                request.unregisterProducer()  # type: ignore[attr-defined]
+        sandbox = self.manager.get(rid)
+        spec = parse.exec_spec(parse.json_body(request))
+        request.setHeader(b"content-type", wire.NDJSON)
+        stream = ExecStream(request, self.manager.clock, self.manager.config.keepalive)
+        stream.attach(self.manager.start_exec(sandbox, spec, stream.output))
+        await stream.finish(rid)
 
     # Files
 
-    @app.route("/sandboxes/<rid>/file", methods=["PUT"])
+    @app.route("/sandboxes/<rid:rid>/file", methods=["PUT"])
     @authorized
     @capability("files.413", "files.507")
     async def upload(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
+        sandbox = self.manager.get(rid)
         parts = normalise(query(request, "path"))
-        refuse_too_large(request, self.manager.config.max_body)
+        parse.refuse_too_large(request, self.manager.config.max_body)
         content = request.content
         content.seek(0)
         linkable = isinstance(content, Spool)
@@ -359,14 +271,14 @@ class SandboxAPI:
         )
         return no_content(request)
 
-    @app.route("/sandboxes/<rid>/file", methods=["GET"])
+    @app.route("/sandboxes/<rid:rid>/file", methods=["GET"])
     @authorized
     async def download(self, request: IRequest, rid: str) -> None:
-        sandbox = self.sandbox(rid)
+        sandbox = self.manager.get(rid)
         parts = normalise(query(request, "path"))
         source, length = await self.manager.open_for_reading(sandbox, parts)
         try:
-            request.setHeader(b"content-type", b"application/octet-stream")
+            request.setHeader(b"content-type", wire.OCTETS)
             request.setHeader(b"content-length", str(length).encode())
             bounded = BoundedReader(source, length)
             sender = FileSender()
@@ -379,68 +291,70 @@ class SandboxAPI:
         finally:
             source.close()
 
-    @app.route("/sandboxes/<rid>/file", methods=["DELETE"])
+    @app.route("/sandboxes/<rid:rid>/file", methods=["DELETE"])
     @authorized
     async def delete(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
+        sandbox = self.manager.get(rid)
         parts = normalise(query(request, "path"))
         await self.manager.files(sandbox, lambda ws: workspace.delete(ws, parts))
         return no_content(request)
 
-    @app.route("/sandboxes/<rid>/exists", methods=["GET"])
+    @app.route("/sandboxes/<rid:rid>/exists", methods=["GET"])
     @authorized
     async def exists(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
+        sandbox = self.manager.get(rid)
         parts = normalise(query(request, "path"))
         found = await self.manager.files(sandbox, lambda ws: workspace.exists(ws, parts))
         return json_response(request, {"exists": found})
 
-    @app.route("/sandboxes/<rid>/size", methods=["GET"])
+    @app.route("/sandboxes/<rid:rid>/size", methods=["GET"])
     @authorized
     async def size(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
+        sandbox = self.manager.get(rid)
         parts = normalise(query(request, "path"))
         found = await self.manager.files(sandbox, lambda ws: workspace.size(ws, parts))
         return json_response(request, {"size": found})
 
-    @app.route("/sandboxes/<rid>/disk-usage", methods=["GET"])
+    @app.route("/sandboxes/<rid:rid>/disk-usage", methods=["GET"])
     @authorized
     async def disk_usage(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
+        sandbox = self.manager.get(rid)
         total = await self.manager.files(sandbox, workspace.disk_usage)
         return json_response(request, {"bytes": total})
 
-    @app.route("/sandboxes/<rid>/walk", methods=["GET"])
+    @app.route("/sandboxes/<rid:rid>/walk", methods=["GET"])
     @authorized
     async def walk(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
+        sandbox = self.manager.get(rid)
         parts = normalise(query(request, "root", "/"), "root")
         # Encoded in the file thread: a walk of many files must not hold the reactor.
-        body = await self.manager.files(sandbox, lambda ws: workspace.walk_body(ws, parts))
-        request.setHeader(b"content-type", b"application/json")
+        body = await self.manager.files(
+            sandbox, lambda ws: wire.walk_body(workspace.walk_map(ws, parts, wire.walk_entries))
+        )
+        request.setHeader(b"content-type", wire.JSON)
         return body
 
-    @app.route("/sandboxes/<rid>/mkdir", methods=["POST"])
+    @app.route("/sandboxes/<rid:rid>/mkdir", methods=["POST"])
     @authorized
     async def mkdir(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
-        parts = normalise(json_body(request).get("path"))
+        sandbox = self.manager.get(rid)
+        parts = normalise(parse.json_body(request).get("path"))
         await self.manager.files(sandbox, lambda ws: workspace.mkdir(ws, parts))
         return no_content(request)
 
-    @app.route("/sandboxes/<rid>/dir", methods=["DELETE"])
+    @app.route("/sandboxes/<rid:rid>/dir", methods=["DELETE"])
     @authorized
     async def rmdir(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
+        sandbox = self.manager.get(rid)
         parts = normalise(query(request, "path"))
         await self.manager.files(sandbox, lambda ws: workspace.rmdir(ws, parts))
         return no_content(request)
 
-    @app.route("/sandboxes/<rid>/rename", methods=["POST"])
+    @app.route("/sandboxes/<rid:rid>/rename", methods=["POST"])
     @authorized
     async def rename(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
-        body = json_body(request)
+        sandbox = self.manager.get(rid)
+        body = parse.json_body(request)
         source = normalise(body.get("src"), "src")
         target = normalise(body.get("dst"), "dst")
         await self.manager.files(sandbox, lambda ws: workspace.rename(ws, source, target))
@@ -448,24 +362,22 @@ class SandboxAPI:
 
     # Ready marker and archive
 
-    @app.route("/sandboxes/<rid>/mark-ready", methods=["POST"])
+    @app.route("/sandboxes/<rid:rid>/mark-ready", methods=["POST"])
     @authorized
     def mark_ready(self, request: IRequest, rid: str) -> bytes:
-        self.manager.mark_ready(self.sandbox(rid))
+        self.manager.mark_ready(self.manager.get(rid))
         return no_content(request)
 
-    @app.route("/sandboxes/<rid>/ready", methods=["GET"])
+    @app.route("/sandboxes/<rid:rid>/ready", methods=["GET"])
     @authorized
     def ready(self, request: IRequest, rid: str) -> bytes:
-        return json_response(request, {"ready": self.manager.is_ready(self.sandbox(rid))})
+        return json_response(request, {"ready": self.manager.is_ready(self.manager.get(rid))})
 
-    @app.route("/sandboxes/<rid>/persist", methods=["POST"])
+    @app.route("/sandboxes/<rid:rid>/persist", methods=["POST"])
     @authorized
     async def persist(self, request: IRequest, rid: str) -> bytes:
-        sandbox = self.sandbox(rid)
-        delete = json_body(request).get("delete", False)
-        if not isinstance(delete, bool):
-            raise BadRequest("delete: must be true or false")
+        sandbox = self.manager.get(rid)
+        delete = parse.persist_body(parse.json_body(request))
         # No archive, no item_id, or not ready: a no-op, still 204 (SPEC §1 "Archive").
         await self.manager.persist(sandbox, delete)
         return no_content(request)
@@ -476,18 +388,11 @@ class SandboxAPI:
     @authorized
     @capability("tools.resolve")
     async def resolve_tools(self, request: IRequest) -> bytes:
-        wanted = json_body(request).get("tools")
-        if not isinstance(wanted, dict):
-            raise BadRequest("tools: must be an object of name → manifest URL")
-        if len(wanted) > MAX_TOOLS:
-            raise BadRequest(f"tools: at most {MAX_TOOLS} per request")
+        wanted = parse.tools_body(parse.json_body(request))
         if self.tools is None:
             reason = "tool resolution is not available on this replica"
             return json_response(request, {"tools": {}, "refused": dict.fromkeys(wanted, reason)})
         return json_response(request, await self.tools.resolve(wanted))
-
-    def resource(self) -> Any:
-        return self.app.resource()
 
 
 class BoundedReader:
@@ -503,23 +408,3 @@ class BoundedReader:
         data = self.source.read(min(size, self.remaining)) if self.remaining > 0 else b""
         self.remaining -= len(data)
         return bytes(data)
-
-
-def check_item_id(item_id: object) -> str | None:
-    """``item_id`` names one archive entry: no ``/``, no ``..``, no NUL, bounded length, and not
-    the archive's own ``.sandboxd-`` names."""
-    if item_id is None:
-        return None
-    if not isinstance(item_id, str) or not item_id:
-        raise BadRequest("item_id: must be a non-empty string")
-    try:
-        size = len(item_id.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise BadRequest("item_id: not valid Unicode text") from None
-    if "/" in item_id or "\0" in item_id or item_id in (".", "..") or size > ITEM_ID_MAX:
-        raise BadRequest(
-            f"item_id: one path component of at most {ITEM_ID_MAX} bytes, no '/' or NUL"
-        )
-    if item_id.startswith(archive.RESERVED_PREFIX):
-        raise BadRequest(f"item_id: names starting with {archive.RESERVED_PREFIX!r} are reserved")
-    return item_id

@@ -13,17 +13,18 @@ workspace once complete instead of being written a second time. A body that cann
 """
 
 import io
-import json
 import os
 import tempfile
 from contextlib import suppress
 from typing import Any
 
-from twisted.web.http import HTTPChannel
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
 from zope.interface import implementer
+
+from sandboxd import _twisted
+from sandboxd.http import wire
 
 
 class _Discard:
@@ -118,11 +119,6 @@ class LimitedRequest(Request):
         self.content = _Discard()
 
 
-def error_body(detail: str) -> bytes:
-    """A ``400 BadRequest`` body of the wire contract's error model."""
-    return json.dumps({"error": "BadRequest", "detail": detail}).encode()
-
-
 READ_SIZE = 1 << 20
 """Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB: an upload
 of 1 GiB took 16 384 reactor turns, each through the whole HTTP parser)."""
@@ -133,7 +129,7 @@ each a turn of the reactor): a whole exec output frame (a 512 KiB pipe's worth, 
 megabyte of a download at once. Only a cap, never a buffer."""
 
 
-class Channel(HTTPChannel):
+class Channel(_twisted.BadRequestChannel):
     """An HTTP channel that answers an over-long request line or header line with a JSON
     ``400`` before closing, instead of dropping the connection without a word (a client takes
     a dropped connection for a dead replica: ``SandboxNotFound``).
@@ -144,19 +140,18 @@ class Channel(HTTPChannel):
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        self.transport.bufferSize = READ_SIZE  # type: ignore[union-attr]
-        self.transport.SEND_LIMIT = SEND_SIZE  # type: ignore[union-attr]
+        _twisted.set_socket_sizes(self.transport, READ_SIZE, SEND_SIZE)
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._refuse(f"a request or header line is over {self.MAX_LENGTH} bytes")
 
-    def _respondToBadRequestAndDisconnect(self) -> None:
+    def bad_request(self) -> None:
         """twisted.web's answer to a malformed request (bad request line, headers too many
         or too large, bad length or chunking): the same, with a JSON body."""
         self._refuse("malformed HTTP request")
 
     def _refuse(self, detail: str) -> None:
-        body = error_body(detail)
+        body = wire.bad_request_body(detail)
         assert self.transport is not None
         self.transport.write(
             b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
@@ -188,8 +183,8 @@ class Utf8URLs:
                 segment.decode("utf-8")
         except UnicodeDecodeError:
             request.setResponseCode(400)
-            request.setHeader(b"content-type", b"application/json")
-            return error_body("the URL is not UTF-8")
+            request.setHeader(b"content-type", wire.JSON)
+            return wire.bad_request_body("the URL is not UTF-8")
         return self.inner.render(request)
 
 

@@ -19,10 +19,11 @@ from sandboxd.core.archive.rsync import Rsync
 from sandboxd.core.archive.store import (
     STAGING,
     Archive,
-    ArchiveFailed,
     ArchiveUnavailable,
     build_archive,
 )
+from sandboxd.errors import ArchiveFailed
+from sandboxd.http import wire
 
 SECRET = b"host-secret-6f1c2a"
 
@@ -194,7 +195,7 @@ async def test_a_hard_link_or_file_the_sandbox_cannot_read_fails_and_leaves_the_
 
     with pytest.raises(ArchiveFailed) as failed:
         await archive.persist("item", end, delete=False)
-    assert failed.value.status == 500
+    assert wire.status_and_type(failed.value)[0] == 500
     assert "rsync exited" in failed.value.detail
     assert tree(item) == before, "a failed checkpoint leaves the archive as it was"
     host_file.chmod(0o600)

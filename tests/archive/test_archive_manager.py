@@ -15,9 +15,10 @@ from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
 from sandboxd.core.archive.rsync import WorkspaceEnd
-from sandboxd.core.archive.store import Archive, ArchiveFailed
+from sandboxd.core.archive.store import Archive
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
+from sandboxd.errors import ArchiveFailed
 from sandboxd.isolation.none import no_isolation
 
 

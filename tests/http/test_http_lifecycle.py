@@ -10,7 +10,7 @@ from http_harness import Harness
 from sandboxd.core.layout import RID_PATTERN
 from sandboxd.core.manager import SandboxManager
 from sandboxd.errors import BadRequest
-from sandboxd.http.api import check_item_id
+from sandboxd.http.parse import check_item_id
 
 SANDBOX_ROUTES = [
     ("DELETE", "/sandboxes/{rid}"),

@@ -27,8 +27,8 @@ from twisted.web.test.requesthelper import DummyChannel
 
 from sandboxd.core.files import workspace
 from sandboxd.core.manager import SandboxManager
-from sandboxd.errors import APIError, InsufficientStorage
-from sandboxd.http import api
+from sandboxd.errors import InsufficientStorage, SandboxdError
+from sandboxd.http import parse, wire
 from sandboxd.http.site import (
     READ_SIZE,
     SEND_SIZE,
@@ -91,7 +91,7 @@ class Answer:
 def site_port(harness: Harness) -> Any:
     from twisted.internet import reactor
 
-    port = reactor.listenTCP(0, make_site(harness.api.resource(), LIMIT), interface="127.0.0.1")
+    port = reactor.listenTCP(0, make_site(harness.api.app.resource(), LIMIT), interface="127.0.0.1")
     yield port.getHost().port
     port.stopListening()
 
@@ -265,7 +265,7 @@ async def test_a_download_of_a_file_that_shrinks_ends_the_connection(
 
 
 def test_utf8_urls_is_a_leaf(harness: Harness) -> None:
-    wrapped = Utf8URLs(harness.api.resource())
+    wrapped = Utf8URLs(harness.api.app.resource())
     assert wrapped.isLeaf
     assert wrapped.getChildWithDefault(b"x", None) is wrapped  # type: ignore[arg-type]
     with pytest.raises(NotImplementedError):
@@ -354,8 +354,10 @@ async def test_a_chunked_json_body_over_the_json_limit_is_413(
     chunked body up to the upload limit would be read into memory whole)."""
     from twisted.internet import reactor
 
-    monkeypatch.setattr(api, "JSON_BODY_LIMIT", 100)
-    port = reactor.listenTCP(0, make_site(harness.api.resource(), 1 << 20), interface="127.0.0.1")
+    monkeypatch.setattr(parse, "JSON_BODY_LIMIT", 100)
+    port = reactor.listenTCP(
+        0, make_site(harness.api.app.resource(), 1 << 20), interface="127.0.0.1"
+    )
     try:
         body = json.dumps({"env": {"A": "x" * 200}}).encode()
         raw = (
@@ -390,7 +392,7 @@ def spool_dir(tmp_path: Path) -> Path:
 def spooling_port(harness: Harness, spool_dir: Path) -> Any:
     from twisted.internet import reactor
 
-    site = make_site(harness.api.resource(), 1 << 30, spool_dir=str(spool_dir))
+    site = make_site(harness.api.app.resource(), 1 << 30, spool_dir=str(spool_dir))
     port = reactor.listenTCP(0, site, interface="127.0.0.1")
     yield port.getHost().port
     port.stopListening()
@@ -511,12 +513,12 @@ def test_a_body_that_could_not_be_stored_is_507(code: int, kind: type) -> None:
     request = limited(1 << 20)
     request.content_error = OSError(code, os.strerror(code))
     with pytest.raises(kind, match="the request body could not be stored"):
-        api.refuse_too_large(request, 1 << 20)
+        parse.refuse_too_large(request, 1 << 20)
 
 
 def test_a_body_that_could_not_be_stored_for_another_reason_is_500() -> None:
     request = limited(1 << 20)
     request.content_error = OSError(errno.EIO, os.strerror(errno.EIO))
-    with pytest.raises(APIError) as raised:
-        api.refuse_too_large(request, 1 << 20)
-    assert type(raised.value) is APIError and raised.value.status == 500
+    with pytest.raises(SandboxdError) as raised:
+        parse.refuse_too_large(request, 1 << 20)
+    assert type(raised.value) is SandboxdError and wire.status_and_type(raised.value)[0] == 500

@@ -288,7 +288,7 @@ def build_daemon(settings: Mapping[str, str], host: Host | None = None) -> InPro
     file_pool.start()
     admin_pool.start()
     api = SandboxAPI(manager, token=None, pod_url="http://sandboxd.test")
-    stub = StubTreq(api.resource())
+    stub = StubTreq(api.app.resource())
     daemon = InProcessDaemon(
         config, clock, isolation, manager, api, stub, [file_pool, admin_pool], scratch
     )

@@ -11,21 +11,20 @@ from sandboxd.core.exec import spec as exec_request
 from sandboxd.core.exec.spec import (
     ARG_STRLEN_MAX,
     CARRIER_SIZE,
-    ExecRequest,
+    ExecSpec,
     check_exec_size,
     exec_args_limit,
     parse_env,
 )
 from sandboxd.errors import BadRequest
+from sandboxd.http import parse
 
 SHA = "0f" * 32
 
 
 def test_minimal_body() -> None:
-    request = ExecRequest.parse({"cmd": ["ls", "-l"]})
-    assert request == ExecRequest(
-        cmd=("ls", "-l"), env={}, cwd=(), timeout=None, stdin=None, tools=()
-    )
+    request = parse.exec_spec({"cmd": ["ls", "-l"]})
+    assert request == ExecSpec(cmd=("ls", "-l"), env={}, cwd=(), timeout=None, stdin=None, tools=())
 
 
 def test_every_field() -> None:
@@ -37,7 +36,7 @@ def test_every_field() -> None:
         "stdin": base64.b64encode(b"\x00\xffdata").decode(),
         "tools": [SHA],
     }
-    request = ExecRequest.parse(body)
+    request = parse.exec_spec(body)
     assert request.cmd == ("sh", "-c", "true")
     assert request.env == {"A": "1", "B": ""}
     assert request.cwd == ("src", "app")
@@ -80,17 +79,17 @@ def test_every_field() -> None:
 )
 def test_refusals_name_the_field(body: dict[str, Any], field: str) -> None:
     with pytest.raises(BadRequest) as caught:
-        ExecRequest.parse(body)
+        parse.exec_spec(body)
     assert caught.value.detail.startswith(field + ":")
 
 
 def test_empty_cwd_and_stdin() -> None:
-    request = ExecRequest.parse({"cmd": ["x"], "cwd": "", "stdin": ""})
+    request = parse.exec_spec({"cmd": ["x"], "cwd": "", "stdin": ""})
     assert (request.cwd, request.stdin) == ((), b"")
 
 
 def test_huge_timeouts_are_accepted_and_capped_later() -> None:
-    assert ExecRequest.parse({"cmd": ["x"], "timeout": float("inf")}).timeout == float("inf")
+    assert parse.exec_spec({"cmd": ["x"], "timeout": float("inf")}).timeout == float("inf")
 
 
 @pytest.mark.parametrize(

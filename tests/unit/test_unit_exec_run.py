@@ -1,4 +1,5 @@
-"""One running command (``sandboxd.core.exec.run.ExecRun``): frames, timers, flow control, ending.
+"""One running command (``sandboxd.core.exec.run.ExecRun``) and the stream writer that turns its
+events into frames (``sandboxd.http.stream.ExecStream``): timers, flow control, ending.
 
 A ``Clock`` drives every timer and a fake reactor/process transport stands in for the child,
 so each rule (deadline, silence, keepalive, pause/resume, abort) is checked step by step.
@@ -26,44 +27,57 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from unit_fakes import FakeProcess, FakeReactor
 
-from sandboxd.core.exec import run as exec_run
+from sandboxd.core.exec import pipes as exec_run
 from sandboxd.core.exec.run import (
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
     EXIT_TIMEOUT,
-    KEEPALIVE_FRAME,
     LINGER_AFTER_EXIT,
     ExecRun,
-    encode_frame,
     exit_code_of,
-    frame_parts,
-    output_frame,
 )
+from sandboxd.http.stream import ExecStream
+from sandboxd.http.wire import KEEPALIVE_FRAME, final_frame, frame_parts, output_frame
 
 PID = 424242
 DEVNULL = 99
 
 
+class Response:
+    """What the stream writer writes to: the frames, and the producer registered."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.producer: Any = None
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        self.producer = producer
+
+
+def encode_frame(frame: dict[str, Any]) -> bytes:
+    return b"".join(frame_parts(frame))
+
+
 class Harness:
-    """An ExecRun with recorded frames, kills and callbacks."""
+    """An ExecRun followed by its stream writer, with recorded frames, kills and callbacks."""
 
     def __init__(self, **overrides: Any) -> None:
         self.clock = Clock()
-        self.frames: list[bytes] = []
+        self.response = Response()
+        self.frames = self.response.frames
         self.kills: list[tuple[int, int]] = []
         self.activity = 0
         self.ends = 0
         self.kill_error: BaseException | None = None
-        settings = {
-            "max_output": 16,
-            "keepalive": 5.0,
-            "log_timeout": 30.0,
-            "timeout": 100.0,
-            **overrides,
-        }
+        settings = {"max_output": 16, "log_timeout": 30.0, "timeout": 100.0, **overrides}
+        keepalive = settings.pop("keepalive", 5.0)
+        self.stream = ExecStream(self.response, self.clock, keepalive)  # type: ignore[arg-type]
         self.run = ExecRun(
             self.clock,
-            self.frames.append,
+            self.stream.output,
             on_activity=self._active,
             on_end=self._ended,
             kill=self._kill,
@@ -84,7 +98,14 @@ class Harness:
 
     def start(self, stdin: bytes | None = None, env: dict[str, str] | None = None) -> ExecRun:
         self.run.start(self.reactor, ["/bin/cmd", "arg"], env or {"A": "1"}, stdin, DEVNULL)
+        self.stream.attach(self.run)
+        assert self.response.producer is self.stream
         return self.run
+
+    @property
+    def frame(self) -> dict[str, Any] | None:
+        """The final frame, once the run ended."""
+        return None if self.run.outcome is None else final_frame(self.run.outcome)
 
     @property
     def process(self) -> FakeProcess:
@@ -97,8 +118,8 @@ class Harness:
     def end(self, reason: BaseException) -> dict[str, Any]:
         self.run.processExited(Failure(reason))
         self.run.processEnded(Failure(reason))
-        assert self.run.frame is not None
-        return self.run.frame
+        assert self.frame is not None
+        return self.frame
 
 
 def b64(data: bytes) -> str:
@@ -172,11 +193,11 @@ def test_a_command_that_cannot_start_ends_at_once(
     h.reactor.error = error
     run = h.start()
     assert run.ended and run.pid is None
-    assert run.frame is not None
-    assert run.frame["exit"] == code
-    err = base64.b64decode(run.frame["err"])
+    assert h.frame is not None
+    assert h.frame["exit"] == code
+    err = base64.b64decode(h.frame["err"])
     assert err.startswith(b"/bin/cmd: ") and text in err
-    assert h.decoded() == [{"o": run.frame["err"]}]
+    assert h.decoded() == [{"o": h.frame["err"]}]
     assert h.ends == 1
     assert h.clock.getDelayedCalls() == []
     run.abort()
@@ -186,8 +207,8 @@ def test_a_command_that_cannot_start_ends_at_once(
 def test_a_command_the_host_cannot_start_ends_in_band() -> None:
     h = Harness()
     h.reactor.error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
-    run = h.start()
-    assert run.frame == {
+    h.start()
+    assert h.frame == {
         "error": "SpawnFailed",
         "detail": "cannot start the command: [Errno 11] Resource temporarily unavailable",
     }
@@ -294,7 +315,7 @@ def test_linger_after_exit_closes_the_pipes() -> None:
     h.clock.advance(LINGER_AFTER_EXIT * 0.25)
     assert h.process.lost == 1
     run.processEnded(Failure(ProcessDone(0)))
-    assert run.frame is not None and run.frame["exit"] == 0
+    assert h.frame is not None and h.frame["exit"] == 0
 
 
 # Flow control
@@ -303,13 +324,13 @@ def test_linger_after_exit_closes_the_pipes() -> None:
 def test_pause_stops_reading_and_the_silence_clock() -> None:
     h = Harness(log_timeout=3.0, keepalive=1000.0)
     run = h.start()
-    run.pauseProducing()
+    h.stream.pauseProducing()
     assert h.process.paused == 1
     h.clock.advance(10)  # a slow reader is not a silent command
     run.childDataReceived(1, b"late")  # buffered before the pause took effect
     h.clock.advance(10)
     assert h.kills == []
-    run.resumeProducing()
+    h.stream.resumeProducing()
     assert h.process.resumed == 1
     h.clock.advance(2.75)
     assert h.kills == []
@@ -320,19 +341,21 @@ def test_pause_stops_reading_and_the_silence_clock() -> None:
 def test_pause_does_not_stop_the_deadline() -> None:
     h = Harness(timeout=5.0, log_timeout=3.0)
     run = h.start()
-    run.pauseProducing()
+    h.stream.pauseProducing()
     h.clock.advance(5.0)
     assert run.timed_out and h.kills == [(PID, signal.SIGKILL)]
 
 
 def test_flow_control_before_start_and_after_end() -> None:
     h = Harness()
-    h.run.pauseProducing()
-    h.run.resumeProducing()
+    h.stream.pauseProducing()
+    h.stream.resumeProducing()
+    h.run.pause_reading()
+    h.run.resume_reading()
     h.run._close_pipes()  # nothing to close yet
-    run = h.start()
+    h.start()
     h.end(ProcessDone(0))
-    run.resumeProducing()
+    h.stream.resumeProducing()
     assert h.process.resumed == 0
     assert h.clock.getDelayedCalls() == []
 
@@ -340,7 +363,7 @@ def test_flow_control_before_start_and_after_end() -> None:
 def test_stop_producing_aborts() -> None:
     h = Harness()
     run = h.start()
-    run.stopProducing()
+    h.stream.stopProducing()
     assert h.kills == [(PID, signal.SIGKILL)]
     assert h.process.lost == 1
     assert not run.timed_out
@@ -397,7 +420,7 @@ def test_abort_of_a_process_already_gone() -> None:
 
 
 def test_the_real_killpg_is_the_default() -> None:
-    run = ExecRun(Clock(), lambda frame: None, max_output=1, keepalive=1, log_timeout=1, timeout=1)
+    run = ExecRun(Clock(), lambda fd, data: None, max_output=1, log_timeout=1, timeout=1)
     assert run._killpg is os.killpg
 
 
@@ -414,19 +437,18 @@ def test_when_finished_before_and_after_the_end() -> None:
     cancelled.addErrback(lambda f: None)
     cancelled.cancel()  # a client that went away: the run goes on
     frame = h.end(terminated(5))
-    assert results == [frame]
+    assert results == [run.outcome] and final_frame(results[0]) == frame
     late: list[Any] = []
     run.when_finished().addCallback(late.append)
-    assert late == [frame]
+    assert late == [run.outcome]
 
 
 def test_a_callback_per_end() -> None:
     calls: list[str] = []
     run = ExecRun(
         Clock(),
-        lambda frame: None,
+        lambda fd, data: None,
         max_output=1,
-        keepalive=1,
         log_timeout=1,
         timeout=1,
     )
@@ -443,16 +465,16 @@ def test_a_slow_reader_never_loses_the_tail_of_the_output() -> None:
     pipes are not closed under it; the linger starts once reading resumes."""
     h = Harness()
     run = h.start()
-    run.pauseProducing()
+    h.stream.pauseProducing()
     run.processExited(Failure(ProcessDone(0)))
     h.clock.advance(LINGER_AFTER_EXIT * 10)
     assert h.process.lost == 0
-    run.resumeProducing()
+    h.stream.resumeProducing()
     run.childDataReceived(1, b"the tail")
-    run.pauseProducing()  # slow again: the linger waits again
+    h.stream.pauseProducing()  # slow again: the linger waits again
     h.clock.advance(LINGER_AFTER_EXIT * 10)
     assert h.process.lost == 0
-    run.resumeProducing()
+    h.stream.resumeProducing()
     h.clock.advance(LINGER_AFTER_EXIT)
     assert h.process.lost == 1
     frame = h.end(ProcessDone(0))
@@ -462,7 +484,7 @@ def test_a_slow_reader_never_loses_the_tail_of_the_output() -> None:
 def test_a_slow_reader_does_not_outlive_the_deadline() -> None:
     h = Harness(timeout=10.0)
     run = h.start()
-    run.pauseProducing()
+    h.stream.pauseProducing()
     run.processExited(Failure(ProcessDone(0)))
     h.clock.advance(10.0)
     assert run.timed_out and h.process.lost == 1
@@ -577,19 +599,19 @@ def test_read_in_large_chunks_reads_a_whole_enlarged_pipe_at_once() -> None:
 
 def test_the_final_frame_is_written_as_fast_as_the_client_reads() -> None:
     h = Harness()
-    run = h.start()
+    h.start()
     h.end(ProcessDone(0))
-    assert run.writable().called  # not paused: write on
-    run.pauseProducing()
-    waiting, cancelled = run.writable(), run.writable()
+    assert h.stream.writable().called  # not paused: write on
+    h.stream.pauseProducing()
+    waiting, cancelled = h.stream.writable(), h.stream.writable()
     cancelled.addErrback(lambda f: f.trap(CancelledError))
     cancelled.cancel()  # the client went away (Klein cancels the handler)
     assert not waiting.called
-    run.resumeProducing()
+    h.stream.resumeProducing()
     assert waiting.called
-    run.pauseProducing()
-    stopped = run.writable()
-    run.stopProducing()  # the connection is gone: nothing more to wait for
+    h.stream.pauseProducing()
+    stopped = h.stream.writable()
+    h.stream.stopProducing()  # the connection is gone: nothing more to wait for
     assert stopped.called
 
 

@@ -23,10 +23,11 @@ from unit_fakes import (
 )
 
 from sandboxd.config import Config
-from sandboxd.core.exec.spec import ExecRequest
+from sandboxd.core.exec.spec import ExecSpec
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import BASE_PATH, SandboxManager
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
+from sandboxd.http import parse, wire
 from sandboxd.isolation.base import CgroupStats, Isolation
 
 SHA = "ab" * 32
@@ -91,8 +92,8 @@ def world(tmp_path: Path) -> Any:
     w.close()
 
 
-def exec_request(**fields: Any) -> ExecRequest:
-    return ExecRequest.parse({"cmd": ["echo", "hi"], **fields})
+def exec_request(**fields: Any) -> ExecSpec:
+    return parse.exec_spec({"cmd": ["echo", "hi"], **fields})
 
 
 # Start and recovery
@@ -294,7 +295,7 @@ def test_drain_with_nothing_running_kills_at_once(world: World) -> None:
 
 def test_drain_waits_for_running_commands(world: World) -> None:
     sandbox = world.manager.create()
-    run = world.manager.start_exec(sandbox, exec_request(), lambda frame: None)
+    run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
     first = world.manager.drain()
     second = world.manager.drain()
     world.clock.advance(world.manager.drain_poll * 3)
@@ -309,7 +310,7 @@ def test_drain_waits_for_running_commands(world: World) -> None:
 
 def test_drain_deadline_kills_busy_sandboxes(world: World) -> None:
     sandbox = world.manager.create()
-    run = world.manager.start_exec(sandbox, exec_request(), lambda frame: None)
+    run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
     done = world.manager.drain()
     world.clock.advance(5)
     assert not done.called
@@ -341,7 +342,9 @@ def test_command_env(world: World) -> None:
 def test_start_exec_wraps_the_command(world: World) -> None:
     sandbox = world.manager.create()
     frames: list[bytes] = []
-    run = world.manager.start_exec(sandbox, exec_request(cwd="sub/dir", stdin=""), frames.append)
+    run = world.manager.start_exec(
+        sandbox, exec_request(cwd="sub/dir", stdin=""), lambda fd, data: frames.append(data)
+    )
     (spawn,) = world.reactor.spawned
     workspace = world.layout.workspace(sandbox.rid)
     assert spawn["args"] == [
@@ -367,36 +370,36 @@ def test_start_exec_wraps_the_command(world: World) -> None:
 
 def test_exec_timeout_is_the_smaller_of_request_and_host(world: World) -> None:
     sandbox = world.manager.create()
-    short = world.manager.start_exec(sandbox, exec_request(timeout=2), lambda f: None)
-    long = world.manager.start_exec(sandbox, exec_request(timeout=1000), lambda f: None)
-    default = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    short = world.manager.start_exec(sandbox, exec_request(timeout=2), lambda fd, data: None)
+    long = world.manager.start_exec(sandbox, exec_request(timeout=1000), lambda fd, data: None)
+    default = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
     assert (short.timeout, long.timeout, default.timeout) == (2.0, 60.0, 60.0)
 
 
 def test_a_timed_out_exec_is_logged(world: World) -> None:
     sandbox = world.manager.create()
-    run = world.manager.start_exec(sandbox, exec_request(timeout=1), lambda f: None)
+    run = world.manager.start_exec(sandbox, exec_request(timeout=1), lambda fd, data: None)
     world.clock.advance(1)
     run.processEnded(Failure(ProcessTerminated(signal=9)))
-    assert run.frame is not None and run.frame["exit"] == 124
+    assert run.outcome is not None and wire.final_frame(run.outcome)["exit"] == 124
 
 
 def test_an_oom_kill_is_noted_once(world: World) -> None:
     sandbox = world.manager.create()
     for kills in (1, 1, 2):
         world.cgroups.stats_value = CgroupStats(0, 0, 0, 0, kills)
-        run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+        run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
         run.processEnded(Failure(ProcessTerminated(signal=9)))
         assert sandbox.oom_kills_seen == kills
     world.cgroups.stats_error = OSError("no counters")
-    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
     run.processEnded(Failure(ProcessTerminated(signal=9)))
     assert sandbox.oom_kills_seen == 2
 
 
 def test_the_end_of_a_run_without_a_frame_is_tolerated(world: World) -> None:
     sandbox = world.manager.create()
-    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
     run.on_end()
     assert sandbox.running == set()
 
@@ -404,20 +407,20 @@ def test_the_end_of_a_run_without_a_frame_is_tolerated(world: World) -> None:
 def test_a_command_that_cannot_start_is_not_left_running(world: World) -> None:
     world.reactor.error = FileNotFoundError(2, "no wrapper")
     sandbox = world.manager.create()
-    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
-    assert run.frame is not None and run.frame["exit"] == 127
+    run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
+    assert run.outcome is not None and wire.final_frame(run.outcome)["exit"] == 127
     assert sandbox.running == set()
 
 
 def test_exec_refusals(world: World, tmp_path: Path) -> None:
     sandbox = world.manager.create()
     with pytest.raises(BadRequest, match="not installed"):
-        world.manager.start_exec(sandbox, exec_request(tools=[SHA]), lambda f: None)
+        world.manager.start_exec(sandbox, exec_request(tools=[SHA]), lambda fd, data: None)
     (Path(world.config.tools_dir) / SHA).mkdir(parents=True)
-    world.manager.start_exec(sandbox, exec_request(tools=[SHA]), lambda f: None)
+    world.manager.start_exec(sandbox, exec_request(tools=[SHA]), lambda fd, data: None)
     big = {f"V{i}": "x" * 100_000 for i in range(80)}
     with pytest.raises(BadRequest, match="too long"):
-        world.manager.start_exec(sandbox, exec_request(env=big), lambda f: None)
+        world.manager.start_exec(sandbox, exec_request(env=big), lambda fd, data: None)
     assert sandbox.execs == 1
 
 
@@ -431,14 +434,14 @@ def test_spawn_env_refusal_is_400(tmp_path: Path) -> None:
     w.start()
     sandbox = w.manager.create()
     with pytest.raises(BadRequest, match=r"^env: 'BAD' cannot be carried"):
-        w.manager.start_exec(sandbox, exec_request(env={"BAD": "1"}), lambda f: None)
+        w.manager.start_exec(sandbox, exec_request(env={"BAD": "1"}), lambda fd, data: None)
     assert sandbox.running == set() and sandbox.execs == 0
     w.close()
 
 
 def test_kill_aborts_running_commands(world: World) -> None:
     sandbox = world.manager.create()
-    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+    run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
     kills: list[tuple[int, int]] = []
     run._killpg = lambda pid, sig: kills.append((pid, sig))
     fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
@@ -537,8 +540,8 @@ def test_a_drain_removes_the_instance_cgroups(tmp_path: Path, error: OSError | N
 def test_a_spawn_that_fails_outright_leaves_nothing_running(world: World) -> None:
     world.reactor.error = OSError(11, "Resource temporarily unavailable")  # fork: EAGAIN
     sandbox = world.manager.create()
-    run = world.manager.start_exec(sandbox, exec_request(), lambda f: None)
-    assert run.frame is not None and run.frame["error"] == "SpawnFailed"
+    run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
+    assert run.outcome is not None and wire.final_frame(run.outcome)["error"] == "SpawnFailed"
     assert sandbox.running == set()
     # So the idle reaper and a drain do not wait for it forever.
     world.clock.advance(100)
@@ -550,5 +553,5 @@ def test_a_spawn_that_raises_anything_else_leaves_nothing_running(world: World) 
     world.reactor.error = UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
     sandbox = world.manager.create()
     with pytest.raises(UnicodeEncodeError):
-        world.manager.start_exec(sandbox, exec_request(), lambda f: None)
+        world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
     assert sandbox.running == set()

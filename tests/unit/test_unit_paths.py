@@ -10,7 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sandboxd.core.files.paths import NAME_MAX, PATH_MAX, display, normalise
-from sandboxd.errors import APIError, BadRequest
+from sandboxd.errors import BadRequest, SandboxdError
+from sandboxd.http import wire
 
 # Path-like text: components drawn mostly from the interesting ones.
 component = st.one_of(
@@ -87,8 +88,8 @@ def test_display() -> None:
 
 def test_bad_request_carries_its_status() -> None:
     error = BadRequest("x: bad")
-    assert (error.status, error.wire_type, error.detail) == (400, "BadRequest", "x: bad")
-    assert APIError().detail == "InternalError"
+    assert (*wire.status_and_type(error), wire.detail_of(error)) == (400, "BadRequest", "x: bad")
+    assert wire.detail_of(SandboxdError()) == "InternalError"
 
 
 @deterministic

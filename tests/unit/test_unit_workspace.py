@@ -23,6 +23,7 @@ import pytest
 
 from sandboxd.core.files import workspace
 from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound
+from sandboxd.http import wire
 from sandboxd.http.site import Spool
 
 OTHER_UID = os.getuid() + 4242
@@ -112,7 +113,7 @@ def alarm() -> Iterator[None]:
 def test_translate(code: int, kind: type, status: int) -> None:
     error = workspace.translate(OSError(code, os.strerror(code)), ("a", "b"))
     assert type(error) is kind
-    assert error.status == status
+    assert wire.status_and_type(error)[0] == status
     assert error.detail.startswith("/a/b: ")
 
 
@@ -465,7 +466,7 @@ def test_walk_answers_nothing_when_the_tree_changes_under_it(
 
     monkeypatch.setattr(workspace, "os", FaultyOs(open=moved))
     assert workspace.walk(str(ws), ()) == []
-    assert workspace.walk_body(str(ws), ()) == b'{"entries": []}'
+    assert walk_body(str(ws), ()) == b'{"entries": []}'
     assert [e.path for e in workspace.walk(str(ws), ("a",))] == ["/a/f"]
 
 
@@ -765,6 +766,10 @@ def test_rename_never_follows_links(ws: Path, outside: Path) -> None:
 # The walk's JSON body
 
 
+def walk_body(ws: str, root: tuple[str, ...]) -> bytes:
+    return wire.walk_body(workspace.walk_map(ws, root, wire.walk_entries))
+
+
 @pytest.mark.parametrize("root", [(), ("d",), ("d", "f"), ("missing",)])
 def test_walk_body_is_json_dumps_of_walk(ws: Path, root: tuple[str, ...]) -> None:
     (ws / "d").mkdir()
@@ -777,7 +782,7 @@ def test_walk_body_is_json_dumps_of_walk(ws: Path, root: tuple[str, ...]) -> Non
         {"path": e.path, "size": e.size, "version": e.version}
         for e in workspace.walk(str(ws), root)
     ]
-    body = workspace.walk_body(str(ws), root)
+    body = walk_body(str(ws), root)
     assert body == json.dumps({"entries": entries}).encode()
     assert json.loads(body) == {"entries": entries}
 

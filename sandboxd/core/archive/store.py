@@ -49,7 +49,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.core.archive.rsync import REMOTE, Rsync, RsyncFailed, WorkspaceEnd
-from sandboxd.errors import APIError
+from sandboxd.errors import ArchiveFailed
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -69,13 +69,6 @@ or hard-linked by ``--link-dest``) only when size and mtime agree to the nanosec
 RENAME_EXCHANGE = 2
 
 log = Logger()
-
-
-class ArchiveFailed(APIError):
-    """A persist or restore failed; the archive is as it was before the call."""
-
-    status = 500
-    wire_type = "ArchiveError"
 
 
 class ArchiveUnavailable(Exception):

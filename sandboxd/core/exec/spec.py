@@ -1,15 +1,12 @@
-"""The body of ``POST /sandboxes/{rid}/exec``, validated into an :class:`ExecRequest`."""
+"""One command to run, as a plain value (:class:`ExecSpec`), and the limits it must fit."""
 
-import base64
-import binascii
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from attrs import frozen
 
-from sandboxd.core.files.paths import Parts, normalise
+from sandboxd.core.files.paths import Parts
 from sandboxd.errors import BadRequest
 
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -58,7 +55,7 @@ def check_exec_size(cmd: Sequence[str], env: Mapping[str, str]) -> None:
 
 
 @frozen
-class ExecRequest:
+class ExecSpec:
     """One command to run: argv, the exec-level environment, and the §2 extensions."""
 
     cmd: tuple[str, ...]
@@ -67,33 +64,6 @@ class ExecRequest:
     timeout: float | None
     stdin: bytes | None
     tools: tuple[str, ...]
-
-    @classmethod
-    def parse(cls, body: dict[str, Any]) -> "ExecRequest":
-        """Validate the JSON body; every problem is a ``400`` naming the field."""
-        cmd = body.get("cmd")
-        if not isinstance(cmd, list) or not cmd:
-            raise BadRequest("cmd: must be a non-empty list of strings")
-        for arg in cmd:
-            if not isinstance(arg, str):
-                raise BadRequest("cmd: must be a non-empty list of strings")
-            if "\0" in arg:
-                raise BadRequest("cmd: an argument contains a NUL byte")
-        timeout = body.get("timeout")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-                raise BadRequest("timeout: must be a number of seconds")
-            if not timeout > 0:
-                raise BadRequest("timeout: must be above zero")
-        cwd = body.get("cwd")
-        return cls(
-            cmd=tuple(cmd),
-            env=parse_env(body.get("env"), "env"),
-            cwd=normalise("/" if cwd is None else cwd, "cwd"),
-            timeout=None if timeout is None else float(timeout),
-            stdin=_parse_stdin(body.get("stdin")),
-            tools=_parse_tools(body.get("tools")),
-        )
 
 
 def parse_env(value: object, field: str) -> dict[str, str]:
@@ -112,25 +82,3 @@ def parse_env(value: object, field: str) -> dict[str, str]:
         if len(key.encode()) + len(item.encode()) + 2 + CARRIER_SIZE > ARG_STRLEN_MAX:
             raise BadRequest(f"{field}: the entry {key!r} is over the limit of one entry")
     return dict(value)
-
-
-def _parse_stdin(value: object) -> bytes | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise BadRequest("stdin: must be a base64 string")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise BadRequest("stdin: not valid base64") from None
-
-
-def _parse_tools(value: object) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise BadRequest("tools: must be a list of sha256 strings")
-    for sha in value:
-        if not SHA256_HEX.match(sha):
-            raise BadRequest(f"tools: {sha!r} is not a sha256")
-    return tuple(value)

@@ -13,15 +13,16 @@ import os
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from json.encoder import encode_basestring_ascii
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from attrs import frozen
 
 from sandboxd.core.files.paths import Parts, display
-from sandboxd.errors import APIError, BadRequest, InsufficientStorage, PathNotFound
+from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, SandboxdError
+
+T = TypeVar("T")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _UPLOAD_PREFIX = ".sandboxd-upload-"
@@ -48,7 +49,7 @@ def version_of(st: os.stat_result) -> str:
     return f"{st.st_ino:x}.{st.st_mtime_ns:x}.{st.st_ctime_ns:x}.{st.st_size:x}"
 
 
-def translate(error: OSError, parts: Parts) -> APIError:
+def translate(error: OSError, parts: Parts) -> SandboxdError:
     """Map an OS error of a file call to the answer the contract gives."""
     where = display(parts)
     if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
@@ -413,36 +414,23 @@ def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
         return []
 
 
-_WALK_ENTRY = '{"path": %s, "size": %d, "version": "%x.%x.%x.%x"}'
-"""One entry of the walk body, as ``json.dumps`` writes it (``version_of`` inlined)."""
-
-
-def walk_body(workspace: str, parts: Parts) -> bytes:
-    """The JSON body of ``GET walk``: ``{"entries": [{path, size, version}...]}`` for
-    :func:`walk`'s entries, the very bytes ``json.dumps`` gives, made without an object or a
-    dict per entry (a walk can list hundreds of thousands of files), one directory at a time.
+def walk_map(
+    workspace: str,
+    parts: Parts,
+    each_dir: Callable[[str, list[tuple[str, os.stat_result]]], list[T]],
+) -> list[T]:
+    """``each_dir(path, [(name, stat)...])`` for each directory holding regular files under
+    the path (``path`` ``/``-rooted, ``""`` for the workspace root), one directory at a time,
+    its results joined: nothing when the path is missing, or on any error (a walk can list
+    hundreds of thousands of files: no object per entry is kept, only what ``each_dir`` gives).
     """
-    quote = encode_basestring_ascii
-    entry = _WALK_ENTRY
-    entries: list[str] = []
+    results: list[T] = []
     try:
         for path, found in _walk_dirs(workspace, parts):
-            where = path + "/"
-            entries += [
-                entry
-                % (
-                    quote(where + name),
-                    st.st_size,
-                    st.st_ino,
-                    st.st_mtime_ns,
-                    st.st_ctime_ns,
-                    st.st_size,
-                )
-                for name, st in found
-            ]
+            results += each_dir(path, found)
     except OSError:
-        entries = []
-    return ('{"entries": [' + ", ".join(entries) + "]}").encode("ascii")
+        return []
+    return results
 
 
 def disk_usage(workspace: str) -> int:

@@ -1,0 +1,192 @@
+"""Request parsing of the HTTP front: query parameters, JSON bodies and their fields, the
+``<rid>`` URL converter. Every refusal is a :class:`~sandboxd.errors.BadRequest` naming the
+field (``400``), or :class:`~sandboxd.http.wire.TooLarge` (``413``).
+"""
+
+import base64
+import binascii
+import errno
+import json
+import os
+from typing import Any, cast
+
+from twisted.web.iweb import IRequest
+from werkzeug.routing import BaseConverter
+
+from sandboxd.core.archive.store import RESERVED_PREFIX
+from sandboxd.core.exec.spec import SHA256_HEX, ExecSpec, parse_env
+from sandboxd.core.files.paths import normalise
+from sandboxd.core.layout import RID_PATTERN
+from sandboxd.errors import BadRequest, InsufficientStorage, SandboxdError
+from sandboxd.http.wire import TooLarge
+
+JSON_BODY_LIMIT = 64 << 20
+ITEM_ID_MAX = 255
+MAX_TOOLS = 64
+
+
+class RidConverter(BaseConverter):
+    """``<rid:...>``: a sandbox id in the URL. Text that cannot be one becomes ``""``, an id no
+    sandbox has (the route answers ``404 SandboxNotFound`` like any unknown id)."""
+
+    def to_python(self, value: str) -> str:
+        return value if RID_PATTERN.match(value) else ""
+
+
+def query(request: IRequest, name: str, default: str | None = None) -> str:
+    """One query parameter as text, ``400`` when missing or not UTF-8."""
+    values = request.args.get(name.encode()) if request.args else None
+    if not values:
+        if default is not None:
+            return default
+        raise BadRequest(f"{name}: missing query parameter")
+    try:
+        return cast(bytes, values[0]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest(f"{name}: not UTF-8") from None
+
+
+def json_body(request: IRequest) -> dict[str, Any]:
+    """The request's JSON object, ``400`` when it is not one (an absent body is ``{}``)."""
+    refuse_too_large(request, JSON_BODY_LIMIT)
+    raw = request.content.read(JSON_BODY_LIMIT + 1)  # a chunked body has no Content-Length
+    if len(raw) > JSON_BODY_LIMIT:
+        raise TooLarge(f"the request body is over {JSON_BODY_LIMIT} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest("body: not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body: must be a JSON object")
+    refuse_lone_surrogates(body)
+    return body
+
+
+def refuse_lone_surrogates(body: dict[str, Any]) -> None:
+    """``400`` naming the field whose text holds a lone surrogate (JSON ``"\\ud800"``).
+
+    Such text has no UTF-8 form: it could be neither a path, nor an argument, nor an
+    environment entry, and would fail later, deep inside the call, as a ``500``.
+    """
+    for key, value in body.items():
+        try:
+            json.dumps({key: value}, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            name = key.encode("utf-8", "backslashreplace").decode()
+            raise BadRequest(f"{name}: not valid Unicode (a lone surrogate)") from None
+
+
+def refuse_too_large(request: IRequest, limit: int) -> None:
+    """``413`` when the body was over the site's limit, or is over ``limit``; ``507`` when it
+    could not be stored for want of space (``500`` for any other reason)."""
+    if getattr(request, "too_large", False):
+        raise TooLarge("the request body is over the configured limit")
+    error: OSError | None = getattr(request, "content_error", None)
+    if error is not None:
+        detail = f"the request body could not be stored: {os.strerror(error.errno or 0)}"
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InsufficientStorage(detail)
+        raise SandboxdError(detail)
+    length = request.getHeader(b"content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise TooLarge(f"the request body is over {limit} bytes")
+
+
+def check_item_id(item_id: object) -> str | None:
+    """``item_id`` names one archive entry: no ``/``, no ``..``, no NUL, bounded length, and not
+    the archive's own ``.sandboxd-`` names."""
+    if item_id is None:
+        return None
+    if not isinstance(item_id, str) or not item_id:
+        raise BadRequest("item_id: must be a non-empty string")
+    try:
+        size = len(item_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest("item_id: not valid Unicode text") from None
+    if "/" in item_id or "\0" in item_id or item_id in (".", "..") or size > ITEM_ID_MAX:
+        raise BadRequest(
+            f"item_id: one path component of at most {ITEM_ID_MAX} bytes, no '/' or NUL"
+        )
+    if item_id.startswith(RESERVED_PREFIX):
+        raise BadRequest(f"item_id: names starting with {RESERVED_PREFIX!r} are reserved")
+    return item_id
+
+
+def create_body(body: dict[str, Any]) -> tuple[object, str | None]:
+    """``POST /sandboxes``: the create-time ``env`` (checked by the core) and the ``item_id``."""
+    image = body.get("image")
+    if image is not None and not isinstance(image, str):
+        raise BadRequest("image: must be a string")
+    ports = body.get("exposed_ports")
+    if ports is not None and not (isinstance(ports, list) and all(type(p) is int for p in ports)):
+        raise BadRequest("exposed_ports: must be a list of port numbers")
+    return body.get("env"), check_item_id(body.get("item_id"))
+
+
+def exec_spec(body: dict[str, Any]) -> ExecSpec:
+    """The body of ``POST /sandboxes/{rid}/exec``; every problem is a ``400`` naming the field."""
+    cmd = body.get("cmd")
+    if not isinstance(cmd, list) or not cmd:
+        raise BadRequest("cmd: must be a non-empty list of strings")
+    for arg in cmd:
+        if not isinstance(arg, str):
+            raise BadRequest("cmd: must be a non-empty list of strings")
+        if "\0" in arg:
+            raise BadRequest("cmd: an argument contains a NUL byte")
+    timeout = body.get("timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise BadRequest("timeout: must be a number of seconds")
+        if not timeout > 0:
+            raise BadRequest("timeout: must be above zero")
+    cwd = body.get("cwd")
+    return ExecSpec(
+        cmd=tuple(cmd),
+        env=parse_env(body.get("env"), "env"),
+        cwd=normalise("/" if cwd is None else cwd, "cwd"),
+        timeout=None if timeout is None else float(timeout),
+        stdin=_stdin(body.get("stdin")),
+        tools=_tools(body.get("tools")),
+    )
+
+
+def _stdin(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadRequest("stdin: must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("stdin: not valid base64") from None
+
+
+def _tools(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadRequest("tools: must be a list of sha256 strings")
+    for sha in value:
+        if not SHA256_HEX.match(sha):
+            raise BadRequest(f"tools: {sha!r} is not a sha256")
+    return tuple(value)
+
+
+def tools_body(body: dict[str, Any]) -> dict[str, Any]:
+    """``POST /tools/resolve``: the ``{name: manifest_url}`` wanted."""
+    wanted = body.get("tools")
+    if not isinstance(wanted, dict):
+        raise BadRequest("tools: must be an object of name → manifest URL")
+    if len(wanted) > MAX_TOOLS:
+        raise BadRequest(f"tools: at most {MAX_TOOLS} per request")
+    return wanted
+
+
+def persist_body(body: dict[str, Any]) -> bool:
+    """``POST persist``: ``delete``, a boolean (absent: false)."""
+    delete = body.get("delete", False)
+    if not isinstance(delete, bool):
+        raise BadRequest("delete: must be true or false")
+    return delete

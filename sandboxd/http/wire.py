@@ -1,0 +1,205 @@
+"""The wire vocabulary of the HTTP front (SPEC §1, §2): every JSON body, every NDJSON frame and
+every error body the daemon sends is made here.
+
+Errors go through one table, :data:`ERROR_TYPES`: a core error (or one of the front's own,
+below) gives its HTTP status and its wire ``error`` type; anything not in the table is an
+``500 InternalError``.
+"""
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from json.encoder import encode_basestring_ascii
+from typing import Any
+
+import pybase64
+
+from sandboxd.core.exec.run import Outcome, SpawnFailed
+from sandboxd.errors import (
+    ArchiveFailed,
+    BadRequest,
+    Draining,
+    InsufficientStorage,
+    NoCapacity,
+    PathNotFound,
+    SandboxdError,
+    SandboxNotFound,
+)
+
+JSON = b"application/json"
+NDJSON = b"application/x-ndjson"
+OCTETS = b"application/octet-stream"
+
+
+class Unauthorized(SandboxdError):
+    """Missing or wrong bearer token (a front's own refusal)."""
+
+
+class TooLarge(SandboxdError):
+    """A request body over the configured limit (a front's own refusal)."""
+
+
+INTERNAL = (500, "InternalError")
+
+ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
+    BadRequest: (400, "BadRequest"),
+    Unauthorized: (401, "Unauthorized"),
+    SandboxNotFound: (404, "SandboxNotFound"),
+    PathNotFound: (404, "FileNotFoundError"),
+    TooLarge: (413, "TooLarge"),
+    ArchiveFailed: (500, "ArchiveError"),
+    Draining: (503, "Draining"),
+    NoCapacity: (503, "NoCapacity"),
+    InsufficientStorage: (507, "InsufficientStorage"),
+}
+"""Core error → (HTTP status, wire ``error`` type); a subclass answers as its nearest base."""
+
+
+def status_and_type(error: SandboxdError) -> tuple[int, str]:
+    """The HTTP status and wire type of ``error`` (:data:`INTERNAL` when it has none)."""
+    for kind in type(error).__mro__:
+        if kind in ERROR_TYPES:
+            return ERROR_TYPES[kind]
+    return INTERNAL
+
+
+def detail_of(error: SandboxdError) -> str:
+    """The ``detail`` of an error body: its message, else its wire type."""
+    return str(error.args[0]) if error.args else status_and_type(error)[1]
+
+
+def body(value: Any) -> bytes:
+    """A JSON body, as ``json.dumps`` writes it."""
+    return json.dumps(value).encode()
+
+
+def error_body(kind: str, detail: str) -> bytes:
+    """The body of every error answer: ``{"error": <type>, "detail": <msg>}``."""
+    return body({"error": kind, "detail": detail})
+
+
+def core_error_body(error: SandboxdError) -> tuple[int, bytes]:
+    """The status and error body answering ``error``."""
+    status, kind = status_and_type(error)
+    return status, error_body(kind, detail_of(error))
+
+
+def bad_request_body(detail: str) -> bytes:
+    """A ``400 BadRequest`` body."""
+    return error_body("BadRequest", detail)
+
+
+# NDJSON frames of the exec stream
+
+KEEPALIVE_FRAME = b'{"o":""}\n'
+"""The frame sent while a command is silent (an empty live chunk)."""
+
+
+def output_frame(data: bytes) -> bytes:
+    """The NDJSON line of one live output chunk (``pybase64``: SIMD, much faster than
+    ``base64`` for bulk output)."""
+    return b"".join((b'{"o":"', pybase64.b64encode(data), b'"}\n'))
+
+
+def error_frame(kind: str, detail: str) -> bytes:
+    """The in-band error frame ending an exec stream whose status line is already sent."""
+    return frame_line({"error": kind, "detail": detail})
+
+
+def in_band_error(error: BaseException) -> bytes:
+    """The in-band error frame for a failure while running exec."""
+    kind = status_and_type(error)[1] if isinstance(error, SandboxdError) else type(error).__name__
+    return error_frame(kind, str(error))
+
+
+def frame_line(frame: Mapping[str, Any]) -> bytes:
+    """Any NDJSON line, as compact ``json.dumps``."""
+    return json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+
+
+def final_frame(outcome: Outcome) -> dict[str, Any]:
+    """The last frame of an exec stream for how the command ended."""
+    if isinstance(outcome, SpawnFailed):
+        return {"error": "SpawnFailed", "detail": outcome.detail}
+    frame: dict[str, Any] = {
+        "exit": outcome.code,
+        "out": pybase64.b64encode_as_string(outcome.out),
+        "err": pybase64.b64encode_as_string(outcome.err),
+    }
+    if outcome.truncated:
+        frame["truncated"] = True
+    return frame
+
+
+_BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+_EXIT_KEYS = (["exit", "out", "err"], ["exit", "out", "err", "truncated"])
+
+PART_SIZE = 1 << 20
+"""Bytes of an exit frame's base64 checked, encoded and written at a time."""
+
+
+def _is_base64_text(value: object) -> bool:
+    """``value`` is base64 text (which JSON writes as is), checked a megabyte at a time
+    (``bytes.translate`` allocates a result as large as its input)."""
+    if not isinstance(value, str) or not value.isascii():
+        return False
+    for start in range(0, len(value), PART_SIZE):
+        if value[start : start + PART_SIZE].encode("ascii").translate(None, _BASE64):
+            return False
+    return True
+
+
+def _slices(text: str) -> Iterator[bytes]:
+    for start in range(0, len(text), PART_SIZE):
+        yield text[start : start + PART_SIZE].encode("ascii")
+
+
+def frame_parts(frame: Mapping[str, Any]) -> Iterator[bytes]:
+    """An NDJSON line, in parts whose concatenation is the line.
+
+    The exit frame carries up to ``max_output`` of output in base64: its parts are the very
+    bytes ``json.dumps`` gives, its buffers a megabyte at a time, encoded as they are asked
+    for. Written as the connection takes them, the line is never held whole as bytes, nor
+    copied whole into the connection's buffer.
+    """
+    keys = list(frame)
+    truncated = frame.get("truncated", False)
+    if keys in _EXIT_KEYS and type(frame["exit"]) is int and type(truncated) is bool:
+        out, err = frame["out"], frame["err"]
+        if _is_base64_text(out) and _is_base64_text(err):
+            tail = b'"}\n'
+            if len(keys) == 4:
+                tail = b'","truncated":true}\n' if truncated else b'","truncated":false}\n'
+            yield b'{"exit":%d,"out":"' % frame["exit"]
+            yield from _slices(out)
+            yield b'","err":"'
+            yield from _slices(err)
+            yield tail
+            return
+    yield frame_line(frame)
+
+
+# The walk body
+
+_WALK_ENTRY = '{"path": %s, "size": %d, "version": "%x.%x.%x.%x"}'
+"""One entry of the walk body, as ``json.dumps`` writes it (the version of
+:func:`sandboxd.core.files.workspace.version_of` inlined)."""
+
+
+def walk_entries(where: str, found: Iterable[tuple[str, os.stat_result]]) -> list[str]:
+    """The walk body's entries for the regular files ``found`` in directory ``where``
+    (``/``-rooted, ``""`` for the workspace root)."""
+    quote = encode_basestring_ascii
+    entry = _WALK_ENTRY
+    prefix = where + "/"
+    return [
+        entry
+        % (quote(prefix + name), st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        for name, st in found
+    ]
+
+
+def walk_body(entries: list[str]) -> bytes:
+    """The JSON body of ``GET walk``, ``{"entries": [{path, size, version}...]}``: the very
+    bytes ``json.dumps`` gives, made without an object or a dict per entry."""
+    return ('{"entries": [' + ", ".join(entries) + "]}").encode("ascii")
