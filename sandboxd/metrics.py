@@ -19,7 +19,6 @@ class Metrics:
     registry: CollectorRegistry = field(factory=CollectorRegistry)
     sandboxes: Gauge = field(init=False)
     execs_in_flight: Gauge = field(init=False)
-    create_seconds: Histogram = field(init=False)
     exec_seconds: Histogram = field(init=False)
     exec_exits: Counter = field(init=False)
     created: Counter = field(init=False)
@@ -33,12 +32,6 @@ class Metrics:
         r = self.registry
         self.sandboxes = Gauge("sandboxd_sandboxes", "Live sandboxes", registry=r)
         self.execs_in_flight = Gauge("sandboxd_execs_in_flight", "Commands running now", registry=r)
-        self.create_seconds = Histogram(
-            "sandboxd_create_seconds",
-            "Time to create a sandbox",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
         self.exec_seconds = Histogram(
             "sandboxd_exec_seconds",
             "Time from exec request to final frame",

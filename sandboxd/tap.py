@@ -8,7 +8,7 @@ Each boot step is logged as it runs; a step that fails stops start-up with one l
 import os
 import stat
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from twisted.application.internet import StreamServerEndpointService, TimerService
 from twisted.application.service import IService, MultiService
@@ -134,7 +134,7 @@ def read_token(path: str | None, euid: int | None = None) -> bytes | None:
     return token
 
 
-def fail(step: str, cause: object) -> None:
+def fail(step: str, cause: object) -> NoReturn:
     """Log the failed boot step as the last line and stop."""
     message = f"start-up failed at {step}: {cause}"
     log.critical(message)
@@ -151,7 +151,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         config = Config.load(environ, given)
     except ConfigError as e:
         fail("configuration", e)
-        raise  # pragma: no cover (fail raised)
     log.info("sandboxd {version} starting", version=sandboxd.__version__)
     file_pool = ThreadPool(minthreads=1, maxthreads=16, name="sandboxd-files")
     admin_pool = ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-admin")
@@ -159,7 +158,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         isolation = build_isolation(config, reactor, file_pool)
     except IsolationUnavailable as e:
         fail("isolation", e)
-        raise  # pragma: no cover
     if isolation.name == "none":
         log.warn("isolation: NONE — sandboxes run as the daemon's own user (development only)")
     else:
@@ -169,7 +167,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         token = read_token(config.token_file)
     except (OSError, ConfigError) as e:
         fail("token", e)
-        raise  # pragma: no cover
     if token is None:
         log.warn("auth: no SANDBOXD_TOKEN_FILE: any local process can drive every sandbox")
     layout = Layout(os.path.realpath(config.root), owns_files=isolation.owns_files)
@@ -178,7 +175,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         layout.lock()
     except (OSError, RootInUse) as e:
         fail("state root", e)
-        raise  # pragma: no cover
     log.info("state root {root} ready and locked", root=config.root)
     archive: Archive | None = None
     if config.archive_root is not None:
@@ -186,7 +182,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
             archive = build_archive(config.archive_root, reactor, admin_pool)
         except ArchiveUnavailable as e:
             fail("archive", e)
-            raise  # pragma: no cover
         log.info(
             "archive: {root} (rsync {rsync})", root=config.archive_root, rsync=archive.rsync.rsync
         )

@@ -81,10 +81,10 @@ class SandboxManager:
     _drained: list[Deferred[None]] | None = field(init=False, default=None)
 
     def start(self) -> Deferred[None]:
-        """Prepare the root and reclaim what a crashed predecessor left behind."""
+        """Reclaim what a crashed predecessor left behind (the root is prepared before, by
+        :meth:`Layout.prepare_root`)."""
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.metrics.watch(lambda: self.isolation.uids.free, lambda: float(self.draining))
-        self.layout.prepare_root()
         return self.recover()
 
     def recover(self) -> Deferred[None]:
@@ -239,12 +239,10 @@ class SandboxManager:
         log.info("drained: every sandbox is gone")
         # The drain ends the daemon: its (now empty) instance cgroups go too, or every clean
         # stop on a new state root would leave one behind in each hierarchy.
-        remove_instance = getattr(self.isolation.cgroups, "remove_instance", None)
-        if remove_instance is not None:
-            try:
-                remove_instance()
-            except OSError as e:
-                log.warn("cannot remove the instance cgroups: {why}", why=e)
+        try:
+            self.isolation.cgroups.remove_instance()
+        except OSError as e:
+            log.warn("cannot remove the instance cgroups: {why}", why=e)
 
     def _drain_done(self, result: object) -> None:
         waiters, self._drained = self._drained or [], []

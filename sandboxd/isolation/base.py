@@ -62,9 +62,6 @@ class UidPool(Protocol):
     def allocate(self) -> Identity:
         """Take a free identity; raise :class:`NoFreeUid` when none is left."""
 
-    def claim(self, identity: Identity) -> None:
-        """Mark an identity as taken (restart recovery of a predecessor's leftovers)."""
-
     def release(self, identity: Identity) -> None:
         """Give an identity back to the pool."""
 
@@ -74,8 +71,13 @@ class CgroupDriver(Protocol):
 
     name: str
 
+    def problem(self) -> str | None:
+        """Why the driver cannot work here (one line), or ``None`` as far as it can tell
+        without changing anything."""
+
     def preflight(self) -> None:
-        """Check the driver can work here (raise :class:`IsolationUnavailable` if not)."""
+        """Check the driver can work here and prepare it (raise :class:`IsolationUnavailable`
+        naming the problem if not)."""
 
     def create(self, rid: str, limits: Limits) -> None:
         """Create the sandbox's cgroup with its limits."""
@@ -94,6 +96,10 @@ class CgroupDriver(Protocol):
 
     def leftovers(self) -> list[str]:
         """Sandbox ids whose cgroups exist in our subtree (left by a crashed predecessor)."""
+
+    def remove_instance(self) -> None:
+        """Remove the daemon's own (empty) cgroups once its last sandbox is gone (a drain
+        ends the daemon)."""
 
 
 class FsCredentials(Protocol):

@@ -110,13 +110,21 @@ class Cgroup1Driver:
         assert instance is not None
         return os.path.join(instance, check_rid(rid), name)
 
-    def preflight(self) -> None:
-        """Check root and the delegated directories; create the instance directories."""
-        require_root(self.kernel, self.name)
+    def problem(self) -> str | None:
+        """Why these hierarchies cannot host sandboxes (one line), or None when they can."""
         for path in self._instances():
             parent = os.path.dirname(path)
             if not os.path.isdir(parent):
-                raise IsolationUnavailable(f"cgroup1: cgroup {parent} does not exist")
+                return f"cgroup1: cgroup {parent} does not exist"
+        return None
+
+    def preflight(self) -> None:
+        """Check root and the delegated directories; create the instance directories."""
+        require_root(self.kernel, self.name)
+        problem = self.problem()
+        if problem is not None:
+            raise IsolationUnavailable(problem)
+        for path in self._instances():
             try:
                 make_dirs(self.kernel, path)
             except OSError as e:

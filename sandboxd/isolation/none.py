@@ -48,9 +48,6 @@ class CountingPool:
         self._used += 1
         return self.identity
 
-    def claim(self, identity: Identity) -> None:
-        """Nothing to reclaim: no uid was ever set aside."""
-
     def release(self, identity: Identity) -> None:
         self._used = max(0, self._used - 1)
 
@@ -60,6 +57,9 @@ class NoCgroups:
     """A cgroup driver that creates nothing and reports zero usage."""
 
     name: str = "none"
+
+    def problem(self) -> None:
+        """Always possible."""
 
     def preflight(self) -> None:
         """Always possible."""
@@ -82,6 +82,9 @@ class NoCgroups:
 
     def leftovers(self) -> list[str]:
         return []
+
+    def remove_instance(self) -> None:
+        """Nothing was created."""
 
 
 @define

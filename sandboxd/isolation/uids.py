@@ -43,17 +43,6 @@ class NumericUidPool:
         self._live.add(uid)
         return Identity(uid, uid)
 
-    def claim(self, identity: Identity) -> None:
-        """Take ``identity`` out of the free queue (recovery of a predecessor's sandbox).
-
-        Claiming a uid that is already taken, or one outside the pool (the range changed since
-        the predecessor ran), changes nothing: it can never be allocated twice either way.
-        """
-        uid = identity.uid
-        if self._owns(uid) and uid not in self._live:
-            self._queue.remove(uid)
-            self._live.add(uid)
-
     def release(self, identity: Identity) -> None:
         """Put ``identity`` at the back of the free queue; releasing a free uid is a no-op."""
         uid = identity.uid

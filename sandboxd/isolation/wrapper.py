@@ -33,8 +33,9 @@ from attrs import field, frozen
 
 from sandboxd.isolation.base import CD_AND_EXEC, Identity, require_command
 from sandboxd.isolation.none import find_program
+from sandboxd.isolation.privdrop import SETUP_FAILED, oom_reset_sh, setpriv_args
 
-JOIN_FAILED = 125
+JOIN_FAILED = SETUP_FAILED
 """Exit code of a wrapper that could not put the command in its cgroup (``sandboxd-exec:``)."""
 
 PREFIX = "__SANDBOXD_"
@@ -76,15 +77,12 @@ while [ "$n" -gt 0 ]; do
   n=$((n - 1))
   shift
 done
-if ! { echo 0 > /proc/self/oom_score_adj; } 2>/dev/null; then
-  read -r adj < /proc/self/oom_score_adj
-  [ "$adj" -ge 0 ] || { echo "sandboxd-exec: cannot reset oom_score_adj" >&2; exit @JOIN_FAILED@; }
-fi
+@OOM_RESET@
 if [ -n "${__SANDBOXD_N+x}" ]; then
-  exec @SETSID@ -- @SETPRIV@ --reuid="$u" --regid="$g" --clear-groups --no-new-privs \\
+  exec @SETSID@ -- @SETPRIV@ @DROP@ \\
     -- @SH@ -c @UNPACK@ sandboxd-exec "$@"
 fi
-exec @SETSID@ -- @SETPRIV@ --reuid="$u" --regid="$g" --clear-groups --no-new-privs -- "$@"
+exec @SETSID@ -- @SETPRIV@ @DROP@ -- "$@"
 """
 
 _UNPACK = """\
@@ -114,6 +112,8 @@ def _root_script(programs: "Programs") -> str:
         _ROOT,
         {
             "JOIN_FAILED": str(JOIN_FAILED),
+            "OOM_RESET": oom_reset_sh("sandboxd-exec"),
+            "DROP": " ".join(setpriv_args('"$u"', '"$g"')),
             "SETSID": q(programs.setsid),
             "SETPRIV": q(programs.setpriv),
             "SH": q(programs.sh),

@@ -33,17 +33,6 @@ def test_release_is_idempotent_and_ignores_strangers() -> None:
     assert {pool.allocate().uid, pool.allocate().uid} == {10, 11}
 
 
-def test_claim_takes_a_uid_out_of_the_pool() -> None:
-    pool = NumericUidPool(10, 12)
-    pool.claim(Identity(11, 11))
-    pool.claim(Identity(11, 11))
-    pool.claim(Identity(500, 500))
-    assert pool.free == 2
-    assert [pool.allocate().uid, pool.allocate().uid] == [10, 12]
-    pool.release(Identity(11, 11))
-    assert pool.allocate().uid == 11
-
-
 @pytest.mark.parametrize(("low", "high"), [(0, 10), (-5, 10), (10, 9)])
 def test_refuses_root_and_empty_ranges(low: int, high: int) -> None:
     with pytest.raises(ValueError):

@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -218,7 +219,7 @@ def served_operations() -> set[tuple[str, str]]:
 
     served = set()
     for rule in SandboxAPI.app.url_map.iter_rules():
-        path = rule.rule.replace("<", "{").replace(">", "}")
+        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)  # <rid:rid> is {rid}
         for method in rule.methods or ():
             if method not in ("HEAD", "OPTIONS"):
                 served.add((method, path))

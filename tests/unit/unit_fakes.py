@@ -139,6 +139,12 @@ class FakeCgroups:
     def leftovers(self) -> list[str]:
         return list(self.leftover)
 
+    def problem(self) -> None:
+        """Always possible."""
+
+    def remove_instance(self) -> None:
+        """No cgroups of its own instance."""
+
 
 class InstanceCgroups(FakeCgroups):
     """A driver that also owns cgroups of its own instance, removed after a drain."""

@@ -28,19 +28,23 @@ from twisted.python.failure import Failure
 
 from sandboxd.core.exec.run import exit_code_of
 from sandboxd.isolation.base import Identity
+from sandboxd.isolation.privdrop import SETUP_FAILED, oom_reset_sh, setpriv_args
 
 REMOTE = "sandbox:./"
 """The workspace as rsync sees it: the remote end's working directory."""
 
 RSH_SCRIPT = (
-    "for f in $SANDBOXD_RSH_PROCS; do echo 0 > $f || exit 125; done; shift; "
+    f"for f in $SANDBOXD_RSH_PROCS; do echo 0 > $f || exit {SETUP_FAILED}; done; shift; "
     'if [ -n "$SANDBOXD_RSH_UID" ]; then '
-    "echo 0 > /proc/self/oom_score_adj || exit 125; "
-    'exec "$SANDBOXD_RSH_SETPRIV" --reuid="$SANDBOXD_RSH_UID" --regid="$SANDBOXD_RSH_GID" '
-    '--clear-groups --no-new-privs -- "$@"; fi; exec "$@"'
+    f"{oom_reset_sh('sandboxd-rsh')}; "
+    'exec "$SANDBOXD_RSH_SETPRIV" '
+    + " ".join(setpriv_args('"$SANDBOXD_RSH_UID"', '"$SANDBOXD_RSH_GID"'))
+    + ' -- "$@"; fi; exec "$@"'
 )
-"""Run by rsync as ``RSH host rsync --server ...``: join the cgroups, drop privilege, exec the
-server end (``shift`` removes the host name)."""
+"""Run by rsync as ``RSH host rsync --server ...``: the steps of
+:mod:`sandboxd.isolation.privdrop` (join, oom, drop; its working directory is the workspace,
+whose parent only root can change), then exec the server end (``shift`` removes the host
+name)."""
 
 RSH = f"/bin/sh -c '{RSH_SCRIPT}' sandboxd-rsh"
 

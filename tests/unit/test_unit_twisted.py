@@ -1,0 +1,91 @@
+"""Every poke of ``sandboxd._twisted`` into Twisted's private API, pinned against the installed
+Twisted: an upgrade that removes or renames one fails here, by name."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest_twisted
+from twisted.application.internet import StreamServerEndpointService
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ServerEndpoint
+from twisted.internet.process import ProcessReader
+from twisted.internet.protocol import Factory, ProcessProtocol, Protocol
+from twisted.internet.testing import StringTransport
+from twisted.web.http import HTTPChannel
+
+from sandboxd import _twisted
+
+
+class Ended(ProcessProtocol):
+    def __init__(self) -> None:
+        self.ended: Deferred[None] = Deferred()
+
+    def processEnded(self, reason: Any) -> None:
+        self.ended.callback(None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_spawned_process_has_output_readers_whose_read_can_be_replaced() -> None:
+    protocol = Ended()
+    process = reactor.spawnProcess(  # type: ignore[attr-defined]
+        protocol, "/bin/true", ["true"], env={}, childFDs={0: "w", 1: "r", 2: "r"}
+    )
+    readers = _twisted.output_readers(process)
+    assert len(readers) == 2 and all(isinstance(r, ProcessReader) for r in readers)
+    reader = readers[0]
+    assert callable(reader.doRead)
+    original = reader.doRead
+    _twisted.replace_read(reader, original)
+    assert reader.doRead is original
+    await protocol.ended
+    assert _twisted.output_readers(object()) == []
+
+
+def test_socket_sizes_are_class_attributes_of_connections() -> None:
+    from twisted.internet.abstract import FileDescriptor
+
+    assert isinstance(FileDescriptor.bufferSize, int)
+    assert isinstance(FileDescriptor.SEND_LIMIT, int)
+    transport = StringTransport()
+    _twisted.set_socket_sizes(transport, 3, 4)
+    assert (transport.bufferSize, transport.SEND_LIMIT) == (3, 4)  # type: ignore[attr-defined]
+
+
+def test_the_endpoint_service_attributes() -> None:
+    service = StreamServerEndpointService(
+        TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), Factory.forProtocol(Protocol)
+    )
+    assert service._raiseSynchronously is False
+    _twisted.raise_synchronously(service)
+    assert service._raiseSynchronously is True
+    assert _twisted.waiting_for_port(service) is None  # not started: no listen yet
+    service.privilegedStartService()
+    try:
+        assert isinstance(_twisted.waiting_for_port(service), Deferred)
+    finally:
+        service.stopService()
+
+
+def test_the_bad_request_hook_is_twisted_webs() -> None:
+    assert callable(HTTPChannel._respondToBadRequestAndDisconnect)
+    calls: list[str] = []
+
+    class Channel(_twisted.BadRequestChannel):
+        def bad_request(self) -> None:
+            calls.append("bad")
+
+    channel = Channel()
+    channel._respondToBadRequestAndDisconnect()
+    assert calls == ["bad"]
+
+
+def test_the_default_bad_request_answer_is_twisted_webs() -> None:
+    channel = _twisted.BadRequestChannel()
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.bad_request()
+    assert transport.value().startswith(b"HTTP/1.1 400 Bad Request")
+    assert _twisted.CHECKED_AGAINST and os.sep
