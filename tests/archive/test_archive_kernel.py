@@ -57,6 +57,7 @@ def kernel(scratch: Path) -> Iterator[tuple[SandboxManager, Archive]]:
     admin.start()
     archive = build_archive(str(scratch / "archive"), reactor(), admin)
     layout = Layout(config.root, owns_files=True)
+    layout.prepare_root()
     manager = SandboxManager(
         config, reactor(), reactor(), isolation, admin, layout, archive=archive
     )

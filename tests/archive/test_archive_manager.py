@@ -44,6 +44,7 @@ def manager(scratch: Path, archive: Archive, pool: ThreadPool) -> Iterator[Sandb
     isolation = no_isolation(reactor(), pool, 4, None)
     layout = Layout(config.root, owns_files=False)
     gated: Any = GatedArchive(archive)
+    layout.prepare_root()
     built = SandboxManager(config, reactor(), reactor(), isolation, pool, layout, archive=gated)
     pytest_twisted.blockon(built.start())
     yield built

@@ -56,6 +56,7 @@ def harness(settings: dict[str, str], token: bytes | None) -> Iterator[Harness]:
     bundle = no_isolation(reactor, None, capacity, helper)  # type: ignore[arg-type]
     isolation = attrs.evolve(bundle, fs=SyncFiles())
     layout = Layout(config.root, owns_files=isolation.owns_files)
+    layout.prepare_root()
     manager = SandboxManager(config, reactor, clock, isolation, SyncPool(), layout)  # type: ignore[arg-type]
     result_of(manager.start())
     api = SandboxAPI(manager, token=token, pod_url=config.pod_url)

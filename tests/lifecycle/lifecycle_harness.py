@@ -284,6 +284,7 @@ def build_daemon(settings: Mapping[str, str], host: Host | None = None) -> InPro
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     layout = Layout(config.root, owns_files=isolation.owns_files)
+    layout.prepare_root()
     manager = SandboxManager(config, reactor, clock, isolation, admin_pool, layout)
     file_pool.start()
     admin_pool.start()

@@ -44,6 +44,7 @@ def manager(tmp_path: Path) -> Iterator[SandboxManager]:
     reactor = ProcessReactor()
     isolation = attrs.evolve(no_isolation(reactor, None, 4, None), fs=SyncFiles())  # type: ignore[arg-type]
     layout = Layout(config.root, owns_files=False)
+    layout.prepare_root()
     built = SandboxManager(config, reactor, Clock(), isolation, SyncPool(), layout)  # type: ignore[arg-type]
     result_of(built.start())
     yield built

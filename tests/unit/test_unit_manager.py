@@ -59,6 +59,7 @@ class World:
         self.reactor = FakeReactor()
         self.isolation = isolation or fake_isolation()
         self.layout = Layout(self.config.root, owns_files=False)
+        self.layout.prepare_root()
         self.manager = SandboxManager(
             self.config,
             self.reactor,  # type: ignore[arg-type]
