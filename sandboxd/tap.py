@@ -8,11 +8,12 @@ Each boot step is logged as it runs; a step that fails stops start-up with one l
 import os
 import stat
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from twisted.application.internet import StreamServerEndpointService, TimerService
 from twisted.application.service import IService, MultiService
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import ILogObserver, Logger, jsonFileLogObserver
 from twisted.python import usage
@@ -61,6 +62,8 @@ class SandboxdService(MultiService):
         self.pools = pools
         self.reactor = reactor
         self.log_observer = log_observer
+        self.streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None)
+        """Fires once the open exec streams have written their last frames (the front's)."""
 
     def setServiceParent(self, parent: Any) -> None:
         """Under twistd, the parent is the application: give it our log observer, if any."""
@@ -79,12 +82,13 @@ class SandboxdService(MultiService):
     def drain_and_exit(self) -> None:
         """Drain (``POST /drain``), then stop the reactor."""
         notify.stopping()
-        self.manager.drain().addCallback(lambda _: self.reactor.stop())
+        drained = self.manager.drain().addCallback(lambda _: self.streams_written())
+        drained.addCallback(lambda _: self.reactor.stop())
 
     def stopService(self) -> Deferred[Any]:
         log.info("stopping: draining first")
         notify.stopping()
-        drained = self.manager.drain()
+        drained = self.manager.drain().addCallback(lambda _: self.streams_written())
 
         def stop_children(_: object) -> Deferred[Any]:
             return maybeDeferred(MultiService.stopService, self)
@@ -197,6 +201,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         observer = jsonFileLogObserver(sys.stdout, recordSeparator="")
     top = SandboxdService(manager, [file_pool, admin_pool], reactor, observer)
     api.on_drain = top.drain_and_exit
+    top.streams_written = api.streams_written
     reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
     reaper.clock = reactor
     reaper.setServiceParent(top)

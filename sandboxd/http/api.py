@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 
 from klein import Klein
 from prometheus_client import CONTENT_TYPE_LATEST
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 from twisted.protocols.basic import FileSender
 from twisted.python.failure import Failure
@@ -109,6 +110,7 @@ class SandboxAPI:
         self.on_drain: Callable[[], None] = self._refuse_creates
         """What ``POST /drain`` starts; the daemon's service makes it drain and exit."""
         self.capabilities = self._collect_capabilities()
+        self._streams: set[Deferred[None]] = set()
 
     def _refuse_creates(self) -> None:
         self.manager.draining = True
@@ -247,7 +249,18 @@ class SandboxAPI:
         request.setHeader(b"content-type", wire.NDJSON)
         stream = ExecStream(request, self.manager.clock, self.manager.config.keepalive)
         stream.attach(self.manager.start_exec(sandbox, spec, stream.output))
-        await stream.finish(rid)
+        written: Deferred[None] = Deferred()
+        self._streams.add(written)
+        try:
+            await stream.finish(rid)
+        finally:
+            self._streams.discard(written)
+            written.callback(None)
+
+    def streams_written(self) -> Deferred[Any]:
+        """Fires once every exec stream open now has written its last frame (a drain kills
+        the commands; the daemon exits only after their final frames are out)."""
+        return DeferredList(list(self._streams))
 
     # Files
 

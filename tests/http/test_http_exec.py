@@ -367,3 +367,18 @@ async def test_binary_output_survives(harness: Harness, rid: str) -> None:
     Path(harness.workspace(rid), "bin").write_bytes(data)
     last = await run_to_end(harness, rid, {"cmd": ["cat", "bin"]})
     assert base64.b64decode(last["out"]) == data
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_daemon_waits_for_open_streams_to_write_their_last_frame(
+    harness: Harness, rid: str
+) -> None:
+    assert harness.api.streams_written().called  # none open
+    stream = harness.exec(rid, {"cmd": ["sh", "-c", "echo started; exec sleep 300"]})
+    await started(harness, rid, stream)
+    written = harness.api.streams_written()
+    assert not written.called
+    assert harness.call("DELETE", f"/sandboxes/{rid}").status == 204
+    last = await stream.finished()
+    assert last["exit"] == 128 + 9
+    await written
