@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from attrs import frozen
 
-from sandboxd.core.files import workspace
+from sandboxd.core.files import tree
 from sandboxd.isolation.base import Identity
 
 RID_PATTERN = re.compile(r"^[0-9a-f]{16}$")
@@ -112,7 +112,7 @@ class Layout:
             os.unlink(self.ready_marker(rid))
         # Not shutil.rmtree: it recurses, and a sandbox can nest directories deeper than
         # Python's recursion limit (a RecursionError here would leak the uid and the files).
-        workspace.remove_tree(self.directory(rid))
+        tree.remove_tree(self.directory(rid))
 
     def leftovers(self) -> list[str]:
         """Sandbox directories present under the root (a predecessor's, at start-up)."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from sandboxd.core.files import tree as trees
 from sandboxd.core.files import workspace
 from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound
 from sandboxd.http import wire
@@ -58,6 +59,12 @@ class FaultyOs:
         if fault is None:
             return real
         return lambda *args, **kwargs: fault(real, *args, **kwargs)
+
+
+def fault_os(monkeypatch: pytest.MonkeyPatch, faulty: FaultyOs) -> None:
+    """``faulty`` in place of ``os`` for the file operations and the tree walks they use."""
+    monkeypatch.setattr(workspace, "os", faulty)
+    monkeypatch.setattr(trees, "os", faulty)
 
 
 def fail_on(name: str, error: OSError) -> Callable[..., Any]:
@@ -237,7 +244,7 @@ def test_write_from_cleanup_survives_a_failing_unlink(
     def no_unlink(real: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(workspace, "os", FaultyOs(unlink=no_unlink))
+    fault_os(monkeypatch, FaultyOs(unlink=no_unlink))
     with pytest.raises(InsufficientStorage):
         workspace.write_from(str(ws), ("f",), Exploding(OSError(errno.EDQUOT, "quota")))  # type: ignore[arg-type]
 
@@ -377,7 +384,7 @@ def test_walk_is_not_limited_by_recursion(ws: Path) -> None:
         (entry,) = workspace.walk(str(ws), ())
         assert entry.path == "/d" * DEPTH + "/f"
         assert workspace.disk_usage(str(ws)) == 0
-        workspace.remove_tree(str(ws / "d"))
+        trees.remove_tree(str(ws / "d"))
     assert tree(ws) == []
 
 
@@ -388,7 +395,7 @@ def test_walk_skips_entries_removed_while_it_runs(ws: Path) -> None:
         (ws / name / "g").write_bytes(b"y")
     fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        scan = workspace._scan_dirs(fd, "")
+        scan = trees.scan_dirs(fd, "")
         first = next(scan)  # the root's files come before its subdirectories
         assert first[0] == ""
         assert [name for name, _ in first[1]] == ["f"]
@@ -431,7 +438,7 @@ def test_walk_skips_a_file_whose_stat_fails(ws: Path, monkeypatch: pytest.Monkey
         def __exit__(self, *exc: object) -> None:
             self._it.close()
 
-    monkeypatch.setattr(workspace, "os", FaultyOs(scandir=lambda real, fd: Listing(fd)))
+    fault_os(monkeypatch, FaultyOs(scandir=lambda real, fd: Listing(fd)))
     assert [e.path for e in workspace.walk(str(ws), ())] == ["/kept"]
 
 
@@ -442,7 +449,7 @@ def test_walk_stops_when_a_directory_is_moved_away(ws: Path, tmp_path: Path) -> 
     elsewhere.mkdir()
     fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        scan = workspace._scan_dirs(fd, "")
+        scan = trees.scan_dirs(fd, "")
         path, found = next(scan)
         assert (path, [name for name, _ in found]) == ("/a", ["f"])
         os.rename(ws / "a", elsewhere / "a")  # ".." of the walk's directory is not ws now
@@ -464,7 +471,7 @@ def test_walk_answers_nothing_when_the_tree_changes_under_it(
             raise OSError(errno.ESTALE, "moved")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(workspace, "os", FaultyOs(open=moved))
+    fault_os(monkeypatch, FaultyOs(open=moved))
     assert workspace.walk(str(ws), ()) == []
     assert walk_body(str(ws), ()) == b'{"entries": []}'
     assert [e.path for e in workspace.walk(str(ws), ("a",))] == ["/a/f"]
@@ -515,7 +522,7 @@ def test_mkdir_tolerates_a_concurrent_mkdir(ws: Path, monkeypatch: pytest.Monkey
         real(name, *args, **kwargs)  # someone else made it first
         raise FileExistsError(errno.EEXIST, "exists")
 
-    monkeypatch.setattr(workspace, "os", FaultyOs(mkdir=racing))
+    fault_os(monkeypatch, FaultyOs(mkdir=racing))
     workspace.mkdir(str(ws), ("a", "b"))
     assert tree(ws) == ["a", "a/b"]
 
@@ -523,9 +530,7 @@ def test_mkdir_tolerates_a_concurrent_mkdir(ws: Path, monkeypatch: pytest.Monkey
 def test_mkdir_of_an_entry_that_vanishes_is_refused(
     ws: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(
-        workspace, "os", FaultyOs(mkdir=fail_on("x", FileExistsError(errno.EEXIST, "exists")))
-    )
+    fault_os(monkeypatch, FaultyOs(mkdir=fail_on("x", FileExistsError(errno.EEXIST, "exists"))))
     with pytest.raises(BadRequest, match="not a directory"):
         workspace.mkdir(str(ws), ("x",))
 
@@ -567,25 +572,21 @@ def test_rmdir_is_not_limited_by_recursion(ws: Path) -> None:
 def test_rmdir_reports_what_it_cannot_remove(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (ws / "d" / "e").mkdir(parents=True)
     (ws / "d" / "e" / "stuck").write_bytes(b"x")
-    monkeypatch.setattr(
-        workspace, "os", FaultyOs(unlink=fail_on("stuck", PermissionError(errno.EPERM, "no")))
-    )
+    fault_os(monkeypatch, FaultyOs(unlink=fail_on("stuck", PermissionError(errno.EPERM, "no"))))
     with pytest.raises(BadRequest, match="permission denied"):
         workspace.rmdir(str(ws), ("d",))
 
 
 def test_rmdir_strict_subdirectory_open_failure(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (ws / "d" / "e").mkdir(parents=True)
-    monkeypatch.setattr(
-        workspace, "os", FaultyOs(open=fail_on("e", PermissionError(errno.EACCES, "no")))
-    )
+    fault_os(monkeypatch, FaultyOs(open=fail_on("e", PermissionError(errno.EACCES, "no"))))
     with pytest.raises(BadRequest, match="permission denied"):
         workspace.rmdir(str(ws), ("d",))
 
 
 def test_rmdir_strict_rmdir_failure(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (ws / "d" / "e").mkdir(parents=True)
-    monkeypatch.setattr(workspace, "os", FaultyOs(rmdir=fail_on("e", OSError(errno.EBUSY, "busy"))))
+    fault_os(monkeypatch, FaultyOs(rmdir=fail_on("e", OSError(errno.EBUSY, "busy"))))
     with pytest.raises(BadRequest):
         workspace.rmdir(str(ws), ("d",))
 
@@ -617,9 +618,8 @@ def test_rmdir_tolerates_entries_removed_concurrently(
         real(*args, **kwargs)
         raise FileNotFoundError(errno.ENOENT, "gone")
 
-    monkeypatch.setattr(
-        workspace,
-        "os",
+    fault_os(
+        monkeypatch,
         FaultyOs(rmdir=gone_first("e", "rmdir"), open=open_gone, unlink=unlink_gone),
     )
     workspace.rmdir(str(ws), ("d",))
@@ -638,7 +638,7 @@ def test_removal_stops_when_a_directory_is_swapped(
             return real(str(decoy), os.O_RDONLY | os.O_DIRECTORY)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(workspace, "os", FaultyOs(open=swapped))
+    fault_os(monkeypatch, FaultyOs(open=swapped))
     with pytest.raises(BadRequest):
         workspace.rmdir(str(ws), ("d",))
     assert decoy.is_dir()
@@ -653,11 +653,11 @@ def test_remove_tree(tmp_path: Path, outside: Path) -> None:
     (top / "workspace" / "a" / "f").write_bytes(b"x")
     (top / "workspace" / "out").symlink_to(outside)
     (top / ".ready").write_bytes(b"")
-    workspace.remove_tree(str(top))
+    trees.remove_tree(str(top))
     assert not top.exists()
     assert tree(outside) == ["secret"]
-    workspace.remove_tree(str(top))  # a missing tree is fine
-    workspace.remove_tree(str(tmp_path / "no" / "such" / "parent"))
+    trees.remove_tree(str(top))  # a missing tree is fine
+    trees.remove_tree(str(tmp_path / "no" / "such" / "parent"))
 
 
 def test_remove_tree_is_best_effort(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -666,16 +666,15 @@ def test_remove_tree_is_best_effort(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         (top / name).mkdir(parents=True)
         (top / name / "f").write_bytes(b"x")
     (top / "b" / "stuck").write_bytes(b"x")
-    monkeypatch.setattr(
-        workspace,
-        "os",
+    fault_os(
+        monkeypatch,
         FaultyOs(
             unlink=fail_on("stuck", PermissionError(errno.EPERM, "no")),
             open=fail_on("c", PermissionError(errno.EACCES, "no")),
             rmdir=fail_on("b", OSError(errno.ENOTEMPTY, "not empty")),
         ),
     )
-    workspace.remove_tree(str(top))
+    trees.remove_tree(str(top))
     monkeypatch.undo()
     assert tree(top) == ["b", "b/stuck", "c", "c/f"]
 
@@ -683,7 +682,7 @@ def test_remove_tree_is_best_effort(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_remove_tree_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "rel" / "x").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    workspace.remove_tree("rel")
+    trees.remove_tree("rel")
     assert not (tmp_path / "rel").exists()
 
 
@@ -820,7 +819,7 @@ def sendfile_fails(code: int, after: int = 0) -> Callable[..., Any]:
 def test_write_from_falls_back_when_sendfile_cannot(
     ws: Path, body_file: Any, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    monkeypatch.setattr(workspace, "os", FaultyOs(sendfile=sendfile_fails(code)))
+    fault_os(monkeypatch, FaultyOs(sendfile=sendfile_fails(code)))
     workspace.write_from(str(ws), ("f",), body_file)
     monkeypatch.undo()
     assert (ws / "f").read_bytes() == bytes(range(256)) * 1000
@@ -829,7 +828,7 @@ def test_write_from_falls_back_when_sendfile_cannot(
 def test_write_from_never_falls_back_half_way(
     ws: Path, body_file: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workspace, "os", FaultyOs(sendfile=sendfile_fails(errno.EINVAL, 3)))
+    fault_os(monkeypatch, FaultyOs(sendfile=sendfile_fails(errno.EINVAL, 3)))
     with pytest.raises(BadRequest):
         workspace.write_from(str(ws), ("f",), body_file)
     monkeypatch.undo()
@@ -839,7 +838,7 @@ def test_write_from_never_falls_back_half_way(
 def test_write_from_a_file_on_a_full_disk_is_507(
     ws: Path, body_file: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(workspace, "os", FaultyOs(sendfile=sendfile_fails(errno.ENOSPC, 2)))
+    fault_os(monkeypatch, FaultyOs(sendfile=sendfile_fails(errno.ENOSPC, 2)))
     with pytest.raises(InsufficientStorage):
         workspace.write_from(str(ws), ("d", "f"), body_file)
     monkeypatch.undo()
@@ -892,7 +891,7 @@ def test_a_linked_body_whose_rename_fails_leaves_nothing(
         raise OSError(errno.ENOSPC, "full")
 
     (ws / "f").write_bytes(b"old")
-    monkeypatch.setattr(workspace, "os", FaultyOs(rename=no_rename))
+    fault_os(monkeypatch, FaultyOs(rename=no_rename))
     with spooled(tmp_path) as spool, pytest.raises(InsufficientStorage):
         workspace.write_from(str(ws), ("f",), spool, linkable=True)
     monkeypatch.undo()

@@ -20,19 +20,14 @@ from typing import BinaryIO, TypeVar
 from attrs import frozen
 
 from sandboxd.core.files.paths import Parts, display
+from sandboxd.core.files.tree import UPLOAD_PREFIX, DirFiles, opened_dir, remove_dir, scan_dirs
 from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, SandboxdError
 
 T = TypeVar("T")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_UPLOAD_PREFIX = ".sandboxd-upload-"
 _COPY_CHUNK = 1 << 20
 _SENDFILE_CHUNK = 1 << 26
-
-
-DirFiles = tuple[str, list[tuple[str, os.stat_result]]]
-"""One directory of a walk: its ``/``-rooted path (``""`` for the top), and the name and
-lstat of each regular file in it."""
 
 
 @frozen
@@ -59,14 +54,6 @@ def translate(error: OSError, parts: Parts) -> SandboxdError:
     if error.errno in (errno.EACCES, errno.EPERM):
         return BadRequest(f"{where}: permission denied")
     return BadRequest(f"{where}: {os.strerror(error.errno or 0)}")
-
-
-@contextmanager
-def _opened_dir(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 @contextmanager
@@ -138,7 +125,7 @@ def write_from(workspace: str, parts: Parts, source: BinaryIO, linkable: bool = 
     """
     if not parts:
         raise BadRequest("/: is a directory")
-    temp = _UPLOAD_PREFIX + secrets.token_hex(8)
+    temp = UPLOAD_PREFIX + secrets.token_hex(8)
     try:
         with parent_of(workspace, parts, create=True) as parent:
             existing = _lstat(parent, parts[-1])
@@ -230,159 +217,11 @@ def size(workspace: str, parts: Parts) -> int | None:
     return st.st_size
 
 
-def _identity(fd: int) -> tuple[int, int]:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
-
-
-def _climb(fd: int, expected: tuple[int, int]) -> int:
-    """The parent of directory ``fd`` (``fd`` is closed), checked to be the one we came from.
-
-    Trees are walked without recursion and with one descriptor at a time, however deep they
-    are (a sandbox can nest directories far beyond ``PATH_MAX``). Going back up through ``..``
-    is safe because the parent must be the very directory (device and inode) the walk came
-    down from; else the walk stops.
-    """
-    try:
-        up = os.open("..", _DIR_FLAGS, dir_fd=fd)
-    finally:
-        os.close(fd)
-    if _identity(up) != expected:
-        os.close(up)
-        raise OSError(errno.ESTALE, "a directory was moved while the tree was walked")
-    return up
-
-
-def _scan_dirs(dir_fd: int, prefix: str) -> Iterator[DirFiles]:
-    """The regular files below ``dir_fd``, one directory at a time: its ``/``-rooted path
-    and its files' (name, lstat), for each directory that has any. Links are not followed.
-
-    Iterative (see :func:`_climb`): no recursion limit, and two descriptors at most. A
-    directory's files come before its subdirectories, which are visited in listing order.
-    """
-    fd = os.dup(dir_fd)
-    # One frame per directory from ``dir_fd`` down to ``fd``: its path, its identity, and
-    # the subdirectories still to visit.
-    stack: list[tuple[str, tuple[int, int], list[str]]] = []
-    try:
-        while True:
-            found: list[tuple[str, os.stat_result]] = []
-            subdirs: list[str] = []
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if name.startswith(_UPLOAD_PREFIX):
-                        continue
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            subdirs.append(name)
-                        elif entry.is_file(follow_symlinks=False):
-                            found.append((name, entry.stat(follow_symlinks=False)))
-                    except OSError:
-                        continue  # removed or swapped while walking: not a file under root
-            subdirs.reverse()  # taken with pop(): visited in listing order
-            if found:
-                yield prefix, found
-            stack.append((prefix, _identity(fd), subdirs))
-            while True:
-                path, _, pending = stack[-1]
-                if pending:
-                    name = pending.pop()
-                    try:
-                        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                    except OSError:
-                        continue  # removed or swapped while walking
-                    os.close(fd)
-                    fd, prefix = child, f"{path}/{name}"
-                    break
-                stack.pop()
-                if not stack:
-                    return
-                below, fd = fd, -1
-                fd = _climb(below, stack[-1][1])
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _remove_tree(parent: int, name: str, strict: bool = True) -> None:
-    """``rm -rf`` of the directory ``name`` in ``parent``: no symlink is followed, and no
-    recursion (see :func:`_climb`), so any depth is removed.
-
-    Not ``strict``: an entry that cannot be removed is left and the rest still goes.
-    """
-    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-    # One frame per directory from ``name`` down to ``fd``: its name, its identity, and the
-    # subdirectories still to empty and remove.
-    stack: list[tuple[str, tuple[int, int], list[str]]] = []
-    current = name
-    try:
-        while True:
-            subdirs: list[str] = []
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            subdirs.append(entry.name)
-                        else:
-                            os.unlink(entry.name, dir_fd=fd)
-                    except FileNotFoundError:
-                        continue
-                    except OSError:
-                        if strict:
-                            raise
-            stack.append((current, _identity(fd), subdirs))
-            while True:
-                done, _, pending = stack[-1]
-                if pending:
-                    current = pending.pop()
-                    try:
-                        child = os.open(current, _DIR_FLAGS, dir_fd=fd)
-                    except FileNotFoundError:
-                        continue
-                    except OSError:
-                        if strict:
-                            raise
-                        continue
-                    os.close(fd)
-                    fd = child
-                    break
-                stack.pop()
-                below, fd = fd, -1
-                if not stack:
-                    os.close(below)
-                    _rmdir(parent, done, strict)
-                    return
-                fd = _climb(below, stack[-1][1])
-                _rmdir(fd, done, strict)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _rmdir(parent: int, name: str, strict: bool) -> None:
-    try:
-        os.rmdir(name, dir_fd=parent)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        if strict:
-            raise
-
-
-def remove_tree(path: str) -> None:
-    """Remove the directory ``path`` and everything in it, best effort (what cannot be
-    removed is left), at any depth and without following symlinks. A missing path is fine.
-    """
-    head, name = os.path.split(os.path.normpath(path))
-    with suppress(OSError), _opened_dir(os.open(head or ".", _DIR_FLAGS)) as parent:
-        _remove_tree(parent, name, strict=False)
-
-
 def _walk_dirs(workspace: str, parts: Parts) -> Iterator[DirFiles]:
-    """:func:`_scan_dirs` of the path, as it goes: directories with their files. A regular
-    file at the path is one directory of one file; anything else is none. ``OSError`` for a
-    path that cannot be walked, or a tree that changed under the walk (see :func:`_climb`).
+    """:func:`~sandboxd.core.files.tree.scan_dirs` of the path, as it goes: directories with
+    their files. A regular file at the path is one directory of one file; anything else is
+    none. ``OSError`` for a path that cannot be walked, or a tree that changed under the walk
+    (see :func:`~sandboxd.core.files.tree.climb`).
 
     Each directory's stats are dropped once the caller is done with them: a walk of many files
     keeps no stat object per file alive (that many tracked objects also cost garbage
@@ -390,7 +229,7 @@ def _walk_dirs(workspace: str, parts: Parts) -> Iterator[DirFiles]:
     """
     with parent_of(workspace, parts) as parent:
         if not parts:
-            yield from _scan_dirs(parent, "")
+            yield from scan_dirs(parent, "")
             return
         st = _lstat(parent, parts[-1])
         if st is None:
@@ -398,8 +237,8 @@ def _walk_dirs(workspace: str, parts: Parts) -> Iterator[DirFiles]:
         if stat.S_ISREG(st.st_mode):
             yield "".join(f"/{p}" for p in parts[:-1]), [(parts[-1], st)]
         elif stat.S_ISDIR(st.st_mode):
-            with _opened_dir(os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)) as top:
-                yield from _scan_dirs(top, display(parts))
+            with opened_dir(os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)) as top:
+                yield from scan_dirs(top, display(parts))
 
 
 def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
@@ -435,8 +274,8 @@ def walk_map(
 
 def disk_usage(workspace: str) -> int:
     """Total bytes of the regular files in the workspace."""
-    with _opened_dir(os.open(workspace, _DIR_FLAGS)) as root:
-        return sum(st.st_size for _, found in _scan_dirs(root, "") for _, st in found)
+    with opened_dir(os.open(workspace, _DIR_FLAGS)) as root:
+        return sum(st.st_size for _, found in scan_dirs(root, "") for _, st in found)
 
 
 def delete(workspace: str, parts: Parts) -> None:
@@ -473,7 +312,7 @@ def mkdir(workspace: str, parts: Parts) -> None:
 
 def _remove_entry(parent: int, name: str, st: os.stat_result) -> None:
     if stat.S_ISDIR(st.st_mode):
-        _remove_tree(parent, name)
+        remove_dir(parent, name)
     else:
         os.unlink(name, dir_fd=parent)
 
@@ -489,7 +328,7 @@ def rmdir(workspace: str, parts: Parts) -> None:
                 raise FileNotFoundError(errno.ENOENT, "missing")
             if not stat.S_ISDIR(st.st_mode):
                 raise BadRequest(f"{display(parts)}: not a directory")
-            _remove_tree(parent, parts[-1])
+            remove_dir(parent, parts[-1])
     except OSError as e:
         raise translate(e, parts) from None
 
