@@ -71,11 +71,14 @@ setup(
         "sandboxd.http",
         "sandboxd.isolation",
         "sandboxd_client",
+        "sandboxd_client.cli",
+        "sandboxd_client.mcp_server",
         "twisted.plugins",
     ],
     package_data={
         "twisted": ["plugins/sandboxd_plugin.py"],
         "sandboxd.isolation": ["sandboxd_exec.c"],
+        "sandboxd_client": ["py.typed"],
     },
     cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},
     distclass=HelperDistribution,
@@ -88,7 +91,9 @@ setup(
         "pybase64>=1.4",
     ],
     extras_require={
+        "mcp": ["mcp>=2.3,<3"],
         "test": [
+            "mcp>=2.3,<3",
             "pytest>=8",
             "pytest-twisted>=1.14",
             "hypothesis>=6.100",

@@ -1,14 +1,17 @@
 """
 sandboxd_client: the client of a sandboxd host (SPEC §6), built on treq.
 
-``HttpSandbox`` is the whole API; every method returns a Deferred. See ``client`` for the
-asyncio recipe and ``types`` for what each exception means to an application.
+``HttpSandbox`` is the whole API; every method returns a Deferred. Its docstring has the
+asyncio recipe; ``SandboxError`` and its subclasses say what each failure means to an
+application. Everything this package offers is named here; its ``_``-prefixed modules are
+its implementation and may change at any release. ``sandboxctl`` lives in
+``sandboxd_client.cli``.
 """
 
-from .client import HttpSandbox
-from .handles import decode_handle, encode_handle
-from .retry import RetryPolicy
-from .types import (
+from ._client import HttpSandbox
+from ._handles import Route, decode_handle, encode_handle
+from ._retry import RetryPolicy
+from ._types import (
     ExecResult,
     Health,
     ProtocolError,
@@ -33,6 +36,7 @@ __all__ = [
     "ProtocolError",
     "ResolvedTool",
     "RetryPolicy",
+    "Route",
     "SandboxBusy",
     "SandboxError",
     "SandboxHandle",

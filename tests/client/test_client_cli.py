@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import Served
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
 from sandboxd_client import HttpSandbox, encode_handle
 from sandboxd_client.cli import Console, main_async, parse_args, run
-from sandboxd_client.progress import MIB
+from sandboxd_client.cli._progress import MIB
+
+from .servers import Served
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -48,6 +49,9 @@ async def test_commands_in_process(client: HttpSandbox, fake: Served, tmp_path: 
     code, out, _ = await ctl(client, "create", "--image", "py", "--env", "A=1")
     handle = out.decode().strip()
     assert code == 0 and json.loads(fake.state.seen[-1].body) == {"image": "py", "env": {"A": "1"}}
+    code, other, _ = await ctl(client, "create", "--network", "none")
+    assert code == 0 and json.loads(fake.state.seen[-1].body) == {"network": "none"}
+    assert (await ctl(client, "kill", other.decode().strip()))[0] == 0
     code, out, _ = await ctl(client, "exec", handle, "--", "both")
     assert code == 3 and out == b"to stdout\nto stderr\n"
     code, out, _ = await ctl(client, "--json", "exec", handle, "--", "echo", "hi")
@@ -151,3 +155,21 @@ async def test_the_real_command_exits_like_the_command(client: HttpSandbox, fake
     handle = (await client.create()).id
     code, out, err = await sandboxctl("--url", fake.lb_url, "exec", handle, "--", "both")
     assert (code, out, err) == (3, "to stdout\nto stderr\n", "")
+
+
+def test_mcp_without_the_extra_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandboxd_client.cli import _commands
+
+    monkeypatch.delitem(sys.modules, "sandboxd_client.mcp_server", raising=False)
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if not installed
+    err = io.StringIO()
+    assert _commands.mcp(parse_args(["mcp"]), err) == 1
+    assert "pip install 'sandboxd-client[mcp]'" in err.getvalue()
+
+
+def test_mcp_other_import_failures_are_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandboxd_client.cli import _commands
+
+    monkeypatch.setitem(sys.modules, "sandboxd_client.mcp_server", None)
+    with pytest.raises(ImportError):
+        _commands.mcp(parse_args(["mcp"]), io.StringIO())

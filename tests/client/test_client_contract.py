@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import Served, make_client
 from twisted.internet import reactor
 from twisted.internet.error import CannotListenError
 from twisted.web.resource import Resource
@@ -26,6 +25,8 @@ from sandboxd_client import (
     WalkEntry,
     decode_handle,
 )
+
+from .servers import Served, make_client
 
 
 @pytest_twisted.ensureDeferred
@@ -104,7 +105,8 @@ async def test_files_round_trip(client: HttpSandbox, fake: Served) -> None:
 async def test_large_replies_are_decoded_with_the_collector_paused(
     client: HttpSandbox, fake: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandboxd_client import transport, wire
+    from sandboxd_client import _transport as transport
+    from sandboxd_client import _wire as wire
 
     h = await client.create()
     await client.upload(h, "f", b"x")

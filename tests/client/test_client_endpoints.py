@@ -8,8 +8,8 @@ from twisted.internet.endpoints import HostnameEndpoint
 from twisted.web.client import URI
 from twisted.web.error import SchemeNotSupported
 
-from sandboxd_client import endpoints
-from sandboxd_client.endpoints import ReusedEndpoints
+from sandboxd_client import _endpoints as endpoints
+from sandboxd_client._endpoints import ReusedEndpoints
 
 
 def test_one_endpoint_per_replica_handed_out_again() -> None:

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandboxd_client import ExecResult, ProtocolError, SandboxNotFound
-from sandboxd_client.execstream import ExecStreamDecoder, fast_exit, fast_live_chunk
-from sandboxd_client.ndjson import LineSplitter
+from sandboxd_client._execstream import ExecStreamDecoder, fast_exit, fast_live_chunk
+from sandboxd_client._ndjson import LineSplitter
 
 
 def encode(chunks: list[bytes], result: ExecResult | None, crlf: bool = False) -> bytes:

@@ -17,18 +17,6 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from client_hostile import (
-    Hostile,
-    die_after,
-    error,
-    garbage_factory,
-    reset,
-    respond,
-    stall,
-    stall_body,
-    trickle,
-)
-from conftest import listen, make_client, url_of
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import Clock, deferLater
@@ -46,6 +34,19 @@ from sandboxd_client import (
     TooLarge,
     encode_handle,
 )
+
+from .client_hostile import (
+    Hostile,
+    die_after,
+    error,
+    garbage_factory,
+    reset,
+    respond,
+    stall,
+    stall_body,
+    trickle,
+)
+from .servers import listen, make_client, url_of
 
 # On the fake clock: long deadlines, short backoffs (the driver tells them apart by length).
 SLOW = RetryPolicy(attempts=3, timeout=100, max_timeout=150, backoff=0.01, max_backoff=0.02)

@@ -9,20 +9,12 @@ import hashlib
 import io
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tarfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import pytest_twisted
-from attrs import frozen
-from conftest import listen, url_of
 from twisted.web.resource import Resource
 from twisted.web.static import Data
 
@@ -35,78 +27,16 @@ from sandboxd_client import (
 )
 from sandboxd_client.cli import Console, main_async
 
-REPO = Path(__file__).resolve().parents[2]
+from .real_daemon import Daemon, running_daemon
+from .servers import listen, url_of
+
 TOKEN = "real-daemon-token"
-
-try:
-    import sandboxd.http.api  # noqa: F401  (the daemon is there to test against)
-except ImportError:  # pragma: no cover - only while the daemon does not exist
-    pytest.skip("sandboxd is not importable", allow_module_level=True)
-
-
-@frozen
-class Daemon:
-    url: str
-    root: Path
-    log: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=5) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    base = tmp_path_factory.mktemp("daemon")
-    token = base / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)
-    (base / "tools").mkdir()
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    env.update(PYTHONPATH=str(REPO), SANDBOXD_ROOT=str(base / "root"))
-    argv = [
-        str(Path(sys.executable).parent / "twistd"),
-        "--nodaemon",
-        "--pidfile=",
-        "sandboxd",
-        "--isolation=none",
-        f"--listen=tcp:{port}:interface=127.0.0.1",
-        f"--token-file={token}",
-        f"--tools-dir={base / 'tools'}",
-        "--keepalive=1s",
-    ]
-    log = base / "daemon.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if process.poll() is not None:
-                pytest.fail(f"daemon exited {process.returncode}: {log.read_text()}")
-            if _healthy(url):
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail(f"daemon did not answer: {log.read_text()}")
-        yield Daemon(url, base / "root", log)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with running_daemon(tmp_path_factory.mktemp("daemon"), TOKEN) as running:
+        yield running
 
 
 @pytest.fixture

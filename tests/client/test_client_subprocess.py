@@ -14,8 +14,9 @@ import textwrap
 from pathlib import Path
 
 import pytest_twisted
-from conftest import Served
 from twisted.internet.utils import getProcessOutputAndValue
+
+from .servers import Served
 
 REPO = str(Path(__file__).resolve().parents[2])
 MIB = 1 << 20

@@ -37,19 +37,19 @@ from sandboxd_client import (
     SandboxSpec,
     SandboxUnavailable,
     TooLarge,
-    body,
     decode_handle,
     encode_handle,
 )
-from sandboxd_client.body import read_body
-from sandboxd_client.client import sandbox_url
-from sandboxd_client.errors import error_for, error_from_frame, error_from_transport
-from sandboxd_client.handles import check_base_url
-from sandboxd_client.literal_hosts import literal_uri, standin_url
-from sandboxd_client.retry import retrying
-from sandboxd_client.transport import Transport, collector_paused
-from sandboxd_client.types import WalkEntry
-from sandboxd_client.wire import decode_created, decode_walk
+from sandboxd_client import _body as body
+from sandboxd_client._body import read_body
+from sandboxd_client._client import sandbox_url
+from sandboxd_client._errors import error_for, error_from_frame, error_from_transport
+from sandboxd_client._handles import check_base_url
+from sandboxd_client._literal_hosts import literal_uri, standin_url
+from sandboxd_client._retry import retrying
+from sandboxd_client._transport import Transport, collector_paused
+from sandboxd_client._types import WalkEntry
+from sandboxd_client._wire import decode_created, decode_walk
 
 # -- handles -------------------------------------------------------------------------------
 
@@ -189,6 +189,7 @@ def test_spec_sends_only_what_is_set() -> None:
         "item_id": "i",
         "exposed_ports": [1, 2],
     }
+    assert SandboxSpec(network="egress").to_json() == {"network": "egress"}
 
 
 def test_ipv6_literal_hosts_survive_treq() -> None:

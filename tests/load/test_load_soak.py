@@ -32,9 +32,7 @@ from load_daemon import ProcessFigures, SoakDaemon, stray_processes
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import LoopingCall, deferLater
 
-from sandboxd_client import HttpSandbox
-from sandboxd_client.retry import RetryPolicy
-from sandboxd_client.types import SandboxHandle, SandboxNotFound
+from sandboxd_client import HttpSandbox, RetryPolicy, SandboxHandle, SandboxNotFound
 
 T = TypeVar("T")
 

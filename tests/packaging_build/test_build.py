@@ -96,7 +96,8 @@ def test_sdist_and_wheel(dist: Path) -> None:
         files = set(whl.namelist())
     assert "twisted/plugins/sandboxd_plugin.py" in files
     assert "sandboxd/notify.py" in files
-    assert "sandboxd_client/cli.py" in files
+    assert "sandboxd_client/cli/__init__.py" in files
+    assert "sandboxd_client/py.typed" in files
     assert "sandboxd/isolation/sandboxd_exec.c" in files
     if find_compiler() is not None:
         assert wheel.name.endswith("-py3-none-linux_x86_64.whl")

@@ -17,8 +17,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
-from sandboxd_client import HttpSandbox, SandboxHandle, SandboxNotFound
-from sandboxd_client.handles import decode_handle
+from sandboxd_client import HttpSandbox, SandboxHandle, SandboxNotFound, decode_handle
 from tests.process.conftest import Daemon
 from tests.scaleout.conftest import Cluster
 

@@ -10,7 +10,7 @@ client buffer without limit.
 
 from __future__ import annotations
 
-from .types import ProtocolError
+from ._types import ProtocolError
 
 DEFAULT_MAX_LINE = 1 << 30
 

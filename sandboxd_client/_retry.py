@@ -16,7 +16,7 @@ from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
-from .types import SandboxBusy
+from ._types import SandboxBusy
 
 T = TypeVar("T")
 
@@ -47,9 +47,6 @@ class RetryPolicy:
         if attempt <= 0:
             return 0.0
         return float(min(self.backoff * self.backoff_growth ** (attempt - 1), self.max_backoff))
-
-
-NO_RETRY = RetryPolicy(attempts=1)
 
 
 async def retrying(

@@ -4,9 +4,9 @@ The HTTP layer under ``HttpSandbox``: treq on a persistent connection pool, with
 Every request is sent with ``unbuffered=True`` and without redirects. Two deadlines, both on the
 injected clock: the wait for response headers (reset by every chunk of the request body we send,
 so a large upload is only timed while it stalls), and the idle time between body chunks
-(``body.read_body``). Either firing is ``SandboxBusy``; every other transport failure goes
-through ``errors.error_from_transport`` and every non-2xx status through
-``errors.error_from_response``.
+(``_body.read_body``). Either firing is ``SandboxBusy``; every other transport failure goes
+through ``_errors.error_from_transport`` and every non-2xx status through
+``_errors.error_from_response``.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 
-from .body import SMALL_BODY, BytesProducer, IdleTimer, ProgressProducer, read_body
-from .endpoints import ReusedEndpoints
-from .errors import error_from_response, error_from_transport
-from .literal_hosts import LiteralHostAgent, standin_url
-from .types import ProtocolError
-from .wire import JSON, json_bytes
+from ._body import SMALL_BODY, BytesProducer, IdleTimer, ProgressProducer, read_body
+from ._endpoints import ReusedEndpoints
+from ._errors import error_from_response, error_from_transport
+from ._literal_hosts import LiteralHostAgent, standin_url
+from ._types import ProtocolError
+from ._wire import JSON, json_bytes
 
 JSON_LIMIT = 64 << 20
 ERROR_BODY_LIMIT = 64 << 10
@@ -141,7 +141,7 @@ class Transport:
 
     def producer(self, data: bytes | IO[bytes] | IBodyProducer) -> IBodyProducer:
         """A body producer for bytes or an open binary file, on this client's cooperator: bytes
-        up to :data:`~sandboxd_client.body.SMALL_BODY` are written whole at once, anything
+        up to :data:`~sandboxd_client._body.SMALL_BODY` are written whole at once, anything
         larger is read and written :data:`BODY_READ_SIZE` bytes at a time."""
         if IBodyProducer.providedBy(data):
             return data
@@ -278,5 +278,6 @@ class Transport:
         """Close the pooled connections (only when the pool is ours) and stop the cooperator."""
         self._cooperator.stop()
         if self._own_pool:
-            return self._pool.closeCachedConnections()
+            closed: Deferred[None] = self._pool.closeCachedConnections()
+            return closed
         return succeed(None)

@@ -5,10 +5,10 @@ Every method returns a ``Deferred`` (``await`` it from a Twisted coroutine, or t
 asyncio future with ``Deferred.asFuture``). ``create`` goes to ``base_url`` (the load balancer);
 every other sandbox call decodes the handle and goes straight to the replica that holds it.
 
-Failures (see ``sandboxd_client.types``): ``SandboxNotFound`` means recreate, ``SandboxBusy``
-means the sandbox is alive but slow. Idempotent calls (file reads and writes, probes, delete,
-mkdir, rmdir, mark_ready, kill) are retried on ``SandboxBusy`` under ``retry``; ``create``,
-``persist``, ``exec``, ``rename`` and ``resolve_tools`` are sent exactly once.
+Failures (see ``SandboxError`` and its subclasses): ``SandboxNotFound`` means recreate,
+``SandboxBusy`` means the sandbox is alive but slow. Idempotent calls (file reads and writes,
+probes, delete, mkdir, rmdir, mark_ready, kill) are retried on ``SandboxBusy`` under ``retry``;
+``create``, ``persist``, ``exec``, ``rename`` and ``resolve_tools`` are sent exactly once.
 
 From Twisted::
 
@@ -72,14 +72,14 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgent
 
-from . import wire
-from .deferreds import async_to_deferred
-from .execstream import ExecStreamDecoder, OutputCallback
-from .handles import check_base_url, decode_handle
-from .ndjson import DEFAULT_MAX_LINE
-from .retry import RetryPolicy, retrying
-from .transport import Transport, collector_paused
-from .types import (
+from . import _wire as wire
+from ._deferreds import async_to_deferred
+from ._execstream import ExecStreamDecoder, OutputCallback
+from ._handles import check_base_url, decode_handle
+from ._ndjson import DEFAULT_MAX_LINE
+from ._retry import RetryPolicy, retrying
+from ._transport import Transport, collector_paused
+from ._types import (
     ExecResult,
     Health,
     SandboxHandle,

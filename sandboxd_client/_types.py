@@ -74,12 +74,15 @@ class TooLarge(SandboxError, ValueError):
 
 @frozen
 class SandboxSpec:
-    """What to create: every field is optional (SPEC §1 ``POST /sandboxes``)."""
+    """What to create: every field is optional (SPEC §1 ``POST /sandboxes``, §2 ``network``)."""
 
     image: str | None = None
     env: Mapping[str, str] = field(factory=dict)
     exposed_ports: tuple[int, ...] = field(default=(), converter=_ints)
     item_id: str | None = None
+    network: str | None = None
+    """``"none"``, ``"egress"`` or ``"host"`` (SPEC §2 network mode); ``None``: the host's
+    default (and nothing is sent, so a host without network modes sees the old body)."""
 
     def to_json(self) -> dict[str, Any]:
         """The request body: fields left at their defaults are not sent."""
@@ -92,6 +95,8 @@ class SandboxSpec:
             body["exposed_ports"] = list(self.exposed_ports)
         if self.item_id is not None:
             body["item_id"] = self.item_id
+        if self.network is not None:
+            body["network"] = self.network
         return body
 
 
@@ -100,7 +105,7 @@ class SandboxHandle:
     """
     An opaque, storable reference to one sandbox.
 
-    ``id`` is base64 of ``{"u": pod_url, "r": remote_id}`` (see ``sandboxd_client.handles``),
+    ``id`` is base64 of ``{"u": pod_url, "r": remote_id}`` (see ``sandboxd_client._handles``),
     so any client replica can route it without shared state.
     """
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import pybase64
 
-from .errors import error_from_frame
-from .ndjson import DEFAULT_MAX_LINE, LineSplitter
-from .types import ExecResult, ProtocolError, SandboxNotFound
+from ._errors import error_from_frame
+from ._ndjson import DEFAULT_MAX_LINE, LineSplitter
+from ._types import ExecResult, ProtocolError, SandboxNotFound
 
 OutputCallback = Callable[[bytes], object]
 

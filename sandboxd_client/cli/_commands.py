@@ -3,7 +3,8 @@
 
     sandboxctl [--url URL] [--token-file FILE] [--json] COMMAND ...
 
-    create [--image I] [--env K=V]... [--port P]... [--item-id ID]   print a new handle
+    create [--image I] [--env K=V]... [--port P]... [--item-id ID] [--network M]
+                                     print a new handle
     kill HANDLE
     exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] -- CMD...
     put HANDLE LOCAL REMOTE          upload a local file (progress bar on a terminal)
@@ -12,6 +13,8 @@
     rm HANDLE PATH [-r]              delete a file (-r: a directory and its contents)
     list [--pod URL]                 live sandboxes (operators)
     health [--pod URL]
+    mcp [--transport stdio|http] [--host H] [--port P] [--path /mcp]
+                                     a Model Context Protocol server (needs the [mcp] extra)
 
 ``exec`` streams the command's output (stdout and stderr, interleaved as produced) live to
 stdout and exits with the command's exit code, like ``docker exec``; its own failures exit 125.
@@ -33,9 +36,8 @@ from attrs import asdict
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import react
 
-from .client import HttpSandbox
-from .progress import MIB, ProgressBar
-from .types import SandboxError, SandboxHandle, SandboxSpec
+from .. import HttpSandbox, SandboxError, SandboxHandle, SandboxSpec
+from ._progress import MIB, ProgressBar
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXEC_FAILED = 125
@@ -70,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", type=_env_pair, action="append", default=[])
     p.add_argument("--port", type=int, action="append", default=[])
     p.add_argument("--item-id")
+    p.add_argument("--network", choices=("none", "egress", "host"))
     add("kill", "kill a sandbox").add_argument("handle")
     p = add("exec", "run a command, streaming its output")
     p.add_argument("handle")
@@ -95,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--recursive", action="store_true")
     add("list", "list live sandboxes").add_argument("--pod")
     add("health", "show service health").add_argument("--pod")
+    p = add("mcp", "serve the sandboxes to an MCP client (stdio, or streamable HTTP)")
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    p.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
+    p.add_argument("--port", type=int, default=8765, help="http: the port to listen on")
+    p.add_argument("--path", default="/mcp", help="http: the endpoint's path")
+    p.add_argument(
+        "--max-output", type=int, default=64 << 10, help="bytes of stdout/stderr per result"
+    )
     return parser
 
 
@@ -208,7 +219,7 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
     if cmd == "exec":
         return await _exec(client, args, console)
     if cmd == "create":
-        spec = SandboxSpec(args.image, dict(args.env), tuple(args.port), args.item_id)
+        spec = SandboxSpec(args.image, dict(args.env), tuple(args.port), args.item_id, args.network)
         handle = await client.create(spec)
         if as_json:
             console.json({"handle": handle.id})
@@ -303,11 +314,29 @@ async def _main(reactor: Any, argv: list[str] | None) -> None:
     raise SystemExit(await main_async(reactor, argv, console, interruptible=True))
 
 
+MCP_MISSING = "sandboxctl mcp needs the mcp extra: pip install 'sandboxd-client[mcp]'"
+
+
+def mcp(args: argparse.Namespace, err: TextIO) -> int:
+    """``sandboxctl mcp``: serve until the MCP client goes; 1 if the ``mcp`` extra is absent."""
+    try:
+        from ..mcp_server import run_from_args
+    except ImportError as e:
+        if e.name is None or not e.name.startswith("mcp"):
+            raise
+        err.write(f"sandboxctl: {MCP_MISSING} ({e})\n")
+        return 1
+    return run_from_args(args)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Console-script entry point: parse ``argv`` (default ``sys.argv[1:]``) and exit."""
+    """Console-script entry point: parse ``argv`` (default ``sys.argv[1:]``) and exit.
+
+    ``mcp`` runs the MCP SDK's own event loop in this thread (the reactor gets a thread of
+    its own); every other command runs on the reactor here.
+    """
+    args = parse_args(argv)
+    if args.command == "mcp":
+        raise SystemExit(mcp(args, sys.stderr))
     react(_main, [argv])
     raise AssertionError("react() returned")  # pragma: no cover
-
-
-if __name__ == "__main__":
-    main()

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 
 from twisted.internet import error as ierror
 from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
-from twisted.web._newclient import ParseError, RequestGenerationFailed
-from twisted.web._newclient import _WrapperException as WrapperException
+from twisted.web.client import RequestGenerationFailed, RequestTransmissionFailed, ResponseFailed
 
-from .types import (
+from ._twisted import ParseError
+from ._types import (
     ProtocolError,
     SandboxBusy,
     SandboxError,
@@ -32,25 +33,40 @@ from .types import (
     TooLarge,
 )
 
-# Error type names (the wire's "error" field) understood without looking at the status.
-_BY_TYPE: dict[str, int] = {
-    "SandboxNotFound": 404,
-    "NotFound": 404,
-    "FileNotFoundError": 404,
-    "PathNotFound": 404,
-    "BadRequest": 400,
-    "ValueError": 400,
-    "Unauthorized": 401,
-    "PermissionError": 403,
-    "Forbidden": 403,
-    "TooLarge": 413,
-    "Draining": 503,
-    "NoCapacity": 503,
-    "SandboxUnavailable": 503,
-    "InsufficientStorage": 507,
-    "SandboxBusy": 504,
-    "Timeout": 504,
-}
+WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
+    {
+        "BadRequest": 400,
+        "Unauthorized": 401,
+        "SandboxNotFound": 404,
+        "FileNotFoundError": 404,
+        "NotFound": 404,
+        "MethodNotAllowed": 405,
+        "TooLarge": 413,
+        "InternalError": 500,
+        "ArchiveError": 500,
+        "Draining": 503,
+        "NoCapacity": 503,
+        "InsufficientStorage": 507,
+    }
+)
+"""The contract's error types and the HTTP status each is answered with: exactly the table
+``x-error-types`` of ``docs/openapi.yaml`` (a test holds them equal)."""
+
+FOREIGN_ERRORS: Mapping[str, int] = MappingProxyType(
+    {
+        "PathNotFound": 404,
+        "ValueError": 400,
+        "PermissionError": 403,
+        "Forbidden": 403,
+        "SandboxUnavailable": 503,
+        "SandboxBusy": 504,
+        "Timeout": 504,
+    }
+)
+"""Type names that are not sandboxd's but that a host in front of it, or one naming its own
+exception classes, may send in band: understood, never sent by the contract."""
+
+_BY_TYPE: Mapping[str, int] = {**FOREIGN_ERRORS, **WIRE_ERRORS}
 
 
 def error_for(status: int, error: str | None, detail: str) -> Exception:
@@ -112,14 +128,19 @@ def error_from_frame(error: object, detail: object) -> Exception:
         etype = "FileNotFoundError"
     text = detail if isinstance(detail, str) else f"exec failed on the host: {etype}"
     status = _BY_TYPE.get(etype or "")
-    if status is None:
-        return SandboxError(text, error=etype)
-    return error_for(status, etype, text)
+    mapped = None if status is None else error_for(status, etype, text)
+    if mapped is None or type(mapped) is SandboxError:
+        return SandboxError(text, error=etype)  # an in-band error has no status of its own
+    return mapped
+
+
+_WRAPPERS = (RequestGenerationFailed, RequestTransmissionFailed, ResponseFailed)
+"""twisted.web's exceptions that carry the real causes in ``reasons`` (a list of Failures)."""
 
 
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
     """The innermost exceptions under Twisted's wrapper exceptions (ResponseFailed, …)."""
-    if isinstance(exc, WrapperException):
+    if isinstance(exc, _WRAPPERS):
         for reason in exc.reasons:
             inner = reason.value if isinstance(reason, Failure) else reason
             if isinstance(inner, BaseException):
@@ -164,7 +185,7 @@ def error_from_transport(exc: BaseException, *, timed_out: bool, service: bool) 
         return ProtocolError(f"unparseable HTTP response: {leaves[0]!r}")
     if any(type(leaf).__module__.startswith("OpenSSL") for leaf in leaves):
         return SandboxError(f"TLS failure: {leaves[0]!r}")
-    if isinstance(exc, WrapperException) or any(isinstance(leaf, _DEAD) for leaf in leaves):
+    if isinstance(exc, _WRAPPERS) or any(isinstance(leaf, _DEAD) for leaf in leaves):
         reason = ", ".join(type(leaf).__name__ for leaf in leaves) or type(exc).__name__
         if service:
             return SandboxUnavailable(f"sandbox service unreachable ({reason})")

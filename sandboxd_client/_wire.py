@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from .handles import encode_handle
-from .types import (
+from ._handles import encode_handle
+from ._types import (
     Health,
     ProtocolError,
     ResolvedTool,

@@ -17,7 +17,7 @@ import json
 from attrs import field, frozen
 from hyperlink import DecodedURL
 
-from .types import SandboxHandle
+from ._types import SandboxHandle
 
 
 @frozen

@@ -23,7 +23,8 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer, IResponse
 from zope.interface import implementer
 
-from .types import SandboxBusy
+from ._twisted import response_connection
+from ._types import SandboxBusy
 
 READ_SIZE = 1 << 20
 """Bytes the connection reads at a time while a response body streams in. Twisted reads
@@ -76,11 +77,11 @@ class _SinkProtocol(Protocol):
         """Read the body in chunks of up to :data:`READ_SIZE`, the connection's own size once
         it is read (a pooled connection goes on as it was).
 
-        The response's transport proxies the connection (``_producer``); anything else (a
-        TLS wrapper, a test double) is left as it is.
+        Only a plain TCP connection is tuned (see ``_twisted.response_connection``); anything
+        else (a TLS wrapper, an in-memory transport) is left as it is.
         """
-        connection = getattr(self.transport, "_producer", None)
-        if not isinstance(connection, FileDescriptor):
+        connection = response_connection(self.transport)
+        if connection is None:
             return
         # A later upload on this pooled connection is sent as many bytes at a time.
         connection.SEND_LIMIT = max(connection.SEND_LIMIT, READ_SIZE)
@@ -206,7 +207,10 @@ class ProgressProducer:
         self.length: int = inner.length if inner.length is not UNKNOWN_LENGTH else UNKNOWN_LENGTH
 
     def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        return self._inner.startProducing(_CountingConsumer(consumer, self._progress))
+        started: Deferred[None] = self._inner.startProducing(
+            _CountingConsumer(consumer, self._progress)
+        )
+        return started
 
     def pauseProducing(self) -> None:
         self._inner.pauseProducing()

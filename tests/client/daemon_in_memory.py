@@ -1,0 +1,83 @@
+"""
+The real daemon's HTTP API (``SandboxAPI``), built as ``twistd sandboxd --isolation=none``
+builds it, served in memory: the client reaches it through treq's ``RequestTraversalAgent``
+instead of a socket. Everything under the API (manager, processes, files, threads) is real
+and runs on the real reactor; only the connection is in memory.
+
+This is the one module of the client suite that imports the daemon (the client itself never
+does): when the daemon's modules move, only the imports below change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest_twisted
+from attrs import frozen
+from treq.testing import RequestTraversalAgent
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.task import LoopingCall
+from twisted.python.threadpool import ThreadPool
+
+from sandboxd.http.api import SandboxAPI
+from sandboxd.config import Config
+from sandboxd.isolation.select import build_isolation
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
+from sandboxd.core.tools.resolver import build_tools
+
+POD_URL = "http://sandboxd.invalid:8080"
+"""What the in-memory replica calls itself: a name that resolves nowhere, so a request that
+left the in-memory agent would fail."""
+
+PUMP_INTERVAL = 0.002
+"""Seconds between moves of the in-memory connections' bytes (a pump, not a deadline)."""
+
+
+@frozen
+class InMemoryDaemon:
+    """The API's resource behind an in-memory agent, and the URL its handles carry."""
+
+    agent: RequestTraversalAgent
+    pod_url: str
+    manager: SandboxManager
+
+
+def serve_in_memory(tmp_path: Path, token: bytes | None) -> Iterator[InMemoryDaemon]:
+    """Build the daemon's API on ``tmp_path``; tear everything down (sandboxes killed)."""
+    settings = {
+        "isolation": "none",
+        "root": str(tmp_path / "root"),
+        "tools-dir": str(tmp_path / "tools"),
+        "uid-min": "1000",
+        "uid-max": "1009",
+        "keepalive": "1s",
+        "pod-url": POD_URL,
+    }
+    config = Config.load({}, settings)
+    file_pool = ThreadPool(minthreads=1, maxthreads=4, name="client-test-files")
+    admin_pool = ThreadPool(minthreads=0, maxthreads=2, name="client-test-admin")
+    file_pool.start()
+    admin_pool.start()
+    isolation = build_isolation(config, reactor, file_pool)
+    layout = Layout(os.path.realpath(config.root), owns_files=isolation.owns_files)
+    manager = SandboxManager(config, reactor, reactor, isolation, admin_pool, layout)
+    pytest_twisted.blockon(manager.start())
+    tools = build_tools(config.tools_dir, reactor, admin_pool)
+    api = SandboxAPI(manager, token=token, pod_url=config.pod_url, tools=tools)
+    agent = RequestTraversalAgent(api.app.resource())
+    pump = LoopingCall(agent.flush)
+    pump.clock = reactor
+    pump.start(PUMP_INTERVAL)
+    try:
+        yield InMemoryDaemon(agent, POD_URL, manager)
+    finally:
+        kills = [Deferred.fromCoroutine(manager.kill(rid)) for rid in list(manager.sandboxes)]
+        pytest_twisted.blockon(DeferredList(kills))
+        pump.stop()
+        file_pool.stop()
+        admin_pool.stop()
+        os.close(manager._devnull)

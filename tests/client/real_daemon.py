@@ -1,0 +1,96 @@
+"""
+A real daemon for the client suite: ``twistd -n sandboxd --isolation=none`` from this work
+tree, on a free loopback port, with a bearer token; stopped with SIGTERM (then SIGKILL).
+
+The client suite starts the daemon as a process and never imports it here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from attrs import frozen
+
+REPO = Path(__file__).resolve().parents[2]
+START_POLLS = 600
+"""Looks at ``/healthz`` before start-up counts as failed (a hang guard, not a timing)."""
+
+
+class DaemonFailed(Exception):
+    """The daemon exited or never answered; the message carries its log."""
+
+
+@frozen
+class Daemon:
+    url: str
+    root: Path
+    log: Path
+    token: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
+    """Start a daemon under ``base`` (root, tools, log), yield it once it answers, stop it."""
+    token_file = base / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    (base / "tools").mkdir(exist_ok=True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    env.update(PYTHONPATH=str(REPO), SANDBOXD_ROOT=str(base / "root"))
+    argv = [
+        str(Path(sys.executable).parent / "twistd"),
+        "--nodaemon",
+        "--pidfile=",
+        "sandboxd",
+        "--isolation=none",
+        f"--listen=tcp:{port}:interface=127.0.0.1",
+        f"--token-file={token_file}",
+        f"--tools-dir={base / 'tools'}",
+        "--keepalive=1s",
+        *extra,
+    ]
+    log = base / "daemon.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(START_POLLS):
+            if process.poll() is not None:
+                raise DaemonFailed(f"daemon exited {process.returncode}: {log.read_text()}")
+            if healthy(url):
+                break
+            time.sleep(0.05)
+        else:
+            raise DaemonFailed(f"daemon did not answer: {log.read_text()}")
+        yield Daemon(url, base / "root", log, token)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,71 @@
+"""The pure parts of ``sandboxctl mcp``: output clipping, file encodings, session bookkeeping."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandboxd_client import SandboxHandle
+from sandboxd_client.mcp_server._output import (
+    LiveText,
+    clip,
+    file_bytes,
+    file_content,
+)
+from sandboxd_client.mcp_server._session import Registry, UnknownSandbox
+
+
+def test_clip_keeps_both_ends_and_says_how_much_is_left_out() -> None:
+    assert clip(b"short", 10) == ("short", False)
+    text, cut = clip(b"a" * 10 + b"b" * 100 + b"c" * 10, 20)
+    assert cut and text == "a" * 10 + "\n[... 100 bytes omitted ...]\n" + "c" * 10
+
+
+def test_files_are_text_when_they_are_utf8_else_base64() -> None:
+    assert file_content("é".encode()) == ("é", "utf-8")
+    assert file_content(b"\xff") == ("/w==", "base64")
+    assert file_bytes("/w==", "base64") == b"\xff"
+    assert file_bytes("é", "utf-8") == "é".encode()
+    with pytest.raises(ValueError):
+        file_bytes("@@", "base64")
+    with pytest.raises(ValueError, match="encoding"):
+        file_bytes("x", "latin-1")
+
+
+def test_live_text_decodes_a_character_split_between_chunks() -> None:
+    live, data = LiveText(), "é".encode()
+    assert live.feed(data[:1]) + live.feed(data[1:]) == "é"
+
+
+def test_sessions_name_their_sandboxes_and_give_up_the_unkept_ones() -> None:
+    registry = Registry()
+    one, two = registry.open(), registry.open()
+    assert one.add(SandboxHandle("h1"), keep=False) == "sb1"
+    assert one.add(SandboxHandle("h2"), keep=True) == "sb2"
+    assert two.add(SandboxHandle("h3"), keep=False) == "sb1"  # names are per session
+    assert one.handle("sb2") == SandboxHandle("h2")
+    with pytest.raises(UnknownSandbox, match="known: sb1, sb2"):
+        one.handle("sb3")
+    assert registry.take_unkept() == [SandboxHandle("h1"), SandboxHandle("h3")]
+    assert registry.take_unkept() == []
+    registry.close(two)
+    registry.close(two)
+    assert registry.sessions == [one]
+    one.forget("sb2")
+    with pytest.raises(UnknownSandbox, match="none yet"):
+        one.handle("sb2")
+
+
+def test_without_a_session_hook_the_server_is_one_session() -> None:
+    from sandboxd_client.mcp_server._tools import session_sandboxes
+
+    class Request:
+        session = object()  # no connection to be found
+
+    class Ctx:
+        request_context = Request()
+
+    registry = Registry()
+    kills: list[object] = []
+    first = session_sandboxes(Ctx(), registry, kills.append)  # type: ignore[arg-type]
+    assert session_sandboxes(Ctx(), registry, kills.append) is first  # type: ignore[arg-type]
+    assert registry.sessions == [first] and kills == []  # killed only when the server stops
