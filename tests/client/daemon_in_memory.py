@@ -22,12 +22,12 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import LoopingCall
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.http.api import SandboxAPI
 from sandboxd.config import Config
-from sandboxd.isolation.select import build_isolation
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import build_tools
+from sandboxd.http.api import SandboxAPI
+from sandboxd.isolation.select import build_isolation
 
 POD_URL = "http://sandboxd.invalid:8080"
 """What the in-memory replica calls itself: a name that resolves nowhere, so a request that
