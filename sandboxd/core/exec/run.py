@@ -80,8 +80,8 @@ class ExecRun(ProcessProtocol):
         on_output: Callable[[int, bytes], None],
         *,
         max_output: int,
-        log_timeout: float,
-        timeout: float,
+        log_timeout: float | None,
+        timeout: float | None,
         on_activity: Callable[[], None] = lambda: None,
         on_end: Callable[[], None] = lambda: None,
         kill: Callable[[int, int], None] = os.killpg,
@@ -104,6 +104,8 @@ class ExecRun(ProcessProtocol):
         self._timers: dict[str, IDelayedCall] = {}
         self._paused = False
         self._exited = False
+        self.stdin_open = False
+        """The command's stdin is a pipe still open for :meth:`write_stdin`."""
 
     def start(
         self,
@@ -112,10 +114,17 @@ class ExecRun(ProcessProtocol):
         env: Mapping[str, str],
         stdin: bytes | None,
         devnull: int,
+        *,
+        keep_stdin_open: bool = False,
     ) -> None:
-        """Spawn ``argv``; a command that cannot be executed ends at once with 127 or 126."""
+        """Spawn ``argv``; a command that cannot be executed ends at once with 127 or 126.
+
+        ``stdin`` bytes are fed, then EOF; with ``keep_stdin_open`` the pipe stays open for
+        :meth:`write_stdin` until :meth:`close_stdin`; with neither, stdin is ``/dev/null``.
+        """
         self.stdin = stdin
-        child_fds: dict[int, int | str] = {0: "w" if stdin is not None else devnull, 1: "r", 2: "r"}
+        piped = stdin is not None or keep_stdin_open
+        child_fds: dict[int, int | str] = {0: "w" if piped else devnull, 1: "r", 2: "r"}
         try:
             process = reactor.spawnProcess(
                 self, argv[0], list(argv), env=dict(env), childFDs=child_fds
@@ -130,8 +139,10 @@ class ExecRun(ProcessProtocol):
             self._end(SpawnFailed(f"cannot start the command: {e}"))
             return
         self.pid = process.pid
-        self._schedule("deadline", self.timeout, self._expire)
-        self._schedule("silence", self.log_timeout, self._expire)
+        self.stdin_open = keep_stdin_open
+        if self.timeout is not None:
+            self._schedule("deadline", self.timeout, self._expire)
+        self._schedule_silence()
 
     @property
     def ended(self) -> bool:
@@ -153,7 +164,8 @@ class ExecRun(ProcessProtocol):
         if self.stdin is not None:
             assert self.transport is not None
             self.transport.write(self.stdin)
-            self.transport.closeStdin()
+            if not self.stdin_open:
+                self.transport.closeStdin()
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
         self.on_output(childFD, data)
@@ -165,7 +177,7 @@ class ExecRun(ProcessProtocol):
         kept += data
         self.on_activity()
         if not self._paused:
-            self._schedule("silence", self.log_timeout, self._expire)
+            self._schedule_silence()
 
     def processExited(self, reason: Failure) -> None:
         """The command is gone; give its pipes a moment, then stop waiting for them.
@@ -195,10 +207,34 @@ class ExecRun(ProcessProtocol):
         """Read the command's pipes again."""
         self._paused = False
         if self.transport is not None and not self.ended:
-            self._schedule("silence", self.log_timeout, self._expire)
+            self._schedule_silence()
             if self._exited:
                 self._schedule("linger", LINGER_AFTER_EXIT, self._close_pipes)
             self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    # Input and signals (a background process)
+
+    def write_stdin(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin pipe (:attr:`stdin_open` must be true)."""
+        assert self.transport is not None and self.stdin_open
+        self.transport.write(data)
+
+    def close_stdin(self) -> None:
+        """Close the command's stdin pipe: it reads EOF once what was written is read."""
+        self.stdin_open = False
+        if self.transport is not None:
+            self.transport.closeStdin()
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the command's process group (to the command alone while it is
+        not yet a group leader). Nothing once it has exited: its pid may be another's."""
+        if self.ended or self._exited or self.pid is None:
+            return
+        try:
+            self._killpg(self.pid, signum)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
 
     # Ending
 
@@ -242,6 +278,10 @@ class ExecRun(ProcessProtocol):
         for waiter in waiters:
             if not waiter.called:
                 waiter.callback(outcome)
+
+    def _schedule_silence(self) -> None:
+        if self.log_timeout is not None:
+            self._schedule("silence", self.log_timeout, self._expire)
 
     def _schedule(self, name: str, delay: float, action: Callable[[], None]) -> None:
         self._cancel(name)
