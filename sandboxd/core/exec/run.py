@@ -104,6 +104,7 @@ class ExecRun(ProcessProtocol):
         self._timers: dict[str, IDelayedCall] = {}
         self._paused = False
         self._exited = False
+        self.keep_stdin_open = False
         self.stdin_open = False
         """The command's stdin is a pipe still open for :meth:`write_stdin`."""
 
@@ -123,6 +124,7 @@ class ExecRun(ProcessProtocol):
         :meth:`write_stdin` until :meth:`close_stdin`; with neither, stdin is ``/dev/null``.
         """
         self.stdin = stdin
+        self.keep_stdin_open = keep_stdin_open
         piped = stdin is not None or keep_stdin_open
         child_fds: dict[int, int | str] = {0: "w" if piped else devnull, 1: "r", 2: "r"}
         try:
@@ -138,8 +140,12 @@ class ExecRun(ProcessProtocol):
         except OSError as e:  # the host could not start it (EAGAIN, ENOMEM...)
             self._end(SpawnFailed(f"cannot start the command: {e}"))
             return
-        self.pid = process.pid
-        self.stdin_open = keep_stdin_open
+        # A command that exits at once is reaped inside spawnProcess (the transport's pid is
+        # then None): its pid was taken in connectionMade.
+        self.pid = self.pid or process.pid
+        self.stdin_open = keep_stdin_open and not self.ended
+        if self.ended:
+            return
         if self.timeout is not None:
             self._schedule("deadline", self.timeout, self._expire)
         self._schedule_silence()
@@ -160,11 +166,12 @@ class ExecRun(ProcessProtocol):
     # ProcessProtocol
 
     def connectionMade(self) -> None:
+        self.pid = getattr(self.transport, "pid", None)
         read_in_large_chunks(self.transport)
         if self.stdin is not None:
             assert self.transport is not None
             self.transport.write(self.stdin)
-            if not self.stdin_open:
+            if not self.keep_stdin_open:
                 self.transport.closeStdin()
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
