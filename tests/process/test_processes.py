@@ -336,12 +336,15 @@ def test_sandboxctl_run_d_logs_ps_signal(daemon: Daemon) -> None:
         )
 
     handle = ctl("create").stdout.strip()
-    started = ctl("run", "-d", handle, "--", "sh", "-c", "echo out; echo err >&2; sleep 30")
+    started = ctl("run", "-d", handle, "--", "sh", "-c", "echo out; echo err >&2; exec sleep 600")
     assert started.returncode == 0, started.stderr
     pid = started.stdout.split()[0]
     listed = ctl("ps", handle)
     assert pid in listed.stdout and "running" in listed.stdout
-    partial = ctl("logs", handle, pid)
+    for _ in range(100):  # until the command has printed (each look is a whole sandboxctl run)
+        partial = ctl("logs", handle, pid)
+        if partial.stdout and partial.stderr:
+            break
     assert partial.stdout == "out\n" and partial.stderr == "err\n"
     assert ctl("signal", handle, pid, "TERM").returncode == 0
     followed = ctl("logs", "-f", handle, pid)
