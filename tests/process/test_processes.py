@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, Daemon, free_port, start_daemon, stop_daemon
+
+from tests.process.conftest import REPO, Daemon, free_port, start_daemon, stop_daemon
 
 
 @pytest.fixture
