@@ -120,8 +120,8 @@ class LimitedRequest(Request):
 
 
 READ_SIZE = 1 << 20
-"""Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB: an upload
-of 1 GiB took 16 384 reactor turns, each through the whole HTTP parser)."""
+"""Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB; see
+docs/performance.rst)."""
 
 SEND_SIZE = 2 << 20
 """Bytes a connection hands the kernel per ``send()`` at most (Twisted's default is 128 KiB,
@@ -209,7 +209,7 @@ def make_site(resource: IResource, max_body: int, spool_dir: str | None = None) 
     ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors."""
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
-    # email package (a tenth of a create's time), and read a multipart body whole into memory.
+    # email package (see docs/performance.rst), and read a multipart body whole into memory.
     site = SpoolingSite(
         Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False
     )

@@ -158,8 +158,7 @@ class Cgroup1Driver:
         A single-threaded process that writes ``0`` there moves itself (its only thread) with no
         wait: the kernel takes its global threadgroup lock, whose writers wait for an RCU grace
         period once migrations have been quiet for a while, only to move another task or a whole
-        thread group (``cgroup.procs``). Measured here (Linux 6.18, spaced 0.1 s apart): 1.7 ms
-        for ``sh -c 'echo 0 > tasks'`` against 7.9 ms for ``echo $$ > cgroup.procs``.
+        thread group (``cgroup.procs``); docs/performance.rst has the figures.
         """
         return [os.path.join(path, "tasks") for path in self._dirs(rid)]
 

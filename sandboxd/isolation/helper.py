@@ -1,8 +1,8 @@
 """The exec helper ``sandboxd-exec``: a sandbox's command started in one exec, no shell between.
 
 The isolated chain ``sh`` (join the cgroup) → ``setsid`` → ``setpriv`` → ``sh`` (``cd``) →
-command costs four program starts before the command's own (5.4 ms for ``true`` here, against
-1.0 ms for ``true`` alone); the helper, a small static C program built with the package
+command costs four program starts before the command's own (see docs/performance.rst); the
+helper, a small static C program built with the package
 (``sandboxd_exec.c``, ``helper_build.py``), does the same steps in the same order in one
 (``sandboxd_exec.c`` says which, and the exit codes). Without it (no C compiler where the
 package was built) the daemon keeps the shell chain of :mod:`sandboxd.isolation.wrapper`.

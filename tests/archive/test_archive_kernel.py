@@ -17,7 +17,7 @@ from sandboxd.config import Config
 from sandboxd.core.archive.store import Archive, build_archive
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import Sandbox, SandboxManager
-from sandboxd.http import parse
+from sandboxd.http import parse, wire
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import Host, build_isolation
 
@@ -79,8 +79,7 @@ def kernel(scratch: Path) -> Iterator[tuple[SandboxManager, Archive]]:
 
 async def run(manager: SandboxManager, sandbox: Sandbox, body: dict[str, Any]) -> dict[str, Any]:
     execution = manager.start_exec(sandbox, parse.exec_spec(body), lambda fd, data: None)
-    frame: dict[str, Any] = await execution.when_finished()
-    return frame
+    return wire.final_frame(await execution.when_finished())
 
 
 def out(frame: dict[str, Any]) -> str:
