@@ -277,10 +277,10 @@ class SandboxAPI:
         table = self.manager.get(rid).processes
         return json_response(request, wire.processes_body(table.all()))
 
-    @app.route("/sandboxes/<rid:rid>/processes/<pid>/output", methods=["GET"])
+    @app.route("/sandboxes/<rid:rid>/processes/<process_id>/output", methods=["GET"])
     @authorized
-    async def process_output(self, request: IRequest, rid: str, pid: str) -> None:
-        process = self.manager.get(rid).processes.get(pid)
+    async def process_output(self, request: IRequest, rid: str, process_id: str) -> None:
+        process = self.manager.get(rid).processes.get(process_id)
         offset = parse.offset_param(request)
         follow = parse.flag(request, "follow", False)
         stream: FollowStream | None = None
@@ -302,26 +302,26 @@ class SandboxAPI:
         finally:
             reader.stop()
 
-    @app.route("/sandboxes/<rid:rid>/processes/<pid>/stdin", methods=["POST"])
+    @app.route("/sandboxes/<rid:rid>/processes/<process_id>/stdin", methods=["POST"])
     @authorized
-    def process_stdin(self, request: IRequest, rid: str, pid: str) -> bytes:
-        process = self.manager.get(rid).processes.get(pid)
+    def process_stdin(self, request: IRequest, rid: str, process_id: str) -> bytes:
+        process = self.manager.get(rid).processes.get(process_id)
         parse.refuse_too_large(request, parse.JSON_BODY_LIMIT)
         content = request.content
         content.seek(0)
         process.write_stdin(content.read(parse.JSON_BODY_LIMIT))
         return no_content(request)
 
-    @app.route("/sandboxes/<rid:rid>/processes/<pid>/stdin", methods=["DELETE"])
+    @app.route("/sandboxes/<rid:rid>/processes/<process_id>/stdin", methods=["DELETE"])
     @authorized
-    def process_close_stdin(self, request: IRequest, rid: str, pid: str) -> bytes:
-        self.manager.get(rid).processes.get(pid).close_stdin()
+    def process_close_stdin(self, request: IRequest, rid: str, process_id: str) -> bytes:
+        self.manager.get(rid).processes.get(process_id).close_stdin()
         return no_content(request)
 
-    @app.route("/sandboxes/<rid:rid>/processes/<pid>/signal", methods=["POST"])
+    @app.route("/sandboxes/<rid:rid>/processes/<process_id>/signal", methods=["POST"])
     @authorized
-    def process_signal(self, request: IRequest, rid: str, pid: str) -> bytes:
-        process = self.manager.get(rid).processes.get(pid)
+    def process_signal(self, request: IRequest, rid: str, process_id: str) -> bytes:
+        process = self.manager.get(rid).processes.get(process_id)
         process.signal(parse.signal_body(parse.json_body(request), SIGNALS))
         return no_content(request)
 
