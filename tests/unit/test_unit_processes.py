@@ -225,3 +225,9 @@ def test_the_table_pushes_out_the_oldest_ended_record() -> None:
             lookup()
     table.close()
     assert table.running == []
+
+
+def test_a_signalled_process_ends_with_128_plus_n_and_names_the_signal() -> None:
+    process, run, _ = make()
+    run.processEnded(Failure(ProcessTerminated(signal=signal.SIGINT)))
+    assert read(process) == [Ended(130, signal=signal.SIGINT)]

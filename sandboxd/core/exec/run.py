@@ -45,6 +45,8 @@ class Exited:
     truncated: bool = False
     """Some output was not kept (over ``max_output``); the live stream had all of it."""
     timed_out: bool = False
+    signal: int | None = None
+    """The signal that killed the command (``code`` is then ``128 + signal``), if one did."""
 
 
 @frozen
@@ -198,7 +200,8 @@ class ExecRun(ProcessProtocol):
 
     def processEnded(self, reason: Failure) -> None:
         code = EXIT_TIMEOUT if self.timed_out else exit_code_of(reason)
-        self._finish(code)
+        killed = getattr(reason.value, "signal", None)
+        self._finish(code, signal=None if killed is None else int(killed))
 
     # Flow control: the front's client reads slowly
 
@@ -267,13 +270,13 @@ class ExecRun(ProcessProtocol):
         if self.transport is not None:
             self.transport.loseConnection()
 
-    def _finish(self, code: int, stderr: bytes = b"") -> None:
+    def _finish(self, code: int, stderr: bytes = b"", signal: int | None = None) -> None:
         if stderr:
             self.on_output(2, stderr)
             self.buffers[2] += stderr
         out, err = bytes(self.buffers[1]), bytes(self.buffers[2])
         self.buffers = {1: bytearray(), 2: bytearray()}  # up to max_output each: not kept twice
-        self._end(Exited(code, out, err, self.truncated, self.timed_out))
+        self._end(Exited(code, out, err, self.truncated, self.timed_out, signal))
 
     def _end(self, outcome: Outcome) -> None:
         """Settle the run with its outcome."""

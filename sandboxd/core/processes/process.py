@@ -35,10 +35,13 @@ class Dropped:
 
 @frozen
 class Ended:
-    """The process ended: its shell exit code (``None``: it could never start, ``detail``)."""
+    """The process ended: its shell exit code (``None``: it could never start, ``detail``),
+    the signal that killed it if one did, and whether its ``timeout`` ended it."""
 
     code: int | None
     detail: str = ""
+    signal: int | None = None
+    timed_out: bool = False
 
 
 @frozen
@@ -161,7 +164,7 @@ def ended_of(outcome: Outcome | None) -> Ended | None:
     if outcome is None:
         return None
     if isinstance(outcome, Exited):
-        return Ended(outcome.code)
+        return Ended(outcome.code, signal=outcome.signal, timed_out=outcome.timed_out)
     return Ended(None, outcome.detail)
 
 
