@@ -85,7 +85,7 @@ def test_events_are_mapped_with_workspace_paths(tmp_path: Path) -> None:
 
 
 def test_overflow_and_unknown_watches(tmp_path: Path) -> None:
-    watch, reactor, events, done, _ = started(tmp_path, recursive=False)
+    watch, _, events, _, _ = started(tmp_path, recursive=False)
     header = struct.Struct("iIII")
     raw = header.pack(-1, inotify.IN_Q_OVERFLOW, 0, 0)
     raw += header.pack(999, inotify.IN_CREATE, 0, 4) + b"x\0\0\0"
@@ -103,7 +103,7 @@ def test_overflow_and_unknown_watches(tmp_path: Path) -> None:
 
 
 def test_a_missing_root_is_path_not_found(tmp_path: Path) -> None:
-    watch, reactor, events, done, closed = started(tmp_path, root=("missing",))
+    _, reactor, _, done, closed = started(tmp_path, root=("missing",))
     assert isinstance(done[0], Failure) and done[0].check(PathNotFound)
     assert closed == [True] and not reactor.readers
 
