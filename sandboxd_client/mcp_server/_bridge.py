@@ -35,16 +35,27 @@ class ReactorThread:
     def __init__(self, reactor: Any) -> None:
         self.reactor = reactor
         self._running = threading.Event()
+        self._failed: Exception | None = None
         self._thread = threading.Thread(target=self._run, name="twisted-reactor", daemon=True)
 
     def _run(self) -> None:
         self.reactor.callWhenRunning(self._running.set)
-        self.reactor.run(installSignalHandlers=False)
+        try:
+            self.reactor.run(installSignalHandlers=False)
+        except Exception as e:  # told to start(), which is waiting for the reactor
+            self._failed = e
+        finally:
+            self._running.set()
 
     def start(self) -> None:
-        """Start the reactor thread; return once the reactor runs."""
+        """Start the reactor thread; return once the reactor runs (``RuntimeError`` if it
+        already runs elsewhere, or could not be started)."""
+        if self.reactor.running:
+            raise RuntimeError("the reactor already runs: sandboxctl mcp needs one of its own")
         self._thread.start()
         self._running.wait()
+        if not self.reactor.running:
+            raise RuntimeError("the reactor could not be started") from self._failed
 
     def stop(self) -> None:
         """Stop the reactor (from any thread but its own) and wait for its thread to end."""

@@ -27,6 +27,7 @@ from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import build_tools
 from sandboxd.http.api import SandboxAPI
+from sandboxd.http.wire import ERROR_TYPES, INTERNAL
 from sandboxd.isolation.select import build_isolation
 
 POD_URL = "http://sandboxd.invalid:8080"
@@ -35,6 +36,13 @@ left the in-memory agent would fail."""
 
 PUMP_INTERVAL = 0.002
 """Seconds between moves of the in-memory connections' bytes (a pump, not a deadline)."""
+
+
+def daemon_error_table() -> dict[str, int]:
+    """The daemon's own table of wire error types and their statuses (its HTTP front's)."""
+    table = {wire_type: status for status, wire_type in ERROR_TYPES.values()}
+    table[INTERNAL[1]] = INTERNAL[0]
+    return table
 
 
 @frozen
@@ -64,6 +72,7 @@ def serve_in_memory(tmp_path: Path, token: bytes | None) -> Iterator[InMemoryDae
     admin_pool.start()
     isolation = build_isolation(config, reactor, file_pool)
     layout = Layout(os.path.realpath(config.root), owns_files=isolation.owns_files)
+    layout.prepare_root()  # as the daemon's start-up does, before the manager starts
     manager = SandboxManager(config, reactor, reactor, isolation, admin_pool, layout)
     pytest_twisted.blockon(manager.start())
     tools = build_tools(config.tools_dir, reactor, admin_pool)

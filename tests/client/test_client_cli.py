@@ -160,8 +160,12 @@ async def test_the_real_command_exits_like_the_command(client: HttpSandbox, fake
 def test_mcp_without_the_extra_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from sandboxd_client.cli import _commands
 
-    monkeypatch.delitem(sys.modules, "sandboxd_client.mcp_server", raising=False)
-    monkeypatch.setitem(sys.modules, "mcp", None)  # as if not installed
+    for name in list(sys.modules):  # as if the SDK had never been installed nor imported
+        if name.startswith("sandboxd_client.mcp_server"):
+            monkeypatch.delitem(sys.modules, name)
+        elif name.split(".")[0] in ("mcp", "mcp_types"):
+            monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "mcp", None)  # type: ignore[arg-type]
     err = io.StringIO()
     assert _commands.mcp(parse_args(["mcp"]), err) == 1
     assert "pip install 'sandboxd-client[mcp]'" in err.getvalue()

@@ -23,6 +23,8 @@ from sandboxd_client import (
 )
 from sandboxd_client._errors import FOREIGN_ERRORS, WIRE_ERRORS, error_for, error_from_frame
 
+from .daemon_in_memory import daemon_error_table
+
 OPENAPI = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 
 
@@ -76,6 +78,15 @@ def test_the_documented_table_agrees_with_the_responses_the_routes_name() -> Non
                     assert table[name] == int(status), (name, status)
                     seen += 1
     assert seen > 0
+
+
+ROUTING_ERRORS = {"NotFound", "MethodNotAllowed"}
+"""Answered by the router (werkzeug's exception names), not from the daemon's table."""
+
+
+def test_the_daemon_table_is_the_documented_table() -> None:
+    documented = documented_table()
+    assert daemon_error_table() == {t: s for t, s in documented.items() if t not in ROUTING_ERRORS}
 
 
 def test_every_expected_exception_is_listed() -> None:

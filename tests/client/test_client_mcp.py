@@ -382,3 +382,37 @@ def test_the_wire_transcript(daemon: Daemon, tmp_path: Path) -> None:
         wanted += [{"method": "notifications/progress", "params": p} for p in progress]
         wanted.append({"id": run_call["id"], "result": result})
         Path(keep).write_text("".join(json.dumps(m) + "\n" for m in wanted))
+
+
+def test_a_cancelled_call_kills_its_command(daemon: Daemon) -> None:
+    """Cancelling a run_command (notifications/cancelled) cancels the client's exec: the
+    stream is dropped and the host kills the command."""
+
+    async def test() -> None:
+        async with stdio_session(daemon) as session:
+            sb = (await call(session, "create_sandbox"))["sandbox"]
+            started = anyio.Event()
+
+            async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                started.set()
+
+            async def long_command() -> None:
+                await session.call_tool(
+                    "run_command",
+                    {"sandbox": sb, "command": "echo $$ > pid; echo started; exec sleep 300"},
+                    progress_callback=on_progress,
+                )
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(long_command)
+                await started.wait()
+                tasks.cancel_scope.cancel()
+            for _ in range(POLLS):
+                probe = await call(session, "run_command", sandbox=sb, command="kill -0 $(cat pid)")
+                if probe["exit_code"] != 0:
+                    break
+                await anyio.sleep(0.05)
+            else:
+                raise AssertionError("the cancelled command still runs")
+
+    run(test)

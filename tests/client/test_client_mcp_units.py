@@ -69,3 +69,29 @@ def test_without_a_session_hook_the_server_is_one_session() -> None:
     first = session_sandboxes(Ctx(), registry, kills.append)  # type: ignore[arg-type]
     assert session_sandboxes(Ctx(), registry, kills.append) is first  # type: ignore[arg-type]
     assert registry.sessions == [first] and kills == []  # killed only when the server stops
+
+
+def test_the_bridge_refuses_a_reactor_that_already_runs() -> None:
+    from sandboxd_client.mcp_server._bridge import ReactorThread
+
+    class Running:
+        running = True
+
+    with pytest.raises(RuntimeError, match="already runs"):
+        ReactorThread(Running()).start()
+
+
+def test_the_bridge_reports_a_reactor_that_could_not_start() -> None:
+    from sandboxd_client.mcp_server._bridge import ReactorThread
+
+    class Broken:
+        running = False
+
+        def callWhenRunning(self, f: object) -> None:
+            pass
+
+        def run(self, installSignalHandlers: bool) -> None:
+            raise OSError("no")
+
+    with pytest.raises(RuntimeError, match="could not be started"):
+        ReactorThread(Broken()).start()
