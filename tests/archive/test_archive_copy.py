@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from archive_helpers import ROOT, Workspaces, all_bytes, as_root, reactor, tree
 from twisted.internet.defer import Deferred, DeferredList, gatherResults
 from twisted.internet.task import deferLater
 
@@ -24,6 +23,7 @@ from sandboxd.core.archive.store import (
 )
 from sandboxd.errors import ArchiveFailed
 from sandboxd.http import wire
+from tests.archive.archive_helpers import ROOT, Workspaces, all_bytes, as_root, reactor, tree
 
 SECRET = b"host-secret-6f1c2a"
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from archive_helpers import tree
 
-from tests.process.conftest import REPO, Daemon, start_daemon, stop_daemon
+from tests.archive.archive_helpers import tree
+from tests.support.daemon import REPO, Daemon, start_daemon, stop_daemon
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from archive_helpers import all_bytes, reactor
 from twisted.internet.defer import Deferred
 
 from sandboxd.config import Config
@@ -20,6 +19,7 @@ from sandboxd.core.manager import Sandbox, SandboxManager
 from sandboxd.http import parse, wire
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import Host, build_isolation
+from tests.archive.archive_helpers import all_bytes, reactor
 
 pytestmark = pytest.mark.kernel
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from archive_helpers import reactor
 from twisted.internet.defer import Deferred
 from twisted.python.threadpool import ThreadPool
 
@@ -20,6 +19,7 @@ from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
 from sandboxd.errors import ArchiveFailed
 from sandboxd.isolation.none import no_isolation
+from tests.archive.archive_helpers import reactor
 
 
 class GatedArchive:

@@ -3,16 +3,12 @@
 The daemon helpers live in ``tests/security/live_daemon.py`` (shared with the security tests).
 """
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-
-from live_daemon import new_token, running, write_token
+from tests.security.live_daemon import new_token, running, write_token
 
 
 @pytest.fixture(scope="module")

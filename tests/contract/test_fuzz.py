@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_daemon import (
+
+from tests.security.live_daemon import (
     OPENAPI,
     PENDING,
     call,
@@ -92,14 +93,14 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(tmp_path: Path) -> No
         env["SANDBOXD_FUZZ_RIDS"] = ",".join(live)
         processes = []
         for rid in live:
-            started = call(
+            begun = call(
                 daemon,
                 "POST",
                 f"/sandboxes/{rid}/processes",
                 {"cmd": ["sleep", "600"]},
                 token=token,
             )
-            processes.append(f"{rid}:{started.json()['id']}")
+            processes.append(f"{rid}:{begun.json()['id']}")
         env["SANDBOXD_FUZZ_PROCESSES"] = ",".join(processes)
         argv = [
             sys.executable,

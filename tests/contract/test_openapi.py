@@ -12,7 +12,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from live_daemon import (
+
+from tests.security.live_daemon import (
     PENDING,
     PUBLIC,
     Reply,

@@ -8,7 +8,6 @@ from typing import Any
 
 import attrs
 import pytest
-from http_harness import Harness, ProcessReactor, SyncFiles, SyncPool, result_of
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
@@ -18,6 +17,7 @@ from sandboxd.core.manager import SandboxManager
 from sandboxd.http.api import SandboxAPI
 from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.none import no_isolation
+from tests.http.http_harness import Harness, ProcessReactor, SyncFiles, SyncPool, result_of
 
 DEFAULTS = {
     "isolation": "none",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from http_harness import Harness
+
+from tests.http.http_harness import Harness
 
 SECRET = b"the outside file's secret bytes"
 

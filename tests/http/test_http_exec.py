@@ -7,17 +7,16 @@ how fast the machine is.
 
 from __future__ import annotations
 
-import base64
 import os
 import stat
 from pathlib import Path
 
 import pytest
 import pytest_twisted
-from http_harness import ExecStream, Harness, b64, unb64
 from twisted.internet.defer import fail
 
 from sandboxd.core.exec.run import ExecRun
+from tests.http.http_harness import ExecStream, Harness, b64, unb64
 
 SHA = "ab" * 32
 
@@ -366,7 +365,7 @@ async def test_binary_output_survives(harness: Harness, rid: str) -> None:
     data = bytes(range(256))
     Path(harness.workspace(rid), "bin").write_bytes(data)
     last = await run_to_end(harness, rid, {"cmd": ["cat", "bin"]})
-    assert base64.b64decode(last["out"]) == data
+    assert unb64(last["out"]) == data
 
 
 @pytest_twisted.ensureDeferred

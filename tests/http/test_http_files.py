@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 
 import pytest
 import pytest_twisted
-from http_harness import Harness
 
-from sandboxd.core.files import workspace
+from tests.http.http_harness import Harness
 
 
 def put(h: Harness, rid: str, path: str, data: bytes) -> None:
@@ -94,7 +94,7 @@ def test_upload_when_the_disk_is_full_is_507_and_leaves_nothing(
     def full(source: object, target: object, length: int = 0) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(workspace.shutil, "copyfileobj", full)
+    monkeypatch.setattr(shutil, "copyfileobj", full)  # the one workspace copies with
     reply = harness.call("PUT", f"/sandboxes/{rid}/file", params={"path": "a/big"}, data=b"x" * 10)
     assert reply.error() == (507, "InsufficientStorage")
     monkeypatch.undo()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from http_harness import Harness
 
 from sandboxd.core.layout import RID_PATTERN
 from sandboxd.core.manager import SandboxManager
 from sandboxd.errors import BadRequest
 from sandboxd.http.parse import check_item_id
+from tests.http.http_harness import Harness
 
 SANDBOX_ROUTES = [
     ("DELETE", "/sandboxes/{rid}"),

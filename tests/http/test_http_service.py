@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from http_harness import TOKEN, Harness
 
 import sandboxd
+from tests.http.http_harness import TOKEN, Harness
 
 
 def test_healthz_reports_status_version_and_capabilities(harness: Harness) -> None:

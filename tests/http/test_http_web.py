@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from http_harness import Harness
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.error import ConnectionDone
@@ -41,6 +40,7 @@ from sandboxd.http.site import (
     can_spool,
     make_site,
 )
+from tests.http.http_harness import Harness
 
 LIMIT = 64
 
@@ -267,25 +267,25 @@ async def test_a_download_of_a_file_that_shrinks_ends_the_connection(
 def test_utf8_urls_is_a_leaf(harness: Harness) -> None:
     wrapped = Utf8URLs(harness.api.app.resource())
     assert wrapped.isLeaf
-    assert wrapped.getChildWithDefault(b"x", None) is wrapped  # type: ignore[arg-type]
+    assert wrapped.getChildWithDefault(b"x", None) is wrapped
     with pytest.raises(NotImplementedError):
         wrapped.putChild(b"x", wrapped)
 
 
 def test_make_site() -> None:
-    site = make_site(Utf8URLs(None), 123)  # type: ignore[arg-type]
+    site = make_site(Utf8URLs(None), 123)
     assert site.requestFactory.max_body == 123
     assert issubclass(site.requestFactory, LimitedRequest)
     assert site.displayTracebacks is False
 
 
 def test_connections_read_and_send_in_large_pieces() -> None:
-    site = make_site(Utf8URLs(None), 123)  # type: ignore[arg-type]
-    channel = site.buildProtocol(None)  # type: ignore[arg-type]
+    site = make_site(Utf8URLs(None), 123)
+    channel = site.buildProtocol(None)
     transport = StringTransport()
     channel.makeConnection(transport)
-    assert transport.bufferSize == READ_SIZE  # type: ignore[attr-defined]
-    assert transport.SEND_LIMIT == SEND_SIZE  # type: ignore[attr-defined]
+    assert transport.bufferSize == READ_SIZE
+    assert transport.SEND_LIMIT == SEND_SIZE
     channel.connectionLost(Failure(ConnectionDone()))
 
 
@@ -452,7 +452,7 @@ async def test_a_body_that_cannot_be_spooled_is_500_and_writes_nothing(
 
 
 def test_spooling_site_keeps_small_bodies_in_memory(spool_dir: Path) -> None:
-    site = SpoolingSite(Utf8URLs(None))  # type: ignore[arg-type]
+    site = SpoolingSite(Utf8URLs(None))
     site.spool_dir = str(spool_dir)
     assert isinstance(site.getContentFile(SPOOL_MIN - 1), io.BytesIO)
     for length in (SPOOL_MIN, None):
@@ -498,7 +498,7 @@ def test_a_body_that_fills_the_disk_is_discarded_from_then_on() -> None:
 
 def test_a_body_whose_spool_cannot_be_opened_is_discarded(spool_dir: Path) -> None:
     channel = DummyChannel()
-    channel.site = SpoolingSite(Utf8URLs(None))  # type: ignore[arg-type]
+    channel.site = SpoolingSite(Utf8URLs(None))
     channel.site.spool_dir = str(spool_dir / "missing")
     request = LimitedRequest(channel)
     request.gotLength(None)

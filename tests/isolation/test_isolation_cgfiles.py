@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from attrs import evolve
-from isolation_fakes import FakeKernel, write
 
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.cgfiles import (
@@ -22,6 +21,7 @@ from sandboxd.isolation.cgfiles import (
     sweep,
     write_text,
 )
+from tests.support.kernel_fakes import FakeKernel, write
 
 
 def test_readers(tmp_path: Path) -> None:

@@ -2,15 +2,16 @@
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
-from isolation_fakes import FakeKernel, settle, write
 
 from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
 from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.hierarchy import Mount
 from sandboxd.isolation.naming import instance_name
 from sandboxd.isolation.polling import StillPopulated
+from tests.support.kernel_fakes import FakeKernel, settle, write
 
 RID = "0123456789abcdef"
 LIMITS = Limits(memory_bytes=50 << 20, cpu_cores=0.2, pids=20)
@@ -24,7 +25,7 @@ def setup(
     tmp_path: Path,
     hierarchies: tuple[str, ...] = SEPARATE,
     cgroup_root: str | None = None,
-    **fake_options: object,
+    **fake_options: Any,
 ) -> tuple[FakeKernel, Cgroup1Driver]:
     """v1 hierarchies under ``tmp/v1``; the daemon's memory cgroup is ``/process_api/x``."""
     fake = FakeKernel(tmp_path / "v1", 1, **fake_options)

@@ -2,16 +2,17 @@
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 from attrs import evolve
-from isolation_fakes import FakeKernel, settle, write
 
 from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
 from sandboxd.isolation.cgroup2 import SUPERVISOR, Cgroup2Driver
 from sandboxd.isolation.hierarchy import UNIFIED, Mount
 from sandboxd.isolation.naming import instance_name
 from sandboxd.isolation.polling import StillPopulated
+from tests.support.kernel_fakes import FakeKernel, settle, write
 
 RID = "0123456789abcdef"
 LIMITS = Limits(memory_bytes=50 << 20, cpu_cores=0.2, pids=20)
@@ -23,7 +24,7 @@ def mounts(base: Path) -> list[Mount]:
 
 
 def setup(
-    tmp_path: Path, own: str = "/svc", cgroup_root: str | None = None, **fake_options: object
+    tmp_path: Path, own: str = "/svc", cgroup_root: str | None = None, **fake_options: Any
 ) -> tuple[FakeKernel, Cgroup2Driver]:
     """A unified mount at ``tmp/cg`` with the daemon's cgroup ``own`` holding the daemon."""
     fake = FakeKernel(tmp_path / "cg", 2, **fake_options)

@@ -2,11 +2,11 @@
 
 import itertools
 
-from isolation_fakes import settle
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from sandboxd.isolation.polling import MAX_DELAY, wait_until
+from tests.support.kernel_fakes import settle
 
 
 def test_true_at_once_needs_no_time() -> None:

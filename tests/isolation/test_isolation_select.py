@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from attrs import evolve
-from isolation_fakes import FakeKernel, write
 from twisted.internet.task import Clock
 from twisted.python.threadpool import ThreadPool
 
@@ -20,6 +19,7 @@ from sandboxd.isolation.none import CountingPool
 from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation, protect_daemon
 from sandboxd.isolation.uids import NumericUidPool
 from sandboxd.isolation.wrapper import Wrapper, spawn_env
+from tests.support.kernel_fakes import FakeKernel, write
 
 
 class Machine:

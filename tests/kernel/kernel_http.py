@@ -30,7 +30,7 @@ from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
 from sandboxd.isolation.naming import instance_name
-from tests.process.conftest import SHARED_ROOTS, Daemon, start_daemon, stop_daemon
+from tests.support.daemon import SHARED_ROOTS, Daemon, start_daemon, stop_daemon
 
 IN_VM = os.environ.get("SANDBOXD_VM") == "1"
 """Inside the cgroup v2 VM of ``tests/vm/run.sh`` (software emulation: keep counts small)."""
@@ -125,7 +125,7 @@ def wait_for(predicate: Any, timeout: float, step: float = 0.05) -> bool:
 def cgroup_dirs_named(*names: str) -> list[str]:
     """Directories with any of ``names`` anywhere under /sys/fs/cgroup (every hierarchy)."""
     wanted = set(names)
-    found = []
+    found: list[str] = []
     for top, dirs, _ in os.walk(CGROUP_ROOT):
         found.extend(os.path.join(top, d) for d in dirs if d in wanted)
     return found

@@ -44,7 +44,7 @@ UID_BASE = random.randrange(201000, 209000, 10)
 """Sandbox uids of this run: random, so concurrent runs on one machine rarely share one."""
 
 
-def own_view() -> tuple[list, dict[str, str]]:  # type: ignore[type-arg]
+def own_view() -> tuple[list, dict[str, str]]:
     mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
     return mounts, parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
 
@@ -112,7 +112,7 @@ class Bundle:
         for rid in sorted(set(self.rids) | set(cgroups.leftovers())):
             pytest_twisted.blockon(cgroups.kill(rid))
             cgroups.remove(rid)
-        cgroups.remove_instance()  # type: ignore[attr-defined]
+        cgroups.remove_instance()
         if self.pool.started:
             self.pool.stop()
 

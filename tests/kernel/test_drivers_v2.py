@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_drivers_v1 import LIMITS, Bundle, DriverBehaviour, make_bundle
 
 from sandboxd.isolation.cgroup2 import SUPERVISOR, Cgroup2Driver
+from tests.kernel.test_drivers_v1 import LIMITS, Bundle, DriverBehaviour, make_bundle
 
 pytestmark = pytest.mark.kernel
 

@@ -159,8 +159,8 @@ def test_symlinks_to_outside_never_leak_nor_touch_their_target(
     assert a.rmdir("real").status == 204  # removes real/deep, the link, not what it points to
     assert a.rename("moved", "etc").status == 204  # a link replaces a link
     for name in ("shadow", "out_file"):
-        path = a.workspace / name
-        assert not path.is_symlink() and path.read_bytes() == OWN
+        kept = a.workspace / name
+        assert not kept.is_symlink() and kept.read_bytes() == OWN
         assert a.download(name).body == OWN
     assert os.readlink(a.workspace / "etc") == "/etc/passwd"
     assert not (a.workspace / "theirs").exists() and not (a.workspace / "real").exists()

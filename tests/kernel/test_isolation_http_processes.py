@@ -24,7 +24,7 @@ from tests.kernel.kernel_http import (
     processes_of,
     wait_for,
 )
-from tests.process.conftest import free_port
+from tests.support.daemon import free_port
 
 WHY_NOT = isolation_problem()
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]

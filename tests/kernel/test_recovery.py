@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.process.conftest import Daemon, start_daemon, stop_daemon
+from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
 pytestmark = [
     pytest.mark.kernel,

@@ -6,10 +6,10 @@ import os
 from collections.abc import Callable
 
 import pytest
-from lifecycle_harness import InProcessDaemon, build_daemon
-from lifecycle_variants import KERNEL_HOST, KERNEL_SETTINGS, NONE_SETTINGS
 
 from sandboxd.isolation.base import IsolationUnavailable
+from tests.lifecycle.lifecycle_harness import InProcessDaemon, build_daemon
+from tests.lifecycle.lifecycle_variants import KERNEL_HOST, KERNEL_SETTINGS, NONE_SETTINGS
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ def real_reactor() -> Any:
     return reactor
 
 
-class Driver(greenlet.greenlet):  # type: ignore[misc]
+class Driver(greenlet.greenlet):
     """A greenlet running synchronous test code; :func:`pause` lets the reactor turn."""
 
 
@@ -102,7 +102,7 @@ def spin(d: Deferred[T], stub: StubTreq | None = None, limit: float = HANG_GUARD
     result = box[0]
     if isinstance(result, Failure):
         result.raiseException()
-    return result  # type: ignore[no-any-return]
+    return result
 
 
 def spin_until(

@@ -26,7 +26,10 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from lifecycle_harness import (
+
+from sandboxd.isolation.base import Identity
+from sandboxd.isolation.naming import is_rid
+from tests.lifecycle.lifecycle_harness import (
     BASE,
     ExecCall,
     InProcessDaemon,
@@ -37,10 +40,7 @@ from lifecycle_harness import (
     spin,
     spin_until,
 )
-from lifecycle_model import BAD, Parts, SandboxModel, render
-
-from sandboxd.isolation.base import Identity
-from sandboxd.isolation.naming import is_rid
+from tests.lifecycle.lifecycle_model import BAD, Parts, SandboxModel, render
 
 NAMES = ("a", "b", "c")
 SIGKILL_EXIT = 137
@@ -539,7 +539,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def follow(self, rid: str, process_id: str) -> ExecCall:
         """A following read of a process's output, in flight."""
         url = f"{BASE}/sandboxes/{rid}/processes/{process_id}/output?follow=true"
-        return ExecCall(self.daemon.stub.request("GET", url))
+        return ExecCall(self.daemon.stub.request("GET", url))  # type: ignore[attr-defined]
 
     def start_process(self, rid: str, cmd: list[str]) -> str | None:
         reply = self.call("POST", f"/sandboxes/{rid}/processes", body={"cmd": cmd})

@@ -13,9 +13,10 @@ from collections.abc import Callable
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
-from lifecycle_harness import InProcessDaemon, synchronously
-from lifecycle_machine import LifecycleMachine
 from twisted.internet.defer import Deferred
+
+from tests.lifecycle.lifecycle_harness import InProcessDaemon, synchronously
+from tests.lifecycle.lifecycle_machine import LifecycleMachine
 
 EXAMPLES = int(os.environ.get("SANDBOXD_LIFECYCLE_EXAMPLES", "20"))
 STEPS = int(os.environ.get("SANDBOXD_LIFECYCLE_STEPS", "30"))

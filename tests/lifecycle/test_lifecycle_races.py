@@ -15,7 +15,11 @@ from typing import Any
 
 import attrs
 import pytest
-from lifecycle_harness import (
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from sandboxd.isolation.base import Identity
+from tests.lifecycle.lifecycle_harness import (
     BASE,
     InProcessDaemon,
     build_daemon,
@@ -24,11 +28,7 @@ from lifecycle_harness import (
     spin_until,
     synchronously,
 )
-from lifecycle_variants import NONE_SETTINGS
-from twisted.internet.defer import Deferred
-from twisted.python.failure import Failure
-
-from sandboxd.isolation.base import Identity
+from tests.lifecycle.lifecycle_variants import NONE_SETTINGS
 
 RACES = int(os.environ.get("SANDBOXD_LIFECYCLE_RACES", "40"))
 
@@ -68,7 +68,7 @@ def test_kill_waits_for_file_calls_in_flight() -> Deferred[None]:
             spin_until(lambda: bool(held.held), daemon.stub)
             kill = daemon.stub.request("DELETE", f"{BASE}/sandboxes/{rid}")
             answered: list[object] = []
-            kill.addBoth(lambda r: (answered.append(r), r)[1])
+            kill.addBoth(lambda r: (answered.append(r), r)[1])  # type: ignore[func-returns-value]
             for _ in range(20):
                 daemon.stub.flush()
                 pause()

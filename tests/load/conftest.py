@@ -7,7 +7,8 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from load_daemon import SoakDaemon, choose_isolation, start_daemon
+
+from tests.load.load_daemon import SoakDaemon, choose_isolation, start_daemon
 
 
 @pytest.fixture

@@ -28,11 +28,11 @@ from typing import Any, TypeVar
 import attrs
 import pytest
 import pytest_twisted
-from load_daemon import ProcessFigures, SoakDaemon, stray_processes
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import LoopingCall, deferLater
 
 from sandboxd_client import HttpSandbox, RetryPolicy, SandboxHandle, SandboxNotFound
+from tests.load.load_daemon import ProcessFigures, SoakDaemon, stray_processes
 
 T = TypeVar("T")
 

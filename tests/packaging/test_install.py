@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.process.conftest import Daemon, free_port, stop_daemon
+from tests.support.daemon import Daemon, free_port, stop_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.helper_build import find_compiler
-from tests.process.conftest import REPO, Daemon, free_port, stop_daemon
+from tests.support.daemon import REPO, Daemon, free_port, stop_daemon
 
 pytestmark = pytest.mark.slow
 

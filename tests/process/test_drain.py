@@ -5,8 +5,8 @@ import json
 import signal
 from pathlib import Path
 
-from tests.process.conftest import start_daemon, stop_daemon
 from tests.process.test_exec_stream import open_exec
+from tests.support.daemon import start_daemon, stop_daemon
 
 
 def read_frames(response) -> list[dict]:  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.process.conftest import Daemon
+from tests.support.daemon import Daemon
 
 
 def open_exec(daemon: Daemon, rid: str, body: dict[str, Any]) -> http.client.HTTPResponse:

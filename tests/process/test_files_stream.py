@@ -4,7 +4,7 @@ import hashlib
 import http.client
 from collections.abc import Iterator
 
-from tests.process.conftest import Daemon
+from tests.support.daemon import Daemon
 
 GIB = 1 << 30
 CHUNK = 1 << 20

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.process.conftest import REPO, Daemon, free_port, start_daemon, stop_daemon
+from tests.support.daemon import REPO, Daemon, free_port, start_daemon, stop_daemon
 
 
 @pytest.fixture

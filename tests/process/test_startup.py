@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.process.conftest import REPO, free_port, start_daemon, stop_daemon
+from tests.support.daemon import REPO, free_port, start_daemon, stop_daemon
 
 
 def run_daemon(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,7 @@
 """Three real daemons behind a real HAProxy that plays the Kubernetes ClusterIP Service.
 
 Each replica is ``twistd -n sandboxd --isolation=none`` with a root of its own on a free
-127.0.0.1 port (``tests.process.conftest.start_daemon``), all sharing one bearer token. HAProxy
+127.0.0.1 port (``tests.support.daemon.start_daemon``), all sharing one bearer token. HAProxy
 (Debian's package, run in the foreground with a generated configuration) balances round robin
 and health-checks ``GET /readyz`` every 200 ms, as a readiness probe would (two failures take a
 replica out). Its admin socket tells the tests which replicas it considers up and how many
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.process.conftest import Daemon, free_port, start_daemon, stop_daemon
+from tests.support.daemon import Daemon, free_port, start_daemon, stop_daemon
 
 REPLICAS = 3
 TOKEN = "scaleout-test-token"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.process.conftest import REPO, start_daemon, stop_daemon
+from tests.support.daemon import REPO, start_daemon, stop_daemon
 
 PRESTOP = REPO / "packaging" / "sandboxd-prestop"
 

@@ -18,8 +18,8 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from sandboxd_client import HttpSandbox, SandboxHandle, SandboxNotFound, decode_handle
-from tests.process.conftest import Daemon
 from tests.scaleout.conftest import Cluster
+from tests.support.daemon import Daemon
 
 pytestmark = pytest.mark.slow
 

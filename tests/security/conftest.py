@@ -5,7 +5,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_daemon import new_token, start_daemon, stop_daemon, write_token
+
+from tests.security.live_daemon import new_token, start_daemon, stop_daemon, write_token
 
 
 @pytest.fixture

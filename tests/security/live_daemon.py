@@ -1,13 +1,12 @@
 """Real daemons over real TCP for the security and contract tests.
 
-The daemon itself is started by ``start_daemon`` of ``tests/process/conftest.py`` (a
-``twistd -n sandboxd`` subprocess on a free 127.0.0.1 port), loaded here by path. This module
+The daemon itself is started by ``start_daemon`` of ``tests.support.daemon`` (a
+``twistd -n sandboxd`` subprocess on a free 127.0.0.1 port). This module
 adds what these tests need around it: a bearer token file, raw HTTP requests with headers and
 any path bytes, the OpenAPI routes, and a snapshot of everything a request could change.
 """
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -18,10 +17,11 @@ import sys
 from collections.abc import Iterator
 from http.client import HTTPConnection, HTTPResponse
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
+
+from tests.support import daemon as process  # its free_port is patched by the tests
 
 REPO = Path(__file__).resolve().parents[2]
 OPENAPI = REPO / "docs" / "openapi.yaml"
@@ -34,15 +34,6 @@ PENDING: dict[tuple[str, str], str] = {}
 contract tests fail once one is served, so that its entry gets removed here."""
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-process = _load("sandboxd_process_daemons", REPO / "tests" / "process" / "conftest.py")
 Daemon = process.Daemon
 stop_daemon = process.stop_daemon
 

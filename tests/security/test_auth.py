@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_daemon import (
+
+from sandboxd.config import ConfigError
+from sandboxd.tap import read_token
+from tests.security.live_daemon import (
     PENDING,
     PUBLIC,
     call,
@@ -31,9 +34,6 @@ from live_daemon import (
     stop_daemon,
     write_token,
 )
-
-from sandboxd.config import ConfigError
-from sandboxd.tap import read_token
 
 NOBODY = 65534
 

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_daemon import call, create, exec_frames, new_token, start_daemon, stop_daemon
+
+from tests.security.live_daemon import (
+    call,
+    create,
+    exec_frames,
+    new_token,
+    start_daemon,
+    stop_daemon,
+)
 
 pytestmark = pytest.mark.kernel
 

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_daemon import (
+
+from sandboxd.core.exec.spec import ARG_STRLEN_MAX, exec_args_limit
+from sandboxd.core.files.paths import NAME_MAX, PATH_MAX
+from tests.security.live_daemon import (
     Reply,
     call,
     create,
@@ -20,9 +23,6 @@ from live_daemon import (
     running,
     snapshot,
 )
-
-from sandboxd.core.exec.spec import ARG_STRLEN_MAX, exec_args_limit
-from sandboxd.core.files.paths import NAME_MAX, PATH_MAX
 
 
 @pytest.fixture(scope="module")

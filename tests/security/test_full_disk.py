@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_daemon import call, create, exec_frames, start_daemon, stop_daemon
+
+from tests.security.live_daemon import call, create, exec_frames, start_daemon, stop_daemon
 
 SIZE = 8 << 20
 

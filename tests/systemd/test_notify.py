@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd import notify
-from tests.process.conftest import REPO, Daemon, start_daemon, stop_daemon
+from tests.support.daemon import REPO, Daemon, start_daemon, stop_daemon
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Fixtures of the tool tests (defined in ``tools_helpers``, with the artifact store)."""
 
-from tools_helpers import http, make_resolver, pool, resolver, scratch, server
+from tests.tools.tools_helpers import http, make_resolver, pool, resolver, scratch, server
 
 __all__ = ["http", "make_resolver", "pool", "resolver", "scratch", "server"]

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tools_helpers import COMMANDS, GOOD, dead_url, manifest, sha256
 
-from tests.process.conftest import Daemon, free_port, start_daemon, stop_daemon
+from tests.support.daemon import Daemon, free_port, start_daemon, stop_daemon
+from tests.tools.tools_helpers import COMMANDS, GOOD, dead_url, manifest, sha256
 
 
 @pytest.fixture

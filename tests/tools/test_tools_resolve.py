@@ -10,7 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest_twisted
-from tools_helpers import (
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.task import deferLater
+
+from sandboxd.core.tools.resolver import MEMORY, ToolResolver
+from sandboxd.core.tools.unpack import UnpackLimits
+from tests.tools.tools_helpers import (
     COMMANDS,
     GOOD,
     TOOL_SCRIPT,
@@ -25,11 +30,6 @@ from tools_helpers import (
     sha256,
     tarball,
 )
-from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.task import deferLater
-
-from sandboxd.core.tools.resolver import MEMORY, ToolResolver
-from sandboxd.core.tools.unpack import UnpackLimits
 
 
 @pytest_twisted.ensureDeferred

@@ -158,7 +158,7 @@ class Server:
         return self.url(f"/{name}/manifest.json")
 
     def stop(self) -> Deferred[Any]:
-        return self.port.stopListening()  # type: ignore[no-any-return]
+        return self.port.stopListening()
 
 
 @pytest.fixture

@@ -160,7 +160,8 @@ def test_names() -> None:
 def test_option_table_documents_every_setting() -> None:
     rows = option_table()
     assert [row[0] for row in rows] == [option_name(f.name) for f in fields(Config)]
-    for row, setting in zip(rows, fields(Config), strict=True):
+    settings: tuple[Any, ...] = fields(Config)
+    for row, setting in zip(rows, settings, strict=True):
         _, short, default, help_text = row
         assert (short, default) == (None, None)
         assert setting.metadata["env"] in help_text

@@ -25,7 +25,6 @@ from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.process import ProcessReader
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from unit_fakes import FakeProcess, FakeReactor
 
 from sandboxd.core.exec import pipes as exec_run
 from sandboxd.core.exec.run import (
@@ -38,6 +37,7 @@ from sandboxd.core.exec.run import (
 )
 from sandboxd.http.stream import ExecStream
 from sandboxd.http.wire import KEEPALIVE_FRAME, final_frame, frame_parts, output_frame
+from tests.support.fakes import FakeProcess, FakeReactor
 
 PID = 424242
 DEVNULL = 99
@@ -97,7 +97,7 @@ class Harness:
             raise self.kill_error
 
     def start(self, stdin: bytes | None = None, env: dict[str, str] | None = None) -> ExecRun:
-        self.run.start(self.reactor, ["/bin/cmd", "arg"], env or {"A": "1"}, stdin, DEVNULL)
+        self.run.start(self.reactor, ["/bin/cmd", "arg"], env or {"A": "1"}, stdin, DEVNULL)  # type: ignore[arg-type]
         self.stream.attach(self.run)
         assert self.response.producer is self.stream
         return self.run

@@ -13,14 +13,6 @@ from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from unit_fakes import (
-    FakeCgroups,
-    FakeReactor,
-    InstanceCgroups,
-    SyncFiles,
-    SyncPool,
-    fake_isolation,
-)
 
 from sandboxd.config import Config
 from sandboxd.core.exec.spec import ExecSpec
@@ -29,6 +21,14 @@ from sandboxd.core.manager import BASE_PATH, SandboxManager
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.http import parse, wire
 from sandboxd.isolation.base import CgroupStats, Isolation
+from tests.support.fakes import (
+    FakeCgroups,
+    FakeReactor,
+    InstanceCgroups,
+    SyncFiles,
+    SyncPool,
+    fake_isolation,
+)
 
 SHA = "ab" * 32
 
@@ -182,7 +182,7 @@ def test_a_failed_create_gives_everything_back(world: World, where: str) -> None
     if where == "cgroup":
         world.cgroups.create_error = OSError("no cgroup")
     else:
-        world.layout = world.manager.layout = Layout(  # type: ignore[misc]
+        world.layout = world.manager.layout = Layout(
             os.path.join(world.config.root, "missing", "deeper"), owns_files=False
         )
     with pytest.raises(OSError):

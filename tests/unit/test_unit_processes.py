@@ -99,7 +99,7 @@ def test_a_read_takes_about_most_bytes() -> None:
 
 def test_a_follower_gets_everything_then_the_exit() -> None:
     process, run, _ = make()
-    events = []
+    events: list[ReaderEvent] = []
     reader = process.reader(0, True, events.append)
     run.childDataReceived(1, b"hi")
     assert events == []  # not resumed: nothing read yet
@@ -131,7 +131,12 @@ def test_a_follower_that_pauses_itself_mid_read_stops_there() -> None:
     for data in (b"a", b"b", b"c"):
         run.childDataReceived(1, data)
     events: list[ReaderEvent] = []
-    reader = process.reader(0, True, lambda e: (events.append(e), reader.pause()))
+
+    def take_one(event: ReaderEvent) -> None:
+        events.append(event)
+        reader.pause()
+
+    reader = process.reader(0, True, take_one)
     reader.resume()
     assert events == [Chunk(1, 0, b"a")]
     reader.resume()

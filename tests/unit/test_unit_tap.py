@@ -15,15 +15,15 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.application.internet import StreamServerEndpointService, TimerService
-from twisted.application.service import Application, IServiceCollection
+from twisted.application.service import Application, IServiceCollection, MultiService
 from twisted.internet.defer import fail
 from twisted.logger import ILogObserver
-from unit_fakes import fake_isolation
 
-from sandboxd import tap
+from sandboxd import notify, tap
 from sandboxd.config import ConfigError, option_table
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
+from tests.support.fakes import fake_isolation
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +105,7 @@ def test_make_service_builds_the_tree(environ: dict[str, str]) -> None:
     kinds = {type(child) for child in service}
     assert kinds == {TimerService, StreamServerEndpointService}
     assert service.log_observer is None
-    assert listener(service).factory.spool_dir == service.manager.layout.root  # type: ignore[attr-defined]
+    assert listener(service).factory.spool_dir == service.manager.layout.root
 
 
 def test_a_root_without_unnamed_files_spools_bodies_elsewhere(
@@ -113,7 +113,7 @@ def test_a_root_without_unnamed_files_spools_bodies_elsewhere(
 ) -> None:
     monkeypatch.setattr(tap, "can_spool", lambda directory: False)
     service = build(environ)
-    assert listener(service).factory.spool_dir is None  # type: ignore[attr-defined]
+    assert listener(service).factory.spool_dir is None
 
 
 def test_option_beats_environment(environ: dict[str, str]) -> None:
@@ -128,7 +128,7 @@ async def test_the_daemon_starts_serves_and_stops(environ: dict[str, str]) -> No
     service = build(environ)
     service.startService()
     try:
-        port = await listener(service)._waitingForPort  # type: ignore[attr-defined]
+        port = await listener(service)._waitingForPort
         url = f"http://127.0.0.1:{port.getHost().port}"
         response = await treq.get(url + "/healthz")
         body = json.loads(await response.content())
@@ -150,7 +150,7 @@ async def test_a_configured_token_guards_the_api(environ: dict[str, str], token_
     service = build(environ)
     service.startService()
     try:
-        port = await listener(service)._waitingForPort  # type: ignore[attr-defined]
+        port = await listener(service)._waitingForPort
         url = f"http://127.0.0.1:{port.getHost().port}"
         refused = await treq.get(url + "/sandboxes")
         assert refused.code == 401
@@ -169,8 +169,8 @@ def test_a_failed_recovery_is_logged_not_raised(
 ) -> None:
     service = build(environ)
     monkeypatch.setattr(SandboxManager, "start", lambda self: fail(OSError("recovery broke")))
-    monkeypatch.setattr(tap.notify, "ready_when_listening", lambda service: None)
-    monkeypatch.setattr(tap.MultiService, "startService", lambda self: None)
+    monkeypatch.setattr(notify, "ready_when_listening", lambda service: None)
+    monkeypatch.setattr(MultiService, "startService", lambda self: None)
     service.startService()
     for pool in service.pools:
         pool.stop()

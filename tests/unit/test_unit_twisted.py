@@ -30,7 +30,7 @@ class Ended(ProcessProtocol):
 @pytest_twisted.ensureDeferred
 async def test_a_spawned_process_has_output_readers_whose_read_can_be_replaced() -> None:
     protocol = Ended()
-    process = reactor.spawnProcess(  # type: ignore[attr-defined]
+    process = reactor.spawnProcess(
         protocol, "/bin/true", ["true"], env={}, childFDs={0: "w", 1: "r", 2: "r"}
     )
     readers = _twisted.output_readers(process)

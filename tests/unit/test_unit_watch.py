@@ -39,7 +39,12 @@ def started(tmp_path: Path, root: tuple[str, ...] = (), recursive: bool = True) 
             return fail(Failure())
 
     watch = WorkspaceWatch(
-        reactor, as_sandbox, root, recursive, events.append, on_close=lambda: closed.append(True)
+        reactor,  # type: ignore[arg-type]
+        as_sandbox,
+        root,
+        recursive,
+        events.append,
+        on_close=lambda: closed.append(True),
     )
     done: list[object] = []
     Deferred.fromCoroutine(watch.start()).addBoth(done.append)

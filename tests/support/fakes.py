@@ -173,7 +173,7 @@ def fake_isolation(
     return Isolation(
         name="fake",
         uids=CountingPool(Identity(5000, 5000), capacity),
-        cgroups=FakeCgroups(),  # type: ignore[arg-type]
+        cgroups=FakeCgroups(),
         fs=SyncFiles(),
         wrap=wrap,
         owns_files=False,

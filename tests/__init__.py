@@ -1,0 +1,1 @@
+"""The test suite of sandboxd: one package per layer (``tests.<layer>``)."""

@@ -1,0 +1,122 @@
+"""Real daemons over real TCP: ``twistd -n sandboxd`` started as a subprocess per test."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_ROOTS = Path("/tmp/sandboxd-tests")
+SLOW = 8 if os.environ.get("SANDBOXD_VM") == "1" else 1
+"""Factor for start-up and stop deadlines: in the software-emulated VM of tests/vm/run.sh,
+importing Twisted alone can take longer than a daemon gets on the host."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Daemon:
+    """A running ``twistd -n sandboxd`` and a tiny synchronous HTTP helper for it."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, root: Path, log: Path):
+        self.process = process
+        self.port = port
+        self.root = root
+        self.log = log
+        self.url = f"http://127.0.0.1:{port}"
+
+    def call(
+        self, method: str, path: str, body: Any = None, raw: bytes | None = None
+    ) -> tuple[int, bytes]:
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def json(self, method: str, path: str, body: Any = None) -> Any:
+        status, data = self.call(method, path, body)
+        assert status == 200, (status, data)
+        return json.loads(data)
+
+    def create(self) -> str:
+        return str(self.json("POST", "/sandboxes", {})["remote_id"])
+
+    def rss_kib(self, field: str = "VmRSS") -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise AssertionError(field)
+
+
+def start_daemon(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Daemon:
+    """Start ``twistd -n sandboxd`` on a free port; its state root is ``tmp_path/root``.
+
+    pytest's temporary directories are private to root (0700), which sandbox uids cannot
+    pass through; as root, the state root is therefore made beneath ``/tmp/sandboxd-tests``
+    (linked from ``tmp_path/root`` for the test to find it).
+    """
+    port = free_port()
+    root = tmp_path / "root"
+    if os.geteuid() == 0 and not root.exists():
+        SHARED_ROOTS.mkdir(mode=0o711, exist_ok=True)
+        SHARED_ROOTS.chmod(0o711)
+        real = Path(tempfile.mkdtemp(prefix="root-", dir=SHARED_ROOTS))
+        real.chmod(0o711)
+        root.symlink_to(real)
+    root = root.resolve()
+    log = tmp_path / "daemon.log"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    environ["PYTHONPATH"] = str(REPO)
+    environ.update(env or {})
+    argv = [
+        str(Path(sys.executable).parent / "twistd"),
+        "--nodaemon",
+        "--pidfile=",
+        "sandboxd",
+        f"--listen=tcp:{port}:interface=127.0.0.1",
+        f"--root={root}",
+        *args,
+    ]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ)
+    daemon = Daemon(process, port, root, log)
+    deadline = time.monotonic() + 30 * SLOW
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"daemon exited {process.returncode}: {log.read_text()}")
+        try:
+            if daemon.call("GET", "/healthz")[0] == 200:
+                return daemon
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"daemon did not answer: {log.read_text()}")
+        time.sleep(0.05)
+
+
+def stop_daemon(daemon: Daemon) -> None:
+    """Stop the daemon (SIGTERM: it drains), and remove a state root made for it in /tmp."""
+    if daemon.process.poll() is None:
+        daemon.process.send_signal(signal.SIGTERM)
+        try:
+            daemon.process.wait(30 * SLOW)
+        except subprocess.TimeoutExpired:
+            daemon.process.kill()
+            daemon.process.wait()
+    if daemon.root.parent == SHARED_ROOTS:
+        shutil.rmtree(daemon.root, ignore_errors=True)
