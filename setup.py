@@ -77,7 +77,7 @@ setup(
     ],
     package_data={
         "twisted": ["plugins/sandboxd_plugin.py"],
-        "sandboxd.isolation": ["sandboxd_exec.c"],
+        "sandboxd.isolation": ["sandboxd_exec.c", "sandboxd_exec_ns.h"],
         "sandboxd_client": ["py.typed"],
     },
     cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},

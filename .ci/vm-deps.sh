@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
-# Install what tests/vm/run.sh needs to boot a cgroup-v2 kernel under QEMU
-# with virtme-ng (software emulation, no KVM). Run as root. Idempotent: every
-# step is skipped when what it provides is already there.
+# Provide what tests/vm/run.sh and tests/systemd/run.sh need to boot a Debian kernel under QEMU,
+# changing the host only by the tools that run the VMs. Run as root. Idempotent: every step is
+# skipped when what it provides is already there.
 #
-#   - Debian packages: qemu-system-x86 (the emulator), linux-image-amd64 (a
-#     kernel in /boot plus its modules in /lib/modules), busybox-static
-#     (virtme-ng's initramfs), kmod (modprobe/depmod for the guest's modules),
-#     python3-venv (for the venv below).
+#   - Debian packages (only those missing; never an upgrade of an installed one, see
+#     install_missing_packages in tests/vm/guest.sh): qemu-system-x86 (the emulator),
+#     busybox-static (the VMs' initramfs), kmod (depmod for the guest's modules), python3-venv.
+#   - the guest kernel: Debian's linux-image-amd64 kernel and its modules, fetched with
+#     `apt-get download` and unpacked into the cache (SANDBOXD_TEST_CACHE, default
+#     /var/cache/sandboxd-test), not installed: the host's /boot and /lib/modules stay as they are.
 #   - a venv /opt/vng with virtme-ng from PyPI (the `vng` command).
 #
 # Environment knobs: VNG_VENV (default /opt/vng), VNG_VERSION (pip spec of
 # virtme-ng, default the version this was tested with).
 set -euo pipefail
 
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+# shellcheck source=../tests/vm/guest.sh
+source "$here/../tests/vm/guest.sh"
+
 VNG_VENV="${VNG_VENV:-/opt/vng}"
 VNG_VERSION="${VNG_VERSION:-1.42}"
 PACKAGES=(
     qemu-system-x86
-    linux-image-amd64
     busybox-static
     kmod
+    file
     python3
     python3-venv
 )
@@ -31,33 +37,9 @@ if [[ "$(id -u)" -ne 0 ]]; then
     exit 1
 fi
 
-# --- Debian packages --------------------------------------------------------
-missing=()
-for pkg in "${PACKAGES[@]}"; do
-    status="$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)"
-    if [[ "$status" != "install ok installed" ]]; then
-        missing+=("$pkg")
-    fi
-done
-if ((${#missing[@]})); then
-    log "installing: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    # A third-party source being unreachable must not stop us: apt-get install
-    # below fails loudly if Debian's own lists are missing what we need.
-    apt-get update || log "apt-get update reported errors; trying the install anyway"
-    apt-get install -y --no-install-recommends "${missing[@]}"
-else
-    log "Debian packages already installed"
-fi
-
-shopt -s nullglob
-kernels=(/boot/vmlinuz-*)
-shopt -u nullglob
-if ((${#kernels[@]} == 0)); then
-    log "no kernel in /boot after installing linux-image-amd64"
-    exit 1
-fi
-log "kernel(s): ${kernels[*]}"
+install_missing_packages "${PACKAGES[@]}"
+kernel_dir=$(guest_kernel_dir)
+log "guest kernel: $(guest_kernel_image "$kernel_dir")"
 
 # --- virtme-ng venv ---------------------------------------------------------
 want="virtme-ng==${VNG_VERSION}"

@@ -11,7 +11,8 @@ into ``bench/.venv-swerex``). sandboxd runs as ``twistd -n sandboxd`` on loopbac
 ``HttpSandbox`` ("client" rows) and by the plain ``http.client`` connection that also drives the
 peer ("raw" rows).
 
-Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``). Exits 0 when every
+Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``; a ``--quick`` run:
+``<time>-quick.json`` and ``latest-quick.json``, with no target judged). Exits 0 when every
 section ran, whatever the figures; 1 when a section could not run.
 """
 
@@ -124,6 +125,10 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
             print(f"bench: {section} ...", file=sys.stderr, flush=True)
             began = time.monotonic()
             try:
+                # The set-up above (daemons, SWE-ReX's venv) blocks the reactor for long enough
+                # that the server closes the client's idle pooled connection (after 60 s); the
+                # pool must see that before the section's first call reuses it.
+                await bench.settle()
                 await getattr(bench, section)()
             except Exception:
                 failed.append(section)

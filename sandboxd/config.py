@@ -6,10 +6,14 @@ start-up stops with one clear line.
 """
 
 from collections.abc import Callable, Mapping
+from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
 from attrs import field, fields, frozen
 
+from sandboxd.isolation.egress_plan import parse_networks, parse_pool4, parse_pool6
+from sandboxd.isolation.namespaces import parse_namespaces
+from sandboxd.isolation.network import parse_mode, parse_modes
 from sandboxd.units import parse_cores, parse_count, parse_duration, parse_size
 
 ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
@@ -125,6 +129,42 @@ class Config:
         "auto",
         _choice(ISOLATION_MODES),
         "auto, cgroup2, cgroup1 or none (none: development only)",
+    )
+    namespaces: frozenset[str] = _setting(
+        "SANDBOXD_NAMESPACES",
+        "all",
+        parse_namespaces,
+        "Namespace layers per sandbox: all, none, or some of ipc,mount,net",
+    )
+    network: str | None = _setting(
+        "SANDBOXD_NETWORK",
+        None,
+        parse_mode,
+        "Default network mode of a create: none, egress or host (default: the strongest allowed)",
+    )
+    network_allow: tuple[str, ...] | None = _setting(
+        "SANDBOXD_NETWORK_ALLOW",
+        None,
+        parse_modes,
+        "Network modes a create may ask for, separated by commas (default: every one offered)",
+    )
+    egress_pool: IPv4Network = _setting(
+        "SANDBOXD_EGRESS_POOL",
+        "10.200.0.0/16",
+        parse_pool4,
+        "IPv4 range of the egress mode's veths, a /31 per sandbox (only on this host)",
+    )
+    egress_pool6: IPv6Network | None = _setting(
+        "SANDBOXD_EGRESS_POOL6",
+        "fd53:616e:6462:6f78::/64",
+        parse_pool6,
+        "IPv6 range of the egress mode's veths, a /127 per sandbox (none: no IPv6 egress)",
+    )
+    egress_deny: tuple[IPv4Network | IPv6Network, ...] = _setting(
+        "SANDBOXD_EGRESS_DENY",
+        "",
+        parse_networks,
+        "Ranges egress sandboxes may not reach, besides loopback, link-local, the host, the pool",
     )
     max_output: int = _setting(
         "SANDBOXD_MAX_OUTPUT",

@@ -5,6 +5,7 @@ the isolation, and returns a ``MultiService`` of the sandbox manager and the HTT
 Each boot step is logged as it runs; a step that fails stops start-up with one line naming it.
 """
 
+import atexit
 import os
 import stat
 import sys
@@ -180,6 +181,21 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     except (OSError, RootInUse) as e:
         fail("state root", e)
     log.info("state root {root} ready and locked", root=config.root)
+    try:
+        isolation.namespaces.prepare()  # namespaces: the pins' directory, and one probe
+    except (OSError, IsolationUnavailable) as e:
+        fail("namespaces", e)
+        raise  # pragma: no cover
+    # A later step failing (a port already taken) must not leave the pins' directory mounted;
+    # after a drain this finds nothing left to do.
+    atexit.register(isolation.namespaces.close)
+    if isolation.namespaces.kinds:
+        log.info(
+            "namespaces: {kinds} per sandbox; network modes {modes} (default {default})",
+            kinds=", ".join(sorted(isolation.namespaces.kinds)),
+            modes=", ".join(isolation.namespaces.network.allowed),
+            default=isolation.namespaces.network.default,
+        )
     archive: Archive | None = None
     if config.archive_root is not None:
         try:

@@ -130,8 +130,10 @@ class Server:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_sandboxd(name: str, isolated: bool, workdir: Path) -> Server:
-    """``twistd -n sandboxd`` on a free loopback port."""
+def start_sandboxd(
+    name: str, isolated: bool, workdir: Path, settings: dict[str, str] | None = None
+) -> Server:
+    """``twistd -n sandboxd`` on a free loopback port (``settings``: more ``SANDBOXD_*``)."""
     port = free_port()
     if os.geteuid() == 0:
         STATE_ROOTS.mkdir(mode=0o711, exist_ok=True)
@@ -145,6 +147,7 @@ def start_sandboxd(name: str, isolated: bool, workdir: Path) -> Server:
     env["PYTHONPATH"] = str(REPO)
     env["SANDBOXD_UID_MIN"], env["SANDBOXD_UID_MAX"] = (str(u) for u in ISOLATED_UIDS)
     env["SANDBOXD_TOOLS_DIR"] = str(root / ".tools")
+    env.update(settings or {})
     argv = [
         str(Path(sys.executable).parent / "twistd"),
         "--nodaemon",

@@ -15,32 +15,41 @@ def fmt(value: float | None, unit: str) -> str:
     return FORMATS.get(unit, "{:.1f} " + unit).format(value)
 
 
+QUICK_NOTE = (
+    "quick run: tiny sizes, so these values are not measurements and no target is judged;"
+    " it shows that every row ran (figures: a full run, bench/run)"
+)
+
+
 def table(result: dict[str, Any]) -> str:
-    """A plain-text table: figure, variant, p50 (or rate), reference, ratio, target, met."""
+    """A plain-text table: figure, variant, p50 (or rate), reference, ratio, target, met.
+
+    A quick run has no ratio, target or met column: its tiny sizes prove that each row runs,
+    not how fast it is, so it judges nothing and says so.
+    """
     meta = result["meta"]
-    head = ("figure", "variant", "value", "reference", "ratio", "target", "met")
+    quick = bool(meta["quick"])
+    head: tuple[str, ...] = ("figure", "variant", "value", "reference", "ratio", "target", "met")
+    if quick:
+        head = ("figure", "variant", "value", "reference")
     lines = []
     for row in result["rows"]:
         ref = "" if row["ref"] is None else f"{row['ref']} = {fmt(row['ref_value'], row['unit'])}"
-        ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"
-        met = {None: "", True: "yes", False: "NO"}[row["met"]]
-        lines.append(
-            (
-                row["figure"],
-                row["variant"],
-                fmt(row["value"], row["unit"]),
-                ref,
-                ratio,
-                row["target"] or "",
-                met,
-            )
-        )
+        value = fmt(row["value"], row["unit"])
+        cells: tuple[str, ...] = (row["figure"], row["variant"], value, ref)
+        if not quick:
+            ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+            met = {None: "", True: "yes", False: "NO"}[row["met"]]
+            cells = (*cells, ratio, row["target"] or "", met)
+        lines.append(cells)
     widths = [max(len(str(r[i])) for r in [head, *lines]) for i in range(len(head))]
     out = [
         f"sandboxd bench ({'quick' if meta['quick'] else 'full'}), {meta['revision']},"
         f" {meta['cpus']} CPUs, load average {fmt_load(meta['loadavg_start'])} at start,"
         f" {fmt_load(meta.get('loadavg_end'))} at end, {meta.get('seconds', '?')} s",
-        "ratio: value/reference for times, reference/value for rates (> 1: slower than it)",
+        QUICK_NOTE
+        if quick
+        else "ratio: value/reference for times, reference/value for rates (> 1: slower than it)",
         "",
         "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)),
         "  ".join("-" * w for w in widths),
@@ -57,11 +66,20 @@ def fmt_load(load: list[float] | None) -> str:
 
 
 def write(result: dict[str, Any], directory: Path) -> Path:
-    """``<directory>/<UTC time>.json`` and a copy as ``latest.json``."""
+    """``<directory>/<UTC time>.json`` and copies as ``latest.json`` and ``latest.rst``.
+
+    A quick run writes ``<UTC time>-quick.json`` and ``latest-quick.json`` only: the latest
+    figures (what README.rst shows) stay those of the last full run.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     text = json.dumps(result, indent=1, default=str)
-    path = directory / f"{stamp}{'-quick' if result['meta']['quick'] else ''}.json"
+    if result["meta"]["quick"]:
+        path = directory / f"{stamp}-quick.json"
+        path.write_text(text)
+        (directory / "latest-quick.json").write_text(text)
+        return path
+    path = directory / f"{stamp}.json"
     path.write_text(text)
     (directory / "latest.json").write_text(text)
     (directory / "latest.rst").write_text(rst(result) + "\n")

@@ -208,6 +208,8 @@ class Commands:
         run.argv = self.isolation.wrap(
             sandbox.identity, self.isolation.cgroups.join_files(sandbox.rid), cwd, request.cmd
         )
+        # namespaces: setns first; an exec and a background process of one sandbox share them
+        run.argv = self.isolation.namespaces.enter(sandbox.rid, run.argv)
         run.env = env
         return run
 

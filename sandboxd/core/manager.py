@@ -30,7 +30,7 @@ from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.sandbox import Sandbox
-from sandboxd.errors import Draining, NoCapacity, SandboxNotFound
+from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
 from sandboxd.metrics import Metrics
 
@@ -69,11 +69,16 @@ class SandboxManager(Commands):
         :meth:`Layout.prepare_root`)."""
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.metrics.watch(lambda: self.isolation.uids.free, lambda: float(self.draining))
+        self.isolation.namespaces.prepare()  # namespaces: done already when start-up checked it
         return self.recover()
 
     def recover(self) -> Deferred[None]:
         """Kill and remove every sandbox (cgroup, processes, files) found from a predecessor."""
-        rids = sorted(set(self.layout.leftovers()) | set(self.isolation.cgroups.leftovers()))
+        rids = sorted(
+            set(self.layout.leftovers())
+            | set(self.isolation.cgroups.leftovers())
+            | set(self.isolation.namespaces.leftovers())  # namespaces: a predecessor's pins
+        )
         rids = [rid for rid in rids if rid not in self.sandboxes]
         self.recovering = True
         kills = [Deferred.fromCoroutine(self._dispose(rid)) for rid in rids]
@@ -98,13 +103,20 @@ class SandboxManager(Commands):
 
     # Lifecycle
 
-    def create(self, env: object = None, item_id: str | None = None) -> Sandbox:
-        """A new sandbox with its own identity, cgroup and directories (not restored)."""
+    def create(
+        self, env: object = None, item_id: str | None = None, network: object = None
+    ) -> Sandbox:
+        """A new sandbox with its own identity, cgroup, directories and namespaces (not
+        restored); ``network`` names its network mode (``None``: the replica's default)."""
         if self.draining:
             raise Draining("the daemon is draining and accepts no new sandboxes")
         if self.recovering:
             raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
         create_env = parse_env(env, "env")
+        try:
+            mode = self.isolation.namespaces.network.mode(network)
+        except ValueError as e:
+            raise BadRequest(f"network: {e}") from None
         try:
             identity = self.isolation.uids.allocate()
         except NoFreeUid as e:
@@ -113,13 +125,24 @@ class SandboxManager(Commands):
         try:
             self.isolation.cgroups.create(rid, self.limits)
             self.layout.create(rid, identity)
+            # namespaces: made and pinned once, entered by every process of the sandbox
+            self.isolation.namespaces.create(rid, self.layout.tmp(rid), mode)
         except BaseException:
+            self.isolation.namespaces.remove(rid)
             self.isolation.cgroups.remove(rid)
             self.layout.destroy(rid)
             self.isolation.uids.release(identity)
             raise
         now = self.clock.seconds()
-        sandbox = Sandbox(rid, identity, create_env, created=now, last_active=now, item_id=item_id)
+        sandbox = Sandbox(
+            rid,
+            identity,
+            create_env,
+            created=now,
+            last_active=now,
+            item_id=item_id,
+            network=mode.name,
+        )
         sandbox.processes = ProcessTable(self.config.processes_max)
         self.sandboxes[rid] = sandbox
         self.metrics.created.inc()
@@ -231,6 +254,7 @@ class SandboxManager(Commands):
             self.isolation.cgroups.remove_instance()
         except OSError as e:
             log.warn("cannot remove the instance cgroups: {why}", why=e)
+        self.isolation.namespaces.close()  # namespaces: the pins' directory
 
     def _drain_done(self, result: object) -> None:
         waiters, self._drained = self._drained or [], []
@@ -239,6 +263,7 @@ class SandboxManager(Commands):
 
     async def _dispose(self, rid: str) -> None:
         await self.isolation.cgroups.kill(rid)
+        self.isolation.namespaces.remove(rid)  # namespaces: unpinned once nothing runs inside
         self.isolation.cgroups.remove(rid)
         await deferToThreadPool(
             self.reactor,  # type: ignore[arg-type]
@@ -269,12 +294,14 @@ class SandboxManager(Commands):
 
     # Archive
 
-    async def create_restored(self, env: object = None, item_id: str | None = None) -> Sandbox:
+    async def create_restored(
+        self, env: object = None, item_id: str | None = None, network: object = None
+    ) -> Sandbox:
         """``POST /sandboxes``: a new sandbox; with an archive and ``item_id``, the item is
         restored into it (as its uid) and only then marked ready. A missing archive entry gives an
         empty, ready workspace; a failed restore kills the sandbox and raises.
         """
-        sandbox = self.create(env, item_id=item_id)
+        sandbox = self.create(env, item_id=item_id, network=network)
         if self.archive is None or item_id is None:
             return sandbox
         try:
@@ -298,7 +325,14 @@ class SandboxManager(Commands):
 
     def _workspace_end(self, sandbox: Sandbox) -> WorkspaceEnd:
         procs = tuple(self.isolation.cgroups.join_files(sandbox.rid))
-        return WorkspaceEnd(sandbox.identity, procs, self.layout.workspace(sandbox.rid))
+        namespaces = self.isolation.namespaces  # namespaces: the rsync end enters them too
+        return WorkspaceEnd(
+            sandbox.identity,
+            procs,
+            self.layout.workspace(sandbox.rid),
+            namespaces.nsenter_options(sandbox.rid),
+            namespaces.nsenter,
+        )
 
     # Ready marker
 

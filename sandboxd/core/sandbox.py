@@ -29,3 +29,5 @@ class Sandbox:
     item_id: str | None = None
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
     oom_kills_seen: int = 0
+    network: str = "host"
+    """The sandbox's network mode (``none``, ``egress``, ``host``)."""

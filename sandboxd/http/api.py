@@ -122,6 +122,7 @@ class SandboxAPI:
         names = {*exec_spec.CAPABILITIES, *exec_run.CAPABILITIES}
         names.add(f"isolation.{self.manager.isolation.name}")
         names.add("auth.bearer" if self.token is not None else "auth.none")
+        names.update(self.manager.isolation.namespaces.capabilities())
         if self.manager.archive is not None:
             names.add("archive")
         for attribute in vars(type(self)).values():
@@ -195,8 +196,12 @@ class SandboxAPI:
     @app.route("/sandboxes", methods=["POST"])
     @authorized
     async def create(self, request: IRequest) -> bytes:
-        env, item_id = parse.create_body(parse.json_body(request))
-        sandbox = await self.manager.create_restored(env=env, item_id=item_id)
+        body = parse.json_body(request)
+        env, item_id = parse.create_body(body)
+        # The network mode is the core's to check (which modes this replica offers and allows).
+        sandbox = await self.manager.create_restored(
+            env=env, item_id=item_id, network=body.get("network")
+        )
         return json_response(request, {"pod_url": self.own_url(request), "remote_id": sandbox.rid})
 
     def own_url(self, request: IRequest) -> str:

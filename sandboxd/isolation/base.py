@@ -6,10 +6,13 @@ development bundle of ``sandboxd.isolation.none``; the cgroup drivers give real 
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from attrs import field, frozen
 from twisted.internet.defer import Deferred
+
+if TYPE_CHECKING:
+    from sandboxd.isolation.namespaces import Namespaces
 
 T = TypeVar("T")
 
@@ -127,6 +130,13 @@ def require_command(argv: Sequence[str], identity: Identity | None = None) -> No
         raise ValueError("empty command")
 
 
+def no_namespaces() -> "Namespaces":
+    """No namespace layer in force (every sandbox shares the host's IPC, mounts, network)."""
+    from sandboxd.isolation.namespaces import Namespaces
+
+    return Namespaces()
+
+
 def plain_env(env: Mapping[str, str]) -> dict[str, str]:
     """A copy of ``env``: what an unprivileged wrapper (``--isolation=none``) spawns with."""
     return dict(env)
@@ -158,6 +168,9 @@ class Isolation:
     sees it. Raises ``ValueError`` for a name that cannot be carried (not a shell identifier, or
     the wrapper's reserved ``__SANDBOXD_`` prefix): a ``400`` for the caller.
     """
+    namespaces: "Namespaces" = field(factory=no_namespaces)
+    """The sandboxes' IPC, mount and network namespaces and network modes
+    (:mod:`sandboxd.isolation.namespaces`)."""
     exec_chain: str = "shell"
     """How commands start, for the start-up log: ``helper PATH`` or ``shell`` (the chain of
     :mod:`sandboxd.isolation.wrapper`)."""

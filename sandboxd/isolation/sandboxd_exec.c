@@ -3,6 +3,9 @@
  *
  *   sandboxd-exec sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD [ARG..]
  *   sandboxd-exec session CWD CMD [ARG..]
+ *   sandboxd-exec enter N NS_1 .. NS_N sandboxd-exec sandbox ...   (sandboxd_exec_ns.h)
+ *   sandboxd-exec namespaces NSROOT RID KINDS TMP SHM_BYTES [KEEP..]   (sandboxd_exec_ns.h)
+ *   sandboxd-exec namespace-server   (sandboxd_exec_ns.h)
  *
  * "sandbox" (run as root by the isolated daemon), in this order:
  *   1. write 0 (itself) into every JOIN file (the sandbox's cgroup.procs, or each v1 hierarchy's
@@ -45,6 +48,9 @@
 #define PREFIX "__SANDBOXD_"
 
 extern char **environ;
+
+static void fail(int code, const char *what, const char *arg, int error);
+#include "sandboxd_exec_ns.h" /* namespaces at create, and "enter" before an exec */
 
 static void fail(int code, const char *what, const char *arg, int error)
 {
@@ -165,6 +171,12 @@ static int run(const char *cwd, char **argv, int unpack)
 
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "enter") == 0)
+        argv = enter_namespaces(&argc, argv);
+    if (argc >= 2 && strcmp(argv[1], "namespaces") == 0)
+        return make_namespaces(argc, argv);
+    if (argc == 2 && strcmp(argv[1], "namespace-server") == 0)
+        return serve_namespaces();
     if (argc >= 4 && strcmp(argv[1], "session") == 0) {
         if (setsid() < 0)
             fail(SETUP_FAILED, "setsid", NULL, errno);

@@ -8,7 +8,7 @@ isolation. ``none`` is only ever the result of asking for it by name.
 import os
 from collections.abc import Callable
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
@@ -26,6 +26,25 @@ from sandboxd.isolation.fscreds import (
 )
 from sandboxd.isolation.helper import HELPER, HelperWrapper, helper_problem
 from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
+from sandboxd.isolation.namespace_server import NamespaceServer
+from sandboxd.isolation.namespaces import (
+    NS_DIR,
+    PLACES,
+    Creator,
+    HelperCreator,
+    Namespaces,
+    Runner,
+    kept_directories,
+    run_program,
+)
+from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
+from sandboxd.isolation.network import (
+    HostNetwork,
+    NetworkMode,
+    NetworkPolicy,
+    NoNetwork,
+    find_egress,
+)
 from sandboxd.isolation.none import find_program, no_isolation
 from sandboxd.isolation.uids import NumericUidPool
 from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
@@ -71,6 +90,7 @@ class Host:
     fsids: Callable[[], FsIds] = LibcFsIds
     helper: str = HELPER
     lstat: Callable[[str], os.stat_result] = os.lstat
+    egress: Callable[[Config], NetworkMode | None] = find_egress
 
 
 def find_helper(host: Host, as_root: bool) -> str | None:
@@ -128,7 +148,10 @@ def build_isolation(
     """
     capacity = config.uid_max - config.uid_min + 1
     if config.isolation == "none":
-        return no_isolation(reactor, file_pool, capacity, find_helper(host, as_root=False))
+        bundle = no_isolation(reactor, file_pool, capacity, find_helper(host, as_root=False))
+        log.warn("namespaces: off (--isolation=none): sandboxes share IPC, /tmp and the network")
+        policy = network_policy(config, frozenset(), host)
+        return evolve(bundle, namespaces=Namespaces(network=policy))
     euid = host.kernel.geteuid()
     if euid != 0:
         raise IsolationUnavailable(
@@ -142,6 +165,7 @@ def build_isolation(
     protect_daemon(host.set_oom_score_adj)
     drop_supplementary_groups(host.setgroups)
     threads_reactor: IReactorFromThreads = reactor  # type: ignore[assignment]
+    namespaces = build_namespaces(config, helper, host)
     return Isolation(
         name=driver.name,
         uids=NumericUidPool(config.uid_min, config.uid_max),
@@ -151,4 +175,55 @@ def build_isolation(
         owns_files=True,
         spawn_env=spawn_env,
         exec_chain="shell" if helper is None else f"helper {helper}",
+        namespaces=namespaces,
+    )
+
+
+def network_policy(config: Config, kinds: frozenset[str], host: Host) -> NetworkPolicy:
+    """The network modes offered (``none`` and ``egress`` need network namespaces; ``egress``
+    its module), checked against ``SANDBOXD_NETWORK`` and ``SANDBOXD_NETWORK_ALLOW``."""
+    offered: dict[str, NetworkMode] = {"host": HostNetwork()}
+    why = {"none": "no network namespaces", "egress": "no network namespaces"}
+    if "net" in kinds:
+        offered["none"] = NoNetwork()
+        egress = host.egress(config)
+        if egress is None:
+            why["egress"] = "not enabled: name it in SANDBOXD_NETWORK_ALLOW or SANDBOXD_NETWORK"
+        else:
+            offered["egress"] = egress
+    if config.isolation == "none":
+        why = {name: f"{text}: --isolation=none" for name, text in why.items()}
+    elif not kinds >= {"net"}:
+        why = {name: f"{text}: SANDBOXD_NAMESPACES leaves net out" for name, text in why.items()}
+    return NetworkPolicy.choose(offered, config.network, config.network_allow, why)
+
+
+def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespaces:
+    """The namespace layers of ``SANDBOXD_NAMESPACES`` (made through the helper, else
+    ``unshare(1)``); nothing is made until :meth:`Namespaces.prepare`."""
+    kinds = config.namespaces
+    policy = network_policy(config, kinds, host)
+    if not kinds:
+        log.warn("namespaces: off (SANDBOXD_NAMESPACES=none): sandboxes share IPC, /tmp, network")
+        return Namespaces(network=policy)
+    root = os.path.realpath(config.root)
+    creator: Creator
+    run: Runner = run_program
+    if helper is None:
+        creator = ShellCreator(ShellPrograms.find(host.which))
+    else:
+        creator = HelperCreator(helper)
+        run = NamespaceServer(helper)
+    keep = []
+    if "mount" in kinds:
+        keep = kept_directories(PLACES, [root, os.path.realpath(config.tools_dir)])
+    return Namespaces(
+        kinds=kinds,
+        nsroot=os.path.join(root, NS_DIR),
+        network=policy,
+        creator=creator,
+        keep=keep,
+        shm_bytes=config.memory_max or 64 << 20,
+        nsenter=host.which("nsenter"),
+        run=run,
     )

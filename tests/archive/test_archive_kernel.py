@@ -75,6 +75,7 @@ def kernel(scratch: Path) -> Iterator[tuple[SandboxManager, Archive]]:
             remove_instance = getattr(isolation.cgroups, "remove_instance", None)
             if remove_instance is not None:
                 remove_instance()
+            isolation.namespaces.close()
 
 
 async def run(manager: SandboxManager, sandbox: Sandbox, body: dict[str, Any]) -> dict[str, Any]:

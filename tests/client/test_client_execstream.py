@@ -150,6 +150,7 @@ def test_splitter_bounds_lines() -> None:
         LineSplitter(max_line=4).feed(b"abcdef\n")
 
 
+@settings(deadline=None)
 @given(
     st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=10), st.data()
 )

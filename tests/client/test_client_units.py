@@ -63,7 +63,7 @@ pod_urls = st.sampled_from(
 )
 
 
-@settings(max_examples=50)
+@settings(max_examples=50, deadline=None)
 @given(pod_url=pod_urls, rid=rids)
 def test_handles_round_trip(pod_url: str, rid: str) -> None:
     handle = encode_handle(pod_url, rid)

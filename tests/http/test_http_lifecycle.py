@@ -59,10 +59,12 @@ def test_create_accepts_an_absent_body_and_every_field(harness: Harness) -> None
         "env": {"A": "1"},
         "exposed_ports": [8000, 9000],
         "item_id": "item-42",
+        "network": "host",
     }
     reply = harness.call("POST", "/sandboxes", json_body=body)
     assert reply.status == 200
     assert harness.manager.sandboxes[reply.json()["remote_id"]].env == {"A": "1"}
+    assert harness.manager.sandboxes[reply.json()["remote_id"]].network == "host"
 
 
 def test_remote_ids_are_distinct(harness: Harness) -> None:
@@ -108,6 +110,10 @@ def test_pod_ip_and_the_port_make_the_pod_url(harness: Harness, ip: str, expecte
         {"item_id": "."},
         {"item_id": "a\u0000"},
         {"item_id": "x" * 256},
+        {"network": 3},
+        {"network": "wifi"},
+        {"network": "none"},
+        {"network": "egress"},
     ],
 )
 def test_create_refuses_bad_fields(harness: Harness, body: object) -> None:

@@ -291,8 +291,9 @@ class KernelDaemon:
         answer = self.call("GET", "/healthz", timeout=timeout)
         return answer.status == 200 and answer.json()["status"] == "ok"
 
-    def create(self) -> "Box":
-        answer = self.call("POST", "/sandboxes", {})
+    def create(self, network: str | None = None) -> "Box":
+        """A new sandbox (``network``: its mode; ``None``: the daemon's default)."""
+        answer = self.call("POST", "/sandboxes", {} if network is None else {"network": network})
         assert answer.status == 200, answer
         rid = str(answer.json()["remote_id"])
         self.rids.append(rid)

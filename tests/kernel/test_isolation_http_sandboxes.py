@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.isolation.namespaces import PLACES, kept_directories
 from tests.kernel.conftest import CANARY_NAME, CANARY_VALUE, OTHER_CANARY_NAME
 from tests.kernel.kernel_http import (
-    IN_VM,
     SLOW,
     Box,
     KernelDaemon,
@@ -101,7 +101,10 @@ def test_two_sandboxes_have_distinct_uids_and_private_workspaces(roomy: KernelDa
     assert sorted(os.listdir(b.workspace)) == before
     assert (b.workspace / "secret").read_bytes() == SECRET
     assert os.listdir(b.workspace / "sub") == []
-    assert os.listdir(b.directory / "home") == os.listdir(b.directory / "tmp") == []
+    assert os.listdir(b.directory / "home") == []
+    # Only the mount point binding a state root under /tmp back into the sandbox's own /tmp.
+    kept = {os.path.basename(p) for p in kept_directories(PLACES, [str(b.kd.root)])}
+    assert set(os.listdir(b.directory / "tmp")) <= kept
     assert b.download("secret").body == SECRET
     # And the sandbox itself keeps every right to its own workspace.
     assert b.ok("cat secret; ls") == SECRET.decode() + "secret\nsub"
@@ -225,15 +228,19 @@ def test_kill_and_stop_leave_no_process_cgroup_directory_or_uid(tmp_path: Path) 
         assert not any(alive(pid) for pid in pids)
         assert cgroup_dirs_named(box.rid) == []
         assert not box.directory.exists()
-        assert os.listdir(kd.root) == [".lock"]
+        assert sorted(os.listdir(kd.root)) == [".lock", ".ns"]  # the (empty) pins' directory
+        assert os.listdir(kd.root / ".ns") == []
         assert box.kill().status == 404
         assert kd.call("GET", box.url("ready")).status == 404
 
         again = kd.create()
         assert again.uid() == uid, "the one uid of the pool is free again"
         assert again.walk().json()["entries"] == []
-        home, tmp = again.directory / "home", again.directory / "tmp"
-        assert again.ok("ls -A; ls -A $HOME $TMPDIR") == f"{home}:\n\n{tmp}:"
+        workspace_and_home, tmp = again.ok("ls -A; ls -A $HOME; echo /; ls -A $TMPDIR").split("/")
+        assert workspace_and_home.strip() == ""
+        # Nothing but the mount point binding a state root under /tmp back into its /tmp.
+        kept = {os.path.basename(p) for p in kept_directories(PLACES, [str(kd.root)])}
+        assert set(tmp.split()) <= kept, tmp
         # Stopping the daemon with a live sandbox holding a setsid double-fork.
         assert again.ok("setsid sh -c 'sleep 305 &' </dev/null >/dev/null 2>&1; echo ok") == "ok"
         assert wait_for(lambda: len(processes_of([uid])) >= 1, 5 * SLOW)
@@ -355,42 +362,3 @@ def test_ld_preload_reaches_the_command_only(roomy: KernelDaemon) -> None:
     finally:
         remove(where)
         box.kill()
-
-
-SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
-
-
-class LeftBehind(AssertionError):
-    """What a killed sandbox left where the next holder of its uid can read it."""
-
-
-@pytest.mark.skipif(IN_VM, reason="not a driver's behaviour: the host run covers it")
-@pytest.mark.xfail(
-    raises=LeftBehind,
-    strict=True,
-    reason="residual: kill removes the workspace, home and tmp, but not what the sandbox left in"
-    " the world-writable places every uid shares; the uid pool's FIFO order only makes a reuse"
-    " late, not safe",
-)
-def test_a_reused_uid_finds_nothing_its_killed_predecessor_left_in_shared_places(
-    tmp_path: Path,
-) -> None:
-    kd = KernelDaemon.start(tmp_path, "--memory-max=128M", "--pids-max=64", uids=1)
-    left: list[Path] = []
-    try:
-        first = kd.create()
-        uid = first.uid()
-        left = [Path(place) / f"sandboxd-kernel-test-{uid}" for place in SHARED_WRITABLE]
-        left = [path for path in left if path.parent.is_dir()]
-        private = " && ".join(f"echo private > {path}" for path in left)
-        assert first.ok(f"umask 077 && {private} && echo ok") == "ok"
-        assert first.kill().status == 204
-        second = kd.create()
-        assert second.uid() == uid
-        found = [path for path in left if b"private" in second.run(f"cat {path}").out]
-        if found:
-            raise LeftBehind(f"the next sandbox with uid {uid} reads {found}")
-    finally:
-        for path in left:
-            path.unlink(missing_ok=True)
-        kd.stop()

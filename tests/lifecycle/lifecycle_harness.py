@@ -256,6 +256,7 @@ class InProcessDaemon:
         remove_instance = getattr(self.isolation.cgroups, "remove_instance", None)
         if remove_instance is not None:
             remove_instance()
+        self.isolation.namespaces.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 

@@ -646,7 +646,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         uids = daemon.isolation.uids
         assert uids.free == uids.total, "uids not returned to the pool"
         assert daemon.layout.leftovers() == [], "sandbox directories left behind"
-        assert os.listdir(daemon.config.root) == []
+        # Nothing but the (empty) pins' directory of the namespace layers.
+        assert set(os.listdir(daemon.config.root)) <= {".ns"}
+        assert daemon.isolation.namespaces.leftovers() == [], "namespace pins left behind"
         assert daemon.isolation.cgroups.leftovers() == [], "cgroups left behind"
         assert processes_under(daemon.config.root) == [], "processes left in a workspace"
         if self.kernel:

@@ -123,6 +123,8 @@ def test_least_privilege() -> None:
         "SETUID",
         "SETGID",
         "SYS_RESOURCE",
+        "SYS_ADMIN",
+        "NET_ADMIN",
     }
     pod = kind("Deployment")["spec"]["template"]
     assert pod["spec"]["automountServiceAccountToken"] is False

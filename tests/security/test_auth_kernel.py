@@ -67,7 +67,12 @@ def isolated(tmp_path: Path, scratch: Path) -> Iterator[tuple[Any, str, Path]]:
     token_file.chmod(0o600)
     try:
         daemon = start_daemon(
-            tmp_path, "--isolation=auto", *UIDS, f"--token-file={token_file}", "--keepalive=1s"
+            tmp_path,
+            "--isolation=auto",
+            *UIDS,
+            f"--token-file={token_file}",
+            "--keepalive=1s",
+            "--network=host",  # the attack drives the API on the host's loopback
         )
     except AssertionError as e:
         pytest.skip(f"the daemon cannot isolate here: {str(e).strip().splitlines()[-1]}")

@@ -6,18 +6,25 @@
 #
 # Builds (and caches) a small Debian bookworm root filesystem with debootstrap, installs the
 # project into it from wheels built here (a venv at /opt/sandboxd, installed offline), installs
-# the unit, its env file and a root-only token, boots it under QEMU (software emulation, no KVM)
-# with the host's kernel, and lets a test unit inside (smoke.py) run the checks: READY only once
+# the unit, its env file and a root-only token, boots it under QEMU (KVM when a probe boot with
+# it reaches the guest's init, else software emulation; the choice is printed) with Debian's
+# kernel from the cache of tests/vm/guest.sh (downloaded and unpacked there, never installed on
+# the host) and a small initramfs made from its modules, and lets a test unit inside (smoke.py)
+# run the checks: READY only once
 # listening, auth, create, exec as a pool uid in the sandbox's own cgroup, an OOM kill (137)
 # under SANDBOXD_MEMORY_MAX, restart after a crash, and `systemctl stop` draining (a running
 # command finishes, /readyz 503, creates refused) with a clean exit. Results are read from the
 # serial log; the exit status is pass (0) or fail (1). Not root: prints SKIP and exits 0.
 #
 # Cache: SANDBOXD_TEST_CACHE (default /var/cache/sandboxd-test) keeps the debootstrapped base
-# (keyed by suite and package list) and a build venv; delete it to start from scratch.
+# (keyed by suite and package list), a build venv and the guest kernel; delete it to start from
+# scratch. The host gets only the tools (debootstrap, qemu, ...), never a kernel or an upgrade.
+# VM_ACCEL=kvm|tcg skips the KVM probe.
 # SANDBOXD_SMOKE_KEEP=1 keeps the work directory (image, serial log) for a look afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=../vm/guest.sh
+source tests/vm/guest.sh
 
 if [ "$(id -u)" != 0 ]; then
   echo "SKIP tests/systemd/run.sh: needs root (debootstrap, chroot, a filesystem image)"
@@ -37,21 +44,12 @@ stamp() { printf '[%(%H:%M:%S)T] %s\n' -1 "$*"; }
 started=$SECONDS
 
 # --- host tools ---------------------------------------------------------------------------
-need=()
-command -v debootstrap >/dev/null || need+=(debootstrap)
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
-compgen -G '/boot/vmlinuz-*' >/dev/null || need+=(linux-image-amd64)
-python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
-if ((${#need[@]})); then
-  stamp "installing ${need[*]}"
-  apt-get update -qq || stamp "apt-get update reported errors; trying the install anyway"
-  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq \
-    --no-install-recommends "${need[@]}"
-fi
-kernel=$(ls -1 /boot/vmlinuz-* | sort -V | tail -n1)
-initrd=/boot/initrd.img-${kernel#/boot/vmlinuz-}
-[ -r "$initrd" ] || { echo "no initrd $initrd for $kernel"; exit 1; }
+# Only what is missing, never an upgrade (install_missing_packages refuses those).
+install_missing_packages debootstrap qemu-system-x86 e2fsprogs python3-venv busybox-static kmod
+kernel_dir=$(guest_kernel_dir)
+kernel=$(guest_kernel_image "$kernel_dir")
+accel=$(guest_accel "$kernel")
+if [ "$accel" = kvm ]; then cpu=host; else cpu=max; fi
 
 # --- the base image (cached) --------------------------------------------------------------
 mkdir -p "$cache"
@@ -173,6 +171,7 @@ ln -sf /dev/null "$root/etc/systemd/system/systemd-networkd-wait-online.service"
 echo sandboxd-test >"$root/etc/hostname"
 : >"$root/etc/fstab"
 
+guest_root_initramfs "$kernel_dir" "$work/initrd.img"
 truncate -s 2G "$work/rootfs.img"
 mkfs.ext4 -q -F -d "$root" "$work/rootfs.img"
 rm -rf "$root"
@@ -181,10 +180,11 @@ stamp "image built in $((SECONDS - t0)) s"
 # --- boot it and read the verdict from the serial log -------------------------------------
 t0=$SECONDS
 serial=$work/serial.log
-qemu-system-x86_64 -M q35 -accel tcg -cpu max -smp 2 -m 1G -display none -no-reboot \
+stamp "booting $kernel (${accel^^})"
+qemu-system-x86_64 -M q35 -accel "$accel" -cpu "$cpu" -smp 2 -m 1G -display none -no-reboot \
   -net none -serial "file:$serial" -monitor none \
   -drive "file=$work/rootfs.img,format=raw,if=virtio,cache=unsafe" \
-  -kernel "$kernel" -initrd "$initrd" \
+  -kernel "$kernel" -initrd "$work/initrd.img" \
   -append "root=/dev/vda rw console=ttyS0 quiet systemd.show_status=0 panic=-1" \
   </dev/null >"$work/qemu.log" 2>&1 &
 qemu_pid=$!
@@ -200,7 +200,7 @@ stamp "boot + smoke took $((SECONDS - t0)) s"
 
 grep -a -E '^(SMOKE|JOURNAL)' "$serial" || { echo "--- serial log"; tail -n 60 "$serial"; }
 cat "$work/qemu.log"
-echo "total $((SECONDS - started)) s (isolation $isolation)"
+echo "total $((SECONDS - started)) s (isolation $isolation, ${accel^^})"
 if grep -aq '^SMOKE RESULT: PASS' "$serial" && [ "$status" = 0 ]; then
   echo "systemd smoke: PASS"
   exit 0

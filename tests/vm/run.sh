@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Run pytest inside ONE cgroup-v2 VM (virtme-ng, software emulation) and exit with its status.
+# Run pytest inside ONE cgroup-v2 VM (virtme-ng; KVM when it works, else software emulation) and
+# exit with its status.
 #
 #   tests/vm/run.sh [--coverage] [pytest args...]
 #   tests/vm/run.sh -m kernel tests/vm
 #   tests/vm/run.sh --coverage -m kernel tests/kernel      # then: coverage combine . vm-out
 #
-# Needs root and what .ci/vm-deps.sh installs (qemu, a Debian kernel in /boot, /opt/vng).
-# The guest boots the newest /boot/vmlinuz-* with the host's root filesystem read-only (over
-# 9p), runs tests/vm/inside.sh as root, and powers off. Only <repo>/vm-out is writable in
+# Needs root and what .ci/vm-deps.sh provides (qemu, /opt/vng, a Debian kernel and its modules
+# in the cache, see tests/vm/guest.sh). The guest boots that kernel under KVM when a probe boot
+# with KVM reaches its init (else software emulation, TCG; the choice is printed), with the
+# host's root filesystem read-only (over 9p), runs tests/vm/inside.sh as root, and powers off. Only <repo>/vm-out is writable in
 # the guest and is written back; run.sh passes the arguments and environment in through it
 # and reads back the test run's exit code (vm-out/status) and coverage data.
 #
@@ -20,7 +22,10 @@
 #   VM_PYTHON     interpreter for the guest's pytest (default: `python3` on PATH, e.g. the
 #                 project venv); its sys.executable is used, so a venv stays a venv
 #   VM_TIMEOUT    seconds before the whole VM is killed (default 1500)
-#   VM_CPUS, VM_MEMORY, VM_KERNEL, VNG     (defaults 2, 2G, newest /boot/vmlinuz-*, /opt/vng/bin/vng)
+#   VM_CPUS, VM_MEMORY, VNG       (defaults 2, 2G, /opt/vng/bin/vng)
+#   VM_KERNEL     kernel image (default: the cached one of .ci/vm-deps.sh); its modules are
+#                 <root>/lib/modules/<version> of the tree the image lies in (virtme-ng's rule)
+#   VM_ACCEL      kvm, tcg or auto (default: probe /dev/kvm); VM_KVM_PROBE_TIMEOUT (10 s)
 #   VM_PASS_ENV   extra variable names to pass into the guest (PYTHONPATH, PYTEST_ADDOPTS,
 #                 CI and SANDBOXD_*/HYPOTHESIS_* variables always are)
 #   VM_PYTEST_PLUGINS  pytest plugins loaded in the guest (default "pytest_twisted"; pytest_cov
@@ -35,6 +40,8 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+# shellcheck source=guest.sh
+source "$here/guest.sh"
 repo="$(cd "$here/../.." && pwd -P)"
 out="$repo/vm-out"
 
@@ -68,9 +75,11 @@ fi
 [[ -x "$VNG" ]] || die 96 "no $VNG: run .ci/vm-deps.sh first"
 command -v qemu-system-x86_64 >/dev/null || die 96 "no qemu-system-x86_64: run .ci/vm-deps.sh first"
 if [[ -z "${VM_KERNEL:-}" ]]; then
-    VM_KERNEL="$(find /boot -maxdepth 1 -name 'vmlinuz-*' -print 2>/dev/null | sort -V | tail -n 1)"
+    kernel_dir="$(guest_kernel_dir --offline)" || die 96 "no cached guest kernel: run .ci/vm-deps.sh first"
+    VM_KERNEL="$(guest_kernel_image "$kernel_dir")" || die 96 "no kernel image in $kernel_dir"
 fi
-[[ -n "$VM_KERNEL" && -r "$VM_KERNEL" ]] || die 96 "no kernel in /boot: run .ci/vm-deps.sh first"
+[[ -n "$VM_KERNEL" && -r "$VM_KERNEL" ]] || die 96 "cannot read the kernel $VM_KERNEL"
+accel="$(guest_accel "$VM_KERNEL")" || die 96 "cannot choose an accelerator"
 guest_python="$("$VM_PYTHON" -c 'import sys; print(sys.executable)')" \
     || die 96 "cannot run $VM_PYTHON"
 [[ -x "$guest_python" ]] || die 96 "$VM_PYTHON reports sys.executable=$guest_python, not executable"
@@ -112,7 +121,6 @@ exec_cmd="$(printf '%q %q' "$here/inside.sh" "$out")"
 vng_args=(
     --run "$VM_KERNEL"
     --user root
-    --disable-kvm # /dev/kvm cannot run a guest on these machines: always TCG
     --force-9p    # no usable virtiofsd on Debian 12; skip probing for one
     --cpus "$VM_CPUS"
     --memory "$VM_MEMORY"
@@ -124,8 +132,10 @@ vng_args=(
     --append "mitigations=off modprobe.blacklist=$VM_MODULE_BLACKLIST"
     --exec "$exec_cmd"
 )
-printf 'tests/vm/run.sh: booting %s (%s CPUs, %s, TCG, timeout %ss)\n' \
-    "$VM_KERNEL" "$VM_CPUS" "$VM_MEMORY" "$VM_TIMEOUT" >&2
+# virtme-ng uses /dev/kvm whenever it can open it (with -cpu host); the probe above decides.
+if [[ "$accel" != kvm ]]; then vng_args+=(--disable-kvm); fi
+printf 'tests/vm/run.sh: booting %s (%s CPUs, %s, %s, timeout %ss)\n' \
+    "$VM_KERNEL" "$VM_CPUS" "$VM_MEMORY" "${accel^^}" "$VM_TIMEOUT" >&2
 started=$SECONDS
 cd "$repo"
 # vng's stdout must be a pipe, never a file (qemu reopens it with O_TRUNC); no stdin in CI.
@@ -139,8 +149,8 @@ elapsed=$((SECONDS - started))
 if [[ -s "$out/status" ]]; then
     status="$(tr -dc '0-9' <"$out/status")"
     [[ -n "$status" ]] || die 98 "guest wrote a malformed vm-out/status"
-    printf 'tests/vm/run.sh: guest test run exited %s (VM %ss, vng exit %s)\n' \
-        "$status" "$elapsed" "$vng_rc" >&2
+    printf 'tests/vm/run.sh: guest test run exited %s (VM %ss, %s, vng exit %s)\n' \
+        "$status" "$elapsed" "${accel^^}" "$vng_rc" >&2
     exit "$status"
 fi
 if [[ "$vng_rc" -eq 137 ]]; then

@@ -35,16 +35,26 @@ REMOTE = "sandbox:./"
 
 RSH_SCRIPT = (
     f"for f in $SANDBOXD_RSH_PROCS; do echo 0 > $f || exit {SETUP_FAILED}; done; shift; "
+    'if [ -n "$SANDBOXD_RSH_NS" ]; then '
+    'set -- /bin/sh -c "$SANDBOXD_RSH_CD" sandboxd-rsh "$@"; fi; '
     'if [ -n "$SANDBOXD_RSH_UID" ]; then '
     f"{oom_reset_sh('sandboxd-rsh')}; "
-    'exec "$SANDBOXD_RSH_SETPRIV" '
+    'set -- "$SANDBOXD_RSH_SETPRIV" '
     + " ".join(setpriv_args('"$SANDBOXD_RSH_UID"', '"$SANDBOXD_RSH_GID"'))
-    + ' -- "$@"; fi; exec "$@"'
+    + ' -- "$@"; fi; '
+    'if [ -n "$SANDBOXD_RSH_NS" ]; then '
+    'set -- "$SANDBOXD_RSH_NSENTER" $SANDBOXD_RSH_NS -- "$@"; fi; exec "$@"'
 )
 """Run by rsync as ``RSH host rsync --server ...``: the steps of
 :mod:`sandboxd.isolation.privdrop` (join, oom, drop; its working directory is the workspace,
-whose parent only root can change), then exec the server end (``shift`` removes the host
-name)."""
+whose parent only root can change), with the sandbox's namespaces entered (``nsenter``) before
+the drop, then exec the server end (``shift`` removes the host name). Entering a mount
+namespace moves the working directory to its root, so the server end then starts through
+:data:`CD_SCRIPT`, which enters the workspace again, as the sandbox."""
+
+CD_SCRIPT = 'cd -- "$SANDBOXD_RSH_DIR" && exec "$@"'
+"""The workspace entered again inside the sandbox's mount namespace (``SANDBOXD_RSH_CD``): the
+path is the daemon's, through the root-owned sandbox directory the sandbox cannot change."""
 
 RSH = f"/bin/sh -c '{RSH_SCRIPT}' sandboxd-rsh"
 
@@ -70,6 +80,9 @@ class WorkspaceEnd:
     identity: Identity
     join_files: tuple[str, ...]
     path: str
+    namespaces: tuple[str, ...] = ()
+    """``nsenter`` options entering the sandbox's namespaces (empty: none)."""
+    nsenter: str | None = None
 
 
 @frozen
@@ -97,6 +110,13 @@ class Rsync:
             if not path or any(c.isspace() for c in path):
                 raise RsyncFailed(f"cgroup file {path!r}: whitespace in the path")
         env["SANDBOXD_RSH_PROCS"] = " ".join(end.join_files)
+        if end.namespaces:
+            if end.nsenter is None or any(c.isspace() for c in "".join(end.namespaces)):
+                raise RsyncFailed(f"cannot enter the namespaces {end.namespaces!r}")
+            env["SANDBOXD_RSH_NS"] = " ".join(end.namespaces)
+            env["SANDBOXD_RSH_NSENTER"] = end.nsenter
+            env["SANDBOXD_RSH_CD"] = CD_SCRIPT
+            env["SANDBOXD_RSH_DIR"] = end.path
         if end.identity.uid != os.geteuid() or end.identity.gid != os.getegid():
             if self.setpriv is None:
                 raise RsyncFailed("cannot run as the sandbox: no setpriv")

@@ -1,0 +1,216 @@
+"""The egress network's plan: address pool, denied ranges, interface names and the nft ruleset.
+
+Pure values only (nothing here touches the machine; :mod:`sandboxd.isolation.egress` applies
+them). Each sandbox in ``egress`` mode gets a *slot*: a veth pair whose host end is
+``{prefix}{slot}`` and whose sandbox end is ``eth0`` inside the sandbox's network namespace, a
+``/31`` of the IPv4 pool (host end even, sandbox end odd) and, when an IPv6 pool is set, a
+``/127`` of it. Those addresses exist only on this host's veths.
+
+The ruleset (table ``inet {table}``) lets a sandbox open new connections to the outside world
+(masqueraded behind the host's own address) and nothing else: nothing addressed to the host
+itself (its loopback, every address of every interface, hence the daemon's API wherever it
+listens) is accepted from a sandbox veth; nothing is forwarded from one sandbox veth to another,
+nor to a denied range (the pools, loopback, link-local, multicast and the configured extras);
+nothing is forwarded into a sandbox but the replies of its own connections.
+"""
+
+import ipaddress
+from collections.abc import Iterable, Sequence
+
+from attrs import frozen
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+SANDBOX_IFNAME = "eth0"
+"""The name of the sandbox's end of its veth, inside its network namespace."""
+
+MAX_IFNAME = 15
+"""The kernel's limit on an interface name (``IFNAMSIZ`` - 1)."""
+
+ALWAYS_DENIED_4 = (
+    "0.0.0.0/8",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+)
+"""IPv4 ranges no sandbox ever reaches: this-network, loopback, link-local (cloud metadata
+services such as 169.254.169.254), multicast, reserved and broadcast."""
+
+ALWAYS_DENIED_6 = ("::/127", "::ffff:0:0/96", "fe80::/10", "ff00::/8")
+"""IPv6 ranges no sandbox ever reaches: unspecified and loopback, IPv4-mapped, link-local,
+multicast."""
+
+
+class EgressConfigError(ValueError):
+    """An egress setting cannot be used (the message says why)."""
+
+
+def parse_network(text: str) -> Network:
+    """One CIDR (``10.0.0.0/8``, ``fd00::/8``; a bare address is a single host)."""
+    try:
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError as e:
+        raise EgressConfigError(f"{text.strip()!r} is not an address range: {e}") from None
+
+
+def parse_networks(text: str) -> tuple[Network, ...]:
+    """A list of CIDRs separated by commas and/or spaces (empty: none)."""
+    return tuple(parse_network(part) for part in text.replace(",", " ").split())
+
+
+def parse_pool4(text: str) -> ipaddress.IPv4Network:
+    """The IPv4 pool: an IPv4 CIDR of at least two addresses."""
+    net = parse_network(text)
+    if not isinstance(net, ipaddress.IPv4Network) or net.prefixlen > 31:
+        raise EgressConfigError(f"{text.strip()!r} is not an IPv4 range of /31 or larger")
+    return net
+
+
+def parse_pool6(text: str) -> ipaddress.IPv6Network | None:
+    """The IPv6 pool, or ``None`` for ``none``/``off``/empty (no IPv6 egress)."""
+    if text.strip().lower() in ("", "none", "off"):
+        return None
+    net = parse_network(text)
+    if not isinstance(net, ipaddress.IPv6Network) or net.prefixlen > 127:
+        raise EgressConfigError(f"{text.strip()!r} is not an IPv6 range of /127 or larger")
+    return net
+
+
+@frozen
+class SlotAddresses:
+    """The addresses of one slot: host end and sandbox end, IPv4 and (optional) IPv6."""
+
+    host4: ipaddress.IPv4Address
+    sandbox4: ipaddress.IPv4Address
+    host6: ipaddress.IPv6Address | None
+    sandbox6: ipaddress.IPv6Address | None
+
+
+@frozen
+class EgressPlan:
+    """Everything the egress layer needs to know, fixed at start-up."""
+
+    pool4: ipaddress.IPv4Network
+    pool6: ipaddress.IPv6Network | None
+    deny: tuple[Network, ...] = ()
+    table: str = "sandboxd"
+    prefix: str = "sbx"
+
+    @property
+    def slots(self) -> int:
+        """How many sandboxes the pools can address at once."""
+        count = self.pool4.num_addresses // 2
+        if self.pool6 is not None:
+            count = min(count, self.pool6.num_addresses // 2)
+        return count
+
+    def check(self, slots_needed: int) -> None:
+        """``EgressConfigError`` unless the pools hold ``slots_needed`` slots and the names fit."""
+        if self.slots < slots_needed:
+            raise EgressConfigError(
+                f"the pool has {self.slots} slots (a /31 and a /127 per sandbox),"
+                f" {slots_needed} needed (one per uid of the pool)"
+            )
+        if len(self.ifname(max(slots_needed - 1, 0))) > MAX_IFNAME:
+            raise EgressConfigError(f"interface prefix {self.prefix!r} is too long")
+        if not self.prefix.isidentifier() or not self.table.isidentifier():
+            raise EgressConfigError("interface prefix and table must be plain identifiers")
+
+    def ifname(self, slot: int) -> str:
+        """The host end of a slot's veth."""
+        return f"{self.prefix}{slot}"
+
+    def slot_of(self, ifname: str) -> int | None:
+        """The slot of a host-end name (``None`` for any other interface)."""
+        rest = ifname[len(self.prefix) :] if ifname.startswith(self.prefix) else ""
+        return int(rest) if rest.isdigit() and str(int(rest)) == rest else None
+
+    def addresses(self, slot: int) -> SlotAddresses:
+        """A slot's addresses; ``ValueError`` outside the pool."""
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot} is outside the pool ({self.slots} slots)")
+        base4 = self.pool4.network_address + 2 * slot
+        host6 = sandbox6 = None
+        if self.pool6 is not None:
+            host6 = self.pool6.network_address + 2 * slot
+            sandbox6 = host6 + 1
+        return SlotAddresses(base4, base4 + 1, host6, sandbox6)
+
+    def denied(self) -> tuple[list[str], list[str]]:
+        """The denied destinations (IPv4, IPv6) as collapsed CIDR texts."""
+        v4: list[Network] = [parse_network(n) for n in ALWAYS_DENIED_4]
+        v6: list[Network] = [parse_network(n) for n in ALWAYS_DENIED_6]
+        v4.append(self.pool4)
+        if self.pool6 is not None:
+            v6.append(self.pool6)
+        for net in self.deny:
+            (v4 if net.version == 4 else v6).append(net)
+        return _collapsed(v4), _collapsed(v6)
+
+    def ruleset(self, forward_policy: str) -> str:
+        """``nft -f`` input that replaces our table atomically.
+
+        ``forward_policy`` is ``drop`` when this daemon turned forwarding on itself (then nothing
+        but our sandboxes' traffic may be forwarded because of it), ``accept`` when forwarding
+        was already on (another party's forwarding stays theirs; ours is still constrained).
+        """
+        if forward_policy not in ("accept", "drop"):
+            raise ValueError(forward_policy)
+        deny4, deny6 = self.denied()
+        masquerade6 = ""
+        if self.pool6 is not None:
+            masquerade6 = f"\n    ip6 saddr {self.pool6} oifname != {{veth}} masquerade"
+        veth = f'"{self.prefix}*"'
+        nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255"
+        reject = "reject with icmpx type admin-prohibited"
+        return f"""table inet {self.table}
+delete table inet {self.table}
+table inet {self.table} {{
+  set deny4 {{ type ipv4_addr; flags interval; elements = {{ {", ".join(deny4)} }} }}
+  set deny6 {{ type ipv6_addr; flags interval; elements = {{ {", ".join(deny6)} }} }}
+  chain prerouting {{
+    type filter hook prerouting priority -300; policy accept;
+    iifname {veth} ip6 saddr fe80::/10 accept
+    iifname {veth} fib saddr . iif oif missing drop
+  }}
+  chain input {{
+    type filter hook input priority 0; policy accept;
+    iifname {veth} {nd} accept
+    iifname {veth} {reject}
+  }}
+  chain output {{
+    type filter hook output priority 0; policy accept;
+    oifname {veth} {nd} accept
+    oifname {veth} ct state established,related accept
+    oifname {veth} {reject}
+  }}
+  chain forward {{
+    type filter hook forward priority 0; policy {forward_policy};
+    iifname {veth} jump from_sandbox
+    oifname {veth} ct state established,related accept
+    oifname {veth} drop
+  }}
+  chain from_sandbox {{
+    oifname {veth} {reject}
+    ct state established,related accept
+    ip daddr @deny4 {reject}
+    ip6 daddr @deny6 {reject}
+    fib daddr type {{ local, broadcast, multicast, anycast }} {reject}
+    ct state new accept
+    drop
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr {self.pool4} oifname != {veth} masquerade{masquerade6.format(veth=veth)}
+  }}
+}}
+"""
+
+    def resolv_conf(self, nameservers: Sequence[str]) -> str:
+        """A ``resolv.conf`` naming ``nameservers`` (for a sandbox's mount namespace)."""
+        return "".join(f"nameserver {ipaddress.ip_address(ns)}\n" for ns in nameservers)
+
+
+def _collapsed(nets: Iterable[Network]) -> list[str]:
+    return [str(n) for n in ipaddress.collapse_addresses(nets)]  # type: ignore[type-var]

@@ -1,0 +1,297 @@
+"""Per-sandbox IPC, mount and network namespaces (SPEC §3 "Depth beyond uid + cgroup").
+
+At create, the sandbox's namespaces are made once and **pinned**: the exec helper's
+``namespaces`` mode (``sandboxd_exec_ns.h``; without the helper, ``unshare(1)`` and a short
+script, see :mod:`sandboxd.isolation.namespaces_shell`) unshares them in a child and
+bind-mounts its ``/proc/PID/ns/{ipc,mnt,net}`` onto files in ``{root}/.ns/{rid}/`` (a root-only
+directory, bound onto itself with private propagation at start-up, as ``ip netns`` does for
+``/run/netns``). In the new mount namespace ``/tmp`` and ``/var/tmp`` are the sandbox's own
+``tmp/`` directory and ``/dev/shm`` a tmpfs of its own (capped at the memory limit, charged to
+its cgroup); the rest of the host's filesystem is as before, and nothing mounted there reaches
+the host. A state root or tools directory inside one of those places (test set-ups) stays
+reachable: the root-owned directory holding it there is bound back at its own path.
+
+Every process of the sandbox enters the pinned namespaces with ``setns`` before it drops
+privilege: the helper's ``enter`` prefix, ``nsenter`` in the shell chain and the archive's rsync
+end. Kill unmounts the pins (the namespaces, their IPC objects, tmpfs and sockets go once the
+last process has); start-up removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
+"""
+
+import errno
+import os
+import re
+import stat
+import subprocess
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+
+from attrs import define, field
+from twisted.logger import Logger
+
+from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.isolation.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.network import NetworkMode, NetworkPolicy, host_only
+
+KINDS = ("ipc", "mount", "net")
+"""The namespace layers, by the name ``SANDBOXD_NAMESPACES`` and ``/healthz`` use."""
+
+PIN = {"ipc": "ipc", "mount": "mnt", "net": "net"}
+"""Each layer's pin file name (as in ``/proc/PID/ns``)."""
+
+LETTER = {"ipc": "i", "mount": "m", "net": "n"}
+"""Each layer's letter in the helper's ``KINDS`` argument."""
+
+PLACES = ("/tmp", "/var/tmp", "/dev/shm")
+"""Shared places each sandbox gets its own of."""
+
+NS_DIR = ".ns"
+_RID = re.compile(r"^[0-9a-f]{16}$")
+
+log = Logger()
+
+Runner = Callable[[Sequence[str]], tuple[int, str]]
+"""Runs an argv to its end: exit code and stderr text."""
+
+
+def run_program(argv: Sequence[str]) -> tuple[int, str]:
+    """Run ``argv`` to its end with a plain environment: its exit code and stderr text."""
+    done = subprocess.run(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        timeout=30,
+        check=False,
+    )
+    return done.returncode, done.stderr.decode("utf-8", "replace").strip()
+
+
+def parse_namespaces(text: str) -> frozenset[str]:
+    """``SANDBOXD_NAMESPACES``: ``all``, ``none``, or layer names separated by commas."""
+    value = text.strip().lower()
+    if value == "all":
+        return frozenset(KINDS)
+    if value == "none":
+        return frozenset()
+    names = {part.strip() for part in value.split(",") if part.strip()}
+    if not names:
+        raise ValueError("is empty (all, none, or some of ipc, mount, net)")
+    for name in names:
+        if name not in KINDS:
+            raise ValueError(f"{name!r} is not one of all, none, {', '.join(KINDS)}")
+    return frozenset(names)
+
+
+def kept_directories(places: Sequence[str], paths: Sequence[str]) -> list[str]:
+    """For each of ``paths`` lying inside one of ``places``, the directory directly inside that
+    place holding it (bound back into each sandbox's view)."""
+    kept: list[str] = []
+    for path in paths:
+        for place in places:
+            real = os.path.realpath(place)
+            rel = os.path.relpath(path, real)
+            if rel == "." or rel.startswith(".."):
+                continue
+            top = os.path.join(place, rel.split(os.sep)[0])
+            if top not in kept:
+                kept.append(top)
+    return kept
+
+
+class Creator:
+    """Makes and pins one sandbox's namespaces (the helper's, or the shell chain's argv)."""
+
+    def argv(
+        self, nsroot: str, rid: str, kinds: frozenset[str], tmp: str, shm: int, keep: list[str]
+    ) -> list[str]:
+        raise NotImplementedError
+
+    def enter(self, pins: Sequence[str], argv: list[str]) -> list[str]:
+        raise NotImplementedError
+
+
+@define
+class HelperCreator(Creator):
+    """``sandboxd-exec namespaces`` at create, ``sandboxd-exec enter`` before each exec."""
+
+    helper: str
+
+    def argv(
+        self, nsroot: str, rid: str, kinds: frozenset[str], tmp: str, shm: int, keep: list[str]
+    ) -> list[str]:
+        letters = "".join(LETTER[kind] for kind in KINDS if kind in kinds)
+        return [self.helper, "namespaces", nsroot, rid, letters, tmp, str(shm), *keep]
+
+    def enter(self, pins: Sequence[str], argv: list[str]) -> list[str]:
+        """``argv`` is the helper's own (``sandboxd-exec sandbox ...``), run past the pins."""
+        return [self.helper, "enter", str(len(pins)), *pins, *argv]
+
+
+def _ordered(pins: dict[str, str]) -> list[str]:
+    """The pin paths with the mount namespace's last (past it the others are out of sight)."""
+    return [pins[kind] for kind in ("ipc", "net", "mount") if kind in pins]
+
+
+@define
+class Namespaces:
+    """The namespace layers in force (none at all: every method is a no-op) and the pins."""
+
+    kinds: frozenset[str] = frozenset()
+    nsroot: str = ""
+    network: NetworkPolicy = field(factory=host_only)
+    creator: Creator | None = None
+    keep: list[str] = field(factory=list)
+    shm_bytes: int = 64 << 20
+    run: Runner = run_program
+    mounts: MountCalls = field(factory=MountCalls)
+    nsenter: str | None = None
+    """``nsenter`` for the processes the helper does not start (the archive's rsync end)."""
+    _pins: dict[str, dict[str, str]] = field(factory=dict)
+    _modes: dict[str, NetworkMode] = field(factory=dict)
+    _prepared: bool = False
+
+    def capabilities(self) -> list[str]:
+        """``isolation.ipc``, ``isolation.mount``, ``isolation.net`` in force, and the network
+        modes a create may ask for."""
+        return sorted([f"isolation.{kind}" for kind in self.kinds] + self.network.capabilities())
+
+    def prepare(self) -> None:
+        """Make ``{root}/.ns`` (root only) a mount with private propagation, check every kept
+        directory is root's alone, and make and remove one probe set of namespaces, so that a
+        layer the kernel refuses stops start-up (``IsolationUnavailable`` naming it). Once done,
+        calling it again does nothing (until :meth:`close`)."""
+        if not self.kinds or self._prepared:
+            return
+        for path in self.keep:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+                raise IsolationUnavailable(
+                    f"namespaces: {path} holds the state root or tools inside a shared place:"
+                    " it must be a directory owned by root and writable by root alone"
+                )
+        os.makedirs(self.nsroot, mode=0o700, exist_ok=True)
+        os.chmod(self.nsroot, 0o700)
+        try:
+            if not is_mount_point(self.nsroot):
+                self.mounts.bind(self.nsroot, self.nsroot)
+            self.mounts.make_private(self.nsroot)
+        except OSError as e:
+            raise IsolationUnavailable(f"namespaces: cannot pin in {self.nsroot}: {e}") from None
+        try:
+            for mode in self.network.offered.values():
+                mode.prepare()  # egress: the host's side (table, forwarding) before the probe
+            self._probe()
+        except BaseException:
+            for mode in self.network.offered.values():
+                mode.close()  # start-up stops here: nothing of the modes is left on the host
+            raise
+
+    def _probe(self) -> None:
+        probe = "0" * 16
+        probe_tmp = os.path.join(self.nsroot, "probe-tmp")
+        self._remove_probe(probe, probe_tmp)
+        os.mkdir(probe_tmp, 0o700)
+        try:
+            self._make(probe, probe_tmp, self.network.offered[self.network.default])
+        except OSError as e:
+            raise IsolationUnavailable(f"namespaces {', '.join(sorted(self.kinds))}: {e}") from e
+        finally:
+            self._remove_probe(probe, probe_tmp)
+        self._prepared = True
+
+    def _remove_probe(self, probe: str, probe_tmp: str) -> None:
+        self.remove(probe)
+        for path in self.keep:  # the mount points the probe made for the kept directories
+            with suppress(FileNotFoundError):
+                os.rmdir(os.path.join(probe_tmp, os.path.basename(path)))
+        with suppress(FileNotFoundError):
+            os.rmdir(probe_tmp)
+
+    def create(self, rid: str, tmp: str, mode: NetworkMode) -> None:
+        """Make and pin the sandbox's namespaces (its network one only for a mode that wants
+        one), then attach the network mode; ``OSError`` when the kernel refused."""
+        if not self.kinds:
+            return
+        self._make(rid, tmp, mode)
+
+    def _make(self, rid: str, tmp: str, mode: NetworkMode) -> None:
+        assert self.creator is not None
+        kinds = set(self.kinds)
+        if not mode.own_namespace:
+            kinds.discard("net")
+        directory = os.path.join(self.nsroot, rid)
+        os.mkdir(directory, 0o700)
+        pins = {kind: os.path.join(directory, PIN[kind]) for kind in KINDS if kind in kinds}
+        self._pins[rid] = pins
+        argv = self.creator.argv(self.nsroot, rid, frozenset(kinds), tmp, self.shm_bytes, self.keep)
+        code, err = self.run(argv)
+        if code != 0:
+            raise OSError(errno.EPERM, f"cannot make namespaces (exit {code}): {err}")
+        if "net" in kinds:
+            mode.attach(rid, self._pins[rid]["net"])
+        self._modes[rid] = mode
+
+    def enter(self, rid: str, argv: list[str]) -> list[str]:
+        """``argv`` (the wrapped command) prefixed so that it runs in the sandbox's namespaces."""
+        pins = self._pins.get(rid)
+        if not pins or self.creator is None:
+            return argv
+        return self.creator.enter(_ordered(pins), argv)
+
+    def nsenter_options(self, rid: str) -> tuple[str, ...]:
+        """``nsenter`` options entering the sandbox's namespaces (empty: none in force)."""
+        pins = self._pins.get(rid, {})
+        names = {"ipc": "--ipc", "net": "--net", "mount": "--mount"}
+        return tuple(f"{names[kind]}={pins[kind]}" for kind in KINDS if kind in pins)
+
+    def remove(self, rid: str) -> None:
+        """Detach the network mode, unmount and remove every pin of ``rid`` (none: no error)."""
+        pins = self._pins.pop(rid, None)
+        mode = self._modes.pop(rid, None)
+        directory = os.path.join(self.nsroot, rid)
+        if not self.nsroot:
+            return
+        net = os.path.join(directory, PIN["net"])
+        if mode is not None and pins is not None and "net" in pins:
+            mode.detach(rid, net)
+        elif mode is None and os.path.exists(net):
+            # A predecessor's: whichever mode wired it undoes what it finds.
+            for offered in self.network.offered.values():
+                if offered.own_namespace:
+                    offered.detach(rid, net)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(directory, name)
+            self.mounts.unmount_all(path)
+            os.unlink(path)
+        os.rmdir(directory)
+
+    def leftovers(self) -> list[str]:
+        """Sandbox ids with pins under ``{root}/.ns`` (a crashed predecessor's, at start-up)."""
+        if not self.nsroot:
+            return []
+        try:
+            names = os.listdir(self.nsroot)
+        except FileNotFoundError:
+            return []
+        return sorted(name for name in names if _RID.match(name))
+
+    def close(self) -> None:
+        """Close the network modes, unmount ``{root}/.ns`` (the daemon stops: every sandbox is
+        gone), end the runner."""
+        self._prepared = False
+        for mode in self.network.offered.values():
+            mode.close()
+        end_runner = getattr(self.run, "close", None)
+        if end_runner is not None:
+            end_runner()
+        if self.kinds and self.nsroot and os.path.isdir(self.nsroot):
+            self.mounts.unmount_all(self.nsroot)
+            try:
+                os.rmdir(self.nsroot)
+            except OSError as e:
+                log.warn("namespaces: cannot remove {path}: {why}", path=self.nsroot, why=e)

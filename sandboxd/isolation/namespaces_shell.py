@@ -1,0 +1,109 @@
+"""The namespace steps without the exec helper: ``unshare(1)`` at create, ``nsenter`` at exec.
+
+Used where the helper was not built (the shell chain of :mod:`sandboxd.isolation.wrapper`).
+``unshare --ipc=PIN --mount=PIN --net=PIN --propagation=slave`` makes and pins the namespaces
+(its own child binds ``/proc/PID/ns/*`` from the host's side); inside, :data:`SETUP` does what
+the helper's ``namespaces`` mode does (``sandboxd_exec_ns.h``): detach the copy of the pins'
+directory, bind the sandbox's ``tmp/`` onto ``/tmp`` and ``/var/tmp`` (through a descriptor
+opened before either is covered), a tmpfs on ``/dev/shm``, a fresh mqueue, the kept directories
+bound back (descriptors 3 to 8: ``sh`` redirects one digit; :func:`kept_directories` gives at
+most six), and the loopback up. ``nsenter`` opens every pin before it enters any.
+"""
+
+from collections.abc import Callable, Sequence
+
+from attrs import frozen
+
+from sandboxd.isolation.namespaces import KINDS, PIN, Creator
+from sandboxd.isolation.none import find_program
+
+SETUP = r"""
+nsroot=$1 tmp=$2 shm=$3 ipc=$4 net=$5 mnt=$6
+shift 6
+if [ "$mnt" = 1 ]; then
+  umount -l -- "$nsroot" 2>/dev/null
+  exec 9<"$tmp" || exit 125
+  i=3
+  for k do eval "exec $i<\"\$k\"" || exit 125; i=$((i + 1)); done
+  for p in /tmp /var/tmp; do
+    if [ -d "$p" ]; then mount -c --bind /proc/self/fd/9 "$p" || exit 125; fi
+  done
+  if [ -d /dev/shm ]; then
+    mount -t tmpfs -o "nosuid,nodev,size=$shm,mode=1777" tmpfs /dev/shm || exit 125
+  fi
+  if [ "$ipc" = 1 ] && [ -d /dev/mqueue ]; then
+    mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue || exit 125
+  fi
+  i=3
+  for k do
+    mkdir -p -- "$k" && mount -c --rbind "/proc/self/fd/$i" "$k" || exit 125
+    i=$((i + 1))
+  done
+fi
+if [ "$net" = 1 ]; then ip link set lo up || exit 125; fi
+"""
+
+_PINS = 'd=$1; shift; for n in $PINS; do : > "$d/$n" || exit 125; done; exec "$@"'
+
+_OPTIONS = {"ipc": "--ipc", "mount": "--mount", "net": "--net"}
+
+
+@frozen
+class ShellPrograms:
+    """Absolute paths of what the shell steps run, resolved once at start-up."""
+
+    sh: str
+    unshare: str
+    nsenter: str
+    mount: str
+    ip: str
+
+    @classmethod
+    def find(cls, which: Callable[[str], str] = find_program) -> "ShellPrograms":
+        return cls(
+            sh=which("sh"),
+            unshare=which("unshare"),
+            nsenter=which("nsenter"),
+            mount=which("mount"),
+            ip=which("ip"),
+        )
+
+
+@frozen
+class ShellCreator(Creator):
+    """``unshare(1)`` at create, ``nsenter`` before each exec."""
+
+    programs: ShellPrograms
+
+    def argv(
+        self, nsroot: str, rid: str, kinds: frozenset[str], tmp: str, shm: int, keep: list[str]
+    ) -> list[str]:
+        directory = f"{nsroot}/{rid}"
+        names = " ".join(PIN[kind] for kind in KINDS if kind in kinds)
+        options = [f"{_OPTIONS[kind]}={directory}/{PIN[kind]}" for kind in KINDS if kind in kinds]
+        flags = ["1" if kind in kinds else "0" for kind in ("ipc", "net", "mount")]
+        return [
+            self.programs.sh,
+            "-c",
+            _PINS.replace("$PINS", names),
+            "sh",
+            directory,
+            self.programs.unshare,
+            *options,
+            "--propagation=slave",
+            "--",
+            self.programs.sh,
+            "-c",
+            SETUP,
+            "sh",
+            nsroot,
+            tmp,
+            str(shm),
+            *flags,
+            *keep,
+        ]
+
+    def enter(self, pins: Sequence[str], argv: list[str]) -> list[str]:
+        by_file = {PIN[kind]: option for kind, option in _OPTIONS.items()}
+        options = [f"{by_file[pin.rsplit('/', 1)[-1]]}={pin}" for pin in pins]
+        return [self.programs.nsenter, *options, "--", *argv]

@@ -1,0 +1,259 @@
+/*
+ * sandboxd-exec's namespace steps (included by sandboxd_exec.c; see sandboxd/isolation/namespaces.py).
+ *
+ *   sandboxd-exec namespaces NSROOT RID KINDS TMP SHM_BYTES [KEEP..]
+ *   sandboxd-exec namespace-server
+ *   sandboxd-exec enter N NS_1 .. NS_N HELPER MODE ...
+ *
+ * "namespaces" (run as root at create) makes one sandbox's namespaces and pins them, as
+ * unshare(1) does: a child unshares the KINDS ("i" IPC, "m" mount, "n" network), and the parent
+ * bind-mounts the child's /proc/PID/ns/{ipc,mnt,net} onto NSROOT/RID/{ipc,mnt,net} (files it
+ * creates; NSROOT/RID must exist), then lets the child exit. The namespaces live as long as the
+ * pins (or a process inside). In a new mount namespace the child first makes every mount a
+ * slave (nothing it mounts reaches the host, the host's later mounts still arrive), detaches its
+ * copy of NSROOT (so this namespace holds no other sandbox's pins), then binds TMP (the sandbox's
+ * own tmp directory) onto /tmp and /var/tmp, mounts a tmpfs of SHM_BYTES (mode 1777) on
+ * /dev/shm, and a fresh mqueue on /dev/mqueue where that exists. Each KEEP is a host directory
+ * directly inside one of those places (the state root's, in test set-ups) that is bound back
+ * at its own path, with what is mounted below it. A new network namespace gets its loopback up.
+ *
+ * "namespace-server" does the same for each line of its stdin (the arguments from NSROOT on,
+ * separated by tabs), and answers each with one line on stdout: the exit
+ * code, a tab, and what was written on stderr (newlines as spaces). It ends at EOF. The daemon
+ * keeps one running, so a create costs no program start and no process but the holder.
+ *
+ * "enter" opens each NS_i and enters it with setns (the caller lists the mount namespace last:
+ * past it the other pins are no longer visible), then carries on as "HELPER MODE ...": the
+ * privilege drop comes after, so a sandbox's commands never run outside its namespaces.
+ *
+ * Failures exit 125 with "sandboxd-exec: ..." on stderr.
+ */
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#define NS_KEEP_MAX 8
+
+static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
+
+static void ns_loopback_up(void)
+{
+    int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (sock < 0)
+        fail(SETUP_FAILED, "loopback socket", NULL, errno);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    if (ioctl(sock, SIOCGIFFLAGS, &ifr) != 0)
+        fail(SETUP_FAILED, "loopback flags", NULL, errno);
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    if (ioctl(sock, SIOCSIFFLAGS, &ifr) != 0)
+        fail(SETUP_FAILED, "loopback up", NULL, errno);
+    close(sock);
+}
+
+static int ns_is_dir(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void ns_mount(const char *source, const char *target, const char *type,
+                     unsigned long flags, const char *data)
+{
+    if (mount(source, target, type, flags, data) != 0)
+        fail(SETUP_FAILED, "mount", target, errno);
+}
+
+/* The child's mount namespace: slave root, no pins, private /tmp, /var/tmp, /dev/shm. */
+static void ns_private_places(const char *nsroot, const char *tmp, const char *shm_bytes,
+                              int keeps, char **keep, int ipc)
+{
+    ns_mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
+    if (umount2(nsroot, MNT_DETACH) != 0 && errno != EINVAL)
+        fail(SETUP_FAILED, "detach", nsroot, errno);
+    char tmp_source[64];
+    int tmp_fd = open(tmp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (tmp_fd < 0)
+        fail(SETUP_FAILED, "open", tmp, errno);
+    snprintf(tmp_source, sizeof tmp_source, "/proc/self/fd/%d", tmp_fd);
+    int keep_fd[NS_KEEP_MAX];
+    for (int i = 0; i < keeps; i++) {
+        keep_fd[i] = open(keep[i], O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (keep_fd[i] < 0)
+            fail(SETUP_FAILED, "keep", keep[i], errno);
+    }
+    for (size_t p = 0; p < 2; p++)
+        if (ns_is_dir(NS_PLACES[p]))
+            ns_mount(tmp_source, NS_PLACES[p], NULL, MS_BIND, NULL);
+    if (ns_is_dir(NS_PLACES[2])) {
+        char data[64];
+        snprintf(data, sizeof data, "size=%s,mode=1777", shm_bytes);
+        ns_mount("tmpfs", NS_PLACES[2], "tmpfs", MS_NOSUID | MS_NODEV, data);
+    }
+    if (ipc && ns_is_dir("/dev/mqueue"))
+        ns_mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    for (int i = 0; i < keeps; i++) {
+        char source[64];
+        snprintf(source, sizeof source, "/proc/self/fd/%d", keep_fd[i]);
+        if (mkdir(keep[i], 0755) != 0 && errno != EEXIST)
+            fail(SETUP_FAILED, "mkdir", keep[i], errno);
+        ns_mount(source, keep[i], NULL, MS_BIND | MS_REC, NULL);
+        close(keep_fd[i]);
+    }
+    close(tmp_fd);
+}
+
+/* A failure of the parent side: said on stderr, the code returned (the server lives on). */
+static int ns_refuse(const char *what, const char *arg, int error)
+{
+    dprintf(2, "sandboxd-exec: %s%s%s: %s\n", what, arg ? " " : "", arg ? arg : "", strerror(error));
+    return SETUP_FAILED;
+}
+
+static int make_namespaces(int argc, char **argv)
+{
+    if (argc < 7 || argc - 7 > NS_KEEP_MAX)
+        return ns_refuse("bad", "namespaces arguments", EINVAL);
+    const char *nsroot = argv[2], *rid = argv[3], *kinds = argv[4];
+    int ipc = strchr(kinds, 'i') != NULL, mnt = strchr(kinds, 'm') != NULL;
+    int net = strchr(kinds, 'n') != NULL;
+    int flags = (ipc ? CLONE_NEWIPC : 0) | (mnt ? CLONE_NEWNS : 0) | (net ? CLONE_NEWNET : 0);
+    int ready[2], done[2];
+    if (pipe2(ready, O_CLOEXEC) != 0)
+        return ns_refuse("pipe", NULL, errno);
+    if (pipe2(done, O_CLOEXEC) != 0) {
+        close(ready[0]);
+        close(ready[1]);
+        return ns_refuse("pipe", NULL, errno);
+    }
+    pid_t child = fork();
+    if (child < 0) {
+        int error = errno;
+        close(ready[0]);
+        close(ready[1]);
+        close(done[0]);
+        close(done[1]);
+        return ns_refuse("fork", NULL, error);
+    }
+    if (child == 0) {
+        close(ready[0]);
+        close(done[1]);
+        if (unshare(flags) != 0)
+            fail(SETUP_FAILED, "unshare", kinds, errno);
+        if (mnt)
+            ns_private_places(nsroot, argv[5], argv[6], argc - 7, argv + 7, ipc);
+        if (net)
+            ns_loopback_up();
+        char byte = 1, ignored;
+        if (write(ready[1], &byte, 1) != 1)
+            _exit(SETUP_FAILED);
+        /* Held until the parent has pinned the namespaces (or died). */
+        while (read(done[0], &ignored, 1) < 0 && errno == EINTR)
+            ;
+        _exit(0);
+    }
+    close(ready[1]);
+    close(done[0]);
+    char byte;
+    ssize_t got;
+    while ((got = read(ready[0], &byte, 1)) < 0 && errno == EINTR)
+        ;
+    close(ready[0]);
+    if (got != 1) {
+        close(done[1]);
+        waitpid(child, NULL, 0);
+        return SETUP_FAILED; /* the child said why */
+    }
+    int refused = 0;
+    static const char *const names[] = {"ipc", "mnt", "net"};
+    const int wanted[] = {ipc, mnt, net};
+    for (int k = 0; k < 3; k++) {
+        if (!wanted[k])
+            continue;
+        char source[64], pin[4096];
+        snprintf(source, sizeof source, "/proc/%d/ns/%s", (int)child, names[k]);
+        snprintf(pin, sizeof pin, "%s/%s/%s", nsroot, rid, names[k]);
+        int fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
+        if (fd < 0 || close(fd) != 0 || mount(source, pin, NULL, MS_BIND, NULL) != 0) {
+            refused = ns_refuse("pin", pin, errno);
+            break;
+        }
+    }
+    close(done[1]);
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (refused == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
+        refused = ns_refuse("namespace holder", NULL, ECHILD);
+    return refused;
+}
+
+/* "enter N NS.. HELPER MODE ...": setns into each, then the arguments from HELPER on. */
+static char **enter_namespaces(int *argc, char **argv)
+{
+    char *end = NULL;
+    long count = *argc > 2 ? strtol(argv[2], &end, 10) : -1;
+    if (end == argv[2] || (end != NULL && *end != '\0') || count < 0 || count > *argc - 4)
+        fail(SETUP_FAILED, "bad", "namespace count", EINVAL);
+    for (long i = 0; i < count; i++) {
+        const char *path = argv[3 + i];
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            fail(SETUP_FAILED, "open namespace", path, errno);
+        if (setns(fd, 0) != 0)
+            fail(SETUP_FAILED, "setns", path, errno);
+        close(fd);
+    }
+    *argc -= 3 + (int)count;
+    return argv + 3 + count;
+}
+
+static int serve_namespaces(void)
+{
+    static char line[65536];
+    for (;;) {
+        size_t used = 0;
+        ssize_t got = 0;
+        while (used < sizeof line - 1 && (got = read(0, line + used, 1)) == 1 && line[used] != '\n')
+            used++;
+        if (got <= 0)
+            return 0;
+        line[used] = '\0';
+        char *args[8 + NS_KEEP_MAX] = {"sandboxd-exec", "namespaces"};
+        int count = 2;
+        for (char *tok = strtok(line, "\t"); tok != NULL && count < 7 + NS_KEEP_MAX;
+             tok = strtok(NULL, "\t"))
+            args[count++] = tok;
+        args[count] = NULL;
+        /* This request's messages (ours and the holder's) go to a pipe of its own. */
+        int err[2];
+        if (pipe2(err, O_CLOEXEC) != 0)
+            return SETUP_FAILED;
+        int saved = fcntl(2, F_DUPFD_CLOEXEC, 3);
+        if (saved < 0 || dup2(err[1], 2) < 0)
+            return SETUP_FAILED;
+        close(err[1]);
+        int code = make_namespaces(count, args);
+        dup2(saved, 2);
+        close(saved);
+        char message[2048];
+        size_t length = 0;
+        ssize_t part;
+        while ((part = read(err[0], message + length, sizeof message - 1 - length)) > 0)
+            length += (size_t)part;
+        close(err[0]);
+        for (size_t i = 0; i < length; i++)
+            if (message[i] == '\n' || message[i] == '\t')
+                message[i] = ' ';
+        char answer[2100];
+        int size = snprintf(answer, sizeof answer, "%d\t%.*s\n", code, (int)length, message);
+        if (write(1, answer, (size_t)size) != size)
+            return SETUP_FAILED;
+    }
+}

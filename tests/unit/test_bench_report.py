@@ -1,0 +1,84 @@
+"""bench/sbench/report.py: a quick run judges nothing; a full run keeps its verdicts."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from sbench import report
+
+
+def _result(quick: bool) -> dict[str, Any]:
+    meta = {
+        "quick": quick,
+        "revision": "abc123",
+        "cpus": 2,
+        "loadavg_start": [0.5, 0.4, 0.3],
+        "loadavg_end": [0.6, 0.4, 0.3],
+        "seconds": 12.0,
+        "started": "2026-12-01T00:00:00+00:00",
+    }
+    rows = [
+        {
+            "figure": "exec true",
+            "variant": "client",
+            "value": 9.5,
+            "unit": "ms",
+            "ref": "floor",
+            "ref_value": 1.0,
+            "ratio": 9.5,
+            "target": "<= 3 x ref",
+            "met": False,
+        },
+        {
+            "figure": "stream",
+            "variant": "raw",
+            "value": 900.0,
+            "unit": "MB/s",
+            "ref": None,
+            "ref_value": None,
+            "ratio": None,
+            "target": ">= 100 MB/s",
+            "met": True,
+        },
+    ]
+    return {"meta": meta, "rows": rows, "notes": []}
+
+
+def test_quick_table_shows_each_row_ran_and_judges_nothing() -> None:
+    text = report.table(_result(quick=True))
+    assert "not measurements" in text
+    assert "exec true" in text and "9.50 ms" in text
+    assert "900 MB/s" in text
+    header = next(line for line in text.splitlines() if line.startswith("figure"))
+    assert header.split() == ["figure", "variant", "value", "reference"]
+    for word in ("NO", "yes", "9.50x", "<= 3 x ref"):
+        assert word not in text.split(), word
+
+
+def test_full_table_keeps_ratio_target_and_verdicts() -> None:
+    text = report.table(_result(quick=False))
+    assert "not measurements" not in text
+    assert "9.50x" in text
+    verdicts = [line.split()[-1] for line in text.splitlines() if line.startswith(("exec", "str"))]
+    assert verdicts == ["NO", "yes"]
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_quick_run_leaves_the_latest_full_figures_alone(tmp_path: Path, quick: bool) -> None:
+    (tmp_path / "latest.json").write_text('{"full": true}')
+    path = report.write(_result(quick), tmp_path)
+    assert json.loads(path.read_text())["meta"]["quick"] is quick
+    latest = json.loads((tmp_path / "latest.json").read_text())
+    if quick:
+        assert path.name.endswith("-quick.json")
+        assert latest == {"full": True}
+        assert not (tmp_path / "latest.rst").exists()
+        assert json.loads((tmp_path / "latest-quick.json").read_text())["meta"]["quick"]
+    else:
+        assert latest["meta"]["quick"] is False
+        assert "exec true" in (tmp_path / "latest.rst").read_text()
