@@ -284,7 +284,7 @@ def test_watch_reports_an_edit_made_by_an_exec(small_log: Daemon) -> None:
     for frame in frames:
         if frame:
             seen.append(frame)
-        if frame.get("path") == "/src/new/c" and frame["event"] == "write":
+        if frame.get("path") == "/src/new/c" and frame["event"] == "create":
             break
     stream.close()
     events = [(f["event"], f["path"], f["dir"]) for f in seen]
