@@ -194,6 +194,22 @@ static int make_namespaces(int argc, char **argv)
     return refused;
 }
 
+/* The CLONE_NEW* type of a pin, from its name (ipc, mnt, net); 0 (any) for another name.
+ * setns is given the type, not 0: a service manager's namespace filter (systemd's
+ * RestrictNamespaces=) allows setns only for the types it lists, and refuses 0. */
+static int namespace_type(const char *path)
+{
+    const char *name = strrchr(path, '/');
+    name = name == NULL ? path : name + 1;
+    if (strcmp(name, "ipc") == 0)
+        return CLONE_NEWIPC;
+    if (strcmp(name, "mnt") == 0)
+        return CLONE_NEWNS;
+    if (strcmp(name, "net") == 0)
+        return CLONE_NEWNET;
+    return 0;
+}
+
 /* "enter N NS.. HELPER MODE ...": setns into each, then the arguments from HELPER on. */
 static char **enter_namespaces(int *argc, char **argv)
 {
@@ -206,7 +222,7 @@ static char **enter_namespaces(int *argc, char **argv)
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             fail(SETUP_FAILED, "open namespace", path, errno);
-        if (setns(fd, 0) != 0)
+        if (setns(fd, namespace_type(path)) != 0)
             fail(SETUP_FAILED, "setns", path, errno);
         close(fd);
     }
