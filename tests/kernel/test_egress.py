@@ -22,15 +22,11 @@ from attrs import define, evolve
 from sandboxd.isolation import rtnl
 from sandboxd.isolation.egress import FORWARDING_V4, FORWARDING_V6, Egress, EgressError
 from sandboxd.isolation.egress_plan import EgressPlan, parse_networks
-from tests.kernel.netns_helpers import Scene, Server, connect, scene, sh
+from tests.kernel.netns_helpers import EGRESS_NOT_IN_VM, Scene, Server, connect, scene, sh
 
 pytestmark = [
     pytest.mark.kernel,
-    pytest.mark.skipif(
-        os.environ.get("SANDBOXD_VM") == "1",
-        reason="the egress scene does not come up yet under the v2 VM's kernel (Debian 6.1, TCG):"
-        " egress is proven on this host's kernel only (issue 14 stays open for it)",
-    ),
+    EGRESS_NOT_IN_VM,
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
     pytest.mark.skipif(
         subprocess.run(

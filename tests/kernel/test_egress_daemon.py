@@ -19,16 +19,12 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.egress import FORWARDING_V4, FORWARDING_V6
-from tests.kernel.netns_helpers import Scene, scene
+from tests.kernel.netns_helpers import EGRESS_NOT_IN_VM, Scene, scene
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
 pytestmark = [
     pytest.mark.kernel,
-    pytest.mark.skipif(
-        os.environ.get("SANDBOXD_VM") == "1",
-        reason="the egress scene does not come up yet under the v2 VM's kernel (Debian 6.1, TCG):"
-        " egress is proven on this host's kernel only (issue 14 stays open for it)",
-    ),
+    EGRESS_NOT_IN_VM,
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
     pytest.mark.skipif(
         subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
