@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,16 @@ class KernelDaemon:
         rid = str(answer.json()["remote_id"])
         self.rids.append(rid)
         return Box(self, rid)
+
+    @classmethod
+    def one_sandbox(cls, tmp_path: Path, *args: str) -> Iterator["Box"]:
+        """A daemon started with ``args`` and one sandbox of it, for a module fixture to
+        ``yield from``; the daemon is stopped (and proven clean) afterwards."""
+        kd = cls.start(tmp_path, *args)
+        try:
+            yield kd.create()
+        finally:
+            kd.stop()
 
     def stop(self) -> None:
         """SIGTERM (drain), then prove nothing is left: no process of the uid block, no

@@ -90,11 +90,7 @@ print(json.dumps({"held": total, "connections": len(pairs)}))
 
 
 def _start(tmp_path: Path, *args: str) -> Iterator[Box]:
-    kd = KernelDaemon.start(tmp_path, f"--memory-max={MEMORY}", "--pids-max=64", *args)
-    try:
-        yield kd.create()
-    finally:
-        kd.stop()
+    return KernelDaemon.one_sandbox(tmp_path, f"--memory-max={MEMORY}", "--pids-max=64", *args)
 
 
 @pytest.fixture(scope="module")

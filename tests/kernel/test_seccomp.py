@@ -64,20 +64,10 @@ ALLOWED = ("netlink_socket", "tcp_socket")
 
 
 def _start(tmp_path: Path, *args: str) -> Iterator[Box]:
-    kd = KernelDaemon.start(
-        tmp_path,
-        "--memory-max=512M",
-        "--pids-max=256",
-        "--exec-timeout=40m",
-        "--log-timeout=40m",
-        *args,
-    )
-    try:
-        box = kd.create()
+    limits = ("--memory-max=512M", "--pids-max=256", "--exec-timeout=40m", "--log-timeout=40m")
+    for box in KernelDaemon.one_sandbox(tmp_path, *limits, *args):
         assert box.upload("attacks.py", ATTACKS.read_bytes()).status == 204
         yield box
-    finally:
-        kd.stop()
 
 
 @pytest.fixture(scope="module")
