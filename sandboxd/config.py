@@ -228,6 +228,21 @@ class Config:
         parse_duration,
         'Interval of {"o": ""} frames while an exec is silent',
     )
+    process_log_max: int = _setting(
+        "SANDBOXD_PROCESS_LOG_MAX",
+        "16M",
+        parse_size,
+        "Bytes of output kept per background process (older bytes fall out)",
+    )
+    processes_max: int = _setting(
+        "SANDBOXD_PROCESSES_MAX",
+        "16",
+        parse_count,
+        "Background process records kept per sandbox (the oldest ended pushed out)",
+    )
+    watch_max: int = _setting(
+        "SANDBOXD_WATCH_MAX", "8", parse_count, "Workspace watches open at once per sandbox"
+    )
     log_format: str = _setting(
         "SANDBOXD_LOG_FORMAT",
         "text",
@@ -271,6 +286,9 @@ class Config:
         for name in ("disk_max", "files_max"):
             if getattr(self, name) == 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero (unset: no limit)")
+        for name in ("process_log_max", "processes_max", "watch_max"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{env_name(name)}: must be at least 1")
         for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero")

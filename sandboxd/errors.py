@@ -41,3 +41,16 @@ class NoCapacity(SandboxdError):
 
 class ArchiveFailed(SandboxdError):
     """A persist or restore failed; the archive is as it was before the call."""
+
+
+class ProcessNotFound(SandboxdError):
+    """Unknown process id (or one pushed out of the sandbox's table)."""
+
+
+class ProcessConflict(SandboxdError):
+    """The process cannot do that now: stdin without a pipe or after EOF, or it has ended."""
+
+
+class TooMany(SandboxdError):
+    """A per-sandbox bound is reached: every process record is running, or every watch is
+    taken."""

@@ -14,6 +14,10 @@ from ._retry import RetryPolicy
 from ._types import (
     ExecResult,
     Health,
+    OutputChunk,
+    ProcessInfo,
+    ProcessNotFound,
+    ProcessOutput,
     ProtocolError,
     ResolvedTool,
     SandboxBusy,
@@ -27,12 +31,17 @@ from ._types import (
     TooLarge,
     ToolsResolution,
     WalkEntry,
+    WatchEvent,
 )
 
 __all__ = [
     "ExecResult",
     "Health",
     "HttpSandbox",
+    "OutputChunk",
+    "ProcessInfo",
+    "ProcessNotFound",
+    "ProcessOutput",
     "ProtocolError",
     "ResolvedTool",
     "RetryPolicy",
@@ -48,6 +57,7 @@ __all__ = [
     "TooLarge",
     "ToolsResolution",
     "WalkEntry",
+    "WatchEvent",
     "decode_handle",
     "encode_handle",
 ]

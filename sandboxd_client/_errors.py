@@ -25,6 +25,7 @@ from twisted.web.client import RequestGenerationFailed, RequestTransmissionFaile
 
 from ._twisted import ParseError
 from ._types import (
+    ProcessNotFound,
     ProtocolError,
     SandboxBusy,
     SandboxError,
@@ -40,8 +41,11 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "SandboxNotFound": 404,
         "FileNotFoundError": 404,
         "NotFound": 404,
+        "ProcessNotFound": 404,
         "MethodNotAllowed": 405,
+        "Conflict": 409,
         "TooLarge": 413,
+        "TooMany": 429,
         "InternalError": 500,
         "ArchiveError": 500,
         "Draining": 503,
@@ -81,6 +85,8 @@ def error_for(status: int, error: str | None, detail: str) -> Exception:
     if status == 404:
         if error == "FileNotFoundError":
             return FileNotFoundError(errno.ENOENT, detail)
+        if error == "ProcessNotFound":
+            return ProcessNotFound(detail, status=status, error=error)
         return SandboxNotFound(detail, status=status, error=error)
     if status == 400:
         return ValueError(detail)

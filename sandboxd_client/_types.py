@@ -183,3 +183,57 @@ class SandboxStats:
     cpu_usec: int | None
     pids: int | None
     oom_kills: int | None
+
+
+class ProcessNotFound(SandboxError, LookupError):
+    """404 ``ProcessNotFound``: no such background process in the sandbox (or its record
+    was pushed out). Also a ``LookupError``."""
+
+
+@frozen
+class ProcessInfo:
+    """One background process of a sandbox (``exit_code`` is ``None`` while it runs)."""
+
+    id: str
+    pid: int | None
+    tag: str | None
+    cmd: tuple[str, ...]
+    started: float
+    running: bool
+    exit_code: int | None
+
+
+@frozen
+class OutputChunk:
+    """``data`` a background process wrote on ``stream`` (``"stdout"`` or ``"stderr"``), its
+    first byte at byte offset ``at`` of the process's output."""
+
+    stream: str
+    data: bytes
+    at: int
+
+    @property
+    def end(self) -> int:
+        """The offset to resume reading at after this chunk."""
+        return self.at + len(self.data)
+
+
+@frozen
+class ProcessOutput:
+    """How a read of a process's output ended: ``exit_code`` once the process ended
+    (``None``: it runs on, the read did not follow), ``offset`` to resume at, and the bytes
+    ``dropped`` (fallen out of the host's log before they were read)."""
+
+    exit_code: int | None
+    offset: int
+    dropped: int
+
+
+@frozen
+class WatchEvent:
+    """A change under a watched root: ``event`` is ``create``, ``write``, ``remove``,
+    ``rename``, ``chmod`` or ``overflow`` (events were lost: walk again; no ``path``)."""
+
+    event: str
+    path: str | None
+    dir: bool

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from ._handles import encode_handle
 from ._types import (
     Health,
+    ProcessInfo,
     ProtocolError,
     ResolvedTool,
     SandboxHandle,
@@ -199,3 +200,32 @@ def decode_stats(reply: object) -> SandboxStats:
             for k in ("memory_bytes", "memory_peak_bytes", "cpu_usec", "pids", "oom_kills")
         }
     )
+
+
+def decode_started(reply: object) -> tuple[str, int | None]:
+    """``POST processes``: ``(id, pid)``."""
+    obj = _obj(reply, "process start")
+    return _get(obj, "id", str, "process start"), _opt_int(obj, "pid", "process start")
+
+
+def decode_processes(reply: object) -> list[ProcessInfo]:
+    """``GET processes``: the records."""
+    items = _get(_obj(reply, "processes"), "processes", list, "processes")
+    found = []
+    for item in items:
+        entry = _obj(item, "process")
+        cmd = _get(entry, "cmd", list, "process")
+        tag = entry.get("tag")
+        started: float = _get(entry, "started", (int, float), "process")
+        found.append(
+            ProcessInfo(
+                id=_get(entry, "id", str, "process"),
+                pid=_opt_int(entry, "pid", "process"),
+                tag=tag if isinstance(tag, str) else None,
+                cmd=tuple(str(a) for a in cmd),
+                started=float(started),
+                running=bool(_get(entry, "running", bool, "process")),
+                exit_code=_opt_int(entry, "exit", "process"),
+            )
+        )
+    return found

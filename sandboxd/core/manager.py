@@ -23,45 +23,27 @@ from twisted.python.threadpool import ThreadPool
 from sandboxd.config import Config
 from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
-from sandboxd.core.exec.run import EXIT_KILLED, ExecRun, Exited
-from sandboxd.core.exec.spec import ExecSpec, check_exec_size, parse_env
+from sandboxd.core.commands import BASE_PATH, Commands
+from sandboxd.core.exec.spec import parse_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
+from sandboxd.core.processes.table import ProcessTable
+from sandboxd.core.sandbox import Sandbox
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
-from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
+from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
 from sandboxd.metrics import Metrics
 
 T = TypeVar("T")
 
-BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
-
 log = Logger()
 
-
-@define
-class Sandbox:
-    """One live sandbox."""
-
-    rid: str
-    identity: Identity
-    env: dict[str, str]
-    created: float
-    last_active: float
-    execs: int = 0
-    running: set[ExecRun] = field(factory=set)
-    file_calls: set[Deferred[None]] = field(factory=set)
-    """File work in flight (each fires when its thread is done): kill waits for them."""
-    item_id: str | None = None
-    """The archive entry this sandbox restores from and persists to (``None``: none)."""
-    oom_kills_seen: int = 0
-    network: str = "host"
-    """The sandbox's network mode (``none``, ``egress``, ``host``)."""
+__all__ = ["BASE_PATH", "Sandbox", "SandboxManager"]
 
 
 @define
-class SandboxManager:
+class SandboxManager(Commands):
     """Creates, finds, runs commands in, and kills sandboxes."""
 
     config: Config
@@ -162,6 +144,7 @@ class SandboxManager:
             item_id=item_id,
             network=mode.name,
         )
+        sandbox.processes = ProcessTable(self.config.processes_max)
         self.sandboxes[rid] = sandbox
         self.metrics.created.inc()
         self.metrics.sandboxes.set(len(self.sandboxes))
@@ -182,6 +165,9 @@ class SandboxManager:
         if sandbox is None:
             raise SandboxNotFound(f"no sandbox {rid!r}")
         self.metrics.sandboxes.set(len(self.sandboxes))
+        sandbox.processes.close()
+        for watch in list(sandbox.watches):
+            watch.close(gone=True)
         for run in list(sandbox.running):
             run.abort()
         with suppress(OSError):  # no counters to read: nothing to add
@@ -286,97 +272,6 @@ class SandboxManager:
             self.layout.destroy,
             rid,
         )
-
-    # Commands
-
-    def command_env(self, sandbox: Sandbox, request: ExecSpec) -> dict[str, str]:
-        """A fresh environment: the host's base, then create-time env, then exec env last."""
-        path = BASE_PATH
-        for sha in reversed(request.tools):
-            path = os.path.join(self.config.tools_dir, sha, "bin") + ":" + path
-        env = {
-            "PATH": path,
-            "HOME": self.layout.home(sandbox.rid),
-            "TMPDIR": self.layout.tmp(sandbox.rid),
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-        }
-        env.update(sandbox.env)
-        env.update(request.env)
-        return env
-
-    def start_exec(
-        self, sandbox: Sandbox, request: ExecSpec, on_output: Callable[[int, bytes], None]
-    ) -> ExecRun:
-        """Spawn the command in the sandbox; ``on_output(fd, data)`` is told each chunk of
-        its output, and the run's ``when_finished()`` gives how it ended."""
-        for sha in request.tools:
-            if not os.path.isdir(os.path.join(self.config.tools_dir, sha)):
-                raise BadRequest(f"tools: {sha} is not installed")
-        cwd = os.path.join(self.layout.workspace(sandbox.rid), *request.cwd)
-        env = self.command_env(sandbox, request)
-        # E2BIG is decided here, on the environment the command would really get: 400.
-        check_exec_size(request.cmd, env)
-        try:
-            env = self.isolation.spawn_env(env)
-        except ValueError as e:
-            raise BadRequest(f"env: {e}") from None
-        timeout = self.config.exec_timeout
-        if request.timeout is not None:
-            timeout = min(timeout, request.timeout)
-
-        def touch() -> None:
-            sandbox.last_active = self.clock.seconds()
-
-        started = self.clock.seconds()
-
-        def end() -> None:
-            sandbox.running.discard(run)
-            touch()
-            self.metrics.execs_in_flight.dec()
-            self.metrics.exec_seconds.observe(self.clock.seconds() - started)
-            outcome = run.outcome
-            code = outcome.code if isinstance(outcome, Exited) else None
-            self.metrics.exec_exits.labels("error" if code is None else str(code)).inc()
-            if run.timed_out:
-                log.info("exec in {rid} timed out (exit 124)", rid=sandbox.rid)
-            elif code == EXIT_KILLED:
-                self._note_oom(sandbox)
-
-        run = ExecRun(
-            self.clock,
-            on_output,
-            max_output=self.config.max_output,
-            log_timeout=self.config.log_timeout,
-            timeout=timeout,
-            on_activity=touch,
-            on_end=end,
-        )
-        argv = self.isolation.wrap(
-            sandbox.identity, self.isolation.cgroups.join_files(sandbox.rid), cwd, request.cmd
-        )
-        argv = self.isolation.namespaces.enter(sandbox.rid, argv)  # namespaces: setns first
-        sandbox.execs += 1
-        sandbox.running.add(run)
-        self.metrics.execs_in_flight.inc()
-        try:
-            run.start(self.reactor, argv, env, request.stdin, self._devnull)
-        except BaseException:
-            # Not started at all (fork or pipes refused): nothing may wait for it to end.
-            sandbox.running.discard(run)
-            self.metrics.execs_in_flight.dec()
-            raise
-        return run
-
-    def _note_oom(self, sandbox: Sandbox) -> None:
-        """Log an OOM kill when the sandbox's cgroup counts a new one."""
-        try:
-            kills = self.isolation.cgroups.stats(sandbox.rid).oom_kills
-        except OSError:
-            return
-        if kills > sandbox.oom_kills_seen:
-            sandbox.oom_kills_seen = kills
-            log.warn("OOM kill in sandbox {rid} ({kills} so far)", rid=sandbox.rid, kills=kills)
 
     # Files, each in a worker thread with the sandbox's filesystem credentials
 

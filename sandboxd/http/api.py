@@ -28,9 +28,12 @@ from sandboxd.core.exec import spec as exec_spec
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import normalise
 from sandboxd.core.manager import SandboxManager
+from sandboxd.core.processes.process import SIGNALS, ReaderEvent
 from sandboxd.core.tools.resolver import ToolResolver
+from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.errors import SandboxdError
 from sandboxd.http import parse, wire
+from sandboxd.http.follow import FollowStream
 from sandboxd.http.parse import query
 from sandboxd.http.site import Spool
 from sandboxd.http.stream import ExecStream
@@ -270,6 +273,97 @@ class SandboxAPI:
         finally:
             self._streams.discard(written)
             written.callback(None)
+
+    # Background processes (SPEC §2.1)
+
+    @app.route("/sandboxes/<rid:rid>/processes", methods=["POST"])
+    @authorized
+    @capability("processes")
+    def start_process(self, request: IRequest, rid: str) -> bytes:
+        sandbox = self.manager.get(rid)
+        spec, tag, stdin = parse.process_start_body(parse.json_body(request))
+        process = self.manager.start_process(sandbox, spec, tag=tag, stdin=stdin)
+        return json_response(request, wire.process_started_body(process))
+
+    @app.route("/sandboxes/<rid:rid>/processes", methods=["GET"])
+    @authorized
+    def processes(self, request: IRequest, rid: str) -> bytes:
+        table = self.manager.get(rid).processes
+        return json_response(request, wire.processes_body(table.all()))
+
+    @app.route("/sandboxes/<rid:rid>/processes/<process_id>/output", methods=["GET"])
+    @authorized
+    async def process_output(self, request: IRequest, rid: str, process_id: str) -> None:
+        process = self.manager.get(rid).processes.get(process_id)
+        offset = parse.offset_param(request)
+        follow = parse.flag(request, "follow", False)
+        stream: FollowStream | None = None
+
+        def deliver(event: ReaderEvent) -> None:
+            assert stream is not None
+            stream.write(wire.reader_frame(event))
+            if reader.done:
+                stream.end()
+
+        reader = process.reader(offset, follow, deliver)
+        request.setHeader(b"content-type", wire.NDJSON)
+        stream = FollowStream(
+            request, self.manager.clock, self.manager.config.keepalive, reader.pause, reader.resume
+        )
+        try:
+            stream.start()
+            await stream.wait()
+        finally:
+            reader.stop()
+
+    @app.route("/sandboxes/<rid:rid>/processes/<process_id>/stdin", methods=["POST"])
+    @authorized
+    def process_stdin(self, request: IRequest, rid: str, process_id: str) -> bytes:
+        process = self.manager.get(rid).processes.get(process_id)
+        parse.refuse_too_large(request, parse.JSON_BODY_LIMIT)
+        content = request.content
+        content.seek(0)
+        process.write_stdin(content.read(parse.JSON_BODY_LIMIT))
+        return no_content(request)
+
+    @app.route("/sandboxes/<rid:rid>/processes/<process_id>/stdin", methods=["DELETE"])
+    @authorized
+    def process_close_stdin(self, request: IRequest, rid: str, process_id: str) -> bytes:
+        self.manager.get(rid).processes.get(process_id).close_stdin()
+        return no_content(request)
+
+    @app.route("/sandboxes/<rid:rid>/processes/<process_id>/signal", methods=["POST"])
+    @authorized
+    def process_signal(self, request: IRequest, rid: str, process_id: str) -> bytes:
+        process = self.manager.get(rid).processes.get(process_id)
+        process.signal(parse.signal_body(parse.json_body(request), SIGNALS))
+        return no_content(request)
+
+    # Workspace watch (SPEC §2.2)
+
+    @app.route("/sandboxes/<rid:rid>/watch", methods=["GET"])
+    @authorized
+    @capability("watch")
+    async def watch(self, request: IRequest, rid: str) -> None:
+        sandbox = self.manager.get(rid)
+        root = normalise(query(request, "root", "/"), "root")
+        recursive = parse.flag(request, "recursive", True)
+        stream = FollowStream(request, self.manager.clock, self.manager.config.keepalive)
+
+        def deliver(event: WatchEvent) -> None:
+            if event.gone:
+                stream.write(wire.error_frame("SandboxNotFound", "the sandbox was killed"))
+                stream.end()
+            else:
+                stream.write(wire.watch_frame(event.kind, event.path, event.is_dir))
+
+        watch = await self.manager.watch(sandbox, root, recursive, deliver)
+        request.setHeader(b"content-type", wire.NDJSON)
+        try:
+            stream.start()
+            await stream.wait()
+        finally:
+            watch.close()
 
     def streams_written(self) -> Deferred[Any]:
         """Fires once every exec stream open now has written its last frame (a drain kills

@@ -8,6 +8,7 @@ import binascii
 import errno
 import json
 import os
+from collections.abc import Iterable
 from typing import Any, cast
 
 from twisted.web.iweb import IRequest
@@ -190,3 +191,46 @@ def persist_body(body: dict[str, Any]) -> bool:
     if not isinstance(delete, bool):
         raise BadRequest("delete: must be true or false")
     return delete
+
+
+def process_start_body(body: dict[str, Any]) -> tuple[ExecSpec, str | None, bool]:
+    """``POST processes``: the command (as ``exec`` takes it, but ``stdin`` is a boolean:
+    keep a pipe open), and its ``tag``."""
+    stdin = body.get("stdin", False)
+    if not isinstance(stdin, bool):
+        raise BadRequest("stdin: must be true or false")
+    tag = body.get("tag")
+    if tag is not None and (not isinstance(tag, str) or len(tag) > TAG_MAX or "\0" in tag):
+        raise BadRequest(f"tag: must be a string of at most {TAG_MAX} characters")
+    spec = exec_spec({k: v for k, v in body.items() if k not in ("stdin", "tag")})
+    return spec, tag, stdin
+
+
+TAG_MAX = 256
+
+
+def flag(request: IRequest, name: str, default: bool) -> bool:
+    """A boolean query parameter: ``true``/``1`` or ``false``/``0``."""
+    text = query(request, name, "true" if default else "false").lower()
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0"):
+        return False
+    raise BadRequest(f"{name}: must be true or false")
+
+
+def offset_param(request: IRequest) -> int:
+    """``offset``: a byte offset, 0 or more (absent: 0)."""
+    text = query(request, "offset", "0")
+    if not text.isascii() or not text.isdigit() or len(text) > 20:
+        raise BadRequest("offset: must be a byte offset (0 or more)")
+    return int(text)
+
+
+def signal_body(body: dict[str, Any], names: Iterable[str]) -> str:
+    """``POST signal``: one of the signal ``names``."""
+    name = body.get("signal")
+    allowed = sorted(names)
+    if not isinstance(name, str) or name not in allowed:
+        raise BadRequest(f"signal: must be one of {', '.join(allowed)}")
+    return name

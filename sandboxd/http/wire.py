@@ -15,6 +15,8 @@ from typing import Any
 import pybase64
 
 from sandboxd.core.exec.run import Outcome, SpawnFailed
+from sandboxd.core.processes.log import STDERR, Chunk
+from sandboxd.core.processes.process import Dropped, Ended, Process, ReaderEvent, SandboxGone
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,
@@ -22,8 +24,11 @@ from sandboxd.errors import (
     InsufficientStorage,
     NoCapacity,
     PathNotFound,
+    ProcessConflict,
+    ProcessNotFound,
     SandboxdError,
     SandboxNotFound,
+    TooMany,
 )
 
 JSON = b"application/json"
@@ -46,7 +51,10 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     Unauthorized: (401, "Unauthorized"),
     SandboxNotFound: (404, "SandboxNotFound"),
     PathNotFound: (404, "FileNotFoundError"),
+    ProcessNotFound: (404, "ProcessNotFound"),
+    ProcessConflict: (409, "Conflict"),
     TooLarge: (413, "TooLarge"),
+    TooMany: (429, "TooMany"),
     ArchiveFailed: (500, "ArchiveError"),
     Draining: (503, "Draining"),
     NoCapacity: (503, "NoCapacity"),
@@ -203,3 +211,48 @@ def walk_body(entries: list[str]) -> bytes:
     """The JSON body of ``GET walk``, ``{"entries": [{path, size, version}...]}``: the very
     bytes ``json.dumps`` gives, made without an object or a dict per entry."""
     return ('{"entries": [' + ", ".join(entries) + "]}").encode("ascii")
+
+
+# Background processes (SPEC §2.1)
+
+STREAM_KEEPALIVE_FRAME = b"{}\n"
+"""The frame a process-output or watch stream sends while it has nothing to say."""
+
+
+def process_started_body(process: Process) -> dict[str, Any]:
+    """``POST processes``: the new process's id and pid."""
+    return {"id": process.id, "pid": process.pid}
+
+
+def processes_body(processes: Iterable[Process]) -> dict[str, Any]:
+    """``GET processes``: every record of the sandbox, oldest first."""
+    return {"processes": [p.listing() for p in processes]}
+
+
+def reader_frame(event: ReaderEvent) -> bytes:
+    """The NDJSON line of one reader event (``b""`` for a reader that caught up: its
+    stream simply ends)."""
+    if isinstance(event, Chunk):
+        key = b"e" if event.fd == STDERR else b"o"
+        return b"".join(
+            (b'{"', key, b'":"', pybase64.b64encode(event.data), b'","at":%d}\n' % event.at)
+        )
+    if isinstance(event, Dropped):
+        return b'{"dropped":%d}\n' % event.count
+    if isinstance(event, Ended):
+        if event.code is None:
+            return error_frame("SpawnFailed", event.detail)
+        return b'{"exit":%d}\n' % event.code
+    if isinstance(event, SandboxGone):
+        return error_frame("SandboxNotFound", "the sandbox was killed")
+    return b""
+
+
+# Workspace watch (SPEC §2.2)
+
+
+def watch_frame(event: str, path: str | None = None, is_dir: bool = False) -> bytes:
+    """One change under a watched root (``overflow`` has no path)."""
+    if path is None:
+        return frame_line({"event": event})
+    return frame_line({"event": event, "path": path, "dir": is_dir})

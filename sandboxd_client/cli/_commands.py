@@ -13,6 +13,8 @@
     rm HANDLE PATH [-r]              delete a file (-r: a directory and its contents)
     list [--pod URL]                 live sandboxes (operators)
     health [--pod URL]
+    run -d, logs [-f], ps, signal, watch   background processes and workspace watch
+                                     (see sandboxd_client.cli._processes)
     mcp [--transport stdio|http] [--host H] [--port P] [--path /mcp]
                                      a Model Context Protocol server (needs the [mcp] extra)
 
@@ -37,6 +39,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import react
 
 from .. import HttpSandbox, SandboxError, SandboxHandle, SandboxSpec
+from . import _processes
 from ._progress import MIB, ProgressBar
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -96,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("handle")
     p.add_argument("path")
     p.add_argument("-r", "--recursive", action="store_true")
+    _processes.add_parsers(add, _env_pair)
     add("list", "list live sandboxes").add_argument("--pod")
     add("health", "show service health").add_argument("--pod")
     p = add("mcp", "serve the sandboxes to an MCP client (stdio, or streamable HTTP)")
@@ -119,7 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if "--" in argv:
         cut = argv.index("--")
         args = parser.parse_args(argv[:cut])
-        if args.command == "exec":
+        if args.command in ("exec", "run"):
             args.cmd = [*args.cmd, *argv[cut + 1 :]]
             return args
     return parser.parse_args(argv)
@@ -218,6 +222,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
     cmd, as_json = args.command, args.json
     if cmd == "exec":
         return await _exec(client, args, console)
+    if cmd in _processes.COMMANDS:
+        return await _processes.run(client, args, console)
     if cmd == "create":
         spec = SandboxSpec(args.image, dict(args.env), tuple(args.port), args.item_id, args.network)
         handle = await client.create(spec)

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 import yaml
 
-from sandboxd_client import SandboxError, SandboxNotFound, SandboxUnavailable, TooLarge
+from sandboxd_client import (
+    ProcessNotFound,
+    SandboxError,
+    SandboxNotFound,
+    SandboxUnavailable,
+    TooLarge,
+)
 from sandboxd_client._errors import FOREIGN_ERRORS, WIRE_ERRORS, error_for, error_from_frame
 
 from .daemon_in_memory import daemon_error_table
@@ -39,7 +45,10 @@ EXPECTED: dict[str, type[BaseException]] = {
     "SandboxNotFound": SandboxNotFound,
     "FileNotFoundError": FileNotFoundError,
     "NotFound": SandboxNotFound,
+    "ProcessNotFound": ProcessNotFound,
     "MethodNotAllowed": SandboxError,
+    "Conflict": SandboxError,
+    "TooMany": SandboxError,
     "TooLarge": TooLarge,
     "InternalError": SandboxError,
     "ArchiveError": SandboxError,

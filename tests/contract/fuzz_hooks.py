@@ -7,6 +7,10 @@
 * ``exec``: a generated ``cmd`` made of strings runs as arguments of ``/bin/echo``: every
   field still reaches the daemon's validation and the command is really started, but random
   argv never runs as a program (the daemon runs as root in CI).
+* ``processes``: a started command runs as arguments of ``/bin/echo`` too; a generated
+  process ``{process_id}`` is replaced by a live one (``SANDBOXD_FUZZ_PROCESSES``, ``rid:id`` pairs
+  of ``sleep`` processes the test started), and ``output`` never follows (a following read of
+  a running process is a stream without end).
 * ``/tools/resolve``: manifest URLs that the daemon would fetch point at a closed local port.
 * ``application/x-ndjson`` (the exec stream): every line must be one JSON object, every line
   but the last an output frame ``{"o": ...}``, the last an exit or error frame; the last frame
@@ -23,6 +27,9 @@ import schemathesis
 RID = re.compile(r"^[0-9a-f]{16}$")
 LIVE = [rid for rid in os.environ.get("SANDBOXD_FUZZ_RIDS", "").split(",") if rid]
 CLOSED_PORT_URL = "http://127.0.0.1:9/manifest.json"
+PROCESSES = dict(
+    pair.split(":", 1) for pair in os.environ.get("SANDBOXD_FUZZ_PROCESSES", "").split(",") if pair
+)
 
 
 @schemathesis.hook
@@ -32,8 +39,12 @@ def before_call(context: Any, case: Any, kwargs: Any) -> None:
     rid = parameters.get("rid")
     if LIVE and isinstance(rid, str) and RID.match(rid) and path != "/sandboxes/{rid}":
         parameters["rid"] = LIVE[int(rid, 16) % len(LIVE)]
+    if "{process_id}" in path and parameters.get("rid") in PROCESSES:
+        parameters["process_id"] = PROCESSES[parameters["rid"]]
+    if path.endswith("/output"):
+        case.query = {**(case.query or {}), "follow": "false"}
     body = case.body
-    if path.endswith("/exec") and isinstance(body, dict):
+    if (path.endswith("/exec") or path.endswith("/processes")) and isinstance(body, dict):
         cmd = body.get("cmd")
         if isinstance(cmd, list) and cmd and all(isinstance(arg, str) for arg in cmd):
             body["cmd"] = ["/bin/echo", *cmd]
@@ -48,9 +59,11 @@ def before_call(context: Any, case: Any, kwargs: Any) -> None:
 @schemathesis.deserializer("application/x-ndjson")
 def exec_stream(context: Any, response: Any) -> Any:
     lines = response.content.splitlines()
+    frames = [json.loads(line) for line in lines]
+    if "/processes/" in str(getattr(response, "url", "")) or (frames and "at" in frames[0]):
+        return process_stream(frames)
     if not lines:
         raise ValueError("an exec stream without frames")
-    frames = [json.loads(line) for line in lines]
     for frame in frames[:-1]:
         if not (isinstance(frame, dict) and set(frame) == {"o"}):
             raise ValueError(f"not an output frame before the last one: {frame!r}")
@@ -58,3 +71,12 @@ def exec_stream(context: Any, response: Any) -> Any:
     if not (isinstance(last, dict) and ("exit" in last or "error" in last)):
         raise ValueError(f"the stream does not end with an exit or error frame: {last!r}")
     return last
+
+
+def process_stream(frames: list[Any]) -> Any:
+    """A process output stream: objects only, an exit or error frame only last; the last
+    frame is what schemathesis validates (``{}`` for an empty read of a running process)."""
+    for frame in frames[:-1]:
+        if not isinstance(frame, dict) or "exit" in frame or "error" in frame:
+            raise ValueError(f"an end frame before the last one: {frame!r}")
+    return frames[-1] if frames else {}

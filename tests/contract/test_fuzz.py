@@ -91,6 +91,17 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(tmp_path: Path) -> No
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
         env["SCHEMATHESIS_HOOKS"] = "fuzz_hooks"
         env["SANDBOXD_FUZZ_RIDS"] = ",".join(live)
+        processes = []
+        for rid in live:
+            begun = call(
+                daemon,
+                "POST",
+                f"/sandboxes/{rid}/processes",
+                {"cmd": ["sleep", "600"]},
+                token=token,
+            )
+            processes.append(f"{rid}:{begun.json()['id']}")
+        env["SANDBOXD_FUZZ_PROCESSES"] = ",".join(processes)
         argv = [
             sys.executable,
             "-m",
@@ -109,6 +120,8 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(tmp_path: Path) -> No
             str(EXAMPLES),
             "--exclude-path",
             "/drain",  # it would stop the daemon under test: checked by the contract tests
+            "--exclude-path",
+            "/sandboxes/{rid}/watch",  # a stream without end: tests/process drives it
             "--workers",
             "1",
             "--request-timeout",

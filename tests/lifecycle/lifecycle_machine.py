@@ -30,6 +30,8 @@ from hypothesis.stateful import (
 from sandboxd.isolation.base import Identity
 from sandboxd.isolation.naming import is_rid
 from tests.lifecycle.lifecycle_harness import (
+    BASE,
+    ExecCall,
     InProcessDaemon,
     describe,
     processes_by_uid,
@@ -534,6 +536,77 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.gone(self.call("GET", f"/sandboxes/{rid}/ready"))
             assert not os.path.exists(self.daemon.layout.directory(rid)), rid
             assert rid not in self.daemon.isolation.cgroups.leftovers()
+
+    # Background processes (SPEC 2.1)
+
+    def follow(self, rid: str, process_id: str) -> ExecCall:
+        """A following read of a process's output, in flight."""
+        url = f"{BASE}/sandboxes/{rid}/processes/{process_id}/output?follow=true"
+        return ExecCall(self.daemon.stub.request("GET", url))  # type: ignore[attr-defined]
+
+    def start_process(self, rid: str, cmd: list[str]) -> str | None:
+        reply = self.call("POST", f"/sandboxes/{rid}/processes", body={"cmd": cmd})
+        if rid not in self.live:
+            self.gone(reply)
+            return None
+        assert reply.status == 200, reply
+        process_id = str(reply.json()["id"])
+        listed = self.call("GET", f"/sandboxes/{rid}/processes").json()["processes"]
+        assert process_id in [p["id"] for p in listed]
+        return process_id
+
+    @rule(rid=sandboxes, text=text_st, code=st.integers(0, 3))
+    def process_start_and_read(self, rid: str, text: str, code: int) -> None:
+        """A background command's output read from 0 to its exit, then again from an
+        offset without following."""
+        self.count("process_start_and_read")
+        process_id = self.start_process(rid, ["sh", "-c", f"printf %s '{text}'; exit {code}"])
+        if process_id is None:
+            return
+        frames = self.daemon.finish(self.follow(rid, process_id)).frames()
+        assert frames[-1] == {"exit": code}, frames
+        assert b"".join(base64.b64decode(f["o"]) for f in frames if "o" in f) == text.encode()
+        reply = self.call(
+            "GET",
+            f"/sandboxes/{rid}/processes/{process_id}/output",
+            params={"offset": str(len(text) // 2)},
+        )
+        assert reply.body.splitlines()[-1] == b'{"exit":%d}' % code, reply
+        self.check_processes()
+
+    @rule(rid=sandboxes, name=st.sampled_from(["TERM", "KILL", "INT", "HUP"]))
+    def process_signal(self, rid: str, name: str) -> None:
+        """A signalled background command ends with ``128 + N``; a second signal is 409."""
+        self.count("process_signal")
+        process_id = self.start_process(rid, ["sleep", "60"])
+        if process_id is None:
+            return
+        reader = self.follow(rid, process_id)
+        base = f"/sandboxes/{rid}/processes/{process_id}/signal"
+        self.answered(self.call("POST", base, body={"signal": name}), (204, None))
+        number = {"TERM": 15, "KILL": 9, "INT": 2, "HUP": 1}[name]
+        assert self.daemon.finish(reader).frames()[-1] == {"exit": 128 + number}
+        self.answered(self.call("POST", base, body={"signal": name}), (409, "Conflict"))
+        self.answered(self.call("POST", base, body={"signal": "NOPE"}), BAD)
+        self.check_processes()
+
+    @rule(rid=sandboxes)
+    def kill_under_a_reader(self, rid: str) -> None:
+        """Kill a sandbox while a reader follows one of its processes: the reader is told
+        ``SandboxNotFound`` in band, and the process is gone."""
+        self.count("kill_under_a_reader")
+        process_id = self.start_process(rid, ["sleep", "60"])
+        if process_id is None:
+            return
+        reader = self.follow(rid, process_id)
+        process = self.daemon.manager.sandboxes[rid].processes.get(process_id)
+        spin_until(lambda: bool(process.log._listeners), self.daemon.stub)  # the reader is in
+        assert self.call("DELETE", f"/sandboxes/{rid}").status == 204
+        frames = self.daemon.finish(reader).frames()
+        assert frames == [{"error": "SandboxNotFound", "detail": "the sandbox was killed"}]
+        self.forget(rid)
+        self.gone(self.call("GET", f"/sandboxes/{rid}/processes/{process_id}/output"))
+        self.check_processes()
 
     def check_processes(self) -> None:
         """No process is left in a killed sandbox's directory; sandbox uids run processes

@@ -46,6 +46,8 @@ class Exited:
     truncated: bool = False
     """Some output was not kept (over ``max_output``); the live stream had all of it."""
     timed_out: bool = False
+    signal: int | None = None
+    """The signal that killed the command (``code`` is then ``128 + signal``), if one did."""
 
 
 @frozen
@@ -81,8 +83,8 @@ class ExecRun(ProcessProtocol):
         on_output: Callable[[int, bytes], None],
         *,
         max_output: int,
-        log_timeout: float,
-        timeout: float,
+        log_timeout: float | None,
+        timeout: float | None,
         on_activity: Callable[[], None] = lambda: None,
         on_end: Callable[[], None] = lambda: None,
         kill: Callable[[int, int], None] = os.killpg,
@@ -105,6 +107,9 @@ class ExecRun(ProcessProtocol):
         self._timers: dict[str, IDelayedCall] = {}
         self._paused = False
         self._exited = False
+        self.keep_stdin_open = False
+        self.stdin_open = False
+        """The command's stdin is a pipe still open for :meth:`write_stdin`."""
 
     def start(
         self,
@@ -113,10 +118,18 @@ class ExecRun(ProcessProtocol):
         env: Mapping[str, str],
         stdin: bytes | None,
         devnull: int,
+        *,
+        keep_stdin_open: bool = False,
     ) -> None:
-        """Spawn ``argv``; a command that cannot be executed ends at once with 127 or 126."""
+        """Spawn ``argv``; a command that cannot be executed ends at once with 127 or 126.
+
+        ``stdin`` bytes are fed, then EOF; with ``keep_stdin_open`` the pipe stays open for
+        :meth:`write_stdin` until :meth:`close_stdin`; with neither, stdin is ``/dev/null``.
+        """
         self.stdin = stdin
-        child_fds: dict[int, int | str] = {0: "w" if stdin is not None else devnull, 1: "r", 2: "r"}
+        self.keep_stdin_open = keep_stdin_open
+        piped = stdin is not None or keep_stdin_open
+        child_fds: dict[int, int | str] = {0: "w" if piped else devnull, 1: "r", 2: "r"}
         try:
             process = reactor.spawnProcess(
                 self, argv[0], list(argv), env=dict(env), childFDs=child_fds
@@ -130,9 +143,15 @@ class ExecRun(ProcessProtocol):
         except OSError as e:  # the host could not start it (EAGAIN, ENOMEM...)
             self._end(SpawnFailed(f"cannot start the command: {e}"))
             return
-        self.pid = process.pid
-        self._schedule("deadline", self.timeout, self._expire)
-        self._schedule("silence", self.log_timeout, self._expire)
+        # A command that exits at once is reaped inside spawnProcess (the transport's pid is
+        # then None): its pid was taken in connectionMade.
+        self.pid = self.pid or process.pid
+        self.stdin_open = keep_stdin_open and not self.ended
+        if self.ended:
+            return
+        if self.timeout is not None:
+            self._schedule("deadline", self.timeout, self._expire)
+        self._schedule_silence()
 
     @property
     def ended(self) -> bool:
@@ -150,11 +169,13 @@ class ExecRun(ProcessProtocol):
     # ProcessProtocol
 
     def connectionMade(self) -> None:
+        self.pid = getattr(self.transport, "pid", None)
         read_in_large_chunks(self.transport)
         if self.stdin is not None:
             assert self.transport is not None
             self.transport.write(self.stdin)
-            self.transport.closeStdin()
+            if not self.keep_stdin_open:
+                self.transport.closeStdin()
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
         self.on_output(childFD, data)
@@ -166,7 +187,7 @@ class ExecRun(ProcessProtocol):
         kept += data
         self.on_activity()
         if not self._paused:
-            self._schedule("silence", self.log_timeout, self._expire)
+            self._schedule_silence()
 
     def processExited(self, reason: Failure) -> None:
         """The command is gone; give its pipes a moment, then stop waiting for them.
@@ -180,7 +201,8 @@ class ExecRun(ProcessProtocol):
 
     def processEnded(self, reason: Failure) -> None:
         code = EXIT_TIMEOUT if self.timed_out else exit_code_of(reason)
-        self._finish(code)
+        killed = getattr(reason.value, "signal", None)
+        self._finish(code, signal=None if killed is None else int(killed))
 
     # Flow control: the front's client reads slowly
 
@@ -196,10 +218,34 @@ class ExecRun(ProcessProtocol):
         """Read the command's pipes again."""
         self._paused = False
         if self.transport is not None and not self.ended:
-            self._schedule("silence", self.log_timeout, self._expire)
+            self._schedule_silence()
             if self._exited:
                 self._schedule("linger", LINGER_AFTER_EXIT, self._drain_and_close_pipes)
             self.transport.resumeProducing()  # type: ignore[attr-defined]
+
+    # Input and signals (a background process)
+
+    def write_stdin(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin pipe (:attr:`stdin_open` must be true)."""
+        assert self.transport is not None and self.stdin_open
+        self.transport.write(data)
+
+    def close_stdin(self) -> None:
+        """Close the command's stdin pipe: it reads EOF once what was written is read."""
+        self.stdin_open = False
+        if self.transport is not None:
+            self.transport.closeStdin()
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the command's process group (to the command alone while it is
+        not yet a group leader). Nothing once it has exited: its pid may be another's."""
+        if self.ended or self._exited or self.pid is None:
+            return
+        try:
+            self._killpg(self.pid, signum)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
 
     # Ending
 
@@ -239,13 +285,13 @@ class ExecRun(ProcessProtocol):
                     reader.doRead()
         self._close_pipes()
 
-    def _finish(self, code: int, stderr: bytes = b"") -> None:
+    def _finish(self, code: int, stderr: bytes = b"", signal: int | None = None) -> None:
         if stderr:
             self.on_output(2, stderr)
             self.buffers[2] += stderr
         out, err = bytes(self.buffers[1]), bytes(self.buffers[2])
         self.buffers = {1: bytearray(), 2: bytearray()}  # up to max_output each: not kept twice
-        self._end(Exited(code, out, err, self.truncated, self.timed_out))
+        self._end(Exited(code, out, err, self.truncated, self.timed_out, signal))
 
     def _end(self, outcome: Outcome) -> None:
         """Settle the run with its outcome."""
@@ -257,6 +303,10 @@ class ExecRun(ProcessProtocol):
         for waiter in waiters:
             if not waiter.called:
                 waiter.callback(outcome)
+
+    def _schedule_silence(self) -> None:
+        if self.log_timeout is not None:
+            self._schedule("silence", self.log_timeout, self._expire)
 
     def _schedule(self, name: str, delay: float, action: Callable[[], None]) -> None:
         self._cancel(name)

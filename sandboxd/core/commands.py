@@ -1,0 +1,250 @@
+"""Running commands in a sandbox: ``exec``, background processes and workspace watches.
+
+A mixin of :class:`~sandboxd.core.manager.SandboxManager` (the attributes it uses are the
+manager's). Exec and background processes are one way to run a command (:meth:`_launch`: the
+tools, the environment and its size, the isolation's wrapper; the runner
+:class:`~sandboxd.core.exec.run.ExecRun`), with two ways to follow it: a request to the end, or
+a bounded log that readers come and go on.
+"""
+
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorProcess, IReactorTime
+from twisted.logger import Logger
+
+from sandboxd.config import Config
+from sandboxd.core.exec.run import EXIT_KILLED, ExecRun, Exited
+from sandboxd.core.exec.spec import ExecSpec, check_exec_size
+from sandboxd.core.files.paths import Parts
+from sandboxd.core.layout import Layout
+from sandboxd.core.processes.log import OutputLog
+from sandboxd.core.processes.process import Process
+from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
+from sandboxd.errors import BadRequest, NoCapacity, TooMany
+from sandboxd.isolation.base import Isolation
+from sandboxd.metrics import Metrics
+
+T = TypeVar("T")
+
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+log = Logger()
+
+
+class Launch(ExecRun):
+    """A run made ready by the manager: the wrapped argv and environment it will spawn."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+
+def _chain(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
+class Commands:
+    """The manager's commands (a mixin: the manager provides these attributes)."""
+
+    config: Config
+    reactor: IReactorProcess
+    clock: IReactorTime
+    isolation: Isolation
+    layout: Layout
+    metrics: Metrics
+    _devnull: int
+
+    def files(self, sandbox: Sandbox, work: Callable[[str], T]) -> Deferred[T]:
+        raise NotImplementedError  # pragma: no cover - the manager's
+
+    def command_env(self, sandbox: Sandbox, request: ExecSpec) -> dict[str, str]:
+        """A fresh environment: the host's base, then create-time env, then exec env last."""
+        path = BASE_PATH
+        for sha in reversed(request.tools):
+            path = os.path.join(self.config.tools_dir, sha, "bin") + ":" + path
+        env = {
+            "PATH": path,
+            "HOME": self.layout.home(sandbox.rid),
+            "TMPDIR": self.layout.tmp(sandbox.rid),
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+        }
+        env.update(sandbox.env)
+        env.update(request.env)
+        return env
+
+    def start_exec(
+        self, sandbox: Sandbox, request: ExecSpec, on_output: Callable[[int, bytes], None]
+    ) -> ExecRun:
+        """Spawn the command in the sandbox; ``on_output(fd, data)`` is told each chunk of
+        its output, and the run's ``when_finished()`` gives how it ended.
+
+        An exec is a run that a request follows to its end: it counts as running (the idle
+        reaper and the drain wait for it), keeps its output for the final frame, and is
+        killed when its follower goes (the front's :meth:`ExecRun.abort`).
+        """
+        timeout = self.config.exec_timeout
+        if request.timeout is not None:
+            timeout = min(timeout, request.timeout)
+        started = self.clock.seconds()
+
+        def end() -> None:
+            sandbox.running.discard(run)
+            self.metrics.execs_in_flight.dec()
+            self.metrics.exec_seconds.observe(self.clock.seconds() - started)
+            outcome = run.outcome
+            code = outcome.code if isinstance(outcome, Exited) else None
+            self.metrics.exec_exits.labels("error" if code is None else str(code)).inc()
+
+        run = self._launch(
+            sandbox,
+            request,
+            on_output,
+            max_output=self.config.max_output,
+            log_timeout=self.config.log_timeout,
+            timeout=timeout,
+            on_end=end,
+        )
+        sandbox.execs += 1
+        sandbox.running.add(run)
+        self.metrics.execs_in_flight.inc()
+        try:
+            run.start(self.reactor, run.argv, run.env, request.stdin, self._devnull)
+        except BaseException:
+            # Not started at all (fork or pipes refused): nothing may wait for it to end.
+            sandbox.running.discard(run)
+            self.metrics.execs_in_flight.dec()
+            raise
+        return run
+
+    def start_process(
+        self, sandbox: Sandbox, request: ExecSpec, tag: str | None = None, stdin: bool = False
+    ) -> Process:
+        """Start the command in the background of the sandbox (SPEC §2.1) and return its
+        record at once: the same run as an exec, its output into a bounded log instead of a
+        request. It runs until it ends, is signalled, reaches ``request.timeout`` (124) or its
+        sandbox dies; it does not count as running (a silent one lets its sandbox be reaped),
+        its output counts as activity."""
+        sandbox.processes.make_room()
+        output = OutputLog(self.config.process_log_max)
+        run = self._launch(
+            sandbox,
+            request,
+            output.append,
+            max_output=0,
+            log_timeout=None,
+            timeout=request.timeout,
+        )
+        process = Process(
+            id=sandbox.processes.new_id(),
+            tag=tag,
+            cmd=request.cmd,
+            started=self.clock.seconds(),
+            run=run,
+            log=output,
+            stdin=stdin,
+        )
+        run.on_end = _chain(run.on_end, process.ended)
+        run.start(
+            self.reactor, run.argv, run.env, request.stdin, self._devnull, keep_stdin_open=stdin
+        )
+        sandbox.processes.add(process)
+        log.info("process {id} started in {rid}", id=process.id, rid=sandbox.rid)
+        return process
+
+    def _launch(
+        self,
+        sandbox: Sandbox,
+        request: ExecSpec,
+        on_output: Callable[[int, bytes], None],
+        *,
+        max_output: int,
+        log_timeout: float | None,
+        timeout: float | None,
+        on_end: Callable[[], None] = lambda: None,
+    ) -> "Launch":
+        """The one way a command is made ready to run in a sandbox (exec and background
+        process alike): tools checked, environment built and size-checked, argv wrapped by
+        the isolation; the run's output counts as the sandbox's activity."""
+        for sha in request.tools:
+            if not os.path.isdir(os.path.join(self.config.tools_dir, sha)):
+                raise BadRequest(f"tools: {sha} is not installed")
+        cwd = os.path.join(self.layout.workspace(sandbox.rid), *request.cwd)
+        env = self.command_env(sandbox, request)
+        # E2BIG is decided here, on the environment the command would really get: 400.
+        check_exec_size(request.cmd, env)
+        try:
+            env = self.isolation.spawn_env(env)
+        except ValueError as e:
+            raise BadRequest(f"env: {e}") from None
+
+        def touch() -> None:
+            sandbox.last_active = self.clock.seconds()
+
+        def end() -> None:
+            touch()
+            on_end()
+            if run.timed_out:
+                log.info("a command in {rid} timed out (exit 124)", rid=sandbox.rid)
+            elif isinstance(run.outcome, Exited) and run.outcome.code == EXIT_KILLED:
+                self._note_oom(sandbox)
+
+        run = Launch(
+            self.clock,
+            on_output,
+            max_output=max_output,
+            log_timeout=log_timeout,
+            timeout=timeout,
+            on_activity=touch,
+            on_end=end,
+        )
+        run.argv = self.isolation.wrap(
+            sandbox.identity, self.isolation.cgroups.join_files(sandbox.rid), cwd, request.cmd
+        )
+        # namespaces: setns first; an exec and a background process of one sandbox share them
+        run.argv = self.isolation.namespaces.enter(sandbox.rid, run.argv)
+        run.env = env
+        return run
+
+    def _note_oom(self, sandbox: Sandbox) -> None:
+        """Log an OOM kill when the sandbox's cgroup counts a new one."""
+        try:
+            kills = self.isolation.cgroups.stats(sandbox.rid).oom_kills
+        except OSError:
+            return
+        if kills > sandbox.oom_kills_seen:
+            sandbox.oom_kills_seen = kills
+            log.warn("OOM kill in sandbox {rid} ({kills} so far)", rid=sandbox.rid, kills=kills)
+
+    async def watch(
+        self,
+        sandbox: Sandbox,
+        root: Parts,
+        recursive: bool,
+        deliver: Callable[[WatchEvent], None],
+    ) -> WorkspaceWatch:
+        """A running watch of the workspace under ``root`` (SPEC §2.2), at most
+        ``watch_max`` per sandbox (``TooMany``); ``close()`` it when its consumer goes."""
+        if len(sandbox.watches) >= self.config.watch_max:
+            raise TooMany(f"{self.config.watch_max} watches are open on this sandbox already")
+        try:
+            watch = WorkspaceWatch(
+                self.reactor,  # type: ignore[arg-type]
+                lambda work: self.files(sandbox, work),
+                root,
+                recursive,
+                deliver,
+                on_close=lambda: sandbox.watches.discard(watch),
+            )
+        except OSError as e:
+            raise NoCapacity(f"cannot open an inotify instance: {e}") from None
+        sandbox.watches.add(watch)
+        await watch.start()
+        return watch

@@ -1,0 +1,258 @@
+"""One background process: its run, its output log, its stdin, its end; and its readers.
+
+A :class:`Process` owns the :class:`~sandboxd.core.exec.run.ExecRun` that runs the command
+(the same runner as ``exec``) and an :class:`~sandboxd.core.processes.log.OutputLog` its
+output goes into. A :class:`Reader` follows that log from an offset and hands its
+:data:`ReaderEvent` values to whoever asked (a front): output chunks, ``Dropped`` when its
+offset fell out of the log, then one end (``Ended``, ``SandboxGone``, or ``Caught_up`` for a
+reader that does not follow). Readers come and go; none of them changes anything for the
+process.
+"""
+
+import signal as signals
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attrs import define, field, frozen
+
+from sandboxd.core.exec.run import ExecRun, Exited, Outcome
+from sandboxd.core.processes.log import Chunk, OutputLog
+from sandboxd.errors import BadRequest, ProcessConflict
+
+SIGNALS: Mapping[str, int] = {
+    name: int(getattr(signals, "SIG" + name))
+    for name in ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT")
+}
+"""The signal names a process may be sent (SPEC §2.1), to their numbers."""
+
+
+@frozen
+class Dropped:
+    """``count`` bytes the reader asked for fell out of the log before it read them."""
+
+    count: int
+
+
+@frozen
+class Ended:
+    """The process ended: its shell exit code (``None``: it could never start, ``detail``),
+    the signal that killed it if one did, and whether its ``timeout`` ended it."""
+
+    code: int | None
+    detail: str = ""
+    signal: int | None = None
+    timed_out: bool = False
+
+
+@frozen
+class SandboxGone:
+    """The sandbox of the process was killed while the reader read."""
+
+
+@frozen
+class CaughtUp:
+    """A reader that does not follow has read what was there; the process runs on."""
+
+    offset: int
+
+
+ReaderEvent = Chunk | Dropped | Ended | SandboxGone | CaughtUp
+
+
+@define(eq=False)
+class Process:
+    """A command running (or ended) in the background of a sandbox."""
+
+    id: str
+    tag: str | None
+    cmd: tuple[str, ...]
+    started: float
+    run: ExecRun
+    log: OutputLog
+    stdin: bool
+    """Started with a stdin pipe (``stdin: true``)."""
+    gone: bool = False
+    """Its sandbox was killed."""
+    _end_listeners: set[Callable[[], None]] = field(factory=set)
+
+    @property
+    def pid(self) -> int | None:
+        return self.run.pid
+
+    @property
+    def running(self) -> bool:
+        return not self.run.ended and not self.gone
+
+    @property
+    def end(self) -> Ended | None:
+        """How it ended, once it has."""
+        return ended_of(self.run.outcome)
+
+    def listing(self) -> dict[str, Any]:
+        """The plain values a list of processes shows of it."""
+        end = self.end
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "tag": self.tag,
+            "cmd": list(self.cmd),
+            "started": self.started,
+            "running": self.running,
+            "exit": None if end is None else end.code,
+        }
+
+    # Called by the run
+
+    def output(self, fd: int, data: bytes) -> None:
+        self.log.append(fd, data)
+
+    def ended(self) -> None:
+        self._tell_end()
+
+    def close(self) -> None:
+        """Its sandbox is being killed: every reader is told, then the command is killed."""
+        self.gone = True
+        self._tell_end()
+        self.run.abort()
+
+    def _tell_end(self) -> None:
+        for listener in list(self._end_listeners):
+            listener()
+
+    # Input and signals
+
+    def write_stdin(self, data: bytes) -> None:
+        """Write to its stdin; ``ProcessConflict`` without a stdin pipe, after EOF or end."""
+        self._check_stdin()
+        if data:
+            self.run.write_stdin(data)
+
+    def close_stdin(self) -> None:
+        """Close its stdin (EOF); ``ProcessConflict`` as for :meth:`write_stdin`."""
+        self._check_stdin()
+        self.run.close_stdin()
+
+    def _check_stdin(self) -> None:
+        if not self.stdin:
+            raise ProcessConflict(f"process {self.id} was started without stdin: true")
+        if not self.running:
+            raise ProcessConflict(f"process {self.id} has ended")
+        if not self.run.stdin_open:
+            raise ProcessConflict(f"process {self.id}: stdin is already closed (EOF sent)")
+
+    def signal(self, name: str) -> None:
+        """Send the signal ``name`` (a key of :data:`SIGNALS`) to its process group;
+        ``ProcessConflict`` once it has ended (its pid may be another's by then)."""
+        if not self.running:
+            raise ProcessConflict(f"process {self.id} has ended")
+        self.run.signal(SIGNALS[name])
+
+    # Readers
+
+    def reader(
+        self, offset: int | None, follow: bool, deliver: Callable[[ReaderEvent], None]
+    ) -> "Reader":
+        """A reader from byte ``offset`` (``None``: from what comes next); start it with
+        :meth:`Reader.resume`. An offset past what was written is a ``BadRequest``."""
+        written = self.log.written
+        if offset is not None and offset > written:
+            raise BadRequest(f"offset: past the end of the output ({written} bytes so far)")
+        return Reader(self, written if offset is None else offset, follow, deliver)
+
+
+def ended_of(outcome: Outcome | None) -> Ended | None:
+    if outcome is None:
+        return None
+    if isinstance(outcome, Exited):
+        return Ended(outcome.code, signal=outcome.signal, timed_out=outcome.timed_out)
+    return Ended(None, outcome.detail)
+
+
+class Reader:
+    """Reads one process's log from an offset, as fast as its consumer takes it.
+
+    Pull-based: while not paused it reads the log up to its end and hands each event to
+    ``deliver``; paused (its consumer is slow), it reads nothing and holds nothing, and the
+    process runs on. It resumes where it stopped, or, if that fell out meanwhile, with a
+    :class:`Dropped` first.
+    """
+
+    def __init__(
+        self,
+        process: Process,
+        offset: int,
+        follow: bool,
+        deliver: Callable[[ReaderEvent], None],
+    ) -> None:
+        self.process = process
+        self.cursor = max(offset, 0)
+        self.follow = follow
+        self.deliver = deliver
+        self.until = None if follow else process.log.written
+        self.done = False
+        self._paused = True
+        self._pumping = False
+        self._stops = [
+            process.log.listen(self._pump),
+            _listen(process._end_listeners, self._pump),
+        ]
+
+    def pause(self) -> None:
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._pump()
+
+    def stop(self) -> None:
+        """Read no more (its consumer went away)."""
+        self.done = True
+        for stop in self._stops:
+            stop()
+
+    def _pump(self) -> None:
+        if self._pumping or self.done:
+            return
+        self._pumping = True
+        try:
+            while not self._paused and not self.done:
+                if self.process.gone:
+                    self._finish(SandboxGone())
+                    break
+                found = self.process.log.read(self.cursor)
+                if found.dropped:
+                    self.cursor += found.dropped
+                    self.deliver(Dropped(found.dropped))
+                if not found.chunks:
+                    self._at_the_end()
+                    break
+                for chunk in found.chunks:
+                    if self.until is not None and chunk.at >= self.until:
+                        break
+                    if self.until is not None and chunk.end > self.until:
+                        chunk = Chunk(chunk.fd, chunk.at, chunk.data[: self.until - chunk.at])
+                    self.cursor = chunk.end
+                    self.deliver(chunk)
+                    if self._paused or self.done:
+                        break
+                if self.until is not None and self.cursor >= self.until:
+                    self._at_the_end()
+                    break
+        finally:
+            self._pumping = False
+
+    def _at_the_end(self) -> None:
+        end = self.process.end
+        if end is not None and self.cursor >= self.process.log.written:
+            self._finish(end)
+        elif not self.follow:
+            self._finish(CaughtUp(self.cursor))
+
+    def _finish(self, event: ReaderEvent) -> None:
+        self.stop()
+        self.deliver(event)
+
+
+def _listen(listeners: set[Callable[[], None]], listener: Callable[[], None]) -> Callable[[], None]:
+    listeners.add(listener)
+    return lambda: listeners.discard(listener)

@@ -1,0 +1,33 @@
+"""One live sandbox, as the manager keeps it: identity, environment, activity, and what runs."""
+
+from attrs import define, field
+from twisted.internet.defer import Deferred
+
+from sandboxd.core.exec.run import ExecRun
+from sandboxd.core.processes.table import ProcessTable
+from sandboxd.core.watch.watch import WorkspaceWatch
+from sandboxd.isolation.base import Identity
+
+
+@define
+class Sandbox:
+    """One live sandbox."""
+
+    rid: str
+    identity: Identity
+    env: dict[str, str]
+    created: float
+    last_active: float
+    execs: int = 0
+    running: set[ExecRun] = field(factory=set)
+    file_calls: set[Deferred[None]] = field(factory=set)
+    """File work in flight (each fires when its thread is done): kill waits for them."""
+    processes: ProcessTable = field(factory=lambda: ProcessTable(1))
+    """Its background processes (SPEC §2.1); a silent one does not count as running."""
+    watches: set[WorkspaceWatch] = field(factory=set)
+    """Its open workspace watches (SPEC §2.2)."""
+    item_id: str | None = None
+    """The archive entry this sandbox restores from and persists to (``None``: none)."""
+    oom_kills_seen: int = 0
+    network: str = "host"
+    """The sandbox's network mode (``none``, ``egress``, ``host``)."""

@@ -1,0 +1,90 @@
+"""Streams that follow something until it ends: a process's output, a workspace watch.
+
+:class:`FollowStream` is the response's push producer: twisted.web pauses it when the client
+reads slowly, and it pauses its source (a process :class:`~sandboxd.core.processes.process.
+Reader` reads nothing more from the log meanwhile; the process runs on). While nothing is
+written for ``keepalive`` seconds it writes the keepalive frame ``{}``. :meth:`wait` fires
+when the source says it ended, or when the client goes.
+"""
+
+from collections.abc import Callable
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.web.iweb import IRequest
+from zope.interface import implementer
+
+from sandboxd.http import wire
+
+
+@implementer(IPushProducer)
+class FollowStream:
+    """Writes NDJSON lines to ``request`` for a source that is paused and resumed."""
+
+    def __init__(
+        self,
+        request: IRequest,
+        clock: IReactorTime,
+        keepalive: float,
+        pause: Callable[[], None] = lambda: None,
+        resume: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.request = request
+        self.clock = clock
+        self.keepalive = keepalive
+        self.pause = pause
+        self.resume = resume
+        self.ended: Deferred[None] = Deferred()
+        self._keepalive: IDelayedCall | None = None
+
+    def start(self) -> None:
+        """Register as the response's producer; the source starts (resumes) now."""
+        self.request.registerProducer(self, True)  # type: ignore[attr-defined]
+        self._schedule_keepalive()
+        self.resume()
+
+    def write(self, line: bytes) -> None:
+        if line and not self.ended.called:
+            self.request.write(line)
+            self._schedule_keepalive()
+
+    def end(self) -> None:
+        """The source has ended: the response ends."""
+        if not self.ended.called:
+            self.ended.callback(None)
+
+    async def wait(self) -> None:
+        """Until the source ends; then (and when the client goes) the producer is let go."""
+        try:
+            await self.ended
+        finally:
+            self._stop_keepalive()
+            if getattr(self.request, "channel", None) is not None:
+                self.request.unregisterProducer()  # type: ignore[attr-defined]
+
+    # IPushProducer
+
+    def pauseProducing(self) -> None:
+        self.pause()
+
+    def resumeProducing(self) -> None:
+        self.resume()
+
+    def stopProducing(self) -> None:
+        self.end()
+
+    # Keepalive
+
+    def _schedule_keepalive(self) -> None:
+        self._stop_keepalive()
+        if not self.ended.called:
+            self._keepalive = self.clock.callLater(self.keepalive, self._send_keepalive)
+
+    def _send_keepalive(self) -> None:
+        self._keepalive = None
+        self.write(wire.STREAM_KEEPALIVE_FRAME)
+
+    def _stop_keepalive(self) -> None:
+        call, self._keepalive = self._keepalive, None
+        if call is not None and call.active():
+            call.cancel()

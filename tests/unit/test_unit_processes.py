@@ -1,0 +1,238 @@
+"""The process output log, its readers and the process table, without a process (SPEC §2.1).
+
+The runs are real :class:`ExecRun` objects driven by hand (``Clock`` for time): what the
+log keeps, what a reader from an offset is told (``dropped``, chunks, the end), how pausing
+holds nothing, and which records the table pushes out.
+"""
+
+import signal
+from typing import Any
+
+import pytest
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+
+from sandboxd.core.exec.run import ExecRun, SpawnFailed
+from sandboxd.core.processes.log import STDERR, STDOUT, Chunk, OutputLog
+from sandboxd.core.processes.process import (
+    CaughtUp,
+    Dropped,
+    Ended,
+    Process,
+    ReaderEvent,
+    SandboxGone,
+)
+from sandboxd.core.processes.table import ProcessTable
+from sandboxd.errors import BadRequest, ProcessConflict, ProcessNotFound, TooMany
+
+
+class Transport:
+    """What a run asks of its process transport, recorded."""
+
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.stdin_closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def closeStdin(self) -> None:
+        self.stdin_closed = True
+
+    def loseConnection(self) -> None:
+        pass
+
+
+def make(limit: int = 10, stdin: bool = False, **fields: Any) -> tuple[Process, ExecRun, list[Any]]:
+    clock = Clock()
+    log = OutputLog(limit)
+    signals: list[tuple[int, int]] = []
+    run = ExecRun(
+        clock,
+        log.append,
+        max_output=0,
+        log_timeout=None,
+        timeout=None,
+        kill=lambda pid, sig: signals.append((pid, sig)),
+    )
+    run.transport = Transport()  # type: ignore[assignment]
+    run.pid = Transport.pid
+    run.stdin_open = stdin
+    process = Process("p1", None, ("cmd",), 0.0, run, log, stdin, **fields)
+    run.on_end = process.ended
+    return process, run, signals
+
+
+def read(process: Process, offset: int | None = 0, follow: bool = True) -> list[ReaderEvent]:
+    events: list[ReaderEvent] = []
+    process.reader(offset, follow, events.append).resume()
+    return events
+
+
+def test_the_log_keeps_the_newest_bytes_at_their_offsets() -> None:
+    log = OutputLog(10)
+    log.append(STDOUT, b"abcd")
+    log.append(STDERR, b"efgh")
+    log.append(STDOUT, b"")
+    assert (log.start, log.written, log.kept) == (0, 8, 8)
+    log.append(STDOUT, b"ijkl")  # 12 bytes: the first chunk falls out whole
+    assert (log.start, log.written, log.kept) == (4, 12, 8)
+    found = log.read(0)
+    assert found.dropped == 4
+    assert found.chunks == (Chunk(STDERR, 4, b"efgh"), Chunk(STDOUT, 8, b"ijkl"))
+    assert log.read(6).chunks[0] == Chunk(STDERR, 6, b"gh")
+    assert log.read(12).chunks == () and log.read(12).end is None
+    log.append(STDOUT, b"0123456789ABCDEF")  # larger than the log: only its tail is kept
+    assert (log.start, log.written, log.kept) == (18, 28, 10)
+    assert log.read(0).dropped == 18 and log.read(0).end == 28
+
+
+def test_a_read_takes_about_most_bytes() -> None:
+    log = OutputLog(1000)
+    for _ in range(10):
+        log.append(STDOUT, b"x" * 10)
+    assert len(log.read(0, most=25).chunks) == 3
+
+
+def test_a_follower_gets_everything_then_the_exit() -> None:
+    process, run, _ = make()
+    events: list[ReaderEvent] = []
+    reader = process.reader(0, True, events.append)
+    run.childDataReceived(1, b"hi")
+    assert events == []  # not resumed: nothing read yet
+    reader.resume()
+    run.childDataReceived(2, b"oops")
+    run.processEnded(Failure(ProcessTerminated(3)))
+    assert events == [Chunk(1, 0, b"hi"), Chunk(2, 2, b"oops"), Ended(3)]
+    assert reader.done and process.listing()["exit"] == 3 and not process.running
+
+
+def test_a_paused_follower_holds_nothing_and_is_told_what_it_missed() -> None:
+    process, run, _ = make(limit=4)
+    events: list[ReaderEvent] = []
+    reader = process.reader(0, True, events.append)
+    reader.resume()
+    run.childDataReceived(1, b"ab")
+    reader.pause()
+    for data in (b"cd", b"ef", b"gh"):
+        run.childDataReceived(1, data)
+    assert events == [Chunk(1, 0, b"ab")]
+    reader.resume()
+    assert events[1:] == [Dropped(2), Chunk(1, 4, b"ef"), Chunk(1, 6, b"gh")]
+    run.processEnded(Failure(ProcessDone(0)))
+    assert events[-1] == Ended(0)
+
+
+def test_a_follower_that_pauses_itself_mid_read_stops_there() -> None:
+    process, run, _ = make(limit=100)
+    for data in (b"a", b"b", b"c"):
+        run.childDataReceived(1, data)
+    events: list[ReaderEvent] = []
+
+    def take_one(event: ReaderEvent) -> None:
+        events.append(event)
+        reader.pause()
+
+    reader = process.reader(0, True, take_one)
+    reader.resume()
+    assert events == [Chunk(1, 0, b"a")]
+    reader.resume()
+    assert events[-1] == Chunk(1, 1, b"b") and reader.cursor == 2
+
+
+def test_a_reader_that_does_not_follow_reads_what_is_there() -> None:
+    process, run, _ = make()
+    run.childDataReceived(1, b"abc")
+    events: list[ReaderEvent] = []
+    reader = process.reader(1, False, events.append)
+    run.childDataReceived(1, b"later")  # after the reader was made: not its concern
+    reader.resume()
+    assert events == [Chunk(1, 1, b"bc"), CaughtUp(3)]
+    run.processEnded(Failure(ProcessDone(0)))
+    assert read(process, 0, follow=False)[-1] == Ended(0)
+    assert read(process, None, follow=True) == [Ended(0)]
+
+
+def test_an_offset_past_the_end_is_refused() -> None:
+    process, run, _ = make()
+    run.childDataReceived(1, b"abc")
+    with pytest.raises(BadRequest):
+        process.reader(4, True, lambda e: None)
+
+
+def test_readers_of_a_killed_sandbox_are_told_it_is_gone() -> None:
+    process, _, signals = make()
+    events = read(process)
+    assert events == []
+    process.close()
+    assert events == [SandboxGone()] and (Transport.pid, signal.SIGKILL) in signals
+    assert read(process) == [SandboxGone()]
+
+
+def test_a_stopped_reader_is_told_nothing_more() -> None:
+    process, run, _ = make()
+    events: list[ReaderEvent] = []
+    reader = process.reader(0, True, events.append)
+    reader.resume()
+    reader.stop()
+    run.childDataReceived(1, b"x")
+    run.processEnded(Failure(ProcessDone(0)))
+    assert events == []
+
+
+def test_a_process_that_never_started_ends_without_a_code() -> None:
+    process, run, _ = make()
+    run._end(SpawnFailed("no fork"))
+    assert read(process) == [Ended(None, "no fork")]
+
+
+def test_stdin_and_signals() -> None:
+    process, run, signals = make(stdin=True)
+    process.write_stdin(b"abc")
+    process.write_stdin(b"")
+    assert run.transport.written == [b"abc"]  # type: ignore[union-attr]
+    process.signal("INT")
+    assert signals == [(Transport.pid, signal.SIGINT)]
+    process.close_stdin()
+    assert run.transport.stdin_closed  # type: ignore[union-attr]
+    with pytest.raises(ProcessConflict, match="already closed"):
+        process.write_stdin(b"more")
+    run.processEnded(Failure(ProcessDone(0)))
+    with pytest.raises(ProcessConflict, match="ended"):
+        process.signal("TERM")
+    with pytest.raises(ProcessConflict, match="ended"):
+        process.close_stdin()
+    without, _, _ = make(stdin=False)
+    with pytest.raises(ProcessConflict, match="without stdin"):
+        without.write_stdin(b"x")
+
+
+def test_the_table_pushes_out_the_oldest_ended_record() -> None:
+    table = ProcessTable(2)
+    first, first_run, _ = make()
+    second, _, _ = make()
+    third, _, _ = make()
+    first.id, second.id, third.id = table.new_id(), table.new_id(), table.new_id()
+    second.tag = "web"
+    table.add(first)
+    table.add(second)
+    with pytest.raises(TooMany):
+        table.add(third)  # both still running
+    first_run.processEnded(Failure(ProcessDone(0)))
+    table.add(third)
+    assert table.all() == [second, third] and table.running == [second, third]
+    assert table.by_tag("web") is second and table.by_pid(Transport.pid) is third
+    for lookup in (lambda: table.get(first.id), lambda: table.by_pid(1), lambda: table.by_tag("x")):
+        with pytest.raises(ProcessNotFound):
+            lookup()
+    table.close()
+    assert table.running == []
+
+
+def test_a_signalled_process_ends_with_128_plus_n_and_names_the_signal() -> None:
+    process, run, _ = make()
+    run.processEnded(Failure(ProcessTerminated(signal=signal.SIGINT)))
+    assert read(process) == [Ended(130, signal=signal.SIGINT)]
