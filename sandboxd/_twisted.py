@@ -51,6 +51,13 @@ def waiting_for_port(service: StreamServerEndpointService) -> "Deferred[Any] | N
     return waiting
 
 
+def request_line(channel: HTTPChannel) -> tuple[bytes, bytes]:
+    """The method and the path of the request whose headers a channel is reading
+    (``HTTPChannel._command`` and ``_path``, set from the request line, deleted once its body is
+    in)."""
+    return channel._command, channel._path
+
+
 class BadRequestChannel(HTTPChannel):
     """An ``HTTPChannel`` whose answer to a malformed request is :meth:`bad_request`.
 

@@ -20,6 +20,7 @@ ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
 SECCOMP_MODES = ("default", "off")
 SOCKET_BUFFER_MODES = ("charged", "off")
 LOG_FORMATS = ("text", "json")
+AUTH_GATE_MODES = ("headers", "off")
 
 
 class ConfigError(Exception):
@@ -59,6 +60,29 @@ def _optional_size(text: str) -> int | None:
 
 def _optional_count(text: str) -> int | None:
     return parse_count(text) if text.strip() else None
+
+
+def _optional_duration(text: str) -> float | None:
+    """A duration, or ``off`` (``None``)."""
+    if text.strip().lower() == "off":
+        return None
+    value = parse_duration(text)
+    if value <= 0:
+        raise ValueError(f"{text!r} is not above zero (off: no timeout)")
+    return value
+
+
+def _connections(text: str) -> int | None:
+    """``auto`` (``None``: from the descriptor limit), ``off`` (``0``: no cap), or a count."""
+    value = text.strip().lower()
+    if value == "auto":
+        return None
+    if value == "off":
+        return 0
+    count = parse_count(value)
+    if count < 2:
+        raise ValueError(f"{text!r} is below 2 (auto: from the descriptor limit; off: no cap)")
+    return count
 
 
 def _setting(
@@ -242,6 +266,32 @@ class Config:
     )
     watch_max: int = _setting(
         "SANDBOXD_WATCH_MAX", "8", parse_count, "Workspace watches open at once per sandbox"
+    )
+    max_connections: int | None = _setting(
+        "SANDBOXD_MAX_CONNECTIONS",
+        "auto",
+        _connections,
+        "Connections open at once, a tenth kept for authenticated callers (auto: half the "
+        "descriptor limit; off: no cap)",
+    )
+    header_timeout: float | None = _setting(
+        "SANDBOXD_HEADER_TIMEOUT",
+        "10s",
+        _optional_duration,
+        "Longest a request's whole header section may take to arrive (off: no limit)",
+    )
+    connection_idle: float | None = _setting(
+        "SANDBOXD_CONNECTION_IDLE",
+        "2m",
+        _optional_duration,
+        "Longest a connection may wait for its next request, or go silent in a body (off: 12h)",
+    )
+    auth_gate: str = _setting(
+        "SANDBOXD_AUTH_GATE",
+        "headers",
+        _choice(AUTH_GATE_MODES),
+        "Refuse a request without the token as soon as its headers are in, pacing refusals "
+        "per peer (headers), or only once its body is stored (off)",
     )
     log_format: str = _setting(
         "SANDBOXD_LOG_FORMAT",

@@ -7,6 +7,7 @@ Each boot step is logged as it runs; a step that fails stops start-up with one l
 
 import atexit
 import os
+import resource
 import stat
 import sys
 from collections.abc import Callable
@@ -28,7 +29,9 @@ from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archi
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import build_tools
-from sandboxd.http.api import SandboxAPI
+from sandboxd.http import guard
+from sandboxd.http.api import SandboxAPI, admission
+from sandboxd.http.guard import ConnectionGate
 from sandboxd.http.site import can_spool, make_site
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
@@ -141,6 +144,54 @@ def read_token(path: str | None, euid: int | None = None) -> bytes | None:
     if not token:
         raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is empty")
     return token
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft
+
+
+def start_guard(config: Config, reactor: Any) -> tuple[ConnectionGate, bool]:
+    """The connection gate and whether requests are judged at their headers (boot step
+    ``connections``), each protection turned off logged as such."""
+    descriptors = raise_descriptor_limit()
+    try:
+        limits = guard.limits_for(
+            config.max_connections, config.header_timeout, config.connection_idle, descriptors
+        )
+    except ValueError as e:
+        fail("connections", f"SANDBOXD_MAX_CONNECTIONS: {e}")
+    if limits.max_connections is None:
+        log.warn(
+            "connections: SANDBOXD_MAX_CONNECTIONS=off: no cap ({n} descriptors)", n=descriptors
+        )
+    else:
+        log.info(
+            "connections: at most {cap} open ({reserve} kept for authenticated callers), "
+            "{n} descriptors",
+            cap=limits.max_connections,
+            reserve=limits.reserve,
+            n=descriptors,
+        )
+    for name, value in (
+        ("HEADER_TIMEOUT", limits.header_timeout),
+        ("CONNECTION_IDLE", limits.idle_timeout),
+    ):
+        if value is None:
+            log.warn(
+                "connections: SANDBOXD_{name}=off: a slow peer may hold a connection", name=name
+            )
+    auth_gate = config.auth_gate == "headers"
+    if not auth_gate:
+        log.warn(
+            "auth: SANDBOXD_AUTH_GATE=off: a request without the token is refused only once "
+            "its body is stored"
+        )
+    return ConnectionGate(reactor, limits), auth_gate
 
 
 def fail(step: str, cause: object) -> NoReturn:
@@ -261,7 +312,15 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
             "in the system's temporary directory, and uploads copied from there",
             root=layout.root,
         )
-    site = make_site(api.app.resource(), config.max_body, spool_dir=spool_dir)
+    gate, auth_gate = start_guard(config, reactor)
+    api.capabilities = sorted({*api.capabilities, *guard.capabilities(gate.limits, auth_gate)})
+    site = make_site(
+        api.app.resource(),
+        config.max_body,
+        spool_dir=spool_dir,
+        gate=gate,
+        admit=admission(token) if auth_gate else None,
+    )
     endpoint = serverFromString(reactor, config.listen)
     listener = StreamServerEndpointService(endpoint, site)
     _twisted.raise_synchronously(listener)  # a port that cannot be had stops start-up

@@ -34,6 +34,7 @@ from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.errors import SandboxdError
 from sandboxd.http import parse, wire
 from sandboxd.http.follow import FollowStream
+from sandboxd.http.guard import Admission
 from sandboxd.http.parse import query
 from sandboxd.http.site import Spool
 from sandboxd.http.stream import ExecStream
@@ -66,10 +67,31 @@ def authorized(route: F) -> F:
             header = request.getHeader(b"authorization") or b""
             expected = b"Bearer " + self.token
             if not hmac.compare_digest(header, expected):
-                raise Unauthorized("a valid 'Authorization: Bearer <token>' header is required")
+                raise Unauthorized(wire.UNAUTHORIZED_DETAIL)
         return route(self, request, *args, **kwargs)
 
     return cast(F, checked)
+
+
+OPEN_PATHS = frozenset({b"/healthz", b"/readyz"})
+"""The paths served without the token (every other route is :func:`authorized`)."""
+
+
+def admission(token: bytes | None) -> Callable[[bytes, bytes | None], Admission]:
+    """How the channel judges a request from its path and ``authorization`` header alone, as
+    soon as its headers are in (the same rule as :func:`authorized`, before any body)."""
+    expected = None if token is None else b"Bearer " + token
+
+    def admit(path: bytes, authorization: bytes | None) -> Admission:
+        if expected is None:
+            return Admission.TRUSTED
+        if hmac.compare_digest(authorization or b"", expected):
+            return Admission.TRUSTED
+        if path.split(b"?", 1)[0] in OPEN_PATHS:
+            return Admission.OPEN
+        return Admission.REFUSED
+
+    return admit
 
 
 def answer(request: IRequest, status: int, body: bytes) -> bytes:
@@ -140,7 +162,7 @@ class SandboxAPI:
     def api_error(self, request: IRequest, failure: Failure) -> bytes:
         error = cast(SandboxdError, failure.value)
         if isinstance(error, Unauthorized):
-            request.setHeader(b"www-authenticate", b'Bearer realm="sandboxd"')  # RFC 9110
+            request.setHeader(b"www-authenticate", wire.BEARER_CHALLENGE)
         status, body = wire.core_error_body(error)
         return answer(request, status, body)
 

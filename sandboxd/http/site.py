@@ -15,9 +15,13 @@ workspace once complete instead of being written a second time. A body that cann
 import io
 import os
 import tempfile
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
@@ -25,6 +29,7 @@ from zope.interface import implementer
 
 from sandboxd import _twisted
 from sandboxd.http import wire
+from sandboxd.http.guard import Admission, ConnectionGate
 
 
 class _Discard:
@@ -129,18 +134,150 @@ each a turn of the reactor): a whole exec output frame (a 512 KiB pipe's worth, 
 megabyte of a download at once. Only a cap, never a buffer."""
 
 
+LINGER = 2.0
+"""Seconds a refused connection keeps reading (and dropping) what its peer still sends after
+the ``401``, so that the peer reads the answer instead of a reset (RFC 9112 §9.6)."""
+
+LINGER_BYTES = 4 << 20
+"""Bytes a refused connection drops at most before it is closed outright."""
+
+
 class Channel(_twisted.BadRequestChannel):
     """An HTTP channel that answers an over-long request line or header line with a JSON
     ``400`` before closing, instead of dropping the connection without a word (a client takes
     a dropped connection for a dead replica: ``SandboxNotFound``).
 
+    With a :class:`~sandboxd.http.guard.ConnectionGate` on its site, it also defends the
+    daemon (SPEC §4 "Self-defence"): it is counted by the gate (and may be refused or evicted
+    by it); its header section must be complete within the header timeout of its opening
+    (within the idle timeout of its previous answer, between requests), however slowly its
+    bytes come; and a request that lacks the token is answered ``401`` as soon as its headers
+    are in, paced per peer, before one byte of its body is read into a request (what the peer
+    still sends is dropped for :data:`LINGER` seconds, then the connection closed).
+
     It reads up to :data:`READ_SIZE` and sends up to :data:`SEND_SIZE` bytes at a time on a
     TCP or UNIX socket.
     """
 
+    site: Any = None
+    _deadline: IDelayedCall | None = None
+    _refused = False
+    _dropped = 0
+
+    @property
+    def gate(self) -> ConnectionGate | None:
+        """The site's connection gate (``None``: no defences)."""
+        return getattr(self.site, "gate", None)
+
     def connectionMade(self) -> None:
         super().connectionMade()
         _twisted.set_socket_sizes(self.transport, READ_SIZE, SEND_SIZE)
+        gate = self.gate
+        if gate is None:
+            return
+        if not gate.opened(self):
+            self._abort()
+            return
+        self._arm(gate.limits.header_timeout)
+
+    def _arm(self, seconds: float | None) -> None:
+        self._disarm()
+        gate = self.gate
+        if seconds is not None and gate is not None:
+            self._deadline = gate.clock.callLater(seconds, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _headers_late(self) -> None:
+        self._deadline = None
+        gate = self.gate
+        if gate is not None:
+            gate.late.event(f"closed a connection from {self._peer()} whose headers were late")
+        self._abort()
+
+    def evict(self) -> None:
+        """Close the connection now (the gate needs its slot)."""
+        self._abort()
+
+    def _abort(self) -> None:
+        self._disarm()
+        transport: Any = self.transport
+        if transport is not None:
+            transport.abortConnection()
+
+    def _peer(self) -> str:
+        peer = self.transport.getPeer() if self.transport is not None else None
+        return str(getattr(peer, "host", "local"))
+
+    def allHeadersReceived(self) -> None:
+        self._disarm()
+        gate = self.gate
+        if gate is not None:
+            gate.busy(self)
+        admit = getattr(self.site, "admit", None)
+        if gate is None or admit is None:
+            super().allHeadersReceived()
+            return
+        request = self.requests[-1]
+        _, path = _twisted.request_line(self)
+        authorization = request.requestHeaders.getRawHeaders(b"authorization", [None])[0]
+        verdict = admit(path, authorization)
+        if verdict is Admission.TRUSTED:
+            gate.trust(self)
+        if verdict is not Admission.REFUSED:
+            super().allHeadersReceived()
+            return
+        self._refuse_unauthorized(gate)
+
+    def _refuse_unauthorized(self, gate: ConnectionGate) -> None:
+        self._refused = True
+        self.length = None  # the channel goes on to the body: dropped (rawDataReceived)
+        transport: Any = self.transport
+        transport.pauseProducing()  # nothing more is read while the answer waits
+        peer = self._peer()
+        wait = gate.pace.wait(peer)
+        if wait is None:
+            gate.unauthorized.event(f"dropped one from {peer}: too many refused at once")
+            self._abort()
+            return
+        gate.unauthorized.event(f"refused one from {peer}")
+        gate.clock.callLater(wait, self._answer_unauthorized)
+
+    def _answer_unauthorized(self) -> None:
+        transport: Any = self.transport
+        if transport is None or not self.connected:
+            return
+        transport.write(wire.unauthorized_answer())
+        transport.loseWriteConnection()
+        transport.resumeProducing()
+        gate = self.gate
+        assert gate is not None
+        self._deadline = gate.clock.callLater(LINGER, self._abort)
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if not self._refused:
+            super().rawDataReceived(data)
+            return
+        self._dropped += len(data)
+        if self._dropped > LINGER_BYTES:
+            self._abort()
+
+    def requestDone(self, request: Any) -> None:
+        gate = self.gate
+        if gate is not None and self.persistent:
+            gate.waiting(self)  # before the next request, maybe buffered, is parsed
+            self._arm(gate.limits.idle_timeout)
+        super().requestDone(request)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._disarm()
+        gate = self.gate
+        if gate is not None:
+            gate.closed(self)
+        super().connectionLost(reason)
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self._refuse(f"a request or header line is over {self.MAX_LENGTH} bytes")
@@ -204,9 +341,20 @@ class SpoolingSite(Site):
         return Spool(self.spool_dir)
 
 
-def make_site(resource: IResource, max_body: int, spool_dir: str | None = None) -> Site:
+def make_site(
+    resource: IResource,
+    max_body: int,
+    spool_dir: str | None = None,
+    *,
+    gate: ConnectionGate | None = None,
+    admit: Callable[[bytes, bytes | None], Admission] | None = None,
+) -> Site:
     """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
-    ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors."""
+    ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors.
+
+    With a ``gate`` and an ``admit`` rule, its connections defend the daemon (see
+    :class:`Channel`); the gate's idle timeout also bounds the silence within a request body.
+    """
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
     # email package (see docs/performance.rst), and read a multipart body whole into memory.
@@ -214,6 +362,10 @@ def make_site(resource: IResource, max_body: int, spool_dir: str | None = None) 
         Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False
     )
     site.spool_dir = spool_dir
+    site.gate = gate  # type: ignore[attr-defined]
+    site.admit = admit  # type: ignore[attr-defined]
+    if gate is not None:
+        site.timeOut = gate.limits.idle_timeout
     site.protocol = Channel  # type: ignore[assignment]
     site.displayTracebacks = False
     return site

@@ -97,6 +97,24 @@ def bad_request_body(detail: str) -> bytes:
     return error_body("BadRequest", detail)
 
 
+UNAUTHORIZED_DETAIL = "a valid 'Authorization: Bearer <token>' header is required"
+"""The ``detail`` of every ``401``."""
+
+BEARER_CHALLENGE = b'Bearer realm="sandboxd"'
+"""The ``www-authenticate`` header of every ``401`` (RFC 9110 §11.6.1)."""
+
+
+def unauthorized_answer() -> bytes:
+    """A whole ``401`` answer, status line to body, that closes the connection: the channel's
+    own, sent as soon as a request's headers show it lacks the token."""
+    body = error_body("Unauthorized", UNAUTHORIZED_DETAIL)
+    return (
+        b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n"
+        b"www-authenticate: %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
+        % (BEARER_CHALLENGE, len(body), body)
+    )
+
+
 # NDJSON frames of the exec stream
 
 KEEPALIVE_FRAME = b'{"o":""}\n'
