@@ -101,9 +101,9 @@ class PeerPace:
     def __init__(
         self,
         clock: IReactorTime,
-        burst: int = 20,
-        rate: float = 5.0,
-        max_wait: float = 10.0,
+        burst: int = 100,
+        rate: float = 20.0,
+        max_wait: float = 5.0,
         peers_max: int = 10_000,
     ) -> None:
         self.clock = clock

@@ -62,8 +62,16 @@ class Daemon:
         raise AssertionError(field)
 
 
-def start_daemon(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Daemon:
+def start_daemon(
+    tmp_path: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    wrapper: tuple[str, ...] = (),
+) -> Daemon:
     """Start ``twistd -n sandboxd`` on a free port; its state root is ``tmp_path/root``.
+
+    ``wrapper`` comes before ``twistd`` on the command line (e.g. ``prlimit --nofile=…``,
+    which then execs the daemon: the process is the daemon's).
 
     pytest's temporary directories are private to root (0700), which sandbox uids cannot
     pass through; as root, the state root is therefore made beneath ``/tmp/sandboxd-tests``
@@ -83,6 +91,7 @@ def start_daemon(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
     environ["PYTHONPATH"] = str(REPO)
     environ.update(env or {})
     argv = [
+        *wrapper,
         str(Path(sys.executable).parent / "twistd"),
         "--nodaemon",
         "--pidfile=",

@@ -34,6 +34,10 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "SANDBOXD_SECCOMP": ("Off", "off"),
     "SANDBOXD_UMASK": (" 027 ", 0o027),
     "SANDBOXD_SOCKET_BUFFERS": ("off", "off"),
+    "SANDBOXD_MAX_CONNECTIONS": ("5000", 5000),
+    "SANDBOXD_HEADER_TIMEOUT": ("3s", 3.0),
+    "SANDBOXD_CONNECTION_IDLE": ("Off", None),
+    "SANDBOXD_AUTH_GATE": ("OFF", "off"),
 }
 
 BAD: dict[str, str] = {
@@ -57,6 +61,10 @@ BAD: dict[str, str] = {
     "SANDBOXD_SECCOMP": "strict",
     "SANDBOXD_UMASK": "0o77",
     "SANDBOXD_SOCKET_BUFFERS": "maybe",
+    "SANDBOXD_MAX_CONNECTIONS": "1",
+    "SANDBOXD_HEADER_TIMEOUT": "0s",
+    "SANDBOXD_CONNECTION_IDLE": "later",
+    "SANDBOXD_AUTH_GATE": "body",
 }
 
 
@@ -183,3 +191,9 @@ def test_option_table_documents_every_setting() -> None:
         assert (short, default) == (None, None)
         assert setting.metadata["env"] in help_text
         assert f"default {setting.metadata['default'] or 'unset'}" in help_text
+
+
+def test_the_connection_cap_is_auto_off_or_a_count() -> None:
+    assert Config.load({}).max_connections is None
+    assert Config.load({"SANDBOXD_MAX_CONNECTIONS": " off "}).max_connections == 0
+    assert Config.load({"SANDBOXD_MAX_CONNECTIONS": "AUTO"}).max_connections is None

@@ -89,3 +89,18 @@ def test_the_default_bad_request_answer_is_twisted_webs() -> None:
     channel.bad_request()
     assert transport.value().startswith(b"HTTP/1.1 400 Bad Request")
     assert _twisted.CHECKED_AGAINST and os.sep
+
+
+def test_the_request_line_of_a_channel_reading_headers() -> None:
+    seen: list[tuple[bytes, bytes]] = []
+
+    class Channel(HTTPChannel):
+        def allHeadersReceived(self) -> None:
+            seen.append(_twisted.request_line(self))
+            super().allHeadersReceived()
+
+    channel = Channel()
+    channel.makeConnection(StringTransport())
+    channel.dataReceived(b"PUT /a?b=c HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\n")
+    assert seen == [(b"PUT", b"/a?b=c")]
+    channel.connectionLost(None)
