@@ -279,8 +279,7 @@ def test_wrong_tokens_are_paced_per_peer(tmp_path: Path, gate: str, many_descrip
                 answered += s.recv(65536).startswith(b"HTTP/1.1 401")
             s.close()
         assert create(daemon.port, token).startswith(b"HTTP/1.1 200")  # the right token: served
-        refused = daemon.log.read_text().count("too many refused at once")
     if gate == "off":
         assert answered == guesses
     else:
-        assert 100 <= answered < guesses and refused >= 1, answered
+        assert 100 <= answered < guesses, answered  # the rest: closed unanswered
