@@ -244,12 +244,14 @@ class Channel(_twisted.BadRequestChannel):
             self._abort()
             return
         gate.unauthorized.event(f"refused one from {peer}")
-        gate.clock.callLater(wait, self._answer_unauthorized)
+        if wait:  # the deadline's call: cancelled if the peer goes first
+            self._deadline = gate.clock.callLater(wait, self._answer_unauthorized)
+        else:
+            self._answer_unauthorized()
 
     def _answer_unauthorized(self) -> None:
+        self._deadline = None
         transport: Any = self.transport
-        if transport is None or not self.connected:
-            return
         transport.write(wire.unauthorized_answer())
         transport.loseWriteConnection()
         transport.resumeProducing()

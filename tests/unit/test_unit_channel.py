@@ -1,0 +1,92 @@
+"""The channel's defences on a Clock and a string transport: the idle deadline between requests,
+the header deadline, and a paced 401 whose peer left before its turn."""
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from sandboxd.http.api import admission
+from sandboxd.http.guard import ConnectionGate, Limits, PeerPace
+from sandboxd.http.site import Channel, make_site
+
+PEER = IPv4Address("TCP", "127.0.0.1", 40000)
+
+
+class Transport(StringTransport):
+    write_closed = False
+
+    def loseWriteConnection(self) -> None:
+        self.write_closed = True
+
+
+class Ok(Resource):
+    isLeaf = True
+
+    def render(self, request: Request) -> bytes:
+        return b"ok"
+
+
+def connect(gate: ConnectionGate) -> tuple[Channel, Transport]:
+    site = make_site(Ok(), 1 << 20, gate=gate, admit=admission(b"t"))
+    site.reactor = gate.clock
+    channel = site.buildProtocol(PEER)
+    assert isinstance(channel, Channel)
+    transport = Transport(peerAddress=PEER)
+    channel.makeConnection(transport)
+    return channel, transport
+
+
+def lose(channel: Channel) -> None:
+    channel.connectionLost(Failure(ConnectionError("gone")))
+
+
+def test_a_kept_alive_connection_is_closed_once_idle_past_its_deadline() -> None:
+    clock = Clock()
+    gate = ConnectionGate(clock, Limits(8, 1, 1.0, 5.0))
+    channel, transport = connect(gate)
+    channel.dataReceived(b"GET / HTTP/1.1\r\nhost: x\r\nauthorization: Bearer t\r\n\r\n")
+    assert transport.value().startswith(b"HTTP/1.1 200")
+    assert gate.untrusted == 0  # it carried the token
+    clock.advance(4.9)
+    assert not transport.disconnecting
+    channel.dataReceived(b"GET / HTTP/1.1\r\n")  # a byte now and then does not reset it
+    clock.advance(0.2)
+    assert transport.disconnecting
+    lose(channel)
+    assert gate.open == 0
+
+
+def test_the_header_section_has_a_deadline_from_the_connection() -> None:
+    clock = Clock()
+    gate = ConnectionGate(clock, Limits(8, 1, 1.0, 5.0))
+    channel, transport = connect(gate)
+    for _ in range(9):
+        channel.dataReceived(b"G")
+        clock.advance(0.1)
+    assert not transport.disconnecting
+    clock.advance(0.2)
+    assert transport.disconnecting and transport.value() == b""
+    lose(channel)
+
+
+def test_a_paced_401_is_not_sent_once_its_peer_is_gone() -> None:
+    clock = Clock()
+    gate = ConnectionGate(clock, Limits(8, 1, 10.0, 5.0))
+    gate.pace = PeerPace(clock, burst=1, rate=1.0, max_wait=5.0)
+    first, first_transport = connect(gate)
+    first.dataReceived(b"POST /sandboxes HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nbody!")
+    assert first_transport.value().startswith(b"HTTP/1.1 401 Unauthorized")
+    assert first_transport.write_closed
+    second, second_transport = connect(gate)
+    second.dataReceived(b"POST /sandboxes HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n")
+    assert second_transport.value() == b""  # its turn is a second away
+    lose(second)
+    clock.advance(1.0)
+    assert second_transport.value() == b""
+    clock.advance(2.0)  # the first one's linger ends: closed
+    assert first_transport.disconnecting
+    lose(first)
+    assert gate.open == 0
