@@ -360,8 +360,9 @@ def make_site(
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
     # email package (see docs/performance.rst), and read a multipart body whole into memory.
+    clock: dict[str, Any] = {} if gate is None else {"reactor": gate.clock}
     site = SpoolingSite(
-        Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False
+        Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False, **clock
     )
     site.spool_dir = spool_dir
     site.gate = gate  # type: ignore[attr-defined]

@@ -31,7 +31,6 @@ class Ok(Resource):
 
 def connect(gate: ConnectionGate) -> tuple[Channel, Transport]:
     site = make_site(Ok(), 1 << 20, gate=gate, admit=admission(b"t"))
-    site.reactor = gate.clock
     channel = site.buildProtocol(PEER)
     assert isinstance(channel, Channel)
     transport = Transport(peerAddress=PEER)
