@@ -124,3 +124,14 @@ def test_admission_judges_path_and_token() -> None:
     assert admit(b"/healthz?x=1", None) is Admission.OPEN
     assert admit(b"/readyz", b"Bearer x") is Admission.OPEN
     assert admission(None)(b"/sandboxes", None) is Admission.TRUSTED
+
+
+def test_an_untrusted_connection_between_requests_is_evictable_again() -> None:
+    g = gate(3, 1)
+    served, other = Conn(g), Conn(g)
+    assert g.opened(served) and g.opened(other)
+    g.busy(served)
+    g.busy(other)
+    assert not g.opened(Conn(g))  # 2 untrusted = cap - reserve, none waiting
+    g.waiting(served)  # its /healthz answered: it waits for another request
+    assert g.opened(Conn(g)) and served.evicted and not other.evicted
