@@ -352,6 +352,8 @@ class Config:
                 value = "<set>"
             elif setting.name == "umask":
                 value = f"{value:03o}"  # as an operator writes it
+            elif setting.name == "max_connections" and not value:
+                value = "auto" if value is None else "off"
             shown[setting.metadata["env"]] = value
         return shown
 

@@ -197,3 +197,5 @@ def test_the_connection_cap_is_auto_off_or_a_count() -> None:
     assert Config.load({}).max_connections is None
     assert Config.load({"SANDBOXD_MAX_CONNECTIONS": " off "}).max_connections == 0
     assert Config.load({"SANDBOXD_MAX_CONNECTIONS": "AUTO"}).max_connections is None
+    shown = [Config.load({"SANDBOXD_MAX_CONNECTIONS": v}).redacted() for v in ("auto", "off", "9")]
+    assert [s["SANDBOXD_MAX_CONNECTIONS"] for s in shown] == ["auto", "off", 9]
