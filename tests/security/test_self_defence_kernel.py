@@ -29,6 +29,7 @@ pytestmark = pytest.mark.kernel
 
 UIDS = ("--uid-min=590100", "--uid-max=590107")
 ATTACK_MIB = 32
+DESCRIPTORS = 160
 IDLE = 140
 """Idle connections each of the sandbox's two processes holds: under the 160 descriptors each
 inherits from the daemon, above what the daemon has left of them together."""
@@ -51,6 +52,7 @@ try:
         sent += 1
 except OSError:
     pass
+time.sleep(0.5)  # what the socket buffers still held reaches the daemon
 stored = used() - before
 try:
     answer = s.recv(200).split(b"\r\n")[0].decode()
@@ -117,8 +119,9 @@ def test_a_sandbox_in_host_mode_cannot_starve_the_daemon(tmp_path: Path, protect
                 f"--token-file={token_file}",
                 "--network=host",
                 "--header-timeout=off",  # the idle connections are the cap's to handle
+                "--socket-buffers=off",  # charged, the sandbox could not open them all
                 *off,
-                wrapper=("prlimit", "--nofile=160:160", "--"),
+                wrapper=("prlimit", f"--nofile={DESCRIPTORS}:{DESCRIPTORS}", "--"),
             )
         except AssertionError as e:
             pytest.skip(f"the daemon cannot isolate here: {str(e).strip().splitlines()[-1]}")
@@ -131,7 +134,7 @@ def test_a_sandbox_in_host_mode_cannot_starve_the_daemon(tmp_path: Path, protect
 def _attack(daemon: Any, token: str, protected: bool) -> None:
     attacker = create(daemon, token)
     result: list[tuple[int, list[dict[str, Any]]]] = []
-    argv = ["python3", "-c", ATTACK, str(daemon.port), str(ATTACK_MIB), str(IDLE), "15"]
+    argv = ["python3", "-c", ATTACK, str(daemon.port), str(ATTACK_MIB), str(IDLE), "30"]
     thread = threading.Thread(
         target=lambda: result.append(exec_frames(daemon, attacker, {"cmd": argv}, token))
     )
@@ -142,7 +145,11 @@ def _attack(daemon: Any, token: str, protected: bool) -> None:
     if not list(daemon.root.glob("**/holding")):
         thread.join(60)
         raise AssertionError(f"the attack did not get to its idle part: {result}")
-    descriptors = len(os.listdir(f"/proc/{daemon.process.pid}/fd"))
+    fds = Path(f"/proc/{daemon.process.pid}/fd")
+    settled = time.monotonic() + (20 if not protected else 2)
+    while time.monotonic() < settled and len(os.listdir(fds)) < DESCRIPTORS - 4:
+        time.sleep(0.2)  # the connections still in the listen backlog get in
+    descriptors = len(os.listdir(fds))
     answers = []
     for probe in (lambda: healthz(daemon.port), lambda: raw_create(daemon.port, token)):
         try:
@@ -159,5 +166,5 @@ def _attack(daemon: Any, token: str, protected: bool) -> None:
         assert answers == [True, True]
         assert call(daemon, "GET", "/healthz").status == 200
     else:
-        assert int(sent) == ATTACK_MIB and int(stored) >= (ATTACK_MIB << 20) - STORED_BOUND
-        assert answers != [True, True], descriptors
+        assert int(sent) == ATTACK_MIB and int(stored) >= (ATTACK_MIB << 20) // 2, stored
+        assert descriptors >= DESCRIPTORS - 4 and answers != [True, True], descriptors
