@@ -77,6 +77,12 @@ class Config:
     listen: str = _setting(
         "SANDBOXD_LISTEN", "tcp:8080", _text, "Twisted endpoint string to listen on"
     )
+    e2b_listen: str | None = _setting(
+        "SANDBOXD_E2B_LISTEN",
+        None,
+        _optional_text,
+        "Twisted endpoint string of the E2B-compatible front (default: off)",
+    )
     pod_url: str | None = _setting(
         "SANDBOXD_POD_URL",
         None,

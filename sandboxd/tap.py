@@ -28,6 +28,7 @@ from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archi
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import build_tools
+from sandboxd.e2b.api import make_front
 from sandboxd.http.api import SandboxAPI
 from sandboxd.http.site import can_spool, make_site
 from sandboxd.isolation.base import IsolationUnavailable
@@ -176,6 +177,22 @@ def start_disk(config: Config, layout: Layout) -> Layout:
     return attrs.evolve(layout, disk=disk)
 
 
+def start_e2b(
+    config: Config, manager: SandboxManager, token: bytes | None, reactor: Any, spool: str | None
+) -> IService:
+    """The E2B-compatible front's listener (``SANDBOXD_E2B_LISTEN``): the same manager, a
+    site of its own; a port that cannot be had stops start-up."""
+    assert config.e2b_listen is not None
+    front = make_front(manager, token)
+    site = make_site(front.app.resource(), config.max_body, spool_dir=spool)
+    listener = StreamServerEndpointService(serverFromString(reactor, config.e2b_listen), site)
+    _twisted.raise_synchronously(listener)
+    if token is None:
+        log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")
+    log.info("e2b: the E2B-compatible front listens on {listen}", listen=config.e2b_listen)
+    return listener
+
+
 def makeService(options: Options, reactor: Any = None, environ: Any = None) -> IService:
     """Build the daemon's service tree from options and the environment."""
     if reactor is None:
@@ -266,6 +283,8 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     listener = StreamServerEndpointService(endpoint, site)
     _twisted.raise_synchronously(listener)  # a port that cannot be had stops start-up
     listener.setServiceParent(top)
+    if config.e2b_listen is not None:
+        start_e2b(config, manager, token, reactor, spool_dir).setServiceParent(top)
     log.info("configuration: {settings}", settings=config.redacted())
     log.info("listening on {listen}", listen=config.listen)
     return top
