@@ -58,7 +58,14 @@ def in_place(
     return manager.files(entry.sandbox, lambda _: work(root, place.parts))
 
 
-def entry_info(place: Place, found: Entry) -> dict[str, Any]:
+def owner_name(entry: E2BSandbox, uid: int) -> str:
+    """E2B's name for an owner: ``user`` for the sandbox's own uid, ``root`` for 0."""
+    if uid == entry.sandbox.identity.uid:
+        return "user"
+    return "root" if uid == 0 else str(uid)
+
+
+def entry_info(entry: E2BSandbox, place: Place, found: Entry) -> dict[str, Any]:
     """An ``EntryInfo`` message of what is at ``place``."""
     mode = stat.S_IMODE(found.mode)
     if found.kind == "dir":
@@ -73,8 +80,8 @@ def entry_info(place: Place, found: Entry) -> dict[str, Any]:
         "size": found.size,
         "mode": mode,
         "permissions": stat.filemode(found.mode),
-        "owner": found.owner,
-        "group": found.group,
+        "owner": owner_name(entry, found.uid),
+        "group": owner_name(entry, found.gid),
         "modifiedTime": at.isoformat().replace("+00:00", "Z"),
     }
     if found.target is not None:
@@ -90,7 +97,7 @@ def _not_found_as_connect(error: PathNotFound) -> ConnectError:
 async def stat_(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
     place = place_of(message.get("path"))
     found = await in_place(manager, entry, place, entries.stat_entry)
-    return {"entry": entry_info(place, found)}
+    return {"entry": entry_info(entry, place, found)}
 
 
 async def list_dir(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
@@ -100,7 +107,7 @@ async def list_dir(manager: SandboxManager, entry: E2BSandbox, message: dict[str
     listed = []
     for item in found:
         child = Place(place.area, item.parts)
-        listed.append(entry_info(child, item))
+        listed.append(entry_info(entry, child, item))
     return {"entries": listed}
 
 
@@ -109,7 +116,7 @@ async def make_dir(manager: SandboxManager, entry: E2BSandbox, message: dict[str
     if not await in_place(manager, entry, place, entries.make_dir):
         raise ConnectError("already_exists", f"{place.display}: already exists")
     found = await in_place(manager, entry, place, entries.stat_entry)
-    return {"entry": entry_info(place, found)}
+    return {"entry": entry_info(entry, place, found)}
 
 
 async def move(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
@@ -119,7 +126,7 @@ async def move(manager: SandboxManager, entry: E2BSandbox, message: dict[str, An
         raise ConnectError("invalid_argument", "a move cannot cross /home/user and /tmp")
     await in_place(manager, entry, source, lambda r, p: workspace.rename(r, p, target.parts))
     found = await in_place(manager, entry, target, entries.stat_entry)
-    return {"entry": entry_info(target, found)}
+    return {"entry": entry_info(entry, target, found)}
 
 
 async def remove(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:

@@ -6,11 +6,8 @@ reported as one, with its target, never entered).
 """
 
 import errno
-import grp
 import os
-import pwd
 import stat
-from contextlib import suppress
 
 from attrs import frozen
 
@@ -27,14 +24,14 @@ ENTRIES_MAX = 100_000
 @frozen
 class Entry:
     """One entry: its path components under the root, kind (``file``, ``dir``, ``symlink``,
-    ``other``), size, mode bits, owner, group, modification time (ns) and link target."""
+    ``other``), size, mode bits, owner and group ids, modification time (ns), link target."""
 
     parts: Parts
     kind: str
     size: int
     mode: int
-    owner: str
-    group: str
+    uid: int
+    gid: int
     mtime_ns: int
     target: str | None = None
 
@@ -49,18 +46,6 @@ def _kind(mode: int) -> str:
     return "other"
 
 
-def _name_of_uid(uid: int) -> str:
-    with suppress(KeyError):
-        return pwd.getpwuid(uid).pw_name
-    return str(uid)
-
-
-def _name_of_gid(gid: int) -> str:
-    with suppress(KeyError):
-        return grp.getgrgid(gid).gr_name
-    return str(gid)
-
-
 def _entry(dir_fd: int, name: str, parts: Parts) -> Entry:
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     target = None
@@ -71,8 +56,8 @@ def _entry(dir_fd: int, name: str, parts: Parts) -> Entry:
         _kind(st.st_mode),
         st.st_size,
         st.st_mode,
-        _name_of_uid(st.st_uid),
-        _name_of_gid(st.st_gid),
+        st.st_uid,
+        st.st_gid,
         st.st_mtime_ns,
         target,
     )

@@ -1,0 +1,92 @@
+"""The control plane through the unmodified SDK: create, connect, get, list, timeout, kill,
+and the API key."""
+
+import json
+import urllib.request
+
+import pytest
+from e2b import AuthenticationException, Sandbox, SandboxException, SandboxNotFoundException
+
+from tests.e2b.conftest import E2BDaemon
+
+
+def test_create_get_list_timeout_kill(e2b_daemon: E2BDaemon) -> None:
+    sbx = Sandbox.create(timeout=60, metadata={"job": "a b&c"}, envs={"GREETING": "hi"})
+    other = Sandbox.create(timeout=60)
+    try:
+        info = sbx.get_info()
+        assert info.sandbox_id == sbx.sandbox_id and info.template_id == "base"
+        assert info.metadata == {"job": "a b&c"}
+        assert sbx.commands.run("echo $GREETING").stdout == "hi\n"
+        listed = Sandbox.list(query=None).next_items()
+        assert {s.sandbox_id for s in listed} >= {sbx.sandbox_id, other.sandbox_id}
+        from e2b import SandboxQuery
+
+        found = Sandbox.list(query=SandboxQuery(metadata={"job": "a b&c"})).next_items()
+        assert [s.sandbox_id for s in found] == [sbx.sandbox_id]
+        pages = Sandbox.list(limit=1)
+        first = pages.next_items()
+        assert len(first) == 1 and pages.has_next
+        second = pages.next_items()
+        assert len(second) == 1 and second[0].sandbox_id != first[0].sandbox_id
+        before = info.end_at
+        sbx.set_timeout(600)
+        assert sbx.get_info().end_at > before
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert again.commands.run("echo back").stdout == "back\n"
+        assert sbx.is_running()
+    finally:
+        other.kill()
+    assert sbx.kill() is True
+    assert not sbx.is_running()
+    assert Sandbox.kill(sbx.sandbox_id) is False
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(sbx.sandbox_id)
+    with pytest.raises(SandboxNotFoundException):
+        sbx.set_timeout(10)
+
+
+def test_timeout_kills_the_sandbox(e2b_daemon: E2BDaemon) -> None:
+    sbx = Sandbox.create(timeout=1)
+    handle = sbx.commands.run("sleep 30", background=True, timeout=0)
+    from e2b import SandboxNotRunningException
+
+    with pytest.raises((SandboxNotRunningException, SandboxException)):
+        handle.wait()
+    assert not sbx.is_running()
+
+
+def test_wrong_api_key_is_refused(e2b_daemon: E2BDaemon) -> None:
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="not-the-token")
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="not-the-token").next_items()
+
+
+def test_unsupported_features_say_so(e2b_daemon: E2BDaemon) -> None:
+    with pytest.raises(SandboxException, match="only the default template"):
+        Sandbox.create(template="python-3.12")
+    sbx = Sandbox.create(timeout=60)
+    try:
+        with pytest.raises(Exception, match="not supported by sandboxd"):
+            sbx.pause()
+        with pytest.raises(Exception, match="PTY is not supported"):
+            sbx.pty.create(size=__import__("e2b").PtySize(rows=24, cols=80))
+    finally:
+        sbx.kill()
+
+
+def test_native_sandboxes_are_not_reachable(e2b_daemon: E2BDaemon) -> None:
+    native = e2b_daemon.daemon
+    request = urllib.request.Request(
+        native.url + "/sandboxes",
+        data=b"{}",
+        method="POST",
+        headers={"Authorization": "Bearer e2b-test-token"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        rid = json.loads(response.read())["remote_id"]
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(rid)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(rid)
