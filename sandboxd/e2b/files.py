@@ -14,7 +14,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TypeVar
 
-from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from sandboxd.core.files import entries, workspace
@@ -49,13 +48,17 @@ WATCHER_EVENTS_MAX = 10_000
 """Events a polling watcher keeps between two polls (the oldest go first)."""
 
 
-def in_place(
+async def in_place(
     manager: SandboxManager, entry: E2BSandbox, place: Place, work: Callable[[str, Parts], T]
-) -> Deferred[T]:
-    """``work(root, parts)`` in a file thread as the sandbox, ``root`` the place's directory."""
+) -> T:
+    """``work(root, parts)`` in a file thread as the sandbox, ``root`` the place's directory;
+    a missing path is named as the SDK named it."""
     rid = entry.id
     root = manager.layout.workspace(rid) if place.area == WORKSPACE else manager.layout.tmp(rid)
-    return manager.files(entry.sandbox, lambda _: work(root, place.parts))
+    try:
+        return await manager.files(entry.sandbox, lambda _: work(root, place.parts))
+    except PathNotFound:
+        raise PathNotFound(f"{place.display}: no such file or directory") from None
 
 
 def owner_name(entry: E2BSandbox, uid: int) -> str:
@@ -88,10 +91,6 @@ def entry_info(entry: E2BSandbox, place: Place, found: Entry) -> dict[str, Any]:
         info["symlinkTarget"] = found.target
         info["isSymlink"] = True
     return info
-
-
-def _not_found_as_connect(error: PathNotFound) -> ConnectError:
-    return ConnectError("not_found", error.detail)
 
 
 async def stat_(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
