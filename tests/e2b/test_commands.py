@@ -12,10 +12,10 @@ from e2b import (
 )
 
 
-def test_foreground_streams_live_and_separately(sandbox: Sandbox) -> None:
+def test_foreground_streams_live_and_separately(any_sandbox: Sandbox) -> None:
     out: list[str] = []
     err: list[str] = []
-    result = sandbox.commands.run(
+    result = any_sandbox.commands.run(
         "echo one; echo two >&2; echo three",
         on_stdout=out.append,
         on_stderr=err.append,
@@ -47,7 +47,8 @@ def test_timeout(sandbox: Sandbox) -> None:
         sandbox.commands.run("sleep 20", timeout=1)
 
 
-def test_background_list_kill(sandbox: Sandbox) -> None:
+def test_background_list_kill(any_sandbox: Sandbox) -> None:
+    sandbox = any_sandbox
     handle = sandbox.commands.run("sleep 60", background=True)
     listed = sandbox.commands.list()
     assert handle.pid in [p.pid for p in listed]
@@ -61,7 +62,8 @@ def test_background_list_kill(sandbox: Sandbox) -> None:
     assert sandbox.commands.kill(999999) is False
 
 
-def test_stdin(sandbox: Sandbox) -> None:
+def test_stdin(any_sandbox: Sandbox) -> None:
+    sandbox = any_sandbox
     handle = sandbox.commands.run("cat", background=True, stdin=True)
     sandbox.commands.send_stdin(handle.pid, "hello ")
     handle.send_stdin("world")

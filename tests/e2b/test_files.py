@@ -14,7 +14,8 @@ from e2b import (
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 
-def test_round_trips(sandbox: Sandbox) -> None:
+def test_round_trips(any_sandbox: Sandbox) -> None:
+    sandbox = any_sandbox
     info = sandbox.files.write("/home/user/a.txt", "héllo")
     assert info.path == "/home/user/a.txt" and info.name == "a.txt"
     assert sandbox.files.read("a.txt") == "héllo"
@@ -62,7 +63,8 @@ def test_rename_remove(sandbox: Sandbox) -> None:
         sandbox.files.read("dir/new.txt")
 
 
-def test_tmp_is_the_sandboxes_own(sandbox: Sandbox) -> None:
+def test_tmp_is_the_sandboxes_own(any_sandbox: Sandbox) -> None:
+    sandbox = any_sandbox
     sandbox.files.write("/tmp/scratch", "t")
     assert sandbox.files.read("/tmp/scratch") == "t"
     assert "scratch" in [e.name for e in sandbox.files.list("/tmp")]

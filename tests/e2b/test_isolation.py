@@ -5,7 +5,6 @@ Each attack is also made with the right token, to show that it is the token that
 """
 
 import json
-import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 from e2b import AuthenticationException, ConnectionConfig, Sandbox
 
-from tests.e2b.conftest import E2BDaemon
+from tests.e2b.conftest import E2BDaemon, point_sdk_at
 
 
 def envd_call(
@@ -33,7 +32,7 @@ def envd_call(
 
 
 @pytest.fixture
-def pair(e2b_daemon: E2BDaemon) -> Any:
+def pair(any_daemon: E2BDaemon) -> Any:
     first, second = Sandbox.create(timeout=120), Sandbox.create(timeout=120)
     try:
         yield first, second
@@ -50,7 +49,7 @@ def token_of(sbx: Sandbox) -> str:
 
 @pytest.mark.parametrize("token_from", ["own", "other", "none", "forged"])
 def test_a_token_reaches_its_own_sandbox_only(
-    e2b_daemon: E2BDaemon, pair: tuple[Sandbox, Sandbox], token_from: str
+    any_daemon: E2BDaemon, pair: tuple[Sandbox, Sandbox], token_from: str
 ) -> None:
     victim, attacker = pair
     victim.files.write("secret.txt", "victim's")
@@ -61,7 +60,7 @@ def test_a_token_reaches_its_own_sandbox_only(
         "forged": "x" * 32,
     }[token_from]
     status, answer = envd_call(
-        e2b_daemon,
+        any_daemon,
         "filesystem.Filesystem/Stat",
         victim.sandbox_id,
         token,
@@ -110,8 +109,11 @@ def test_sdk_with_another_sandboxes_token_is_refused(pair: tuple[Sandbox, Sandbo
         stolen.commands.run("true")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the real isolation needs root")
-def test_commands_run_as_the_sandboxes_own_uid(pair: tuple[Sandbox, Sandbox]) -> None:
+def test_commands_run_as_the_sandboxes_own_uid(
+    monkeypatch: pytest.MonkeyPatch, isolated_front: E2BDaemon
+) -> None:
+    point_sdk_at(monkeypatch, isolated_front)
+    pair = Sandbox.create(timeout=60), Sandbox.create(timeout=60)
     first, second = pair
     uids = {int(s.commands.run("id -u").stdout) for s in pair}
     assert len(uids) == 2 and 0 not in uids
@@ -119,3 +121,5 @@ def test_commands_run_as_the_sandboxes_own_uid(pair: tuple[Sandbox, Sandbox]) ->
     where = first.commands.run("realpath private.txt").stdout.strip()
     denied = second.commands.run(f"cat {where} 2>&1; echo $?", timeout=30).stdout
     assert "Permission denied" in denied or "No such file" in denied
+    for sbx in pair:
+        sbx.kill()
