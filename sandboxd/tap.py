@@ -285,6 +285,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     listener.setServiceParent(top)
     if config.e2b_listen is not None:
         start_e2b(config, manager, token, reactor, spool_dir).setServiceParent(top)
+        api.capabilities = sorted({*api.capabilities, "e2b"})
     log.info("configuration: {settings}", settings=config.redacted())
     log.info("listening on {listen}", listen=config.listen)
     return top

@@ -56,6 +56,11 @@ def test_timeout_kills_the_sandbox(e2b_daemon: E2BDaemon) -> None:
     assert not sbx.is_running()
 
 
+def test_healthz_lists_the_front(e2b_daemon: E2BDaemon) -> None:
+    status, body = e2b_daemon.daemon.call("GET", "/healthz")
+    assert status == 200 and "e2b" in json.loads(body)["capabilities"]
+
+
 def test_wrong_api_key_is_refused(e2b_daemon: E2BDaemon) -> None:
     with pytest.raises(AuthenticationException):
         Sandbox.create(api_key="not-the-token")
