@@ -25,7 +25,7 @@ from sandboxd.e2b import control, files, process, upload, wire
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
-from sandboxd.errors import PathNotFound, SandboxdError, SandboxNotFound
+from sandboxd.errors import InsufficientStorage, PathNotFound, SandboxdError, SandboxNotFound
 
 log = Logger()
 
@@ -136,9 +136,11 @@ class E2BFront:
             return wire.STATUS_OF_CODE.get(error.code, 500), error.message
         if isinstance(error, PathNotFound):
             return 404, error.detail
+        if isinstance(error, InsufficientStorage):
+            return 507, error.detail  # the SDK's NotEnoughSpaceException
         if isinstance(error, SandboxdError):
             status, _ = wire.connect_error_body(wire.connect_error_of(error))
-            return (507 if status == 429 and "space" in error.detail else status), error.detail
+            return status, error.detail
         log.failure("unexpected error answering {uri}", failure, uri=request.uri)
         return 500, str(error)
 

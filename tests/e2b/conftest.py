@@ -22,9 +22,10 @@ TOKEN = "e2b-test-token"
 class E2BDaemon:
     """The daemon, and the URL of its E2B front."""
 
-    def __init__(self, daemon: Daemon, port: int) -> None:
+    def __init__(self, daemon: Daemon, port: int, isolated: bool) -> None:
         self.daemon = daemon
         self.url = f"http://127.0.0.1:{port}"
+        self.isolated = isolated
 
 
 def _stop(front: E2BDaemon) -> None:
@@ -47,7 +48,8 @@ def _start(tmp: Path, *args: str) -> E2BDaemon:
     token.chmod(0o600)
     port = free_port()
     listen = f"--e2b-listen=tcp:{port}:interface=127.0.0.1"
-    return E2BDaemon(start_daemon(tmp, listen, f"--token-file={token}", *args), port)
+    daemon = start_daemon(tmp, listen, f"--token-file={token}", *args)
+    return E2BDaemon(daemon, port, isolated="--isolation=none" not in args)
 
 
 @pytest.fixture(scope="session")

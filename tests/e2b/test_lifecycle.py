@@ -32,7 +32,10 @@ def test_create_get_list_timeout_kill(e2b_daemon: E2BDaemon) -> None:
         before = info.end_at
         sbx.set_timeout(600)
         assert sbx.get_info().end_at > before
-        again = Sandbox.connect(sbx.sandbox_id)
+        again = Sandbox.connect(sbx.sandbox_id, timeout=900)
+        assert again.get_info().end_at > sbx.get_info().started_at + __import__(
+            "datetime"
+        ).timedelta(seconds=800)
         assert again.commands.run("echo back").stdout == "back\n"
         assert sbx.is_running()
     finally:
@@ -95,3 +98,18 @@ def test_native_sandboxes_are_not_reachable(e2b_daemon: E2BDaemon) -> None:
         Sandbox.get_info(rid)
     with pytest.raises(SandboxNotFoundException):
         Sandbox.connect(rid)
+
+
+def test_no_internet_access_is_network_mode_none(any_daemon: E2BDaemon) -> None:
+    """``allow_internet_access=False`` asks for the ``none`` network mode: the sandbox has
+    its own loopback only; a replica without network namespaces refuses the create."""
+    if not any_daemon.isolated:
+        with pytest.raises(SandboxException, match="network mode none is not offered"):
+            Sandbox.create(timeout=30, allow_internet_access=False)
+        return
+    sbx = Sandbox.create(timeout=30, allow_internet_access=False)
+    try:
+        lines = sbx.commands.run("cat /proc/net/dev").stdout.splitlines()[2:]
+        assert [line.split(":")[0].strip() for line in lines] == ["lo"]
+    finally:
+        sbx.kill()
