@@ -122,6 +122,9 @@ async def start(
     stdin = bool_field(message, "stdin")
     spec = ExecSpec((cmd, *args), envs, cwd, timeout_of(request), None, ())
     process = manager.start_process(entry.sandbox, spec, tag=tag, stdin=stdin)
+    kept = {p.id for p in entry.sandbox.processes.all()}
+    for gone in [key for key in entry.processes if key not in kept]:
+        del entry.processes[gone]  # pushed out of the sandbox's records
     listed: dict[str, Any] = {"cmd": cmd, "args": args, "envs": envs}
     listed["cwd"] = place_of(config["cwd"]).display if config.get("cwd") else HOME
     entry.processes[process.id] = listed

@@ -9,7 +9,6 @@ Sandboxes of the native API are not listed here and cannot be reached through th
 
 import hmac
 import secrets
-from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -59,7 +58,6 @@ class Registry:
         self.clock = clock
         self.timeout_max = timeout_max
         self._sandboxes: dict[str, E2BSandbox] = {}
-        self.on_forget: Callable[[E2BSandbox], None] = lambda entry: None
 
     def add(
         self, sandbox: Sandbox, template: str, metadata: dict[str, str], timeout: float
@@ -128,4 +126,3 @@ class Registry:
         for watcher in entry.watchers.values():
             watcher.close()
         entry.watchers.clear()
-        self.on_forget(entry)

@@ -112,3 +112,15 @@ def test_a_killed_sandbox_ends_its_streams(sandbox: Sandbox) -> None:
         handle.wait()
     with pytest.raises(SandboxNotRunningException):
         sandbox.commands.run("true")
+
+
+def test_more_commands_than_records(sandbox: Sandbox) -> None:
+    """Ended commands are pushed out of the sandbox's records (SANDBOXD_PROCESSES_MAX, 16)
+    as new ones start; the running ones stay listed."""
+    handle = sandbox.commands.run("sleep 60", background=True)
+    try:
+        for n in range(20):
+            assert sandbox.commands.run(f"echo {n}").stdout == f"{n}\n"
+        assert [p.pid for p in sandbox.commands.list()] == [handle.pid]
+    finally:
+        handle.kill()
