@@ -19,6 +19,7 @@ from twisted.web.iweb import IRequest
 from sandboxd.core.files import entries, workspace
 from sandboxd.core.files.entries import Entry
 from sandboxd.core.files.paths import Parts
+from sandboxd.core.files.tree import UPLOAD_PREFIX
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
 from sandboxd.e2b import wire
@@ -143,11 +144,13 @@ def _watched(message: dict[str, Any]) -> Place:
 
 def watch_event(root: Place, event: WatchEvent) -> dict[str, Any] | None:
     """A ``FilesystemEvent`` (its name relative to the watched directory), or ``None`` for
-    an event that has none (an overflow)."""
+    an event that has none (an overflow, an upload's temporary file)."""
     kind = EVENT_TYPES.get(event.kind)
     if kind is None or event.path is None:
         return None
     parts = tuple(p for p in event.path.split("/") if p)
+    if parts and parts[-1].startswith(UPLOAD_PREFIX):
+        return None  # an upload's temporary file: its rename into place is the target's event
     return {"name": "/".join(parts[len(root.parts) :]), "type": kind}
 
 
