@@ -90,3 +90,22 @@ def test_malformed_stream_body_is_invalid_argument(e2b_daemon: E2BDaemon) -> Non
         assert sbx.commands.list() == []  # nothing was started
     finally:
         sbx.kill()
+
+
+async def watch_of_a_killed_sandbox() -> Exception | None:
+    sbx = await AsyncSandbox.create(timeout=60)
+    ended: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+
+    def on_exit(error: Exception | None) -> None:
+        if not ended.done():
+            ended.set_result(error)
+
+    await sbx.files.watch_dir("/home/user", lambda event: None, on_exit=on_exit, timeout=0)
+    await sbx.kill()
+    return await asyncio.wait_for(ended, 60)
+
+
+def test_a_killed_sandbox_ends_its_watch(e2b_daemon: E2BDaemon) -> None:
+    from e2b import SandboxNotRunningException
+
+    assert isinstance(asyncio.run(watch_of_a_killed_sandbox()), SandboxNotRunningException)

@@ -113,3 +113,22 @@ def test_no_internet_access_is_network_mode_none(any_daemon: E2BDaemon) -> None:
         assert [line.split(":")[0].strip() for line in lines] == ["lo"]
     finally:
         sbx.kill()
+
+
+def test_a_sandbox_killed_by_other_means_is_gone(e2b_daemon: E2BDaemon) -> None:
+    """Killed through the native API (as the idle reaper or a drain would): the E2B front
+    forgets it, and its envd calls answer "not running"."""
+    from e2b import SandboxNotRunningException
+
+    sbx = Sandbox.create(timeout=60)
+    request = urllib.request.Request(
+        f"{e2b_daemon.daemon.url}/sandboxes/{sbx.sandbox_id}",
+        method="DELETE",
+        headers={"Authorization": "Bearer e2b-test-token"},
+    )
+    urllib.request.urlopen(request, timeout=30).close()
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(sbx.sandbox_id)
+    with pytest.raises(SandboxNotRunningException):
+        sbx.files.read("x")
+    assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
