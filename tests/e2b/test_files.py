@@ -1,6 +1,7 @@
 """``files`` through the unmodified SDK: read/write of text, bytes and several files, list
 with depth, stat, exists, make_dir, rename, remove, /tmp, refused paths, and watch."""
 
+import io
 import time
 
 import pytest
@@ -27,6 +28,9 @@ def test_round_trips(any_sandbox: Sandbox) -> None:
     )
     assert sorted(w.path for w in written) == ["/home/user/m/one", "/home/user/m/two"]
     assert sandbox.files.read("m/two") == "2"
+    sandbox.files.write("file-object", io.BytesIO(b"from a file object"))  # octet-stream
+    assert sandbox.files.read("file-object") == "from a file object"
+    assert b"".join(sandbox.files.read("file-object", format="stream")) == b"from a file object"
     sandbox.files.write("gz.txt", b"zipped", gzip=True)
     assert sandbox.files.read("gz.txt") == "zipped"
     assert sandbox.commands.run("cat a.txt m/one").stdout == "héllo1"
