@@ -67,6 +67,8 @@ setup(
         "sandboxd.core.archive",
         "sandboxd.core.exec",
         "sandboxd.core.files",
+        "sandboxd.core.processes",
+        "sandboxd.core.watch",
         "sandboxd.core.tools",
         "sandboxd.e2b",
         "sandboxd.http",

@@ -1,0 +1,1 @@
+"""The workspace watch (SPEC §2.2): inotify, read by the reactor."""
