@@ -3,6 +3,7 @@ and the API key."""
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 from e2b import AuthenticationException, Sandbox, SandboxException, SandboxNotFoundException
@@ -132,3 +133,23 @@ def test_a_sandbox_killed_by_other_means_is_gone(e2b_daemon: E2BDaemon) -> None:
     with pytest.raises(SandboxNotRunningException):
         sbx.files.read("x")
     assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+
+
+def test_without_a_token_any_key_is_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``SANDBOXD_TOKEN_FILE``: the front takes any API key, and the daemon says so."""
+    from tests.support.daemon import free_port, start_daemon, stop_daemon
+
+    port = free_port()
+    daemon = start_daemon(
+        tmp_path, f"--e2b-listen=tcp:{port}:interface=127.0.0.1", "--isolation=none"
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        monkeypatch.setenv("E2B_API_URL", url)
+        monkeypatch.setenv("E2B_SANDBOX_URL", url)
+        sbx = Sandbox.create(api_key="anything", timeout=30)
+        assert sbx.commands.run("echo open").stdout == "open\n"
+        sbx.kill()
+        assert "any X-API-Key is accepted" in daemon.log.read_text()
+    finally:
+        stop_daemon(daemon)
