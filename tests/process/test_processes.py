@@ -9,8 +9,10 @@ import base64
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -311,12 +313,44 @@ def test_watch_bounds_and_end(small_log: Daemon) -> None:
         assert next(iter(s)) == {}
     status, body = small_log.call("GET", f"/sandboxes/{rid}/watch")
     assert (status, json.loads(body)["error"]) == (429, "TooMany")
+    assert small_log.inotify_instances() == 2
     assert small_log.call("DELETE", f"/sandboxes/{rid}")[0] == 204
     for s in streams:
         assert [f for f in s if f] == [
             {"error": "SandboxNotFound", "detail": "the sandbox was killed"}
         ]
         s.close()
+    assert small_log.inotify_instances() == 0  # closed with the sandbox
+
+
+def until(condition: Any, bound: float = 60) -> bool:
+    """Poll ``condition()`` until true, ``False`` past ``bound`` seconds (an outer bound)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_watches_whose_readers_leave_hold_no_inotify_instance(daemon: Daemon) -> None:
+    """More watches than a user may hold inotify instances (128 by default) come and go,
+    their clients leaving at every moment (during the walk, after it): none is kept."""
+    rid = daemon.create()
+    for name in ("a", "a/b", "a/b/c"):
+        daemon.call("POST", f"/sandboxes/{rid}/mkdir", {"path": name})
+    for round in range(150):
+        connection = socket.create_connection(("127.0.0.1", daemon.port), timeout=60)
+        connection.sendall(f"GET /sandboxes/{rid}/watch HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        if round % 25 == 0:
+            assert connection.recv(1)  # the first keepalive: the watch is running
+        connection.close()
+    assert until(lambda: daemon.inotify_instances() == 0), daemon.inotify_instances()
+    stream = Lines(daemon, f"/sandboxes/{rid}/watch")
+    assert stream.status == 200 and next(iter(stream)) == {}
+    assert daemon.inotify_instances() == 1
+    stream.close()
+    assert until(lambda: daemon.inotify_instances() == 0), daemon.inotify_instances()
 
 
 def test_processes_and_watch_are_capabilities(daemon: Daemon) -> None:
