@@ -384,3 +384,24 @@ def test_sandboxctl_run_d_logs_ps_signal(daemon: Daemon) -> None:
     assert ctl("signal", handle, pid, "TERM").returncode == 0
     followed = ctl("logs", "-f", handle, pid)
     assert followed.returncode == 128 + 15 and followed.stdout == "out\n"
+
+
+def test_the_reaper_spares_a_printing_process_and_reaps_a_silent_one(tmp_path: Path) -> None:
+    """A background process's output is its sandbox's activity; a silent one is not: its
+    sandbox is reaped while the printing one's lives on (both started at the same time)."""
+    reaping = start_daemon(tmp_path, "--isolation=none", "--idle-ttl=3s")
+    try:
+        printing, silent = reaping.create(), reaping.create()
+        loop = ["sh", "-c", "while :; do echo tick; sleep 0.1; done"]
+        start(reaping, printing, loop)
+        start(reaping, silent, ["sleep", "600"])
+
+        def alive(rid: str) -> bool:  # the list: a call to the sandbox would be activity
+            return rid in [s["remote_id"] for s in reaping.json("GET", "/sandboxes")["sandboxes"]]
+
+        assert until(lambda: not alive(silent), 120)  # reaped after 3 s without activity
+        assert alive(printing)
+        assert "reaping sandbox " + silent in reaping.log.read_text()
+        assert "reaping sandbox " + printing not in reaping.log.read_text()
+    finally:
+        stop_daemon(reaping)
