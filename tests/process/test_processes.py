@@ -6,12 +6,15 @@ test instead of hanging it.
 """
 
 import base64
+import contextlib
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from sandboxd_client._handles import encode_handle
 from tests.support.daemon import REPO, Daemon, free_port, start_daemon, stop_daemon
 
 
@@ -408,3 +412,82 @@ def test_the_reaper_spares_a_printing_process_and_reaps_a_silent_one(tmp_path: P
         assert "reaping sandbox " + printing not in reaping.log.read_text()
     finally:
         stop_daemon(reaping)
+
+
+class CuttingProxy:
+    """A loopback TCP proxy to the daemon that drops each connection after ``cut`` bytes of
+    the daemon's answer have passed (a connection lost mid-stream)."""
+
+    def __init__(self, port: int, cut: int) -> None:
+        self.target = port
+        self.cut = cut
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for source, sink, cut in ((client, upstream, None), (upstream, client, self.cut)):
+                threading.Thread(target=self._pipe, args=(source, sink, cut), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket, cut: int | None) -> None:
+        passed = 0
+        try:
+            while cut is None or passed < cut:
+                data = source.recv(min(4096, cut - passed) if cut is not None else 4096)
+                if not data:
+                    break
+                sink.sendall(data)
+                passed += len(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_sandboxctl_logs_f_resumes_at_its_offset_after_a_dropped_connection(
+    daemon: Daemon,
+) -> None:
+    """``sandboxctl logs -f`` through a connection cut mid-stream says where to resume;
+    ``logs -f --offset N`` from there gives the rest: together, exactly the process's
+    output, nothing lost, nothing twice."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def ctl(url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "sandboxd_client.cli", *args],
+            capture_output=True,
+            env={**env, "SANDBOXD_URL": url},
+            timeout=120,
+        )
+
+    rid = daemon.create()
+    script = "for i in $(seq 1 400); do echo line $i; sleep 0.005; done; sleep 1; echo last"
+    pid = start(daemon, rid, ["sh", "-c", script])
+    proxy = CuttingProxy(daemon.port, cut=3000)
+    cut_url = f"http://127.0.0.1:{proxy.port}"
+    try:
+        first = ctl(cut_url, "logs", "-f", encode_handle(cut_url, rid).id, pid)
+    finally:
+        proxy.close()
+    assert first.returncode != 0
+    resume = re.search(rb"resume with --offset (\d+)", first.stderr)
+    assert resume, first.stderr
+    offset = int(resume.group(1))
+    assert 0 < offset == len(first.stdout)
+    handle = encode_handle(daemon.url, rid).id
+    rest = ctl(daemon.url, "logs", "-f", "--offset", str(offset), handle, pid)
+    assert rest.returncode == 0, rest.stderr
+    expected = subprocess.run(["sh", "-c", script], capture_output=True, check=True).stdout
+    assert first.stdout + rest.stdout == expected
