@@ -269,6 +269,7 @@ def test_printing_a_gibibyte_keeps_daemon_memory_flat(daemon: Daemon) -> None:
     stalled.close()
     assert last == {"exit": 0} and received + dropped == 1 << 30
     peak = daemon.rss_kib("VmHWM")
+    print(f"\n1 GiB printed: daemon RSS {before} KiB before, peak {peak} KiB")
     # The log keeps 16 MiB; a 1 GiB buffer anywhere would be seen here.
     assert peak - before < 160 * 1024, (before, peak)
     (record,) = daemon.json("GET", f"/sandboxes/{rid}/processes")["processes"]
