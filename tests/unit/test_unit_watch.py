@@ -154,10 +154,29 @@ class Walks:
         waiting.callback(result)
 
 
+class RacingInotify(inotify.Inotify):
+    """Makes ``raced`` in the directory ``new`` right after its watch is added, before the
+    walk lists it: the entry is both listed and announced by an event."""
+
+    def watch_dir(self, fd: int, dir_fd: int) -> int:
+        wd = super().watch_dir(fd, dir_fd)
+        if os.readlink(f"/proc/self/fd/{dir_fd}").endswith("/new"):
+            with open(os.open("raced", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dir_fd), "wb"):
+                pass
+        return wd
+
+
 def queued_watch(tmp_path: Path) -> tuple[WorkspaceWatch, Walks, list[WatchEvent], list[object]]:
     walks = Walks(tmp_path)
     events: list[WatchEvent] = []
-    watch = WorkspaceWatch(Readers(), walks, (), True, events.append)  # type: ignore[arg-type]
+    watch = WorkspaceWatch(
+        Readers(),  # type: ignore[arg-type]
+        walks,
+        (),
+        True,
+        events.append,
+        ino=RacingInotify(),
+    )
     done: list[object] = []
     Deferred.fromCoroutine(watch.start()).addBoth(done.append)
     return watch, walks, events, done
@@ -189,7 +208,8 @@ def test_what_a_new_directory_held_before_its_watch_is_reported_once(tmp_path: P
     assert seen.count(("create", "/new", True)) == 1
     assert seen.count(("create", "/new/before", False)) == 1
     assert seen.count(("create", "/new/sub", True)) == 1
-    assert seen.count(("create", "/new/after", False)) == 1  # listed and announced: once
+    assert seen.count(("create", "/new/raced", False)) == 1  # listed and announced: once
+    assert seen.count(("create", "/new/after", False)) == 1  # held while the walk was out
     assert seen.count(("create", "/new/sub/deep", False)) == 1
     assert ("write", "/new/after", False) in seen  # held while the walk was out, then told
     assert not walks.queued  # /new/sub was watched by /new's walk, not walked again
