@@ -1,1 +1,1 @@
-"""Background processes of a sandbox: their records, runs and output logs (SPEC §2.1)."""
+"""Background processes of a sandbox: their output logs, their readers, their table."""

@@ -1,1 +1,1 @@
-"""The workspace watch (SPEC §2.2): inotify, read by the reactor."""
+"""A live view of a sandbox's workspace: inotify, run with the sandbox's credentials."""
