@@ -134,6 +134,12 @@ class Config:
     drain_deadline: float = _setting(
         "SANDBOXD_DRAIN_DEADLINE", "60s", parse_duration, "Longest a drain waits for busy sandboxes"
     )
+    drain_idle: float = _setting(
+        "SANDBOXD_DRAIN_IDLE",
+        "10s",
+        parse_duration,
+        "During a drain, kill a sandbox after this long with no call, command or output",
+    )
     archive_root: str | None = _setting(
         "SANDBOXD_ARCHIVE_ROOT",
         None,

@@ -35,6 +35,7 @@ from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
 from sandboxd.isolation.select import build_isolation
+from sandboxd.stop_signals import on_next_stop_signal
 
 log = Logger()
 
@@ -61,8 +62,12 @@ class SandboxdService(MultiService):
         pools: list[ThreadPool],
         reactor: Any,
         log_observer: Any = None,
+        on_stop_signal: Callable[[Any, Callable[[str], None]], None] = lambda reactor, act: None,
     ) -> None:
         super().__init__()
+        self.on_stop_signal = on_stop_signal
+        """Installs what the next SIGINT/SIGTERM does once a drain has begun (``twistd``:
+        :func:`sandboxd.stop_signals.on_next_stop_signal`)."""
         self.manager = manager
         self.pools = pools
         self.reactor = reactor
@@ -87,12 +92,14 @@ class SandboxdService(MultiService):
     def drain_and_exit(self) -> None:
         """Drain (``POST /drain``), then stop the reactor."""
         notify.stopping()
+        self.on_stop_signal(self.reactor, self.stop_now)
         drained = self.manager.drain().addCallback(lambda _: self.streams_written())
         drained.addCallback(lambda _: self.reactor.stop())
 
     def stopService(self) -> Deferred[Any]:
-        log.info("stopping: draining first")
+        log.info("stopping: draining first (a second SIGINT/SIGTERM stops at once)")
         notify.stopping()
+        self.on_stop_signal(self.reactor, self.stop_now)
         drained = self.manager.drain().addCallback(lambda _: self.streams_written())
 
         def stop_children(_: object) -> Deferred[Any]:
@@ -104,6 +111,15 @@ class SandboxdService(MultiService):
             return result
 
         return drained.addCallback(stop_children).addBoth(stop_pools)
+
+    def stop_now(self, signal_name: str) -> None:
+        """A second stop signal during a drain: kill every sandbox now, then exit."""
+        log.warn(
+            "{signal} during the drain: stopping at once ({count} sandboxes killed)",
+            signal=signal_name,
+            count=len(self.manager.sandboxes),
+        )
+        self.manager.stop_now()  # the drain ends, and with it the daemon
 
 
 def reap_interval(idle_ttl: float) -> float:
@@ -247,7 +263,9 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     observer = None
     if config.log_format == "json":
         observer = jsonFileLogObserver(sys.stdout, recordSeparator="")
-    top = SandboxdService(manager, [file_pool, admin_pool], reactor, observer)
+    top = SandboxdService(
+        manager, [file_pool, admin_pool], reactor, observer, on_stop_signal=on_next_stop_signal
+    )
     api.on_drain = top.drain_and_exit
     top.streams_written = api.streams_written
     reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
