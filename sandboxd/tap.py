@@ -35,6 +35,7 @@ from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
 from sandboxd.isolation.select import build_isolation
+from sandboxd.reach import reach_hint
 from sandboxd.stop_signals import on_next_stop_signal
 
 log = Logger()
@@ -72,6 +73,8 @@ class SandboxdService(MultiService):
         self.pools = pools
         self.reactor = reactor
         self.log_observer = log_observer
+        self.listen = ""
+        """The endpoint string the HTTP service listens on (for the line saying where)."""
         self.streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None)
         """Fires once the open exec streams have written their last frames (the front's)."""
 
@@ -86,6 +89,9 @@ class SandboxdService(MultiService):
             pool.start()
         self.manager.start().addErrback(lambda f: log.failure("recovery failed", f))
         super().startService()
+        for service in self:
+            if isinstance(service, StreamServerEndpointService):
+                say_where_when_listening(service, self.listen)
         log.info("sandboxd ready")
         notify.ready_when_listening(self)  # systemd Type=notify: READY=1 once listening
 
@@ -120,6 +126,18 @@ class SandboxdService(MultiService):
             count=len(self.manager.sandboxes),
         )
         self.manager.stop_now()  # the drain ends, and with it the daemon
+
+
+def say_where_when_listening(listener: StreamServerEndpointService, endpoint: str) -> None:
+    """Once ``listener`` listens, log one line: where, and a command that reaches it."""
+    waiting = _twisted.waiting_for_port(listener)
+
+    def say(port: Any) -> Any:
+        log.info("{hint}", hint=reach_hint(endpoint, port.getHost().port))
+        return port
+
+    if waiting is not None:
+        waiting.addCallback(say)
 
 
 def reap_interval(idle_ttl: float) -> float:
@@ -284,6 +302,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     listener = StreamServerEndpointService(endpoint, site)
     _twisted.raise_synchronously(listener)  # a port that cannot be had stops start-up
     listener.setServiceParent(top)
-    log.info("configuration: {settings}", settings=config.redacted())
-    log.info("listening on {listen}", listen=config.listen)
+    log.info("configuration: {settings}", settings=config.friendly())
+    top.listen = config.listen
     return top
