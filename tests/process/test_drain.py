@@ -122,3 +122,28 @@ def test_a_second_signal_during_a_drain_stops_at_once(
         assert [p.name for p in daemon.root.iterdir()] == [".lock"]
     finally:
         stop_daemon(daemon)
+
+
+def test_a_background_process_that_prints_keeps_its_sandbox_through_a_drain(
+    tmp_path: Path,
+) -> None:
+    daemon = start_daemon(tmp_path, "--isolation=none", "--drain-deadline=15s", "--drain-idle=2s")
+    try:
+        printing, idle = daemon.create(), daemon.create()
+        script = "while :; do echo tick; sleep 0.5; done"
+        started = daemon.json(
+            "POST", f"/sandboxes/{printing}/processes", {"cmd": ["sh", "-c", script]}
+        )
+        assert started["pid"] > 0
+        assert daemon.call("POST", "/drain")[0] == 204
+        while idle in listed(daemon):
+            time.sleep(0.2)
+        time.sleep(3)  # longer than the grace, no call: only the process's output
+        assert listed(daemon) == {printing}
+        assert daemon.process.wait(30) == 0
+        text = daemon.log.read_text()
+        assert (
+            "(deadline passed): waited for 2 sandboxes, 1 went idle, 1 killed still in use" in text
+        )
+    finally:
+        stop_daemon(daemon)
