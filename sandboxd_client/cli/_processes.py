@@ -50,6 +50,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> in
         return await _logs(client, handle, args, console)
     if args.command == "ps":
         found = await client.processes(handle)
+        if not found and not args.json:
+            console.note("no background processes")
         if args.json:
             console.json([asdict(p) for p in found])
         for p in [] if args.json else found:

@@ -119,3 +119,15 @@ def test_help_and_usage_errors_need_no_service(ctl) -> None:  # type: ignore[no-
     assert done.returncode == 0 and b"exec" in done.stdout and done.stderr == b""
     done = ctl("exec")
     assert done.returncode == 2 and done.stdout == b"" and b"usage:" in done.stderr
+
+
+def test_ps_says_when_there_is_nothing_and_run_takes_the_command_without_a_separator(ctl) -> None:  # type: ignore[no-untyped-def]
+    handle = created(ctl)
+    empty = ctl("ps", handle)
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, b"", b"no background processes\n")
+    started = ctl("run", "-d", handle, "--tag", "t", "sh", "-c", "echo hi -x")
+    assert started.returncode == 0, started.stderr
+    process = started.stdout.split()[0].decode()
+    followed = ctl("logs", "-f", handle, process)
+    assert (followed.returncode, followed.stdout) == (0, b"hi -x\n")
+    assert ctl("kill", handle).returncode == 0
