@@ -214,3 +214,27 @@ def test_help_imports_neither_twisted_nor_the_client() -> None:
         import sandboxd_client.cli
 
         _ = sandboxd_client.cli.NoSuchName  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("argv", "cmd", "options"),
+    [
+        (["exec", "H", "ls", "-la"], ["ls", "-la"], {}),
+        (["exec", "H", "sh", "-c", "echo --cwd"], ["sh", "-c", "echo --cwd"], {"cwd": None}),
+        (["--json", "exec", "--cwd", "d", "H", "ls"], ["ls"], {"cwd": "d", "json": True}),
+        (["exec", "H", "--cwd=d", "--env", "A=1", "ls"], ["ls"], {"cwd": "d", "env": [("A", "1")]}),
+        (["exec", "H", "-i", "cat", "-"], ["cat", "-"], {"stdin": True}),
+        (["exec", "H", "-"], ["-"], {}),
+        (["--url", "http://h:1", "exec", "H", "x"], ["x"], {"url": "http://h:1"}),
+        (["exec", "H"], [], {}),
+        (["run", "-d", "H", "--tag", "t", "sleep", "1"], ["sleep", "1"], {"tag": "t"}),
+        (["exec", "H", "--", "-x", "--", "y"], ["-x", "--", "y"], {}),
+    ],
+)
+def test_the_command_starts_at_the_first_word_after_the_handle(
+    argv: list[str], cmd: list[str], options: dict[str, object]
+) -> None:
+    args = parse_args(argv)
+    assert args.handle == "H" and args.cmd == cmd
+    for name, value in options.items():
+        assert getattr(args, name) == value
