@@ -136,7 +136,7 @@ def say_where_when_listening(listener: StreamServerEndpointService, endpoint: st
         log.info("{hint}", hint=reach_hint(endpoint, port.getHost().port))
         return port
 
-    if waiting is not None:
+    if waiting is not None:  # None: the listener was not started
         waiting.addCallback(say)
 
 

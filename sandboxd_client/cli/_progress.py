@@ -58,7 +58,6 @@ class ProgressBar:
             self._progress.refresh()
 
     def finish(self) -> None:
-        """End the line (if anything was drawn)."""
-        if self._task is not None:
-            self._progress.refresh()
-            self._progress.stop()
+        """End the line (``update`` has drawn it at least once)."""
+        self._progress.refresh()
+        self._progress.stop()

@@ -80,6 +80,7 @@ async def test_commands_in_process(client: HttpSandbox, fake: Served, tmp_path: 
     assert (await ctl(client, "rm", handle, "small"))[0] == 0
     assert (await ctl(client, "rm", "-r", handle, "dir", "--json"))[1] == b'{"ok": true}\n'
     assert await client.walk(handle) == []
+    assert (await ctl(client, "ls", handle))[1:] == (b"", "no files under /\n")
     _, out, _ = await ctl(client, "list", "--json")
     assert [s["remote_id"] for s in json.loads(out)] == ["sb-1"]
     _, out, _ = await ctl(client, "health")
@@ -238,3 +239,18 @@ def test_the_command_starts_at_the_first_word_after_the_handle(
     assert args.handle == "H" and args.cmd == cmd
     for name, value in options.items():
         assert getattr(args, name) == value
+
+
+def test_list_shows_human_times() -> None:
+    from sandboxd_client.cli._commands import ago
+
+    now = 1_000_000.0
+    assert [ago(now, now - s) for s in (0, 59, 61, 7200, 3 * 86400)] == [
+        "0s ago",
+        "59s ago",
+        "1m ago",
+        "2h ago",
+        "3d ago",
+    ]
+    assert ago(now, now + 5) == "0s ago"  # a clock a little ahead
+    assert ago(now, None) == ago(now, "2026-12-01") == ago(now, True) == "-"

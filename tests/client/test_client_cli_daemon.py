@@ -109,6 +109,9 @@ def test_put_and_get_of_a_directory_tree(ctl, tmp_path: Path) -> None:  # type: 
     one = tmp_path / "one.txt"
     assert ctl("get", handle, "proj/d1/sub1/file1.txt", str(one)).returncode == 0
     assert one.read_bytes() == (tree / "d1" / "sub1" / "file1.txt").read_bytes()
+    (tmp_path / "bare").mkdir()
+    assert ctl("put", handle, str(tmp_path / "bare"), "bare").returncode == 0
+    assert ctl("exec", handle, "ls", "-d", "bare").stdout == b"bare\n"  # an empty tree: made
     missing = ctl("get", handle, "nothing-here", str(tmp_path / "x"))
     assert missing.returncode == 1 and missing.stderr.startswith(b"sandboxctl: FileNotFoundError")
     assert ctl("kill", handle).returncode == 0
