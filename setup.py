@@ -84,6 +84,7 @@ setup(
         "attrs>=23.1",
         "prometheus_client>=0.20",
         "pybase64>=1.4",
+        "rich>=13",  # sandboxctl's transfer progress (imported only to draw it)
     ],
     extras_require={
         "mcp": ["mcp>=2.3,<3"],
