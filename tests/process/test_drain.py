@@ -84,6 +84,9 @@ def test_background_processes_do_not_hold_a_drain(tmp_path: Path) -> None:
             frames = read_frames(follower)
             assert frames[-1] == {"error": "SandboxNotFound", "detail": "the sandbox was killed"}
         assert daemon.process.wait(60) == 0
+        assert [p.name for p in daemon.root.iterdir()] == [".lock"]
+    finally:
+        stop_daemon(daemon)
 
 
 def listed(daemon: Daemon) -> set[str]:
