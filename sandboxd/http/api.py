@@ -141,7 +141,7 @@ class SandboxAPI:
         self.manager.draining = True
 
     def _collect_capabilities(self) -> list[str]:
-        names = {*exec_spec.CAPABILITIES, *exec_run.CAPABILITIES}
+        names = {*exec_spec.CAPABILITIES, *exec_run.CAPABILITIES, "exec.split"}
         names.add(f"isolation.{self.manager.isolation.name}")
         names.update(self.manager.isolation.layers)
         names.add("auth.bearer" if self.token is not None else "auth.none")
@@ -284,9 +284,13 @@ class SandboxAPI:
     @authorized
     async def exec(self, request: IRequest, rid: str) -> None:
         sandbox = self.manager.get(rid)
-        spec = parse.exec_spec(parse.json_body(request))
+        body = parse.json_body(request)
+        spec = parse.exec_spec(body)
+        split = parse.exec_split(body)
         request.setHeader(b"content-type", wire.NDJSON)
-        stream = ExecStream(request, self.manager.clock, self.manager.config.keepalive)
+        stream = ExecStream(
+            request, self.manager.clock, self.manager.config.keepalive, split_stderr=split
+        )
         stream.attach(self.manager.start_exec(sandbox, spec, stream.output))
         written: Deferred[None] = Deferred()
         self._streams.add(written)
@@ -379,8 +383,10 @@ class SandboxAPI:
             else:
                 stream.write(wire.watch_frame(event.kind, event.path, event.is_dir))
 
-        watch = await self.manager.watch(sandbox, root, recursive, deliver)
+        # Set first: what the watch sees while its walk runs is written as it comes (an
+        # error answer sets its own type).
         request.setHeader(b"content-type", wire.NDJSON)
+        watch = await self.manager.watch(sandbox, root, recursive, deliver)
         try:
             stream.start()
             await stream.wait()

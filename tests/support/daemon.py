@@ -55,6 +55,17 @@ class Daemon:
     def create(self) -> str:
         return str(self.json("POST", "/sandboxes", {})["remote_id"])
 
+    def inotify_instances(self) -> int:
+        """The inotify descriptors the daemon holds open now."""
+        fds = Path(f"/proc/{self.process.pid}/fd")
+        count = 0
+        for fd in fds.iterdir():
+            try:
+                count += os.readlink(fd) == "anon_inode:inotify"
+            except OSError:
+                continue  # closed while looked at
+        return count
+
     def rss_kib(self, field: str = "VmRSS") -> int:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
             if line.startswith(field + ":"):
@@ -89,6 +100,9 @@ def start_daemon(
     log = tmp_path / "daemon.log"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     environ["PYTHONPATH"] = str(REPO)
+    # Tests stop their daemons with SIGTERM: without a grace a drain ends as soon as no command
+    # runs, as fast as a stop was before SANDBOXD_DRAIN_IDLE (the drain tests set their own).
+    environ["SANDBOXD_DRAIN_IDLE"] = "0s"
     environ.update(env or {})
     argv = [
         *wrapper,
