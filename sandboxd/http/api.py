@@ -9,7 +9,7 @@ from the wire's error-type table), and the bearer-token check is one decorator
 
 import hmac
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import wraps
 from typing import Any, TypeVar, cast
 
@@ -103,6 +103,7 @@ class SandboxAPI:
         pod_url: str | None = None,
         pod_ip: str | None = None,
         tools: ToolResolver | None = None,
+        extra_capabilities: Iterable[str] = (),
     ) -> None:
         self.manager = manager
         self.token = token
@@ -112,7 +113,9 @@ class SandboxAPI:
         self.pod_ip = pod_ip
         self.on_drain: Callable[[], None] = self._refuse_creates
         """What ``POST /drain`` starts; the daemon's service makes it drain and exit."""
-        self.capabilities = self._collect_capabilities()
+        self.capabilities = sorted({*self._collect_capabilities(), *extra_capabilities})
+        """What ``/healthz`` lists: the routes', the isolation's, and the front's
+        (``extra_capabilities``: how the daemon listens)."""
         self._streams: set[Deferred[None]] = set()
 
     def _refuse_creates(self) -> None:
