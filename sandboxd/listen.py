@@ -289,5 +289,5 @@ class Listeners(Service):
 def shown(port: IListeningPort) -> str:
     """``127.0.0.1:8080`` / ``[::1]:8080`` of a listening TCP port."""
     host: Any = port.getHost()
-    family = socket.AF_INET6 if getattr(host, "type", "") == "TCP6" else socket.AF_INET
+    family = socket.AF_INET6 if ":" in host.host else socket.AF_INET
     return str(Address(family, host.host, host.port))

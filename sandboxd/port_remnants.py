@@ -20,7 +20,14 @@ NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY, SOCK_DESTROY = 20, 21
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP = 0x1, 0x4, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
-TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_TIME_WAIT, TCP_LAST_ACK, TCP_CLOSING = 4, 5, 6, 9, 11
+TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_TIME_WAIT, TCP_LAST_ACK, TCP_LISTEN, TCP_CLOSING = (
+    4,
+    5,
+    6,
+    9,
+    10,
+    11,
+)
 CLOSING_STATES = (TCP_FIN_WAIT1, TCP_FIN_WAIT2, TCP_TIME_WAIT, TCP_LAST_ACK, TCP_CLOSING)
 _HEADER = struct.Struct("=IHHII")
 _REQUEST = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states (then the socket id)
@@ -54,9 +61,12 @@ def _error(payload: bytes) -> int:
     return -int(struct.unpack_from("=i", payload)[0])
 
 
-def orphans(sock: socket.socket, family: int, port: int) -> list[bytes]:
-    """The socket ids of closing TCP connections on local ``port`` that no process holds."""
-    mask = sum(1 << state for state in CLOSING_STATES)
+def orphans(
+    sock: socket.socket, family: int, port: int, states: tuple[int, ...] = CLOSING_STATES
+) -> list[bytes]:
+    """The socket ids of TCP sockets in ``states`` (by default: closing connections) on local
+    ``port`` that no process holds (inode 0; a listening socket always has one)."""
+    mask = sum(1 << state for state in states)
     sock.send(_request(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, family, mask, bytes(48)))
     found = []
     for kind, payload in _messages(sock):
@@ -65,20 +75,24 @@ def orphans(sock: socket.socket, family: int, port: int) -> list[bytes]:
         sock_id = payload[_MESSAGE.size : _MESSAGE.size + _ID_SIZE]
         local_port = struct.unpack_from("!H", sock_id)[0]
         (inode,) = struct.unpack_from("=I", payload, _INODE_AT)
-        if local_port == port and inode == 0:
+        if local_port == port and (inode == 0 or states == (TCP_LISTEN,)):
             found.append(sock_id)
     return found
 
 
 def destroy_orphans(port: int) -> int:
     """Destroy every closing TCP connection on local ``port`` (IPv4 and IPv6) that no process
-    holds; how many. Raises ``OSError`` when the kernel refuses (no ``CAP_NET_ADMIN``, or no
-    ``CONFIG_INET_DIAG_DESTROY``: ``EOPNOTSUPP``)."""
+    holds; how many. None when a socket listens on the port (a live process holds it: that is
+    not for this to undo). Raises ``OSError`` when the kernel refuses (no ``CAP_NET_ADMIN``, or
+    no ``CONFIG_INET_DIAG_DESTROY``: ``EOPNOTSUPP``)."""
     destroyed = 0
+    families = (socket.AF_INET, socket.AF_INET6)
     with socket.socket(
         socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
     ) as sock:
-        for family in (socket.AF_INET, socket.AF_INET6):
+        if any(orphans(sock, family, port, (TCP_LISTEN,)) for family in families):
+            return 0
+        for family in families:
             for sock_id in orphans(sock, family, port):
                 state_mask = sum(1 << state for state in CLOSING_STATES)
                 sock.send(
