@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from sandboxd import port_remnants
 from tests.security.live_daemon import new_token, write_token
 from tests.support import daemon as process
 
@@ -240,6 +241,10 @@ def test_a_killed_daemon_restarts_and_serves_while_a_sandbox_squats_its_port(
         squatter = int((out / "pid").read_text())
         first.process.kill()  # SIGKILL: the sandbox and its squatter live on
         first.process.wait(30)
+        # The dead daemon's own closed connections (TIME_WAIT) would keep the squatter, whose
+        # sockets set no SO_REUSEADDR, out for a minute: a patient squatter waits; this one
+        # has them cleared.
+        port_remnants.destroy_orphans(first.port)
         wait_for(
             lambda: {"bound 127.0.0.1", "bound ::1"} <= set(tried(out)),
             f"the squatter took the port: {tried(out)}",
@@ -256,6 +261,9 @@ def test_a_killed_daemon_restarts_and_serves_while_a_sandbox_squats_its_port(
         assert not alive(squatter)
         log = second.log.read_text()
         assert log.index("recovery done: 1 leftover") < log.index("listening on")
+        # start_daemon's probes reached the squatter, which closed them: their TIME_WAIT
+        # (no SO_REUSEADDR) refused the bind until the daemon destroyed them.
+        assert "connections that no process holds" in log
         for host in ("127.0.0.1", "::1"):
             status, body = call(host, second.port, token, "GET", "/sandboxes")
             assert status == 200, body
