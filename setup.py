@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-from setuptools import Distribution, setup
+from setuptools import Distribution, find_namespace_packages, setup
 from setuptools.command.build_py import build_py
 
 try:
@@ -61,19 +61,13 @@ setup(
     long_description=Path(__file__).with_name("README.rst").read_text(encoding="utf-8"),
     long_description_content_type="text/x-rst",
     python_requires=">=3.11",
+    # Every directory of the two packages (several hold no __init__.py): a new one is shipped
+    # without an edit here.
     packages=[
-        "sandboxd",
-        "sandboxd.core",
-        "sandboxd.core.archive",
-        "sandboxd.core.exec",
-        "sandboxd.core.files",
-        "sandboxd.core.tools",
-        "sandboxd.http",
-        "sandboxd.isolation",
-        "sandboxd.isolation.disk",
-        "sandboxd_client",
-        "sandboxd_client.cli",
-        "sandboxd_client.mcp_server",
+        *find_namespace_packages(
+            include=["sandboxd", "sandboxd.*", "sandboxd_client", "sandboxd_client.*"],
+            exclude=["*.__pycache__"],
+        ),
         "twisted.plugins",
     ],
     package_data={
