@@ -283,6 +283,12 @@ class Config:
         parse_count,
         "Background process records kept per sandbox (the oldest ended pushed out)",
     )
+    walk_max: int = _setting(
+        "SANDBOXD_WALK_MAX",
+        "200000",
+        parse_count,
+        "Most files one walk lists (413 past it)",
+    )
     watch_max: int = _setting(
         "SANDBOXD_WATCH_MAX", "8", parse_count, "Workspace watches open at once per sandbox"
     )
@@ -333,7 +339,7 @@ class Config:
         for name in ("disk_max", "files_max"):
             if getattr(self, name) == 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero (unset: no limit)")
-        for name in ("process_log_max", "processes_max", "watch_max"):
+        for name in ("process_log_max", "processes_max", "watch_max", "walk_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{env_name(name)}: must be at least 1")
         for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):

@@ -453,7 +453,10 @@ class SandboxAPI:
         parts = normalise(query(request, "root", "/"), "root")
         # Encoded in the file thread: a walk of many files must not hold the reactor.
         body = await self.manager.files(
-            sandbox, lambda ws: wire.walk_body(workspace.walk_map(ws, parts, wire.walk_entries))
+            sandbox,
+            lambda ws: wire.walk_body(
+                workspace.walk_map(ws, parts, wire.walk_entries, self.manager.config.walk_max)
+            ),
         )
         request.setHeader(b"content-type", wire.JSON)
         return body

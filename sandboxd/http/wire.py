@@ -29,6 +29,7 @@ from sandboxd.errors import (
     SandboxdError,
     SandboxNotFound,
     TooMany,
+    TooManyEntries,
 )
 
 JSON = b"application/json"
@@ -54,6 +55,7 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     ProcessNotFound: (404, "ProcessNotFound"),
     ProcessConflict: (409, "Conflict"),
     TooLarge: (413, "TooLarge"),
+    TooManyEntries: (413, "TooLarge"),
     TooMany: (429, "TooMany"),
     ArchiveFailed: (500, "ArchiveError"),
     Draining: (503, "Draining"),

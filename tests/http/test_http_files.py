@@ -344,3 +344,20 @@ def test_path_query_must_be_present_and_utf8(
 def test_walk_root_defaults_to_the_workspace(harness: Harness, rid: str) -> None:
     put(harness, rid, "x", b"1")
     assert set(walk(harness, rid)) == set(walk(harness, rid, "/")) == {"/x"}
+
+
+def test_a_walk_past_walk_max_answers_413_naming_it(
+    settings: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    settings["walk-max"] = "3"
+    harness: Harness = request.getfixturevalue("harness")
+    rid = harness.call("POST", "/sandboxes", json_body={}).json()["remote_id"]
+    for name in ("a", "b", "c"):
+        put(harness, rid, name, b"x")
+    assert set(walk(harness, rid)) == {"/a", "/b", "/c"}
+    put(harness, rid, "d/e", b"x")
+    reply = harness.call("GET", f"/sandboxes/{rid}/walk?root=/")
+    assert reply.status == 413
+    assert reply.json()["error"] == "TooLarge"
+    assert "more than 3 files (SANDBOXD_WALK_MAX)" in reply.json()["detail"]
+    assert set(walk(harness, rid, "/d")) == {"/d/e"}  # a narrower root still answers

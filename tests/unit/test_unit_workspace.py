@@ -23,7 +23,7 @@ import pytest
 
 from sandboxd.core.files import tree as trees
 from sandboxd.core.files import workspace
-from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound
+from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, TooManyEntries
 from sandboxd.http import wire
 from sandboxd.http.site import Spool
 
@@ -897,3 +897,35 @@ def test_a_linked_body_whose_rename_fails_leaves_nothing(
     monkeypatch.undo()
     assert tree(ws) == ["f"]
     assert (ws / "f").read_bytes() == b"old"
+
+
+# Walk bounds: SANDBOXD_WALK_MAX and PATH_MAX
+
+
+def test_a_walk_past_its_limit_raises_naming_it(ws: Path) -> None:
+    for n in range(5):
+        (ws / f"f{n}").write_bytes(b"")
+    assert len(workspace.walk_map(str(ws), (), wire.walk_entries, limit=5)) == 5
+    with pytest.raises(TooManyEntries, match=r"more than 4 files \(SANDBOXD_WALK_MAX\)"):
+        workspace.walk_map(str(ws), (), wire.walk_entries, limit=4)
+
+
+def test_files_past_path_max_are_left_out(ws: Path) -> None:
+    # Each level's name is 200 bytes: the 21st level's path passes 4096 bytes.
+    name = "n" * 199
+    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for level in range(24):
+            os.close(os.open(f"f{level}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+            os.mkdir(name, dir_fd=fd)
+            below = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+    finally:
+        os.close(fd)
+    paths = [e.path for e in workspace.walk(str(ws), ())]
+    assert len(paths) == 24 and max(len(p) for p in paths) > workspace.PATH_MAX
+    entries = json.loads(walk_body(str(ws), ()))["entries"]
+    assert [e["path"] for e in entries] == [p for p in paths if len(p) < workspace.PATH_MAX]
+    assert 0 < len(entries) < 24
+    trees.remove_tree(str(ws / name))

@@ -18,10 +18,19 @@ from contextlib import contextmanager, suppress
 from typing import BinaryIO, TypeVar
 
 from attrs import frozen
+from twisted.logger import Logger
 
 from sandboxd.core.files.paths import Parts, display
 from sandboxd.core.files.tree import UPLOAD_PREFIX, DirFiles, opened_dir, remove_dir, scan_dirs
-from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, SandboxdError
+from sandboxd.errors import (
+    BadRequest,
+    InsufficientStorage,
+    PathNotFound,
+    SandboxdError,
+    TooManyEntries,
+)
+
+log = Logger()
 
 T = TypeVar("T")
 
@@ -253,23 +262,54 @@ def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
         return []
 
 
+PATH_MAX = 4096
+"""Longest path (bytes, with its terminating NUL) the kernel takes in one system call: a walk
+leaves out the files whose path is longer (no program could open them by that path)."""
+
+
 def walk_map(
     workspace: str,
     parts: Parts,
     each_dir: Callable[[str, list[tuple[str, os.stat_result]]], list[T]],
+    limit: int | None = None,
 ) -> list[T]:
     """``each_dir(path, [(name, stat)...])`` for each directory holding regular files under
     the path (``path`` ``/``-rooted, ``""`` for the workspace root), one directory at a time,
     its results joined: nothing when the path is missing, or on any error (a walk can list
     hundreds of thousands of files: no object per entry is kept, only what ``each_dir`` gives).
+
+    Files whose path is ``PATH_MAX`` bytes or longer are left out (and logged, once per walk).
+    More than ``limit`` files raise :class:`~sandboxd.errors.TooManyEntries` naming the limit,
+    as soon as the walk finds one more: its memory stays bounded by the limit.
     """
     results: list[T] = []
+    count = skipped = 0
     try:
         for path, found in _walk_dirs(workspace, parts):
+            if len(path.encode("utf-8", "surrogateescape")) + 256 >= PATH_MAX:
+                kept = [(n, st) for n, st in found if _path_fits(path, n)]
+                skipped += len(found) - len(kept)
+                found = kept
+            count += len(found)
+            if limit is not None and count > limit:
+                raise TooManyEntries(
+                    f"the walk lists more than {limit} files (SANDBOXD_WALK_MAX): walk a"
+                    " narrower root"
+                )
             results += each_dir(path, found)
     except OSError:
         return []
+    if skipped:
+        log.warn(
+            "walk: {count} files with paths of PATH_MAX ({max}) bytes or more left out",
+            count=skipped,
+            max=PATH_MAX,
+        )
     return results
+
+
+def _path_fits(directory: str, name: str) -> bool:
+    return len(f"{directory}/{name}".encode("utf-8", "surrogateescape")) < PATH_MAX
 
 
 def disk_usage(workspace: str) -> int:
