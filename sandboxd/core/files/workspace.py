@@ -278,11 +278,30 @@ def walk_map(
     its results joined: nothing when the path is missing, or on any error (a walk can list
     hundreds of thousands of files: no object per entry is kept, only what ``each_dir`` gives).
 
-    Files whose path is ``PATH_MAX`` bytes or longer are left out (and logged, once per walk).
-    More than ``limit`` files raise :class:`~sandboxd.errors.TooManyEntries` naming the limit,
-    as soon as the walk finds one more: its memory stays bounded by the limit.
+    Bounded as :func:`walk_batches` is.
     """
     results: list[T] = []
+    try:
+        for batch in walk_batches(workspace, parts, each_dir, limit):
+            results += batch
+    except OSError:
+        return []
+    return results
+
+
+def walk_batches(
+    workspace: str,
+    parts: Parts,
+    each_dir: Callable[[str, list[tuple[str, os.stat_result]]], list[T]],
+    limit: int | None = None,
+) -> Iterator[list[T]]:
+    """``each_dir``'s results, one directory at a time, as the walk goes (``OSError`` as
+    :func:`_walk_dirs` raises it). The generator may be resumed from any file thread.
+
+    Files whose path is ``PATH_MAX`` bytes or longer are left out (and logged, once per walk).
+    More than ``limit`` files raise :class:`~sandboxd.errors.TooManyEntries` naming the limit,
+    as soon as the walk finds one more.
+    """
     count = skipped = 0
     try:
         for path, found in _walk_dirs(workspace, parts):
@@ -296,16 +315,27 @@ def walk_map(
                     f"the walk lists more than {limit} files (SANDBOXD_WALK_MAX): walk a"
                     " narrower root"
                 )
-            results += each_dir(path, found)
+            yield each_dir(path, found)
+    finally:
+        if skipped:
+            log.warn(
+                "walk: {count} files with paths of PATH_MAX ({max}) bytes or more left out",
+                count=skipped,
+                max=PATH_MAX,
+            )
+
+
+def count_files(workspace: str, parts: Parts, limit: int | None) -> int:
+    """How many files a walk of the path lists (``TooManyEntries`` past ``limit``; 0 on an
+    error, as a walk answers nothing then)."""
+    try:
+        return sum(len(b) for b in walk_batches(workspace, parts, _names, limit))
     except OSError:
-        return []
-    if skipped:
-        log.warn(
-            "walk: {count} files with paths of PATH_MAX ({max}) bytes or more left out",
-            count=skipped,
-            max=PATH_MAX,
-        )
-    return results
+        return 0
+
+
+def _names(path: str, found: list[tuple[str, os.stat_result]]) -> list[str]:
+    return [name for name, _ in found]
 
 
 def _path_fits(directory: str, name: str) -> bool:
