@@ -17,16 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TypeVar
 
-import pytest
-
 T = TypeVar("T")
-
-EGRESS_NOT_IN_VM = pytest.mark.skipif(
-    os.environ.get("SANDBOXD_VM") == "1",
-    reason="the egress scene does not come up yet under the v2 VM's kernel (Debian 6.1, TCG):"
-    " egress is proven on this host's kernel only (issue 14 stays open for it)",
-)
-"""Egress suites: skipped in the cgroup-v2 VM until their scene comes up there."""
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)

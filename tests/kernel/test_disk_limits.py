@@ -30,11 +30,6 @@ pytestmark = [
     pytest.mark.kernel,
     pytest.mark.skipif(os.geteuid() != 0, reason="loop mounts and real isolation need root"),
     pytest.mark.skipif(shutil.which("mkfs.btrfs") is None, reason="needs btrfs-progs"),
-    pytest.mark.skipif(
-        os.environ.get("SANDBOXD_VM") == "1",
-        reason="the btrfs driver needs simple quotas (Linux >= 6.7: this host's kernel); the"
-        " start-up refusal cases do not pass yet under the VM's 6.1 kernel (issue 14 stays open)",
-    ),
 ]
 ON_HOST = pytest.mark.skipif(os.environ.get("SANDBOXD_VM") == "1", reason="btrfs squota: host")
 

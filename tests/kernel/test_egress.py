@@ -22,11 +22,10 @@ from attrs import define, evolve
 from sandboxd.isolation import rtnl
 from sandboxd.isolation.egress import FORWARDING_V4, FORWARDING_V6, Egress, EgressError
 from sandboxd.isolation.egress_plan import EgressPlan, parse_networks
-from tests.kernel.netns_helpers import EGRESS_NOT_IN_VM, Scene, Server, connect, scene, sh
+from tests.kernel.netns_helpers import Scene, Server, connect, scene, sh
 
 pytestmark = [
     pytest.mark.kernel,
-    EGRESS_NOT_IN_VM,
     pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
     pytest.mark.skipif(
         subprocess.run(

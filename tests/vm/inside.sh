@@ -100,6 +100,21 @@ else
     printf 'inside.sh: no cached 9p view (mount vmhost failed); imports will be slower\n' >&2
 fi
 
+# --- kernel modules ------------------------------------------------------------------------
+# virtme-ng links /lib/modules/<version> to the cached kernel's modules by their host path,
+# which the guest's /var overlay hides; point the link at the same tree through the vmhost
+# mount, so explicit loads and the kernel's own autoloads (veth for the egress pairs, the
+# nf_tables expressions of its ruleset, loop for the disk-limit images) find them.
+kver="$(uname -r)"
+link="/lib/modules/$kver"
+if [[ -L "$link" && ! -e "$link" && -d "/run/vm-hostroot$(readlink "$link")" ]]; then
+    target="/run/vm-hostroot$(readlink "$link")"
+    rm -f "$link" && ln -s "$target" "$link"
+fi
+for mod in veth nf_tables loop btrfs; do
+    modprobe -q "$mod" || printf 'inside.sh: module %s cannot be loaded\n' "$mod" >&2
+done
+
 # --- environment -----------------------------------------------------------------------
 export HOME=/tmp/vm-home
 export TMPDIR=/tmp
