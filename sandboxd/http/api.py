@@ -364,8 +364,10 @@ class SandboxAPI:
             else:
                 stream.write(wire.watch_frame(event.kind, event.path, event.is_dir))
 
-        watch = await self.manager.watch(sandbox, root, recursive, deliver)
+        # Set first: what the watch sees while its walk runs is written as it comes (an
+        # error answer sets its own type).
         request.setHeader(b"content-type", wire.NDJSON)
+        watch = await self.manager.watch(sandbox, root, recursive, deliver)
         try:
             stream.start()
             await stream.wait()

@@ -99,6 +99,11 @@ def test_sdist_and_wheel(dist: Path) -> None:
     assert "sandboxd_client/cli/__init__.py" in files
     assert "sandboxd_client/py.typed" in files
     assert "sandboxd/isolation/sandboxd_exec.c" in files
+    # Every package of the tree is shipped (one missing from setup.py fails only installed).
+    for top in ("sandboxd", "sandboxd_client"):
+        for source in sorted((REPO / top).rglob("*.py")):
+            shipped = source.relative_to(REPO).as_posix()
+            assert shipped in files, f"{shipped} is not in the wheel: add its package to setup.py"
     if find_compiler() is not None:
         assert wheel.name.endswith("-py3-none-linux_x86_64.whl")
         assert "sandboxd/isolation/sandboxd-exec" in files

@@ -1,9 +1,11 @@
 """Graceful drain of a real daemon: SIGTERM and POST /drain with commands in flight."""
 
 import base64
+import http.client
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 from tests.process.test_exec_stream import open_exec
 from tests.support.daemon import start_daemon, stop_daemon
@@ -58,3 +60,34 @@ def test_drain_deadline_kills_a_command_that_never_ends(tmp_path: Path) -> None:
         assert daemon.process.wait(30) == 0
     finally:
         stop_daemon(daemon)
+
+
+def test_background_processes_do_not_hold_a_drain(tmp_path: Path) -> None:
+    """A drain waits for running ``exec`` commands, not for background processes, printing
+    or silent: with a deadline of ten minutes the daemon still stops at once, and their
+    followers get their sandbox's end in band."""
+    daemon = start_daemon(tmp_path, "--isolation=none", "--drain-deadline=600s")
+    try:
+        rid = daemon.create()
+        followers = []
+        for cmd in (["sh", "-c", "while :; do echo tick; sleep 0.1; done"], ["sleep", "600"]):
+            begun = daemon.json("POST", f"/sandboxes/{rid}/processes", {"cmd": cmd})
+            followers.append(
+                open_output(daemon, f"/sandboxes/{rid}/processes/{begun['id']}/output")
+            )
+        assert daemon.call("POST", "/drain")[0] == 204
+        for follower in followers:
+            frames = read_frames(follower)
+            assert frames[-1] == {"error": "SandboxNotFound", "detail": "the sandbox was killed"}
+        assert daemon.process.wait(60) == 0
+        assert [p.name for p in daemon.root.iterdir()] == [".lock"]
+    finally:
+        stop_daemon(daemon)
+
+
+def open_output(daemon: Any, path: str) -> "http.client.HTTPResponse":
+    connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    connection.request("GET", path + "?follow=true")
+    response = connection.getresponse()
+    assert response.status == 200
+    return response

@@ -6,17 +6,23 @@ test instead of hanging it.
 """
 
 import base64
+import contextlib
 import http.client
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sandboxd_client._handles import encode_handle
 from tests.support.daemon import REPO, Daemon, free_port, start_daemon, stop_daemon
 
 
@@ -217,11 +223,14 @@ def test_a_reader_of_a_killed_sandbox_is_told_in_band(daemon: Daemon) -> None:
 def test_an_offset_that_fell_out_is_told_dropped(small_log: Daemon) -> None:
     rid = small_log.create()
     pid = start(small_log, rid, ["sh", "-c", "head -c 10000 /dev/zero | tr '\\0' a"])
-    frames = output(small_log, rid, pid)
-    assert frames[0]["dropped"] > 0 and frames[-1] == {"exit": 0}
+    followed = output(small_log, rid, pid)  # from 0, live: it may keep up for a while
+    assert followed[-1] == {"exit": 0}
+    dropped = sum(f.get("dropped", 0) for f in followed)
+    assert dropped + len(data_of(followed)) == 10000
+    frames = output(small_log, rid, pid)  # from 0 once it ended: at most the last 4 KiB left
     kept = data_of(frames)
-    assert frames[0]["dropped"] + len(kept) == 10000 and len(kept) <= 4096
-    assert frames[1]["at"] == frames[0]["dropped"]
+    assert frames[-1] == {"exit": 0} and 0 < len(kept) <= 4096  # chunks fall out whole
+    assert frames[0] == {"dropped": 10000 - len(kept)} and frames[1]["at"] == 10000 - len(kept)
     assert output(small_log, rid, pid, offset=9990, follow=False) == [
         {"o": base64.b64encode(b"a" * 10).decode(), "at": 9990},
         {"exit": 0},
@@ -261,6 +270,7 @@ def test_printing_a_gibibyte_keeps_daemon_memory_flat(daemon: Daemon) -> None:
     stalled.close()
     assert last == {"exit": 0} and received + dropped == 1 << 30
     peak = daemon.rss_kib("VmHWM")
+    print(f"\n1 GiB printed: daemon RSS {before} KiB before, peak {peak} KiB")
     # The log keeps 16 MiB; a 1 GiB buffer anywhere would be seen here.
     assert peak - before < 160 * 1024, (before, peak)
     (record,) = daemon.json("GET", f"/sandboxes/{rid}/processes")["processes"]
@@ -311,12 +321,45 @@ def test_watch_bounds_and_end(small_log: Daemon) -> None:
         assert next(iter(s)) == {}
     status, body = small_log.call("GET", f"/sandboxes/{rid}/watch")
     assert (status, json.loads(body)["error"]) == (429, "TooMany")
+    assert small_log.inotify_instances() == 2
     assert small_log.call("DELETE", f"/sandboxes/{rid}")[0] == 204
     for s in streams:
         assert [f for f in s if f] == [
             {"error": "SandboxNotFound", "detail": "the sandbox was killed"}
         ]
         s.close()
+    assert small_log.inotify_instances() == 0  # closed with the sandbox
+
+
+def until(condition: Any, bound: float = 60, every: float = 0.05) -> bool:
+    """Poll ``condition()`` until true, ``False`` past ``bound`` seconds (an outer bound)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
+def test_watches_whose_readers_leave_hold_no_inotify_instance(daemon: Daemon) -> None:
+    """More watches than a user may hold inotify instances (128 by default) come and go,
+    their clients leaving at every moment (during the walk, after it): none is kept."""
+    rid = daemon.create()
+    for name in ("a", "a/b", "a/b/c"):
+        daemon.call("POST", f"/sandboxes/{rid}/mkdir", {"path": name})
+    for round in range(150):
+        connection = socket.create_connection(("127.0.0.1", daemon.port), timeout=60)
+        connection.sendall(f"GET /sandboxes/{rid}/watch HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert until(lambda: daemon.inotify_instances() > 0, every=0.001)  # made; its walk runs
+        if round % 25 == 0:
+            assert connection.recv(1)  # the first keepalive: the watch is running
+        connection.close()
+        assert until(lambda: daemon.inotify_instances() == 0), (round, daemon.inotify_instances())
+    stream = Lines(daemon, f"/sandboxes/{rid}/watch")
+    assert stream.status == 200 and next(iter(stream)) == {}
+    assert daemon.inotify_instances() == 1
+    stream.close()
+    assert until(lambda: daemon.inotify_instances() == 0), daemon.inotify_instances()
 
 
 def test_processes_and_watch_are_capabilities(daemon: Daemon) -> None:
@@ -350,3 +393,103 @@ def test_sandboxctl_run_d_logs_ps_signal(daemon: Daemon) -> None:
     assert ctl("signal", handle, pid, "TERM").returncode == 0
     followed = ctl("logs", "-f", handle, pid)
     assert followed.returncode == 128 + 15 and followed.stdout == "out\n"
+
+
+def test_the_reaper_spares_a_printing_process_and_reaps_a_silent_one(tmp_path: Path) -> None:
+    """A background process's output is its sandbox's activity; a silent one is not: its
+    sandbox is reaped while the printing one's lives on (both started at the same time)."""
+    reaping = start_daemon(tmp_path, "--isolation=none", "--idle-ttl=3s")
+    try:
+        printing, silent = reaping.create(), reaping.create()
+        loop = ["sh", "-c", "while :; do echo tick; sleep 0.1; done"]
+        start(reaping, printing, loop)
+        start(reaping, silent, ["sleep", "600"])
+
+        def alive(rid: str) -> bool:  # the list: a call to the sandbox would be activity
+            return rid in [s["remote_id"] for s in reaping.json("GET", "/sandboxes")["sandboxes"]]
+
+        assert until(lambda: not alive(silent), 120)  # reaped after 3 s without activity
+        assert alive(printing)
+        assert "reaping sandbox " + silent in reaping.log.read_text()
+        assert "reaping sandbox " + printing not in reaping.log.read_text()
+    finally:
+        stop_daemon(reaping)
+
+
+class CuttingProxy:
+    """A loopback TCP proxy to the daemon that drops each connection after ``cut`` bytes of
+    the daemon's answer have passed (a connection lost mid-stream)."""
+
+    def __init__(self, port: int, cut: int) -> None:
+        self.target = port
+        self.cut = cut
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            for source, sink, cut in ((client, upstream, None), (upstream, client, self.cut)):
+                threading.Thread(target=self._pipe, args=(source, sink, cut), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket, cut: int | None) -> None:
+        passed = 0
+        try:
+            while cut is None or passed < cut:
+                data = source.recv(min(4096, cut - passed) if cut is not None else 4096)
+                if not data:
+                    break
+                sink.sendall(data)
+                passed += len(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_sandboxctl_logs_f_resumes_at_its_offset_after_a_dropped_connection(
+    daemon: Daemon,
+) -> None:
+    """``sandboxctl logs -f`` through a connection cut mid-stream says where to resume;
+    ``logs -f --offset N`` from there gives the rest: together, exactly the process's
+    output, nothing lost, nothing twice."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def ctl(url: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "sandboxd_client.cli", *args],
+            capture_output=True,
+            env={**env, "SANDBOXD_URL": url},
+            timeout=120,
+        )
+
+    rid = daemon.create()
+    script = "for i in $(seq 1 400); do echo line $i; sleep 0.005; done; sleep 1; echo last"
+    pid = start(daemon, rid, ["sh", "-c", script])
+    proxy = CuttingProxy(daemon.port, cut=3000)
+    cut_url = f"http://127.0.0.1:{proxy.port}"
+    try:
+        first = ctl(cut_url, "logs", "-f", encode_handle(cut_url, rid).id, pid)
+    finally:
+        proxy.close()
+    assert first.returncode != 0
+    resume = re.search(rb"resume with --offset (\d+)", first.stderr)
+    assert resume, first.stderr
+    offset = int(resume.group(1))
+    assert 0 < offset == len(first.stdout)
+    handle = encode_handle(daemon.url, rid).id
+    rest = ctl(daemon.url, "logs", "-f", "--offset", str(offset), handle, pid)
+    assert rest.returncode == 0, rest.stderr
+    expected = subprocess.run(["sh", "-c", script], capture_output=True, check=True).stdout
+    assert first.stdout + rest.stdout == expected

@@ -55,6 +55,17 @@ class Daemon:
     def create(self) -> str:
         return str(self.json("POST", "/sandboxes", {})["remote_id"])
 
+    def inotify_instances(self) -> int:
+        """The inotify descriptors the daemon holds open now."""
+        fds = Path(f"/proc/{self.process.pid}/fd")
+        count = 0
+        for fd in fds.iterdir():
+            try:
+                count += os.readlink(fd) == "anon_inode:inotify"
+            except OSError:
+                continue  # closed while looked at
+        return count
+
     def rss_kib(self, field: str = "VmRSS") -> int:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
             if line.startswith(field + ":"):

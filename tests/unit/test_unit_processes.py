@@ -172,6 +172,18 @@ def test_readers_of_a_killed_sandbox_are_told_it_is_gone() -> None:
     assert read(process) == [SandboxGone()]
 
 
+def test_a_paused_reader_is_told_at_once_that_its_sandbox_is_gone() -> None:
+    process, run, _ = make()
+    events: list[ReaderEvent] = []
+    reader = process.reader(0, True, events.append)
+    reader.resume()
+    run.childDataReceived(1, b"ab")
+    reader.pause()  # its client reads slowly
+    run.childDataReceived(1, b"cd")
+    process.close()
+    assert events == [Chunk(1, 0, b"ab"), SandboxGone()] and reader.done
+
+
 def test_a_stopped_reader_is_told_nothing_more() -> None:
     process, run, _ = make()
     events: list[ReaderEvent] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.python.failure import Failure
 
 from sandboxd.core.watch import inotify
@@ -126,3 +126,136 @@ def test_the_walk_is_bounded(tmp_path: Path) -> None:
             ino.watch_dir(fd, 10_000)  # not a descriptor
     finally:
         os.close(fd)
+
+
+class Walks:
+    """File work run when the test says: each walk is queued, then run by :meth:`run`,
+    with ``between()`` done after the walk and before its result is handed back (a change
+    made while the thread's result travels to the reactor)."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.workspace = workspace
+        self.queued: list[tuple[Any, Deferred[Any]]] = []
+
+    def __call__(self, work: Any) -> "Deferred[Any]":
+        waiting: Deferred[Any] = Deferred()
+        self.queued.append((work, waiting))
+        return waiting
+
+    def run(self, between: Any = lambda: None) -> None:
+        work, waiting = self.queued.pop(0)
+        try:
+            result = work(str(self.workspace))
+        except OSError:
+            between()
+            waiting.errback(Failure())
+            return
+        between()
+        waiting.callback(result)
+
+
+class RacingInotify(inotify.Inotify):
+    """Makes ``raced`` in the directory ``new`` right after its watch is added, before the
+    walk lists it: the entry is both listed and announced by an event."""
+
+    def watch_dir(self, fd: int, dir_fd: int) -> int:
+        wd = super().watch_dir(fd, dir_fd)
+        if os.readlink(f"/proc/self/fd/{dir_fd}").endswith("/new"):
+            with open(os.open("raced", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dir_fd), "wb"):
+                pass
+        return wd
+
+
+def queued_watch(tmp_path: Path) -> tuple[WorkspaceWatch, Walks, list[WatchEvent], list[object]]:
+    walks = Walks(tmp_path)
+    events: list[WatchEvent] = []
+    watch = WorkspaceWatch(
+        Readers(),  # type: ignore[arg-type]
+        walks,
+        (),
+        True,
+        events.append,
+        ino=RacingInotify(),
+    )
+    done: list[object] = []
+    Deferred.fromCoroutine(watch.start()).addBoth(done.append)
+    return watch, walks, events, done
+
+
+def is_inotify(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+    except OSError:
+        return False
+
+
+def test_what_a_new_directory_held_before_its_watch_is_reported_once(tmp_path: Path) -> None:
+    watch, walks, events, done = queued_watch(tmp_path)
+    walks.run()
+    assert done == [None]
+    (tmp_path / "new").mkdir()
+    watch.doRead()  # the new directory: its walk is queued
+    (tmp_path / "new" / "before").write_bytes(b"")  # before its watch: no event of its own
+    (tmp_path / "new" / "sub").mkdir()
+
+    def meanwhile() -> None:  # after the watch, before the walk's result is back
+        (tmp_path / "new" / "after").write_bytes(b"x")
+        (tmp_path / "new" / "sub" / "deep").write_bytes(b"")
+
+    walks.run(meanwhile)
+    watch.doRead()
+    seen = [(e.kind, e.path, e.is_dir) for e in events]
+    assert seen.count(("create", "/new", True)) == 1
+    assert seen.count(("create", "/new/before", False)) == 1
+    assert seen.count(("create", "/new/sub", True)) == 1
+    assert seen.count(("create", "/new/raced", False)) == 1  # listed and announced: once
+    assert seen.count(("create", "/new/after", False)) == 1  # held while the walk was out
+    assert seen.count(("create", "/new/sub/deep", False)) == 1
+    assert ("write", "/new/after", False) in seen  # held while the walk was out, then told
+    assert not walks.queued  # /new/sub was watched by /new's walk, not walked again
+    watch.close()
+
+
+def test_the_descriptor_outlives_a_walk_in_flight(tmp_path: Path) -> None:
+    watch, walks, events, _ = queued_watch(tmp_path)
+    walks.run()
+    fd = watch.fd
+    (tmp_path / "new").mkdir()
+    watch.doRead()
+    watch.close()  # the client went while /new's walk runs on the descriptor
+    assert watch.fd_open and is_inotify(fd) and watch.fileno() == -1
+    walks.run()
+    assert not watch.fd_open and not is_inotify(fd)
+    assert events == [WatchEvent("create", "/new", True)]  # nothing after the close
+
+
+def test_a_cancelled_start_closes_the_watch_once_its_walk_is_back(tmp_path: Path) -> None:
+    walks = Walks(tmp_path)
+    closed: list[bool] = []
+    watch = WorkspaceWatch(
+        Readers(),  # type: ignore[arg-type]
+        walks,
+        (),
+        True,
+        lambda event: None,
+        on_close=lambda: closed.append(True),
+    )
+    starting = Deferred.fromCoroutine(watch.start())
+    outcome: list[Failure] = []
+    starting.addErrback(outcome.append)
+    starting.cancel()  # the client went during the walk
+    assert outcome and outcome[0].check(CancelledError)
+    assert watch.closed and closed == [True] and watch.fd_open
+    walks.run()
+    assert not watch.fd_open
+
+
+def test_a_failed_follow_walk_frees_the_descriptor_of_a_closed_watch(tmp_path: Path) -> None:
+    watch, walks, events, _ = queued_watch(tmp_path)
+    walks.run()
+    (tmp_path / "gone").mkdir()
+    watch.doRead()
+    (tmp_path / "gone").rmdir()  # removed before its walk: the walk fails
+    watch.close()
+    walks.run()
+    assert not watch.fd_open and events == [WatchEvent("create", "/gone", True)]

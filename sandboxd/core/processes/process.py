@@ -213,12 +213,14 @@ class Reader:
     def _pump(self) -> None:
         if self._pumping or self.done:
             return
+        if self.process.gone:
+            # Told at once, even to a paused reader: a slow client holds nothing of a dead
+            # sandbox (its log goes with it).
+            self._finish(SandboxGone())
+            return
         self._pumping = True
         try:
             while not self._paused and not self.done:
-                if self.process.gone:
-                    self._finish(SandboxGone())
-                    break
                 found = self.process.log.read(self.cursor)
                 if found.dropped:
                     self.cursor += found.dropped

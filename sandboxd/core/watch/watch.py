@@ -11,7 +11,7 @@ ends when its consumer closes it or the sandbox dies (:attr:`WatchEvent.gone`).
 import errno
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
@@ -22,7 +22,20 @@ from zope.interface import implementer
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.files.workspace import parent_of, translate
 from sandboxd.core.watch import inotify
-from sandboxd.core.watch.inotify import IN_IGNORED, IN_ISDIR, IN_Q_OVERFLOW, Inotify
+from sandboxd.core.watch.inotify import (
+    IN_CREATE,
+    IN_IGNORED,
+    IN_ISDIR,
+    IN_MOVED_TO,
+    IN_Q_OVERFLOW,
+    Inotify,
+    RawEvent,
+)
+
+T = TypeVar("T")
+
+_MADE_HERE = IN_CREATE | IN_MOVED_TO
+"""Event bits that report an entry new in its directory."""
 
 READ_SIZE = 1 << 16
 DIRS_MAX = 8192
@@ -47,12 +60,23 @@ def display(parts: Parts) -> str:
     return "".join(f"/{p}" for p in parts)
 
 
+@frozen
+class Watched:
+    """A directory now watched: its watch descriptor, its workspace path, and (recursive
+    walks) its ``(name, is_dir)`` entries as listed right after its watch was in place."""
+
+    wd: int
+    parts: Parts
+    entries: tuple[tuple[str, bool], ...] = ()
+
+
 def add_tree(
     ino: Inotify, fd: int, workspace: str, parts: Parts, recursive: bool, room: int
-) -> list[tuple[int, Parts]]:
+) -> list[Watched]:
     """Watch the directory ``parts`` (and, ``recursive``, every directory below it, at most
-    ``room`` in all): its ``(wd, parts)`` pairs. Run with the sandbox's fs credentials."""
-    added: list[tuple[int, Parts]] = []
+    ``room`` in all), each listed once its watch is in place. Run with the sandbox's fs
+    credentials."""
+    added: list[Watched] = []
     with parent_of(workspace, parts) as parent:
         name = parts[-1] if parts else "."
         top = os.open(name, _DIR_FLAGS, dir_fd=parent)
@@ -61,12 +85,16 @@ def add_tree(
         while pending:
             dir_fd, where = pending.pop()
             try:
-                added.append((ino.watch_dir(fd, dir_fd), where))
+                wd = ino.watch_dir(fd, dir_fd)
                 if not recursive:
+                    added.append(Watched(wd, where))
                     continue
-                with os.scandir(dir_fd) as entries:
-                    names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-                for entry in names:
+                with os.scandir(dir_fd) as listing:
+                    entries = tuple((e.name, e.is_dir(follow_symlinks=False)) for e in listing)
+                added.append(Watched(wd, where, entries))
+                for entry, is_dir in entries:
+                    if not is_dir:
+                        continue
                     if len(added) + len(pending) >= room:
                         raise OSError(errno.ENOSPC, "too many directories to watch")
                     try:
@@ -81,9 +109,34 @@ def add_tree(
     return added
 
 
+def _shielded(work: "Deferred[T]") -> "Deferred[T]":
+    """``work``'s result, in a Deferred whose cancellation leaves ``work`` alone (a thread
+    cannot be stopped: what it does with the inotify descriptor must be waited for)."""
+    out: Deferred[T] = Deferred()
+
+    def settle(result: Any) -> None:
+        if out.called:
+            return  # cancelled meanwhile: the result is not wanted
+        if isinstance(result, Failure):
+            out.errback(result)
+        else:
+            out.callback(result)
+
+    work.addBoth(settle)
+    return out
+
+
 @implementer(IReadDescriptor)
 class WorkspaceWatch:
-    """Watches a sandbox's workspace under ``root``; ``deliver(event)`` for each change."""
+    """Watches a sandbox's workspace under ``root``; ``deliver(event)`` for each change.
+
+    A new directory's watch is added from a file thread: events of its watch read before
+    that thread is back are held, and once it is back, what the directory already held
+    without an event of its own (made before its watch was in place) is reported as
+    created, then the held events follow. Nothing made in a followed directory is missed,
+    nothing is reported twice. The inotify descriptor is closed when the watch is closed and
+    no file thread uses it any more (its number is never reused under a running walk).
+    """
 
     def __init__(
         self,
@@ -103,25 +156,75 @@ class WorkspaceWatch:
         self.on_close = on_close
         self.ino = ino or Inotify()
         self.fd = self.ino.open()
+        self.fd_open = True
+        """The inotify descriptor is still open (closed once closed and no walk uses it)."""
         self.paths: dict[int, Parts] = {}
         self.closed = False
         self._overflowed = False
+        self._walks = 0
+        """File threads running on :attr:`fd` now."""
+        self._settling = 0
+        """Walks whose watches are being made known now."""
+        self._held: list[RawEvent] = []
 
     async def start(self) -> None:
         """Add the watches (``PathNotFound``/``BadRequest`` as a file call would raise),
-        then read events."""
+        then read events. Any failure, a cancellation too, closes the watch."""
         try:
-            await self._add(self.root, DIRS_MAX)
+            await self._add(self.root, DIRS_MAX, follow=False)
         except OSError as e:
             self.close()
             raise translate(e, self.root) from None
+        except BaseException:
+            self.close()
+            raise
         if not self.closed:
             self.reactor.addReader(self)
 
-    async def _add(self, parts: Parts, room: int) -> None:
+    async def _add(self, parts: Parts, room: int, follow: bool) -> None:
         ino, fd, recursive = self.ino, self.fd, self.recursive
-        added = await self.run_as_sandbox(lambda ws: add_tree(ino, fd, ws, parts, recursive, room))
-        self.paths.update(added)
+        walk = self.run_as_sandbox(lambda ws: add_tree(ino, fd, ws, parts, recursive, room))
+        self._walks += 1
+        walk.addBoth(self._walk_done)
+        added: list[Watched] = await _shielded(walk)
+        if self.closed:
+            return
+        self._settling += 1
+        try:
+            self._settle(added, follow)
+        finally:
+            self._settling -= 1
+
+    def _settle(self, added: list[Watched], follow: bool) -> None:
+        """A walk is back: its watches are known from now on; for a followed directory, its
+        entries without an event of their own are reported as created, then what was held."""
+        if follow:
+            self.doRead()  # every event queued so far: those of the new watches are held
+        new = {w.wd for w in added}
+        self.paths.update((w.wd, w.parts) for w in added)
+        held, self._held = self._held, []
+        if follow:
+            for w in added:
+                announced = {raw.name for raw in held if raw.wd == w.wd and raw.mask & _MADE_HERE}
+                for name, is_dir in w.entries:
+                    if name not in announced:
+                        self.deliver(WatchEvent("create", display((*w.parts, name)), is_dir))
+        for raw in held:
+            if raw.wd in new:
+                self._event(raw)
+            elif self._walks:
+                self._held.append(raw)  # another walk's
+
+    def _walk_done(self, result: Any) -> Any:
+        self._walks -= 1
+        if self.closed and not self._walks:
+            self._release()
+        return result
+
+    def _release(self) -> None:
+        if self.fd_open:
+            self.fd_open = False
+            os.close(self.fd)
 
     def close(self, gone: bool = False) -> None:
         """Stop watching; with ``gone`` (the sandbox died) the consumer is told last."""
@@ -129,7 +232,8 @@ class WorkspaceWatch:
             return
         self.closed = True
         self.reactor.removeReader(self)
-        os.close(self.fd)
+        if not self._walks:
+            self._release()
         self.on_close()
         if gone:
             self.deliver(WatchEvent("gone", gone=True))
@@ -146,19 +250,22 @@ class WorkspaceWatch:
         self.close()
 
     def doRead(self) -> None:
-        try:
-            buffer = os.read(self.fd, READ_SIZE)
-        except BlockingIOError:
-            return
-        for raw in inotify.parse(buffer):
-            self._event(raw)
+        while not self.closed:
+            try:
+                buffer = os.read(self.fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            for raw in inotify.parse(buffer):
+                self._event(raw)
 
-    def _event(self, raw: inotify.RawEvent) -> None:
+    def _event(self, raw: RawEvent) -> None:
         if raw.mask & IN_Q_OVERFLOW:
             self.deliver(WatchEvent("overflow"))
             return
         where = self.paths.get(raw.wd)
         if where is None:
+            if self._walks or self._settling:
+                self._held.append(raw)  # perhaps a watch a walk is adding: known once back
             return
         if raw.mask & IN_IGNORED:
             del self.paths[raw.wd]
@@ -169,9 +276,9 @@ class WorkspaceWatch:
         parts = (*where, raw.name)
         is_dir = bool(raw.mask & IN_ISDIR)
         self.deliver(WatchEvent(kind, display(parts), is_dir))
-        if is_dir and kind == "create" and self.recursive:
+        if is_dir and kind == "create" and self.recursive and parts not in self.paths.values():
             room = DIRS_MAX - len(self.paths)
-            added = Deferred.fromCoroutine(self._add(parts, room))
+            added = Deferred.fromCoroutine(self._add(parts, room, follow=True))
             added.addErrback(self._not_added, parts)
 
     def _not_added(self, failure: Failure, parts: Parts) -> None:

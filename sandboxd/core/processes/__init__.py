@@ -1,0 +1,1 @@
+"""Background processes of a sandbox: their output logs, their readers, their table."""
