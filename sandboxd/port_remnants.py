@@ -85,14 +85,18 @@ def destroy_orphans(port: int) -> int:
     holds; how many. None when a socket listens on the port (a live process holds it: that is
     not for this to undo). Raises ``OSError`` when the kernel refuses (no ``CAP_NET_ADMIN``, or
     no ``CONFIG_INET_DIAG_DESTROY``: ``EOPNOTSUPP``)."""
-    destroyed = 0
-    families = (socket.AF_INET, socket.AF_INET6)
-    with socket.socket(
-        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
-    ) as sock:
-        if any(orphans(sock, family, port, (TCP_LISTEN,)) for family in families):
+    with _diag() as sock:
+        if any(orphans(sock, family, port, (TCP_LISTEN,)) for family in FAMILIES):
             return 0
-        for family in families:
+    return destroy_closing(port)
+
+
+def destroy_closing(port: int) -> int:
+    """Destroy every closing TCP connection on local ``port`` that no process holds, whoever
+    listens on the port; how many."""
+    destroyed = 0
+    with _diag() as sock:
+        for family in FAMILIES:
             for sock_id in orphans(sock, family, port):
                 state_mask = sum(1 << state for state in CLOSING_STATES)
                 sock.send(
@@ -104,3 +108,12 @@ def destroy_orphans(port: int) -> int:
                         raise OSError(code, f"SOCK_DESTROY: {os.strerror(code)}")
                 destroyed += 1
     return destroyed
+
+
+FAMILIES = (socket.AF_INET, socket.AF_INET6)
+
+
+def _diag() -> socket.socket:
+    return socket.socket(
+        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
+    )

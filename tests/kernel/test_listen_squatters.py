@@ -241,14 +241,15 @@ def test_a_killed_daemon_restarts_and_serves_while_a_sandbox_squats_its_port(
         squatter = int((out / "pid").read_text())
         first.process.kill()  # SIGKILL: the sandbox and its squatter live on
         first.process.wait(30)
+
         # The dead daemon's own closed connections (TIME_WAIT) would keep the squatter, whose
         # sockets set no SO_REUSEADDR, out for a minute: a patient squatter waits; this one
-        # has them cleared.
-        port_remnants.destroy_orphans(first.port)
-        wait_for(
-            lambda: {"bound 127.0.0.1", "bound ::1"} <= set(tried(out)),
-            f"the squatter took the port: {tried(out)}",
-        )
+        # has them cleared as they come.
+        def squatted() -> bool:
+            port_remnants.destroy_closing(first.port)
+            return {"bound 127.0.0.1", "bound ::1"} <= set(tried(out))
+
+        wait_for(squatted, f"the squatter took the port: {tried(out)}")
         assert alive(squatter)
     except BaseException:
         process.stop_daemon(first)

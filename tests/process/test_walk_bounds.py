@@ -1,5 +1,5 @@
 """Walks of huge and deep trees against a real daemon: memory stays bounded, the answer is
-``413`` past ``SANDBOXD_WALK_MAX``, and paths past ``PATH_MAX`` are left out, not a crash.
+``413`` past ``SANDBOXD_WALK_MAX``, and paths past ``PATH_MAX`` are listed like any other.
 
 The trees are made directly in the sandbox's workspace (``--isolation=none``: the daemon's own
 user owns it), modest in size, in the test's temporary directory.
@@ -69,13 +69,9 @@ def test_huge_and_deep_walks_keep_the_daemon_bounded(tmp_path: Path) -> None:
         # Written a part at a time, and still the very bytes json.dumps gives (SPEC §1).
         assert answers[0][1] == json.dumps({"entries": entries}).encode()
         deep = [e["path"] for e in entries if not e["path"].startswith("/dir")]
-        # The deep files whose path fits PATH_MAX are listed, the others left out and said.
-        assert len(entries) == FILES + len(deep)
-        assert deep and all(len(p) < 4096 for p in deep)
-        assert len(deep) < DEEP // 100
-        assert (
-            "files with paths of PATH_MAX (4096) bytes or more left out" in daemon.log.read_text()
-        )
+        # Every deep file is listed, those whose path is past PATH_MAX too.
+        assert len(entries) == FILES + DEEP // 100
+        assert max(len(p) for p in deep) > 4096
         # Four concurrent walks of 100 000 files, each written a part at a time (the answer
         # is 7 MiB): no walk holds its whole answer.
         assert peak - before < 100 * 1024, (before, peak)

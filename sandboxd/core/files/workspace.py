@@ -18,7 +18,6 @@ from contextlib import contextmanager, suppress
 from typing import BinaryIO, TypeVar
 
 from attrs import frozen
-from twisted.logger import Logger
 
 from sandboxd.core.files.paths import Parts, display
 from sandboxd.core.files.tree import UPLOAD_PREFIX, DirFiles, opened_dir, remove_dir, scan_dirs
@@ -29,8 +28,6 @@ from sandboxd.errors import (
     SandboxdError,
     TooManyEntries,
 )
-
-log = Logger()
 
 T = TypeVar("T")
 
@@ -262,11 +259,6 @@ def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
         return []
 
 
-PATH_MAX = 4096
-"""Longest path (bytes, with its terminating NUL) the kernel takes in one system call: a walk
-leaves out the files whose path is longer (no program could open them by that path)."""
-
-
 def walk_map(
     workspace: str,
     parts: Parts,
@@ -298,31 +290,19 @@ def walk_batches(
     """``each_dir``'s results, one directory at a time, as the walk goes (``OSError`` as
     :func:`_walk_dirs` raises it). The generator may be resumed from any file thread.
 
-    Files whose path is ``PATH_MAX`` bytes or longer are left out (and logged, once per walk).
-    More than ``limit`` files raise :class:`~sandboxd.errors.TooManyEntries` naming the limit,
-    as soon as the walk finds one more.
+    Paths of any length are listed (a tree deeper than ``PATH_MAX`` too: the walk goes one
+    directory at a time). More than ``limit`` files raise
+    :class:`~sandboxd.errors.TooManyEntries` naming the limit, as soon as the walk finds one
+    more.
     """
-    count = skipped = 0
-    try:
-        for path, found in _walk_dirs(workspace, parts):
-            if len(path.encode("utf-8", "surrogateescape")) + 256 >= PATH_MAX:
-                kept = [(n, st) for n, st in found if _path_fits(path, n)]
-                skipped += len(found) - len(kept)
-                found = kept
-            count += len(found)
-            if limit is not None and count > limit:
-                raise TooManyEntries(
-                    f"the walk lists more than {limit} files (SANDBOXD_WALK_MAX): walk a"
-                    " narrower root"
-                )
-            yield each_dir(path, found)
-    finally:
-        if skipped:
-            log.warn(
-                "walk: {count} files with paths of PATH_MAX ({max}) bytes or more left out",
-                count=skipped,
-                max=PATH_MAX,
+    count = 0
+    for path, found in _walk_dirs(workspace, parts):
+        count += len(found)
+        if limit is not None and count > limit:
+            raise TooManyEntries(
+                f"the walk lists more than {limit} files (SANDBOXD_WALK_MAX): walk a narrower root"
             )
+        yield each_dir(path, found)
 
 
 def count_files(workspace: str, parts: Parts, limit: int | None) -> int:
@@ -336,10 +316,6 @@ def count_files(workspace: str, parts: Parts, limit: int | None) -> int:
 
 def _names(path: str, found: list[tuple[str, os.stat_result]]) -> list[str]:
     return [name for name, _ in found]
-
-
-def _path_fits(directory: str, name: str) -> bool:
-    return len(f"{directory}/{name}".encode("utf-8", "surrogateescape")) < PATH_MAX
 
 
 def disk_usage(workspace: str) -> int:
