@@ -84,6 +84,7 @@ setup(
         "attrs>=23.1",
         "prometheus_client>=0.20",
         "pybase64>=1.4",
+        "rich>=13",  # sandboxctl's transfer progress (imported only to draw it)
     ],
     extras_require={
         "mcp": ["mcp>=2.3,<3"],
@@ -103,6 +104,7 @@ setup(
             "jsonschema>=4.0",
             "openapi-spec-validator>=0.7",
             "PyYAML>=6.0",
+            "e2b==2.63.0",
         ],
     },
     entry_points={"console_scripts": ["sandboxctl = sandboxd_client.cli:main"]},

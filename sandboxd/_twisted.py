@@ -8,6 +8,8 @@ by name, not somewhere deep in a stream.
 from collections.abc import Callable
 from typing import Any
 
+from twisted.application.internet import StreamServerEndpointService
+from twisted.internet.defer import Deferred
 from twisted.internet.process import ProcessReader
 from twisted.web.http import HTTPChannel
 
@@ -35,6 +37,18 @@ def set_socket_sizes(transport: Any, read: int, send: int) -> None:
     undocumented class attributes)."""
     transport.bufferSize = read
     transport.SEND_LIMIT = send
+
+
+def raise_synchronously(service: StreamServerEndpointService) -> None:
+    """Make a listen that fails raise from ``startService`` (stopping start-up), as
+    ``strports`` services do (``StreamServerEndpointService._raiseSynchronously``)."""
+    service._raiseSynchronously = True
+
+
+def waiting_for_port(service: StreamServerEndpointService) -> "Deferred[Any] | None":
+    """The Deferred of the service's listen, once started (``_waitingForPort``)."""
+    waiting: Deferred[Any] | None = getattr(service, "_waitingForPort", None)
+    return waiting
 
 
 class BadRequestChannel(HTTPChannel):

@@ -15,7 +15,14 @@ from sandboxd.isolation.egress_plan import parse_networks, parse_pool4, parse_po
 from sandboxd.isolation.namespaces import parse_namespaces
 from sandboxd.isolation.network import parse_mode, parse_modes
 from sandboxd.listen import DUAL_STACK_MODES
-from sandboxd.units import parse_cores, parse_count, parse_duration, parse_size
+from sandboxd.units import (
+    format_duration,
+    format_size,
+    parse_cores,
+    parse_count,
+    parse_duration,
+    parse_size,
+)
 
 ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
 SECCOMP_MODES = ("default", "off")
@@ -120,6 +127,12 @@ class Config:
         "Allow listening beyond loopback with no token (anyone reaching the port runs code)",
         flag=True,
     )
+    e2b_listen: str | None = _setting(
+        "SANDBOXD_E2B_LISTEN",
+        None,
+        _optional_text,
+        "Twisted endpoint string of the E2B-compatible front (default: off)",
+    )
     pod_url: str | None = _setting(
         "SANDBOXD_POD_URL",
         None,
@@ -176,6 +189,12 @@ class Config:
     )
     drain_deadline: float = _setting(
         "SANDBOXD_DRAIN_DEADLINE", "60s", parse_duration, "Longest a drain waits for busy sandboxes"
+    )
+    drain_idle: float = _setting(
+        "SANDBOXD_DRAIN_IDLE",
+        "10s",
+        parse_duration,
+        "During a drain, kill a sandbox after this long with no call, command or output",
     )
     archive_root: str | None = _setting(
         "SANDBOXD_ARCHIVE_ROOT",
@@ -357,6 +376,28 @@ class Config:
                 value = f"{value:03o}"  # as an operator writes it
             shown[setting.metadata["env"]] = value
         return shown
+
+    def friendly(self) -> str:
+        """The effective settings as an operator writes them (``SANDBOXD_MEMORY_MAX=512M``,
+        ``SANDBOXD_EXEC_TIMEOUT=10m``), secrets replaced by ``<set>``: one line for the log."""
+        shown: list[str] = []
+        redacted = self.redacted()
+        for setting in fields(type(self)):
+            env = setting.metadata["env"]
+            value = redacted[env]
+            parse = setting.metadata["parse"]
+            if value is None:
+                text = "unset"
+            elif parse in (parse_size, _optional_size):
+                text = format_size(value)
+            elif parse is parse_duration:
+                text = format_duration(value)
+            elif isinstance(value, tuple | frozenset):
+                text = ",".join(sorted(str(v) for v in value)) or "none"
+            else:
+                text = str(value)
+            shown.append(f"{env}={text}")
+        return " ".join(shown)
 
 
 def _given(attribute: str, options: Mapping[str, Any], environ: Mapping[str, str]) -> bool:

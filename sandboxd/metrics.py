@@ -27,6 +27,8 @@ class Metrics:
     oom_kills: Counter = field(init=False)
     uid_pool_free: Gauge = field(init=False)
     draining: Gauge = field(init=False)
+    drain_waiting: Gauge = field(init=False)
+    drain_kills: Counter = field(init=False)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -51,6 +53,15 @@ class Metrics:
         )
         self.uid_pool_free = Gauge("sandboxd_uid_pool_free", "Free uids in the pool", registry=r)
         self.draining = Gauge("sandboxd_draining", "1 while draining", registry=r)
+        self.drain_waiting = Gauge(
+            "sandboxd_drain_waiting", "Sandboxes a drain still waits for", registry=r
+        )
+        self.drain_kills = Counter(
+            "sandboxd_drain_kills",
+            "Sandboxes a drain killed: idle, at the deadline, or in a forced stop",
+            ["reason"],
+            registry=r,
+        )
 
     def watch(self, free_uids: Callable[[], float], draining: Callable[[], float]) -> None:
         """Read the pool and drain state when scraped."""

@@ -13,20 +13,22 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import attrs
-from twisted.application.internet import TimerService
+from twisted.application.internet import StreamServerEndpointService, TimerService
 from twisted.application.service import IService, MultiService
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.endpoints import serverFromString
 from twisted.logger import ILogObserver, Logger, jsonFileLogObserver
 from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 import sandboxd
-from sandboxd import notify
+from sandboxd import _twisted, notify
 from sandboxd.config import Config, ConfigError, flag_table, given_options, option_table
 from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import build_tools
+from sandboxd.e2b.api import make_front
 from sandboxd.http.api import SandboxAPI
 from sandboxd.http.site import can_spool, make_site
 from sandboxd.isolation.base import IsolationUnavailable
@@ -35,6 +37,8 @@ from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import CannotListen, Listeners, capabilities, reaches_beyond_loopback
+from sandboxd.reach import reach_hint
+from sandboxd.stop_signals import on_next_stop_signal
 
 log = Logger()
 
@@ -82,12 +86,18 @@ class SandboxdService(MultiService):
         pools: list[ThreadPool],
         reactor: Any,
         log_observer: Any = None,
+        on_stop_signal: Callable[[Any, Callable[[str], None]], None] = lambda reactor, act: None,
     ) -> None:
         super().__init__()
+        self.on_stop_signal = on_stop_signal
+        """Installs what the next SIGINT/SIGTERM does once a drain has begun (``twistd``:
+        :func:`sandboxd.stop_signals.on_next_stop_signal`)."""
         self.manager = manager
         self.pools = pools
         self.reactor = reactor
         self.log_observer = log_observer
+        self.listen = ""
+        """The endpoint string the HTTP service listens on (for the line saying where)."""
         self.streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None)
         """Fires once the open exec streams have written their last frames (the front's)."""
         self.listeners: Listeners | None = None
@@ -129,18 +139,22 @@ class SandboxdService(MultiService):
                 self.reactor.stop()
             return
         log.info("listening on {addresses}", addresses=" ".join(addresses))
+        port = getattr(self.listeners.ports[0].getHost(), "port", None)
+        log.info("{hint}", hint=reach_hint(self.listen, port))
         log.info("sandboxd ready")
         notify.notify("READY=1\nSTATUS=listening")  # systemd Type=notify
 
     def drain_and_exit(self) -> None:
         """Drain (``POST /drain``), then stop the reactor."""
         notify.stopping()
+        self.on_stop_signal(self.reactor, self.stop_now)
         drained = self.manager.drain().addCallback(lambda _: self.streams_written())
         drained.addCallback(lambda _: self.reactor.stop())
 
     def stopService(self) -> Deferred[Any]:
-        log.info("stopping: draining first")
+        log.info("stopping: draining first (a second SIGINT/SIGTERM stops at once)")
         notify.stopping()
+        self.on_stop_signal(self.reactor, self.stop_now)
         drained = self.manager.drain().addCallback(lambda _: self.streams_written())
 
         def stop_children(_: object) -> Deferred[Any]:
@@ -152,6 +166,15 @@ class SandboxdService(MultiService):
             return result
 
         return drained.addCallback(stop_children).addBoth(stop_pools)
+
+    def stop_now(self, signal_name: str) -> None:
+        """A second stop signal during a drain: kill every sandbox now, then exit."""
+        log.warn(
+            "{signal} during the drain: stopping at once ({count} sandboxes killed)",
+            signal=signal_name,
+            count=len(self.manager.sandboxes),
+        )
+        self.manager.stop_now()  # the drain ends, and with it the daemon
 
 
 def reap_interval(idle_ttl: float) -> float:
@@ -222,6 +245,22 @@ def start_disk(config: Config, layout: Layout) -> Layout:
     else:
         log.info("disk: no limits (SANDBOXD_DISK_MAX and SANDBOXD_FILES_MAX unset)")
     return attrs.evolve(layout, disk=disk)
+
+
+def start_e2b(
+    config: Config, manager: SandboxManager, token: bytes | None, reactor: Any, spool: str | None
+) -> IService:
+    """The E2B-compatible front's listener (``SANDBOXD_E2B_LISTEN``): the same manager, a
+    site of its own; a port that cannot be had stops start-up."""
+    assert config.e2b_listen is not None
+    front = make_front(manager, token)
+    site = make_site(front.app.resource(), config.max_body, spool_dir=spool)
+    listener = StreamServerEndpointService(serverFromString(reactor, config.e2b_listen), site)
+    _twisted.raise_synchronously(listener)
+    if token is None:
+        log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")
+    log.info("e2b: the E2B-compatible front listens on {listen}", listen=config.e2b_listen)
+    return listener
 
 
 def makeService(options: Options, reactor: Any = None, environ: Any = None) -> IService:
@@ -316,7 +355,9 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     observer = None
     if config.log_format == "json":
         observer = jsonFileLogObserver(sys.stdout, recordSeparator="")
-    top = SandboxdService(manager, [file_pool, admin_pool], reactor, observer)
+    top = SandboxdService(
+        manager, [file_pool, admin_pool], reactor, observer, on_stop_signal=on_next_stop_signal
+    )
     top.exit_status = exit_status
     api.on_drain = top.drain_and_exit
     top.streams_written = api.streams_written
@@ -342,5 +383,9 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
             " can take the port in the other address family",
             listen=config.listen,
         )
-    log.info("configuration: {settings}", settings=config.redacted())
+    if config.e2b_listen is not None:
+        start_e2b(config, manager, token, reactor, spool_dir).setServiceParent(top)
+        api.capabilities = sorted({*api.capabilities, "e2b"})
+    log.info("configuration: {settings}", settings=config.friendly())
+    top.listen = config.listen
     return top

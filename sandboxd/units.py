@@ -51,3 +51,26 @@ def parse_count(text: str) -> int:
     if value < 0:
         raise ValueError(f"{text!r} is negative")
     return value
+
+
+def format_size(size: int) -> str:
+    """``536870912`` → ``512M``: the largest binary unit that gives a whole number, so that
+    :func:`parse_size` reads the text back to the same bytes."""
+    for unit in ("P", "T", "G", "M", "K"):
+        factor = _SIZE_FACTORS[unit.lower()]
+        if size and size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+def format_duration(seconds: float) -> str:
+    """``600`` → ``10m``, ``0.5`` → ``500ms``: the largest unit giving a whole number, so that
+    :func:`parse_duration` reads the text back to the same seconds."""
+    for unit in ("d", "h", "m", "s"):
+        factor = _DURATION_FACTORS[unit]
+        if seconds and seconds % factor == 0:
+            return f"{int(seconds // factor)}{unit}"
+    milliseconds = seconds * 1000
+    if milliseconds == int(milliseconds):
+        return f"{int(milliseconds)}ms"
+    return f"{seconds}s"

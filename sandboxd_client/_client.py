@@ -251,25 +251,30 @@ class HttpSandbox(Transfers):
         timeout: float | None = None,
         stdin: bytes | None = None,
         tools: Sequence[str] | None = None,
+        on_stderr: OutputCallback | None = None,
     ) -> ExecResult:
         """
         Run one command; return its ``ExecResult`` (a non-zero exit is a result).
 
         ``on_output(chunk)`` receives every live output chunk (stdout and stderr interleaved)
-        as it arrives; if it raises, the stream is dropped (the host then kills the command) and
+        as it arrives; with ``on_stderr`` (the ``exec.split`` extension) ``on_output`` gets
+        stdout alone and ``on_stderr(chunk)`` the stderr chunks, still in arrival order. If a
+        callback raises, the stream is dropped (the host then kills the command) and
         its exception propagates. A stream that ends without a final frame raises
         ``SandboxNotFound``; ``exec_idle_timeout`` seconds without a byte raise ``SandboxBusy``.
         Never retried.
         """
         url = self._url(handle, "exec")
         payload = wire.exec_body(cmd, env, cwd, timeout, stdin, tools)
+        if on_stderr is not None:
+            payload["split"] = True
         body = self._http.producer(wire.json_bytes(payload))
         deadline = self._exec_idle_timeout
         response = await self._http.send(
             "POST", url, timeout=deadline, service=False, body=body, content_type=wire.JSON
         )
         await self._http.check(response, timeout=deadline, service=False)
-        decoder = ExecStreamDecoder(on_output, self._max_exec_line)
+        decoder = ExecStreamDecoder(on_output, self._max_exec_line, on_stderr)
         try:
             await self._http.read(response, decoder.feed, timeout=deadline, service=False)
         except Exception:

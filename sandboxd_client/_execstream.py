@@ -5,6 +5,8 @@ Frames, one JSON object per line:
 
 - ``{"o": base64}``: a live chunk (stdout and stderr interleaved); keepalives are ``{"o": ""}``
   and are not forwarded;
+- ``{"e": base64}``: a live stderr chunk (only when the request asked ``split: true``, and
+  ``{"o": …}`` then carries stdout alone);
 - ``{"exit": int, "out": base64, "err": base64, "truncated"?: bool}``: the final result;
 - ``{"error": type, "detail": msg}``: the host failed while running the command.
 
@@ -100,13 +102,20 @@ class ExecStreamDecoder:
     """
     Incremental exec-stream decoder.
 
-    ``feed`` calls ``on_output`` synchronously for every non-empty ``o`` chunk, in order, and
+    ``feed`` calls ``on_output`` synchronously for every non-empty ``o`` chunk (``on_stderr``
+    for every ``e`` chunk), in order, and
     lets its exceptions propagate (the caller then drops the stream). Frames after the final
     ``exit``/``error`` frame are ignored, as are unknown fields.
     """
 
-    def __init__(self, on_output: OutputCallback | None, max_line: int = DEFAULT_MAX_LINE):
+    def __init__(
+        self,
+        on_output: OutputCallback | None,
+        max_line: int = DEFAULT_MAX_LINE,
+        on_stderr: OutputCallback | None = None,
+    ):
         self._on_output = on_output
+        self._on_stderr = on_stderr
         self._lines = LineSplitter(max_line)
         self._result: ExecResult | None = None
         self._error: Exception | None = None
@@ -152,6 +161,10 @@ class ExecStreamDecoder:
             chunk = _b64(frame, "o")
             if chunk and self._on_output is not None:
                 self._on_output(chunk)
+        elif "e" in frame:
+            chunk = _b64(frame, "e")
+            if chunk and self._on_stderr is not None:
+                self._on_stderr(chunk)
 
     def finish(self) -> ExecResult:
         """

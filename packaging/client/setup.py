@@ -29,6 +29,7 @@ setup(
         "hyperlink>=21.0",
         "zope.interface>=5.0",
         "pybase64>=1.4",
+        "rich>=13",  # sandboxctl's transfer progress (imported only to draw it)
     ],
     extras_require={"mcp": ["mcp>=2.3,<3"]},
     entry_points={"console_scripts": ["sandboxctl = sandboxd_client.cli:main"]},

@@ -14,7 +14,6 @@ from typing import Any, BinaryIO, TypeVar
 from attrs import define, field
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorProcess, IReactorTime
-from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -24,6 +23,7 @@ from sandboxd.config import Config
 from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
 from sandboxd.core.commands import BASE_PATH, Commands
+from sandboxd.core.drain import DrainLoop
 from sandboxd.core.exec.spec import parse_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
@@ -34,6 +34,7 @@ from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
 from sandboxd.metrics import Metrics
+from sandboxd.units import format_duration
 
 T = TypeVar("T")
 
@@ -64,6 +65,7 @@ class SandboxManager(Commands):
     """Seconds between looks at the running commands while a drain waits for them."""
     _devnull: int = field(init=False, default=-1)
     _drained: list[Deferred[None]] | None = field(init=False, default=None)
+    _forced: bool = field(init=False, default=False)
 
     def start(self) -> Deferred[None]:
         """Reclaim what a crashed predecessor left behind (the root is prepared before, by
@@ -219,8 +221,9 @@ class SandboxManager(Commands):
         log.failure("reaping {rid} failed", failure, rid=rid)
 
     def drain(self) -> Deferred[None]:
-        """Refuse new sandboxes, wait for running commands (at most ``drain_deadline``), then
-        kill every sandbox. Fires once that is done; calling it again waits for the same drain.
+        """Refuse new sandboxes; kill each once idle for ``drain_idle`` (no call, no command, no
+        output), every one left when ``drain_deadline`` passes or :meth:`stop_now` is called.
+        Fires once that is done; calling it again waits for the same drain.
         """
         waiter: Deferred[None] = Deferred()
         if self._drained is None:
@@ -232,23 +235,45 @@ class SandboxManager(Commands):
             self._drained.append(waiter)
         return waiter
 
+    def stop_now(self) -> None:
+        """End the drain's wait at once: every sandbox left is killed (a second signal)."""
+        self._forced = True
+
     async def _drain(self) -> None:
         self.draining = True
-        deadline = self.clock.seconds() + self.config.drain_deadline
         busy = sum(len(s.running) for s in self.sandboxes.values())
         log.info(
-            "draining: {sandboxes} sandboxes, {busy} commands running",
+            "draining: {sandboxes} sandboxes, {busy} commands running; each goes once idle for "
+            "{idle} (no call, command or output), all of them within {deadline}",
             sandboxes=len(self.sandboxes),
             busy=busy,
+            idle=format_duration(self.config.drain_idle),
+            deadline=format_duration(self.config.drain_deadline),
         )
-        while any(s.running for s in self.sandboxes.values()):
-            if self.clock.seconds() >= deadline:
-                log.warn("drain deadline passed: killing sandboxes with running commands")
-                break
-            await deferLater(self.clock, self.drain_poll, lambda: None)
-        kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in list(self.sandboxes)]
-        await DeferredList(kills, consumeErrors=True)
-        log.info("drained: every sandbox is gone")
+        loop = DrainLoop(
+            self.clock,
+            self.sandboxes,
+            self._kill_all,
+            grace=self.config.drain_idle,
+            deadline=self.config.drain_deadline,
+            poll=self.drain_poll,
+            forced=lambda: self._forced,
+        )
+        self.metrics.drain_waiting.set_function(lambda: float(len(self.sandboxes)))
+        report = await loop.run()
+        self.metrics.drain_kills.labels("idle").inc(report.went_idle)
+        self.metrics.drain_kills.labels(report.ended if report.cut else "idle").inc(report.cut)
+        log.info(
+            "drained in {seconds:.1f} s ({ended}): waited for {waited} sandboxes, {went_idle} "
+            "went idle, {cut} killed still in use",
+            seconds=report.seconds,
+            ended={"idle": "all idle", "deadline": "deadline passed", "forced": "stopped at once"}[
+                report.ended
+            ],
+            waited=report.waited,
+            went_idle=report.went_idle,
+            cut=report.cut,
+        )
         # The drain ends the daemon: its (now empty) instance cgroups go too, or every clean
         # stop on a new state root would leave one behind in each hierarchy.
         try:
@@ -256,6 +281,10 @@ class SandboxManager(Commands):
         except OSError as e:
             log.warn("cannot remove the instance cgroups: {why}", why=e)
         self.isolation.namespaces.close()  # namespaces: the pins' directory
+
+    async def _kill_all(self, rids: list[str]) -> None:
+        kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in rids]
+        await DeferredList(kills, consumeErrors=True)
 
     def _drain_done(self, result: object) -> None:
         waiters, self._drained = self._drained or [], []

@@ -126,7 +126,7 @@ class SandboxAPI:
         self.manager.draining = True
 
     def _collect_capabilities(self) -> list[str]:
-        names = {*exec_spec.CAPABILITIES, *exec_run.CAPABILITIES}
+        names = {*exec_spec.CAPABILITIES, *exec_run.CAPABILITIES, "exec.split"}
         names.add(f"isolation.{self.manager.isolation.name}")
         names.update(self.manager.isolation.layers)
         names.add("auth.bearer" if self.token is not None else "auth.none")
@@ -269,9 +269,13 @@ class SandboxAPI:
     @authorized
     async def exec(self, request: IRequest, rid: str) -> None:
         sandbox = self.manager.get(rid)
-        spec = parse.exec_spec(parse.json_body(request))
+        body = parse.json_body(request)
+        spec = parse.exec_spec(body)
+        split = parse.exec_split(body)
         request.setHeader(b"content-type", wire.NDJSON)
-        stream = ExecStream(request, self.manager.clock, self.manager.config.keepalive)
+        stream = ExecStream(
+            request, self.manager.clock, self.manager.config.keepalive, split_stderr=split
+        )
         stream.attach(self.manager.start_exec(sandbox, spec, stream.output))
         written: Deferred[None] = Deferred()
         self._streams.add(written)

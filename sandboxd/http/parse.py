@@ -153,6 +153,14 @@ def exec_spec(body: dict[str, Any]) -> ExecSpec:
     )
 
 
+def exec_split(body: dict[str, Any]) -> bool:
+    """The ``split`` extension of ``exec``: ``true`` sends live stderr as ``{"e": …}`` frames."""
+    split = body.get("split", False)
+    if not isinstance(split, bool):
+        raise BadRequest("split: must be true or false")
+    return split
+
+
 def _stdin(value: object) -> bytes | None:
     if value is None:
         return None
@@ -202,7 +210,7 @@ def process_start_body(body: dict[str, Any]) -> tuple[ExecSpec, str | None, bool
     tag = body.get("tag")
     if tag is not None and (not isinstance(tag, str) or len(tag) > TAG_MAX or "\0" in tag):
         raise BadRequest(f"tag: must be a string of at most {TAG_MAX} characters")
-    spec = exec_spec({k: v for k, v in body.items() if k not in ("stdin", "tag")})
+    spec = exec_spec({k: v for k, v in body.items() if k not in ("stdin", "tag", "split")})
     return spec, tag, stdin
 
 

@@ -17,6 +17,7 @@ from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
 from sandboxd.core.exec.run import ExecRun
+from sandboxd.core.processes.log import STDERR
 from sandboxd.http import wire
 
 log = Logger()
@@ -27,8 +28,12 @@ class ExecStream:
     """Writes one exec's frames to ``request``; keepalive frames every ``keepalive`` seconds
     of silence."""
 
-    def __init__(self, request: IRequest, clock: IReactorTime, keepalive: float) -> None:
+    def __init__(
+        self, request: IRequest, clock: IReactorTime, keepalive: float, split_stderr: bool = False
+    ) -> None:
         self.request = request
+        self.split_stderr = split_stderr
+        """``split: true``: stderr chunks are ``{"e": …}`` frames (else ``{"o": …}`` as all)."""
         self.clock = clock
         self.keepalive = keepalive
         self.run: ExecRun | None = None
@@ -38,7 +43,8 @@ class ExecStream:
 
     def output(self, fd: int, data: bytes) -> None:
         """A live output chunk of the command (stdout and stderr in arrival order)."""
-        self.request.write(wire.output_frame(data))
+        key = b"e" if self.split_stderr and fd == STDERR else b"o"
+        self.request.write(wire.output_frame(data, key))
         if self._keepalive is not None:
             self._schedule_keepalive()
 

@@ -105,10 +105,10 @@ KEEPALIVE_FRAME = b'{"o":""}\n'
 """The frame sent while a command is silent (an empty live chunk)."""
 
 
-def output_frame(data: bytes) -> bytes:
+def output_frame(data: bytes, key: bytes = b"o") -> bytes:
     """The NDJSON line of one live output chunk (``pybase64``: SIMD, much faster than
-    ``base64`` for bulk output)."""
-    return b"".join((b'{"o":"', pybase64.b64encode(data), b'"}\n'))
+    ``base64`` for bulk output); ``key`` ``b"e"`` marks stderr (``split: true``)."""
+    return b"".join((b'{"', key, b'":"', pybase64.b64encode(data), b'"}\n'))
 
 
 def error_frame(kind: str, detail: str) -> bytes:

@@ -6,9 +6,9 @@
     create [--image I] [--env K=V]... [--port P]... [--item-id ID] [--network M]
                                      print a new handle
     kill HANDLE
-    exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] -- CMD...
-    put HANDLE LOCAL REMOTE          upload a local file (progress bar on a terminal)
-    get HANDLE REMOTE LOCAL          download to a local file (progress bar on a terminal)
+    exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] [--] CMD...
+    put HANDLE LOCAL REMOTE          upload a file, or a directory's whole tree
+    get HANDLE REMOTE LOCAL          download a file, or a directory's whole tree
     ls HANDLE [ROOT]                 every file under ROOT (default /)
     rm HANDLE PATH [-r]              delete a file (-r: a directory and its contents)
     list [--pod URL]                 live sandboxes (operators)
@@ -18,115 +18,41 @@
     mcp [--transport stdio|http] [--host H] [--port P] [--path /mcp]
                                      a Model Context Protocol server (needs the [mcp] extra)
 
-``exec`` streams the command's output (stdout and stderr, interleaved as produced) live to
-stdout and exits with the command's exit code, like ``docker exec``; its own failures exit 125.
-Every other failure prints one line on stderr and exits 1. ``--url`` defaults to
-``$SANDBOXD_URL`` (else http://127.0.0.1:8080), ``--token-file`` to ``$SANDBOXD_TOKEN_FILE``.
-``--json`` prints machine-readable results on stdout.
+HANDLE is what ``create`` prints, or a sandbox id as ``list`` prints it (on ``--url``).
+``exec`` streams the command's stdout live to stdout and its stderr to stderr, and exits
+with the command's exit code, like ``docker exec``; its own failures exit 125. The command
+starts at the first word after HANDLE that is not an option of ``exec`` (``exec H ls -la``);
+``--`` marks it explicitly. ``--cwd`` is relative to the workspace (``/`` is its top).
+Every other failure prints one line on stderr and exits 1; stdout carries only data, and a
+note such as "no sandboxes" goes to stderr. ``--url`` defaults to ``$SANDBOXD_URL`` (else
+http://127.0.0.1:8080), ``--token-file`` to ``$SANDBOXD_TOKEN_FILE``. ``--json`` prints
+machine-readable results on stdout. On a terminal, large transfers show bytes, rate and ETA.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
 import sys
+import time
 from typing import Any, BinaryIO, NoReturn, TextIO
 
 from attrs import asdict
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import react
 
-from .. import HttpSandbox, SandboxError, SandboxHandle, SandboxSpec
-from . import _processes
+from .. import HttpSandbox, SandboxError, SandboxSpec
+from . import _processes, _trees
+from ._handle import resolve_handle
+from ._parser import build_parser, parse_args
 from ._progress import MIB, ProgressBar
 
-DEFAULT_URL = "http://127.0.0.1:8080"
 EXEC_FAILED = 125
 
-
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser; global options are accepted before or after the subcommand."""
-    parser = argparse.ArgumentParser(prog="sandboxctl", description="Drive a sandboxd service.")
-    common = argparse.ArgumentParser(add_help=False)
-    for p, default in ((parser, True), (common, False)):
-
-        def d(value: Any, default: bool = default) -> Any:
-            return value if default else argparse.SUPPRESS
-
-        p.add_argument("--url", default=d(os.environ.get("SANDBOXD_URL", DEFAULT_URL)))
-        p.add_argument("--token-file", default=d(os.environ.get("SANDBOXD_TOKEN_FILE")))
-        p.add_argument("--json", action="store_true", default=d(False), help="JSON output")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, parents=[common])
-
-    p = add("create", "create a sandbox and print its handle")
-    p.add_argument("--image")
-    p.add_argument("--env", type=_env_pair, action="append", default=[])
-    p.add_argument("--port", type=int, action="append", default=[])
-    p.add_argument("--item-id")
-    p.add_argument("--network", choices=("none", "egress", "host"))
-    add("kill", "kill a sandbox").add_argument("handle")
-    p = add("exec", "run a command, streaming its output")
-    p.add_argument("handle")
-    p.add_argument("--env", type=_env_pair, action="append", default=[])
-    p.add_argument("--cwd")
-    p.add_argument("--timeout", type=float)
-    p.add_argument("-i", "--stdin", action="store_true", help="send this process's stdin")
-    p.add_argument("cmd", nargs="*", help="the command (put it after -- if it has options)")
-    p = add("put", "upload a local file")
-    p.add_argument("handle")
-    p.add_argument("local")
-    p.add_argument("remote")
-    p = add("get", "download a file")
-    p.add_argument("handle")
-    p.add_argument("remote")
-    p.add_argument("local")
-    p = add("ls", "list files under ROOT")
-    p.add_argument("handle")
-    p.add_argument("root", nargs="?", default="/")
-    p = add("rm", "delete a file (or, with -r, a directory)")
-    p.add_argument("handle")
-    p.add_argument("path")
-    p.add_argument("-r", "--recursive", action="store_true")
-    _processes.add_parsers(add, _env_pair)
-    add("list", "list live sandboxes").add_argument("--pod")
-    add("health", "show service health").add_argument("--pod")
-    p = add("mcp", "serve the sandboxes to an MCP client (stdio, or streamable HTTP)")
-    p.add_argument("--transport", choices=("stdio", "http"), default="stdio")
-    p.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
-    p.add_argument("--port", type=int, default=8765, help="http: the port to listen on")
-    p.add_argument("--path", default="/mcp", help="http: the endpoint's path")
-    p.add_argument(
-        "--max-output", type=int, default=64 << 10, help="bytes of stdout/stderr per result"
-    )
-    return parser
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """
-    Parse a command line; for ``exec``, everything after the first ``--`` is the command
-    verbatim (options included), so ``exec HANDLE --cwd d -- ls -l`` works.
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    if "--" in argv:
-        cut = argv.index("--")
-        args = parser.parse_args(argv[:cut])
-        if args.command in ("exec", "run"):
-            args.cmd = [*args.cmd, *argv[cut + 1 :]]
-            return args
-    return parser.parse_args(argv)
+__all__ = ["Console", "build_parser", "main", "main_async", "parse_args", "run"]
 
 
 def describe(e: BaseException) -> str:
@@ -145,6 +71,11 @@ class Console:
         self.out = out
         self.err = err
         self.tty = err.isatty() if tty is None else tty
+
+    def note(self, message: str) -> None:
+        """A remark for the person (``no sandboxes``) on stderr: stdout keeps only data."""
+        self.err.write(f"{message}\n")
+        self.err.flush()
 
     def print(self, text: str) -> None:
         self.out.write(text.encode("utf-8") + b"\n")
@@ -165,7 +96,7 @@ class Console:
         return None
 
 
-async def _transfer(console: Console, label: str, call: Any, *args: Any) -> None:
+async def _transfer(console: Console, label: str, call: Any, *args: Any) -> Any:
     """Run an upload/download, drawing a progress bar when ``console`` wants one."""
     bar: list[ProgressBar | None] = []
 
@@ -176,7 +107,7 @@ async def _transfer(console: Console, label: str, call: Any, *args: Any) -> None
             bar[0].update(done, total)
 
     try:
-        await call(*args, on_progress=on_progress)
+        return await call(*args, on_progress=on_progress)
     finally:
         if bar and bar[0] is not None:
             bar[0].finish()
@@ -188,22 +119,28 @@ def _text(data: bytes) -> str:
 
 async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
     argv = args.cmd
+    handle = resolve_handle(args.handle, args.url)
     if not argv:
-        raise ValueError("exec needs a command: sandboxctl exec HANDLE -- CMD...")
+        raise ValueError("exec needs a command: sandboxctl exec HANDLE CMD...")
     stdin = sys.stdin.buffer.read() if args.stdin else None
 
     def live(chunk: bytes) -> None:
         console.out.write(chunk)
         console.out.flush()
 
+    def live_stderr(chunk: bytes) -> None:
+        console.err.write(chunk.decode("utf-8", "replace"))
+        console.err.flush()
+
     result = await client.exec(
-        SandboxHandle(args.handle),
+        handle,
         argv,
         on_output=None if args.json else live,
         env=dict(args.env) or None,
         cwd=args.cwd,
         timeout=args.timeout,
         stdin=stdin,
+        on_stderr=None if args.json else live_stderr,
     )
     if args.json:
         console.json(
@@ -235,11 +172,14 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
     if cmd in ("list", "health"):
         if cmd == "list":
             infos = await client.list_sandboxes(args.pod)
+            now = time.time()
             lines = [
-                f"{i.remote_id}  {'ready' if i.ready else '-':5}  execs={i.execs}  "
-                f"last_active={i.last_active}"
+                f"{i.remote_id}  {'ready' if i.ready else '-':5}  execs={i.execs:<4}  "
+                f"created {ago(now, i.created)}  active {ago(now, i.last_active)}"
                 for i in infos
             ]
+            if not infos and not as_json:
+                console.note(f"no sandboxes on {args.pod or args.url}")
             value: object = [asdict(i) for i in infos]
         else:
             health = await client.health(args.pod)
@@ -250,9 +190,11 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
         for line in [] if as_json else lines:
             console.print(line)
         return 0
-    handle = SandboxHandle(args.handle)
+    handle = resolve_handle(args.handle, args.url)
     if cmd == "ls":
         entries = sorted(await client.walk(handle, args.root), key=lambda e: e.path)
+        if not entries and not as_json:
+            console.note(f"no files under {args.root}")
         if as_json:
             console.json([asdict(e) for e in entries])
         for e in [] if as_json else entries:
@@ -260,17 +202,39 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
         return 0
     if cmd == "kill":
         await client.kill(handle)
+    elif cmd == "put" and os.path.isdir(args.local):
+        put = functools.partial(_trees.put_tree, client, handle, args.local, args.remote)
+        await _transfer(console, args.remote, put)
     elif cmd == "put":
         await _transfer(console, args.remote, client.upload_file, handle, args.remote, args.local)
     elif cmd == "get":
-        await _transfer(
-            console, args.remote, client.download_to_file, handle, args.remote, args.local
+
+        def one_file() -> Any:
+            return _transfer(
+                console, args.remote, client.download_to_file, handle, args.remote, args.local
+            )
+
+        get = functools.partial(
+            _trees.get_tree, client, handle, args.remote, args.local, download_file=one_file
         )
+        await _transfer(console, args.remote, get)
     elif cmd == "rm":
         await (client.rmdir if args.recursive else client.delete)(handle, args.path)
     if as_json:
         console.json({"ok": True})
     return 0
+
+
+def ago(now: float, then: object) -> str:
+    """``42s ago``, ``5m ago``, ``3h ago``, ``2d ago``: the largest unit, rounded down
+    (``-`` for a time the service did not give as a number)."""
+    if isinstance(then, bool) or not isinstance(then, int | float):
+        return "-"
+    seconds = max(0.0, now - then)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
 
 
 def read_token(path: str | None) -> str | None:
@@ -336,12 +300,16 @@ def mcp(args: argparse.Namespace, err: TextIO) -> int:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Console-script entry point: parse ``argv`` (default ``sys.argv[1:]``) and exit.
+    """Console-script entry point: parse ``argv`` (default ``sys.argv[1:]``) and exit."""
+    main_parsed(parse_args(argv), argv)
+
+
+def main_parsed(args: argparse.Namespace, argv: list[str] | None) -> NoReturn:
+    """Run the parsed command line ``args`` (of ``argv``) and exit.
 
     ``mcp`` runs the MCP SDK's own event loop in this thread (the reactor gets a thread of
     its own); every other command runs on the reactor here.
     """
-    args = parse_args(argv)
     if args.command == "mcp":
         raise SystemExit(mcp(args, sys.stderr))
     react(_main, [argv])

@@ -13,46 +13,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import asdict
 
-from .. import HttpSandbox, OutputChunk, SandboxHandle, WatchEvent
+from .._types import OutputChunk, SandboxHandle, WatchEvent
+from ._handle import resolve_handle
+
+if TYPE_CHECKING:
+    from .. import HttpSandbox
 
 COMMANDS = ("run", "logs", "ps", "signal", "watch")
 
 
-def add_parsers(add: Callable[[str, str], argparse.ArgumentParser], env_pair: Any) -> None:
-    """The sub-commands' arguments."""
-    p = add("run", "start a command in the background (-d)")
-    p.add_argument("-d", "--detach", action="store_true", required=True)
-    p.add_argument("handle")
-    p.add_argument("--env", type=env_pair, action="append", default=[])
-    p.add_argument("--cwd")
-    p.add_argument("--timeout", type=float)
-    p.add_argument("--tag")
-    p.add_argument("-i", "--stdin", action="store_true", help="keep a stdin pipe open")
-    p.add_argument("cmd", nargs="*", help="the command (put it after -- if it has options)")
-    p = add("logs", "print a background process's output")
-    p.add_argument("-f", "--follow", action="store_true")
-    p.add_argument("--offset", type=int, default=0, help="the byte offset to start at")
-    p.add_argument("handle")
-    p.add_argument("id")
-    add("ps", "list background processes").add_argument("handle")
-    p = add("signal", "send a signal to a background process's group")
-    p.add_argument("handle")
-    p.add_argument("id")
-    p.add_argument("signal")
-    p = add("watch", "print each change under ROOT")
-    p.add_argument("handle")
-    p.add_argument("root", nargs="?", default="/")
-    p.add_argument("--flat", action="store_true", help="ROOT only, not its subdirectories")
-
-
 async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> int:
     """Carry out one of :data:`COMMANDS`; return the exit code."""
-    handle = SandboxHandle(args.handle)
+    handle = resolve_handle(args.handle, args.url)
     if args.command == "run":
         if not args.cmd:
             raise ValueError("run needs a command: sandboxctl run -d HANDLE -- CMD...")
@@ -74,6 +50,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> in
         return await _logs(client, handle, args, console)
     if args.command == "ps":
         found = await client.processes(handle)
+        if not found and not args.json:
+            console.note("no background processes")
         if args.json:
             console.json([asdict(p) for p in found])
         for p in [] if args.json else found:

@@ -60,6 +60,7 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
     (base / "tools").mkdir(exist_ok=True)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    env["SANDBOXD_DRAIN_IDLE"] = "0s"  # its SIGTERM stop kills what is left at once
     env.update(PYTHONPATH=str(REPO), SANDBOXD_ROOT=str(base / "root"))
     argv = [
         str(Path(sys.executable).parent / "twistd"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -61,7 +62,8 @@ async def test_commands_in_process(client: HttpSandbox, fake: Served, tmp_path: 
     big = tmp_path / "big"
     big.write_bytes(os.urandom(2 * MIB + 3))
     code, _, err = await ctl(client, "put", handle, str(big), "dir/big", tty=True)
-    assert code == 0 and "100%" in err and err.endswith("\n")
+    assert code == 0 and "100%" in err and "\n" in err
+    assert "2.0/2.0 MiB" in err and "/s" in err  # bytes and rate (and an ETA column)
     code, _, err = await ctl(client, "get", handle, "dir/big", str(tmp_path / "back"), tty=True)
     assert "100%" in err and (tmp_path / "back").read_bytes() == big.read_bytes()
     small = tmp_path / "small"
@@ -78,6 +80,7 @@ async def test_commands_in_process(client: HttpSandbox, fake: Served, tmp_path: 
     assert (await ctl(client, "rm", handle, "small"))[0] == 0
     assert (await ctl(client, "rm", "-r", handle, "dir", "--json"))[1] == b'{"ok": true}\n'
     assert await client.walk(handle) == []
+    assert (await ctl(client, "ls", handle))[1:] == (b"", "no files under /\n")
     _, out, _ = await ctl(client, "list", "--json")
     assert [s["remote_id"] for s in json.loads(out)] == ["sb-1"]
     _, out, _ = await ctl(client, "health")
@@ -107,9 +110,9 @@ async def test_errors_are_one_line_with_an_exit_code(fake: Served, tmp_path: Pat
     code, out, err = await ctl_main("create", env={"SANDBOXD_URL": fake.lb_url})
     assert (code, err) == (0, "")
     handle = out.decode().strip()
-    code, out, err = await ctl_main("exec", "not-a-handle", "--", "true")
+    code, out, err = await ctl_main("exec", "not/a-handle", "--", "true")
     assert code == 125 and out == b""
-    assert err.startswith("sandboxctl: ValueError: malformed sandbox handle")
+    assert err.startswith("sandboxctl: ValueError: malformed sandbox handle or id")
     assert err.count("\n") == 1
     code, _, err = await ctl_main("--url", fake.lb_url, "exec", handle)
     assert code == 125 and err.startswith("sandboxctl: ValueError: exec needs a command")
@@ -177,3 +180,77 @@ def test_mcp_other_import_failures_are_not_hidden(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "sandboxd_client.mcp_server", None)
     with pytest.raises(ImportError):
         _commands.mcp(parse_args(["mcp"]), io.StringIO())
+
+
+def test_help_imports_neither_twisted_nor_the_client() -> None:
+    """``sandboxctl --help`` is cheap: the client's modules load only for a real command."""
+    probe = (
+        "import sys\n"
+        "from sandboxd_client.cli import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('twisted', 'treq', 'attr')\n"
+        "               or m.startswith('sandboxd_client._'))\n"
+        "print(heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    assert b"usage: sandboxctl" in done.stdout
+    assert done.stderr == b"[]\n"
+    from sandboxd_client import HttpSandbox as Again  # the lazy names still resolve
+
+    assert Again is HttpSandbox
+    with pytest.raises(AttributeError):
+        import sandboxd_client
+
+        _ = sandboxd_client.NoSuchName  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        import sandboxd_client.cli
+
+        _ = sandboxd_client.cli.NoSuchName  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("argv", "cmd", "options"),
+    [
+        (["exec", "H", "ls", "-la"], ["ls", "-la"], {}),
+        (["exec", "H", "sh", "-c", "echo --cwd"], ["sh", "-c", "echo --cwd"], {"cwd": None}),
+        (["--json", "exec", "--cwd", "d", "H", "ls"], ["ls"], {"cwd": "d", "json": True}),
+        (["exec", "H", "--cwd=d", "--env", "A=1", "ls"], ["ls"], {"cwd": "d", "env": [("A", "1")]}),
+        (["exec", "H", "-i", "cat", "-"], ["cat", "-"], {"stdin": True}),
+        (["exec", "H", "-"], ["-"], {}),
+        (["--url", "http://h:1", "exec", "H", "x"], ["x"], {"url": "http://h:1"}),
+        (["exec", "H"], [], {}),
+        (["run", "-d", "H", "--tag", "t", "sleep", "1"], ["sleep", "1"], {"tag": "t"}),
+        (["exec", "H", "--", "-x", "--", "y"], ["-x", "--", "y"], {}),
+    ],
+)
+def test_the_command_starts_at_the_first_word_after_the_handle(
+    argv: list[str], cmd: list[str], options: dict[str, object]
+) -> None:
+    args = parse_args(argv)
+    assert args.handle == "H" and args.cmd == cmd
+    for name, value in options.items():
+        assert getattr(args, name) == value
+
+
+def test_list_shows_human_times() -> None:
+    from sandboxd_client.cli._commands import ago
+
+    now = 1_000_000.0
+    assert [ago(now, now - s) for s in (0, 59, 61, 7200, 3 * 86400)] == [
+        "0s ago",
+        "59s ago",
+        "1m ago",
+        "2h ago",
+        "3d ago",
+    ]
+    assert ago(now, now + 5) == "0s ago"  # a clock a little ahead
+    assert ago(now, None) == ago(now, "2026-12-01") == ago(now, True) == "-"

@@ -283,3 +283,19 @@ def test_fast_paths_agree_with_json(frame: dict[str, object], cut: int, junk: st
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def test_e_frames_go_to_on_stderr_and_are_dropped_without_it() -> None:
+    def frame(key: str, data: bytes) -> bytes:
+        return json.dumps({key: base64.b64encode(data).decode()}).encode() + b"\n"
+
+    stream = frame("o", b"out") + frame("e", b"err") + frame("e", b"") + frame("o", b"!")
+    stream += b'{"exit": 0, "out": "", "err": ""}\n'
+    outs: list[bytes] = []
+    errs: list[bytes] = []
+    split = ExecStreamDecoder(outs.append, on_stderr=errs.append)
+    split.feed(stream)
+    assert (outs, errs, split.finish().exit_code) == ([b"out", b"!"], [b"err"], 0)
+    old = ExecStreamDecoder(outs.append)  # a caller that did not ask for split
+    old.feed(stream)
+    assert outs[2:] == [b"out", b"!"] and old.finish().exit_code == 0

@@ -80,7 +80,7 @@ def test_only_what_the_client_imports_is_installed(installed: Path) -> None:
     listed = _run(installed, installed / "bin" / "pip", "list", "--format=json", check=True)
     names = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
     assert "sandboxd-client" in names
-    for name in ("twisted", "treq", "attrs", "pybase64"):
+    for name in ("twisted", "treq", "attrs", "pybase64", "rich"):
         assert name in names, name
     assert not names & set(DAEMON_ONLY), names & set(DAEMON_ONLY)
     probe = "import sandboxd_client, sandboxd_client.cli; import sandboxd"

@@ -124,6 +124,12 @@ async def test_exec(client: HttpSandbox) -> None:
         result = await client.exec(h, ["sh", "-c", script], on_output=chunks.append)
         assert result == ExecResult(3, b"out\n", b"err\n", False)
         assert sorted(b"".join(chunks).splitlines()) == [b"err", b"out"]
+        outs: list[bytes] = []
+        errs: list[bytes] = []
+        split = await client.exec(
+            h, ["sh", "-c", script], on_output=outs.append, on_stderr=errs.append
+        )
+        assert (b"".join(outs), b"".join(errs), split.exit_code) == (b"out\n", b"err\n", 3)
         assert (await client.exec(h, ["cat"], stdin=b"\x00in\xff")).stdout == b"\x00in\xff"
         env = await client.exec(h, ["sh", "-c", "echo $GREETING $EXTRA"], env={"EXTRA": "x"})
         assert env.stdout == b"hello x\n"  # the create env, then the exec env

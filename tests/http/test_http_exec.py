@@ -68,6 +68,28 @@ async def test_output_streams_and_the_final_frame_keeps_stdout_and_stderr_apart(
     assert harness.manager.sandboxes[rid].running == set()
 
 
+@pytest_twisted.ensureDeferred
+@pytest.mark.parametrize("split", [True, False], ids=["split", "interleaved"])
+async def test_split_sends_live_stderr_in_e_frames(harness: Harness, rid: str, split: bool) -> None:
+    script = "echo out1; echo err1 >&2; echo out2"
+    stream = harness.exec(rid, {"cmd": ["sh", "-c", script], "split": split})
+    last = await stream.finished()
+    stderr = b"".join(unb64(f["e"]) for f in stream.frames if "e" in f)
+    if split:
+        assert (stream.live, stderr) == (b"out1\nout2\n", b"err1\n")
+    else:  # the old stream, byte for byte: no e frame
+        assert (sorted(stream.live.splitlines()), stderr) == ([b"err1", b"out1", b"out2"], b"")
+    assert unb64(last["err"]) == b"err1\n"
+
+
+def test_split_must_be_a_boolean(harness: Harness, rid: str) -> None:
+    reply = harness.call(
+        "POST", f"/sandboxes/{rid}/exec", json_body={"cmd": ["true"], "split": "yes"}
+    )
+    assert reply.status == 400
+    assert "split" in reply.json()["detail"]
+
+
 @pytest.mark.parametrize(
     ("cmd", "code"),
     [

@@ -23,6 +23,7 @@ def test_healthz_reports_status_version_and_capabilities(harness: Harness) -> No
         "exec.timeout",
         "exec.stdin",
         "exec.tools",
+        "exec.split",
         "exec.keepalive",
         "exec.output-cap",
         "exec.backpressure",

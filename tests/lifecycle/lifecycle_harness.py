@@ -270,7 +270,9 @@ def scratch_root() -> str:
 def build_daemon(settings: Mapping[str, str], host: Host | None = None) -> InProcessDaemon:
     """Build and start an in-process daemon; ``settings`` are ``twistd sandboxd`` options."""
     scratch = scratch_root()
-    options = {"root": os.path.join(scratch, "root"), **settings}
+    # drain-idle 0s: the manager's clock is a Clock nobody advances, so a drain may not wait
+    # for a grace; it takes each sandbox as soon as nothing runs in it.
+    options = {"root": os.path.join(scratch, "root"), "drain-idle": "0s", **settings}
     config = Config.load({}, options)
     reactor = real_reactor()
     clock = Clock()

@@ -170,6 +170,7 @@ def start_daemon(isolation: str) -> SoakDaemon:
     uid_max = uid_min + 399
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     environ["PYTHONPATH"] = str(REPO)
+    environ["SANDBOXD_DRAIN_IDLE"] = "0s"  # its stop kills what the soak left at once
     argv = [
         str(Path(sys.executable).parent / "twistd"),
         "--nodaemon",

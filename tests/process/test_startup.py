@@ -73,3 +73,16 @@ def test_a_bad_value_names_its_variable(tmp_path: Path) -> None:
     result = run_daemon("--isolation=none", f"--root={tmp_path}", "--idle-ttl=soon")
     assert result.returncode != 0
     assert "SANDBOXD_IDLE_TTL" in result.stderr
+
+
+def test_start_up_says_where_it_listens_and_shows_friendly_units(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, "--isolation=none", "--memory-max=256M", "--exec-timeout=90s")
+    try:
+        text = daemon.log.read_text()
+        url = daemon.url
+        hint = f"curl {url}/healthz  or  SANDBOXD_URL={url} sandboxctl create"
+        assert f"listening on 127.0.0.1 port {daemon.port}: try  {hint}" in text
+        assert "SANDBOXD_MEMORY_MAX=256M" in text and "SANDBOXD_EXEC_TIMEOUT=90s" in text
+        assert "SANDBOXD_IDLE_TTL=30m" in text and "SANDBOXD_MAX_BODY=8G" in text
+    finally:
+        stop_daemon(daemon)

@@ -92,6 +92,9 @@ def start_daemon(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
     log = tmp_path / "daemon.log"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     environ["PYTHONPATH"] = str(REPO)
+    # Tests stop their daemons with SIGTERM: without a grace a drain ends as soon as no command
+    # runs, as fast as a stop was before SANDBOXD_DRAIN_IDLE (the drain tests set their own).
+    environ["SANDBOXD_DRAIN_IDLE"] = "0s"
     environ.update(env or {})
     argv = [
         str(Path(sys.executable).parent / "twistd"),

@@ -37,6 +37,7 @@ def manager(tmp_path: Path) -> Iterator[SandboxManager]:
             "root": str(tmp_path / "root"),
             "idle-ttl": "30m",
             "drain-deadline": "60s",
+            "drain-idle": "10s",
             "uid-min": "1000",
             "uid-max": "1003",
         },
@@ -118,7 +119,7 @@ def test_drain_waits_for_running_commands_until_the_deadline(manager: SandboxMan
     assert result_of(manager.drain()) is None  # a second drain is already done
 
 
-def test_drain_ends_as_soon_as_commands_end(manager: SandboxManager) -> None:
+def test_drain_ends_once_commands_end_and_the_grace_passes(manager: SandboxManager) -> None:
     clock: Any = manager.clock
     sandbox = manager.create()
     run = FakeRun()
@@ -127,9 +128,65 @@ def test_drain_ends_as_soon_as_commands_end(manager: SandboxManager) -> None:
     also = manager.drain()
     clock.advance(1)
     sandbox.running.clear()
-    clock.advance(manager.drain_poll)
+    sandbox.last_active = clock.seconds()  # the command's end is activity
+    clock.pump([manager.drain_poll] * 95)
+    assert not drained.called  # 9.5 s between two commands of a turn: kept
+    clock.pump([manager.drain_poll] * 10)
     assert drained.called and also.called and not run.aborted
     assert metric(manager, "sandboxd_draining") == 1
+    assert metric(manager, "sandboxd_drain_kills_total") == 1
+
+
+def test_a_sandbox_in_use_during_a_drain_stays_and_an_idle_one_goes(
+    manager: SandboxManager,
+) -> None:
+    clock: Any = manager.clock
+    used, _idle = manager.create(), manager.create()
+    drained = manager.drain()
+    assert metric(manager, "sandboxd_drain_waiting") == 2
+    for _ in range(20):  # a call every 2 s for 40 s
+        clock.pump([manager.drain_poll] * 20)
+        manager.get(used.rid)
+        if clock.seconds() > 11:
+            assert set(manager.sandboxes) == {used.rid}
+    assert not drained.called
+    clock.pump([manager.drain_poll] * 110)  # 11 s with no call: the grace passed
+    assert drained.called and manager.sandboxes == {}
+    assert metric(manager, "sandboxd_drain_kills_total") == 2
+
+
+def test_the_deadline_cuts_a_sandbox_used_throughout(manager: SandboxManager) -> None:
+    clock: Any = manager.clock
+    used = manager.create()
+    drained = manager.drain()
+    while not drained.called:
+        clock.advance(1)
+        if used.rid in manager.sandboxes:
+            manager.get(used.rid)
+    assert clock.seconds() == pytest.approx(60, abs=1)
+    assert metric_labelled(manager, "sandboxd_drain_kills_total", "deadline") == 1
+
+
+def test_stop_now_ends_the_wait_at_once(manager: SandboxManager) -> None:
+    clock: Any = manager.clock
+    sandbox = manager.create()
+    run = FakeRun()
+    sandbox.running.add(run)  # type: ignore[arg-type]
+    drained = manager.drain()
+    clock.advance(1)
+    assert not drained.called
+    manager.stop_now()
+    clock.advance(manager.drain_poll)
+    assert drained.called and run.aborted
+    assert metric_labelled(manager, "sandboxd_drain_kills_total", "forced") == 1
+
+
+def metric_labelled(manager: SandboxManager, name: str, reason: str) -> float:
+    for family in text_string_to_metric_families(manager.metrics.exposition().decode()):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("reason") == reason:
+                return float(sample.value)
+    raise KeyError(name)
 
 
 def test_reap_interval_is_bounded() -> None:

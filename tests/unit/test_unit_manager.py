@@ -51,6 +51,7 @@ class World:
             "tools-dir": str(tmp_path / "tools"),
             "exec-timeout": "60s",
             "drain-deadline": "10s",
+            "drain-idle": "0s",  # a drain takes a sandbox as soon as nothing runs in it
             "idle-ttl": "100s",
             **settings,
         }

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxd.units import parse_cores, parse_count, parse_duration, parse_size
+from sandboxd.units import (
+    format_duration,
+    format_size,
+    parse_cores,
+    parse_count,
+    parse_duration,
+    parse_size,
+)
 
 
 @pytest.mark.parametrize(
@@ -99,3 +106,30 @@ def test_counts_must_not_be_negative() -> None:
 def test_size_round_trip(number: int, unit: str) -> None:
     factor = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit]
     assert parse_size(f"{number}{unit}") == number * factor
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(0, "0"), (1000, "1000"), (1024, "1K"), (512 << 20, "512M"), (3 << 30, "3G"), (1536, "1536")],
+)
+def test_sizes_are_shown_in_the_largest_whole_unit(size: int, text: str) -> None:
+    assert format_size(size) == text
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0.0, "0ms"),
+        (10.0, "10s"),
+        (600.0, "10m"),
+        (90.0, "90s"),
+        (7200.0, "2h"),
+        (86400.0, "1d"),
+        (0.5, "500ms"),
+        (0.0001, "0.0001s"),
+    ],
+)
+def test_durations_are_shown_in_the_largest_whole_unit(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration(text) == seconds

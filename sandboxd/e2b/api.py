@@ -1,0 +1,281 @@
+"""The E2B front's routes: the control plane and envd, on one listener with no prefix.
+
+Control plane (REST, ``X-API-Key`` = the daemon's token): create, connect, get, list, kill,
+timeout of sandboxes. envd (routed by ``E2b-Sandbox-Id``, authorised by that sandbox's own
+``X-Access-Token``): ``/health``, ``/files``, and the Connect-RPC services
+``process.Process`` (:mod:`sandboxd.e2b.process`) and ``filesystem.Filesystem``
+(:mod:`sandboxd.e2b.files`). Each route parses, calls the core, encodes with
+:mod:`sandboxd.e2b.wire`; errors are answered in one place (:meth:`E2BFront.error`).
+"""
+
+import base64
+import binascii
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from klein import Klein
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+from werkzeug.exceptions import HTTPException
+
+from sandboxd.core.manager import SandboxManager
+from sandboxd.e2b import control, files, process, upload, wire
+from sandboxd.e2b.paths import place_of
+from sandboxd.e2b.registry import E2BSandbox, Registry
+from sandboxd.e2b.wire import ConnectError, RestError
+from sandboxd.errors import InsufficientStorage, PathNotFound, SandboxdError, SandboxNotFound
+
+log = Logger()
+
+Unary = Callable[[SandboxManager, E2BSandbox, dict[str, Any]], Awaitable[Any]]
+Streaming = Callable[[SandboxManager, E2BSandbox, IRequest, dict[str, Any]], Awaitable[None]]
+
+
+def _sync(call: Callable[[E2BSandbox, dict[str, Any]], Any]) -> Unary:
+    async def unary(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+        return call(entry, message)
+
+    return unary
+
+
+UNARY: dict[str, Unary] = {
+    "process.Process/List": _sync(process.listing),
+    "process.Process/SendInput": _sync(process.send_input),
+    "process.Process/CloseStdin": _sync(process.close_stdin),
+    "process.Process/SendSignal": _sync(process.send_signal),
+    "process.Process/Update": _sync(process.update),
+    "filesystem.Filesystem/Stat": files.stat_,
+    "filesystem.Filesystem/ListDir": files.list_dir,
+    "filesystem.Filesystem/MakeDir": files.make_dir,
+    "filesystem.Filesystem/Move": files.move,
+    "filesystem.Filesystem/Remove": files.remove,
+    "filesystem.Filesystem/CreateWatcher": files.create_watcher,
+    "filesystem.Filesystem/GetWatcherEvents": files.get_watcher_events,
+    "filesystem.Filesystem/RemoveWatcher": files.remove_watcher,
+}
+STREAMING: dict[str, Streaming] = {
+    "process.Process/Start": process.start,
+    "process.Process/Connect": process.connect,
+    "filesystem.Filesystem/WatchDir": files.watch_dir,
+}
+
+USERS = ("", "user")
+"""The users a call may name: E2B's default ``user`` is the sandbox's own uid."""
+
+
+def check_user(user: str | None) -> None:
+    """Refuse any user but the default (``user``): every command runs as the sandbox's own
+    unprivileged uid, there is no root in a sandbox."""
+    if user not in USERS and user is not None:
+        raise ConnectError(
+            "permission_denied",
+            f"user {user!r} is not available: sandboxd runs everything in a sandbox as its own "
+            "unprivileged uid (the default user); there is no root in a sandbox",
+        )
+
+
+def user_of(request: IRequest) -> str | None:
+    header = request.getHeader(b"authorization")
+    if header is None or not header.startswith(b"Basic "):
+        return None
+    try:
+        return base64.b64decode(header[6:], validate=True).decode().split(":", 1)[0]
+    except (binascii.Error, UnicodeDecodeError):
+        raise ConnectError("unauthenticated", "a malformed Basic authorization") from None
+
+
+class E2BFront:
+    """The Klein application of the E2B front, on one :class:`SandboxManager`."""
+
+    app = Klein()
+
+    def __init__(self, manager: SandboxManager, token: bytes | None, registry: Registry) -> None:
+        self.manager = manager
+        self.token = token
+        self.registry = registry
+
+    # Errors, in one place
+
+    @app.handle_errors(Exception)
+    def error(self, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        assert isinstance(error, Exception)
+        rpc = (request.path or b"").startswith((b"/process.", b"/filesystem."))
+        if isinstance(error, HTTPException):
+            status = error.code or 500
+            return self._answer(request, status, wire.rest_error_body(status, str(error)))
+        if rpc:
+            found = self._connect_error(error, request, failure)
+            status, body = wire.connect_error_body(found)
+            return self._answer(request, status, body)
+        status, message = self._rest_error(error, request, failure)
+        return self._answer(request, status, wire.rest_error_body(status, message))
+
+    def _connect_error(self, error: Exception, request: IRequest, failure: Failure) -> ConnectError:
+        if isinstance(error, SandboxNotFound):
+            return wire.not_running(self._sandbox_id(request))
+        if isinstance(error, PermissionError):
+            return ConnectError("unauthenticated", str(error))
+        if not isinstance(error, SandboxdError | ConnectError):
+            log.failure("unexpected error answering {uri}", failure, uri=request.uri)
+        return wire.connect_error_of(error)
+
+    def _rest_error(self, error: Exception, request: IRequest, failure: Failure) -> tuple[int, str]:
+        if isinstance(error, RestError):
+            return error.status, error.message
+        envd = (request.path or b"").startswith((b"/files", b"/health"))
+        if isinstance(error, SandboxNotFound):
+            if envd:
+                return 502, wire.not_running(self._sandbox_id(request)).message
+            return 404, error.detail
+        if isinstance(error, PermissionError):
+            return 401, str(error)
+        if isinstance(error, ConnectError):
+            return wire.STATUS_OF_CODE.get(error.code, 500), error.message
+        if isinstance(error, PathNotFound):
+            return 404, error.detail
+        if isinstance(error, InsufficientStorage):
+            return 507, error.detail  # the SDK's NotEnoughSpaceException
+        if isinstance(error, SandboxdError):
+            status, _ = wire.connect_error_body(wire.connect_error_of(error))
+            return status, error.detail
+        log.failure("unexpected error answering {uri}", failure, uri=request.uri)
+        return 500, str(error)
+
+    @staticmethod
+    def _answer(request: IRequest, status: int, body: bytes) -> bytes:
+        request.setResponseCode(status)
+        request.setHeader(b"content-type", wire.JSON)
+        return body
+
+    # Authorisation
+
+    def check_api_key(self, request: IRequest) -> None:
+        """The control plane's key is the daemon's token (any key when it has none)."""
+        if self.token is None:
+            return
+        given = request.getHeader(b"x-api-key") or b""
+        if not hmac.compare_digest(given, self.token):
+            raise RestError(401, "Invalid API key: X-API-Key must be the daemon's token")
+
+    @staticmethod
+    def _sandbox_id(request: IRequest) -> str:
+        return (request.getHeader(b"e2b-sandbox-id") or b"").decode("utf-8", "replace")
+
+    def envd_sandbox(self, request: IRequest) -> E2BSandbox:
+        """The sandbox an envd call is for, checked against its access token."""
+        sandbox_id = self._sandbox_id(request)
+        if not sandbox_id:
+            raise ConnectError("invalid_argument", "the E2b-Sandbox-Id header is required")
+        token = (request.getHeader(b"x-access-token") or b"").decode("utf-8", "replace")
+        return self.registry.authorised(sandbox_id, token)
+
+    # Control plane
+
+    @app.route("/v2/sandboxes", methods=["POST"])
+    async def create(self, request: IRequest) -> bytes:
+        self.check_api_key(request)
+        return await control.create(self, request)
+
+    @app.route("/v2/sandboxes", methods=["GET"])
+    def listing(self, request: IRequest) -> bytes:
+        self.check_api_key(request)
+        return control.listing(self, request)
+
+    @app.route("/v2/sandboxes/<sandbox_id>/connect", methods=["POST"])
+    @app.route("/sandboxes/<sandbox_id>/connect", methods=["POST"])
+    def connect(self, request: IRequest, sandbox_id: str) -> bytes:
+        self.check_api_key(request)
+        return control.connect(self, request, sandbox_id)
+
+    @app.route("/sandboxes/<sandbox_id>", methods=["GET"])
+    def get_info(self, request: IRequest, sandbox_id: str) -> bytes:
+        self.check_api_key(request)
+        return control.get_info(self, request, sandbox_id)
+
+    @app.route("/sandboxes/<sandbox_id>", methods=["DELETE"])
+    async def kill(self, request: IRequest, sandbox_id: str) -> bytes:
+        self.check_api_key(request)
+        await self.registry.kill(self.registry.get(sandbox_id))
+        request.setResponseCode(204)
+        return b""
+
+    @app.route("/sandboxes/<sandbox_id>/timeout", methods=["POST"])
+    def set_timeout(self, request: IRequest, sandbox_id: str) -> bytes:
+        self.check_api_key(request)
+        return control.set_timeout(self, request, sandbox_id)
+
+    @app.route("/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
+    @app.route("/v2/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
+    @app.route("/sandboxes", methods=["GET", "POST"])
+    @app.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
+    def unsupported(self, request: IRequest, rest: str = "") -> bytes:
+        self.check_api_key(request)
+        raise RestError(
+            501,
+            f"{request.method.decode()} {request.path.decode('utf-8', 'replace')} is not "
+            "supported by sandboxd (no templates, pause/resume, snapshots, metrics or logs)",
+        )
+
+    # envd
+
+    @app.route("/health", methods=["GET"])
+    def health(self, request: IRequest) -> bytes:
+        self.envd_sandbox(request)
+        request.setResponseCode(204)
+        return b""
+
+    @app.route("/files", methods=["GET"])
+    async def download(self, request: IRequest) -> bytes | None:
+        entry = self.envd_sandbox(request)
+        check_user(upload.query(request, "username"))
+        place = place_of(upload.query(request, "path") or "", "path")
+        source, size = await files.read_file(self.manager, entry, place)
+        await upload.send(request, source, size)
+        return None
+
+    @app.route("/files", methods=["POST"])
+    async def upload(self, request: IRequest) -> bytes:
+        entry = self.envd_sandbox(request)
+        check_user(upload.query(request, "username"))
+        written = []
+        for place, source in upload.parts(request):
+            written.append(await files.write_file(self.manager, entry, place, source))
+        request.setHeader(b"content-type", wire.JSON)
+        return wire.body(written)
+
+    @app.route("/process.Process/<method>", methods=["POST"])
+    async def process_rpc(self, request: IRequest, method: str) -> bytes:
+        return await self._rpc(request, f"process.Process/{method}")
+
+    @app.route("/filesystem.Filesystem/<method>", methods=["POST"])
+    async def filesystem_rpc(self, request: IRequest, method: str) -> bytes:
+        return await self._rpc(request, f"filesystem.Filesystem/{method}")
+
+    async def _rpc(self, request: IRequest, name: str) -> bytes:
+        entry = self.envd_sandbox(request)
+        check_user(user_of(request))
+        content = request.content
+        content.seek(0)
+        data = content.read(wire.MESSAGE_MAX + 5)
+        if name in STREAMING:
+            await STREAMING[name](self.manager, entry, request, wire.first_message(data))
+            return b""
+        if name == "process.Process/StreamInput":
+            answer = process.stream_input(entry, list(wire.read_envelopes(data)))
+            request.setHeader(b"content-type", wire.CONNECT_JSON)
+            return wire.envelope(answer) + wire.end_of_stream()
+        unary = UNARY.get(name)
+        if unary is None:
+            raise ConnectError("unimplemented", f"{name} is not a method sandboxd serves")
+        result = await unary(self.manager, entry, wire.parse_message(data))
+        request.setHeader(b"content-type", wire.JSON)
+        return wire.body(result)
+
+
+def make_front(manager: SandboxManager, token: bytes | None) -> E2BFront:
+    """The front on ``manager``, its sandboxes' timeouts on the manager's clock."""
+    registry = Registry(manager, manager.clock)
+    return E2BFront(manager, token, registry)

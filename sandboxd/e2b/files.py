@@ -1,0 +1,262 @@
+"""envd's ``filesystem.Filesystem`` service and ``/files`` on the core's file operations.
+
+Every call runs in a file thread with the sandbox's filesystem credentials
+(:meth:`SandboxManager.files`), on the workspace (``/home/user``) or the sandbox's own tmp
+(``/tmp``); the core's functions never follow a symlink. Watches are the core's workspace
+watch (:meth:`SandboxManager.watch`): streamed (``WatchDir``) or buffered for the polling
+calls (``CreateWatcher``/``GetWatcherEvents``/``RemoveWatcher``).
+"""
+
+import secrets
+import stat
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, BinaryIO, TypeVar
+
+from twisted.web.iweb import IRequest
+
+from sandboxd.core.files import entries, workspace
+from sandboxd.core.files.entries import Entry
+from sandboxd.core.files.paths import Parts
+from sandboxd.core.files.tree import UPLOAD_PREFIX
+from sandboxd.core.manager import SandboxManager
+from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
+from sandboxd.e2b import wire
+from sandboxd.e2b.paths import WORKSPACE, Place, place_of
+from sandboxd.e2b.process import EnvelopeStream, keepalive_of
+from sandboxd.e2b.registry import E2BSandbox
+from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
+from sandboxd.errors import PathNotFound
+
+T = TypeVar("T")
+
+FILE_TYPES = {
+    "file": "FILE_TYPE_FILE",
+    "dir": "FILE_TYPE_DIRECTORY",
+    "symlink": "FILE_TYPE_SYMLINK",
+}
+EVENT_TYPES = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "rename": "EVENT_TYPE_RENAME",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+GO_DIR = 1 << 31
+GO_SYMLINK = 1 << 27
+WATCHER_EVENTS_MAX = 10_000
+"""Events a polling watcher keeps between two polls (the oldest go first)."""
+
+
+async def in_place(
+    manager: SandboxManager, entry: E2BSandbox, place: Place, work: Callable[[str, Parts], T]
+) -> T:
+    """``work(root, parts)`` in a file thread as the sandbox, ``root`` the place's directory;
+    a missing path is named as the SDK named it."""
+    rid = entry.id
+    root = manager.layout.workspace(rid) if place.area == WORKSPACE else manager.layout.tmp(rid)
+    try:
+        return await manager.files(entry.sandbox, lambda _: work(root, place.parts))
+    except PathNotFound:
+        raise PathNotFound(f"{place.display}: no such file or directory") from None
+
+
+def owner_name(entry: E2BSandbox, uid: int) -> str:
+    """E2B's name for an owner: ``user`` for the sandbox's own uid, ``root`` for 0."""
+    if uid == entry.sandbox.identity.uid:
+        return "user"
+    return "root" if uid == 0 else str(uid)
+
+
+def entry_info(entry: E2BSandbox, place: Place, found: Entry) -> dict[str, Any]:
+    """An ``EntryInfo`` message of what is at ``place``."""
+    mode = stat.S_IMODE(found.mode)
+    if found.kind == "dir":
+        mode |= GO_DIR
+    elif found.kind == "symlink":
+        mode |= GO_SYMLINK
+    at = datetime.fromtimestamp(found.mtime_ns / 1e9, UTC)
+    info: dict[str, Any] = {
+        "name": place.name,
+        "type": FILE_TYPES.get(found.kind, "FILE_TYPE_UNSPECIFIED"),
+        "path": place.display,
+        "size": found.size,
+        "mode": mode,
+        "permissions": stat.filemode(found.mode),
+        "owner": owner_name(entry, found.uid),
+        "group": owner_name(entry, found.gid),
+        "modifiedTime": at.isoformat().replace("+00:00", "Z"),
+    }
+    if found.target is not None:
+        info["symlinkTarget"] = found.target
+        info["isSymlink"] = True
+    return info
+
+
+async def stat_(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+    place = place_of(message.get("path"))
+    found = await in_place(manager, entry, place, entries.stat_entry)
+    return {"entry": entry_info(entry, place, found)}
+
+
+async def list_dir(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+    place = place_of(message.get("path"))
+    depth = int_field(message, "depth", 1)
+    found = await in_place(manager, entry, place, lambda r, p: entries.list_dir(r, p, depth))
+    listed = []
+    for item in found:
+        child = Place(place.area, item.parts)
+        listed.append(entry_info(entry, child, item))
+    return {"entries": listed}
+
+
+async def make_dir(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+    place = place_of(message.get("path"))
+    if not await in_place(manager, entry, place, entries.make_dir):
+        raise ConnectError("already_exists", f"{place.display}: already exists")
+    found = await in_place(manager, entry, place, entries.stat_entry)
+    return {"entry": entry_info(entry, place, found)}
+
+
+async def move(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+    source = place_of(message.get("source"), "source")
+    target = place_of(message.get("destination"), "destination")
+    if source.area != target.area:
+        raise ConnectError("invalid_argument", "a move cannot cross /home/user and /tmp")
+    await in_place(manager, entry, source, lambda r, p: workspace.rename(r, p, target.parts))
+    found = await in_place(manager, entry, target, entries.stat_entry)
+    return {"entry": entry_info(entry, target, found)}
+
+
+async def remove(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+    place = place_of(message.get("path"))
+    await in_place(manager, entry, place, entries.remove)
+    return {}
+
+
+def _watched(message: dict[str, Any]) -> Place:
+    place = place_of(message.get("path"))
+    if place.area != WORKSPACE:
+        raise ConnectError("invalid_argument", "only paths under /home/user can be watched")
+    return place
+
+
+def watch_event(root: Place, event: WatchEvent) -> dict[str, Any] | None:
+    """A ``FilesystemEvent`` (its name relative to the watched directory), or ``None`` for
+    an event that has none (an overflow, an upload's temporary file)."""
+    kind = EVENT_TYPES.get(event.kind)
+    if kind is None or event.path is None:
+        return None
+    parts = tuple(p for p in event.path.split("/") if p)
+    if parts and parts[-1].startswith(UPLOAD_PREFIX):
+        return None  # an upload's temporary file: its rename into place is the target's event
+    return {"name": "/".join(parts[len(root.parts) :]), "type": kind}
+
+
+async def watch_dir(
+    manager: SandboxManager, entry: E2BSandbox, request: IRequest, message: dict[str, Any]
+) -> None:
+    """``WatchDir``: a start event, then one event per change until the client goes."""
+    place = _watched(message)
+    stream: EnvelopeStream | None = None
+
+    def deliver(event: WatchEvent) -> None:
+        if stream is None:
+            return
+        if event.gone:
+            stream.write(wire.end_of_stream(wire.not_running(entry.id)))
+            stream.end()
+            return
+        found = watch_event(place, event)
+        if found is not None:
+            stream.write(wire.envelope({"filesystem": found}))
+
+    watch = await manager.watch(
+        entry.sandbox, place.parts, bool_field(message, "recursive"), deliver
+    )
+    request.setResponseCode(200)
+    request.setHeader(b"content-type", wire.CONNECT_JSON)
+    request.write(wire.WATCH_START)
+    stream = EnvelopeStream(request, manager.clock, keepalive_of(request))
+    stream.keepalive_frame = wire.WATCH_KEEPALIVE
+    try:
+        stream.start()
+        await stream.wait()
+    finally:
+        watch.close()
+
+
+class PollingWatcher:
+    """A watch whose events wait for the next ``GetWatcherEvents`` (at most
+    :data:`WATCHER_EVENTS_MAX`)."""
+
+    def __init__(self, root: Place) -> None:
+        self.root = root
+        self.events: deque[dict[str, Any]] = deque(maxlen=WATCHER_EVENTS_MAX)
+        self.watch: WorkspaceWatch | None = None
+
+    def deliver(self, event: WatchEvent) -> None:
+        found = watch_event(self.root, event)
+        if found is not None:
+            self.events.append(found)
+
+    def take(self) -> list[dict[str, Any]]:
+        taken = list(self.events)
+        self.events.clear()
+        return taken
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
+
+async def create_watcher(
+    manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]
+) -> Any:
+    place = _watched(message)
+    watcher = PollingWatcher(place)
+    recursive = bool_field(message, "recursive")
+    watcher.watch = await manager.watch(entry.sandbox, place.parts, recursive, watcher.deliver)
+    watcher_id = secrets.token_hex(8)
+    entry.watchers[watcher_id] = watcher
+    return {"watcherId": watcher_id}
+
+
+def _watcher(entry: E2BSandbox, message: dict[str, Any]) -> PollingWatcher:
+    found = entry.watchers.get(text_field(message, "watcherId", ""))
+    if not isinstance(found, PollingWatcher):
+        raise ConnectError("not_found", "no such watcher")
+    return found
+
+
+async def get_watcher_events(
+    manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]
+) -> Any:
+    return {"events": _watcher(entry, message).take()}
+
+
+async def remove_watcher(
+    manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]
+) -> Any:
+    watcher = _watcher(entry, message)
+    watcher.close()
+    entry.watchers.pop(text_field(message, "watcherId"), None)
+    return {}
+
+
+# /files
+
+
+async def read_file(
+    manager: SandboxManager, entry: E2BSandbox, place: Place
+) -> tuple[BinaryIO, int]:
+    uid = entry.sandbox.identity.uid
+    return await in_place(manager, entry, place, lambda r, p: workspace.open_for_reading(r, p, uid))
+
+
+async def write_file(
+    manager: SandboxManager, entry: E2BSandbox, place: Place, source: BinaryIO
+) -> dict[str, str]:
+    await in_place(manager, entry, place, lambda r, p: workspace.write_from(r, p, source))
+    return {"name": place.name, "type": "file", "path": place.display}

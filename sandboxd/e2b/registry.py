@@ -1,0 +1,128 @@
+"""The sandboxes the E2B front created: their access tokens, metadata and end times.
+
+Each E2B sandbox is a core sandbox (same manager, same isolation, same limits) plus what the
+E2B protocol adds: its own ``envdAccessToken`` (checked on every envd call of that sandbox and
+useless for any other), its metadata, its template name, and its end time (``timeout``
+seconds after create, moved by ``set_timeout``): when it passes, the sandbox is killed.
+Sandboxes of the native API are not listed here and cannot be reached through this front.
+"""
+
+import hmac
+import secrets
+from contextlib import suppress
+from typing import Any
+
+from attrs import define, field
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from sandboxd.core.manager import SandboxManager
+from sandboxd.core.sandbox import Sandbox
+from sandboxd.errors import SandboxNotFound
+
+log = Logger()
+
+TIMEOUT_DEFAULT = 300
+"""Seconds a sandbox lives when create names no ``timeout`` (the SDK's documented default)."""
+
+
+@define(eq=False)
+class E2BSandbox:
+    """One sandbox of the E2B front."""
+
+    sandbox: Sandbox
+    token: str
+    template: str
+    metadata: dict[str, str]
+    started_at: float
+    end_at: float
+    processes: dict[str, dict[str, Any]] = field(factory=dict)
+    """Each process's ``ProcessConfig`` as the SDK sent it (by core process id)."""
+    watchers: dict[str, Any] = field(factory=dict)
+    """Polling watchers (``CreateWatcher``) by id."""
+    expiry: IDelayedCall | None = None
+
+    @property
+    def id(self) -> str:
+        return self.sandbox.rid
+
+
+class Registry:
+    """The E2B sandboxes of one daemon, each found by id and checked by its token."""
+
+    def __init__(
+        self, manager: SandboxManager, clock: IReactorTime, timeout_max: float | None = None
+    ) -> None:
+        self.manager = manager
+        self.clock = clock
+        self.timeout_max = timeout_max
+        self._sandboxes: dict[str, E2BSandbox] = {}
+
+    def add(
+        self, sandbox: Sandbox, template: str, metadata: dict[str, str], timeout: float
+    ) -> E2BSandbox:
+        now = self.clock.seconds()
+        entry = E2BSandbox(
+            sandbox, secrets.token_urlsafe(24), template, metadata, started_at=now, end_at=now
+        )
+        self._sandboxes[sandbox.rid] = entry
+        self.set_timeout(entry, timeout)
+        return entry
+
+    def get(self, sandbox_id: str) -> E2BSandbox:
+        """The live E2B sandbox ``sandbox_id``, else ``SandboxNotFound`` (a sandbox killed by
+        other means, e.g. the idle reaper, is forgotten here)."""
+        entry = self._sandboxes.get(sandbox_id)
+        if entry is None or entry.sandbox.rid not in self.manager.sandboxes:
+            if entry is not None:
+                self.forget(entry)
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        self.manager.get(sandbox_id)  # its last activity is now
+        return entry
+
+    def authorised(self, sandbox_id: str, token: str) -> E2BSandbox:
+        """The sandbox whose access token is ``token``; ``PermissionError`` for another
+        token (compared in constant time)."""
+        entry = self.get(sandbox_id)
+        if not hmac.compare_digest(entry.token.encode(), token.encode()):
+            raise PermissionError("the access token is not this sandbox's")
+        return entry
+
+    def all(self) -> list[E2BSandbox]:
+        live = []
+        for entry in list(self._sandboxes.values()):
+            with suppress(SandboxNotFound):
+                live.append(self.get(entry.id))
+        return live
+
+    def set_timeout(self, entry: E2BSandbox, timeout: float) -> None:
+        """The sandbox ends ``timeout`` seconds from now (capped by ``timeout_max``)."""
+        if self.timeout_max is not None:
+            timeout = min(timeout, self.timeout_max)
+        entry.end_at = self.clock.seconds() + timeout
+        if entry.expiry is not None and entry.expiry.active():
+            entry.expiry.cancel()
+        entry.expiry = self.clock.callLater(timeout, self._expire, entry)
+
+    def _expire(self, entry: E2BSandbox) -> None:
+        entry.expiry = None
+        log.info("E2B sandbox {id} reached its timeout: killing it", id=entry.id)
+        Deferred.fromCoroutine(self.kill(entry)).addErrback(
+            lambda f: log.failure("killing {id} at its timeout failed", f, id=entry.id)
+        )
+
+    async def kill(self, entry: E2BSandbox) -> None:
+        self.forget(entry)
+        with suppress(SandboxNotFound):
+            await self.manager.kill(entry.id)
+
+    def forget(self, entry: E2BSandbox) -> None:
+        if self._sandboxes.pop(entry.id, None) is None:
+            return
+        if entry.expiry is not None and entry.expiry.active():
+            entry.expiry.cancel()
+        entry.expiry = None
+        for watcher in entry.watchers.values():
+            watcher.close()
+        entry.watchers.clear()

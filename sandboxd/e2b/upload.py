@@ -1,0 +1,119 @@
+"""envd's ``/files`` bodies: the files of an upload, and a download's bytes.
+
+An upload is ``multipart/form-data`` (one part per file, named by its ``filename``; a single
+file may be named by the ``path`` query instead) or, from envd 0.5.7, the raw bytes of one
+file (``application/octet-stream``, optionally ``Content-Encoding: gzip``) named by ``path``.
+Gzip bodies are decompressed with a bound (the daemon's body limit).
+"""
+
+import io
+import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from twisted.internet.defer import Deferred
+from twisted.protocols.basic import FileSender
+from twisted.web.iweb import IRequest
+
+from sandboxd.e2b import wire
+from sandboxd.e2b.paths import Place, place_of
+from sandboxd.e2b.wire import RestError
+
+INFLATE_MAX = 1 << 30
+"""Bytes a gzip upload may inflate to."""
+SEND_CHUNK = 1 << 18
+"""Bytes a download reads and sends at a time."""
+
+
+def query(request: IRequest, name: str) -> str | None:
+    values = (request.args or {}).get(name.encode())
+    return values[0].decode("utf-8", "replace") if values else None
+
+
+def _place(path: str | None) -> Place:
+    if not path:
+        raise RestError(400, "path: required")
+    try:
+        return place_of(path)
+    except wire.ConnectError as e:
+        raise RestError(400, e.message) from None
+
+
+def _boundary(content_type: str) -> bytes:
+    for item in content_type.split(";")[1:]:
+        key, _, value = item.strip().partition("=")
+        if key.lower() == "boundary" and value:
+            return value.strip('"').encode()
+    raise RestError(400, "multipart/form-data without a boundary")
+
+
+def _filename(headers: bytes) -> str | None:
+    for line in headers.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() != b"content-disposition":
+            continue
+        for item in value.decode("utf-8", "replace").split(";")[1:]:
+            key, _, text = item.strip().partition("=")
+            if key == "filename":
+                return text.strip('"')
+    return None
+
+
+def multipart_files(body: bytes, content_type: str) -> list[tuple[str | None, bytes]]:
+    """The ``(filename, bytes)`` of each part of a ``multipart/form-data`` body."""
+    delimiter = b"--" + _boundary(content_type)
+    sections = body.split(delimiter)
+    if len(sections) < 3 or not sections[-1].startswith(b"--"):
+        raise RestError(400, "a malformed multipart body")
+    found = []
+    for section in sections[1:-1]:
+        if not section.startswith(b"\r\n") or not section.endswith(b"\r\n"):
+            raise RestError(400, "a malformed multipart part")
+        headers, separator, data = section[2:-2].partition(b"\r\n\r\n")
+        if not separator:
+            raise RestError(400, "a multipart part without headers")
+        found.append((_filename(headers), data))
+    return found
+
+
+def _inflate(data: bytes) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, INFLATE_MAX)
+    except zlib.error as e:
+        raise RestError(400, f"the gzip body is corrupt: {e}") from None
+    if inflater.unconsumed_tail:
+        raise RestError(413, f"the gzip body inflates past {INFLATE_MAX} bytes")
+    return out
+
+
+def parts(request: IRequest) -> Iterator[tuple[Place, BinaryIO]]:
+    """Each file of the upload: where it goes, and its bytes."""
+    content_type = (request.getHeader(b"content-type") or b"").decode("latin-1")
+    content = request.content
+    content.seek(0)
+    path = query(request, "path")
+    if content_type.lower().startswith("multipart/form-data"):
+        found = multipart_files(content.read(), content_type)
+        if path is not None and len(found) == 1:
+            found = [(path, found[0][1])]
+        for name, data in found:
+            yield _place(name), io.BytesIO(data)
+        return
+    if (request.getHeader(b"content-encoding") or b"").lower() == b"gzip":
+        yield _place(path), io.BytesIO(_inflate(content.read()))
+        return
+    yield _place(path), content
+
+
+async def send(request: IRequest, source: BinaryIO, size: int) -> None:
+    """Write the file's bytes as the response (the file is closed after)."""
+    request.setHeader(b"content-type", wire.OCTETS)
+    request.setHeader(b"content-length", str(size).encode())
+    try:
+        sender = FileSender()
+        sender.CHUNK_SIZE = SEND_CHUNK
+        sent: Deferred[object] = sender.beginFileTransfer(source, request)
+        await sent
+    finally:
+        source.close()

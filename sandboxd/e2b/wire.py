@@ -1,0 +1,254 @@
+"""The E2B front's wire: every body and frame it sends, and the parsing of what it receives.
+
+Connect-RPC with the JSON codec (the only one the SDK uses): a unary call's body is one bare
+JSON object; a stream's body is a run of *envelopes* (one flag byte, a 4-byte big-endian
+length, that many bytes of JSON), the last one flagged end-of-stream (``0x02``) and holding
+``{}`` or ``{"error": {...}}``. Errors of unary calls are a non-200 status with a Connect error
+body ``{"code": "<code>", "message": "..."}``. The control plane (REST) answers errors as
+``{"code": <int status>, "message": "..."}``, which is what the SDK's generated client needs.
+
+Core errors become Connect codes (and REST statuses) in one table, :data:`CONNECT_CODES`.
+"""
+
+import base64
+import binascii
+import json
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+from sandboxd.errors import (
+    BadRequest,
+    Draining,
+    InsufficientStorage,
+    NoCapacity,
+    PathNotFound,
+    ProcessConflict,
+    ProcessNotFound,
+    SandboxdError,
+    SandboxNotFound,
+    TooMany,
+)
+
+JSON = b"application/json"
+CONNECT_JSON = b"application/connect+json"
+"""A stream's content type, exactly (the SDK refuses any parameter on it)."""
+OCTETS = b"application/octet-stream"
+
+FLAG_END = 0x02
+FLAG_COMPRESSED = 0x01
+HEADER = struct.Struct(">BI")
+MESSAGE_MAX = 16 << 20
+"""Bytes of one envelope's payload the front accepts."""
+
+
+class ConnectError(Exception):
+    """An error answered as Connect ``code`` (``invalid_argument``, ``not_found``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class RestError(Exception):
+    """A control-plane or ``/files`` error: its HTTP status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+STATUS_OF_CODE = {
+    "canceled": 499,
+    "unknown": 500,
+    "invalid_argument": 400,
+    "deadline_exceeded": 504,
+    "not_found": 404,
+    "already_exists": 409,
+    "permission_denied": 403,
+    "resource_exhausted": 429,
+    "failed_precondition": 400,
+    "aborted": 409,
+    "out_of_range": 400,
+    "unimplemented": 501,
+    "internal": 500,
+    "unavailable": 503,
+    "data_loss": 500,
+    "unauthenticated": 401,
+}
+"""The HTTP status of each Connect code (the Connect protocol's table)."""
+
+CONNECT_CODES: dict[type[SandboxdError], str] = {
+    BadRequest: "invalid_argument",
+    PathNotFound: "not_found",
+    ProcessNotFound: "not_found",
+    ProcessConflict: "failed_precondition",
+    InsufficientStorage: "resource_exhausted",
+    TooMany: "resource_exhausted",
+    NoCapacity: "unavailable",
+    Draining: "unavailable",
+    SandboxNotFound: "unavailable",
+}
+"""The Connect code each core error is answered with (anything else: ``internal``)."""
+
+
+def connect_error_of(error: Exception) -> ConnectError:
+    """The Connect error a core (or front) error is answered with."""
+    if isinstance(error, ConnectError):
+        return error
+    if isinstance(error, SandboxdError):
+        code = CONNECT_CODES.get(type(error), "internal")
+        return ConnectError(code, error.detail)
+    return ConnectError("internal", str(error) or type(error).__name__)
+
+
+def not_running(sandbox_id: str) -> ConnectError:
+    """A sandbox unknown or killed: the SDK matches ``was not found`` (not running)."""
+    return ConnectError("unavailable", f"The sandbox {sandbox_id} was not found")
+
+
+# JSON bodies
+
+
+def body(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def parse_message(data: bytes) -> dict[str, Any]:
+    """One JSON message; ``invalid_argument`` unless it is a JSON object."""
+    try:
+        value = json.loads(data or b"{}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConnectError("invalid_argument", f"the message is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConnectError("invalid_argument", "the message must be a JSON object")
+    return value
+
+
+def connect_error_body(error: ConnectError) -> tuple[int, bytes]:
+    """A unary call's error: its status and Connect error body."""
+    return STATUS_OF_CODE.get(error.code, 500), body({"code": error.code, "message": error.message})
+
+
+def rest_error_body(status: int, message: str) -> bytes:
+    """A control-plane error body (``code`` is the integer status)."""
+    return body({"code": status, "message": message})
+
+
+# Envelopes
+
+
+def envelope(message: Any, flags: int = 0) -> bytes:
+    payload = body(message)
+    return HEADER.pack(flags, len(payload)) + payload
+
+
+def end_of_stream(error: ConnectError | None = None) -> bytes:
+    """The last envelope of a stream: ``{}``, or the error the stream ends with."""
+    if error is None:
+        return envelope({}, FLAG_END)
+    return envelope({"error": {"code": error.code, "message": error.message}}, FLAG_END)
+
+
+def read_envelopes(data: bytes) -> Iterator[dict[str, Any]]:
+    """The messages of a streamed request body, up to its end-of-stream envelope (which a
+    client may also leave out); ``invalid_argument`` for a truncated or compressed envelope,
+    or one whose payload is not a JSON object."""
+    offset = 0
+    while offset < len(data):
+        if len(data) - offset < HEADER.size:
+            raise ConnectError("invalid_argument", "a truncated envelope header")
+        flags, length = HEADER.unpack_from(data, offset)
+        offset += HEADER.size
+        if length > MESSAGE_MAX:
+            raise ConnectError("invalid_argument", f"an envelope is over {MESSAGE_MAX} bytes")
+        if len(data) - offset < length:
+            raise ConnectError("invalid_argument", "a truncated envelope")
+        payload = data[offset : offset + length]
+        offset += length
+        if flags & FLAG_COMPRESSED:
+            raise ConnectError("invalid_argument", "compressed envelopes are not accepted")
+        if flags & FLAG_END:
+            return
+        yield parse_message(payload)
+
+
+def first_message(data: bytes) -> dict[str, Any]:
+    """The one message of a server-streaming call's request."""
+    for message in read_envelopes(data):
+        return message
+    raise ConnectError("invalid_argument", "the request stream holds no message")
+
+
+# Fields
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def unb64(text: object, field: str) -> bytes:
+    """Bytes of a proto-JSON ``bytes`` field (standard or URL-safe base64, padding optional)."""
+    if not isinstance(text, str):
+        raise ConnectError("invalid_argument", f"{field}: must be a base64 string")
+    padded = text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4)
+    try:
+        return base64.b64decode(padded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConnectError("invalid_argument", f"{field}: not base64") from None
+
+
+def text_field(message: dict[str, Any], name: str, default: str | None = None) -> str:
+    value = message.get(name, default)
+    if not isinstance(value, str):
+        raise ConnectError("invalid_argument", f"{name}: must be a string")
+    return value
+
+
+def object_field(message: dict[str, Any], name: str) -> dict[str, Any]:
+    value = message.get(name, {})
+    if not isinstance(value, dict):
+        raise ConnectError("invalid_argument", f"{name}: must be an object")
+    return value
+
+
+def int_field(message: dict[str, Any], name: str, default: int = 0) -> int:
+    """A proto-JSON integer: a number, or a string of digits."""
+    value = message.get(name, default)
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConnectError("invalid_argument", f"{name}: must be an integer")
+    return value
+
+
+def bool_field(message: dict[str, Any], name: str) -> bool:
+    value = message.get(name, False)
+    if not isinstance(value, bool):
+        raise ConnectError("invalid_argument", f"{name}: must be a boolean")
+    return value
+
+
+# Process events
+
+
+def start_event(pid: int) -> bytes:
+    return envelope({"event": {"start": {"pid": pid}}})
+
+
+def data_event(fd: int, data: bytes) -> bytes:
+    return envelope({"event": {"data": {"stdout" if fd == 1 else "stderr": b64(data)}}})
+
+
+def end_event(exit_code: int, exited: bool, status: str, error: str | None) -> bytes:
+    end: dict[str, Any] = {"exitCode": exit_code, "exited": exited, "status": status}
+    if error is not None:
+        end["error"] = error
+    return envelope({"event": {"end": end}})
+
+
+PROCESS_KEEPALIVE = envelope({"event": {"keepalive": {}}})
+WATCH_KEEPALIVE = envelope({"keepalive": {}})
+WATCH_START = envelope({"start": {}})

@@ -1,0 +1,136 @@
+"""The real ``sandboxctl`` (its own process) against a real daemon: what a person at a
+terminal sees, stream by stream."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .real_daemon import Daemon, running_daemon
+
+REPO = str(Path(__file__).resolve().parents[2])
+TOKEN = "cli-daemon-token"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    with running_daemon(tmp_path_factory.mktemp("daemon"), TOKEN) as running:
+        yield running
+
+
+@pytest.fixture
+def ctl(daemon: Daemon, tmp_path: Path) -> Iterator[object]:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": REPO,
+        "SANDBOXD_URL": daemon.url,
+        "SANDBOXD_TOKEN_FILE": str(token),
+    }
+
+    def run(*argv: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "sandboxd_client.cli", *argv],
+            env=env,
+            input=stdin,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+
+    yield run
+
+
+def created(ctl) -> str:  # type: ignore[no-untyped-def]
+    done = ctl("create")
+    assert done.returncode == 0, done.stderr
+    return str(done.stdout.decode().strip())
+
+
+def test_exec_sends_stderr_to_stderr_and_takes_the_command_without_a_separator(ctl) -> None:  # type: ignore[no-untyped-def]
+    handle = created(ctl)
+    script = "echo out1; echo err1 >&2; echo out2; exit 4"
+    done = ctl("exec", handle, "sh", "-c", script)
+    assert (done.returncode, done.stdout, done.stderr) == (4, b"out1\nout2\n", b"err1\n")
+    assert ctl("put", handle, "/dev/null", "dir/empty-file").returncode == 0
+    done = ctl("exec", "--cwd", "dir", handle, "ls", "-la")  # -la is the command's own
+    assert done.returncode == 0 and b"empty-file" in done.stdout and b"total" in done.stdout
+    done = ctl("exec", handle, "--cwd", "dir", "--", "ls", "-a")
+    assert done.stdout.split() == [b".", b"..", b"empty-file"]
+    done = ctl("exec", handle, "sh", "-c", "echo --cwd")  # an option after the command: its own
+    assert done.stdout == b"--cwd\n"
+    assert ctl("kill", handle).returncode == 0
+
+
+def test_the_ids_that_list_prints_work_as_handles(ctl) -> None:  # type: ignore[no-untyped-def]
+    handle = created(ctl)
+    listed = ctl("list")
+    assert listed.returncode == 0 and listed.stderr == b""
+    ids = [line.split()[0].decode() for line in listed.stdout.splitlines()]
+    assert len(ids) >= 1 and all(b" ago" in line for line in listed.stdout.splitlines())
+    for rid in ids:
+        done = ctl("exec", rid, "echo", "hi")
+        assert (done.returncode, done.stdout) == (0, b"hi\n")
+    assert ctl("kill", handle).returncode == 0
+    for rid in ids:
+        ctl("kill", rid)
+    empty = ctl("list")
+    assert (empty.returncode, empty.stdout) == (0, b"")
+    assert empty.stderr.startswith(b"no sandboxes on http://127.0.0.1:")
+
+
+def test_put_and_get_of_a_directory_tree(ctl, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    tree = tmp_path / "tree"
+    for n in range(40):
+        path = tree / f"d{n % 4}" / f"sub{n % 3}" / f"file{n}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f"content {n}\n".encode() * (n + 1))
+    (tree / "empty").mkdir()
+    (tree / "top.bin").write_bytes(os.urandom(70_000))
+    handle = created(ctl)
+    done = ctl("put", handle, str(tree), "proj")
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")  # no bar off a terminal
+    done = ctl("exec", "--cwd", "proj", handle, "sh", "-c", "find . -type f | wc -l; ls -d empty")
+    assert done.stdout == b"41\nempty\n"
+    back = tmp_path / "back"
+    done = ctl("get", handle, "proj", str(back))
+    assert done.returncode == 0, done.stderr
+
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    assert files(back) == files(tree) and len(files(back)) == 41
+    one = tmp_path / "one.txt"
+    assert ctl("get", handle, "proj/d1/sub1/file1.txt", str(one)).returncode == 0
+    assert one.read_bytes() == (tree / "d1" / "sub1" / "file1.txt").read_bytes()
+    (tmp_path / "bare").mkdir()
+    assert ctl("put", handle, str(tmp_path / "bare"), "bare").returncode == 0
+    assert ctl("exec", handle, "ls", "-d", "bare").stdout == b"bare\n"  # an empty tree: made
+    missing = ctl("get", handle, "nothing-here", str(tmp_path / "x"))
+    assert missing.returncode == 1 and missing.stderr.startswith(b"sandboxctl: FileNotFoundError")
+    assert ctl("kill", handle).returncode == 0
+
+
+def test_help_and_usage_errors_need_no_service(ctl) -> None:  # type: ignore[no-untyped-def]
+    done = ctl("--help")
+    assert done.returncode == 0 and b"exec" in done.stdout and done.stderr == b""
+    done = ctl("exec")
+    assert done.returncode == 2 and done.stdout == b"" and b"usage:" in done.stderr
+
+
+def test_ps_says_when_there_is_nothing_and_run_takes_the_command_without_a_separator(ctl) -> None:  # type: ignore[no-untyped-def]
+    handle = created(ctl)
+    empty = ctl("ps", handle)
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, b"", b"no background processes\n")
+    started = ctl("run", "-d", handle, "--tag", "t", "sh", "-c", "echo hi -x")
+    assert started.returncode == 0, started.stderr
+    process = started.stdout.split()[0].decode()
+    followed = ctl("logs", "-f", handle, process)
+    assert (followed.returncode, followed.stdout) == (0, b"hi -x\n")
+    assert ctl("kill", handle).returncode == 0
