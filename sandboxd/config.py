@@ -14,6 +14,7 @@ from attrs import field, fields, frozen
 from sandboxd.isolation.egress_plan import parse_networks, parse_pool4, parse_pool6
 from sandboxd.isolation.namespaces import parse_namespaces
 from sandboxd.isolation.network import parse_mode, parse_modes
+from sandboxd.listen import DUAL_STACK_MODES
 from sandboxd.units import (
     format_duration,
     format_size,
@@ -28,6 +29,7 @@ SECCOMP_MODES = ("default", "off")
 SOCKET_BUFFER_MODES = ("charged", "off")
 LOG_FORMATS = ("text", "json")
 AUTH_GATE_MODES = ("headers", "off")
+DEFAULT_LISTEN = "tcp:8080"
 
 
 class ConfigError(Exception):
@@ -48,6 +50,15 @@ def _text(text: str) -> str:
     if not text.strip():
         raise ValueError("is empty")
     return text.strip()
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "yes", "true", "on"):
+        return True
+    if value in ("", "0", "no", "false", "off"):
+        return False
+    raise ValueError(f"{text!r} is not yes or no")
 
 
 def _umask(text: str) -> int:
@@ -93,11 +104,26 @@ def _connections(text: str) -> int | None:
 
 
 def _setting(
-    env: str, default: str | None, parse: Callable[[str], Any], help: str, secret: bool = False
+    env: str,
+    default: str | None,
+    parse: Callable[[str], Any],
+    help: str,
+    secret: bool = False,
+    flag: bool = False,
 ) -> Any:
-    """Declare one setting: its variable, default (as text an operator would write) and parser."""
+    """Declare one setting: its variable, default (as text an operator would write) and parser.
+
+    A ``flag`` is a ``twistd sandboxd --option`` that takes no value (given: ``yes``).
+    """
     return field(
-        metadata={"env": env, "default": default, "parse": parse, "help": help, "secret": secret}
+        metadata={
+            "env": env,
+            "default": default,
+            "parse": parse,
+            "help": help,
+            "secret": secret,
+            "flag": flag,
+        }
     )
 
 
@@ -106,7 +132,24 @@ class Config:
     """The effective configuration. Sizes are bytes, durations seconds, cores a float."""
 
     listen: str = _setting(
-        "SANDBOXD_LISTEN", "tcp:8080", _text, "Twisted endpoint string to listen on"
+        "SANDBOXD_LISTEN",
+        None,
+        _text,
+        "Twisted endpoint string to listen on (default: tcp:8080 with a token, else"
+        " tcp:8080:interface=127.0.0.1)",
+    )
+    dual_stack: str = _setting(
+        "SANDBOXD_DUAL_STACK",
+        "on",
+        _choice(DUAL_STACK_MODES),
+        "Claim a tcp: port on IPv4 and IPv6 alike (on), or listen as the endpoint says (off)",
+    )
+    insecure: bool = _setting(
+        "SANDBOXD_INSECURE",
+        "no",
+        _flag,
+        "Allow listening beyond loopback with no token (anyone reaching the port runs code)",
+        flag=True,
     )
     e2b_listen: str | None = _setting(
         "SANDBOXD_E2B_LISTEN",
@@ -283,6 +326,12 @@ class Config:
         parse_count,
         "Background process records kept per sandbox (the oldest ended pushed out)",
     )
+    walk_max: int = _setting(
+        "SANDBOXD_WALK_MAX",
+        "200000",
+        parse_count,
+        "Most files one walk lists (413 past it)",
+    )
     watch_max: int = _setting(
         "SANDBOXD_WATCH_MAX", "8", parse_count, "Workspace watches open at once per sandbox"
     )
@@ -333,6 +382,10 @@ class Config:
                 text = environ.get(meta["env"])
             if text is None:
                 text = meta["default"]
+            if text is None and setting.name == "listen":
+                # Without a token, only this host may drive the sandboxes by default.
+                has_token = _given("token_file", options, environ)
+                text = DEFAULT_LISTEN if has_token else DEFAULT_LISTEN + ":interface=127.0.0.1"
             if text is None:
                 values[setting.name] = None
                 continue
@@ -355,7 +408,7 @@ class Config:
         for name in ("disk_max", "files_max"):
             if getattr(self, name) == 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero (unset: no limit)")
-        for name in ("process_log_max", "processes_max", "watch_max"):
+        for name in ("process_log_max", "processes_max", "watch_max", "walk_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{env_name(name)}: must be at least 1")
         for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):
@@ -399,6 +452,14 @@ class Config:
         return " ".join(shown)
 
 
+def _given(attribute: str, options: Mapping[str, Any], environ: Mapping[str, str]) -> bool:
+    """Whether the setting is given a non-empty value by an option or the environment."""
+    text = options.get(option_name(attribute))
+    if text is None:
+        text = environ.get(env_name(attribute))
+    return bool(text and text.strip())
+
+
 def option_name(attribute: str) -> str:
     """``max_output`` → ``max-output``: the ``twistd sandboxd`` option of a setting."""
     return attribute.replace("_", "-")
@@ -413,11 +474,31 @@ def env_name(attribute: str) -> str:
 
 
 def option_table() -> list[list[Any]]:
-    """``optParameters`` rows for ``twisted.python.usage.Options``: one per setting."""
+    """``optParameters`` rows for ``twisted.python.usage.Options``: one per setting that
+    takes a value."""
     rows: list[list[Any]] = []
     for setting in fields(Config):
         meta = setting.metadata
+        if meta["flag"]:
+            continue
         default = meta["default"]
         help_text = f"{meta['help']} [env {meta['env']}; default {default or 'unset'}]"
         rows.append([option_name(setting.name), None, None, help_text])
     return rows
+
+
+def flag_table() -> list[list[Any]]:
+    """``optFlags`` rows for ``twisted.python.usage.Options``: one per flag setting."""
+    return [
+        [option_name(s.name), None, f"{s.metadata['help']} [env {s.metadata['env']}=yes]"]
+        for s in fields(Config)
+        if s.metadata["flag"]
+    ]
+
+
+def given_options(options: Mapping[str, Any]) -> dict[str, str | None]:
+    """The settings given on the command line, by option name (a flag given is ``yes``)."""
+    given: dict[str, str | None] = {row[0]: options[row[0]] for row in option_table()}
+    for row in flag_table():
+        given[row[0]] = "yes" if options[row[0]] else None
+    return given

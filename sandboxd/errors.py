@@ -54,3 +54,8 @@ class ProcessConflict(SandboxdError):
 class TooMany(SandboxdError):
     """A per-sandbox bound is reached: every process record is running, or every watch is
     taken."""
+
+
+class TooManyEntries(SandboxdError):
+    """An answer would list more entries than the configured limit (a walk past
+    ``SANDBOXD_WALK_MAX``); the message names the limit."""

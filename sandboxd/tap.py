@@ -24,7 +24,7 @@ from twisted.python.threadpool import ThreadPool
 
 import sandboxd
 from sandboxd import _twisted, notify
-from sandboxd.config import Config, ConfigError, option_table
+from sandboxd.config import Config, ConfigError, flag_table, given_options, option_table
 from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
@@ -39,6 +39,7 @@ from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
 from sandboxd.isolation.select import build_isolation
+from sandboxd.listen import CannotListen, Listeners, capabilities, reaches_beyond_loopback
 from sandboxd.reach import reach_hint
 from sandboxd.stop_signals import on_next_stop_signal
 
@@ -49,16 +50,37 @@ class Options(usage.Options):
     """Every setting of SPEC §5 as an option; unset options fall back to the environment."""
 
     optParameters = option_table()
+    optFlags = flag_table()
 
     def getSynopsis(self) -> str:
         return "Usage: twistd [twistd options] sandboxd [options]"
 
 
-class SandboxdService(MultiService):
-    """The daemon: stopping it drains first (the HTTP endpoint keeps serving existing sandboxes
-    until every command ended or the drain deadline passed), then stops the endpoint.
+class ExitStatus:
+    """The status the process exits with once twistd is done (0 unless start-up failed after
+    the reactor started: a port taken once the predecessor's sandboxes were reclaimed)."""
 
-    ``POST /drain`` runs the same drain and then stops the reactor: the daemon exits.
+    def __init__(self) -> None:
+        self.code = 0
+        self.message: str | None = None
+
+    def apply(self) -> None:
+        """At interpreter exit (registered first, so it runs after every other ``atexit``
+        cleanup): exit with the status, if it is not 0."""
+        if self.code:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self.code)
+
+
+class SandboxdService(MultiService):
+    """The daemon: starting it reclaims the predecessor's sandboxes and only then listens (a
+    sandbox left running may hold the port: it is killed first); a port that cannot be had then
+    stops the daemon with a non-zero status, naming the address.
+
+    Stopping it drains first (the HTTP endpoint keeps serving existing sandboxes until every
+    command ended or the drain deadline passed), then stops the endpoint. ``POST /drain`` runs
+    the same drain and then stops the reactor: the daemon exits.
     """
 
     def __init__(
@@ -81,6 +103,10 @@ class SandboxdService(MultiService):
         """The endpoint string the HTTP service listens on (for the line saying where)."""
         self.streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None)
         """Fires once the open exec streams have written their last frames (the front's)."""
+        self.listeners: Listeners | None = None
+        self.exit_status = ExitStatus()
+        self.started: Deferred[None] = Deferred()
+        """Fires once listening (or start-up failed after the reactor started)."""
 
     def setServiceParent(self, parent: Any) -> None:
         """Under twistd, the parent is the application: give it our log observer, if any."""
@@ -91,13 +117,35 @@ class SandboxdService(MultiService):
     def startService(self) -> None:
         for pool in self.pools:
             pool.start()
-        self.manager.start().addErrback(lambda f: log.failure("recovery failed", f))
         super().startService()
-        for service in self:
-            if isinstance(service, StreamServerEndpointService):
-                say_where_when_listening(service, self.listen)
+        recovered = self.manager.start()
+        recovered.addErrback(lambda f: log.failure("recovery failed", f))
+        recovered.addCallback(lambda _: Deferred.fromCoroutine(self._listen()))
+        recovered.addBoth(lambda _: self.started.callback(None))
+        if self.exit_status.message is not None and not self.reactor.running:
+            # No leftovers: all of that ran before the reactor, and twistd exits at once.
+            for pool in self.pools:
+                pool.stop()
+            raise SystemExit(f"sandboxd: {self.exit_status.message}")
+
+    async def _listen(self) -> None:
+        if self.listeners is None:
+            return
+        try:
+            addresses = await self.listeners.listen()
+        except CannotListen as e:
+            message = f"start-up failed at listen: {e}"
+            log.critical(message)
+            notify.notify(f"STATUS={message}")
+            self.exit_status.code, self.exit_status.message = 1, message
+            if self.reactor.running:
+                self.reactor.stop()
+            return
+        log.info("listening on {addresses}", addresses=" ".join(addresses))
+        port = getattr(self.listeners.ports[0].getHost(), "port", None)
+        log.info("{hint}", hint=reach_hint(self.listen, port))
         log.info("sandboxd ready")
-        notify.ready_when_listening(self)  # systemd Type=notify: READY=1 once listening
+        notify.notify("READY=1\nSTATUS=listening")  # systemd Type=notify
 
     def drain_and_exit(self) -> None:
         """Drain (``POST /drain``), then stop the reactor."""
@@ -130,18 +178,6 @@ class SandboxdService(MultiService):
             count=len(self.manager.sandboxes),
         )
         self.manager.stop_now()  # the drain ends, and with it the daemon
-
-
-def say_where_when_listening(listener: StreamServerEndpointService, endpoint: str) -> None:
-    """Once ``listener`` listens, log one line: where, and a command that reaches it."""
-    waiting = _twisted.waiting_for_port(listener)
-
-    def say(port: Any) -> Any:
-        log.info("{hint}", hint=reach_hint(endpoint, port.getHost().port))
-        return port
-
-    if waiting is not None:  # None: the listener was not started
-        waiting.addCallback(say)
 
 
 def reap_interval(idle_ttl: float) -> float:
@@ -283,9 +319,10 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     if reactor is None:
         from twisted.internet import reactor
     environ = os.environ if environ is None else environ
-    given = {row[0]: options[row[0]] for row in option_table()}
+    exit_status = ExitStatus()
+    atexit.register(exit_status.apply)  # first: runs after every other atexit cleanup
     try:
-        config = Config.load(environ, given)
+        config = Config.load(environ, given_options(options))
     except ConfigError as e:
         fail("configuration", e)
     log.info("sandboxd {version} starting", version=sandboxd.__version__)
@@ -307,6 +344,20 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         fail("token", e)
     if token is None:
         log.warn("auth: no SANDBOXD_TOKEN_FILE: any local process can drive every sandbox")
+        if reaches_beyond_loopback(config.listen):
+            if not config.insecure:
+                fail(
+                    "listen",
+                    f"SANDBOXD_LISTEN={config.listen} reaches beyond loopback and no "
+                    "SANDBOXD_TOKEN_FILE is set: anyone who reaches the port would run code "
+                    "on this host. Set a token, listen on loopback, or pass --insecure "
+                    "(SANDBOXD_INSECURE=yes)",
+                )
+            log.warn(
+                "auth: INSECURE: listening on {listen} beyond loopback with no token "
+                "(--insecure): anyone who reaches the port runs code on this host",
+                listen=config.listen,
+            )
     layout = Layout(os.path.realpath(config.root), owns_files=isolation.owns_files)
     try:
         layout.prepare_root()
@@ -343,8 +394,14 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         config, reactor, reactor, isolation, admin_pool, layout, archive=archive
     )
     tools = build_tools(config.tools_dir, reactor, admin_pool)
+    listen_capabilities = capabilities(config.listen, config.dual_stack == "on")
     api = SandboxAPI(
-        manager, token=token, pod_url=config.pod_url, pod_ip=environ.get("POD_IP"), tools=tools
+        manager,
+        token=token,
+        pod_url=config.pod_url,
+        pod_ip=environ.get("POD_IP"),
+        tools=tools,
+        extra_capabilities=listen_capabilities,
     )
     observer = None
     if config.log_format == "json":
@@ -352,6 +409,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     top = SandboxdService(
         manager, [file_pool, admin_pool], reactor, observer, on_stop_signal=on_next_stop_signal
     )
+    top.exit_status = exit_status
     api.on_drain = top.drain_and_exit
     top.streams_written = api.streams_written
     reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
@@ -374,10 +432,16 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         gate=gate,
         admit=admission(token) if auth_gate else None,
     )
-    endpoint = serverFromString(reactor, config.listen)
-    listener = StreamServerEndpointService(endpoint, site)
-    _twisted.raise_synchronously(listener)  # a port that cannot be had stops start-up
-    listener.setServiceParent(top)
+    top.listeners = Listeners(reactor, config.listen, site, dual_stack=config.dual_stack == "on")
+    top.listeners.setServiceParent(top)  # listens once recovery is done (startService)
+    if not listen_capabilities and config.dual_stack == "on":
+        log.info("listen: {listen} is not tcp:, listened on as given", listen=config.listen)
+    elif config.dual_stack == "off":
+        log.warn(
+            "listen: SANDBOXD_DUAL_STACK=off: {listen} as given; a sandbox in host network mode"
+            " can take the port in the other address family",
+            listen=config.listen,
+        )
     if config.e2b_listen is not None:
         start_e2b(config, manager, token, reactor, spool_dir).setServiceParent(top)
         api.capabilities = sorted({*api.capabilities, "e2b"})

@@ -9,7 +9,7 @@ from the wire's error-type table), and the bearer-token check is one decorator
 
 import hmac
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from functools import wraps
 from typing import Any, TypeVar, cast
 
@@ -31,10 +31,11 @@ from sandboxd.core.manager import SandboxManager
 from sandboxd.core.processes.process import SIGNALS, ReaderEvent
 from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.core.watch.watch import WatchEvent
-from sandboxd.errors import SandboxdError
+from sandboxd.errors import SandboxdError, TooManyEntries
 from sandboxd.http import parse, wire
 from sandboxd.http.follow import FollowStream
 from sandboxd.http.guard import Admission
+from sandboxd.http.paced import PacedWriter
 from sandboxd.http.parse import query
 from sandboxd.http.site import Spool
 from sandboxd.http.stream import ExecStream
@@ -46,6 +47,9 @@ DOWNLOAD_CHUNK = 1 << 18
 """Bytes a download reads and sends at a time (``FileSender`` reads 16 KiB)."""
 
 log = Logger()
+
+WALK_PART = 1 << 20
+"""Characters of walk entries written at a time (a walk that fits is answered whole)."""
 
 
 def capability(*names: str) -> Callable[[F], F]:
@@ -125,6 +129,7 @@ class SandboxAPI:
         pod_url: str | None = None,
         pod_ip: str | None = None,
         tools: ToolResolver | None = None,
+        extra_capabilities: Iterable[str] = (),
     ) -> None:
         self.manager = manager
         self.token = token
@@ -134,7 +139,9 @@ class SandboxAPI:
         self.pod_ip = pod_ip
         self.on_drain: Callable[[], None] = self._refuse_creates
         """What ``POST /drain`` starts; the daemon's service makes it drain and exit."""
-        self.capabilities = self._collect_capabilities()
+        self.capabilities = sorted({*self._collect_capabilities(), *extra_capabilities})
+        """What ``/healthz`` lists: the routes', the isolation's, and the front's
+        (``extra_capabilities``: how the daemon listens)."""
         self._streams: set[Deferred[None]] = set()
 
     def _refuse_creates(self) -> None:
@@ -474,14 +481,48 @@ class SandboxAPI:
     @app.route("/sandboxes/<rid:rid>/walk", methods=["GET"])
     @authorized
     async def walk(self, request: IRequest, rid: str) -> bytes:
+        """A walk that fits :data:`WALK_PART` is answered whole; a larger one is first counted
+        (``413`` past ``SANDBOXD_WALK_MAX``, before any byte is sent), then written a part at
+        a time as the client takes it, in the same bytes: one part in memory at a time."""
         sandbox = self.manager.get(rid)
         parts = normalise(query(request, "root", "/"), "root")
-        # Encoded in the file thread: a walk of many files must not hold the reactor.
-        body = await self.manager.files(
-            sandbox, lambda ws: wire.walk_body(workspace.walk_map(ws, parts, wire.walk_entries))
-        )
-        request.setHeader(b"content-type", wire.JSON)
-        return body
+        limit = self.manager.config.walk_max
+        walking: list[Iterator[list[str]]] = []
+
+        def first(ws: str) -> tuple[list[str], bool]:
+            walking.append(workspace.walk_batches(ws, parts, wire.walk_entries, limit))
+            return wire.next_walk_part(walking[0], WALK_PART)
+
+        def more(ws: str) -> tuple[list[str], bool]:
+            return wire.next_walk_part(walking[0], WALK_PART)
+
+        try:
+            try:
+                # Encoded in the file thread: a walk of many files must not hold the reactor.
+                entries, done = await self.manager.files(sandbox, first)
+            except OSError:
+                entries, done = [], True  # as a walk answers an error: nothing
+            request.setHeader(b"content-type", wire.JSON)
+            if done:
+                return wire.walk_body(entries)
+            await self.manager.files(sandbox, lambda ws: workspace.count_files(ws, parts, limit))
+            writer = PacedWriter(request)
+            try:
+                await writer.write(wire.WALK_HEAD + wire.walk_part(entries, True))
+                while not done and not writer.stopped:
+                    entries, done = await self.manager.files(sandbox, more)
+                    await writer.write(wire.walk_part(entries, False))
+                await writer.write(wire.WALK_TAIL)
+            except (OSError, TooManyEntries) as e:
+                # The status is sent: end the answer unfinished, so no client takes it whole.
+                log.warn("walk of {rid} cut short: {error}", rid=rid, error=e)
+                request.loseConnection()  # type: ignore[attr-defined]
+            finally:
+                writer.close()
+            return b""
+        finally:
+            for batches in walking:
+                batches.close()  # type: ignore[attr-defined]
 
     @app.route("/sandboxes/<rid:rid>/mkdir", methods=["POST"])
     @authorized

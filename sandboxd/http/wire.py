@@ -29,6 +29,7 @@ from sandboxd.errors import (
     SandboxdError,
     SandboxNotFound,
     TooMany,
+    TooManyEntries,
 )
 
 JSON = b"application/json"
@@ -54,6 +55,7 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     ProcessNotFound: (404, "ProcessNotFound"),
     ProcessConflict: (409, "Conflict"),
     TooLarge: (413, "TooLarge"),
+    TooManyEntries: (413, "TooLarge"),
     TooMany: (429, "TooMany"),
     ArchiveFailed: (500, "ArchiveError"),
     Draining: (503, "Draining"),
@@ -229,6 +231,30 @@ def walk_body(entries: list[str]) -> bytes:
     """The JSON body of ``GET walk``, ``{"entries": [{path, size, version}...]}``: the very
     bytes ``json.dumps`` gives, made without an object or a dict per entry."""
     return ('{"entries": [' + ", ".join(entries) + "]}").encode("ascii")
+
+
+WALK_HEAD, WALK_TAIL = b'{"entries": [', b"]}"
+"""The walk body around its entries, for a walk written a part at a time."""
+
+
+def walk_part(entries: list[str], first: bool) -> bytes:
+    """Entries of a walk body written a part at a time: the parts joined are the very bytes of
+    :func:`walk_body` (``WALK_HEAD``, the parts, ``WALK_TAIL``)."""
+    joined = ", ".join(entries).encode("ascii")
+    return joined if first or not entries else b", " + joined
+
+
+def next_walk_part(batches: Iterator[list[str]], budget: int) -> tuple[list[str], bool]:
+    """Entries from ``batches`` (a walk's, one directory each) until they pass ``budget``
+    characters; and whether the walk is done."""
+    part: list[str] = []
+    size = 0
+    for batch in batches:
+        part += batch
+        size += sum(map(len, batch))
+        if size >= budget:
+            return part, False
+    return part, True
 
 
 # Background processes (SPEC §2.1)

@@ -8,12 +8,16 @@ one in-memory flush.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 
 import pytest
 import pytest_twisted
+from twisted.web.client import ResponseFailed
 
+from sandboxd.core.files import workspace as workspace_module
+from sandboxd.http import api as api_module
 from tests.http.http_harness import Harness
 
 
@@ -344,3 +348,50 @@ def test_path_query_must_be_present_and_utf8(
 def test_walk_root_defaults_to_the_workspace(harness: Harness, rid: str) -> None:
     put(harness, rid, "x", b"1")
     assert set(walk(harness, rid)) == set(walk(harness, rid, "/")) == {"/x"}
+
+
+def test_a_walk_past_walk_max_answers_413_naming_it(
+    settings: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    settings["walk-max"] = "3"
+    harness: Harness = request.getfixturevalue("harness")
+    rid = harness.call("POST", "/sandboxes", json_body={}).json()["remote_id"]
+    for name in ("a", "b", "c"):
+        put(harness, rid, name, b"x")
+    assert set(walk(harness, rid)) == {"/a", "/b", "/c"}
+    put(harness, rid, "d/e", b"x")
+    reply = harness.call("GET", f"/sandboxes/{rid}/walk?root=/")
+    assert reply.status == 413
+    assert reply.json()["error"] == "TooLarge"
+    assert "more than 3 files (SANDBOXD_WALK_MAX)" in reply.json()["detail"]
+    assert set(walk(harness, rid, "/d")) == {"/d/e"}  # a narrower root still answers
+
+
+def test_a_walk_written_a_part_at_a_time_is_the_same_bytes(
+    harness: Harness, rid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b/c", "b/d", 'q"uote', "e/f/g"):
+        put(harness, rid, name, b"x")
+    whole = harness.call("GET", f"/sandboxes/{rid}/walk").body
+    monkeypatch.setattr(api_module, "WALK_PART", 1)  # every directory its own part
+    streamed = harness.call("GET", f"/sandboxes/{rid}/walk")
+    assert streamed.status == 200
+    assert streamed.body == whole
+    assert streamed.length is None  # chunked: written as it was made
+    assert len(json.loads(whole)["entries"]) == 5
+
+
+def test_a_walk_past_the_limit_while_written_is_cut_short(
+    settings: dict[str, str], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings["walk-max"] = "2"
+    harness: Harness = request.getfixturevalue("harness")
+    rid = harness.call("POST", "/sandboxes", json_body={}).json()["remote_id"]
+    for name in ("a/1", "b/2", "c/3"):
+        put(harness, rid, name, b"x")
+    monkeypatch.setattr(api_module, "WALK_PART", 1)
+    # The tree grew between the count and the walk: the answer is cut, never taken whole.
+    monkeypatch.setattr(workspace_module, "count_files", lambda ws, parts, limit: 0)
+    with pytest.raises(ResponseFailed) as caught:
+        harness.call("GET", f"/sandboxes/{rid}/walk")
+    assert "still expecting more data" in str(caught.value.reasons[-1].value)  # never ended

@@ -35,7 +35,9 @@ def test_a_second_daemon_on_the_same_root_is_refused(tmp_path: Path) -> None:
         stop_daemon(first)
 
 
-def test_a_port_already_taken_stops_start_up_before_recovery(tmp_path: Path) -> None:
+def test_a_port_taken_by_a_live_process_stops_start_up_after_recovery(tmp_path: Path) -> None:
+    """Recovery first (a predecessor's sandbox may be what holds the port), then the listen:
+    a port another process listens on stops start-up with status 1, naming the address."""
     (tmp_path / "a").mkdir()
     first = start_daemon(tmp_path / "a", "--isolation=none")
     try:
@@ -44,11 +46,27 @@ def test_a_port_already_taken_stops_start_up_before_recovery(tmp_path: Path) -> 
             f"--root={tmp_path / 'b'}",
             f"--listen=tcp:{first.port}:interface=127.0.0.1",
         )
-        assert result.returncode != 0
-        assert "Address already in use" in result.stdout + result.stderr
-        assert "recovery done" not in result.stdout
+        assert result.returncode == 1
+        assert (
+            f"start-up failed at listen: 127.0.0.1:{first.port}: Address already in use"
+            in result.stdout + result.stderr
+        )
+        log = result.stdout
+        assert log.index("recovery done") < log.index("start-up failed at listen")
+        assert "listening on" not in log and "destroyed" not in log
     finally:
         stop_daemon(first)
+
+
+def test_beyond_loopback_without_a_token_needs_insecure(tmp_path: Path) -> None:
+    port = free_port()
+    result = run_daemon("--isolation=none", f"--root={tmp_path}", f"--listen=tcp:{port}")
+    assert result.returncode != 0
+    assert (
+        f"start-up failed at listen: SANDBOXD_LISTEN=tcp:{port} reaches beyond loopback and no "
+        "SANDBOXD_TOKEN_FILE is set" in result.stdout + result.stderr
+    )
+    assert "--insecure" in result.stderr
 
 
 def test_a_bad_value_names_its_variable(tmp_path: Path) -> None:

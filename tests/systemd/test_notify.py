@@ -124,8 +124,11 @@ def test_no_ready_when_the_port_is_taken(
             if second.poll() is None:
                 second.kill()
                 second.wait(30)
-        # ...and never said READY=1 (nor anything else).
+        # ...and never said READY=1: only the status, naming the failure.
         sock.setblocking(False)
+        status = sock.recv(4096).decode()
+        assert status.startswith("STATUS=start-up failed at listen: 127.0.0.1:"), status
+        assert "READY=1" not in status
         with pytest.raises(BlockingIOError):
             sock.recv(4096)
     finally:

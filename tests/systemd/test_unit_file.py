@@ -110,3 +110,40 @@ def test_systemd_accepts_the_unit(tmp_path: Path) -> None:
         line for line in (result.stdout + result.stderr).splitlines() if "sandboxd.service" in line
     ]
     assert result.returncode == 0 and not complaints, result.stdout + result.stderr
+
+
+SOCKET = REPO / "packaging" / "systemd" / "sandboxd.socket"
+
+
+def test_the_socket_unit_holds_the_port_on_both_families() -> None:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(SOCKET.read_text())
+    socket = parser["Socket"]
+    assert (socket["ListenStream"], socket["BindIPv6Only"]) == ("8080", "both")
+    assert socket["Service"] == UNIT.name
+    # What the socket's comment tells the operator to set is a setting the daemon takes.
+    listen = "systemd:domain=INET6:index=0"
+    assert f"SANDBOXD_LISTEN={listen}" in SOCKET.read_text()
+    assert Config.load({"SANDBOXD_LISTEN": listen}).listen == listen
+
+
+def test_systemd_accepts_the_socket_unit(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian package systemd)")
+    (tmp_path / "sandboxd.socket").write_text(SOCKET.read_text())
+    (tmp_path / "sandboxd.service").write_text(
+        UNIT.read_text().replace("ExecStart=/opt/sandboxd/bin/twistd", "ExecStart=/bin/true")
+    )
+    result = subprocess.run(
+        [analyze, "verify", "--man=no", str(tmp_path / "sandboxd.socket")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    complaints = [
+        line for line in (result.stdout + result.stderr).splitlines() if "sandboxd.socket" in line
+    ]
+    assert result.returncode == 0 and not complaints, result.stdout + result.stderr

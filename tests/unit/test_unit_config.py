@@ -7,10 +7,20 @@ from typing import Any
 import pytest
 from attrs import fields
 
-from sandboxd.config import Config, ConfigError, env_name, option_name, option_table
+from sandboxd.config import (
+    Config,
+    ConfigError,
+    env_name,
+    flag_table,
+    given_options,
+    option_name,
+    option_table,
+)
 
 SAMPLES: dict[str, tuple[str, Any]] = {
     "SANDBOXD_LISTEN": ("unix:/run/sandboxd.sock", "unix:/run/sandboxd.sock"),
+    "SANDBOXD_DUAL_STACK": ("OFF", "off"),
+    "SANDBOXD_INSECURE": ("Yes", True),
     "SANDBOXD_POD_URL": ("http://10.0.0.5:8080", "http://10.0.0.5:8080"),
     "SANDBOXD_ROOT": ("/srv/sandboxes", "/srv/sandboxes"),
     "SANDBOXD_UID_MIN": ("300000", 300000),
@@ -42,6 +52,8 @@ SAMPLES: dict[str, tuple[str, Any]] = {
 
 BAD: dict[str, str] = {
     "SANDBOXD_LISTEN": "   ",
+    "SANDBOXD_DUAL_STACK": "both",
+    "SANDBOXD_INSECURE": "maybe",
     "SANDBOXD_ROOT": "",
     "SANDBOXD_UID_MIN": "lots",
     "SANDBOXD_UID_MAX": "-5",
@@ -81,7 +93,8 @@ def attribute_of(env: str) -> str:
 
 def test_defaults_load() -> None:
     config = Config.load({})
-    assert config.listen == "tcp:8080"
+    assert config.listen == "tcp:8080:interface=127.0.0.1"  # no token: loopback only
+    assert (config.dual_stack, config.insecure) == ("on", False)
     assert config.pod_url is None
     assert config.uid_min == 200000
     assert config.memory_max == 512 << 20
@@ -122,6 +135,21 @@ def test_a_bad_value_raises_naming_the_variable(env: str) -> None:
 @pytest.mark.parametrize("env", ["SANDBOXD_POD_URL", "SANDBOXD_CGROUP_ROOT", "SANDBOXD_TOKEN_FILE"])
 def test_optional_text_may_be_empty(env: str) -> None:
     assert getattr(Config.load({env: "  "}), attribute_of(env)) is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "options"),
+    [({"SANDBOXD_TOKEN_FILE": "/etc/sandboxd/token"}, {}), ({}, {"token-file": "/t"})],
+)
+def test_with_a_token_the_default_listens_on_every_address(
+    environ: dict[str, str], options: dict[str, str]
+) -> None:
+    assert Config.load(environ, options).listen == "tcp:8080"
+
+
+@pytest.mark.parametrize("text", ["", "0", "no", "false", "off"])
+def test_insecure_is_off_unless_said(text: str) -> None:
+    assert Config.load({"SANDBOXD_INSECURE": text}).insecure is False
 
 
 def test_option_beats_environment() -> None:
@@ -184,8 +212,8 @@ def test_names() -> None:
 
 def test_option_table_documents_every_setting() -> None:
     rows = option_table()
-    assert [row[0] for row in rows] == [option_name(f.name) for f in fields(Config)]
-    settings: tuple[Any, ...] = fields(Config)
+    settings: tuple[Any, ...] = tuple(f for f in fields(Config) if not f.metadata["flag"])
+    assert [row[0] for row in rows] == [option_name(f.name) for f in settings]
     for row, setting in zip(rows, settings, strict=True):
         _, short, default, help_text = row
         assert (short, default) == (None, None)
@@ -199,3 +227,18 @@ def test_the_connection_cap_is_auto_off_or_a_count() -> None:
     assert Config.load({"SANDBOXD_MAX_CONNECTIONS": "AUTO"}).max_connections is None
     shown = [Config.load({"SANDBOXD_MAX_CONNECTIONS": v}).redacted() for v in ("auto", "off", "9")]
     assert [s["SANDBOXD_MAX_CONNECTIONS"] for s in shown] == ["auto", "off", 9]
+
+
+def test_flags_take_no_value() -> None:
+    assert flag_table() == [
+        [
+            "insecure",
+            None,
+            "Allow listening beyond loopback with no token (anyone reaching the port runs code)"
+            " [env SANDBOXD_INSECURE=yes]",
+        ]
+    ]
+    given = given_options({**{row[0]: None for row in option_table()}, "insecure": 1})
+    assert given["insecure"] == "yes"
+    assert Config.load({}, given).insecure is True
+    assert given_options({**given, "insecure": 0})["insecure"] is None

@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
 import treq
-from twisted.application.internet import StreamServerEndpointService, TimerService
-from twisted.application.service import Application, IServiceCollection, MultiService
-from twisted.internet.defer import fail
-from twisted.logger import ILogObserver
+from twisted.application.internet import TimerService
+from twisted.application.service import Application, IServiceCollection
+from twisted.internet.defer import Deferred, fail
+from twisted.logger import ILogObserver, globalLogPublisher
 
-from sandboxd import notify, tap
+from sandboxd import tap
 from sandboxd.config import ConfigError, option_table
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.listen import Listeners
 from tests.support.fakes import fake_isolation
 
 
@@ -57,9 +60,27 @@ def build(environ: dict[str, str], *argv: str) -> tap.SandboxdService:
     return service
 
 
-def listener(service: tap.SandboxdService) -> StreamServerEndpointService:
-    (found,) = [s for s in service if isinstance(s, StreamServerEndpointService)]
+def listener(service: tap.SandboxdService) -> Listeners:
+    (found,) = [s for s in service if isinstance(s, Listeners)]
+    assert found is service.listeners
     return found
+
+
+async def listening_url(service: tap.SandboxdService) -> str:
+    await service.started
+    port = listener(service).ports[0]
+    return f"http://127.0.0.1:{port.getHost().port}"
+
+
+@pytest.fixture
+def capture() -> Iterator[list[dict[str, Any]]]:
+    """Every log event while the test runs."""
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        yield events
+    finally:
+        globalLogPublisher.removeObserver(events.append)
 
 
 @pytest.fixture
@@ -103,7 +124,7 @@ def test_make_service_builds_the_tree(environ: dict[str, str]) -> None:
     assert service.manager.layout.root == os.path.realpath(environ["SANDBOXD_ROOT"])
     assert os.path.isdir(environ["SANDBOXD_ROOT"])
     kinds = {type(child) for child in service}
-    assert kinds == {TimerService, StreamServerEndpointService}
+    assert kinds == {TimerService, Listeners}
     assert service.log_observer is None
     assert listener(service).factory.spool_dir == service.manager.layout.root
 
@@ -128,8 +149,7 @@ async def test_the_daemon_starts_serves_and_stops(environ: dict[str, str]) -> No
     service = build(environ)
     service.startService()
     try:
-        port = await listener(service)._waitingForPort
-        url = f"http://127.0.0.1:{port.getHost().port}"
+        url = await listening_url(service)
         response = await treq.get(url + "/healthz")
         body = json.loads(await response.content())
         assert body["status"] == "ok"
@@ -150,8 +170,7 @@ async def test_a_configured_token_guards_the_api(environ: dict[str, str], token_
     service = build(environ)
     service.startService()
     try:
-        port = await listener(service)._waitingForPort
-        url = f"http://127.0.0.1:{port.getHost().port}"
+        url = await listening_url(service)
         refused = await treq.get(url + "/sandboxes")
         assert refused.code == 401
         await refused.content()
@@ -164,16 +183,147 @@ async def test_a_configured_token_guards_the_api(environ: dict[str, str], token_
         await service.stopService()
 
 
-def test_a_failed_recovery_is_logged_not_raised(
+@pytest_twisted.ensureDeferred
+async def test_a_failed_recovery_is_logged_and_the_daemon_listens(
     environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service = build(environ)
     monkeypatch.setattr(SandboxManager, "start", lambda self: fail(OSError("recovery broke")))
-    monkeypatch.setattr(notify, "ready_when_listening", lambda service: None)
-    monkeypatch.setattr(MultiService, "startService", lambda self: None)
     service.startService()
-    for pool in service.pools:
-        pool.stop()
+    try:
+        response = await treq.get(await listening_url(service) + "/healthz")
+        assert response.code == 200
+        await response.content()
+    finally:
+        await service.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_listening_waits_for_the_recovery(
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = build(environ)
+    recovery: Deferred[None] = Deferred()
+    monkeypatch.setattr(SandboxManager, "start", lambda self: recovery)
+    service.startService()
+    try:
+        assert listener(service).ports == []  # nothing listens while a squatter may live
+        recovery.callback(None)
+        await service.started
+        assert len(listener(service).ports) == 2  # 127.0.0.1 and ::1
+    finally:
+        await service.stopService()
+
+
+def test_a_port_taken_before_the_reactor_runs_stops_twistd(
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket(socket.AF_INET6) as squatter:
+        squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        squatter.bind(("::1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        environ["SANDBOXD_LISTEN"] = f"tcp:{port}:interface=127.0.0.1"
+        service = build(environ)
+
+        class NotRunning:
+            running = False
+
+        service.reactor = NotRunning()
+        with pytest.raises(
+            SystemExit, match=rf"start-up failed at listen: \[::1\]:{port}: Address"
+        ):
+            service.startService()
+        assert service.exit_status.code == 1
+        service.exit_status.code = 0  # this test process exits as pytest says
+        assert all(not pool.started for pool in service.pools)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_port_taken_after_the_recovery_stops_the_reactor_with_status_1(
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        environ["SANDBOXD_LISTEN"] = f"tcp:{squatter.getsockname()[1]}:interface=127.0.0.1"
+        service = build(environ)
+        recovery: Deferred[None] = Deferred()
+        monkeypatch.setattr(SandboxManager, "start", lambda self: recovery)
+
+        class Running:
+            running = True
+            stopped = 0
+
+            def stop(self) -> None:
+                self.stopped += 1
+
+        service.reactor = reactor = Running()
+        service.startService()
+        recovery.callback(None)
+        await service.started
+        assert (reactor.stopped, service.exit_status.code) == (1, 1)
+        assert service.exit_status.message is not None
+        assert "Address already in use" in service.exit_status.message
+        service.exit_status.code = 0  # this test process exits as pytest says
+        await service.stopService()
+
+
+def test_exit_status_exits_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    status = tap.ExitStatus()
+    status.apply()
+    assert exits == []
+    status.code = 1
+    status.apply()
+    assert exits == [1]
+
+
+def test_beyond_loopback_without_a_token_is_refused(environ: dict[str, str]) -> None:
+    environ["SANDBOXD_LISTEN"] = "tcp:0"
+    message = refused(environ)
+    assert message.startswith("sandboxd: start-up failed at listen: SANDBOXD_LISTEN=tcp:0 reaches")
+    assert "--insecure (SANDBOXD_INSECURE=yes)" in message
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_insecure_listens_beyond_loopback_and_says_so(
+    environ: dict[str, str], how: str, capture: list[dict[str, Any]]
+) -> None:
+    environ["SANDBOXD_LISTEN"] = "tcp:0"
+    if how == "environment":
+        environ["SANDBOXD_INSECURE"] = "yes"
+    service = build(environ, *(["--insecure"] if how == "option" else []))
+    assert service.manager.config.insecure
+    assert any("INSECURE" in str(event.get("log_format")) for event in capture)
+
+
+def test_with_a_token_any_address_is_fine(environ: dict[str, str], token_file: Path) -> None:
+    environ["SANDBOXD_LISTEN"] = "tcp:0"
+    environ["SANDBOXD_TOKEN_FILE"] = str(token_file)
+    assert build(environ).manager.config.listen == "tcp:0"
+
+
+@pytest.mark.parametrize(
+    ("listen", "extra", "said"),
+    [
+        ("unix:{tmp}/api.sock", [], "is not tcp:, listened on as given"),
+        ("tcp:0:interface=127.0.0.1", ["--dual-stack=off"], "SANDBOXD_DUAL_STACK=off"),
+    ],
+)
+def test_how_it_listens_is_said(
+    environ: dict[str, str],
+    tmp_path: Path,
+    capture: list[dict[str, Any]],
+    listen: str,
+    extra: list[str],
+    said: str,
+) -> None:
+    environ["SANDBOXD_LISTEN"] = listen.format(tmp=tmp_path)
+    service = build(environ, *extra)
+    assert "listen.dual-stack" not in service.manager.config.redacted()
+    assert any(said in str(event.get("log_format")) for event in capture)
 
 
 def test_drain_and_exit_stops_the_reactor_once_drained(environ: dict[str, str]) -> None:

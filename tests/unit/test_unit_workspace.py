@@ -23,7 +23,7 @@ import pytest
 
 from sandboxd.core.files import tree as trees
 from sandboxd.core.files import workspace
-from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound
+from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, TooManyEntries
 from sandboxd.http import wire
 from sandboxd.http.site import Spool
 
@@ -897,3 +897,14 @@ def test_a_linked_body_whose_rename_fails_leaves_nothing(
     monkeypatch.undo()
     assert tree(ws) == ["f"]
     assert (ws / "f").read_bytes() == b"old"
+
+
+# Walk bounds: SANDBOXD_WALK_MAX and PATH_MAX
+
+
+def test_a_walk_past_its_limit_raises_naming_it(ws: Path) -> None:
+    for n in range(5):
+        (ws / f"f{n}").write_bytes(b"")
+    assert len(workspace.walk_map(str(ws), (), wire.walk_entries, limit=5)) == 5
+    with pytest.raises(TooManyEntries, match=r"more than 4 files \(SANDBOXD_WALK_MAX\)"):
+        workspace.walk_map(str(ws), (), wire.walk_entries, limit=4)

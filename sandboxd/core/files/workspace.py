@@ -21,7 +21,13 @@ from attrs import frozen
 
 from sandboxd.core.files.paths import Parts, display
 from sandboxd.core.files.tree import UPLOAD_PREFIX, DirFiles, opened_dir, remove_dir, scan_dirs
-from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, SandboxdError
+from sandboxd.errors import (
+    BadRequest,
+    InsufficientStorage,
+    PathNotFound,
+    SandboxdError,
+    TooManyEntries,
+)
 
 T = TypeVar("T")
 
@@ -257,19 +263,59 @@ def walk_map(
     workspace: str,
     parts: Parts,
     each_dir: Callable[[str, list[tuple[str, os.stat_result]]], list[T]],
+    limit: int | None = None,
 ) -> list[T]:
     """``each_dir(path, [(name, stat)...])`` for each directory holding regular files under
     the path (``path`` ``/``-rooted, ``""`` for the workspace root), one directory at a time,
     its results joined: nothing when the path is missing, or on any error (a walk can list
     hundreds of thousands of files: no object per entry is kept, only what ``each_dir`` gives).
+
+    Bounded as :func:`walk_batches` is.
     """
     results: list[T] = []
     try:
-        for path, found in _walk_dirs(workspace, parts):
-            results += each_dir(path, found)
+        for batch in walk_batches(workspace, parts, each_dir, limit):
+            results += batch
     except OSError:
         return []
     return results
+
+
+def walk_batches(
+    workspace: str,
+    parts: Parts,
+    each_dir: Callable[[str, list[tuple[str, os.stat_result]]], list[T]],
+    limit: int | None = None,
+) -> Iterator[list[T]]:
+    """``each_dir``'s results, one directory at a time, as the walk goes (``OSError`` as
+    :func:`_walk_dirs` raises it). The generator may be resumed from any file thread.
+
+    Paths of any length are listed (a tree deeper than ``PATH_MAX`` too: the walk goes one
+    directory at a time). More than ``limit`` files raise
+    :class:`~sandboxd.errors.TooManyEntries` naming the limit, as soon as the walk finds one
+    more.
+    """
+    count = 0
+    for path, found in _walk_dirs(workspace, parts):
+        count += len(found)
+        if limit is not None and count > limit:
+            raise TooManyEntries(
+                f"the walk lists more than {limit} files (SANDBOXD_WALK_MAX): walk a narrower root"
+            )
+        yield each_dir(path, found)
+
+
+def count_files(workspace: str, parts: Parts, limit: int | None) -> int:
+    """How many files a walk of the path lists (``TooManyEntries`` past ``limit``; 0 on an
+    error, as a walk answers nothing then)."""
+    try:
+        return sum(len(b) for b in walk_batches(workspace, parts, _names, limit))
+    except OSError:
+        return 0
+
+
+def _names(path: str, found: list[tuple[str, os.stat_result]]) -> list[str]:
+    return [name for name, _ in found]
 
 
 def disk_usage(workspace: str) -> int:
