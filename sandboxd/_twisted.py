@@ -39,12 +39,6 @@ def set_socket_sizes(transport: Any, read: int, send: int) -> None:
     transport.SEND_LIMIT = send
 
 
-def raise_synchronously(service: StreamServerEndpointService) -> None:
-    """Make a listen that fails raise from ``startService`` (stopping start-up), as
-    ``strports`` services do (``StreamServerEndpointService._raiseSynchronously``)."""
-    service._raiseSynchronously = True
-
-
 def waiting_for_port(service: StreamServerEndpointService) -> "Deferred[Any] | None":
     """The Deferred of the service's listen, once started (``_waitingForPort``)."""
     waiting: Deferred[Any] | None = getattr(service, "_waitingForPort", None)

@@ -14,16 +14,15 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import attrs
-from twisted.application.internet import StreamServerEndpointService, TimerService
+from twisted.application.internet import TimerService
 from twisted.application.service import IService, MultiService
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
-from twisted.internet.endpoints import serverFromString
 from twisted.logger import ILogObserver, Logger, jsonFileLogObserver
 from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 import sandboxd
-from sandboxd import _twisted, notify
+from sandboxd import notify
 from sandboxd.config import Config, ConfigError, flag_table, given_options, option_table
 from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
 from sandboxd.core.layout import Layout, RootInUse
@@ -104,6 +103,8 @@ class SandboxdService(MultiService):
         self.streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None)
         """Fires once the open exec streams have written their last frames (the front's)."""
         self.listeners: Listeners | None = None
+        self.more_listeners: list[Listeners] = []
+        """Other fronts' listeners (the E2B front's): listened on after :attr:`listeners`."""
         self.exit_status = ExitStatus()
         self.started: Deferred[None] = Deferred()
         """Fires once listening (or start-up failed after the reactor started)."""
@@ -133,6 +134,9 @@ class SandboxdService(MultiService):
             return
         try:
             addresses = await self.listeners.listen()
+            for more in self.more_listeners:
+                extra = await more.listen()
+                log.info("also listening on {addresses}", addresses=" ".join(extra))
         except CannotListen as e:
             message = f"start-up failed at listen: {e}"
             log.critical(message)
@@ -299,19 +303,23 @@ def start_disk(config: Config, layout: Layout) -> Layout:
 
 
 def start_e2b(
-    config: Config, manager: SandboxManager, token: bytes | None, reactor: Any, spool: str | None
-) -> IService:
-    """The E2B-compatible front's listener (``SANDBOXD_E2B_LISTEN``): the same manager, a
-    site of its own; a port that cannot be had stops start-up."""
+    config: Config,
+    manager: SandboxManager,
+    token: bytes | None,
+    reactor: Any,
+    spool: str | None,
+    gate: ConnectionGate,
+) -> Listeners:
+    """The E2B-compatible front's listeners (``SANDBOXD_E2B_LISTEN``): the same manager, a
+    site of its own under the same connection gate (one cap, the same timeouts), listened on
+    like the native API's (both address families, after recovery)."""
     assert config.e2b_listen is not None
     front = make_front(manager, token)
-    site = make_site(front.app.resource(), config.max_body, spool_dir=spool)
-    listener = StreamServerEndpointService(serverFromString(reactor, config.e2b_listen), site)
-    _twisted.raise_synchronously(listener)
+    site = make_site(front.app.resource(), config.max_body, spool_dir=spool, gate=gate)
     if token is None:
         log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")
-    log.info("e2b: the E2B-compatible front listens on {listen}", listen=config.e2b_listen)
-    return listener
+    log.info("e2b: the E2B-compatible front will listen on {listen}", listen=config.e2b_listen)
+    return Listeners(reactor, config.e2b_listen, site, dual_stack=config.dual_stack == "on")
 
 
 def makeService(options: Options, reactor: Any = None, environ: Any = None) -> IService:
@@ -443,7 +451,9 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
             listen=config.listen,
         )
     if config.e2b_listen is not None:
-        start_e2b(config, manager, token, reactor, spool_dir).setServiceParent(top)
+        e2b_listeners = start_e2b(config, manager, token, reactor, spool_dir, gate)
+        e2b_listeners.setServiceParent(top)  # listens after the native API's (startService)
+        top.more_listeners.append(e2b_listeners)
         api.capabilities = sorted({*api.capabilities, "e2b"})
     log.info("configuration: {settings}", settings=config.friendly())
     top.listen = config.listen

@@ -58,9 +58,6 @@ def test_the_endpoint_service_attributes() -> None:
     service = StreamServerEndpointService(
         TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), Factory.forProtocol(Protocol)
     )
-    assert service._raiseSynchronously is False
-    _twisted.raise_synchronously(service)
-    assert service._raiseSynchronously is True
     assert _twisted.waiting_for_port(service) is None  # not started: no listen yet
     service.privilegedStartService()
     try:

@@ -1,0 +1,82 @@
+"""The E2B front's listener holds like the native API's (SPEC §4 "Self-defence"): it is
+claimed in both address families (a sandbox in host network mode cannot take the other one),
+only once the predecessor's sandboxes are reclaimed, and its connections are under the same
+gate (a header trickle is cut). Each protection is also turned off by name, and the attack
+then works."""
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2b.conftest import E2BDaemon, _start, _stop
+
+QUERY = b"GET /v2/sandboxes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+
+
+def answered(host: str, port: int) -> bool:
+    """Whether an HTTP server answers on ``host``:``port``."""
+    try:
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(QUERY)
+            return s.recv(64).startswith(b"HTTP/1.1 ")
+    except OSError:
+        return False
+
+
+def port_of(front: E2BDaemon) -> int:
+    return int(front.url.rsplit(":", 1)[1])
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this host has no IPv6 loopback")
+@pytest.mark.parametrize("dual_stack", ["on", "off"])
+def test_the_front_claims_both_loopbacks(tmp_path: Path, dual_stack: str) -> None:
+    front = _start(tmp_path, "--isolation=none", f"--dual-stack={dual_stack}")
+    try:
+        port = port_of(front)
+        assert answered("127.0.0.1", port)
+        if dual_stack == "on":
+            assert answered("::1", port)
+            with socket.socket(socket.AF_INET6) as squatter, pytest.raises(OSError):
+                squatter.bind(("::1", port))
+        else:  # as before: the other family's port is anybody's
+            assert not answered("::1", port)
+            with socket.socket(socket.AF_INET6) as squatter:
+                squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                squatter.bind(("::1", port))
+        log = front.daemon.log.read_text()
+        assert log.index("recovery done") < log.index("also listening on")
+    finally:
+        _stop(front)
+
+
+@pytest.mark.parametrize("timeout", ["2s", "off"])
+def test_a_header_trickle_on_the_front_is_cut(tmp_path: Path, timeout: str) -> None:
+    front = _start(tmp_path, "--isolation=none", f"--header-timeout={timeout}")
+    try:
+        s = socket.create_connection(("127.0.0.1", port_of(front)), timeout=30)
+        s.sendall(b"GET /v2/sandboxes HTTP/1.1\r\n")
+        cut = False
+        for _ in range(12 if timeout == "off" else 60):  # 6 s, 30 s: 3 and 15 times the timeout
+            time.sleep(0.5)
+            try:
+                s.sendall(b"x")
+            except OSError:
+                cut = True
+                break
+        s.close()
+        assert cut is (timeout != "off")
+        if cut:
+            assert "header timeout: closed a connection" in front.daemon.log.read_text()
+    finally:
+        _stop(front)
