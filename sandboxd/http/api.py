@@ -240,7 +240,7 @@ class SandboxAPI:
         """This replica's directly addressable URL: configured, else ``POD_IP`` and our port.
 
         Without either, the address and port the request arrived at (this host as the caller
-        reached it).
+        reached it), ``https`` when it came over TLS.
         """
         if self.pod_url is not None:
             return self.pod_url.rstrip("/")
@@ -248,7 +248,8 @@ class SandboxAPI:
         host = str(self.pod_ip or getattr(local, "host", "127.0.0.1"))
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{getattr(local, 'port', 80)}"
+        scheme = "https" if request.isSecure() else "http"
+        return f"{scheme}://{host}:{getattr(local, 'port', 80)}"
 
     @app.route("/sandboxes", methods=["GET"])
     @authorized
