@@ -28,6 +28,8 @@ from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archi
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import build_tools
+from sandboxd.e2b import wire as e2b_wire
+from sandboxd.e2b.admit import admission as e2b_admission
 from sandboxd.e2b.api import make_front
 from sandboxd.http import guard
 from sandboxd.http.api import SandboxAPI, admission
@@ -309,13 +311,22 @@ def start_e2b(
     reactor: Any,
     spool: str | None,
     gate: ConnectionGate,
+    auth_gate: bool,
 ) -> Listeners:
     """The E2B-compatible front's listeners (``SANDBOXD_E2B_LISTEN``): the same manager, a
-    site of its own under the same connection gate (one cap, the same timeouts), listened on
-    like the native API's (both address families, after recovery)."""
+    site of its own under the same connection gate (one cap, the same timeouts, keys judged
+    at the headers unless ``SANDBOXD_AUTH_GATE=off``), listened on like the native API's
+    (both address families, after recovery)."""
     assert config.e2b_listen is not None
     front = make_front(manager, token)
-    site = make_site(front.app.resource(), config.max_body, spool_dir=spool, gate=gate)
+    site = make_site(
+        front.app.resource(),
+        config.max_body,
+        spool_dir=spool,
+        gate=gate,
+        admit=e2b_admission(token, front.registry) if auth_gate else None,
+        refusal=e2b_wire.refused_answer,
+    )
     if token is None:
         log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")
     log.info("e2b: the E2B-compatible front will listen on {listen}", listen=config.e2b_listen)
@@ -451,7 +462,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
             listen=config.listen,
         )
     if config.e2b_listen is not None:
-        e2b_listeners = start_e2b(config, manager, token, reactor, spool_dir, gate)
+        e2b_listeners = start_e2b(config, manager, token, reactor, spool_dir, gate, auth_gate)
         e2b_listeners.setServiceParent(top)  # listens after the native API's (startService)
         top.more_listeners.append(e2b_listeners)
         api.capabilities = sorted({*api.capabilities, "e2b"})

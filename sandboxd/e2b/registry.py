@@ -81,6 +81,15 @@ class Registry:
         self.manager.get(sandbox_id)  # its last activity is now
         return entry
 
+    def holds(self, sandbox_id: str, token: str) -> bool | None:
+        """Whether ``token`` is the access token of the sandbox ``sandbox_id`` (compared in
+        constant time); ``None`` when no such sandbox is known. Nothing is touched: no
+        activity, no forgetting."""
+        entry = self._sandboxes.get(sandbox_id)
+        if entry is None:
+            return None
+        return hmac.compare_digest(entry.token.encode(), token.encode())
+
     def authorised(self, sandbox_id: str, token: str) -> E2BSandbox:
         """The sandbox whose access token is ``token``; ``PermissionError`` for another
         token (compared in constant time)."""

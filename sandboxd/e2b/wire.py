@@ -137,6 +137,21 @@ def rest_error_body(status: int, message: str) -> bytes:
     return body({"code": status, "message": message})
 
 
+def refused_answer(path: bytes) -> bytes:
+    """A whole ``401`` answer, status line to body, that closes the connection: sent by the
+    channel as soon as a request's headers lack the key or the access token (a Connect error
+    on the RPC routes, the REST error body elsewhere)."""
+    if path.startswith((b"/process.Process/", b"/filesystem.Filesystem/")):
+        message = "the access token is not this sandbox's"
+        payload = body({"code": "unauthenticated", "message": message})
+    else:
+        payload = rest_error_body(401, "Invalid API key or access token")
+    return (
+        b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(payload), payload)
+    )
+
+
 # Envelopes
 
 

@@ -34,7 +34,7 @@ from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.errors import SandboxdError, TooManyEntries
 from sandboxd.http import parse, wire
 from sandboxd.http.follow import FollowStream
-from sandboxd.http.guard import Admission
+from sandboxd.http.guard import Admission, Admit
 from sandboxd.http.paced import PacedWriter
 from sandboxd.http.parse import query
 from sandboxd.http.site import Spool
@@ -81,12 +81,12 @@ OPEN_PATHS = frozenset({b"/healthz", b"/readyz"})
 """The paths served without the token (every other route is :func:`authorized`)."""
 
 
-def admission(token: bytes | None) -> Callable[[bytes, bytes | None], Admission]:
+def admission(token: bytes | None) -> Admit:
     """How the channel judges a request from its path and ``authorization`` header alone, as
     soon as its headers are in (the same rule as :func:`authorized`, before any body)."""
     expected = None if token is None else b"Bearer " + token
 
-    def admit(path: bytes, authorization: bytes | None) -> Admission:
+    def admit(path: bytes, authorization: bytes | None, headers: object = None) -> Admission:
         if expected is None:
             return Admission.TRUSTED
         if hmac.compare_digest(authorization or b"", expected):

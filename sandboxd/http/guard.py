@@ -14,12 +14,14 @@ The HTTP channel (:class:`sandboxd.http.site.Channel`) reports each connection's
 """
 
 from collections import OrderedDict
+from collections.abc import Callable
 from enum import Enum
 from typing import Protocol
 
 from attrs import frozen
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
+from twisted.web.http_headers import Headers
 
 log = Logger()
 
@@ -33,6 +35,11 @@ class Admission(Enum):
     """A route served without the token (``/healthz``, ``/readyz``): served."""
     REFUSED = "refused"
     """``401`` at once; the body is never read."""
+
+
+Admit = Callable[[bytes, bytes | None, Headers], Admission]
+"""A front's rule: a request's path, ``authorization`` header and all its headers → what it
+earns (judged as soon as the headers are in)."""
 
 
 class Connection(Protocol):

@@ -29,7 +29,7 @@ from zope.interface import implementer
 
 from sandboxd import _twisted
 from sandboxd.http import wire
-from sandboxd.http.guard import Admission, ConnectionGate
+from sandboxd.http.guard import Admission, Admit, ConnectionGate
 
 
 class _Discard:
@@ -162,6 +162,7 @@ class Channel(_twisted.BadRequestChannel):
     site: Any = None
     _deadline: IDelayedCall | None = None
     _refused = False
+    _refused_path = b""
     _dropped = 0
 
     @property
@@ -224,7 +225,8 @@ class Channel(_twisted.BadRequestChannel):
         request = self.requests[-1]
         _, path = _twisted.request_line(self)
         authorization = request.requestHeaders.getRawHeaders(b"authorization", [None])[0]
-        verdict = admit(path, authorization)
+        verdict = admit(path, authorization, request.requestHeaders)
+        self._refused_path = path
         if verdict is Admission.TRUSTED:
             gate.trust(self)
         if verdict is not Admission.REFUSED:
@@ -252,7 +254,9 @@ class Channel(_twisted.BadRequestChannel):
     def _answer_unauthorized(self) -> None:
         self._deadline = None
         transport: Any = self.transport
-        transport.write(wire.unauthorized_answer())
+        refusal = getattr(self.site, "refusal", None)
+        answer = wire.unauthorized_answer() if refusal is None else refusal(self._refused_path)
+        transport.write(answer)
         transport.loseWriteConnection()
         transport.resumeProducing()
         gate = self.gate
@@ -349,13 +353,15 @@ def make_site(
     spool_dir: str | None = None,
     *,
     gate: ConnectionGate | None = None,
-    admit: Callable[[bytes, bytes | None], Admission] | None = None,
+    admit: Admit | None = None,
+    refusal: Callable[[bytes], bytes] | None = None,
 ) -> Site:
     """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
     ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors.
 
     With a ``gate`` and an ``admit`` rule, its connections defend the daemon (see
     :class:`Channel`); the gate's idle timeout also bounds the silence within a request body.
+    ``refusal`` makes the whole ``401`` answer of a refused path (default: the native API's).
     """
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
@@ -367,6 +373,7 @@ def make_site(
     site.spool_dir = spool_dir
     site.gate = gate  # type: ignore[attr-defined]
     site.admit = admit  # type: ignore[attr-defined]
+    site.refusal = refusal  # type: ignore[attr-defined]
     if gate is not None:
         site.timeOut = gate.limits.idle_timeout
     site.protocol = Channel  # type: ignore[assignment]

@@ -1,9 +1,13 @@
 """The E2B front's listener holds like the native API's (SPEC §4 "Self-defence"): it is
 claimed in both address families (a sandbox in host network mode cannot take the other one),
 only once the predecessor's sandboxes are reclaimed, and its connections are under the same
-gate (a header trickle is cut). Each protection is also turned off by name, and the attack
+gate (a header trickle is cut, a body without the key is refused at its headers and never
+stored). Each protection is also turned off by name, and the attack
 then works."""
 
+import contextlib
+import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2b.conftest import E2BDaemon, _start, _stop
+from tests.security.test_self_defence import ATTACK_BYTES, MIB, STORED_BOUND, tmpfs, used_bytes
 
 QUERY = b"GET /v2/sandboxes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
 
@@ -80,3 +85,35 @@ def test_a_header_trickle_on_the_front_is_cut(tmp_path: Path, timeout: str) -> N
             assert "header timeout: closed a connection" in front.daemon.log.read_text()
     finally:
         _stop(front)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs as the state root")
+@pytest.mark.parametrize("gate", ["headers", "off"])
+def test_a_keyless_body_on_the_front_is_never_stored(tmp_path: Path, gate: str) -> None:
+    with tmpfs(tmp_path / "root") as root:
+        front = _start(tmp_path, "--isolation=none", f"--auth-gate={gate}")
+        try:
+            before = used_bytes(root)
+            attack = socket.create_connection(("127.0.0.1", port_of(front)), timeout=20)
+            attack.sendall(
+                b"POST /v2/sandboxes HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
+            chunk = b"%x\r\n%s\r\n" % (MIB, b"x" * MIB)
+            sent = 0
+            with contextlib.suppress(OSError):  # a refused body: the daemon stops reading it
+                while sent < ATTACK_BYTES:
+                    attack.sendall(chunk)
+                    sent += MIB
+            stored = used_bytes(root) - before  # the body is unfinished: what was stored stays
+            answer = b""
+            with contextlib.suppress(OSError):
+                answer = attack.recv(65536)
+            attack.close()
+            if gate == "off":
+                assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
+                return
+            assert answer.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), answer
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["code"] == 401
+            assert stored < STORED_BOUND and sent < ATTACK_BYTES, (stored, sent)
+        finally:
+            _stop(front)

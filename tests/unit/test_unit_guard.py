@@ -5,6 +5,7 @@ from typing import cast
 import pytest
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
+from twisted.web.http_headers import Headers
 
 from sandboxd.http import guard
 from sandboxd.http.api import admission
@@ -118,12 +119,12 @@ def test_capabilities_name_the_protections_in_force() -> None:
 
 def test_admission_judges_path_and_token() -> None:
     admit = admission(b"t")
-    assert admit(b"/sandboxes", b"Bearer t") is Admission.TRUSTED
-    assert admit(b"/sandboxes", b"Bearer x") is Admission.REFUSED
-    assert admit(b"/sandboxes", None) is Admission.REFUSED
-    assert admit(b"/healthz?x=1", None) is Admission.OPEN
-    assert admit(b"/readyz", b"Bearer x") is Admission.OPEN
-    assert admission(None)(b"/sandboxes", None) is Admission.TRUSTED
+    assert admit(b"/sandboxes", b"Bearer t", Headers()) is Admission.TRUSTED
+    assert admit(b"/sandboxes", b"Bearer x", Headers()) is Admission.REFUSED
+    assert admit(b"/sandboxes", None, Headers()) is Admission.REFUSED
+    assert admit(b"/healthz?x=1", None, Headers()) is Admission.OPEN
+    assert admit(b"/readyz", b"Bearer x", Headers()) is Admission.OPEN
+    assert admission(None)(b"/sandboxes", None, Headers()) is Admission.TRUSTED
 
 
 def test_an_untrusted_connection_between_requests_is_evictable_again() -> None:

@@ -1,0 +1,44 @@
+"""The E2B front's rule at the headers (SPEC §4 "Self-defence"): what a request's headers earn
+it before one byte of its body is read.
+
+The control plane and every route that is not envd's need ``X-API-Key`` = the daemon's token
+(any key when it has none). envd's routes need the access token of the sandbox that
+``E2b-Sandbox-Id`` names; a sandbox this front does not know is let through, so that the
+front answers what the SDK expects of a sandbox that is gone (the body is then bounded by
+``SANDBOXD_MAX_BODY`` like any other). Keys are compared in constant time.
+"""
+
+import hmac
+
+from twisted.web.http_headers import Headers
+
+from sandboxd.e2b.registry import Registry
+from sandboxd.http.guard import Admission, Admit
+
+ENVD_ROUTES = (b"/health", b"/files", b"/process.Process/", b"/filesystem.Filesystem/")
+"""The paths envd serves (the rest is the control plane, or unsupported)."""
+
+
+def _header(headers: Headers, name: bytes) -> bytes | None:
+    values = headers.getRawHeaders(name)
+    return values[0] if values else None
+
+
+def admission(token: bytes | None, registry: Registry) -> Admit:
+    """The rule of a front whose API key is ``token`` and whose sandboxes ``registry`` holds."""
+
+    def admit(path: bytes, authorization: bytes | None, headers: Headers) -> Admission:
+        route = path.split(b"?", 1)[0]
+        if not route.startswith(ENVD_ROUTES):
+            key = _header(headers, b"x-api-key")
+            if token is None or (key is not None and hmac.compare_digest(key, token)):
+                return Admission.TRUSTED
+            return Admission.REFUSED
+        sandbox_id = (_header(headers, b"e2b-sandbox-id") or b"").decode("utf-8", "replace")
+        access = (_header(headers, b"x-access-token") or b"").decode("utf-8", "replace")
+        held = registry.holds(sandbox_id, access)
+        if held is None:
+            return Admission.OPEN
+        return Admission.TRUSTED if held else Admission.REFUSED
+
+    return admit
