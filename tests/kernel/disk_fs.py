@@ -19,7 +19,9 @@ from tests.support.daemon import SHARED_ROOTS, Daemon
 
 MKFS = {
     "btrfs": ["mkfs.btrfs", "-q", "-f"],
-    "ext4": ["mkfs.ext4", "-q", "-F", "-O", "quota,project"],
+    # -m 0: no blocks reserved for root, or the daemon's own writes (uploads, as root) would
+    # find room in them after a sandbox filled the rest.
+    "ext4": ["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "quota,project"],
     "xfs": ["mkfs.xfs", "-q", "-f"],
 }
 MOUNT_OPTIONS = {"btrfs": [], "ext4": ["-o", "prjquota"], "xfs": ["-o", "pquota"]}
