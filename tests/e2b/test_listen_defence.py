@@ -9,12 +9,12 @@ import contextlib
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2b.conftest import E2BDaemon, _start, _stop
+from tests.security.live_daemon import trickle_headers
 from tests.security.test_self_defence import ATTACK_BYTES, MIB, STORED_BOUND, tmpfs, used_bytes
 
 QUERY = b"GET /v2/sandboxes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
@@ -69,16 +69,7 @@ def test_the_front_claims_both_loopbacks(tmp_path: Path, dual_stack: str) -> Non
 def test_a_header_trickle_on_the_front_is_cut(tmp_path: Path, timeout: str) -> None:
     front = _start(tmp_path, "--isolation=none", f"--header-timeout={timeout}")
     try:
-        s = socket.create_connection(("127.0.0.1", port_of(front)), timeout=30)
-        s.sendall(b"GET /v2/sandboxes HTTP/1.1\r\n")
-        cut = False
-        for _ in range(12 if timeout == "off" else 60):  # 6 s, 30 s: 3 and 15 times the timeout
-            time.sleep(0.5)
-            try:
-                s.sendall(b"x")
-            except OSError:
-                cut = True
-                break
+        s, cut = trickle_headers(port_of(front), b"GET /v2/sandboxes HTTP/1.1", timeout == "off")
         s.close()
         assert cut is (timeout != "off")
         if cut:

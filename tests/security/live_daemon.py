@@ -14,6 +14,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from http.client import HTTPConnection, HTTPResponse
 from pathlib import Path
@@ -259,3 +260,17 @@ def own_address() -> str:
     if not address or address.startswith("127."):
         pytest.skip("no non-loopback IPv4 address on this machine")
     return address
+
+
+def trickle_headers(port: int, line: bytes, timeout_off: bool) -> tuple[socket.socket, bool]:
+    """Open a connection and send ``line``, then a header byte every 0.5 s (for 6 s when no
+    header timeout is set, else up to 30 s): the socket, and whether the daemon cut it."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(line + b"\r\n")
+    for _ in range(12 if timeout_off else 60):  # 3 and 15 times a 2 s timeout
+        time.sleep(0.5)
+        try:
+            s.sendall(b"x")
+        except OSError:
+            return s, True
+    return s, False
