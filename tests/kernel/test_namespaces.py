@@ -9,7 +9,6 @@ a sandbox created after one is killed (while the other lives) gets the killed on
 
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +77,7 @@ elif what == "clean":
 """
 
 NET = r"""
-import socket, sys, time
+import os, socket, sys, time
 kind, what, where = sys.argv[1], sys.argv[2], sys.argv[3]
 family = socket.AF_UNIX if kind == "abstract" else socket.AF_INET
 address = "\0" + where if kind == "abstract" else ("127.0.0.1", int(where))
@@ -86,6 +85,9 @@ if what == "serve":
     server = socket.socket(family, socket.SOCK_STREAM)
     server.bind(address)
     server.listen(8)
+    with open("serving.tmp", "w") as f:
+        f.write(where if kind == "abstract" else str(server.getsockname()[1]))
+    os.rename("serving.tmp", "serving")
     while True:
         conn, _ = server.accept()
         conn.sendall(b"attacker-here")
@@ -248,12 +250,6 @@ def test_tmp_survives_kill_into_a_new_sandbox_with_the_same_uid(
             Path(path).unlink(missing_ok=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 NET_LAYERS = [("on", None), ("off", None), ("on", "host")]
 
 
@@ -263,20 +259,26 @@ def test_a_loopback_or_abstract_server_is_reached_and_squatted(
     daemons: dict[str, KernelDaemon], layer: str, network: str | None, kind: str
 ) -> None:
     attacker, victim = pair(daemons[layer], network)
-    where = str(free_port()) if kind == "tcp" else f"sandboxd-test-{os.getpid()}"
+    # A tcp server binds port 0 and names the port it got: a port chosen by the test could be
+    # taken by any other socket on the host before the server binds it.
+    asked = "0" if kind == "tcp" else f"sandboxd-test-{os.getpid()}"
     try:
         started = attacker.exec(
             [
                 "sh",
                 "-c",
-                'python3 -c "$0" "$@" </dev/null >/dev/null 2>&1 &',
+                'python3 -c "$0" "$@" </dev/null >/dev/null 2>serve.err &',
                 NET,
                 kind,
                 "serve",
-                where,
+                asked,
             ]
         )
         assert started.exit == 0, started
+        assert wait_for(lambda: attacker.run("cat serving").exit == 0, 30 * SLOW), attacker.run(
+            "cat serve.err"
+        )
+        where = attacker.ok("cat serving")
         probe = ["python3", "-c", NET, kind, "probe", where]
         shared = layer == "off" or network == "host"
         # The server is up once the attacker's own probe reaches it.
