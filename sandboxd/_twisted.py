@@ -8,8 +8,6 @@ by name, not somewhere deep in a stream.
 from collections.abc import Callable
 from typing import Any
 
-from twisted.application.internet import StreamServerEndpointService
-from twisted.internet.defer import Deferred
 from twisted.internet.process import ProcessReader
 from twisted.web.http import HTTPChannel
 
@@ -37,12 +35,6 @@ def set_socket_sizes(transport: Any, read: int, send: int) -> None:
     undocumented class attributes)."""
     transport.bufferSize = read
     transport.SEND_LIMIT = send
-
-
-def waiting_for_port(service: StreamServerEndpointService) -> "Deferred[Any] | None":
-    """The Deferred of the service's listen, once started (``_waitingForPort``)."""
-    waiting: Deferred[Any] | None = getattr(service, "_waitingForPort", None)
-    return waiting
 
 
 def request_line(channel: HTTPChannel) -> tuple[bytes, bytes]:

@@ -11,15 +11,9 @@ library (see ``sd_notify(3)``).
 
 import os
 import socket
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-from twisted.application.internet import StreamServerEndpointService
-from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.logger import Logger
-from twisted.python.failure import Failure
-
-from sandboxd import _twisted
 
 log = Logger()
 
@@ -46,49 +40,6 @@ def notify(state: str, environ: Mapping[str, str] | None = None) -> bool:
         log.warn("sd_notify: cannot send {state!r}: {error}", state=state, error=e)
         return False
     return True
-
-
-def listening(services: Iterable[Any]) -> "Deferred[None]":
-    """Fires once every ``StreamServerEndpointService`` among ``services`` listens.
-
-    Errbacks if one of them failed to listen.
-    """
-    waits: list[Deferred[Any]] = []
-    for service in services:
-        if isinstance(service, StreamServerEndpointService):
-            waiting = _twisted.waiting_for_port(service)
-            if waiting is not None:
-                # Chain a fresh Deferred so the service's own result is left untouched.
-                mine: Deferred[Any] = Deferred()
-                waiting.addBoth(_relay, mine)
-                waits.append(mine)
-    return gatherResults(waits, consumeErrors=True).addCallback(lambda _: None)
-
-
-def _relay(result: Any, target: "Deferred[Any]") -> Any:
-    # The service logs a failed listen itself and leaves None in place of the port.
-    if isinstance(result, Failure):
-        target.errback(result)
-    elif result is None:
-        target.errback(RuntimeError("the endpoint failed to listen (see the log above)"))
-    else:
-        target.callback(None)
-    return result
-
-
-def ready_when_listening(services: Iterable[Any], environ: Mapping[str, str] | None = None) -> None:
-    """Send ``READY=1`` once the HTTP endpoint listens; log (and send nothing) if it cannot."""
-
-    def ready(_: object) -> None:
-        notify("READY=1\nSTATUS=listening", environ)
-
-    def failed(failure: Failure) -> None:
-        if isinstance(failure.value, FirstError):
-            failure = failure.value.subFailure
-        log.failure("not ready: the endpoint did not start listening", failure)
-        notify(f"STATUS=listen failed: {failure.getErrorMessage()}", environ)
-
-    listening(services).addCallbacks(ready, failed)
 
 
 def stopping(environ: Mapping[str, str] | None = None) -> None:

@@ -7,12 +7,10 @@ import os
 from typing import Any
 
 import pytest_twisted
-from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.process import ProcessReader
-from twisted.internet.protocol import Factory, ProcessProtocol, Protocol
+from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.testing import StringTransport
 from twisted.web.http import HTTPChannel
 
@@ -52,18 +50,6 @@ def test_socket_sizes_are_class_attributes_of_connections() -> None:
     transport = StringTransport()
     _twisted.set_socket_sizes(transport, 3, 4)
     assert (transport.bufferSize, transport.SEND_LIMIT) == (3, 4)  # type: ignore[attr-defined]
-
-
-def test_the_endpoint_service_attributes() -> None:
-    service = StreamServerEndpointService(
-        TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"), Factory.forProtocol(Protocol)
-    )
-    assert _twisted.waiting_for_port(service) is None  # not started: no listen yet
-    service.privilegedStartService()
-    try:
-        assert isinstance(_twisted.waiting_for_port(service), Deferred)
-    finally:
-        service.stopService()
 
 
 def test_the_bad_request_hook_is_twisted_webs() -> None:
