@@ -17,6 +17,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from sandboxd_client import HttpSandbox, encode_handle
 from sandboxd_client.cli import Console, main_async, parse_args, run
 from sandboxd_client.cli._progress import MIB
+from tests.support.coverage import coverage_env
 
 from .servers import Served
 
@@ -146,7 +147,12 @@ async def test_token_file_and_unreachable_service(
 
 async def sandboxctl(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run ``python -m sandboxd_client.cli`` as its own process."""
-    full_env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": REPO, **(env or {})}
+    full_env = {
+        **coverage_env(),
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": REPO,
+        **(env or {}),
+    }
     out, err, code = await getProcessOutputAndValue(
         sys.executable, ["-m", "sandboxd_client.cli", *argv], env=full_env, path=REPO
     )

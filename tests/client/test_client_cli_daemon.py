@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.coverage import coverage_env
+
 from .real_daemon import Daemon, running_daemon
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -28,6 +30,7 @@ def ctl(daemon: Daemon, tmp_path: Path) -> Iterator[object]:
     token = tmp_path / "token"
     token.write_text(TOKEN)
     env = {
+        **coverage_env(),
         "PATH": os.environ.get("PATH", ""),
         "PYTHONPATH": REPO,
         "SANDBOXD_URL": daemon.url,

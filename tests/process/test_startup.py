@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.coverage import coverage_env
 from tests.support.daemon import REPO, free_port, start_daemon, stop_daemon
 
 
@@ -14,7 +15,7 @@ def run_daemon(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        env={**coverage_env(), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
 
 
