@@ -11,7 +11,7 @@ does): when the daemon's modules move, only the imports below change.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest_twisted
@@ -54,8 +54,11 @@ class InMemoryDaemon:
     manager: SandboxManager
 
 
-def serve_in_memory(tmp_path: Path, token: bytes | None) -> Iterator[InMemoryDaemon]:
-    """Build the daemon's API on ``tmp_path``; tear everything down (sandboxes killed)."""
+def serve_in_memory(
+    tmp_path: Path, token: bytes | None, more: Mapping[str, str] | None = None
+) -> Iterator[InMemoryDaemon]:
+    """Build the daemon's API on ``tmp_path`` (``more``: further ``twistd sandboxd`` options,
+    by name without the dashes); tear everything down (sandboxes killed)."""
     settings = {
         "isolation": "none",
         "root": str(tmp_path / "root"),
@@ -64,6 +67,7 @@ def serve_in_memory(tmp_path: Path, token: bytes | None) -> Iterator[InMemoryDae
         "uid-max": "1009",
         "keepalive": "1s",
         "pod-url": POD_URL,
+        **(more or {}),
     }
     config = Config.load({}, settings)
     file_pool = ThreadPool(minthreads=1, maxthreads=4, name="client-test-files")
