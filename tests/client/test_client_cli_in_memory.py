@@ -1,6 +1,6 @@
 """``sandboxctl``'s commands (``cli.run``) against the real daemon's API in memory: background
-processes (``run -d``, ``ps``, ``logs``, ``signal``, ``watch``), as a person at a terminal and
-as ``--json``."""
+processes (``run -d``, ``ps``, ``logs``, ``signal``, ``watch``) and trees (``put``/``get`` of
+directories, a failed file of a tree), as a person at a terminal and as ``--json``."""
 
 from __future__ import annotations
 
@@ -214,3 +214,50 @@ async def test_watch_prints_each_change_until_interrupted(
     dirs, files = seen()
     assert dirs & made_dirs and dirs <= made_dirs, terminal.lines()
     assert files & made_files and not files & made_dirs, terminal.lines()
+
+
+@pytest_twisted.ensureDeferred
+async def test_put_and_get_of_a_tree(client: HttpSandbox, tmp_path: Path) -> None:
+    handle = await created(client)
+    tree = tmp_path / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "a" / "one.txt").write_bytes(b"1" * 10)
+    (tree / "two.txt").write_bytes(b"2" * 20)
+    (tree / "empty").mkdir()
+    code, put = await ctl(client, "--json", "put", handle, str(tree), "proj")
+    assert (code, json.loads(put.out.getvalue())) == (0, {"ok": True})
+    listed = sorted((e.path, e.size) for e in await client.walk(handle, "proj"))
+    assert listed == [("/proj/a/one.txt", 10), ("/proj/two.txt", 20)]
+    assert await client.download(handle, "proj/two.txt") == b"2" * 20
+
+    code, _ = await ctl(client, "get", handle, "proj", str(tmp_path / "back"))
+    assert code == 0
+    back = tmp_path / "back"
+    assert (back / "a" / "one.txt").read_bytes() == b"1" * 10
+    assert (back / "two.txt").read_bytes() == b"2" * 20
+
+    # A file: that one file.
+    code, _ = await ctl(client, "get", handle, "proj/a/one.txt", str(tmp_path / "one"))
+    assert code == 0 and (tmp_path / "one").read_bytes() == b"1" * 10
+
+    # A bare directory: the remote directory is made, with no file in it.
+    (tmp_path / "bare").mkdir()
+    assert (await ctl(client, "put", handle, str(tmp_path / "bare"), "bare"))[0] == 0
+    code, ls = await ctl(client, "ls", handle, "bare")
+    assert code == 0 and ls.err.getvalue() == "no files under bare\n"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_tree_whose_file_cannot_be_written_fails_the_put(
+    client: HttpSandbox, tmp_path: Path
+) -> None:
+    handle = await created(client)
+    await client.upload(handle, "proj/a", b"a file, where the tree has a directory")
+    tree = tmp_path / "tree"
+    (tree / "a").mkdir(parents=True)
+    (tree / "a" / "inner.txt").write_bytes(b"under a")
+    (tree / "z.txt").write_bytes(b"fine")
+    with pytest.raises(FileNotFoundError, match=r"/proj/a/inner\.txt"):
+        await ctl(client, "put", handle, str(tree), "proj")
+    assert await client.download(handle, "proj/a") == b"a file, where the tree has a directory"
+    assert await client.download(handle, "proj/z.txt") == b"fine", "the other files finish theirs"
