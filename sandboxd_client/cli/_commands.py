@@ -52,7 +52,7 @@ from ._progress import MIB, ProgressBar
 
 EXEC_FAILED = 125
 
-__all__ = ["Console", "build_parser", "main", "main_async", "parse_args", "run"]
+__all__ = ["Console", "build_parser", "main_async", "parse_args", "run"]
 
 
 def describe(e: BaseException) -> str:
@@ -218,7 +218,7 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
             _trees.get_tree, client, handle, args.remote, args.local, download_file=one_file
         )
         await _transfer(console, args.remote, get)
-    elif cmd == "rm":
+    else:  # rm, the last of the commands on a sandbox's files
         await (client.rmdir if args.recursive else client.delete)(handle, args.path)
     if as_json:
         console.json({"ok": True})
@@ -297,11 +297,6 @@ def mcp(args: argparse.Namespace, err: TextIO) -> int:
         err.write(f"sandboxctl: {MCP_MISSING} ({e})\n")
         return 1
     return run_from_args(args)
-
-
-def main(argv: list[str] | None = None) -> NoReturn:
-    """Console-script entry point: parse ``argv`` (default ``sys.argv[1:]``) and exit."""
-    main_parsed(parse_args(argv), argv)
 
 
 def main_parsed(args: argparse.Namespace, argv: list[str] | None) -> NoReturn:

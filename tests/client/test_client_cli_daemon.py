@@ -4,6 +4,7 @@ terminal sees, stream by stream."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -137,3 +138,32 @@ def test_ps_says_when_there_is_nothing_and_run_takes_the_command_without_a_separ
     followed = ctl("logs", "-f", handle, process)
     assert (followed.returncode, followed.stdout) == (0, b"hi -x\n")
     assert ctl("kill", handle).returncode == 0
+
+
+def test_ctrl_c_interrupts_an_exec_with_130(ctl, daemon: Daemon, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    handle = created(ctl)
+    token = tmp_path / "token"  # the ctl fixture's
+    env = {
+        **coverage_env(),
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": REPO,
+        "SANDBOXD_URL": daemon.url,
+        "SANDBOXD_TOKEN_FILE": str(token),
+    }
+    # --timeout bounds the command on the host should the interrupt never come.
+    argv = ["exec", "--timeout", "60", handle, "sh", "-c", "echo started; exec sleep 60"]
+    running = subprocess.Popen(
+        [sys.executable, "-m", "sandboxd_client.cli", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert running.stdout is not None and running.stdout.readline() == b"started\n"
+        running.send_signal(signal.SIGINT)
+        out, err = running.communicate(timeout=60)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait(30)
+    assert (running.returncode, out, err) == (130, b"", b"sandboxctl: interrupted\n")

@@ -261,3 +261,18 @@ async def test_a_tree_whose_file_cannot_be_written_fails_the_put(
         await ctl(client, "put", handle, str(tree), "proj")
     assert await client.download(handle, "proj/a") == b"a file, where the tree has a directory"
     assert await client.download(handle, "proj/z.txt") == b"fine", "the other files finish theirs"
+
+
+@pytest_twisted.ensureDeferred
+async def test_create_exec_and_rm(client: HttpSandbox) -> None:
+    code, made = await ctl(client, "--json", "create")
+    handle = json.loads(made.out.getvalue())["handle"]
+    assert code == 0 and (await client.ready(handle)) is False
+    code, ran = await ctl(client, "exec", handle, "sh", "-c", "echo out; echo err >&2; exit 2")
+    assert (code, ran.out.getvalue(), ran.err.getvalue()) == (2, b"out\n", "err\n")
+    await client.upload(handle, "d/f", b"x")
+    await client.upload(handle, "g", b"y")
+    code, removed = await ctl(client, "--json", "rm", handle, "g")
+    assert (code, json.loads(removed.out.getvalue())) == (0, {"ok": True})
+    assert (await ctl(client, "rm", "-r", handle, "d"))[0] == 0
+    assert await client.walk(handle, "/") == []
