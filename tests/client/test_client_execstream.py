@@ -118,6 +118,8 @@ def test_final_frame_without_newline_and_extra_frames() -> None:
 def test_unknown_fields_and_missing_buffers_are_tolerated() -> None:
     out, result = decode([b'{"o": "eA==", "seq": 1}\n{"exit": 0, "future": true}\n'])
     assert out == [b"x"] and result == ExecResult(0, b"", b"", False)
+    out, result = decode([b'{"o": null}\n{"exit": 1, "out": null, "err": "eQ=="}\n'])
+    assert out == [] and result == ExecResult(1, b"", b"y", False)
 
 
 @pytest.mark.parametrize(
