@@ -49,7 +49,7 @@ from sandboxd_client._literal_hosts import literal_uri, standin_url
 from sandboxd_client._retry import retrying
 from sandboxd_client._transport import Transport, collector_paused
 from sandboxd_client._types import WalkEntry
-from sandboxd_client._wire import decode_created, decode_walk
+from sandboxd_client._wire import decode_created, decode_health, decode_walk, exec_body
 
 # -- handles -------------------------------------------------------------------------------
 
@@ -164,6 +164,52 @@ def test_walk_reply_becomes_entries_checked_one_by_one() -> None:
     for bad_reply in (None, {"entries": {}}, {"entries": None}):
         with pytest.raises(ProtocolError, match="walk"):
             decode_walk(bad_reply)
+
+
+def test_an_exec_body_is_checked_before_any_request() -> None:
+    body = exec_body(["sh", "-c", "x"], {"A": "1"}, "d", 2.5, b"in", ["sha1"])
+    assert body == {
+        "cmd": ["sh", "-c", "x"],
+        "env": {"A": "1"},
+        "cwd": "d",
+        "timeout": 2.5,
+        "stdin": "aW4=",
+        "tools": ["sha1"],
+    }
+    assert exec_body(["true"], {}, None, None, None, []) == {"cmd": ["true"]}
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({"cmd": "ls -l"}, "cmd must be"),
+        ({"cmd": []}, "cmd must be"),
+        ({"env": {"A": 1}}, "env must map strings to strings"),
+        ({"env": {1: "a"}}, "env must map strings to strings"),
+        ({"timeout": True}, "timeout must be"),
+        ({"timeout": 0}, "timeout must be"),
+        ({"tools": "sha1"}, "tools must be"),
+        ({"tools": ["sha1", 2]}, "tools must be"),
+    ]
+    for change, message in refusals:
+        call: dict[str, Any] = {
+            "cmd": ["true"],
+            "env": None,
+            "cwd": None,
+            "timeout": None,
+            "stdin": None,
+            "tools": None,
+            **change,
+        }
+        with pytest.raises(ValueError, match=message):
+            exec_body(**call)
+
+
+def test_a_health_reply_needs_a_status_and_capabilities_of_strings() -> None:
+    health = decode_health({"status": "ok", "version": 3, "capabilities": ["a", "b"]})
+    assert (health.status, health.version, health.capabilities) == ("ok", "3", ("a", "b"))
+    assert decode_health({"status": "draining"}).capabilities == ()
+    for bad in ({"status": "ok", "capabilities": "a b"}, {"status": "ok", "capabilities": [1]}):
+        with pytest.raises(ProtocolError, match="capabilities must be a list of strings"):
+            decode_health(bad)
+    with pytest.raises(ProtocolError, match="status"):
+        decode_health({"capabilities": []})
 
 
 def test_the_collector_is_paused_and_resumed_only_if_it_ran() -> None:
