@@ -43,7 +43,12 @@ from sandboxd_client import (
 from sandboxd_client import _body as body
 from sandboxd_client._body import read_body
 from sandboxd_client._client import sandbox_url
-from sandboxd_client._errors import error_for, error_from_frame, error_from_transport
+from sandboxd_client._errors import (
+    error_for,
+    error_from_frame,
+    error_from_response,
+    error_from_transport,
+)
 from sandboxd_client._handles import check_base_url
 from sandboxd_client._literal_hosts import literal_uri, standin_url
 from sandboxd_client._retry import retrying
@@ -315,6 +320,21 @@ def test_transport_failures_map_to_the_error_model(
 def test_service_addresses_are_unavailable_not_not_found() -> None:
     err = error_from_transport(ierror.ConnectionRefusedError(), timed_out=False, service=True)
     assert type(err) is SandboxUnavailable
+
+
+def test_an_error_body_that_is_no_json_object_still_maps_by_status() -> None:
+    for raw in (b"[1, 2]", b'"text"', b"\xff", b"<html>busy</html>"):
+        err = error_from_response(503, raw)
+        assert type(err) is SandboxUnavailable and str(err).startswith("HTTP 503")
+    assert str(error_from_response(404, b"")) == "HTTP 404"
+    err = error_from_response(404, b'{"error": 5, "detail": "gone"}')
+    assert type(err) is SandboxNotFound and str(err) == "gone"
+
+
+def test_a_wrapper_reason_that_is_no_exception_is_passed_over() -> None:
+    wrapped = ResponseFailed(["not an exception", Failure(ierror.ConnectionLost())])
+    err = error_from_transport(wrapped, timed_out=False, service=False)
+    assert type(err) is SandboxNotFound and "ConnectionLost" in str(err)
 
 
 def test_a_failing_request_body_is_reraised_as_itself() -> None:
