@@ -158,10 +158,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args = parser.parse_args(argv[:start])
         args.cmd = argv[start:]
         return args
-    if "--" in argv:
+    if "--" in argv and _sub_command(argv) in COMMAND_TAKERS:
         cut = argv.index("--")
         args = parser.parse_args(argv[:cut])
-        if args.command in COMMAND_TAKERS:
-            args.cmd = [*args.cmd, *argv[cut + 1 :]]
-            return args
-    return parser.parse_args(argv)
+        args.cmd = [*args.cmd, *argv[cut + 1 :]]
+        return args
+    return parser.parse_args(argv)  # another command's -- is argparse's: the end of options
+
+
+def _sub_command(argv: list[str]) -> str | None:
+    """The sub-command word of ``argv``: the first that is neither a global option nor the
+    value of one (``None``: there is none)."""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("-"):
+            return word
+        i += 2 if word in ("--url", "--token-file") else 1
+    return None

@@ -40,6 +40,15 @@ def test_parser_keeps_the_command_after_the_separator() -> None:
     assert args.cmd == ["ls", "-l", "--", "--json"] and args.env == [("A", "1")]
     assert args.json is False
     assert parse_args(["exec", "H", "echo", "hi"]).cmd == ["echo", "hi"]
+    # In another command, -- is argparse's own: what follows is positional, options or not.
+    removed = parse_args(["rm", "H", "--", "-rf"])
+    assert (removed.path, removed.recursive) == ("-rf", False)
+    put = parse_args(["--url", "http://h:1", "put", "H", "--", "-local-", "-remote-"])
+    assert (put.url, put.local, put.remote) == ("http://h:1", "-local-", "-remote-")
+    assert parse_args(["--json", "ls", "H", "--", "-d"]).root == "-d"
+    assert parse_args(["--url", "u", "exec", "H", "--", "-x"]).cmd == ["-x"]
+    with pytest.raises(SystemExit):
+        parse_args(["--json", "--"])  # no command at all: usage
     assert parse_args(["ls", "H", "--json"]).json is True
     assert parse_args(["--json", "ls", "H"]).json is True
     with pytest.raises(SystemExit):
