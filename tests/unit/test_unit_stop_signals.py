@@ -1,5 +1,6 @@
-"""The second SIGINT/SIGTERM (``sandboxd.stop_signals``): real signals, raised in this
-process, reach the action through the reactor.
+"""The second SIGINT/SIGTERM (``sandboxd.stop_signals``, and the daemon's use of it): real
+signals, raised in this process, reach the action through the reactor; during a drain of a
+``twistd sandboxd`` service tree they end the drain at once, killing what is left.
 
 Every test puts this process's own SIGINT and SIGTERM handlers back when it ends.
 """
@@ -8,9 +9,14 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
+import pytest_twisted
+from twisted.logger import ILogObserver, globalLogPublisher
 
+from sandboxd import tap
 from sandboxd.stop_signals import STOP_SIGNALS, on_next_stop_signal
 
 
@@ -45,3 +51,38 @@ def test_each_stop_signal_then_runs_the_action_through_the_reactor() -> None:
     for f, args in reactor.calls:
         f(*args)
     assert seen == ["SIGTERM", "SIGINT"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_signal_during_the_drain_kills_every_sandbox_at_once(tmp_path: Path) -> None:
+    from twisted.internet import reactor
+
+    environ = {
+        "SANDBOXD_ISOLATION": "none",
+        "SANDBOXD_LISTEN": "tcp:0:interface=127.0.0.1",
+        "SANDBOXD_ROOT": str(tmp_path / "root"),
+        "SANDBOXD_TOOLS_DIR": str(tmp_path / "tools"),
+        "SANDBOXD_UID_MIN": "1000",
+        "SANDBOXD_UID_MAX": "1003",
+        "SANDBOXD_DRAIN_IDLE": "1h",  # without the signal, the drain would wait for the sandbox
+        "SANDBOXD_DRAIN_DEADLINE": "2h",
+    }
+    options = tap.Options()
+    options.parseOptions([])
+    service: Any = tap.makeService(options, reactor, environ)  # the tree twistd would run
+    events: list[dict[str, Any]] = []
+    observer = cast(ILogObserver, events.append)
+    globalLogPublisher.addObserver(observer)
+    service.startService()
+    try:
+        await service.started
+        service.manager.create()
+        stopping = service.stopService()
+        assert service.manager.draining and not stopping.called
+        signal.raise_signal(signal.SIGTERM)
+        await stopping
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert service.manager.sandboxes == {}
+    said = [e.get("signal") for e in events if "during the drain" in str(e.get("log_format"))]
+    assert said == ["SIGTERM"], "the second stop is said, naming the signal"
