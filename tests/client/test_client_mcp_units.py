@@ -95,3 +95,47 @@ def test_the_bridge_reports_a_reactor_that_could_not_start() -> None:
 
     with pytest.raises(RuntimeError, match="could not be started"):
         ReactorThread(Broken()).start()
+
+
+def test_a_tool_error_names_the_failure_and_its_text() -> None:
+    from sandboxd_client import SandboxNotFound
+    from sandboxd_client.mcp_server._tools import describe
+
+    assert describe(SandboxNotFound("gone", status=404)) == "SandboxNotFound: gone"
+    assert describe(FileNotFoundError(2, "No such file")) == "FileNotFoundError: No such file"
+    assert describe(OSError("bare")) == "OSError: bare"
+    assert describe(ValueError("bad")) == "ValueError: bad"
+
+
+def test_a_chunk_queued_as_the_command_ends_is_still_given_out() -> None:
+    import asyncio
+
+    from sandboxd_client.mcp_server._tools import _until_done
+
+    async def main() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        run: asyncio.Future[None] = loop.create_future()
+        chunks: asyncio.Queue[bytes] = asyncio.Queue()
+        got: list[bytes] = []
+
+        async def consume() -> None:
+            async for batch in _until_done(run, chunks):
+                got.append(batch)
+
+        consuming = asyncio.ensure_future(consume())
+        chunks.put_nowait(b"first")
+        for _ in range(100):  # turns of the loop until the first batch is out
+            if got:
+                break
+            await asyncio.sleep(0)
+        for _ in range(10):  # and its reader waits on the empty queue
+            await asyncio.sleep(0)
+        assert got == [b"first"]
+        # The end, then a chunk from the reactor's thread in the very next callback: the
+        # wait sees the end before its reader has taken the chunk.
+        run.set_result(None)
+        loop.call_soon(chunks.put_nowait, b"last")
+        await consuming
+        return got
+
+    assert asyncio.run(main()) == [b"first", b"last"]
