@@ -93,8 +93,10 @@ def test_the_bridge_reports_a_reactor_that_could_not_start() -> None:
         def run(self, installSignalHandlers: bool) -> None:
             raise OSError("no")
 
+    bridge = ReactorThread(Broken())
     with pytest.raises(RuntimeError, match="could not be started"):
-        ReactorThread(Broken()).start()
+        bridge.start()
+    bridge.stop()  # its thread has ended: nothing to stop (Broken has no callFromThread)
 
 
 def test_a_tool_error_names_the_failure_and_its_text() -> None:
