@@ -1,6 +1,7 @@
 """
 A real daemon for the client suite: ``twistd -n sandboxd --isolation=none`` from this work
-tree, on a free loopback port, with a bearer token; stopped with SIGTERM (then SIGKILL).
+tree, on a free loopback port, with a bearer token; stopped by ``POST /drain`` (else SIGTERM,
+then SIGKILL).
 
 The client suite starts the daemon as a process and never imports it here.
 """
@@ -89,9 +90,27 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
             raise DaemonFailed(f"daemon did not answer: {log.read_text()}")
         yield Daemon(url, base / "root", log, token)
     finally:
-        process.send_signal(signal.SIGTERM)
+        if process.poll() is None and not drained(url, token, process):
+            process.send_signal(signal.SIGTERM)
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def drained(url: str, token: str, process: subprocess.Popen[bytes]) -> bool:
+    """Stop the daemon by ``POST /drain`` and wait for its exit; False if that fails.
+
+    A drained daemon exits normally, so its coverage data is saved; twistd ends a SIGTERM
+    stop by re-raising the signal, and the process then saves none.
+    """
+    request = urllib.request.Request(
+        url + "/drain", method="POST", headers={"Authorization": f"Bearer {token}"}
+    )
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+        process.wait(30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return True
