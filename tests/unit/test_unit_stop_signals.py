@@ -2,32 +2,21 @@
 signals, raised in this process, reach the action through the reactor; during a drain of a
 ``twistd sandboxd`` service tree they end the drain at once, killing what is left.
 
-Every test puts this process's own SIGINT and SIGTERM handlers back when it ends.
+This process's own SIGINT and SIGTERM handlers are put back after each test (conftest.py).
 """
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import pytest
 import pytest_twisted
 from twisted.logger import ILogObserver, globalLogPublisher
 
 from sandboxd import tap
-from sandboxd.stop_signals import STOP_SIGNALS, on_next_stop_signal
-
-
-@pytest.fixture(autouse=True)
-def own_handlers() -> Iterator[None]:
-    saved = {number: signal.getsignal(number) for number in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for number, handler in saved.items():
-            signal.signal(number, handler)
+from sandboxd.stop_signals import on_next_stop_signal
 
 
 class Reactor:
