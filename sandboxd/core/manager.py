@@ -129,7 +129,9 @@ class SandboxManager(Commands):
             self.isolation.cgroups.create(rid, self.limits)
             self.layout.create(rid, identity)
             # namespaces: made and pinned once, entered by every process of the sandbox
-            self.isolation.namespaces.create(rid, self.layout.tmp(rid), mode)
+            self.isolation.namespaces.create(
+                rid, self.layout.tmp(rid), self.layout.workspace(rid), mode
+            )
         except BaseException:
             self.isolation.namespaces.remove(rid)
             self.isolation.cgroups.remove(rid)
