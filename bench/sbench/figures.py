@@ -585,7 +585,7 @@ class Bench:
             small, large = (median(growth[label][s]) / 1024 for s in (big // 4, big))
             # Up to max_output (16 MiB by default) the output is also kept for the last frame:
             # memory is only expected to stay flat beyond it.
-            flat = Target("flat: N vs N/4 < 10 MiB", lambda v, s=small: v - s < 10)
+            flat = Target("flat: N vs N/4 < 10 MiB", versus.within(small + 10))
             self.row(
                 "daemon memory while streaming",
                 f"{label}: peak growth at N (N/4: {small:.1f} MiB)",

@@ -189,8 +189,6 @@ DOCKER_REF = "Docker"
 
 def section(bench: Any) -> None:
     """Every Docker row and the sandboxd rows beside it (``bench``: a ``figures.Bench``)."""
-    from .figures import Target, at_most
-
     daemon: Dockerd | None = bench.dockerd
     if daemon is None:
         return
@@ -199,83 +197,81 @@ def section(bench: Any) -> None:
         label: SandboxdSide(d.server.port, d.server.pid) for label, d in bench.daemons.items()
     }
     sides[DOCKER] = DockerSide(daemon)
-    peer = f"docker {daemon.version} (Engine API, raw)"
     try:
         samples = lives(sides, s.docker_rounds, s.docker_per_round)
-        for op in OPS:
-            ref = ms_stats(samples[DOCKER][op])
-            bench.row(op, peer, ref["p50"], "ms", extra=ref)
-            for label in bench.daemons:
-                mine = ms_stats(samples[label][op])
-                target = None
-                if label == "isolated" and op == "create":
-                    target = at_most(2, " ms")
-                elif label == "isolated" and op == "exec true":
-                    target = Target(
-                        "≤ 2 ms and ≥ 25x faster than Docker", within(2, ref["p50"] / 25)
-                    )
-                bench.row(
-                    op,
-                    f"{label} (raw)",
-                    mine["p50"],
-                    "ms",
-                    ref=DOCKER_REF,
-                    ref_value=ref["p50"],
-                    target=target,
-                    extra=mine,
-                )
         memory = {name: idle_memory(side, s.docker_idle) for name, side in sides.items()}
-        what = f"PSS of its process tree / {s.docker_idle}"
-        bench.row("memory per idle one", f"docker: {what}", memory[DOCKER]["pss_kib"], "KiB")
-        bench.row(
-            "host memory per idle one",
-            f"docker: MemAvailable drop / {s.docker_idle}",
-            memory[DOCKER]["mem_available_kib"],
-            "KiB",
-            extra=memory[DOCKER],
-        )
-        for label in bench.daemons:
-            bench.row(
-                "memory per idle one",
-                f"{label}: {what}",
-                memory[label]["pss_kib"],
-                "KiB",
-                ref=DOCKER_REF,
-                ref_value=memory[DOCKER]["pss_kib"],
-                target=at_most(20, " KiB"),
-                extra=memory[label],
-            )
-            bench.row(
-                "host memory per idle one",
-                f"{label}: MemAvailable drop / {s.docker_idle}",
-                memory[label]["mem_available_kib"],
-                "KiB",
-                ref=DOCKER_REF,
-                ref_value=memory[DOCKER]["mem_available_kib"],
-                extra=memory[label],
-            )
         rates = concurrent_rates(sides, s)
-        n = s.docker_parallel
-        bench.row(
-            f"execs/s, {n} at once",
-            f"docker: {n} containers",
-            _median(rates[DOCKER]),
-            "/s",
-            extra={"rates": rates[DOCKER], "execs_each": s.docker_execs},
-        )
-        for label in bench.daemons:
-            bench.row(
-                f"execs/s, {n} at once",
-                f"{label}: {n} sandboxes",
-                _median(rates[label]),
-                "/s",
-                ref=DOCKER_REF,
-                ref_value=_median(rates[DOCKER]),
-                extra={"rates": rates[label], "execs_each": s.sandboxd_execs},
-            )
     finally:
         for side in sides.values():
             (side.raw if isinstance(side, SandboxdSide) else side.engine).close()
+    add_rows(bench, f"docker {daemon.version} (Engine API, raw)", samples, memory, rates)
+
+
+def add_rows(
+    bench: Any,
+    peer: str,
+    samples: dict[str, dict[str, list[float]]],
+    memory: dict[str, dict[str, float]],
+    rates: dict[str, list[float]],
+) -> None:
+    """The rows of what :func:`section` measured: Docker's first, then each daemon's beside it
+    (Docker's figure as the reference, the issue's target where it sets one)."""
+    from .figures import Target, at_most
+
+    s = bench.sizes
+    labels = [name for name in samples if name != DOCKER]
+    for op in OPS:
+        ref = ms_stats(samples[DOCKER][op])
+        bench.row(op, peer, ref["p50"], "ms", extra=ref)
+        for label in labels:
+            mine = ms_stats(samples[label][op])
+            target = None
+            if label == "isolated" and op == "create":
+                target = at_most(2, " ms")
+            elif label == "isolated" and op == "exec true":
+                target = Target("≤ 2 ms and ≥ 25x faster than Docker", within(2, ref["p50"] / 25))
+            bench.row(
+                op,
+                f"{label} (raw)",
+                mine["p50"],
+                "ms",
+                ref=DOCKER_REF,
+                ref_value=ref["p50"],
+                target=target,
+                extra=mine,
+            )
+    n = s.docker_idle
+    for figure, key, what in (
+        ("memory per idle one", "pss_kib", f"PSS of its process tree / {n}"),
+        ("host memory per idle one", "mem_available_kib", f"MemAvailable drop / {n}"),
+    ):
+        ref_kib = memory[DOCKER][key]
+        bench.row(figure, f"docker: {what}", ref_kib, "KiB", extra=memory[DOCKER])
+        for label in labels:
+            bench.row(
+                figure,
+                f"{label}: {what}",
+                memory[label][key],
+                "KiB",
+                ref=DOCKER_REF,
+                ref_value=ref_kib,
+                target=at_most(20, " KiB") if key == "pss_kib" else None,
+                extra=memory[label],
+            )
+    n = s.docker_parallel
+    docker_rate = _median(rates[DOCKER])
+    extra = {"rates": rates[DOCKER], "execs_each": s.docker_execs}
+    bench.row(f"execs/s, {n} at once", f"docker: {n} containers", docker_rate, "/s", extra=extra)
+    for label in labels:
+        bench.row(
+            f"execs/s, {n} at once",
+            f"{label}: {n} sandboxes",
+            _median(rates[label]),
+            "/s",
+            ref=DOCKER_REF,
+            ref_value=docker_rate,
+            extra={"rates": rates[label], "execs_each": s.sandboxd_execs},
+        )
 
 
 def concurrent_rates(sides: dict[str, Side], s: Any) -> dict[str, list[float]]:
