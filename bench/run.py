@@ -1,15 +1,18 @@
-"""sandboxd's benchmark: every figure of issue 9 beside its references, measured in one run.
+"""sandboxd's benchmark: every figure of issues 9 and 20 beside its references, in one run.
 
     python bench/run.py            # the issue's sizes (a few minutes; as root for isolated rows)
     python bench/run.py --quick    # tiny sizes, well under a minute (CI: the harness works)
 
 References, measured in the same run: the floor (spawning ``/bin/true`` directly, and through
 the daemon's own cgroup-join + setpriv wrapper; HTTP round trips; pipe and copy throughput;
-walking the tree in-process), and the peer, SWE-ReX's ``swerex-remote`` (installed on first use
-into ``bench/.venv-swerex``). sandboxd runs as ``twistd -n sandboxd`` on loopback, isolated
-(root, cgroups; skipped when not root) and ``--isolation=none``, driven by its own client
-``HttpSandbox`` ("client" rows) and by the plain ``http.client`` connection that also drives the
-peer ("raw" rows).
+walking the tree in-process); the peer SWE-ReX's ``swerex-remote`` (installed on first use
+into ``bench/.venv-swerex``); and Docker (the ``docker`` section, ``sbench.versus``): a dockerd
+of the bench's own from Debian's ``docker.io`` and an image imported from a debootstrap rootfs,
+installed and cached by a full run, used by a quick run only when cached; where Docker cannot
+run, one note says why and its rows are skipped. sandboxd runs as ``twistd -n sandboxd`` on
+loopback, isolated (root, cgroups; skipped when not root) and ``--isolation=none``, driven by
+its own client ``HttpSandbox`` ("client" rows) and by the plain ``http.client`` connection that
+also drives the peers ("raw" rows).
 
 Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``; a ``--quick`` run:
 ``<time>-quick.json`` and ``latest-quick.json``, with no target judged). Exits 0 when every
