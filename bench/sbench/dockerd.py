@@ -17,6 +17,7 @@ the cached image are both there already.
 """
 
 import contextlib
+import fcntl
 import http.client
 import json
 import os
@@ -275,6 +276,7 @@ class Dockerd:
         self.process: subprocess.Popen[bytes] | None = None
         self.cgroup_parent = f"{own_cgroup().rstrip('/')}/sandboxd-bench-docker-{os.getpid()}"
         self.made_cgroups: list[Path] = []
+        self.lock: int | None = None
         self.version = ""
         self.api = "1.41"
 
@@ -282,6 +284,13 @@ class Dockerd:
         program = dockerd_program()
         assert program is not None
         DATA_ROOT.mkdir(parents=True, exist_ok=True)
+        self.lock = os.open(CACHE / "docker.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.lock)
+            self.lock = None
+            raise RuntimeError(f"another bench run is using {DATA_ROOT}") from None
         self.exec_root.mkdir(parents=True, exist_ok=True)
         self._note_cgroups()
         argv = [
@@ -380,6 +389,8 @@ class Dockerd:
 
     def stop(self) -> None:
         """SIGTERM by pid (dockerd stops its containerd), then unmount and rmdir what it left."""
+        if self.lock is None:
+            return  # never started: the data root may be another run's
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -392,6 +403,9 @@ class Dockerd:
         for path in sorted(self.made_cgroups, key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
                 path.rmdir()
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
 
 
 def _cmdlines() -> dict[int, str]:

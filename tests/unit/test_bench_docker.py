@@ -136,3 +136,25 @@ def _meta() -> dict[str, Any]:
         "seconds": 1.0,
         "started": "2026-12-01T00:00:00+00:00",
     }
+
+
+def test_a_second_run_leaves_the_cached_daemon_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import fcntl
+    import os
+
+    monkeypatch.setattr(dockerd, "CACHE", tmp_path)
+    monkeypatch.setattr(dockerd, "DATA_ROOT", tmp_path / "docker")
+    monkeypatch.setattr(dockerd, "dockerd_program", lambda: "/usr/sbin/dockerd")
+    held = os.open(tmp_path / "docker.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        daemon = dockerd.Dockerd(tmp_path / "run")
+        with pytest.raises(RuntimeError, match="another bench run"):
+            daemon.start()
+        assert daemon.process is None
+        daemon.stop()  # nothing of the other run's is unmounted or removed
+        assert (tmp_path / "docker").is_dir()
+    finally:
+        os.close(held)
