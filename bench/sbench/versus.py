@@ -199,7 +199,8 @@ def section(bench: Any) -> None:
     sides[DOCKER] = DockerSide(daemon)
     try:
         samples = lives(sides, s.docker_rounds, s.docker_per_round)
-        memory = {name: idle_memory(side, s.docker_idle) for name, side in sides.items()}
+        settle = 0.2 if s.quick else 1.0
+        memory = {name: idle_memory(side, s.docker_idle, settle) for name, side in sides.items()}
         rates = concurrent_rates(sides, s)
     finally:
         for side in sides.values():
