@@ -175,12 +175,13 @@ def throughput(side: Side, handles: list[str], execs: int) -> float:
     return len(handles) * execs / wall
 
 
-def ms_stats(samples: list[float]) -> dict[str, float]:
+def ms_stats(samples: list[float]) -> dict[str, Any]:
     return {
         "p50": pct(samples, 0.5) * 1e3,
         "p99_ms": pct(samples, 0.99) * 1e3,
         "min_ms": min(samples) * 1e3,
         "n": len(samples),
+        "samples_ms": [round(x * 1e3, 3) for x in samples],
     }
 
 
