@@ -2,15 +2,15 @@
 mkdir, rmdir, rename, and the workspace watch (SPEC §2.2)."""
 
 import os
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from twisted.logger import Logger
 from twisted.protocols.basic import FileSender
 from twisted.web.iweb import IRequest
 
 from sandboxd.core.files import workspace
-from sandboxd.core.files.paths import normalise
+from sandboxd.core.files.paths import Parts, normalise
 from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.errors import TooManyEntries
 from sandboxd.http import parse, wire
@@ -26,10 +26,22 @@ if TYPE_CHECKING:
 DOWNLOAD_CHUNK = 1 << 18
 """Bytes a download reads and sends at a time (``FileSender`` reads 16 KiB)."""
 
+T = TypeVar("T")
+
 log = Logger()
 
 WALK_PART = 1 << 20
 """Characters of walk entries written at a time (a walk that fits is answered whole)."""
+
+
+async def at_path(
+    api: "SandboxAPI", request: IRequest, rid: str, operation: Callable[[str, Parts], T]
+) -> T:
+    """``operation(workspace, parts)`` on the path of the request's ``path`` query, run in a
+    file thread as the sandbox (the routes that act on one path and take nothing else)."""
+    sandbox = api.manager.get(rid)
+    parts = normalise(query(request, "path"))
+    return await api.manager.files(sandbox, lambda ws: operation(ws, parts))
 
 
 @app.route("/sandboxes/<rid:rid>/file", methods=["PUT"])
@@ -75,27 +87,21 @@ async def download(api: "SandboxAPI", request: IRequest, rid: str) -> None:
 @app.route("/sandboxes/<rid:rid>/file", methods=["DELETE"])
 @authorized
 async def delete(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
-    sandbox = api.manager.get(rid)
-    parts = normalise(query(request, "path"))
-    await api.manager.files(sandbox, lambda ws: workspace.delete(ws, parts))
+    await at_path(api, request, rid, workspace.delete)
     return no_content(request)
 
 
 @app.route("/sandboxes/<rid:rid>/exists", methods=["GET"])
 @authorized
 async def exists(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
-    sandbox = api.manager.get(rid)
-    parts = normalise(query(request, "path"))
-    found = await api.manager.files(sandbox, lambda ws: workspace.exists(ws, parts))
+    found = await at_path(api, request, rid, workspace.exists)
     return json_response(request, {"exists": found})
 
 
 @app.route("/sandboxes/<rid:rid>/size", methods=["GET"])
 @authorized
 async def size(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
-    sandbox = api.manager.get(rid)
-    parts = normalise(query(request, "path"))
-    found = await api.manager.files(sandbox, lambda ws: workspace.size(ws, parts))
+    found = await at_path(api, request, rid, workspace.size)
     return json_response(request, {"size": found})
 
 
@@ -166,9 +172,7 @@ async def mkdir(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
 @app.route("/sandboxes/<rid:rid>/dir", methods=["DELETE"])
 @authorized
 async def rmdir(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
-    sandbox = api.manager.get(rid)
-    parts = normalise(query(request, "path"))
-    await api.manager.files(sandbox, lambda ws: workspace.rmdir(ws, parts))
+    await at_path(api, request, rid, workspace.rmdir)
     return no_content(request)
 
 
