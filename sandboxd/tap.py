@@ -19,7 +19,7 @@ from twisted.python.threadpool import ThreadPool
 
 import sandboxd
 from sandboxd.boot import fail, read_token, reap_interval, start_disk, start_e2b, start_guard
-from sandboxd.config import Config, ConfigError, flag_table, given_options, option_table
+from sandboxd.config import Config, ConfigError
 from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
@@ -30,6 +30,7 @@ from sandboxd.http.site import can_spool, make_site
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
+from sandboxd.options import flag_table, given_options, option_table
 from sandboxd.service import ExitStatus, SandboxdService
 from sandboxd.stop_signals import on_next_stop_signal
 

@@ -22,10 +22,11 @@ from twisted.internet.defer import Deferred, fail
 from twisted.logger import ILogObserver, globalLogPublisher
 
 from sandboxd import boot, tap
-from sandboxd.config import ConfigError, option_table
+from sandboxd.config import ConfigError
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.listen import Listeners
+from sandboxd.options import option_table
 from sandboxd.service import ExitStatus, SandboxdService
 from tests.support.fakes import fake_isolation
 
