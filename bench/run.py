@@ -1,15 +1,18 @@
-"""sandboxd's benchmark: every figure of issue 9 beside its references, measured in one run.
+"""sandboxd's benchmark: every figure of issues 9 and 20 beside its references, in one run.
 
     python bench/run.py            # the issue's sizes (a few minutes; as root for isolated rows)
     python bench/run.py --quick    # tiny sizes, well under a minute (CI: the harness works)
 
 References, measured in the same run: the floor (spawning ``/bin/true`` directly, and through
 the daemon's own cgroup-join + setpriv wrapper; HTTP round trips; pipe and copy throughput;
-walking the tree in-process), and the peer, SWE-ReX's ``swerex-remote`` (installed on first use
-into ``bench/.venv-swerex``). sandboxd runs as ``twistd -n sandboxd`` on loopback, isolated
-(root, cgroups; skipped when not root) and ``--isolation=none``, driven by its own client
-``HttpSandbox`` ("client" rows) and by the plain ``http.client`` connection that also drives the
-peer ("raw" rows).
+walking the tree in-process); the peer SWE-ReX's ``swerex-remote`` (installed on first use
+into ``bench/.venv-swerex``); and Docker (the ``docker`` section, ``sbench.versus``): a dockerd
+of the bench's own from Debian's ``docker.io`` and an image imported from a debootstrap rootfs,
+installed and cached by a full run, used by a quick run only when cached; where Docker cannot
+run, one note says why and its rows are skipped. sandboxd runs as ``twistd -n sandboxd`` on
+loopback, isolated (root, cgroups; skipped when not root) and ``--isolation=none``, driven by
+its own client ``HttpSandbox`` ("client" rows) and by the plain ``http.client`` connection that
+also drives the peers ("raw" rows).
 
 Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``; a ``--quick`` run:
 ``<time>-quick.json`` and ``latest-quick.json``, with no target judged). Exits 0 when every
@@ -32,18 +35,19 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
-from sbench import figures, floor, procs, report  # noqa: E402
+from sbench import dockerd, figures, floor, procs, report  # noqa: E402
 from sbench.rawhttp import RawHTTP  # noqa: E402
 from twisted.internet.defer import Deferred  # noqa: E402
 from twisted.internet.task import react  # noqa: E402
 
-SECTIONS = ("latency", "idle", "streaming", "transfers", "walk", "concurrent")
+SECTIONS = ("latency", "idle", "streaming", "transfers", "walk", "concurrent", "docker")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CI)")
     parser.add_argument("--no-peer", action="store_true", help="skip SWE-ReX")
+    parser.add_argument("--no-docker", action="store_true", help="skip Docker's rows")
     parser.add_argument("--no-isolated", action="store_true", help="skip the isolated daemon")
     parser.add_argument(
         "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
@@ -70,6 +74,42 @@ def git_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
+
+
+def start_docker(
+    args: argparse.Namespace, workdir: Path, notes: list[str], meta: dict[str, Any]
+) -> dockerd.Dockerd | None:
+    """The bench's own dockerd with the image (a full run installs and imports them first);
+    ``None``, with one note saying why, where Docker cannot run."""
+    why = "--no-docker" if args.no_docker else dockerd.unavailable(setup=not args.quick)
+    daemon = None
+    if why is None:
+        daemon = dockerd.Dockerd(workdir)
+        try:
+            daemon.start()
+            daemon.ensure_image(setup=not args.quick)
+            daemon.remove_all()
+        except Exception as e:
+            stop_docker(daemon)
+            daemon = None
+            why = f"dockerd could not run: {str(e).strip().splitlines()[0][:300]}"
+    if daemon is None:
+        line = f"Docker rows skipped: {why}"
+        print(f"bench: {line}", file=sys.stderr, flush=True)
+        notes.append(line)
+        return None
+    meta["docker"] = f"docker {daemon.version} (dockerd, Engine API {daemon.api}), {dockerd.IMAGE}"
+    return daemon
+
+
+def stop_docker(daemon: dockerd.Dockerd) -> None:
+    """Remove the bench's containers and stop its dockerd (by pid)."""
+    if daemon.process is not None and daemon.process.poll() is None:
+        try:
+            daemon.remove_all()
+        except Exception:
+            traceback.print_exc()
+    daemon.stop()
 
 
 async def run(reactor: Any, args: argparse.Namespace) -> int:
@@ -120,6 +160,8 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
                 bench.peer_server = peer
                 bench.peer = RawHTTP(peer.port, peer.headers)
                 meta["peer"] = f"swe-rex {procs.swerex_version()} (swerex-remote, uvicorn)"
+        if "docker" in (args.only or SECTIONS):
+            bench.dockerd = start_docker(args, workdir, bench.notes, meta)
         meta["servers"] = [procs.describe(s) for s in servers]
         for section in args.only or SECTIONS:
             print(f"bench: {section} ...", file=sys.stderr, flush=True)
@@ -131,9 +173,13 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
                 await bench.settle()
                 await getattr(bench, section)()
             except Exception:
-                failed.append(section)
-                bench.notes.append(f"section {section} failed: {traceback.format_exc(limit=3)}")
                 traceback.print_exc()
+                if section == "docker" and args.quick:
+                    # The peer, not sandboxd: a quick run (CI) notes it and goes on.
+                    bench.notes.append(f"Docker rows failed: {traceback.format_exc(limit=1)}")
+                else:
+                    failed.append(section)
+                    bench.notes.append(f"section {section} failed: {traceback.format_exc(limit=3)}")
             meta.setdefault("section_seconds", {})[section] = round(time.monotonic() - began, 1)
     finally:
         for d in bench.daemons.values():
@@ -145,6 +191,8 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
             bench.peer.close()
         for server in servers:
             server.stop()
+        if bench.dockerd is not None:
+            stop_docker(bench.dockerd)
         if bench.floors is not None:
             await bench.floors.close()
         if failed:

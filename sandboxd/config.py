@@ -5,16 +5,28 @@ the option wins. A value that does not parse raises :class:`ConfigError` naming 
 start-up stops with one clear line.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
-from attrs import field, fields, frozen
+from attrs import fields, frozen
 
 from sandboxd.isolation.egress_plan import parse_networks, parse_pool4, parse_pool6
 from sandboxd.isolation.namespaces import parse_namespaces
 from sandboxd.isolation.network import parse_mode, parse_modes
 from sandboxd.listen import DUAL_STACK_MODES
+from sandboxd.settings import (
+    choice,
+    connections,
+    flag,
+    nonempty_text,
+    octal_umask,
+    optional_count,
+    optional_duration,
+    optional_size,
+    optional_text,
+    setting_field,
+)
 from sandboxd.units import (
     format_duration,
     format_size,
@@ -36,335 +48,244 @@ class ConfigError(Exception):
     """A setting has a value that cannot be used; the message names the variable."""
 
 
-def _choice(allowed: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        value = text.strip().lower()
-        if value not in allowed:
-            raise ValueError(f"{text!r} is not one of {', '.join(allowed)}")
-        return value
-
-    return parse
-
-
-def _text(text: str) -> str:
-    if not text.strip():
-        raise ValueError("is empty")
-    return text.strip()
-
-
-def _flag(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "yes", "true", "on"):
-        return True
-    if value in ("", "0", "no", "false", "off"):
-        return False
-    raise ValueError(f"{text!r} is not yes or no")
-
-
-def _umask(text: str) -> int:
-    value = text.strip()
-    if not value or any(c not in "01234567" for c in value) or int(value, 8) > 0o777:
-        raise ValueError(f"{text!r} is not an octal umask (e.g. 077)")
-    return int(value, 8)
-
-
-def _optional_text(text: str) -> str | None:
-    return text.strip() or None
-
-
-def _optional_size(text: str) -> int | None:
-    return parse_size(text) if text.strip() else None
-
-
-def _optional_count(text: str) -> int | None:
-    return parse_count(text) if text.strip() else None
-
-
-def _optional_duration(text: str) -> float | None:
-    """A duration, or ``off`` (``None``)."""
-    if text.strip().lower() == "off":
-        return None
-    value = parse_duration(text)
-    if value <= 0:
-        raise ValueError(f"{text!r} is not above zero (off: no timeout)")
-    return value
-
-
-def _connections(text: str) -> int | None:
-    """``auto`` (``None``: from the descriptor limit), ``off`` (``0``: no cap), or a count."""
-    value = text.strip().lower()
-    if value == "auto":
-        return None
-    if value == "off":
-        return 0
-    count = parse_count(value)
-    if count < 2:
-        raise ValueError(f"{text!r} is below 2 (auto: from the descriptor limit; off: no cap)")
-    return count
-
-
-def _setting(
-    env: str,
-    default: str | None,
-    parse: Callable[[str], Any],
-    help: str,
-    secret: bool = False,
-    flag: bool = False,
-) -> Any:
-    """Declare one setting: its variable, default (as text an operator would write) and parser.
-
-    A ``flag`` is a ``twistd sandboxd --option`` that takes no value (given: ``yes``).
-    """
-    return field(
-        metadata={
-            "env": env,
-            "default": default,
-            "parse": parse,
-            "help": help,
-            "secret": secret,
-            "flag": flag,
-        }
-    )
-
-
 @frozen
 class Config:
     """The effective configuration. Sizes are bytes, durations seconds, cores a float."""
 
-    listen: str = _setting(
+    listen: str = setting_field(
         "SANDBOXD_LISTEN",
         None,
-        _text,
+        nonempty_text,
         "Twisted endpoint string to listen on (default: tcp:8080 with a token, else"
         " tcp:8080:interface=127.0.0.1)",
     )
-    dual_stack: str = _setting(
+    dual_stack: str = setting_field(
         "SANDBOXD_DUAL_STACK",
         "on",
-        _choice(DUAL_STACK_MODES),
+        choice(DUAL_STACK_MODES),
         "Claim a tcp: port on IPv4 and IPv6 alike (on), or listen as the endpoint says (off)",
     )
-    insecure: bool = _setting(
+    insecure: bool = setting_field(
         "SANDBOXD_INSECURE",
         "no",
-        _flag,
+        flag,
         "Allow listening beyond loopback with no token (anyone reaching the port runs code)",
         flag=True,
     )
-    e2b_listen: str | None = _setting(
+    e2b_listen: str | None = setting_field(
         "SANDBOXD_E2B_LISTEN",
         None,
-        _optional_text,
+        optional_text,
         "Twisted endpoint string of the E2B-compatible front (default: off)",
     )
-    pod_url: str | None = _setting(
+    pod_url: str | None = setting_field(
         "SANDBOXD_POD_URL",
         None,
-        _optional_text,
+        optional_text,
         "This replica's own URL (default: from POD_IP and the port)",
     )
-    root: str = _setting(
+    root: str = setting_field(
         "SANDBOXD_ROOT",
         "/var/lib/sandboxd/sandboxes",
-        _text,
+        nonempty_text,
         "Directory holding one directory per sandbox",
     )
-    uid_min: int = _setting(
+    uid_min: int = setting_field(
         "SANDBOXD_UID_MIN", "200000", parse_count, "First uid/gid of the sandbox pool"
     )
-    uid_max: int = _setting(
+    uid_max: int = setting_field(
         "SANDBOXD_UID_MAX", "201999", parse_count, "Last uid/gid of the sandbox pool"
     )
-    memory_max: int = _setting(
+    memory_max: int = setting_field(
         "SANDBOXD_MEMORY_MAX", "512M", parse_size, "Memory limit of each sandbox (e.g. 512M)"
     )
-    cpu_cores: float = _setting(
+    cpu_cores: float = setting_field(
         "SANDBOXD_CPU_CORES", "1.0", parse_cores, "CPU limit of each sandbox in cores (e.g. 1.5)"
     )
-    pids_max: int = _setting(
+    pids_max: int = setting_field(
         "SANDBOXD_PIDS_MAX", "256", parse_count, "Process limit of each sandbox"
     )
-    disk_max: int | None = _setting(
+    disk_max: int | None = setting_field(
         "SANDBOXD_DISK_MAX",
         None,
-        _optional_size,
+        optional_size,
         "Bytes each sandbox may store (e.g. 1G; needs btrfs or ext4/XFS project quotas)",
     )
-    files_max: int | None = _setting(
+    files_max: int | None = setting_field(
         "SANDBOXD_FILES_MAX",
         None,
-        _optional_count,
+        optional_count,
         "Files each sandbox may make (needs btrfs or ext4/XFS project quotas)",
     )
-    cgroup_root: str | None = _setting(
-        "SANDBOXD_CGROUP_ROOT", None, _optional_text, "Cgroup subtree to manage (default: detect)"
+    cgroup_root: str | None = setting_field(
+        "SANDBOXD_CGROUP_ROOT", None, optional_text, "Cgroup subtree to manage (default: detect)"
     )
-    exec_timeout: float = _setting(
+    exec_timeout: float = setting_field(
         "SANDBOXD_EXEC_TIMEOUT", "10m", parse_duration, "Longest an exec may run (exit 124 after)"
     )
-    log_timeout: float = _setting(
+    log_timeout: float = setting_field(
         "SANDBOXD_LOG_TIMEOUT",
         "5m",
         parse_duration,
         "Longest an exec may stay silent (exit 124 after)",
     )
-    idle_ttl: float = _setting(
+    idle_ttl: float = setting_field(
         "SANDBOXD_IDLE_TTL", "30m", parse_duration, "Kill sandboxes idle this long"
     )
-    drain_deadline: float = _setting(
+    drain_deadline: float = setting_field(
         "SANDBOXD_DRAIN_DEADLINE", "60s", parse_duration, "Longest a drain waits for busy sandboxes"
     )
-    drain_idle: float = _setting(
+    drain_idle: float = setting_field(
         "SANDBOXD_DRAIN_IDLE",
         "10s",
         parse_duration,
         "During a drain, kill a sandbox after this long with no call, command or output",
     )
-    archive_root: str | None = _setting(
+    archive_root: str | None = setting_field(
         "SANDBOXD_ARCHIVE_ROOT",
         None,
-        _optional_text,
+        optional_text,
         "Archive directory for persist/restore (default: none)",
     )
-    tools_dir: str = _setting(
+    tools_dir: str = setting_field(
         "SANDBOXD_TOOLS_DIR",
         "/var/lib/sandboxd/tools",
-        _text,
+        nonempty_text,
         "Directory of installed third-party tools",
     )
-    token_file: str | None = _setting(
+    token_file: str | None = setting_field(
         "SANDBOXD_TOKEN_FILE",
         None,
-        _optional_text,
+        optional_text,
         "File holding the bearer token (root-only)",
         secret=True,
     )
-    isolation: str = _setting(
+    isolation: str = setting_field(
         "SANDBOXD_ISOLATION",
         "auto",
-        _choice(ISOLATION_MODES),
+        choice(ISOLATION_MODES),
         "auto, cgroup2, cgroup1 or none (none: development only)",
     )
-    namespaces: frozenset[str] = _setting(
+    namespaces: frozenset[str] = setting_field(
         "SANDBOXD_NAMESPACES",
         "all",
         parse_namespaces,
         "Namespace layers per sandbox: all, none, or some of ipc,mount,net",
     )
-    network: str | None = _setting(
+    network: str | None = setting_field(
         "SANDBOXD_NETWORK",
         None,
         parse_mode,
         "Default network mode of a create: none, egress or host (default: the strongest allowed)",
     )
-    network_allow: tuple[str, ...] | None = _setting(
+    network_allow: tuple[str, ...] | None = setting_field(
         "SANDBOXD_NETWORK_ALLOW",
         None,
         parse_modes,
         "Network modes a create may ask for, separated by commas (default: every one offered)",
     )
-    egress_pool: IPv4Network = _setting(
+    egress_pool: IPv4Network = setting_field(
         "SANDBOXD_EGRESS_POOL",
         "10.200.0.0/16",
         parse_pool4,
         "IPv4 range of the egress mode's veths, a /31 per sandbox (only on this host)",
     )
-    egress_pool6: IPv6Network | None = _setting(
+    egress_pool6: IPv6Network | None = setting_field(
         "SANDBOXD_EGRESS_POOL6",
         "fd53:616e:6462:6f78::/64",
         parse_pool6,
         "IPv6 range of the egress mode's veths, a /127 per sandbox (none: no IPv6 egress)",
     )
-    egress_deny: tuple[IPv4Network | IPv6Network, ...] = _setting(
+    egress_deny: tuple[IPv4Network | IPv6Network, ...] = setting_field(
         "SANDBOXD_EGRESS_DENY",
         "",
         parse_networks,
         "Ranges egress sandboxes may not reach, besides loopback, link-local, the host, the pool",
     )
-    seccomp: str = _setting(
+    seccomp: str = setting_field(
         "SANDBOXD_SECCOMP",
         "default",
-        _choice(SECCOMP_MODES),
+        choice(SECCOMP_MODES),
         "System call filter of every command: default or off",
     )
-    umask: int = _setting(
+    umask: int = setting_field(
         "SANDBOXD_UMASK",
         "077",
-        _umask,
+        octal_umask,
         "umask of every command (octal; 077: nothing readable by another uid)",
     )
-    socket_buffers: str = _setting(
+    socket_buffers: str = setting_field(
         "SANDBOXD_SOCKET_BUFFERS",
         "charged",
-        _choice(SOCKET_BUFFER_MODES),
+        choice(SOCKET_BUFFER_MODES),
         "Charge socket buffers to the sandbox's memory limit: charged or off",
     )
-    max_output: int = _setting(
+    max_output: int = setting_field(
         "SANDBOXD_MAX_OUTPUT",
         "16M",
         parse_size,
         "Bytes of stdout and of stderr kept per exec for the final frame",
     )
-    max_body: int = _setting(
+    max_body: int = setting_field(
         "SANDBOXD_MAX_BODY", "8G", parse_size, "Largest request body (uploads) accepted"
     )
-    keepalive: float = _setting(
+    keepalive: float = setting_field(
         "SANDBOXD_KEEPALIVE",
         "5s",
         parse_duration,
         'Interval of {"o": ""} frames while an exec is silent',
     )
-    process_log_max: int = _setting(
+    process_log_max: int = setting_field(
         "SANDBOXD_PROCESS_LOG_MAX",
         "16M",
         parse_size,
         "Bytes of output kept per background process (older bytes fall out)",
     )
-    processes_max: int = _setting(
+    processes_max: int = setting_field(
         "SANDBOXD_PROCESSES_MAX",
         "16",
         parse_count,
         "Background process records kept per sandbox (the oldest ended pushed out)",
     )
-    walk_max: int = _setting(
+    walk_max: int = setting_field(
         "SANDBOXD_WALK_MAX",
         "200000",
         parse_count,
         "Most files one walk lists (413 past it)",
     )
-    watch_max: int = _setting(
+    watch_max: int = setting_field(
         "SANDBOXD_WATCH_MAX", "8", parse_count, "Workspace watches open at once per sandbox"
     )
-    max_connections: int | None = _setting(
+    max_connections: int | None = setting_field(
         "SANDBOXD_MAX_CONNECTIONS",
         "auto",
-        _connections,
+        connections,
         "Connections open at once, a tenth kept for authenticated callers (auto: half the "
         "descriptor limit; off: no cap)",
     )
-    header_timeout: float | None = _setting(
+    header_timeout: float | None = setting_field(
         "SANDBOXD_HEADER_TIMEOUT",
         "10s",
-        _optional_duration,
+        optional_duration,
         "Longest a request's whole header section may take to arrive (off: no limit)",
     )
-    connection_idle: float | None = _setting(
+    connection_idle: float | None = setting_field(
         "SANDBOXD_CONNECTION_IDLE",
         "2m",
-        _optional_duration,
+        optional_duration,
         "Longest a connection may wait for its next request, or go silent in a body (off: 12h)",
     )
-    auth_gate: str = _setting(
+    auth_gate: str = setting_field(
         "SANDBOXD_AUTH_GATE",
         "headers",
-        _choice(AUTH_GATE_MODES),
+        choice(AUTH_GATE_MODES),
         "Refuse a request without the token as soon as its headers are in, pacing refusals "
         "per peer (headers), or only once its body is stored (off)",
     )
-    log_format: str = _setting(
+    log_format: str = setting_field(
         "SANDBOXD_LOG_FORMAT",
         "text",
-        _choice(LOG_FORMATS),
+        choice(LOG_FORMATS),
         "Log output: text or json (one JSON object per line)",
     )
 
@@ -440,7 +361,7 @@ class Config:
             parse = setting.metadata["parse"]
             if value is None:
                 text = "unset"
-            elif parse in (parse_size, _optional_size):
+            elif parse in (parse_size, optional_size):
                 text = format_size(value)
             elif parse is parse_duration:
                 text = format_duration(value)
@@ -471,34 +392,3 @@ def env_name(attribute: str) -> str:
         if setting.name == attribute:
             return str(setting.metadata["env"])
     raise KeyError(attribute)
-
-
-def option_table() -> list[list[Any]]:
-    """``optParameters`` rows for ``twisted.python.usage.Options``: one per setting that
-    takes a value."""
-    rows: list[list[Any]] = []
-    for setting in fields(Config):
-        meta = setting.metadata
-        if meta["flag"]:
-            continue
-        default = meta["default"]
-        help_text = f"{meta['help']} [env {meta['env']}; default {default or 'unset'}]"
-        rows.append([option_name(setting.name), None, None, help_text])
-    return rows
-
-
-def flag_table() -> list[list[Any]]:
-    """``optFlags`` rows for ``twisted.python.usage.Options``: one per flag setting."""
-    return [
-        [option_name(s.name), None, f"{s.metadata['help']} [env {s.metadata['env']}=yes]"]
-        for s in fields(Config)
-        if s.metadata["flag"]
-    ]
-
-
-def given_options(options: Mapping[str, Any]) -> dict[str, str | None]:
-    """The settings given on the command line, by option name (a flag given is ``yes``)."""
-    given: dict[str, str | None] = {row[0]: options[row[0]] for row in option_table()}
-    for row in flag_table():
-        given[row[0]] = "yes" if options[row[0]] else None
-    return given

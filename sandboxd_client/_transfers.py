@@ -9,29 +9,17 @@ import contextlib
 import os
 from collections.abc import Callable
 
-from hyperlink import DecodedURL
-from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import UNKNOWN_LENGTH
 
+from ._base import OCTETS, ClientBase, Handle
 from ._deferreds import async_to_deferred
-from ._retry import RetryPolicy, retrying
-from ._transport import Transport
-from ._types import SandboxHandle
+from ._retry import retrying
 
-Handle = SandboxHandle | str
 Progress = Callable[[int, int | None], object]
-OCTETS = b"application/octet-stream"
 
 
-class Transfers:
-    """File bodies to and from a sandbox; ``HttpSandbox`` provides what these need."""
-
-    _http: Transport
-    _clock: IReactorTime
-    _retry: RetryPolicy
-
-    def _url(self, handle: Handle, *segments: str) -> DecodedURL:
-        raise NotImplementedError
+class Transfers(ClientBase):
+    """File bodies to and from a sandbox."""
 
     @async_to_deferred
     async def upload(self, handle: Handle, path: str, data: bytes) -> None:

@@ -25,7 +25,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from sandboxd_client import HttpSandbox, decode_handle
 
-from . import floor, procs
+from . import dockerd, floor, procs, versus
 from .rawhttp import CHUNK, RawHTTP
 from .stats import median, summary
 
@@ -56,6 +56,13 @@ class Sizes:
         self.sleepers = 20 if quick else 100
         self.sleep = 0.5 if quick else 1.0
         self.sleep_reps = 1 if quick else 3
+        self.docker_rounds = 1 if quick else 20
+        self.docker_per_round = 1 if quick else 3
+        self.docker_idle = 2 if quick else 50
+        self.docker_parallel = 2 if quick else 32
+        self.docker_execs = 1 if quick else 4
+        self.sandboxd_execs = 2 if quick else 25
+        self.docker_throughput_reps = 1 if quick else 3
 
 
 class PeakWatch:
@@ -159,6 +166,8 @@ class Bench:
         self.daemons: dict[str, Sandboxd] = {}
         self.peer: RawHTTP | None = None
         self.peer_server: procs.Server | None = None
+        self.dockerd: dockerd.Dockerd | None = None
+        """The bench's own dockerd when Docker's rows run (``docker`` section)."""
 
     # Rows
 
@@ -440,6 +449,10 @@ class Bench:
 
         return call
 
+    async def docker(self) -> None:
+        """Docker beside sandboxd: create, execs, kill, idle memory, throughput (``versus``)."""
+        versus.section(self)
+
     # Idle sandboxes and sustained creates
 
     async def idle(self) -> None:
@@ -572,7 +585,7 @@ class Bench:
             small, large = (median(growth[label][s]) / 1024 for s in (big // 4, big))
             # Up to max_output (16 MiB by default) the output is also kept for the last frame:
             # memory is only expected to stay flat beyond it.
-            flat = Target("flat: N vs N/4 < 10 MiB", lambda v, s=small: v - s < 10)
+            flat = Target("flat: N vs N/4 < 10 MiB", versus.within(small + 10))
             self.row(
                 "daemon memory while streaming",
                 f"{label}: peak growth at N (N/4: {small:.1f} MiB)",

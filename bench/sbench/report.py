@@ -25,18 +25,22 @@ def table(result: dict[str, Any]) -> str:
     """A plain-text table: figure, variant, p50 (or rate), reference, ratio, target, met.
 
     A quick run has no ratio, target or met column: its tiny sizes prove that each row runs,
-    not how fast it is, so it judges nothing and says so.
+    not how fast it is, so it judges nothing and says so. A ``p99`` column follows the value
+    when some row has one (``p99_ms``).
     """
     meta = result["meta"]
     quick = bool(meta["quick"])
-    head: tuple[str, ...] = ("figure", "variant", "value", "reference", "ratio", "target", "met")
-    if quick:
-        head = ("figure", "variant", "value", "reference")
+    tails = any("p99_ms" in row for row in result["rows"])
+    head: tuple[str, ...] = ("figure", "variant", "value", *(("p99",) if tails else ()))
+    head = (*head, "reference", *(() if quick else ("ratio", "target", "met")))
     lines = []
     for row in result["rows"]:
         ref = "" if row["ref"] is None else f"{row['ref']} = {fmt(row['ref_value'], row['unit'])}"
         value = fmt(row["value"], row["unit"])
-        cells: tuple[str, ...] = (row["figure"], row["variant"], value, ref)
+        cells: tuple[str, ...] = (row["figure"], row["variant"], value)
+        if tails:
+            cells = (*cells, fmt(row["p99_ms"], "ms") if "p99_ms" in row else "")
+        cells = (*cells, ref)
         if not quick:
             ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"
             met = {None: "", True: "yes", False: "NO"}[row["met"]]
@@ -87,12 +91,16 @@ def write(result: dict[str, Any], directory: Path) -> Path:
 
 
 def rst(result: dict[str, Any]) -> str:
-    """The rows with a target, as an RST table for README.rst."""
+    """The rows with a target or measured against Docker, as an RST table for README.rst."""
     meta = result["meta"]
     head = ("figure", "sandboxd", "p50 / rate", "reference", "ratio", "target", "met")
     lines = []
     for row in result["rows"]:
-        if row["target"] is None:
+        if (
+            row["target"] is None
+            and row["ref"] != "Docker"
+            and not row["variant"].startswith("docker")
+        ):
             continue
         ref = "" if row["ref"] is None else f"{row['ref']} {fmt(row['ref_value'], row['unit'])}"
         ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"

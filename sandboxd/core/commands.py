@@ -31,6 +31,8 @@ from sandboxd.metrics import Metrics
 T = TypeVar("T")
 
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+HOME_USER = "user"
+"""``USER`` of a command run in the workspace as its home (E2B's user name)."""
 
 log = Logger()
 
@@ -64,6 +66,14 @@ class Commands:
     def files(self, sandbox: Sandbox, work: Callable[[str], T]) -> Deferred[T]:
         raise NotImplementedError  # pragma: no cover - the manager's
 
+    def workspace_seen(self, sandbox: Sandbox, request: ExecSpec) -> str:
+        """The workspace's path as ``request``'s command sees it (the real path, or for an
+        ``as_home`` command the view the namespaces give it)."""
+        workspace = self.layout.workspace(sandbox.rid)
+        if not request.as_home:
+            return workspace
+        return self.isolation.namespaces.workspace_view(workspace)
+
     def command_env(self, sandbox: Sandbox, request: ExecSpec) -> dict[str, str]:
         """A fresh environment: the host's base, then create-time env, then exec env last."""
         path = BASE_PATH
@@ -76,6 +86,8 @@ class Commands:
             "LANG": "C.UTF-8",
             "TERM": "dumb",
         }
+        if request.as_home:
+            env.update(HOME=self.workspace_seen(sandbox, request), USER=HOME_USER)
         env.update(sandbox.env)
         env.update(request.env)
         return env
@@ -176,7 +188,7 @@ class Commands:
         for sha in request.tools:
             if not os.path.isdir(os.path.join(self.config.tools_dir, sha)):
                 raise BadRequest(f"tools: {sha} is not installed")
-        cwd = os.path.join(self.layout.workspace(sandbox.rid), *request.cwd)
+        cwd = os.path.join(self.workspace_seen(sandbox, request), *request.cwd)
         env = self.command_env(sandbox, request)
         # E2BIG is decided here, on the environment the command would really get: 400.
         check_exec_size(request.cmd, env)

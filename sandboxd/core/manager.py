@@ -129,7 +129,9 @@ class SandboxManager(Commands):
             self.isolation.cgroups.create(rid, self.limits)
             self.layout.create(rid, identity)
             # namespaces: made and pinned once, entered by every process of the sandbox
-            self.isolation.namespaces.create(rid, self.layout.tmp(rid), mode)
+            self.isolation.namespaces.create(
+                rid, self.layout.tmp(rid), self.layout.workspace(rid), mode
+            )
         except BaseException:
             self.isolation.namespaces.remove(rid)
             self.isolation.cgroups.remove(rid)
@@ -193,7 +195,8 @@ class SandboxManager(Commands):
         log.info("killed sandbox {rid}", rid=rid)
 
     def reap_idle(self) -> Deferred[Any]:
-        """Kill every sandbox with no call, no running command and no output for ``idle_ttl``.
+        """Kill every sandbox with no call, no running command and no output for ``idle_ttl``,
+        except one whose front bounds its life (``lives_until``) before that time is reached.
 
         One failing kill is logged and does not stop the others (nor the next round).
         """
@@ -201,7 +204,9 @@ class SandboxManager(Commands):
         idle = [
             s
             for s in self.sandboxes.values()
-            if not s.running and now - s.last_active >= self.config.idle_ttl
+            if not s.running
+            and now - s.last_active >= self.config.idle_ttl
+            and (s.lives_until is None or now >= s.lives_until)
         ]
         kills = []
         for sandbox in idle:

@@ -31,3 +31,7 @@ class Sandbox:
     oom_kills_seen: int = 0
     network: str = "host"
     """The sandbox's network mode (``none``, ``egress``, ``host``)."""
+    lives_until: float | None = None
+    """When a front bounds this sandbox's life itself (the E2B front's ``timeout``), the time
+    it ends: the idle reaper leaves it alone until then. ``None``: ``SANDBOXD_IDLE_TTL``
+    applies."""

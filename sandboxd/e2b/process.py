@@ -120,7 +120,7 @@ async def start(
     if tag is not None and not isinstance(tag, str):
         raise ConnectError("invalid_argument", "tag: must be a string")
     stdin = bool_field(message, "stdin")
-    spec = ExecSpec((cmd, *args), envs, cwd, timeout_of(request), None, ())
+    spec = ExecSpec((cmd, *args), envs, cwd, timeout_of(request), None, (), as_home=True)
     process = manager.start_process(entry.sandbox, spec, tag=tag, stdin=stdin)
     kept = {p.id for p in entry.sandbox.processes.all()}
     for gone in [key for key in entry.processes if key not in kept]:

@@ -3,7 +3,9 @@
 Each E2B sandbox is a core sandbox (same manager, same isolation, same limits) plus what the
 E2B protocol adds: its own ``envdAccessToken`` (checked on every envd call of that sandbox and
 useless for any other), its metadata, its template name, and its end time (``timeout``
-seconds after create, moved by ``set_timeout``): when it passes, the sandbox is killed.
+seconds after create, moved by ``set_timeout``): when it passes, the sandbox is killed. The
+end time governs the sandbox's life: the idle reaper leaves it alone until then (as E2B keeps
+an idle sandbox until its timeout).
 Sandboxes of the native API are not listed here and cannot be reached through this front.
 """
 
@@ -106,10 +108,12 @@ class Registry:
         return live
 
     def set_timeout(self, entry: E2BSandbox, timeout: float) -> None:
-        """The sandbox ends ``timeout`` seconds from now (capped by ``timeout_max``)."""
+        """The sandbox ends ``timeout`` seconds from now (capped by ``timeout_max``), idle or
+        not."""
         if self.timeout_max is not None:
             timeout = min(timeout, self.timeout_max)
         entry.end_at = self.clock.seconds() + timeout
+        entry.sandbox.lives_until = entry.end_at
         if entry.expiry is not None and entry.expiry.active():
             entry.expiry.cancel()
         entry.expiry = self.clock.callLater(timeout, self._expire, entry)

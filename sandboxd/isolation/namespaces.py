@@ -6,10 +6,13 @@ script, see :mod:`sandboxd.isolation.namespaces_shell`) unshares them in a child
 bind-mounts its ``/proc/PID/ns/{ipc,mnt,net}`` onto files in ``{root}/.ns/{rid}/`` (a root-only
 directory, bound onto itself with private propagation at start-up, as ``ip netns`` does for
 ``/run/netns``). In the new mount namespace ``/tmp`` and ``/var/tmp`` are the sandbox's own
-``tmp/`` directory and ``/dev/shm`` a tmpfs of its own (capped at the memory limit, charged to
-its cgroup); the rest of the host's filesystem is as before, and nothing mounted there reaches
-the host. A state root or tools directory inside one of those places (test set-ups) stays
-reachable: the root-owned directory holding it there is bound back at its own path.
+``tmp/`` directory, ``/dev/shm`` a tmpfs of its own (capped at the memory limit, charged to
+its cgroup), and ``/home`` a small root-owned tmpfs holding only ``user``, onto which the
+sandbox's workspace is bound (:data:`HOME_VIEW`: E2B's ``/home/user``; the host's ``/home`` is
+out of sight, and nothing is made in it); the rest of the host's filesystem is as before, and
+nothing mounted there reaches the host. A state root or tools directory inside one of those
+places (test set-ups) stays reachable: the root-owned directory holding it there is bound back
+at its own path.
 
 Every process of the sandbox enters the pinned namespaces with ``setns`` before it drops
 privilege: the helper's ``enter`` prefix, ``nsenter`` in the shell chain and the archive's rsync
@@ -41,8 +44,21 @@ PIN = {"ipc": "ipc", "mount": "mnt", "net": "net"}
 LETTER = {"ipc": "i", "mount": "m", "net": "n"}
 """Each layer's letter in the helper's ``KINDS`` argument."""
 
-PLACES = ("/tmp", "/var/tmp", "/dev/shm")
+PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/home")
 """Shared places each sandbox gets its own of."""
+
+HOME = "/home"
+HOME_VIEW = "/home/user"
+"""Where a sandbox with a mount namespace sees its workspace (when the host has a ``/home``)."""
+
+
+def home_coverable(home: str = HOME) -> bool:
+    """True when ``home`` is a directory (not a symlink) that a mount namespace can cover."""
+    try:
+        return stat.S_ISDIR(os.lstat(home).st_mode)
+    except OSError:
+        return False
+
 
 NS_DIR = ".ns"
 _RID = re.compile(r"^[0-9a-f]{16}$")
@@ -103,8 +119,15 @@ class Creator:
     """Makes and pins one sandbox's namespaces (the helper's, or the shell chain's argv)."""
 
     def argv(
-        self, nsroot: str, rid: str, kinds: frozenset[str], tmp: str, shm: int, keep: list[str]
+        self,
+        nsroot: str,
+        rid: str,
+        kinds: frozenset[str],
+        places: tuple[str, str],
+        shm: int,
+        keep: list[str],
     ) -> list[str]:
+        """The argv making ``rid``'s namespaces; ``places`` are its tmp and workspace."""
         raise NotImplementedError
 
     def enter(self, pins: Sequence[str], argv: list[str]) -> list[str]:
@@ -118,10 +141,16 @@ class HelperCreator(Creator):
     helper: str
 
     def argv(
-        self, nsroot: str, rid: str, kinds: frozenset[str], tmp: str, shm: int, keep: list[str]
+        self,
+        nsroot: str,
+        rid: str,
+        kinds: frozenset[str],
+        places: tuple[str, str],
+        shm: int,
+        keep: list[str],
     ) -> list[str]:
         letters = "".join(LETTER[kind] for kind in KINDS if kind in kinds)
-        return [self.helper, "namespaces", nsroot, rid, letters, tmp, str(shm), *keep]
+        return [self.helper, "namespaces", nsroot, rid, letters, *places, str(shm), *keep]
 
     def enter(self, pins: Sequence[str], argv: list[str]) -> list[str]:
         """``argv`` is the helper's own (``sandboxd-exec sandbox ...``), run past the pins."""
@@ -147,6 +176,8 @@ class Namespaces:
     mounts: MountCalls = field(factory=MountCalls)
     nsenter: str | None = None
     """``nsenter`` for the processes the helper does not start (the archive's rsync end)."""
+    home_covered: Callable[[], bool] = home_coverable
+    """Whether the host's ``/home`` is a directory the mount namespace covers."""
     _pins: dict[str, dict[str, str]] = field(factory=dict)
     _modes: dict[str, NetworkMode] = field(factory=dict)
     _prepared: bool = False
@@ -156,14 +187,27 @@ class Namespaces:
         modes a create may ask for."""
         return sorted([f"isolation.{kind}" for kind in self.kinds] + self.network.capabilities())
 
+    def workspace_view(self, workspace: str) -> str:
+        """Where a sandbox's commands see its workspace (real path ``workspace``):
+        :data:`HOME_VIEW` when the mount namespace binds it there, else the real path."""
+        if "mount" in self.kinds and self.home_covered():
+            return HOME_VIEW
+        return workspace
+
     def prepare(self) -> None:
         """Make ``{root}/.ns`` (root only) a mount with private propagation, check every kept
-        directory is root's alone, and make and remove one probe set of namespaces, so that a
-        layer the kernel refuses stops start-up (``IsolationUnavailable`` naming it). Once done,
-        calling it again does nothing (until :meth:`close`)."""
+        directory is root's alone (and not :data:`HOME_VIEW`, where the workspace goes), and
+        make and remove one probe set of namespaces, so that a layer the kernel refuses stops
+        start-up (``IsolationUnavailable`` naming it). Once done, calling it again does nothing
+        (until :meth:`close`)."""
         if not self.kinds or self._prepared:
             return
         for path in self.keep:
+            if path == HOME_VIEW:
+                raise IsolationUnavailable(
+                    f"namespaces: the state root or tools lie in {HOME_VIEW}, where each"
+                    " sandbox's workspace is mounted: choose another SANDBOXD_ROOT/TOOLS_DIR"
+                )
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
                 raise IsolationUnavailable(
@@ -193,7 +237,8 @@ class Namespaces:
         self._remove_probe(probe, probe_tmp)
         os.mkdir(probe_tmp, 0o700)
         try:
-            self._make(probe, probe_tmp, self.network.offered[self.network.default])
+            mode = self.network.offered[self.network.default]
+            self._make(probe, probe_tmp, probe_tmp, mode)
         except OSError as e:
             raise IsolationUnavailable(f"namespaces {', '.join(sorted(self.kinds))}: {e}") from e
         finally:
@@ -208,14 +253,15 @@ class Namespaces:
         with suppress(FileNotFoundError):
             os.rmdir(probe_tmp)
 
-    def create(self, rid: str, tmp: str, mode: NetworkMode) -> None:
+    def create(self, rid: str, tmp: str, workspace: str, mode: NetworkMode) -> None:
         """Make and pin the sandbox's namespaces (its network one only for a mode that wants
-        one), then attach the network mode; ``OSError`` when the kernel refused."""
+        one; its ``tmp`` and ``workspace`` directories in their places), then attach the
+        network mode; ``OSError`` when the kernel refused."""
         if not self.kinds:
             return
-        self._make(rid, tmp, mode)
+        self._make(rid, tmp, workspace, mode)
 
-    def _make(self, rid: str, tmp: str, mode: NetworkMode) -> None:
+    def _make(self, rid: str, tmp: str, workspace: str, mode: NetworkMode) -> None:
         assert self.creator is not None
         kinds = set(self.kinds)
         if not mode.own_namespace:
@@ -224,7 +270,10 @@ class Namespaces:
         os.mkdir(directory, 0o700)
         pins = {kind: os.path.join(directory, PIN[kind]) for kind in KINDS if kind in kinds}
         self._pins[rid] = pins
-        argv = self.creator.argv(self.nsroot, rid, frozenset(kinds), tmp, self.shm_bytes, self.keep)
+        places = (tmp, workspace)
+        argv = self.creator.argv(
+            self.nsroot, rid, frozenset(kinds), places, self.shm_bytes, self.keep
+        )
         code, err = self.run(argv)
         if code != 0:
             raise OSError(errno.EPERM, f"cannot make namespaces (exit {code}): {err}")

@@ -5,9 +5,11 @@ Used where the helper was not built (the shell chain of :mod:`sandboxd.isolation
 (its own child binds ``/proc/PID/ns/*`` from the host's side); inside, :data:`SETUP` does what
 the helper's ``namespaces`` mode does (``sandboxd_exec_ns.h``): detach the copy of the pins'
 directory, bind the sandbox's ``tmp/`` onto ``/tmp`` and ``/var/tmp`` (through a descriptor
-opened before either is covered), a tmpfs on ``/dev/shm``, a fresh mqueue, the kept directories
-bound back (descriptors 3 to 8: ``sh`` redirects one digit; :func:`kept_directories` gives at
-most six), and the loopback up. ``nsenter`` opens every pin before it enters any.
+opened before either is covered), a tmpfs on ``/dev/shm``, a fresh mqueue, a root-owned tmpfs
+on ``/home`` with the workspace (descriptor 8) bound onto ``/home/user``, the kept directories
+bound back (descriptors 3 to 7: ``sh`` redirects one digit; :func:`kept_directories` gives one
+per path kept, two at most), and the loopback up. ``nsenter`` opens every pin before it enters
+any.
 """
 
 from collections.abc import Callable, Sequence
@@ -18,11 +20,11 @@ from sandboxd.isolation.namespaces import KINDS, PIN, Creator
 from sandboxd.isolation.none import find_program
 
 SETUP = r"""
-nsroot=$1 tmp=$2 shm=$3 ipc=$4 net=$5 mnt=$6
-shift 6
+nsroot=$1 tmp=$2 home=$3 shm=$4 ipc=$5 net=$6 mnt=$7
+shift 7
 if [ "$mnt" = 1 ]; then
   umount -l -- "$nsroot" 2>/dev/null
-  exec 9<"$tmp" || exit 125
+  exec 9<"$tmp" 8<"$home" || exit 125
   i=3
   for k do eval "exec $i<\"\$k\"" || exit 125; i=$((i + 1)); done
   for p in /tmp /var/tmp; do
@@ -33,6 +35,10 @@ if [ "$mnt" = 1 ]; then
   fi
   if [ "$ipc" = 1 ] && [ -d /dev/mqueue ]; then
     mount -t mqueue -o nosuid,nodev,noexec mqueue /dev/mqueue || exit 125
+  fi
+  if [ -d /home ] && [ ! -L /home ]; then
+    mount -t tmpfs -o nosuid,nodev,size=1m,nr_inodes=64,mode=0755 tmpfs /home || exit 125
+    mkdir -m 0755 /home/user && mount -c --bind /proc/self/fd/8 /home/user || exit 125
   fi
   i=3
   for k do
@@ -76,7 +82,13 @@ class ShellCreator(Creator):
     programs: ShellPrograms
 
     def argv(
-        self, nsroot: str, rid: str, kinds: frozenset[str], tmp: str, shm: int, keep: list[str]
+        self,
+        nsroot: str,
+        rid: str,
+        kinds: frozenset[str],
+        places: tuple[str, str],
+        shm: int,
+        keep: list[str],
     ) -> list[str]:
         directory = f"{nsroot}/{rid}"
         names = " ".join(PIN[kind] for kind in KINDS if kind in kinds)
@@ -97,7 +109,7 @@ class ShellCreator(Creator):
             SETUP,
             "sh",
             nsroot,
-            tmp,
+            *places,
             str(shm),
             *flags,
             *keep,

@@ -5,7 +5,7 @@
  *   sandboxd-exec [--umask=OCTAL] session CWD CMD [ARG..]
  *   sandboxd-exec seccomp-check | seccomp-dump
  *   sandboxd-exec enter N NS_1 .. NS_N sandboxd-exec [--umask=..] sandbox ...   (sandboxd_exec_ns.h)
- *   sandboxd-exec namespaces NSROOT RID KINDS TMP SHM_BYTES [KEEP..]   (sandboxd_exec_ns.h)
+ *   sandboxd-exec namespaces NSROOT RID KINDS TMP WORKSPACE SHM_BYTES [KEEP..]   (sandboxd_exec_ns.h)
  *   sandboxd-exec namespace-server   (sandboxd_exec_ns.h)
  *
  * "sandbox" (run as root by the isolated daemon), in this order:

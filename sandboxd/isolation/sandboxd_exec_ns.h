@@ -1,7 +1,7 @@
 /*
  * sandboxd-exec's namespace steps (included by sandboxd_exec.c; see sandboxd/isolation/namespaces.py).
  *
- *   sandboxd-exec namespaces NSROOT RID KINDS TMP SHM_BYTES [KEEP..]
+ *   sandboxd-exec namespaces NSROOT RID KINDS TMP WORKSPACE SHM_BYTES [KEEP..]
  *   sandboxd-exec namespace-server
  *   sandboxd-exec enter N NS_1 .. NS_N HELPER MODE ...
  *
@@ -13,9 +13,12 @@
  * slave (nothing it mounts reaches the host, the host's later mounts still arrive), detaches its
  * copy of NSROOT (so this namespace holds no other sandbox's pins), then binds TMP (the sandbox's
  * own tmp directory) onto /tmp and /var/tmp, mounts a tmpfs of SHM_BYTES (mode 1777) on
- * /dev/shm, and a fresh mqueue on /dev/mqueue where that exists. Each KEEP is a host directory
- * directly inside one of those places (the state root's, in test set-ups) that is bound back
- * at its own path, with what is mounted below it. A new network namespace gets its loopback up.
+ * /dev/shm, and a fresh mqueue on /dev/mqueue where that exists. Where /home is a directory
+ * it is covered by a small root-owned tmpfs (mode 0755) holding only "user", onto which
+ * WORKSPACE (the sandbox's workspace) is bound: the host's /home is out of sight and the
+ * workspace is /home/user. Each KEEP is a host directory directly inside one of those places
+ * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
+ * below it. A new network namespace gets its loopback up.
  *
  * "namespace-server" does the same for each line of its stdin (the arguments from NSROOT on,
  * separated by tabs), and answers each with one line on stdout: the exit
@@ -40,6 +43,7 @@
 #define NS_KEEP_MAX 8
 
 static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
+static const char NS_HOME[] = "/home", NS_HOME_USER[] = "/home/user";
 
 static void ns_loopback_up(void)
 {
@@ -70,9 +74,10 @@ static void ns_mount(const char *source, const char *target, const char *type,
         fail(SETUP_FAILED, "mount", target, errno);
 }
 
-/* The child's mount namespace: slave root, no pins, private /tmp, /var/tmp, /dev/shm. */
-static void ns_private_places(const char *nsroot, const char *tmp, const char *shm_bytes,
-                              int keeps, char **keep, int ipc)
+/* The child's mount namespace: slave root, no pins, private /tmp, /var/tmp, /dev/shm, and
+ * the workspace at /home/user on a /home of its own. */
+static void ns_private_places(const char *nsroot, const char *tmp, const char *workspace,
+                              const char *shm_bytes, int keeps, char **keep, int ipc)
 {
     ns_mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
     if (umount2(nsroot, MNT_DETACH) != 0 && errno != EINVAL)
@@ -82,6 +87,11 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *s
     if (tmp_fd < 0)
         fail(SETUP_FAILED, "open", tmp, errno);
     snprintf(tmp_source, sizeof tmp_source, "/proc/self/fd/%d", tmp_fd);
+    char home_source[64];
+    int home_fd = open(workspace, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (home_fd < 0)
+        fail(SETUP_FAILED, "open", workspace, errno);
+    snprintf(home_source, sizeof home_source, "/proc/self/fd/%d", home_fd);
     int keep_fd[NS_KEEP_MAX];
     for (int i = 0; i < keeps; i++) {
         keep_fd[i] = open(keep[i], O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -98,6 +108,12 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *s
     }
     if (ipc && ns_is_dir("/dev/mqueue"))
         ns_mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+    if (ns_is_dir(NS_HOME)) {
+        ns_mount("tmpfs", NS_HOME, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=64,mode=0755");
+        if (mkdir(NS_HOME_USER, 0755) != 0)
+            fail(SETUP_FAILED, "mkdir", NS_HOME_USER, errno);
+        ns_mount(home_source, NS_HOME_USER, NULL, MS_BIND, NULL);
+    }
     for (int i = 0; i < keeps; i++) {
         char source[64];
         snprintf(source, sizeof source, "/proc/self/fd/%d", keep_fd[i]);
@@ -106,6 +122,7 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *s
         ns_mount(source, keep[i], NULL, MS_BIND | MS_REC, NULL);
         close(keep_fd[i]);
     }
+    close(home_fd);
     close(tmp_fd);
 }
 
@@ -118,7 +135,7 @@ static int ns_refuse(const char *what, const char *arg, int error)
 
 static int make_namespaces(int argc, char **argv)
 {
-    if (argc < 7 || argc - 7 > NS_KEEP_MAX)
+    if (argc < 8 || argc - 8 > NS_KEEP_MAX)
         return ns_refuse("bad", "namespaces arguments", EINVAL);
     const char *nsroot = argv[2], *rid = argv[3], *kinds = argv[4];
     int ipc = strchr(kinds, 'i') != NULL, mnt = strchr(kinds, 'm') != NULL;
@@ -147,7 +164,7 @@ static int make_namespaces(int argc, char **argv)
         if (unshare(flags) != 0)
             fail(SETUP_FAILED, "unshare", kinds, errno);
         if (mnt)
-            ns_private_places(nsroot, argv[5], argv[6], argc - 7, argv + 7, ipc);
+            ns_private_places(nsroot, argv[5], argv[6], argv[7], argc - 8, argv + 8, ipc);
         if (net)
             ns_loopback_up();
         char byte = 1, ignored;
@@ -241,9 +258,9 @@ static int serve_namespaces(void)
         if (got <= 0)
             return 0;
         line[used] = '\0';
-        char *args[8 + NS_KEEP_MAX] = {"sandboxd-exec", "namespaces"};
+        char *args[9 + NS_KEEP_MAX] = {"sandboxd-exec", "namespaces"};
         int count = 2;
-        for (char *tok = strtok(line, "\t"); tok != NULL && count < 7 + NS_KEEP_MAX;
+        for (char *tok = strtok(line, "\t"); tok != NULL && count < 8 + NS_KEEP_MAX;
              tok = strtok(NULL, "\t"))
             args[count++] = tok;
         args[count] = NULL;

@@ -19,7 +19,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+import pytest_twisted
 from attrs import frozen
+
+from sandboxd_client import HttpSandbox
 
 REPO = Path(__file__).resolve().parents[2]
 START_POLLS = 600
@@ -114,3 +118,24 @@ def drained(url: str, token: str, process: subprocess.Popen[bytes]) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return True
+
+
+def daemon_and_client(token: str) -> tuple[object, object]:
+    """The fixtures of a module that drives one real daemon: ``daemon`` (started once for the
+    module, with ``token``) and ``client`` (an ``HttpSandbox`` of it per test, closed after).
+    A module takes them as ``daemon, client = daemon_and_client(TOKEN)``."""
+
+    @pytest.fixture(scope="module")
+    def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+        with running_daemon(tmp_path_factory.mktemp("daemon"), token) as running:
+            yield running
+
+    @pytest.fixture
+    def client(daemon: Daemon) -> Iterator[HttpSandbox]:
+        from twisted.internet import reactor
+
+        c = HttpSandbox(daemon.url, token=daemon.token, reactor=reactor, exec_idle_timeout=10.0)
+        yield c
+        pytest_twisted.blockon(c.close())
+
+    return daemon, client

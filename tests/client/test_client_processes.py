@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,24 +21,12 @@ from sandboxd_client import (
 from sandboxd_client._follow import OutputDecoder, WatchDecoder
 from sandboxd_client._types import ProtocolError
 
-from .real_daemon import Daemon, running_daemon
+from .real_daemon import daemon_and_client
 
 TOKEN = "processes-token"
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    with running_daemon(tmp_path_factory.mktemp("daemon"), TOKEN) as running:
-        yield running
-
-
-@pytest.fixture
-def client(daemon: Daemon) -> Iterator[HttpSandbox]:
-    from twisted.internet import reactor
-
-    c = HttpSandbox(daemon.url, token=TOKEN, reactor=reactor, exec_idle_timeout=10.0)
-    yield c
-    pytest_twisted.blockon(c.close())
+daemon, client = daemon_and_client(TOKEN)
 
 
 @pytest_twisted.ensureDeferred

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,25 +26,13 @@ from sandboxd_client import (
 )
 from sandboxd_client.cli import Console, main_async
 
-from .real_daemon import Daemon, running_daemon
+from .real_daemon import Daemon, daemon_and_client
 from .servers import listen, url_of
 
 TOKEN = "real-daemon-token"
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    with running_daemon(tmp_path_factory.mktemp("daemon"), TOKEN) as running:
-        yield running
-
-
-@pytest.fixture
-def client(daemon: Daemon) -> Iterator[HttpSandbox]:
-    from twisted.internet import reactor
-
-    c = HttpSandbox(daemon.url, token=TOKEN, reactor=reactor, exec_idle_timeout=10.0)
-    yield c
-    pytest_twisted.blockon(c.close())
+daemon, client = daemon_and_client(TOKEN)
 
 
 @pytest_twisted.ensureDeferred

@@ -41,8 +41,8 @@ from sandboxd_client import (
     encode_handle,
 )
 from sandboxd_client import _body as body
+from sandboxd_client._base import sandbox_url
 from sandboxd_client._body import read_body
-from sandboxd_client._client import sandbox_url
 from sandboxd_client._errors import (
     error_for,
     error_from_frame,

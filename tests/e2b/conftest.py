@@ -72,6 +72,18 @@ def isolated_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaem
         _stop(front)
 
 
+@pytest.fixture(scope="session")
+def unnamespaced_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
+    """The real isolation with the namespace layers off by name (no mount namespace)."""
+    if os.geteuid() != 0:
+        pytest.skip("the real isolation needs root")
+    front = _start(tmp_path_factory.mktemp("e2b-no-ns"), "--namespaces=none")
+    try:
+        yield front
+    finally:
+        _stop(front)
+
+
 def point_sdk_at(monkeypatch: pytest.MonkeyPatch, front: E2BDaemon) -> E2BDaemon:
     """The three variables a program written for E2B changes to run here (docs/e2b.rst)."""
     monkeypatch.setenv("E2B_API_URL", front.url)

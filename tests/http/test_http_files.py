@@ -17,7 +17,7 @@ import pytest_twisted
 from twisted.web.client import ResponseFailed
 
 from sandboxd.core.files import workspace as workspace_module
-from sandboxd.http import api as api_module
+from sandboxd.http.routes import files as file_routes
 from tests.http.http_harness import Harness
 
 
@@ -373,7 +373,7 @@ def test_a_walk_written_a_part_at_a_time_is_the_same_bytes(
     for name in ("a", "b/c", "b/d", 'q"uote', "e/f/g"):
         put(harness, rid, name, b"x")
     whole = harness.call("GET", f"/sandboxes/{rid}/walk").body
-    monkeypatch.setattr(api_module, "WALK_PART", 1)  # every directory its own part
+    monkeypatch.setattr(file_routes, "WALK_PART", 1)  # every directory its own part
     streamed = harness.call("GET", f"/sandboxes/{rid}/walk")
     assert streamed.status == 200
     assert streamed.body == whole
@@ -389,7 +389,7 @@ def test_a_walk_past_the_limit_while_written_is_cut_short(
     rid = harness.call("POST", "/sandboxes", json_body={}).json()["remote_id"]
     for name in ("a/1", "b/2", "c/3"):
         put(harness, rid, name, b"x")
-    monkeypatch.setattr(api_module, "WALK_PART", 1)
+    monkeypatch.setattr(file_routes, "WALK_PART", 1)
     # The tree grew between the count and the walk: the answer is cut, never taken whole.
     monkeypatch.setattr(workspace_module, "count_files", lambda ws, parts, limit: 0)
     with pytest.raises(ResponseFailed) as caught:

@@ -14,16 +14,15 @@ import pytest
 
 from sandboxd.config import Config, ConfigError
 from sandboxd.isolation import egress as egress_module
+from sandboxd.isolation import egress_host
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.egress import (
+from sandboxd.isolation.egress import EgressNetwork, network_mode, unreachable_nameservers
+from sandboxd.isolation.egress_host import (
     FORWARDING_V4,
     FORWARDING_V6,
     Egress,
     EgressError,
-    EgressNetwork,
-    network_mode,
     run_program,
-    unreachable_nameservers,
 )
 from sandboxd.isolation.egress_plan import (
     EgressConfigError,
@@ -252,7 +251,7 @@ def test_attach_waits_for_the_link_and_cleans_up_a_failure(tmp_path: Path) -> No
     assert host.now > 0  # it waited for the link watcher
     host.operstate_after = 10**9
     e.attach("/ns/b", 3)  # never up: a warning, not a failure
-    assert host.now > egress_module.UP_WAIT
+    assert host.now > egress_host.UP_WAIT
     host.fail = "/ns/c"
     with pytest.raises(EgressError, match="File exists"):
         e.attach("/ns/c", 5)

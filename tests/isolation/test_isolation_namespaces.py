@@ -21,9 +21,11 @@ from sandboxd.config import Config, ConfigError
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.mounts import MountCalls, is_mount_point, re_octal
 from sandboxd.isolation.namespaces import (
+    HOME_VIEW,
     KINDS,
     HelperCreator,
     Namespaces,
+    home_coverable,
     kept_directories,
     parse_namespaces,
 )
@@ -185,10 +187,19 @@ def test_create_pins_enters_mount_last_and_removes(tmp_path: Path) -> None:
     egress = Egress()
     ns = namespaces(tmp_path, runner, egress)
     os.makedirs(ns.nsroot)
-    ns.create(RID, "/root/x/tmp", egress)
+    ns.create(RID, "/root/x/tmp", "/root/x/workspace", egress)
     pins = tmp_path / ".ns" / RID
     assert runner.argvs == [
-        ["/h/sandboxd-exec", "namespaces", ns.nsroot, RID, "imn", "/root/x/tmp", str(64 << 20)]
+        [
+            "/h/sandboxd-exec",
+            "namespaces",
+            ns.nsroot,
+            RID,
+            "imn",
+            "/root/x/tmp",
+            "/root/x/workspace",
+            str(64 << 20),
+        ]
     ]
     assert egress.wired == [("attach", RID, str(pins / "net"))]
     assert ns.enter(RID, ["/h/sandboxd-exec", "sandbox", "1"]) == [
@@ -227,13 +238,13 @@ def test_a_host_sandbox_gets_no_network_pin_and_a_refusal_is_an_oserror(tmp_path
     runner = Runner()
     ns = namespaces(tmp_path, runner)
     os.makedirs(ns.nsroot)
-    ns.create(RID, "/t", HostNetwork())
+    ns.create(RID, "/t", "/w", HostNetwork())
     assert runner.argvs[0][4] == "im"
     assert [p.rsplit("/", 1)[1] for p in ns.enter(RID, ["x"])[3:5]] == ["ipc", "mnt"]
     ns.remove(RID)
     runner.code = 125
     with pytest.raises(OSError, match=r"exit 125.*Operation not permitted"):
-        ns.create(RID, "/t", NoNetwork())
+        ns.create(RID, "/t", "/w", NoNetwork())
     ns.remove(RID)
 
 
@@ -272,6 +283,29 @@ def test_prepare_binds_privately_probes_and_refuses_loudly(tmp_path: Path) -> No
     ns.keep = [str(shared)]
     with pytest.raises(IsolationUnavailable, match="writable by root alone"):
         ns.prepare()
+    ns.keep = [HOME_VIEW]
+    with pytest.raises(IsolationUnavailable, match="where each sandbox's workspace is mounted"):
+        ns.prepare()
+
+
+def test_the_workspace_is_seen_at_home_user_only_where_it_is_mounted(tmp_path: Path) -> None:
+    ns = namespaces(tmp_path, Runner())
+    ns.home_covered = lambda: True
+    assert ns.workspace_view("/r/x/workspace") == HOME_VIEW == "/home/user"
+    ns.home_covered = lambda: False  # no /home on this host: nothing to mount it in
+    assert ns.workspace_view("/r/x/workspace") == "/r/x/workspace"
+    ns.home_covered = lambda: True
+    ns.kinds = frozenset({"ipc", "net"})  # the mount layer off by name
+    assert ns.workspace_view("/r/x/workspace") == "/r/x/workspace"
+    assert Namespaces().workspace_view("/w") == "/w"
+
+
+def test_home_is_coverable_when_a_real_directory(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "home")
+    assert home_coverable(str(tmp_path / "home"))
+    assert not home_coverable(str(tmp_path / "link"))
+    assert not home_coverable(str(tmp_path / "absent"))
 
 
 def test_close_keeps_going_when_the_directory_is_busy(tmp_path: Path) -> None:
@@ -284,7 +318,7 @@ def test_close_keeps_going_when_the_directory_is_busy(tmp_path: Path) -> None:
 def test_everything_is_a_no_op_when_off(tmp_path: Path) -> None:
     ns = Namespaces()
     ns.prepare()
-    ns.create(RID, "/t", HostNetwork())
+    ns.create(RID, "/t", "/w", HostNetwork())
     ns.remove(RID)
     ns.close()
     assert ns.leftovers() == [] and ns.capabilities() == ["network.host"]
@@ -294,7 +328,8 @@ def test_everything_is_a_no_op_when_off(tmp_path: Path) -> None:
 def test_shell_creator_layout() -> None:
     programs = ShellPrograms(sh="/bin/sh", unshare="/u", nsenter="/n", mount="/m", ip="/ip")
     creator = ShellCreator(programs)
-    argv = creator.argv("/r/.ns", RID, frozenset({"ipc", "net"}), "/r/x/tmp", 5, ["/tmp/a"])
+    places = ("/r/x/tmp", "/r/x/workspace")
+    argv = creator.argv("/r/.ns", RID, frozenset({"ipc", "net"}), places, 5, ["/tmp/a"])
     assert argv[2].endswith('exec "$@"') and "ipc net" in argv[2]
     assert argv[4:9] == [
         f"/r/.ns/{RID}",
@@ -303,7 +338,7 @@ def test_shell_creator_layout() -> None:
         f"--net=/r/.ns/{RID}/net",
         "--propagation=slave",
     ]
-    assert argv[-7:] == ["/r/.ns", "/r/x/tmp", "5", "1", "1", "0", "/tmp/a"]
+    assert argv[-8:] == ["/r/.ns", "/r/x/tmp", "/r/x/workspace", "5", "1", "1", "0", "/tmp/a"]
     pins = ["/p/ipc", "/p/net", "/p/mnt"]
     assert creator.enter(pins, ["c"]) == [
         "/n",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.isolation.namespaces import home_coverable
 from tests.kernel.kernel_http import (
     SLOW,
     Box,
@@ -375,3 +376,28 @@ def test_pins_of_a_sigkilled_daemon_are_removed_by_its_successor(tmp_path: Path)
     finally:
         stop_daemon(second)
     assert f"{second.root}/.ns" not in mounted_nsfs()
+
+
+@pytest.mark.parametrize("layer", ["on", "off"])
+def test_the_hosts_home_is_out_of_sight_and_the_workspace_is_home_user(
+    daemons: dict[str, KernelDaemon], layer: str
+) -> None:
+    """The host's users' homes (``/home``, often world-readable) are what a sandbox reads with
+    the mount layer off; with it on, ``/home`` holds only ``user``, the sandbox's own workspace
+    (the native API's cwd and ``HOME`` stay the real paths, SPEC §1)."""
+    if not home_coverable():
+        pytest.skip("this host has no /home directory to cover")
+    box = daemons[layer].create()
+    try:
+        listed, cwd, home, seen = box.ok(
+            "ls -A /home | tr '\\n' /; echo; pwd; echo $HOME; stat -c %d:%i /home/user || echo -"
+        ).split("\n")[:4]
+        assert cwd == str(box.workspace) and home == str(box.directory / "home")
+        st = os.stat(box.workspace)
+        if layer == "on":
+            assert (listed, seen) == ("user/", f"{st.st_dev}:{st.st_ino}")
+        else:
+            assert listed == "".join(f"{name}/" for name in sorted(os.listdir("/home")))
+            assert seen != f"{st.st_dev}:{st.st_ino}"
+    finally:
+        box.kill()

@@ -21,6 +21,7 @@ from sandboxd.isolation.namespaces import (
     Creator,
     HelperCreator,
     Namespaces,
+    home_coverable,
     kept_directories,
 )
 from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
@@ -79,13 +80,16 @@ def test_made_entered_and_removed(root: Path, which: str) -> None:
     ns.prepare()
     try:
         assert is_mount_point(ns.nsroot)
-        tmp = root / RID / "tmp"
+        tmp, workspace = root / RID / "tmp", root / RID / "workspace"
         tmp.mkdir(parents=True)
-        ns.create(RID, str(tmp), NoNetwork())
+        workspace.mkdir()
+        (workspace / "mine.txt").write_text("in the workspace")
+        ns.create(RID, str(tmp), str(workspace), NoNetwork())
         assert sorted(os.listdir(root / ".ns" / RID)) == ["ipc", "mnt", "net"]
         script = (
             "readlink /proc/self/ns/ipc; echo inside > /tmp/mine; ls /dev/shm | wc -l;"
-            f" ip -o link | cut -d: -f2; test -d {root} && echo kept"
+            f" ip -o link | cut -d: -f2; test -d {root} && echo kept;"
+            " ls -A /home | tr '\\n' ,; echo; cat /home/user/mine.txt | tr ' ' _"
         )
         argv = ["/bin/sh", "-c", script]
         if which.startswith("helper"):
@@ -94,9 +98,11 @@ def test_made_entered_and_removed(root: Path, which: str) -> None:
             ns.enter(RID, argv), capture_output=True, text=True, timeout=30, check=False
         )
         assert done.returncode == 0, done
-        ipc, shm, link, kept = done.stdout.split()
+        ipc, shm, link, kept, *home = done.stdout.split()
         assert ipc != os.readlink("/proc/self/ns/ipc")
         assert (shm, link, kept) == ("0", "lo", "kept")
+        if home_coverable():  # only the workspace in /home; the host's is out of sight
+            assert home == ["user,", "in_the_workspace"]
         assert (tmp / "mine").read_text() == "inside\n"
         assert not Path("/tmp/mine").exists()
         ns.remove(RID)
@@ -139,11 +145,17 @@ def test_the_server_answers_a_refusal_and_serves_on(root: Path) -> None:
         tmp = root / "tmp"
         tmp.mkdir()
         # No pins' directory for this sandbox: the pin is refused, the holder let go.
-        code, message = server([HELPER, "namespaces", str(nsroot), RID, "i", str(tmp), "1048576"])
+        code, message = server(
+            [HELPER, "namespaces", str(nsroot), RID, "i", str(tmp), str(tmp), "1048576"]
+        )
         assert code == 125 and f"pin {nsroot}/{RID}/ipc" in message, message
-        assert server([HELPER, "namespaces", str(nsroot), RID, "x", str(tmp), "1"])[0] == 0
+        assert (
+            server([HELPER, "namespaces", str(nsroot), RID, "x", str(tmp), str(tmp), "1"])[0] == 0
+        )
         (nsroot / RID).mkdir()
-        assert server([HELPER, "namespaces", str(nsroot), RID, "im", str(tmp), "1048576"]) == (
+        assert server(
+            [HELPER, "namespaces", str(nsroot), RID, "im", str(tmp), str(tmp), "1048576"]
+        ) == (
             0,
             "",
         )

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from sandboxd.boot import read_token
 from sandboxd.config import ConfigError
-from sandboxd.tap import read_token
 from tests.security.live_daemon import (
     PENDING,
     PUBLIC,

@@ -10,11 +10,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.task import Clock
 
+from sandboxd.boot import reap_interval
 from sandboxd.config import Config
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.none import NoCgroups, no_isolation
-from sandboxd.tap import reap_interval
 from tests.http.http_harness import ProcessReactor, SyncFiles, SyncPool, result_of
 
 

@@ -7,15 +7,8 @@ from typing import Any
 import pytest
 from attrs import fields
 
-from sandboxd.config import (
-    Config,
-    ConfigError,
-    env_name,
-    flag_table,
-    given_options,
-    option_name,
-    option_table,
-)
+from sandboxd.config import Config, ConfigError, env_name, option_name
+from sandboxd.options import flag_table, given_options, option_table
 
 SAMPLES: dict[str, tuple[str, Any]] = {
     "SANDBOXD_LISTEN": ("unix:/run/sandboxd.sock", "unix:/run/sandboxd.sock"),

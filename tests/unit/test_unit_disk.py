@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd import tap
+from sandboxd import boot
 from sandboxd.config import Config, ConfigError
 from sandboxd.core.layout import Layout
 from sandboxd.isolation.base import Identity
@@ -65,7 +65,7 @@ def test_unknown_filesystems_are_named_by_their_magic(monkeypatch: pytest.Monkey
 def test_start_up_fails_at_the_disk_step(tmp_path: Path) -> None:
     config = Config.load({"SANDBOXD_DISK_MAX": "1M"})
     with pytest.raises(SystemExit, match="start-up failed at disk: disk: "):
-        tap.start_disk(config, Layout(str(tmp_path), owns_files=False))
+        boot.start_disk(config, Layout(str(tmp_path), owns_files=False))
 
 
 def test_the_btrfs_byte_budget() -> None:

@@ -18,6 +18,7 @@ from sandboxd.config import Config
 from sandboxd.core.exec.spec import ExecSpec
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import BASE_PATH, SandboxManager
+from sandboxd.e2b.registry import Registry
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.http import parse, wire
 from sandboxd.isolation.base import CgroupStats, Isolation
@@ -272,6 +273,32 @@ def test_reap_idle_kills_only_idle_sandboxes(world: World) -> None:
     assert old.rid in world.cgroups.killed
 
 
+def test_the_e2b_timeout_governs_its_sandboxs_life_not_the_idle_reaper(world: World) -> None:
+    registry = Registry(world.manager, world.clock)
+    native = world.manager.create()
+    long, short = world.manager.create(), world.manager.create()
+    registry.add(long, "base", {}, timeout=300)  # idle-ttl is 100 s
+    registry.add(short, "base", {}, timeout=30)
+    world.clock.advance(30)  # short's timeout: killed, though never idle for long
+    assert set(world.manager.sandboxes) == {native.rid, long.rid}
+    world.clock.advance(90)  # 120 s idle: the reaper takes the native one only
+    fired(world.manager.reap_idle())
+    assert set(world.manager.sandboxes) == {long.rid}
+    entry = registry.get(long.rid)
+    registry.set_timeout(entry, 200)  # moved: now ends at 320 s
+    world.clock.advance(190)
+    fired(world.manager.reap_idle())  # 190 s idle, its timeout not reached
+    assert set(world.manager.sandboxes) == {long.rid} and long.lives_until == 320
+    world.clock.advance(10)
+    assert world.manager.sandboxes == {}
+    # Past its end the reaper would take it too (a kill at the timeout that went wrong).
+    late = world.manager.create()
+    late.lives_until = world.clock.seconds()
+    world.clock.advance(100)
+    fired(world.manager.reap_idle())
+    assert world.manager.sandboxes == {}
+
+
 def test_a_failing_reap_is_logged_and_the_rest_go_on(world: World) -> None:
     first = world.manager.create()
     second = world.manager.create()
@@ -339,6 +366,23 @@ def test_command_env(world: World) -> None:
         "TERM": "xterm",
         "A": "exec",
     }
+
+
+def test_a_command_run_as_home_starts_in_the_workspaces_view(world: World) -> None:
+    sandbox = world.manager.create(env={"USER": "create"})
+    request = attrs.evolve(exec_request(cwd="sub"), as_home=True)
+    env = world.manager.command_env(sandbox, request)
+    workspace = world.layout.workspace(sandbox.rid)  # no mount namespace: the real path
+    assert (env["HOME"], env["USER"]) == (workspace, "create")  # create-time env wins
+    plain = world.manager.create()
+    assert world.manager.command_env(plain, request)["USER"] == "user"
+    run = world.manager.start_exec(sandbox, request, lambda fd, data: None)
+    assert os.path.join(workspace, "sub") in run.argv  # type: ignore[attr-defined]
+    world.isolation.namespaces.kinds = frozenset({"mount"})
+    world.isolation.namespaces.home_covered = lambda: True
+    assert world.manager.workspace_seen(sandbox, request) == "/home/user"
+    assert world.manager.command_env(sandbox, request)["HOME"] == "/home/user"
+    assert world.manager.workspace_seen(sandbox, exec_request()) == workspace
 
 
 def test_start_exec_wraps_the_command(world: World) -> None:

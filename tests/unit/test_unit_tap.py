@@ -21,11 +21,13 @@ from twisted.application.service import Application, IServiceCollection
 from twisted.internet.defer import Deferred, fail
 from twisted.logger import ILogObserver, globalLogPublisher
 
-from sandboxd import tap
-from sandboxd.config import ConfigError, option_table
+from sandboxd import boot, tap
+from sandboxd.config import ConfigError
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.listen import Listeners
+from sandboxd.options import option_table
+from sandboxd.service import ExitStatus, SandboxdService
 from tests.support.fakes import fake_isolation
 
 
@@ -52,21 +54,21 @@ def options(*argv: str) -> tap.Options:
     return parsed
 
 
-def build(environ: dict[str, str], *argv: str) -> tap.SandboxdService:
+def build(environ: dict[str, str], *argv: str) -> SandboxdService:
     from twisted.internet import reactor
 
     service = tap.makeService(options(*argv), reactor, environ)
-    assert isinstance(service, tap.SandboxdService)
+    assert isinstance(service, SandboxdService)
     return service
 
 
-def listener(service: tap.SandboxdService) -> Listeners:
+def listener(service: SandboxdService) -> Listeners:
     (found,) = [s for s in service if isinstance(s, Listeners)]
     assert found is service.listeners
     return found
 
 
-async def listening_url(service: tap.SandboxdService) -> str:
+async def listening_url(service: SandboxdService) -> str:
     await service.started
     port = listener(service).ports[0]
     return f"http://127.0.0.1:{port.getHost().port}"
@@ -109,9 +111,9 @@ def test_options_parse() -> None:
 
 
 def test_reap_interval() -> None:
-    assert tap.reap_interval(1) == 1.0
-    assert tap.reap_interval(20) == 5.0
-    assert tap.reap_interval(3600) == 60.0
+    assert boot.reap_interval(1) == 1.0
+    assert boot.reap_interval(20) == 5.0
+    assert boot.reap_interval(3600) == 60.0
 
 
 # The service tree
@@ -272,7 +274,7 @@ async def test_a_port_taken_after_the_recovery_stops_the_reactor_with_status_1(
 def test_exit_status_exits_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
     exits: list[int] = []
     monkeypatch.setattr(os, "_exit", exits.append)
-    status = tap.ExitStatus()
+    status = ExitStatus()
     status.apply()
     assert exits == []
     status.code = 1
@@ -451,8 +453,8 @@ def test_an_unusable_archive_stops_start_up(environ: dict[str, str], tmp_path: P
 
 
 def test_read_token(token_file: Path) -> None:
-    assert tap.read_token(None) is None
-    assert tap.read_token(str(token_file)) == b"t0ken-value"
+    assert boot.read_token(None) is None
+    assert boot.read_token(str(token_file)) == b"t0ken-value"
 
 
 @pytest.mark.parametrize(
@@ -466,12 +468,12 @@ def test_read_token(token_file: Path) -> None:
 def test_read_token_refusals(token_file: Path, prepare: Any, match: str) -> None:
     prepare(token_file)
     with pytest.raises(ConfigError, match=match):
-        tap.read_token(str(token_file))
+        boot.read_token(str(token_file))
 
 
 def test_read_token_must_be_a_regular_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a regular file"):
-        tap.read_token(str(tmp_path))
+        boot.read_token(str(tmp_path))
 
 
 @pytest.mark.parametrize("euid", [0, 4242])
@@ -479,14 +481,14 @@ def test_read_token_must_be_owned_by_the_daemon(token_file: Path, euid: int) -> 
     if os.stat(token_file).st_uid == euid:
         euid += 1
     with pytest.raises(ConfigError, match="is owned by uid"):
-        tap.read_token(str(token_file), euid=euid)
+        boot.read_token(str(token_file), euid=euid)
 
 
 def test_read_token_never_blocks_on_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
-        tap.read_token(str(fifo))
+        boot.read_token(str(fifo))
 
 
 def test_defaults_are_the_global_reactor_and_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:

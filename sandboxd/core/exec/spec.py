@@ -64,6 +64,11 @@ class ExecSpec:
     timeout: float | None
     stdin: bytes | None
     tools: tuple[str, ...]
+    as_home: bool = False
+    """Run in the workspace seen as the user's home (the E2B front's commands): the cwd is
+    below the workspace's view (``/home/user`` where the mount namespace binds it there, else
+    its real path), ``HOME`` is that view and ``USER`` is ``user``. Off: the native front's
+    real workspace path and the sandbox's own ``home/``."""
 
 
 def parse_env(value: object, field: str) -> dict[str, str]:

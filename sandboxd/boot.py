@@ -1,0 +1,174 @@
+"""The boot steps of ``twistd sandboxd`` that stand alone: each builds one part from the
+configuration, logs what it set up (and every protection turned off), and stops start-up with
+one line naming the step when it cannot (:func:`fail`)."""
+
+import os
+import resource
+import stat
+from typing import Any, NoReturn
+
+import attrs
+from twisted.logger import Logger
+
+from sandboxd.config import Config, ConfigError
+from sandboxd.core.layout import Layout
+from sandboxd.core.manager import SandboxManager
+from sandboxd.e2b import wire as e2b_wire
+from sandboxd.e2b.admit import admission as e2b_admission
+from sandboxd.e2b.api import make_front
+from sandboxd.http import guard
+from sandboxd.http.guard import ConnectionGate
+from sandboxd.http.site import make_site
+from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
+from sandboxd.isolation.disk.btrfs import FILE_BYTES
+from sandboxd.isolation.disk.select import build_disk
+from sandboxd.listen import Listeners
+
+log = Logger()
+
+
+def reap_interval(idle_ttl: float) -> float:
+    """How often the idle reaper looks: a quarter of the TTL, between 1 s and 60 s."""
+    return max(1.0, min(idle_ttl / 4, 60.0))
+
+
+def read_token(path: str | None, euid: int | None = None) -> bytes | None:
+    """The bearer token from its file (surrounding whitespace removed).
+
+    The file must be a regular file owned by the daemon's user (root, when it runs as root)
+    and grant no access at all to group or others; else start-up stops, naming the problem.
+    The checks are made on the opened file, so the file checked is the file read.
+    """
+    if path is None:
+        return None
+    euid = os.geteuid() if euid is None else euid
+    owner = "root" if euid == 0 else f"the daemon's user (uid {euid})"
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory
+        os.close(fd)
+        raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if st.st_uid != euid:
+            raise ConfigError(
+                f"SANDBOXD_TOKEN_FILE: {path} is owned by uid {st.st_uid}, not by {owner}"
+            )
+        if st.st_mode & 0o077:
+            raise ConfigError(
+                f"SANDBOXD_TOKEN_FILE: {path} has mode {stat.S_IMODE(st.st_mode):04o}, must "
+                "grant group and others no access (chmod 600)"
+            )
+        token = f.read().strip()
+    if not token:
+        raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is empty")
+    return token
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft
+
+
+def start_guard(config: Config, reactor: Any) -> tuple[ConnectionGate, bool]:
+    """The connection gate and whether requests are judged at their headers (boot step
+    ``connections``), each protection turned off logged as such."""
+    descriptors = raise_descriptor_limit()
+    try:
+        limits = guard.limits_for(
+            config.max_connections, config.header_timeout, config.connection_idle, descriptors
+        )
+    except ValueError as e:
+        fail("connections", f"SANDBOXD_MAX_CONNECTIONS: {e}")
+    if limits.max_connections is None:
+        log.warn(
+            "connections: SANDBOXD_MAX_CONNECTIONS=off: no cap ({n} descriptors)", n=descriptors
+        )
+    else:
+        log.info(
+            "connections: at most {cap} open ({reserve} kept for authenticated callers), "
+            "{n} descriptors",
+            cap=limits.max_connections,
+            reserve=limits.reserve,
+            n=descriptors,
+        )
+    for name, value in (
+        ("HEADER_TIMEOUT", limits.header_timeout),
+        ("CONNECTION_IDLE", limits.idle_timeout),
+    ):
+        if value is None:
+            log.warn(
+                "connections: SANDBOXD_{name}=off: a slow peer may hold a connection", name=name
+            )
+    auth_gate = config.auth_gate == "headers"
+    if not auth_gate:
+        log.warn(
+            "auth: SANDBOXD_AUTH_GATE=off: a request without the token is refused only once "
+            "its body is stored"
+        )
+    return ConnectionGate(reactor, limits), auth_gate
+
+
+def fail(step: str, cause: object) -> NoReturn:
+    """Log the failed boot step as the last line and stop."""
+    message = f"start-up failed at {step}: {cause}"
+    log.critical(message)
+    raise SystemExit(f"sandboxd: {message}")
+
+
+def start_disk(config: Config, layout: Layout) -> Layout:
+    """The layout with the disk driver for the configured limits (boot step ``disk``)."""
+    limits = DiskLimits(bytes=config.disk_max, files=config.files_max)
+    try:
+        disk = build_disk(layout.root, limits)
+    except (OSError, DiskUnavailable) as e:
+        fail("disk", e)
+    if disk.enforcing:
+        log.info(
+            "disk: {name} limits on {root}: {bytes} bytes, {files} files per sandbox",
+            name=disk.name,
+            root=layout.root,
+            bytes=limits.bytes if limits.bytes is not None else "no limit of",
+            files=limits.files if limits.files is not None else "no limit of",
+        )
+        if disk.name == "btrfs" and limits.files is not None:
+            log.info(
+                "disk: btrfs has no inode limit: files are bounded by the bytes their metadata"
+                " takes (the byte limit; {per} bytes per file of SANDBOXD_FILES_MAX without one)",
+                per=FILE_BYTES,
+            )
+    else:
+        log.info("disk: no limits (SANDBOXD_DISK_MAX and SANDBOXD_FILES_MAX unset)")
+    return attrs.evolve(layout, disk=disk)
+
+
+def start_e2b(
+    config: Config,
+    manager: SandboxManager,
+    token: bytes | None,
+    reactor: Any,
+    spool: str | None,
+    gate: ConnectionGate,
+    auth_gate: bool,
+) -> Listeners:
+    """The E2B-compatible front's listeners (``SANDBOXD_E2B_LISTEN``): the same manager, a
+    site of its own under the same connection gate (one cap, the same timeouts, keys judged
+    at the headers unless ``SANDBOXD_AUTH_GATE=off``), listened on like the native API's
+    (both address families, after recovery)."""
+    assert config.e2b_listen is not None
+    front = make_front(manager, token)
+    site = make_site(
+        front.app.resource(),
+        config.max_body,
+        spool_dir=spool,
+        gate=gate,
+        admit=e2b_admission(token, front.registry) if auth_gate else None,
+        refusal=e2b_wire.refused_answer,
+    )
+    if token is None:
+        log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")
+    log.info("e2b: the E2B-compatible front will listen on {listen}", listen=config.e2b_listen)
+    return Listeners(reactor, config.e2b_listen, site, dual_stack=config.dual_stack == "on")

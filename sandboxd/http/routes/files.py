@@ -1,0 +1,232 @@
+"""The routes of a sandbox's files: upload, download, delete, exists, size, disk usage, walk,
+mkdir, rmdir, rename, and the workspace watch (SPEC §2.2)."""
+
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from twisted.logger import Logger
+from twisted.protocols.basic import FileSender
+from twisted.web.iweb import IRequest
+
+from sandboxd.core.files import workspace
+from sandboxd.core.files.paths import Parts, normalise
+from sandboxd.core.watch.watch import WatchEvent
+from sandboxd.errors import TooManyEntries
+from sandboxd.http import parse, wire
+from sandboxd.http.follow import FollowStream
+from sandboxd.http.paced import PacedWriter
+from sandboxd.http.parse import query
+from sandboxd.http.routing import app, authorized, capability, json_response, no_content
+from sandboxd.http.site import Spool
+
+if TYPE_CHECKING:
+    from sandboxd.http.api import SandboxAPI
+
+DOWNLOAD_CHUNK = 1 << 18
+"""Bytes a download reads and sends at a time (``FileSender`` reads 16 KiB)."""
+
+T = TypeVar("T")
+
+log = Logger()
+
+WALK_PART = 1 << 20
+"""Characters of walk entries written at a time (a walk that fits is answered whole)."""
+
+
+async def at_path(
+    api: "SandboxAPI", request: IRequest, rid: str, operation: Callable[[str, Parts], T]
+) -> T:
+    """``operation(workspace, parts)`` on the path of the request's ``path`` query, run in a
+    file thread as the sandbox (the routes that act on one path and take nothing else)."""
+    sandbox = api.manager.get(rid)
+    parts = normalise(query(request, "path"))
+    return await api.manager.files(sandbox, lambda ws: operation(ws, parts))
+
+
+@app.route("/sandboxes/<rid:rid>/file", methods=["PUT"])
+@authorized
+@capability("files.413", "files.507")
+async def upload(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    sandbox = api.manager.get(rid)
+    parts = normalise(query(request, "path"))
+    parse.refuse_too_large(request, api.manager.config.max_body)
+    content = request.content
+    content.seek(0)
+    linkable = isinstance(content, Spool)
+    if linkable:
+        # The complete body becomes the sandbox's own file, then is linked into place by
+        # the sandbox itself (its fs credentials: the link cannot land outside).
+        identity = sandbox.identity
+        os.fchown(content.fileno(), identity.uid, identity.gid)
+    await api.manager.files(sandbox, lambda ws: workspace.write_from(ws, parts, content, linkable))
+    return no_content(request)
+
+
+@app.route("/sandboxes/<rid:rid>/file", methods=["GET"])
+@authorized
+async def download(api: "SandboxAPI", request: IRequest, rid: str) -> None:
+    sandbox = api.manager.get(rid)
+    parts = normalise(query(request, "path"))
+    source, length = await api.manager.open_for_reading(sandbox, parts)
+    try:
+        request.setHeader(b"content-type", wire.OCTETS)
+        request.setHeader(b"content-length", str(length).encode())
+        bounded = BoundedReader(source, length)
+        sender = FileSender()
+        sender.CHUNK_SIZE = DOWNLOAD_CHUNK
+        await sender.beginFileTransfer(bounded, request)
+        if bounded.remaining:
+            # The file shrank while it was sent: the promised length cannot be met, so
+            # the connection ends (a truncated answer for the client, never a hang).
+            request.loseConnection()  # type: ignore[attr-defined]
+    finally:
+        source.close()
+
+
+@app.route("/sandboxes/<rid:rid>/file", methods=["DELETE"])
+@authorized
+async def delete(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    await at_path(api, request, rid, workspace.delete)
+    return no_content(request)
+
+
+@app.route("/sandboxes/<rid:rid>/exists", methods=["GET"])
+@authorized
+async def exists(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    found = await at_path(api, request, rid, workspace.exists)
+    return json_response(request, {"exists": found})
+
+
+@app.route("/sandboxes/<rid:rid>/size", methods=["GET"])
+@authorized
+async def size(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    found = await at_path(api, request, rid, workspace.size)
+    return json_response(request, {"size": found})
+
+
+@app.route("/sandboxes/<rid:rid>/disk-usage", methods=["GET"])
+@authorized
+async def disk_usage(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    sandbox = api.manager.get(rid)
+    total = await api.manager.files(sandbox, workspace.disk_usage)
+    return json_response(request, {"bytes": total})
+
+
+@app.route("/sandboxes/<rid:rid>/walk", methods=["GET"])
+@authorized
+async def walk(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    """A walk that fits :data:`WALK_PART` is answered whole; a larger one is first counted
+    (``413`` past ``SANDBOXD_WALK_MAX``, before any byte is sent), then written a part at
+    a time as the client takes it, in the same bytes: one part in memory at a time."""
+    sandbox = api.manager.get(rid)
+    parts = normalise(query(request, "root", "/"), "root")
+    limit = api.manager.config.walk_max
+    walking: list[Iterator[list[str]]] = []
+
+    def first(ws: str) -> tuple[list[str], bool]:
+        walking.append(workspace.walk_batches(ws, parts, wire.walk_entries, limit))
+        return wire.next_walk_part(walking[0], WALK_PART)
+
+    def more(ws: str) -> tuple[list[str], bool]:
+        return wire.next_walk_part(walking[0], WALK_PART)
+
+    try:
+        try:
+            # Encoded in the file thread: a walk of many files must not hold the reactor.
+            entries, done = await api.manager.files(sandbox, first)
+        except OSError:
+            entries, done = [], True  # as a walk answers an error: nothing
+        request.setHeader(b"content-type", wire.JSON)
+        if done:
+            return wire.walk_body(entries)
+        await api.manager.files(sandbox, lambda ws: workspace.count_files(ws, parts, limit))
+        writer = PacedWriter(request)
+        try:
+            await writer.write(wire.WALK_HEAD + wire.walk_part(entries, True))
+            while not done and not writer.stopped:
+                entries, done = await api.manager.files(sandbox, more)
+                await writer.write(wire.walk_part(entries, False))
+            await writer.write(wire.WALK_TAIL)
+        except (OSError, TooManyEntries) as e:
+            # The status is sent: end the answer unfinished, so no client takes it whole.
+            log.warn("walk of {rid} cut short: {error}", rid=rid, error=e)
+            request.loseConnection()  # type: ignore[attr-defined]
+        finally:
+            writer.close()
+        return b""
+    finally:
+        for batches in walking:
+            batches.close()  # type: ignore[attr-defined]
+
+
+@app.route("/sandboxes/<rid:rid>/mkdir", methods=["POST"])
+@authorized
+async def mkdir(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    sandbox = api.manager.get(rid)
+    parts = normalise(parse.json_body(request).get("path"))
+    await api.manager.files(sandbox, lambda ws: workspace.mkdir(ws, parts))
+    return no_content(request)
+
+
+@app.route("/sandboxes/<rid:rid>/dir", methods=["DELETE"])
+@authorized
+async def rmdir(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    await at_path(api, request, rid, workspace.rmdir)
+    return no_content(request)
+
+
+@app.route("/sandboxes/<rid:rid>/rename", methods=["POST"])
+@authorized
+async def rename(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    sandbox = api.manager.get(rid)
+    body = parse.json_body(request)
+    source = normalise(body.get("src"), "src")
+    target = normalise(body.get("dst"), "dst")
+    await api.manager.files(sandbox, lambda ws: workspace.rename(ws, source, target))
+    return no_content(request)
+
+
+# Workspace watch (SPEC §2.2)
+
+
+@app.route("/sandboxes/<rid:rid>/watch", methods=["GET"])
+@authorized
+@capability("watch")
+async def watch(api: "SandboxAPI", request: IRequest, rid: str) -> None:
+    sandbox = api.manager.get(rid)
+    root = normalise(query(request, "root", "/"), "root")
+    recursive = parse.flag(request, "recursive", True)
+    stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
+
+    def deliver(event: WatchEvent) -> None:
+        if event.gone:
+            stream.write(wire.error_frame("SandboxNotFound", "the sandbox was killed"))
+            stream.end()
+        else:
+            stream.write(wire.watch_frame(event.kind, event.path, event.is_dir))
+
+    # Set first: what the watch sees while its walk runs is written as it comes (an
+    # error answer sets its own type).
+    request.setHeader(b"content-type", wire.NDJSON)
+    watch = await api.manager.watch(sandbox, root, recursive, deliver)
+    try:
+        stream.start()
+        await stream.wait()
+    finally:
+        watch.close()
+
+
+class BoundedReader:
+    """Reads at most ``remaining`` bytes of ``source``: a download sends exactly the
+    ``Content-Length`` it announced, even when the sandbox appends to the file meanwhile
+    (more bytes would be taken for the next answer on a kept-alive connection)."""
+
+    def __init__(self, source: Any, remaining: int) -> None:
+        self.source = source
+        self.remaining = remaining
+
+    def read(self, size: int) -> bytes:
+        data = self.source.read(min(size, self.remaining)) if self.remaining > 0 else b""
+        self.remaining -= len(data)
+        return bytes(data)

@@ -1,0 +1,148 @@
+"""The daemon's service tree at run time: recovery before listening, the drain before
+stopping, and the exit status of a start-up that failed after the reactor started."""
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.logger import ILogObserver, Logger
+from twisted.python.threadpool import ThreadPool
+
+from sandboxd import notify
+from sandboxd.core.manager import SandboxManager
+from sandboxd.listen import CannotListen, Listeners
+from sandboxd.reach import reach_hint
+
+log = Logger()
+
+
+class ExitStatus:
+    """The status the process exits with once twistd is done (0 unless start-up failed after
+    the reactor started: a port taken once the predecessor's sandboxes were reclaimed)."""
+
+    def __init__(self) -> None:
+        self.code = 0
+        self.message: str | None = None
+
+    def apply(self) -> None:
+        """At interpreter exit (registered first, so it runs after every other ``atexit``
+        cleanup): exit with the status, if it is not 0."""
+        if self.code:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self.code)
+
+
+class SandboxdService(MultiService):
+    """The daemon: starting it reclaims the predecessor's sandboxes and only then listens (a
+    sandbox left running may hold the port: it is killed first); a port that cannot be had then
+    stops the daemon with a non-zero status, naming the address.
+
+    Stopping it drains first (the HTTP endpoint keeps serving existing sandboxes until every
+    command ended or the drain deadline passed), then stops the endpoint. ``POST /drain`` runs
+    the same drain and then stops the reactor: the daemon exits.
+    """
+
+    def __init__(
+        self,
+        manager: SandboxManager,
+        pools: list[ThreadPool],
+        reactor: Any,
+        log_observer: Any = None,
+        on_stop_signal: Callable[[Any, Callable[[str], None]], None] = lambda reactor, act: None,
+    ) -> None:
+        super().__init__()
+        self.on_stop_signal = on_stop_signal
+        """Installs what the next SIGINT/SIGTERM does once a drain has begun (``twistd``:
+        :func:`sandboxd.stop_signals.on_next_stop_signal`)."""
+        self.manager = manager
+        self.pools = pools
+        self.reactor = reactor
+        self.log_observer = log_observer
+        self.listen = ""
+        """The endpoint string the HTTP service listens on (for the line saying where)."""
+        self.streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None)
+        """Fires once the open exec streams have written their last frames (the front's)."""
+        self.listeners: Listeners | None = None
+        self.more_listeners: list[Listeners] = []
+        """Other fronts' listeners (the E2B front's): listened on after :attr:`listeners`."""
+        self.exit_status = ExitStatus()
+        self.started: Deferred[None] = Deferred()
+        """Fires once listening (or start-up failed after the reactor started)."""
+
+    def setServiceParent(self, parent: Any) -> None:
+        """Under twistd, the parent is the application: give it our log observer, if any."""
+        if self.log_observer is not None and hasattr(parent, "setComponent"):
+            parent.setComponent(ILogObserver, self.log_observer)
+        super().setServiceParent(parent)
+
+    def startService(self) -> None:
+        for pool in self.pools:
+            pool.start()
+        super().startService()
+        recovered = self.manager.start()
+        recovered.addErrback(lambda f: log.failure("recovery failed", f))
+        recovered.addCallback(lambda _: Deferred.fromCoroutine(self._listen()))
+        recovered.addBoth(lambda _: self.started.callback(None))
+        if self.exit_status.message is not None and not self.reactor.running:
+            # No leftovers: all of that ran before the reactor, and twistd exits at once.
+            for pool in self.pools:
+                pool.stop()
+            raise SystemExit(f"sandboxd: {self.exit_status.message}")
+
+    async def _listen(self) -> None:
+        if self.listeners is None:
+            return
+        try:
+            addresses = await self.listeners.listen()
+            for more in self.more_listeners:
+                extra = await more.listen()
+                log.info("also listening on {addresses}", addresses=" ".join(extra))
+        except CannotListen as e:
+            message = f"start-up failed at listen: {e}"
+            log.critical(message)
+            notify.notify(f"STATUS={message}")
+            self.exit_status.code, self.exit_status.message = 1, message
+            if self.reactor.running:
+                self.reactor.stop()
+            return
+        log.info("listening on {addresses}", addresses=" ".join(addresses))
+        port = getattr(self.listeners.ports[0].getHost(), "port", None)
+        log.info("{hint}", hint=reach_hint(self.listen, port))
+        log.info("sandboxd ready")
+        notify.notify("READY=1\nSTATUS=listening")  # systemd Type=notify
+
+    def drain_and_exit(self) -> None:
+        """Drain (``POST /drain``), then stop the reactor."""
+        notify.stopping()
+        self.on_stop_signal(self.reactor, self.stop_now)
+        drained = self.manager.drain().addCallback(lambda _: self.streams_written())
+        drained.addCallback(lambda _: self.reactor.stop())
+
+    def stopService(self) -> Deferred[Any]:
+        log.info("stopping: draining first (a second SIGINT/SIGTERM stops at once)")
+        notify.stopping()
+        self.on_stop_signal(self.reactor, self.stop_now)
+        drained = self.manager.drain().addCallback(lambda _: self.streams_written())
+
+        def stop_children(_: object) -> Deferred[Any]:
+            return maybeDeferred(MultiService.stopService, self)
+
+        def stop_pools(result: object) -> object:
+            for pool in self.pools:
+                pool.stop()
+            return result
+
+        return drained.addCallback(stop_children).addBoth(stop_pools)
+
+    def stop_now(self, signal_name: str) -> None:
+        """A second stop signal during a drain: kill every sandbox now, then exit."""
+        log.warn(
+            "{signal} during the drain: stopping at once ({count} sandboxes killed)",
+            signal=signal_name,
+            count=len(self.manager.sandboxes),
+        )
+        self.manager.stop_now()  # the drain ends, and with it the daemon
