@@ -144,7 +144,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     )
     top.exit_status = exit_status
     api.on_drain = top.drain_and_exit
-    top.streams_written = api.streams_written
     reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
     reaper.clock = reactor
     reaper.setServiceParent(top)
@@ -164,6 +163,11 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         spool_dir=spool_dir,
         gate=gate,
         admit=admission(token) if auth_gate else None,
+    )
+    # A stopping daemon's last frames are sent before it exits: each exec stream finishes,
+    # then each connection is closed once what was written to it is out.
+    top.streams_written = lambda: api.streams_written().addCallback(
+        lambda _: site.close_connections(reactor)
     )
     top.listeners = Listeners(reactor, config.listen, site, dual_stack=config.dual_stack == "on")
     top.listeners.setServiceParent(top)  # listens once recovery is done (startService)

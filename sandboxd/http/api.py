@@ -56,6 +56,12 @@ def admission(token: bytes | None) -> Admit:
     return admit
 
 
+def finished(request: IRequest) -> Deferred[None]:
+    """Fires once ``request``'s response is finished (errs if its client went first)."""
+    notify: Deferred[None] = cast(Any, request).notifyFinish()
+    return notify
+
+
 class SandboxAPI:
     """The Klein application serving one :class:`SandboxManager`."""
 
@@ -82,8 +88,8 @@ class SandboxAPI:
         self.capabilities = sorted({*self._collect_capabilities(), *extra_capabilities})
         """What ``/healthz`` lists: the routes', the isolation's, and the front's
         (``extra_capabilities``: how the daemon listens)."""
-        self.streams: set[Deferred[None]] = set()
-        """The exec streams open now (each fires once it wrote its last frame)."""
+        self.streams: set[IRequest] = set()
+        """The requests of the exec streams open now."""
 
     def _refuse_creates(self) -> None:
         self.manager.draining = True
@@ -101,10 +107,17 @@ class SandboxAPI:
         names.update(routing.ROUTE_CAPABILITIES)
         return sorted(names)
 
+    def stream_open(self, request: IRequest) -> None:
+        """Count ``request``'s exec stream open until its response is finished."""
+        self.streams.add(request)
+        finished(request).addBoth(lambda _: self.streams.discard(request))
+
     def streams_written(self) -> Deferred[Any]:
-        """Fires once every exec stream open now has written its last frame (a drain kills
-        the commands; the daemon exits only after their final frames are out)."""
-        return DeferredList(list(self.streams))
+        """Fires once every exec stream open now has finished its response (a drain kills
+        the commands; the daemon exits only after their final frames are written)."""
+        return DeferredList(
+            [finished(request) for request in list(self.streams)], consumeErrors=True
+        )
 
     # Errors, in one place: the wire's error-type table
 

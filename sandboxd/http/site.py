@@ -19,7 +19,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -141,6 +142,9 @@ the ``401``, so that the peer reads the answer instead of a reset (RFC 9112 §9.
 LINGER_BYTES = 4 << 20
 """Bytes a refused connection drops at most before it is closed outright."""
 
+FLUSH_TIMEOUT = 5.0
+"""Seconds a stopping daemon waits for a client to take what was written to it."""
+
 
 class Channel(_twisted.BadRequestChannel):
     """An HTTP channel that answers an over-long request line or header line with a JSON
@@ -160,6 +164,8 @@ class Channel(_twisted.BadRequestChannel):
     """
 
     site: Any = None
+    closed: Deferred[None] | None = None
+    """Fires once the connection is closed (``None`` until it is made)."""
     _deadline: IDelayedCall | None = None
     _refused = False
     _refused_path = b""
@@ -171,6 +177,10 @@ class Channel(_twisted.BadRequestChannel):
         return getattr(self.site, "gate", None)
 
     def connectionMade(self) -> None:
+        self.closed = Deferred()
+        channels = getattr(self.site, "channels", None)
+        if channels is not None:
+            channels.add(self)
         super().connectionMade()
         _twisted.set_socket_sizes(self.transport, READ_SIZE, SEND_SIZE)
         gate = self.gate
@@ -208,6 +218,17 @@ class Channel(_twisted.BadRequestChannel):
         transport: Any = self.transport
         if transport is not None:
             transport.abortConnection()
+
+    def close_when_flushed(self, clock: IReactorTime, seconds: float) -> Deferred[None]:
+        """Close the connection once what was written to it is sent (a stopping daemon's last
+        answers are not cut off); a peer that has not taken it within ``seconds`` is cut off.
+        Fires once closed."""
+        closed = self.closed
+        if closed is None or closed.called or self.transport is None:
+            return succeed(None)
+        closed.addTimeout(seconds, clock, onTimeoutCancel=lambda _, __: self._abort())
+        self.transport.loseConnection()
+        return closed
 
     def _peer(self) -> str:
         peer = self.transport.getPeer() if self.transport is not None else None
@@ -280,6 +301,11 @@ class Channel(_twisted.BadRequestChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
+        channels = getattr(self.site, "channels", None)
+        if channels is not None:
+            channels.discard(self)
+        if self.closed is not None and not self.closed.called:
+            self.closed.callback(None)
         gate = self.gate
         if gate is not None:
             gate.closed(self)
@@ -338,6 +364,18 @@ class SpoolingSite(Site):
 
     spool_dir: str | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.channels: set[Channel] = set()
+        """Its connections open now."""
+
+    def close_connections(
+        self, clock: IReactorTime, seconds: float = FLUSH_TIMEOUT
+    ) -> Deferred[Any]:
+        """Close every connection once what was written to it is sent (see
+        :meth:`Channel.close_when_flushed`); fires once all are closed."""
+        return DeferredList([c.close_when_flushed(clock, seconds) for c in list(self.channels)])
+
     def getContentFile(self, length: int | None) -> Any:
         """The file a request's body is written to (twisted.web's hook, called per request)."""
         if length is not None and length < SPOOL_MIN:
@@ -355,7 +393,7 @@ def make_site(
     gate: ConnectionGate | None = None,
     admit: Admit | None = None,
     refusal: Callable[[bytes], bytes] | None = None,
-) -> Site:
+) -> SpoolingSite:
     """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
     ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors.
 

@@ -17,9 +17,14 @@ PEER = IPv4Address("TCP", "127.0.0.1", 40000)
 
 class Transport(StringTransport):
     write_closed = False
+    aborted = False
 
     def loseWriteConnection(self) -> None:
         self.write_closed = True
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+        super().abortConnection()
 
 
 class Ok(Resource):
@@ -89,3 +94,34 @@ def test_a_paced_401_is_not_sent_once_its_peer_is_gone() -> None:
     assert first_transport.disconnecting
     lose(first)
     assert gate.open == 0
+
+
+def test_a_stopping_site_closes_each_connection_once_its_answer_is_out() -> None:
+    clock = Clock()
+    site = make_site(Ok(), 1 << 20, gate=ConnectionGate(clock, Limits(8, 1, 10.0, 60.0)))
+    opened = []
+    for _ in range(2):
+        channel = site.buildProtocol(PEER)
+        assert isinstance(channel, Channel)
+        transport = Transport(peerAddress=PEER)
+        channel.makeConnection(transport)
+        opened.append((channel, transport))
+    (first, sent), (second, stalled) = opened
+    assert site.channels == {first, second}
+    closing = site.close_connections(clock, 5.0)
+    # Each is closed once what was written to it is sent, not cut off.
+    assert sent.disconnecting and stalled.disconnecting and not stalled.aborted
+    lose(first)  # the first one's peer took everything: its transport closed
+    assert site.channels == {second} and not closing.called
+    clock.advance(5.0)  # the second one's peer took nothing in time: cut off
+    assert stalled.aborted
+    lose(second)
+    assert closing.called and site.channels == set()
+    assert site.close_connections(clock, 5.0).called  # nothing left to close
+
+
+def test_a_closed_connection_is_not_closed_again() -> None:
+    clock = Clock()
+    channel, transport = connect(ConnectionGate(clock, Limits(8, 1, 10.0, 60.0)))
+    lose(channel)
+    assert channel.close_when_flushed(clock, 5.0).called and not transport.disconnecting

@@ -3,7 +3,6 @@
 
 from typing import TYPE_CHECKING
 
-from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from sandboxd.core.processes.process import SIGNALS, ReaderEvent
@@ -28,13 +27,8 @@ async def exec(api: "SandboxAPI", request: IRequest, rid: str) -> None:
         request, api.manager.clock, api.manager.config.keepalive, split_stderr=split
     )
     stream.attach(api.manager.start_exec(sandbox, spec, stream.output))
-    written: Deferred[None] = Deferred()
-    api.streams.add(written)
-    try:
-        await stream.finish(rid)
-    finally:
-        api.streams.discard(written)
-        written.callback(None)
+    api.stream_open(request)
+    await stream.finish(rid)
 
 
 # Background processes (SPEC §2.1)
