@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""The spawner prototype's bench (docs/spawner-design.rst); root; not wired into the daemon.
+
+    sudo nice -n 19 python3 bench/spawner/run.py --rounds 300
+
+Builds ``spawner.c`` and the exec helper, makes one sandbox's worth of isolation by hand (a
+cgroup in every v1 hierarchy beneath this process's own, namespaces made and pinned by the
+helper's own ``namespaces`` step), then times ``true`` from this Python process, interleaved
+round by round, the way the daemon would see it (spawn or request, stdout and stderr pipes read
+to their end, ``waitpid``):
+
+- ``direct``: ``posix_spawn`` of ``/bin/true`` (no isolation: the spawn floor);
+- ``helper``: ``posix_spawn`` of the very argv the isolated daemon spawns today
+  (``sandboxd-exec enter 3 PINS.. sandbox UID GID CWD 5 JOINS.. true``);
+- ``server``: a request to a per-daemon pre-forked root server, which forks a child doing every
+  step of the helper (``spawner.c server``);
+- ``zygote``: a request to a per-sandbox zygote already inside the cgroups, the namespaces, the
+  uid and the seccomp filter, whose child only does setsid, chdir and exec (``spawner.c zygote``).
+
+Then the helper's steps one by one (``spawner.c steps``), and the memory one idle zygote costs
+(``--zygotes`` of them at once: the cgroup's charge and the host's ``MemAvailable``).
+Everything it makes is removed at its end; processes are stopped by pid.
+"""
+
+import argparse
+import contextlib
+import ctypes
+import os
+import select
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+HELPER_SOURCE = REPO / "sandboxd" / "isolation" / "sandboxd_exec.c"
+UID = 612998
+"""Outside every bench daemon's pool (bench/sbench/procs.py) and the default one."""
+HIERARCHIES = ("memory", "cpu", "cpuacct", "pids", "freezer")
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/user", "LANG": "C.UTF-8"}
+MNT_DETACH = 2
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def build(source: Path, target: Path) -> None:
+    subprocess.run(
+        ["nice", "-n", "19", "gcc", "-O2", "-s", "-Wall", "-Wextra", "-Werror", "-static",
+         "-o", str(target), str(source)],
+        check=True,
+    )  # fmt: skip
+
+
+def own_cgroup(controller: str) -> str:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return f"/sys/fs/cgroup/{controller}{path}"
+    raise SystemExit(f"no v1 {controller} hierarchy")
+
+
+class Sandbox:
+    """One sandbox's isolation, made by hand the way the daemon makes it."""
+
+    def __init__(self, helper: str, base: Path) -> None:
+        self.helper = helper
+        self.base = base
+        name = f"spawnbench-{os.getpid()}"
+        self.cgroups = [os.path.join(own_cgroup(c), name) for c in HIERARCHIES]
+        for path in self.cgroups:
+            os.mkdir(path)
+        memory, _, _, pids, _ = self.cgroups
+        Path(memory, "memory.limit_in_bytes").write_text(str(2 << 30))
+        Path(pids, "pids.max").write_text("2048")
+        self.joins = [os.path.join(p, "tasks") for p in self.cgroups]
+        self.nsroot = base / "ns"
+        self.nsroot.mkdir(mode=0o700)
+        self._mount(str(self.nsroot), str(self.nsroot), 4096)  # MS_BIND
+        self._mount(None, str(self.nsroot), 1 << 18)  # MS_PRIVATE
+        tmp, work = base / "tmp", base / "work"
+        for d in (tmp, work):
+            d.mkdir()
+            os.chown(d, UID, UID)
+        (self.nsroot / "rid").mkdir(mode=0o700)
+        done = subprocess.run(
+            [helper, "namespaces", str(self.nsroot), "rid", "imn", str(tmp), str(work), "1048576"],
+            capture_output=True, text=True, check=False, env={},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"namespaces: {done.stderr}")
+        self.pins = [str(self.nsroot / "rid" / k) for k in ("ipc", "net", "mnt")]
+        self.cwd = "/home/user"
+
+    @staticmethod
+    def _mount(source: str | None, target: str, flags: int) -> None:
+        src = None if source is None else os.fsencode(source)
+        if libc.mount(src, os.fsencode(target), None, ctypes.c_ulong(flags), None) != 0:
+            raise OSError(ctypes.get_errno(), "mount", target)
+
+    def setup_args(self) -> list[str]:
+        """UID GID CWD NJOIN JOIN.. NNS NS.. (spawner.c's arguments)."""
+        return [str(UID), str(UID), self.cwd, str(len(self.joins)), *self.joins,
+                str(len(self.pins)), *self.pins]  # fmt: skip
+
+    def helper_argv(self, argv: Sequence[str]) -> list[str]:
+        """What the isolated daemon spawns today (Commands._launch)."""
+        return [self.helper, "enter", str(len(self.pins)), *self.pins, self.helper,
+                "--umask=077", "--seccomp=default", "sandbox", str(UID), str(UID), self.cwd,
+                str(len(self.joins)), *self.joins, *argv]  # fmt: skip
+
+    def memory_charge(self) -> int:
+        return int(Path(self.cgroups[0], "memory.usage_in_bytes").read_text())
+
+    def close(self) -> None:
+        for pin in self.pins:
+            libc.umount2(os.fsencode(pin), MNT_DETACH)
+            with contextlib.suppress(OSError):
+                os.unlink(pin)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.nsroot / "rid")
+        libc.umount2(os.fsencode(str(self.nsroot)), MNT_DETACH)
+        for path in self.cgroups:
+            for _ in range(100):
+                try:
+                    os.rmdir(path)
+                    break
+                except OSError:
+                    time.sleep(0.02)
+
+
+def drain(out_r: int, err_r: int) -> None:
+    open_fds = {out_r, err_r}
+    while open_fds:
+        ready, _, _ = select.select(list(open_fds), [], [])
+        for fd in ready:
+            if not os.read(fd, 1 << 16):
+                open_fds.discard(fd)
+                os.close(fd)
+
+
+def spawned(argv: Sequence[str], env: dict[str, str]) -> float:
+    """posix_spawn (the path reactor.spawnProcess takes), pipes read to EOF, waitpid."""
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_DUP2, err_w, 2),
+    ]
+    start = time.perf_counter()
+    pid = os.posix_spawn(argv[0], list(argv), env, file_actions=actions)
+    os.close(out_w)
+    os.close(err_w)
+    drain(out_r, err_r)
+    _, status = os.waitpid(pid, 0)
+    took = time.perf_counter() - start
+    assert os.waitstatus_to_exitcode(status) == 0, status
+    return took
+
+
+class Server:
+    """A spawner.c server or zygote on one end of a SOCK_SEQPACKET socketpair."""
+
+    def __init__(self, binary: str, mode: str, setup: list[str]) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.process = subprocess.Popen(
+            [binary, mode, *setup], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            env={"SPAWNER_FD": str(theirs.fileno())},
+        )  # fmt: skip
+        theirs.close()
+        self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+    def request(self, argv: Sequence[str], env: dict[str, str]) -> float:
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        body = b"".join(a.encode() + b"\0" for a in argv) + b"\0"
+        body += b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+        start = time.perf_counter()
+        socket.send_fds(self.sock, [body], [self.devnull, out_w, err_w])
+        os.close(out_w)
+        os.close(err_w)
+        pid = int.from_bytes(self.sock.recv(4), sys.byteorder, signed=True)
+        assert pid > 0, pid
+        drain(out_r, err_r)
+        _, status = os.waitpid(pid, 0)
+        took = time.perf_counter() - start
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        return took
+
+    def close(self) -> None:
+        self.sock.close()
+        self.process.wait(10)
+
+
+def summary(name: str, times: list[float]) -> str:
+    ms = sorted(t * 1e3 for t in times)
+    p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
+    return (f"{name:<8} p50 {statistics.median(ms):6.3f} ms  p10 {p(0.1):6.3f}  "
+            f"p90 {p(0.9):6.3f}  p99 {p(0.99):6.3f}  min {ms[0]:6.3f}  (n={len(ms)})")  # fmt: skip
+
+
+MEMINFO = ("MemAvailable", "KernelStack", "PageTables", "SUnreclaim", "AnonPages")
+
+
+def meminfo() -> dict[str, int]:
+    values = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in MEMINFO:
+            values[name] = int(rest.split()[0]) * 1024
+    return values
+
+
+def idle_zygotes(binary: str, sandbox: Sandbox, count: int) -> str:
+    """Start ``count`` zygotes, let them settle, and say what each costs."""
+    charge0, info0 = sandbox.memory_charge(), meminfo()
+    zygotes = [Server(binary, "zygote", sandbox.setup_args()) for _ in range(count)]
+    zygotes[0].request(["true"], ENV)  # each is ready once it answered once
+    for z in zygotes[1:]:
+        z.request(["true"], ENV)
+    time.sleep(0.5)
+    charge1, info1 = sandbox.memory_charge(), meminfo()
+    rollup = Path(f"/proc/{zygotes[0].process.pid}/smaps_rollup").read_text().splitlines()
+    rss = [line for line in rollup if line.split(":")[0] in ("Rss", "Pss", "Private_Dirty")]
+    for z in zygotes:
+        z.close()
+    per = lambda a, b: (b - a) / count / 1024  # noqa: E731
+    host = ", ".join(f"{k} {per(info0[k], info1[k]):+.1f}" for k in MEMINFO)
+    return (f"{count} idle zygotes, KiB each: cgroup charge {per(charge0, charge1):.1f}; "
+            f"host /proc/meminfo {host}; one zygote's smaps_rollup "
+            + ", ".join(" ".join(line.split()) for line in rss))  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--zygotes", type=int, default=200)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root (cgroups, namespaces, uid drop)")
+    base = Path(tempfile.mkdtemp(prefix="spawnbench-"))
+    os.chmod(base, 0o755)
+    helper, binary = str(base / "sandboxd-exec"), str(base / "spawner")
+    build(HELPER_SOURCE, Path(helper))
+    build(HERE / "spawner.c", Path(binary))
+    sandbox = Sandbox(helper, base)
+    servers: list[Server] = []
+    try:
+        print("load average at start:", Path("/proc/loadavg").read_text().strip())
+        server = Server(binary, "server", sandbox.setup_args())
+        zygote = Server(binary, "zygote", sandbox.setup_args())
+        servers += [server, zygote]
+        true = shutil.which("true") or "/bin/true"
+        rows: dict[str, Callable[[], float]] = {
+            "direct": lambda: spawned([true], ENV),
+            "helper": lambda: spawned(sandbox.helper_argv(["true"]), ENV),
+            "session": lambda: spawned([helper, "session", "/", true], ENV),
+            "server": lambda: server.request(["true"], ENV),
+            "zygote": lambda: zygote.request(["true"], ENV),
+        }
+        for run in rows.values():  # warm up
+            for _ in range(10):
+                run()
+        times: dict[str, list[float]] = {name: [] for name in rows}
+        for _ in range(args.rounds):
+            for name, run in rows.items():
+                times[name].append(run())
+        for name, ts in times.items():
+            print(summary(name, ts))
+        print("\nthe helper's steps, in a child forked from a small C process:")
+        sys.stdout.flush()
+        subprocess.run([binary, "steps", str(args.rounds), *sandbox.setup_args()], check=True)
+        print()
+        print(idle_zygotes(binary, sandbox, args.zygotes))
+        print("load average at end:", Path("/proc/loadavg").read_text().strip())
+    finally:
+        for s in servers:
+            s.close()
+        sandbox.close()
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
