@@ -50,10 +50,23 @@ libc = ctypes.CDLL("libc.so.6", use_errno=True)
 
 def build(source: Path, target: Path) -> None:
     subprocess.run(
-        ["nice", "-n", "19", "gcc", "-O2", "-s", "-Wall", "-Wextra", "-Werror", "-static",
-         "-o", str(target), str(source)],
+        [
+            "nice",
+            "-n",
+            "19",
+            "gcc",
+            "-O2",
+            "-s",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-static",
+            "-o",
+            str(target),
+            str(source),
+        ],
         check=True,
-    )  # fmt: skip
+    )
 
 
 def own_cgroup(controller: str) -> str:
@@ -89,8 +102,11 @@ class Sandbox:
         (self.nsroot / "rid").mkdir(mode=0o700)
         done = subprocess.run(
             [helper, "namespaces", str(self.nsroot), "rid", "imn", str(tmp), str(work), "1048576"],
-            capture_output=True, text=True, check=False, env={},
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=False,
+            env={},
+        )
         if done.returncode != 0:
             raise SystemExit(f"namespaces: {done.stderr}")
         self.pins = [str(self.nsroot / "rid" / k) for k in ("ipc", "net", "mnt")]
@@ -104,14 +120,34 @@ class Sandbox:
 
     def setup_args(self) -> list[str]:
         """UID GID CWD NJOIN JOIN.. NNS NS.. (spawner.c's arguments)."""
-        return [str(UID), str(UID), self.cwd, str(len(self.joins)), *self.joins,
-                str(len(self.pins)), *self.pins]  # fmt: skip
+        return [
+            str(UID),
+            str(UID),
+            self.cwd,
+            str(len(self.joins)),
+            *self.joins,
+            str(len(self.pins)),
+            *self.pins,
+        ]
 
     def helper_argv(self, argv: Sequence[str]) -> list[str]:
         """What the isolated daemon spawns today (Commands._launch)."""
-        return [self.helper, "enter", str(len(self.pins)), *self.pins, self.helper,
-                "--umask=077", "--seccomp=default", "sandbox", str(UID), str(UID), self.cwd,
-                str(len(self.joins)), *self.joins, *argv]  # fmt: skip
+        return [
+            self.helper,
+            "enter",
+            str(len(self.pins)),
+            *self.pins,
+            self.helper,
+            "--umask=077",
+            "--seccomp=default",
+            "sandbox",
+            str(UID),
+            str(UID),
+            self.cwd,
+            str(len(self.joins)),
+            *self.joins,
+            *argv,
+        ]
 
     def memory_charge(self) -> int:
         return int(Path(self.cgroups[0], "memory.usage_in_bytes").read_text())
@@ -169,9 +205,11 @@ class Server:
     def __init__(self, binary: str, mode: str, setup: list[str]) -> None:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.process = subprocess.Popen(
-            [binary, mode, *setup], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+            [binary, mode, *setup],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
             env={"SPAWNER_FD": str(theirs.fileno())},
-        )  # fmt: skip
+        )
         theirs.close()
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
@@ -200,8 +238,10 @@ class Server:
 def summary(name: str, times: list[float]) -> str:
     ms = sorted(t * 1e3 for t in times)
     p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
-    return (f"{name:<8} p50 {statistics.median(ms):6.3f} ms  p10 {p(0.1):6.3f}  "
-            f"p90 {p(0.9):6.3f}  p99 {p(0.99):6.3f}  min {ms[0]:6.3f}  (n={len(ms)})")  # fmt: skip
+    return (
+        f"{name:<8} p50 {statistics.median(ms):6.3f} ms  p10 {p(0.1):6.3f}  "
+        f"p90 {p(0.9):6.3f}  p99 {p(0.99):6.3f}  min {ms[0]:6.3f}  (n={len(ms)})"
+    )
 
 
 MEMINFO = ("MemAvailable", "KernelStack", "PageTables", "SUnreclaim", "AnonPages")
@@ -217,29 +257,101 @@ def meminfo() -> dict[str, int]:
 
 
 def idle_zygotes(binary: str, sandbox: Sandbox, count: int) -> str:
-    """Start ``count`` zygotes, let them settle, and say what each costs."""
-    charge0, info0 = sandbox.memory_charge(), meminfo()
-    zygotes = [Server(binary, "zygote", sandbox.setup_args()) for _ in range(count)]
-    zygotes[0].request(["true"], ENV)  # each is ready once it answered once
-    for z in zygotes[1:]:
-        z.request(["true"], ENV)
-    time.sleep(0.5)
-    charge1, info1 = sandbox.memory_charge(), meminfo()
-    rollup = Path(f"/proc/{zygotes[0].process.pid}/smaps_rollup").read_text().splitlines()
-    rss = [line for line in rollup if line.split(":")[0] in ("Rss", "Pss", "Private_Dirty")]
-    for z in zygotes:
-        z.close()
+    """Start ``count`` zygotes in a memory cgroup of their own (else the sandbox's), let them
+    settle, and say what each costs: that cgroup's charge (v1 counts kernel memory too) and
+    the host's ``/proc/meminfo``."""
+    memory = os.path.join(sandbox.cgroups[0], "idle")
+    os.mkdir(memory)
+    setup = sandbox.setup_args()
+    setup[4] = os.path.join(memory, "tasks")  # the first join file is the memory hierarchy's
+    usage = lambda name: int(Path(memory, name).read_text())  # noqa: E731
+    try:
+        charge0, kmem0, info0 = (
+            usage("memory.usage_in_bytes"),
+            usage("memory.kmem.usage_in_bytes"),
+            meminfo(),
+        )
+        zygotes = [Server(binary, "zygote", setup) for _ in range(count)]
+        for z in zygotes:
+            z.request(["true"], ENV)  # each is ready once it answered once
+        time.sleep(1.0)
+        charge1, kmem1, info1 = (
+            usage("memory.usage_in_bytes"),
+            usage("memory.kmem.usage_in_bytes"),
+            meminfo(),
+        )
+        rollup = Path(f"/proc/{zygotes[0].process.pid}/smaps_rollup").read_text().splitlines()
+        rss = [line for line in rollup if line.split(":")[0] in ("Rss", "Pss", "Private_Dirty")]
+        for z in zygotes:
+            z.close()
+    finally:
+        for _ in range(100):
+            try:
+                os.rmdir(memory)
+                break
+            except OSError:
+                time.sleep(0.02)
     per = lambda a, b: (b - a) / count / 1024  # noqa: E731
     host = ", ".join(f"{k} {per(info0[k], info1[k]):+.1f}" for k in MEMINFO)
-    return (f"{count} idle zygotes, KiB each: cgroup charge {per(charge0, charge1):.1f}; "
-            f"host /proc/meminfo {host}; one zygote's smaps_rollup "
-            + ", ".join(" ".join(line.split()) for line in rss))  # fmt: skip
+    return (
+        f"{count} idle zygotes, KiB each: their memory cgroup's charge {per(charge0, charge1):.1f}"
+        f" (of which kernel {per(kmem0, kmem1):.1f}); host /proc/meminfo {host}; "
+        "one zygote's smaps_rollup " + ", ".join(" ".join(line.split()) for line in rss)
+    )
+
+
+def cgroup2_rows(binary: str, rounds: int) -> None:
+    """Joining a v2 cgroup against being cloned into it, where a v2 hierarchy is mounted
+    (the hybrid host's ``unified`` one holds no controller: a lower bound of the join)."""
+    for mount in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+        if os.path.exists(os.path.join(mount, "cgroup.controllers")):
+            break
+    else:
+        print("\nno cgroup v2 hierarchy: CLONE_INTO_CGROUP rows skipped")
+        return
+    own = next(
+        line.split(":", 2)[2]
+        for line in Path("/proc/self/cgroup").read_text().splitlines()
+        if line.startswith("0::")
+    )
+    path = os.path.join(mount + own, f"spawnbench-{os.getpid()}")
+    os.mkdir(path)
+    controllers = Path(mount, "cgroup.controllers").read_text().split()
+    print(f"\ncgroup v2 at {mount} (controllers: {' '.join(controllers) or 'none'}):")
+    sys.stdout.flush()
+    try:
+        subprocess.run([binary, "cgroup2", str(rounds), path], check=True)
+    finally:
+        os.rmdir(path)
+
+
+def twisted_times(
+    sandbox: Sandbox, true: str, zygote: Server, rounds: int
+) -> dict[str, list[float]]:
+    from twisted.internet import reactor
+
+    sys.path.insert(0, str(HERE))
+    import twisted_rows
+
+    result: list[object] = []
+
+    def stop(outcome: object) -> None:
+        result.append(outcome)
+        reactor.stop()  # type: ignore[attr-defined]
+
+    d = twisted_rows.rows(reactor, sandbox.helper_argv(["true"]), true, zygote, ENV, rounds)
+    d.addBoth(stop)
+    reactor.run()  # type: ignore[attr-defined]
+    if not isinstance(result[0], dict):
+        raise SystemExit(f"twisted rows: {result[0]}")
+    return result[0]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--zygotes", type=int, default=200)
+    parser.add_argument("--twisted", action="store_true", help="also the rows from a reactor")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (cgroups, namespaces, uid drop)")
@@ -270,11 +382,14 @@ def main() -> int:
         for _ in range(args.rounds):
             for name, run in rows.items():
                 times[name].append(run())
+        if args.twisted:
+            times.update(twisted_times(sandbox, true, zygote, args.rounds))
         for name, ts in times.items():
             print(summary(name, ts))
         print("\nthe helper's steps, in a child forked from a small C process:")
         sys.stdout.flush()
         subprocess.run([binary, "steps", str(args.rounds), *sandbox.setup_args()], check=True)
+        cgroup2_rows(binary, args.rounds)
         print()
         print(idle_zygotes(binary, sandbox, args.zygotes))
         print("load average at end:", Path("/proc/loadavg").read_text().strip())

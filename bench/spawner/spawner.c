@@ -20,6 +20,11 @@
  *       the per-sandbox zygote: does join, oom, setns, drop and seccomp ONCE, then for each
  *       request clone(CLONE_PARENT)s a child that only does setsid, umask, chdir and execs.
  *
+ *   spawner cgroup2 ROUNDS DIR      (root; DIR a cgroup v2 directory)
+ *       fork-to-reap of a child that only exits, interleaved: plain fork; fork then the child
+ *       writes "0" into DIR/cgroup.procs (the helper's join, on v2); clone3 with
+ *       CLONE_INTO_CGROUP (the child starts in DIR, nothing to migrate).
+ *
  * A request (both servers) is one message: the command's argv then its environment, each
  * string NUL-terminated, an empty string between the two, with three descriptors (SCM_RIGHTS)
  * for the command's stdin, stdout and stderr. The answer is the child's pid as a native int
@@ -234,7 +239,16 @@ static int steps(int argc, char **argv)
             column[r] = shared[(size_t)r * MAX_STEPS + k];
         qsort(column, (size_t)rounds, sizeof column[0], cmp64);
         sum += column[rounds / 2];
-        printf("%-48s p50 %8.1f us  p10 %8.1f  p90 %8.1f\n", step_name[k],
+        const char *name = step_name[k], *slash;
+        char label[64];
+        if (strncmp(name, "/sys/fs/cgroup/", 15) == 0 && (slash = strchr(name + 15, '/')))
+            snprintf(label, sizeof label, "join cgroup (v1 %.*s tasks)", (int)(slash - name - 15),
+                     name + 15);
+        else if ((slash = strrchr(name, '/')) != NULL)
+            snprintf(label, sizeof label, "setns %s", slash + 1);
+        else
+            snprintf(label, sizeof label, "%s", name);
+        printf("%-48s p50 %8.1f us  p10 %8.1f  p90 %8.1f\n", label,
                column[rounds / 2] / 1e3, column[rounds / 10] / 1e3, column[rounds * 9 / 10] / 1e3);
     }
     printf("%-48s p50 %8.1f us\n", "sum of step p50s (fork .. before execve)", sum / 1e3);
@@ -333,8 +347,68 @@ static int serve(int argc, char **argv, int zygote)
     }
 }
 
+#ifndef CLONE_INTO_CGROUP
+#define CLONE_INTO_CGROUP 0x200000000ULL
+#endif
+
+struct clone_args_v2 {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+        set_tid_size, cgroup;
+};
+
+static int cgroup2(int argc, char **argv)
+{
+    if (argc != 4)
+        die("usage: cgroup2 ROUNDS DIR");
+    int rounds = atoi(argv[2]);
+    if (rounds < 1 || rounds > MAX_ROUNDS)
+        die("rounds");
+    char procs[4096];
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", argv[3]);
+    int dir = open(argv[3], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0)
+        die(argv[3]);
+    static int64_t times[3][MAX_ROUNDS];
+    static const char *const names[3] = {"fork, exit", "fork, join v2 cgroup.procs, exit",
+                                         "clone3 CLONE_INTO_CGROUP, exit"};
+    for (int r = 0; r < rounds; r++) {
+        for (int way = 0; way < 3; way++) {
+            int64_t start = now_ns();
+            pid_t pid;
+            if (way == 2) {
+                struct clone_args_v2 args = {.flags = CLONE_INTO_CGROUP,
+                                             .exit_signal = SIGCHLD,
+                                             .cgroup = (uint64_t)dir};
+                pid = (pid_t)syscall(SYS_clone3, &args, sizeof args);
+            } else {
+                pid = fork();
+            }
+            if (pid < 0)
+                die("fork/clone3");
+            if (pid == 0) {
+                if (way == 1)
+                    join_one(procs);
+                _exit(0);
+            }
+            int status;
+            if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                die("child failed");
+            times[way][r] = now_ns() - start;
+        }
+    }
+    for (int way = 0; way < 3; way++) {
+        qsort(times[way], (size_t)rounds, sizeof times[way][0], cmp64);
+        printf("%-48s p50 %8.1f us  p10 %8.1f  p90 %8.1f\n", names[way],
+               times[way][rounds / 2] / 1e3, times[way][rounds / 10] / 1e3,
+               times[way][rounds * 9 / 10] / 1e3);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "cgroup2") == 0)
+        return cgroup2(argc, argv);
     if (argc >= 3 && strcmp(argv[1], "steps") == 0)
         return steps(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "server") == 0)
