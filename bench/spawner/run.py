@@ -200,15 +200,34 @@ def spawned(argv: Sequence[str], env: dict[str, str]) -> float:
 
 
 class Server:
-    """A spawner.c server or zygote on one end of a SOCK_SEQPACKET socketpair."""
+    """A spawner.c server or zygote on one end of a SOCK_SEQPACKET socketpair.
 
-    def __init__(self, binary: str, mode: str, setup: list[str]) -> None:
+    ``pidfd``: the server answers with the child's pidfd too (``CLONE_PIDFD``), and the child
+    is reaped through it (``waitid(P_PIDFD)``). ``join_first``: files to write ``0`` into
+    before the server's program starts, so that everything it touches is charged there.
+    """
+
+    def __init__(
+        self, binary: str, mode: str, setup: list[str], pidfd: bool = False,
+        join_first: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {"SPAWNER_FD": str(theirs.fileno())}
+        if pidfd:
+            env["SPAWNER_PIDFD"] = "1"
+        self.pidfd = pidfd
+
+        def join() -> None:
+            for path in join_first:
+                with open(path, "w") as f:
+                    f.write("0\n")
+
         self.process = subprocess.Popen(
             [binary, mode, *setup],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
-            env={"SPAWNER_FD": str(theirs.fileno())},
+            env=env,
+            preexec_fn=join if join_first else None,
         )
         theirs.close()
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -222,24 +241,41 @@ class Server:
         socket.send_fds(self.sock, [body], [self.devnull, out_w, err_w])
         os.close(out_w)
         os.close(err_w)
-        pid = int.from_bytes(self.sock.recv(4), sys.byteorder, signed=True)
+        if self.pidfd:
+            data, fds, _, _ = socket.recv_fds(self.sock, 4, 1)
+        else:
+            data, fds = self.sock.recv(4), []
+        pid = int.from_bytes(data, sys.byteorder, signed=True)
         assert pid > 0, pid
         drain(out_r, err_r)
-        _, status = os.waitpid(pid, 0)
-        took = time.perf_counter() - start
-        assert os.waitstatus_to_exitcode(status) == 0, status
-        return took
+        if fds:
+            self.last_pidfd_pid = pidfd_pid(fds[0])
+            result = os.waitid(os.P_PIDFD, fds[0], os.WEXITED)
+            os.close(fds[0])
+            assert result is not None and result.si_pid == pid and result.si_status == 0
+        else:
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, status
+        return time.perf_counter() - start
 
     def close(self) -> None:
         self.sock.close()
         self.process.wait(10)
 
 
+def pidfd_pid(fd: int) -> int:
+    """The pid a pidfd refers to (``Pid:`` of its fdinfo)."""
+    for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+        if line.startswith("Pid:"):
+            return int(line.split()[1])
+    return -1
+
+
 def summary(name: str, times: list[float]) -> str:
     ms = sorted(t * 1e3 for t in times)
     p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
     return (
-        f"{name:<8} p50 {statistics.median(ms):6.3f} ms  p10 {p(0.1):6.3f}  "
+        f"{name:<12} p50 {statistics.median(ms):6.3f} ms  p10 {p(0.1):6.3f}  "
         f"p90 {p(0.9):6.3f}  p99 {p(0.99):6.3f}  min {ms[0]:6.3f}  (n={len(ms)})"
     )
 
@@ -256,10 +292,12 @@ def meminfo() -> dict[str, int]:
     return values
 
 
-def idle_zygotes(binary: str, sandbox: Sandbox, count: int) -> str:
+def idle_zygotes(binary: str, sandbox: Sandbox, count: int, join_first: bool) -> str:
     """Start ``count`` zygotes in a memory cgroup of their own (else the sandbox's), let them
     settle, and say what each costs: that cgroup's charge (v1 counts kernel memory too) and
-    the host's ``/proc/meminfo``."""
+    the host's ``/proc/meminfo``. ``join_first``: each joins that memory cgroup before its
+    program starts (as a zygote forked by a server's child that joined first would be), else
+    only in its set-up (as one started like today's helper)."""
     memory = os.path.join(sandbox.cgroups[0], "idle")
     os.mkdir(memory)
     setup = sandbox.setup_args()
@@ -271,7 +309,8 @@ def idle_zygotes(binary: str, sandbox: Sandbox, count: int) -> str:
             usage("memory.kmem.usage_in_bytes"),
             meminfo(),
         )
-        zygotes = [Server(binary, "zygote", setup) for _ in range(count)]
+        first = [os.path.join(memory, "tasks")] if join_first else []
+        zygotes = [Server(binary, "zygote", setup, join_first=first) for _ in range(count)]
         for z in zygotes:
             z.request(["true"], ENV)  # each is ready once it answered once
         time.sleep(1.0)
@@ -293,8 +332,10 @@ def idle_zygotes(binary: str, sandbox: Sandbox, count: int) -> str:
                 time.sleep(0.02)
     per = lambda a, b: (b - a) / count / 1024  # noqa: E731
     host = ", ".join(f"{k} {per(info0[k], info1[k]):+.1f}" for k in MEMINFO)
+    when = "joined before exec" if join_first else "joined in set-up"
     return (
-        f"{count} idle zygotes, KiB each: their memory cgroup's charge {per(charge0, charge1):.1f}"
+        f"{count} idle zygotes ({when}), KiB each: their memory cgroup's charge"
+        f" {per(charge0, charge1):.1f}"
         f" (of which kernel {per(kmem0, kmem1):.1f}); host /proc/meminfo {host}; "
         "one zygote's smaps_rollup " + ", ".join(" ".join(line.split()) for line in rss)
     )
@@ -366,7 +407,8 @@ def main() -> int:
         print("load average at start:", Path("/proc/loadavg").read_text().strip())
         server = Server(binary, "server", sandbox.setup_args())
         zygote = Server(binary, "zygote", sandbox.setup_args())
-        servers += [server, zygote]
+        zygote_pidfd = Server(binary, "zygote", sandbox.setup_args(), pidfd=True)
+        servers += [server, zygote, zygote_pidfd]
         true = shutil.which("true") or "/bin/true"
         rows: dict[str, Callable[[], float]] = {
             "direct": lambda: spawned([true], ENV),
@@ -374,6 +416,7 @@ def main() -> int:
             "session": lambda: spawned([helper, "session", "/", true], ENV),
             "server": lambda: server.request(["true"], ENV),
             "zygote": lambda: zygote.request(["true"], ENV),
+            "zygote-pidfd": lambda: zygote_pidfd.request(["true"], ENV),
         }
         for run in rows.values():  # warm up
             for _ in range(10):
@@ -391,7 +434,8 @@ def main() -> int:
         subprocess.run([binary, "steps", str(args.rounds), *sandbox.setup_args()], check=True)
         cgroup2_rows(binary, args.rounds)
         print()
-        print(idle_zygotes(binary, sandbox, args.zygotes))
+        for join_first in (False, True):
+            print(idle_zygotes(binary, sandbox, args.zygotes, join_first))
         print("load average at end:", Path("/proc/loadavg").read_text().strip())
     finally:
         for s in servers:

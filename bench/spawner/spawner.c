@@ -28,8 +28,9 @@
  * A request (both servers) is one message: the command's argv then its environment, each
  * string NUL-terminated, an empty string between the two, with three descriptors (SCM_RIGHTS)
  * for the command's stdin, stdout and stderr. The answer is the child's pid as a native int
- * (negative: -errno). The uid, gid, cwd, joins and pins come from the server's own arguments
- * here, for brevity; a real server would take them per request (the server) or at its start
+ * (negative: -errno), with the child's pidfd attached (SCM_RIGHTS) when SPAWNER_PIDFD is set
+ * in the server's environment (clone's CLONE_PIDFD). The uid, gid, cwd, joins and pins come
+ * from the server's own arguments here, for brevity; a real server would take them per request (the server) or at its start
  * (the zygote, which is one sandbox's).
  */
 #define _GNU_SOURCE
@@ -38,6 +39,9 @@
 #include <grp.h>
 #include <sched.h>
 #include <signal.h>
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -296,6 +300,7 @@ static int serve(int argc, char **argv, int zygote)
     }
     const char *fd_text = getenv("SPAWNER_FD");
     int sock = fd_text ? atoi(fd_text) : 3;
+    int want_pidfd = getenv("SPAWNER_PIDFD") != NULL;
     static char buf[MSG_MAX + 1];
     for (;;) {
         int fds[3] = {-1, -1, -1};
@@ -328,7 +333,10 @@ static int serve(int argc, char **argv, int zygote)
         args[na] = NULL;
         env[ne] = NULL;
         /* The child is the caller's: it gets SIGCHLD and reaps it. */
-        pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PARENT, NULL, NULL, NULL, NULL);
+        /* With SPAWNER_PIDFD set, CLONE_PIDFD too: the answer carries the child's pidfd. */
+        int pidfd = -1;
+        unsigned long flags = CLONE_PARENT | (want_pidfd ? CLONE_PIDFD : 0);
+        pid_t pid = (pid_t)syscall(SYS_clone, flags, NULL, want_pidfd ? &pidfd : NULL, NULL, NULL);
         if (pid == 0) {
             for (int k = 0; k < 3; k++)
                 if (dup2(fds[k], k) < 0)
@@ -342,7 +350,22 @@ static int serve(int argc, char **argv, int zygote)
         int answer = pid < 0 ? -errno : pid;
         for (int k = 0; k < 3; k++)
             close(fds[k]);
-        if (send(sock, &answer, sizeof answer, 0) != (ssize_t)sizeof answer)
+        char reply_control[CMSG_SPACE(sizeof pidfd)];
+        struct iovec reply_iov = {.iov_base = &answer, .iov_len = sizeof answer};
+        struct msghdr reply = {.msg_iov = &reply_iov, .msg_iovlen = 1};
+        if (pidfd >= 0) {
+            reply.msg_control = reply_control;
+            reply.msg_controllen = sizeof reply_control;
+            struct cmsghdr *rc = CMSG_FIRSTHDR(&reply);
+            rc->cmsg_level = SOL_SOCKET;
+            rc->cmsg_type = SCM_RIGHTS;
+            rc->cmsg_len = CMSG_LEN(sizeof pidfd);
+            memcpy(CMSG_DATA(rc), &pidfd, sizeof pidfd);
+        }
+        ssize_t sent = sendmsg(sock, &reply, 0);
+        if (pidfd >= 0)
+            close(pidfd);
+        if (sent != (ssize_t)sizeof answer)
             return 0;
     }
 }
