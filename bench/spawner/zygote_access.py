@@ -6,11 +6,13 @@
 Starts one zygote (``spawner.c zygote``) in a sandbox's isolation made as ``run.py`` makes it,
 prints its credentials and filter state from ``/proc/PID/status``, then tries, as the sandbox's
 uid (``setpriv``), to list its descriptors, read its environment, ptrace it (``strace -p``) and
-signal it (``kill -0``), printing each outcome.
+signal it (``kill -0``), printing each outcome; then lists the descriptors a command started
+through the zygote holds.
 """
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +21,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import run
+
+
+def command_fds(zygote: run.Server) -> str:
+    """What ``/proc/self/fd`` holds in a command started by ``zygote`` (the listing's own
+    descriptor included)."""
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    argv = ["python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd'), key=int))"]
+    body = b"".join(a.encode() + b"\0" for a in argv) + b"\0"
+    body += b"".join(f"{k}={v}".encode() + b"\0" for k, v in run.ENV.items())
+    socket.send_fds(zygote.sock, [body], [zygote.devnull, out_w, err_w])
+    os.close(out_w)
+    os.close(err_w)
+    pid = int.from_bytes(zygote.sock.recv(4), sys.byteorder, signed=True)
+    with os.fdopen(out_r, "rb") as out, os.fdopen(err_r, "rb") as err:
+        text = out.read().decode().strip() + err.read().decode().strip()
+    os.waitpid(pid, 0)
+    return text
 
 
 def main() -> int:
@@ -45,6 +65,7 @@ def main() -> int:
             done = subprocess.run(as_uid + argv, capture_output=True, text=True, timeout=10)
             said = (done.stderr or done.stdout).strip()[:100]
             print(" ".join(argv[:2]), "->", done.returncode, said)
+        print("descriptors a command gets:", command_fds(zygote))
         zygote.close()
     finally:
         sandbox.close()
