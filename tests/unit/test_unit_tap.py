@@ -31,23 +31,6 @@ from sandboxd.service import ExitStatus, SandboxdService
 from tests.support.fakes import fake_isolation
 
 
-@pytest.fixture(autouse=True)
-def no_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-
-
-@pytest.fixture
-def environ(tmp_path: Path) -> dict[str, str]:
-    return {
-        "SANDBOXD_ISOLATION": "none",
-        "SANDBOXD_LISTEN": "tcp:0:interface=127.0.0.1",
-        "SANDBOXD_ROOT": str(tmp_path / "root"),
-        "SANDBOXD_TOOLS_DIR": str(tmp_path / "tools"),
-        "SANDBOXD_UID_MIN": "1000",
-        "SANDBOXD_UID_MAX": "1003",
-    }
-
-
 def options(*argv: str) -> tap.Options:
     parsed = tap.Options()
     parsed.parseOptions(list(argv))

@@ -5,30 +5,12 @@ refused by name. Built with ``isolation=none``; nothing is started."""
 from __future__ import annotations
 
 import resource
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
 
 from sandboxd import tap
-
-
-@pytest.fixture(autouse=True)
-def no_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-
-
-@pytest.fixture
-def environ(tmp_path: Path) -> dict[str, str]:
-    return {
-        "SANDBOXD_ISOLATION": "none",
-        "SANDBOXD_LISTEN": "tcp:0:interface=127.0.0.1",
-        "SANDBOXD_ROOT": str(tmp_path / "root"),
-        "SANDBOXD_TOOLS_DIR": str(tmp_path / "tools"),
-        "SANDBOXD_UID_MIN": "1000",
-        "SANDBOXD_UID_MAX": "1003",
-    }
 
 
 def build(environ: dict[str, str]) -> Any:
