@@ -11,7 +11,7 @@ answer is unusable: ``404``, too large, malformed).
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
@@ -75,13 +75,11 @@ class Fetcher:
         await body.finished
 
 
-def describe(error: BaseException | None) -> str:
+def describe(error: BaseException) -> str:
     """A short text for a transport error (``ResponseNeverReceived`` wraps the real ones)."""
     reasons = getattr(error, "reasons", None)
     if reasons:
         error = reasons[0].value
-    if error is None:
-        return "unknown error"
     text = str(error).strip()
     name = type(error).__name__
     if not text or text == name:
@@ -120,11 +118,11 @@ class _BoundedBody(Protocol):
         self._stop(StoreUnreachable(f"{self.what}: {self.url} not received within {timeout} s"))
 
     def _stop(self, error: Exception) -> None:
-        if self.finished.called:
-            return
+        """End with ``error`` and close the connection. Only called unfinished: data after the
+        end is ignored, and ending cancels the deadline; the body's transport is set by then
+        (``deliverBody`` connects before it delivers, and the deadline starts after it)."""
         self._end(Failure(error))
-        if self.transport is not None:
-            self.transport.stopProducing()  # type: ignore[attr-defined]
+        self.transport.stopProducing()  # type: ignore[union-attr]
 
     def _end(self, result: Failure | None) -> None:
         if self._deadline is not None and self._deadline.active():
@@ -153,5 +151,6 @@ class _BoundedBody(Protocol):
         if reason.check(ResponseDone, PotentialDataLoss):
             self._end(None)
             return
-        cut = StoreUnreachable(f"{self.what}: {self.url} cut off ({describe(reason.value)})")
+        lost = cast(BaseException, reason.value)  # a Failure made from an error holds it
+        cut = StoreUnreachable(f"{self.what}: {self.url} cut off ({describe(lost)})")
         self._end(Failure(cut))
