@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ProcessDone
 from twisted.internet.interfaces import IReactorProcess
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
@@ -163,7 +162,7 @@ class _RsyncProtocol(ProcessProtocol):
             self.stderr = (self.stderr + data)[-STDERR_KEPT:]
 
     def processEnded(self, reason: Failure) -> None:
-        code = 0 if isinstance(reason.value, ProcessDone) else exit_code_of(reason)
+        code = exit_code_of(reason)
         if code in OK_EXITS:
             self.done.callback(None)
             return
