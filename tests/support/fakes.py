@@ -48,15 +48,23 @@ class FakeReactor:
         self.error = error
         self.spawned: list[dict[str, Any]] = []
         self.process: FakeProcess | None = None
+        self.protocol: Any = None
 
     def spawnProcess(
-        self, proto: Any, executable: str, args: list[str], env: dict[str, str], childFDs: Any
+        self,
+        proto: Any,
+        executable: str,
+        args: list[str],
+        env: dict[str, str],
+        childFDs: Any,
+        path: str | None = None,
     ) -> FakeProcess:
         self.spawned.append(
-            {"executable": executable, "args": args, "env": env, "childFDs": childFDs}
+            {"executable": executable, "args": args, "env": env, "childFDs": childFDs, "path": path}
         )
         if self.error is not None:
             raise self.error
+        self.protocol = proto
         self.process = FakeProcess(self.pid)
         proto.makeConnection(self.process)  # as twisted's Process does
         return self.process
