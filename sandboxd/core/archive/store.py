@@ -75,8 +75,9 @@ class ArchiveUnavailable(Exception):
     """The archive cannot be used on this host (start-up refuses, naming the cause)."""
 
 
-def _renameat2() -> Callable[[str, str], None] | None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+def _renameat2(libc: Any) -> Callable[[str, str], None] | None:
+    """``renameat2(RENAME_EXCHANGE)`` of ``libc`` (a ``ctypes.CDLL``), or ``None`` when it has
+    no such function (a C library older than glibc 2.28)."""
     call = getattr(libc, "renameat2", None)
     if call is None:
         return None
@@ -92,7 +93,7 @@ def _renameat2() -> Callable[[str, str], None] | None:
     return exchange
 
 
-_EXCHANGE = _renameat2()
+_EXCHANGE = _renameat2(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True))
 
 
 def exchange(new: str, current: str, old: str) -> None:
