@@ -259,3 +259,47 @@ def test_a_failed_follow_walk_frees_the_descriptor_of_a_closed_watch(tmp_path: P
     watch.close()
     walks.run()
     assert not watch.fd_open and events == [WatchEvent("create", "/gone", True)]
+
+
+def test_a_watch_its_consumer_closes_mid_read_reports_nothing_more(tmp_path: Path) -> None:
+    events: list[WatchEvent] = []
+    walks = Walks(tmp_path)
+    watch = WorkspaceWatch(Readers(), walks, (), True, events.append)  # type: ignore[arg-type]
+    Deferred.fromCoroutine(watch.start())
+    walks.run()
+    fd = watch.fd
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+
+    def first_event_closes(event: WatchEvent) -> None:
+        events.append(event)
+        watch.close()  # e.g. a consumer that wanted one event
+
+    watch.deliver = first_event_closes
+    watch.doRead()
+    assert events == [WatchEvent("create", "/x", True)]
+    assert walks.queued == []  # no walk of x or y on the closed descriptor
+    assert not watch.fd_open and not is_inotify(fd)
+
+
+def test_a_watch_its_consumer_closes_while_a_walk_settles_reports_nothing_more(
+    tmp_path: Path,
+) -> None:
+    events: list[WatchEvent] = []
+    walks = Walks(tmp_path)
+    watch = WorkspaceWatch(Readers(), walks, (), True, events.append)  # type: ignore[arg-type]
+    Deferred.fromCoroutine(watch.start())
+    walks.run()
+    (tmp_path / "new").mkdir()
+    watch.doRead()  # /new told; its walk queued
+    for name in ("p", "q"):
+        (tmp_path / "new" / name).write_bytes(b"")  # before its watch: told by the walk
+
+    def one_more_then_close(event: WatchEvent) -> None:
+        events.append(event)
+        watch.close()
+
+    watch.deliver = one_more_then_close
+    walks.run()
+    assert len(events) == 2 and events[1].path in ("/new/p", "/new/q")
+    assert not watch.fd_open

@@ -207,6 +207,8 @@ class WorkspaceWatch:
             for w in added:
                 announced = {raw.name for raw in held if raw.wd == w.wd and raw.mask & _MADE_HERE}
                 for name, is_dir in w.entries:
+                    if self.closed:
+                        return  # its consumer closed it on an event just told
                     if name not in announced:
                         self.deliver(WatchEvent("create", display((*w.parts, name)), is_dir))
         for raw in held:
@@ -222,9 +224,10 @@ class WorkspaceWatch:
         return result
 
     def _release(self) -> None:
-        if self.fd_open:
-            self.fd_open = False
-            os.close(self.fd)
+        """Close the descriptor: once, as the watch is closed or its last walk is back
+        (whichever is later; a closed watch starts no walk)."""
+        self.fd_open = False
+        os.close(self.fd)
 
     def close(self, gone: bool = False) -> None:
         """Stop watching; with ``gone`` (the sandbox died) the consumer is told last."""
@@ -259,6 +262,8 @@ class WorkspaceWatch:
                 self._event(raw)
 
     def _event(self, raw: RawEvent) -> None:
+        if self.closed:
+            return  # its consumer closed it on an event of the same read
         if raw.mask & IN_Q_OVERFLOW:
             self.deliver(WatchEvent("overflow"))
             return
@@ -276,6 +281,8 @@ class WorkspaceWatch:
         parts = (*where, raw.name)
         is_dir = bool(raw.mask & IN_ISDIR)
         self.deliver(WatchEvent(kind, display(parts), is_dir))
+        if self.closed:
+            return
         if is_dir and kind == "create" and self.recursive and parts not in self.paths.values():
             room = DIRS_MAX - len(self.paths)
             added = Deferred.fromCoroutine(self._add(parts, room, follow=True))
