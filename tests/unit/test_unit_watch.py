@@ -261,6 +261,39 @@ def test_a_failed_follow_walk_frees_the_descriptor_of_a_closed_watch(tmp_path: P
     assert not watch.fd_open and events == [WatchEvent("create", "/gone", True)]
 
 
+def test_a_watch_closed_during_its_first_walk_never_reads(tmp_path: Path) -> None:
+    walks = Walks(tmp_path)
+    reactor = Readers()
+    watch = WorkspaceWatch(reactor, walks, (), True, lambda event: None)  # type: ignore[arg-type]
+    done: list[object] = []
+    Deferred.fromCoroutine(watch.start()).addBoth(done.append)
+    watch.close()  # the sandbox died while the root was walked
+    walks.run()
+    assert done == [None]
+    assert not reactor.readers and not watch.fd_open and watch.paths == {}
+
+
+def test_an_event_of_a_walk_still_out_stays_held_while_another_settles(tmp_path: Path) -> None:
+    watch, walks, events, _ = queued_watch(tmp_path)
+    walks.run()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    watch.doRead()  # both walks queued: a's, then b's
+    (work_a, back_a), (work_b, back_b) = walks.queued
+    walks.queued.clear()
+    found_b = work_b(str(tmp_path))  # b is watched now; its walk's result not yet back
+    (tmp_path / "b" / "f").write_bytes(b"")  # an event of b's watch, unknown to the reactor
+    back_a.callback(work_a(str(tmp_path)))  # a settles: b's event read, and held on
+    assert ("create", "/b/f") not in [(e.kind, e.path) for e in events]
+    assert [raw.name for raw in watch._held] == ["f"]
+    watch._held.append(inotify.RawEvent(999, inotify.IN_CREATE, "stray"))  # no walk's
+    back_b.callback(found_b)
+    seen = [(e.kind, e.path) for e in events]
+    assert seen.count(("create", "/b/f")) == 1
+    assert watch._held == [] and "/stray" not in [e.path for e in events]  # not held forever
+    watch.close()
+
+
 def test_a_watch_its_consumer_closes_mid_read_reports_nothing_more(tmp_path: Path) -> None:
     events: list[WatchEvent] = []
     walks = Walks(tmp_path)
