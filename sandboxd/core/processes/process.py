@@ -101,10 +101,7 @@ class Process:
             "exit": None if end is None else end.code,
         }
 
-    # Called by the run
-
-    def output(self, fd: int, data: bytes) -> None:
-        self.log.append(fd, data)
+    # Called by the run (its output goes straight into the log)
 
     def ended(self) -> None:
         self._tell_end()
@@ -230,9 +227,7 @@ class Reader:
                     break
                 for chunk in found.chunks:
                     if self.until is not None and chunk.at >= self.until:
-                        break
-                    if self.until is not None and chunk.end > self.until:
-                        chunk = Chunk(chunk.fd, chunk.at, chunk.data[: self.until - chunk.at])
+                        break  # written after the reader was made (chunks never grow)
                     self.cursor = chunk.end
                     self.deliver(chunk)
                     if self._paused or self.done:
