@@ -248,3 +248,47 @@ def test_a_signalled_process_ends_with_128_plus_n_and_names_the_signal() -> None
     process, run, _ = make()
     run.processEnded(Failure(ProcessTerminated(signal=signal.SIGINT)))
     assert read(process) == [Ended(130, signal=signal.SIGINT)]
+
+
+def test_a_stopped_reader_resumed_reads_nothing() -> None:
+    process, run, _ = make()
+    run.childDataReceived(1, b"abc")
+    events: list[ReaderEvent] = []
+    reader = process.reader(0, True, events.append)
+    reader.stop()
+    reader.resume()  # its consumer's producer resumed after it went away
+    assert events == []
+
+
+def test_a_consumer_resuming_from_inside_deliver_gets_each_chunk_once_in_order() -> None:
+    process, run, _ = make(limit=100)
+    for data in (b"a", b"b", b"c"):
+        run.childDataReceived(1, data)
+    events: list[ReaderEvent] = []
+
+    def deliver(event: ReaderEvent) -> None:
+        events.append(event)
+        reader.resume()  # e.g. a transport that drained at once: the running pump goes on
+
+    reader = process.reader(0, True, deliver)
+    reader.resume()
+    assert events == [Chunk(1, 0, b"a"), Chunk(1, 1, b"b"), Chunk(1, 2, b"c")]
+    run.childDataReceived(2, b"d")
+    assert events[3:] == [Chunk(2, 3, b"d")]
+
+
+def test_a_log_of_no_bytes_counts_offsets_and_keeps_nothing() -> None:
+    log = OutputLog(0)  # SANDBOXD_PROCESS_LOG_MAX=0
+    log.append(STDOUT, b"abc")
+    assert (log.written, log.kept, log.start) == (3, 0, 3)
+    assert log.read(0).dropped == 3 and log.read(0).chunks == ()
+
+
+def test_a_new_id_is_drawn_again_when_it_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = ProcessTable(4)
+    taken, _, _ = make()
+    taken.id = "aaaaaaaaaaaa"
+    table.add(taken)
+    draws = iter(["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    monkeypatch.setattr("sandboxd.core.processes.table.secrets.token_hex", lambda n: next(draws))
+    assert table.new_id() == "bbbbbbbbbbbb"
