@@ -231,10 +231,11 @@ class ExecRun(ProcessProtocol):
         self.transport.write(data)
 
     def close_stdin(self) -> None:
-        """Close the command's stdin pipe: it reads EOF once what was written is read."""
+        """Close the command's stdin pipe: it reads EOF once what was written is read
+        (:attr:`stdin_open` must be true)."""
+        assert self.transport is not None and self.stdin_open
         self.stdin_open = False
-        if self.transport is not None:
-            self.transport.closeStdin()
+        self.transport.closeStdin()
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the command's process group (to the command alone while it is
@@ -279,10 +280,9 @@ class ExecRun(ProcessProtocol):
         command's last output would be lost. Only what is waiting now is read (one read per
         pipe): a background child that keeps writing does not hold the run open.
         """
-        if self.transport is not None:
-            for reader in output_readers(self.transport):
-                if waiting(reader.fd) > 0:
-                    reader.doRead()
+        for reader in output_readers(self.transport):  # set: the command has exited
+            if waiting(reader.fd) > 0:
+                reader.doRead()
         self._close_pipes()
 
     def _finish(self, code: int, stderr: bytes = b"", signal: int | None = None) -> None:
