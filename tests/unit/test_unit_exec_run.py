@@ -419,6 +419,73 @@ def test_abort_of_a_process_already_gone() -> None:
     assert h.process.lost == 1
 
 
+def test_signal_goes_to_the_pid_when_there_is_no_group_yet(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
+    h = Harness()
+    h.reactor.pid = sleeper.pid  # a real child, not a group leader: killpg finds no group
+    h.start()
+    h.run._killpg = os.killpg
+    h.run.signal(signal.SIGTERM)
+    assert sleeper.wait() == -signal.SIGTERM
+
+
+def test_signal_of_a_process_already_gone_is_no_error() -> None:
+    h = Harness()
+    h.reactor.pid = 2**22 + 12345  # above pid_max: no such process, nor group
+    h.start()
+    h.run._killpg = os.killpg
+    h.run.signal(signal.SIGTERM)
+    assert h.run.outcome is None
+
+
+def test_signal_before_start_or_after_exit_sends_nothing(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
+    h = Harness()
+    h.run.signal(signal.SIGTERM)  # no pid yet
+    h.reactor.pid = sleeper.pid  # stands for a pid reused after the command was reaped
+    run = h.start()
+    run.processExited(Failure(ProcessDone(0)))
+    run.signal(signal.SIGTERM)
+    h.end(ProcessDone(0))
+    run.signal(signal.SIGTERM)
+    assert h.kills == [] and sleeper.poll() is None
+
+
+class ReapedAtOnce(FakeReactor):
+    """A command that exits at once: Twisted reaps it inside ``spawnProcess``, which then
+    returns a transport whose pid is already ``None``."""
+
+    def spawnProcess(self, proto: Any, *args: Any, **kwargs: Any) -> FakeProcess:
+        process = super().spawnProcess(proto, *args, **kwargs)
+        proto.processExited(Failure(ProcessDone(0)))
+        proto.processEnded(Failure(ProcessDone(0)))
+        process.pid = None  # type: ignore[assignment]
+        return process
+
+
+def test_a_command_reaped_inside_spawn_ends_with_no_timer_left() -> None:
+    h = Harness()
+    h.reactor = ReapedAtOnce(PID)
+    h.run.start(h.reactor, ["/bin/true"], {}, b"in", DEVNULL, keep_stdin_open=True)  # type: ignore[arg-type]
+    assert h.run.pid == PID  # taken when it connected
+    assert h.run.outcome is not None and h.run.outcome.code == 0  # type: ignore[union-attr]
+    assert not h.run.stdin_open
+    assert h.clock.getDelayedCalls() == []
+
+
+def test_stdin_kept_open_is_fed_and_not_closed() -> None:
+    h = Harness()
+    h.run.start(h.reactor, ["/bin/cat"], {}, b"first", DEVNULL, keep_stdin_open=True)  # type: ignore[arg-type]
+    assert h.process.written == b"first" and not h.process.stdin_closed
+    assert h.run.stdin_open
+    h.run.write_stdin(b" more")
+    h.run.close_stdin()
+    assert h.process.written == b"first more" and h.process.stdin_closed
+    assert not h.run.stdin_open
+
+
 def test_the_real_killpg_is_the_default() -> None:
     run = ExecRun(Clock(), lambda fd, data: None, max_output=1, log_timeout=1, timeout=1)
     assert run._killpg is os.killpg
