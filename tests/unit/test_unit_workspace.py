@@ -471,9 +471,11 @@ def test_walk_answers_nothing_when_the_tree_changes_under_it(
             raise OSError(errno.ESTALE, "moved")
         return real(*args, **kwargs)
 
+    assert workspace.count_files(str(ws), (), None) == 1
     fault_os(monkeypatch, FaultyOs(open=moved))
     assert workspace.walk(str(ws), ()) == []
     assert walk_body(str(ws), ()) == b'{"entries": []}'
+    assert workspace.count_files(str(ws), (), None) == 0  # as the walk answers: nothing
     assert [e.path for e in workspace.walk(str(ws), ("a",))] == ["/a/f"]
 
 
