@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TypeVar
 
+from attrs import frozen
 from twisted.web.iweb import IRequest
 
 from sandboxd.core.files import entries, workspace
@@ -187,19 +188,13 @@ async def watch_dir(
         watch.close()
 
 
+@frozen
 class PollingWatcher:
-    """A watch whose events wait for the next ``GetWatcherEvents`` (at most
-    :data:`WATCHER_EVENTS_MAX`)."""
+    """A running watch whose events wait for the next ``GetWatcherEvents`` (at most
+    :data:`WATCHER_EVENTS_MAX`: the oldest go first)."""
 
-    def __init__(self, root: Place) -> None:
-        self.root = root
-        self.events: deque[dict[str, Any]] = deque(maxlen=WATCHER_EVENTS_MAX)
-        self.watch: WorkspaceWatch | None = None
-
-    def deliver(self, event: WatchEvent) -> None:
-        found = watch_event(self.root, event)
-        if found is not None:
-            self.events.append(found)
+    watch: WorkspaceWatch
+    events: deque[dict[str, Any]]
 
     def take(self) -> list[dict[str, Any]]:
         taken = list(self.events)
@@ -207,19 +202,24 @@ class PollingWatcher:
         return taken
 
     def close(self) -> None:
-        if self.watch is not None:
-            self.watch.close()
+        self.watch.close()
 
 
 async def create_watcher(
     manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]
 ) -> Any:
     place = _watched(message)
-    watcher = PollingWatcher(place)
+    events: deque[dict[str, Any]] = deque(maxlen=WATCHER_EVENTS_MAX)
+
+    def deliver(event: WatchEvent) -> None:
+        found = watch_event(place, event)
+        if found is not None:
+            events.append(found)
+
     recursive = bool_field(message, "recursive")
-    watcher.watch = await manager.watch(entry.sandbox, place.parts, recursive, watcher.deliver)
+    watch = await manager.watch(entry.sandbox, place.parts, recursive, deliver)
     watcher_id = secrets.token_hex(8)
-    entry.watchers[watcher_id] = watcher
+    entry.watchers[watcher_id] = PollingWatcher(watch, events)
     return {"watcherId": watcher_id}
 
 
