@@ -28,7 +28,7 @@ from sandboxd.e2b.paths import WORKSPACE, Place, place_of
 from sandboxd.e2b.process import EnvelopeStream, keepalive_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
-from sandboxd.errors import PathNotFound
+from sandboxd.errors import PathNotFound, SandboxNotFound
 
 T = TypeVar("T")
 
@@ -164,7 +164,7 @@ async def watch_dir(
 
     def deliver(event: WatchEvent) -> None:
         if stream is None:
-            return
+            return  # only the "gone" of a sandbox killed while the watch starts (see below)
         if event.gone:
             stream.write(wire.end_of_stream(wire.not_running(entry.id)))
             stream.end()
@@ -176,6 +176,8 @@ async def watch_dir(
     watch = await manager.watch(
         entry.sandbox, place.parts, bool_field(message, "recursive"), deliver
     )
+    if watch.closed:  # the sandbox was killed while the watch started (its "gone" came first)
+        raise SandboxNotFound(f"no sandbox {entry.id!r}")
     request.setResponseCode(200)
     request.setHeader(b"content-type", wire.CONNECT_JSON)
     request.write(wire.WATCH_START)
