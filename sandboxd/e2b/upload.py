@@ -3,7 +3,7 @@
 An upload is ``multipart/form-data`` (one part per file, named by its ``filename``; a single
 file may be named by the ``path`` query instead) or, from envd 0.5.7, the raw bytes of one
 file (``application/octet-stream``, optionally ``Content-Encoding: gzip``) named by ``path``.
-Gzip bodies are decompressed with a bound (the daemon's body limit).
+Gzip bodies are decompressed in memory up to a bound (:data:`INFLATE_MAX`).
 """
 
 import io
@@ -76,14 +76,15 @@ def multipart_files(body: bytes, content_type: str) -> list[tuple[str | None, by
     return found
 
 
-def _inflate(data: bytes) -> bytes:
+def inflate(data: bytes, limit: int = INFLATE_MAX) -> bytes:
+    """The bytes a gzip body holds: ``400`` if it is corrupt, ``413`` past ``limit`` bytes."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        out = inflater.decompress(data, INFLATE_MAX)
+        out = inflater.decompress(data, limit)
     except zlib.error as e:
         raise RestError(400, f"the gzip body is corrupt: {e}") from None
     if inflater.unconsumed_tail:
-        raise RestError(413, f"the gzip body inflates past {INFLATE_MAX} bytes")
+        raise RestError(413, f"the gzip body inflates past {limit} bytes")
     return out
 
 
@@ -101,7 +102,7 @@ def parts(request: IRequest) -> Iterator[tuple[Place, BinaryIO]]:
             yield _place(name), io.BytesIO(data)
         return
     if (request.getHeader(b"content-encoding") or b"").lower() == b"gzip":
-        yield _place(path), io.BytesIO(_inflate(content.read()))
+        yield _place(path), io.BytesIO(inflate(content.read()))
         return
     yield _place(path), content
 
