@@ -77,7 +77,8 @@ def multipart_files(body: bytes, content_type: str) -> list[tuple[str | None, by
 
 
 def inflate(data: bytes, limit: int = INFLATE_MAX) -> bytes:
-    """The bytes a gzip body holds: ``400`` if it is corrupt, ``413`` past ``limit`` bytes."""
+    """The bytes a gzip body holds: ``400`` if it is corrupt or cut short, ``413`` past
+    ``limit`` bytes."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
         out = inflater.decompress(data, limit)
@@ -85,6 +86,8 @@ def inflate(data: bytes, limit: int = INFLATE_MAX) -> bytes:
         raise RestError(400, f"the gzip body is corrupt: {e}") from None
     if inflater.unconsumed_tail:
         raise RestError(413, f"the gzip body inflates past {limit} bytes")
+    if not inflater.eof:
+        raise RestError(400, "the gzip body is truncated")
     return out
 
 
