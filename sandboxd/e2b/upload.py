@@ -77,18 +77,24 @@ def multipart_files(body: bytes, content_type: str) -> list[tuple[str | None, by
 
 
 def inflate(data: bytes, limit: int = INFLATE_MAX) -> bytes:
-    """The bytes a gzip body holds: ``400`` if it is corrupt or cut short, ``413`` past
-    ``limit`` bytes."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, limit)
-    except zlib.error as e:
-        raise RestError(400, f"the gzip body is corrupt: {e}") from None
-    if inflater.unconsumed_tail:
-        raise RestError(413, f"the gzip body inflates past {limit} bytes")
-    if not inflater.eof:
-        raise RestError(400, "the gzip body is truncated")
-    return out
+    """The bytes a gzip body holds, every member of it in turn (as ``gzip -d`` reads a file
+    of several): ``400`` if it is corrupt, cut short or followed by anything but zero
+    padding, ``413`` past ``limit`` bytes."""
+    out = bytearray()
+    rest = data
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out += inflater.decompress(rest, limit + 1 - len(out))
+        except zlib.error as e:
+            raise RestError(400, f"the gzip body is corrupt: {e}") from None
+        if len(out) > limit:
+            raise RestError(413, f"the gzip body inflates past {limit} bytes")
+        if not inflater.eof:
+            raise RestError(400, "the gzip body is truncated")
+        rest = inflater.unused_data
+        if not rest.strip(b"\0"):
+            return bytes(out)
 
 
 def parts(request: IRequest) -> Iterator[tuple[Place, BinaryIO]]:

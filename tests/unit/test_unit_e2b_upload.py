@@ -48,3 +48,18 @@ def test_a_corrupt_or_truncated_gzip_body_is_400() -> None:
         with pytest.raises(RestError) as raised:
             inflate(body)
         assert raised.value.status == 400, body
+
+
+def test_a_gzip_body_of_several_members_inflates_to_all_of_them_in_turn() -> None:
+    body = gzip.compress(b"first ") + gzip.compress(b"second") + b"\0" * 4
+    assert inflate(body) == b"first second"
+    with pytest.raises(RestError) as raised:
+        inflate(gzip.compress(b"x" * 6) + gzip.compress(b"y" * 5), limit=10)
+    assert raised.value.status == 413
+
+
+def test_a_gzip_body_followed_by_other_bytes_is_400() -> None:
+    for body in (gzip.compress(b"x") + b"garbage", gzip.compress(b"x") + gzip.compress(b"y")[:-3]):
+        with pytest.raises(RestError) as raised:
+            inflate(body)
+        assert raised.value.status == 400, body
