@@ -12,6 +12,7 @@ from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.python.failure import Failure
 
 from sandboxd.core.watch import inotify
+from sandboxd.core.watch import watch as watch_module
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch, add_tree
 from sandboxd.errors import PathNotFound
 
@@ -336,3 +337,32 @@ def test_a_watch_its_consumer_closes_while_a_walk_settles_reports_nothing_more(
     walks.run()
     assert len(events) == 2 and events[1].path in ("/new/p", "/new/q")
     assert not watch.fd_open
+
+
+def test_a_directory_that_cannot_be_opened_during_the_walk_is_not_watched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "gone"):
+        (tmp_path / name).mkdir()
+
+    class VanishingOs:
+        """The watch module's ``os``, where ``gone`` is removed (or swapped, or unreadable)
+        right after the walk listed it."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        @staticmethod
+        def open(path: Any, *args: Any, **kwargs: Any) -> int:
+            if path == "gone":
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+            return os.open(path, *args, **kwargs)
+
+    monkeypatch.setattr(watch_module, "os", VanishingOs())
+    ino = inotify.Inotify()
+    fd = ino.open()
+    try:
+        added = add_tree(ino, fd, str(tmp_path), (), True, 10)
+    finally:
+        os.close(fd)
+    assert sorted(w.parts for w in added) == [(), ("a",)]
