@@ -25,7 +25,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from sandboxd_client import HttpSandbox, decode_handle
 
-from . import dockerd, floor, procs, versus
+from . import density, dockerd, floor, procs, versus
 from .rawhttp import CHUNK, RawHTTP
 from .stats import median, summary
 
@@ -63,6 +63,10 @@ class Sizes:
         self.docker_execs = 1 if quick else 4
         self.sandboxd_execs = 2 if quick else 25
         self.docker_throughput_reps = 1 if quick else 3
+        self.density = 20 if quick else 10_000
+        self.density_in_flight = 4 if quick else 8
+        self.density_cold = 5 if quick else 200
+        self.density_image_mib = 256 if quick else 8192
 
 
 class PeakWatch:
@@ -452,6 +456,10 @@ class Bench:
     async def docker(self) -> None:
         """Docker beside sandboxd: create, execs, kill, idle memory, throughput (``versus``)."""
         versus.section(self)
+
+    async def density(self) -> None:
+        """Many idle sandboxes with every layer on: their costs, the create rate (``density``)."""
+        density.section(self)
 
     # Idle sandboxes and sustained creates
 
