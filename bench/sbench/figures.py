@@ -67,6 +67,8 @@ class Sizes:
         self.density_in_flight = 4 if quick else 8
         self.density_cold = 5 if quick else 200
         self.density_image_mib = 256 if quick else 8192
+        self.density_seconds = 60.0 if quick else 900.0
+        """The fill starts no create after this long (its rows say how many it made)."""
 
 
 class PeakWatch:
