@@ -20,7 +20,7 @@ from typing import Any
 
 FIGURE = "exec true"
 WIDTH, HEIGHT = 720, 420
-LEFT, RIGHT, TOP, BOTTOM = 64, 24, 40, 56
+LEFT, RIGHT, TOP, BOTTOM = 64, 24, 48, 56
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
 
@@ -65,17 +65,22 @@ def svg(result: dict[str, Any], figure: str = FIGURE) -> str | None:
         return TOP + plot_h * (1 - share)
 
     meta = result.get("meta", {})
-    load = " ".join(f"{x:.2f}" for x in meta.get("loadavg_start") or [])
-    title = (
-        f"{figure}: latency CDF, {meta.get('started', '?')}, {meta.get('revision', '?')},"
-        f" {meta.get('cpus', '?')} CPUs, load {load or '?'}"
-        f"{' (quick)' if meta.get('quick') else ''}"
+
+    def load(key: str) -> str:
+        return " ".join(f"{x:.2f}" for x in meta.get(key) or []) or "?"
+
+    title = f"{figure}: latency CDF{' (quick run)' if meta.get('quick') else ''}"
+    subtitle = (
+        f"{meta.get('started', '?')}, {meta.get('revision', '?')}, {meta.get('cpus', '?')} CPUs,"
+        f" load average {load('loadavg_start')} (start) / {load('loadavg_end')} (end)"
     )
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}"'
         f' viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">',
         f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        f'<text x="{WIDTH / 2}" y="20" text-anchor="middle">{escape(title)}</text>',
+        f'<text x="{WIDTH / 2}" y="18" text-anchor="middle">{escape(title)}</text>',
+        f'<text x="{WIDTH / 2}" y="34" text-anchor="middle" font-size="10">'
+        f"{escape(subtitle)}</text>",
     ]
     for tick in decades(low, high):
         x = x_of(tick)

@@ -76,7 +76,7 @@ def test_one_rising_step_line_per_variant_that_kept_samples() -> None:
     legend = " ".join(t.text or "" for t in root.iter(f"{SVG}text"))
     assert "docker 20.10 (Engine API, raw): p50 50.00 ms, n 5" in legend
     assert "isolated (raw): p50 4.10 ms, n 5" in legend
-    assert "load 1.50 1.00 0.50" in legend
+    assert "load average 1.50 1.00 0.50 (start) / 1.00 1.00 0.50 (end)" in legend
 
 
 def test_no_samples_no_plot(tmp_path: Path) -> None:
