@@ -309,12 +309,16 @@ PER_SANDBOX = (
 
 def section(bench: Any) -> None:
     """The density rows (``bench``: a ``figures.Bench``); root only, else one note."""
-    from .figures import at_least, at_most
-
     if os.geteuid() != 0:
         bench.notes.append("density rows skipped (not root: every layer needs root)")
         return
-    m = measure(bench.workdir, bench.sizes, bench.notes)
+    add_rows(bench, measure(bench.workdir, bench.sizes, bench.notes))
+
+
+def add_rows(bench: Any, m: dict[str, Any]) -> None:
+    """The rows of what :func:`measure` found (the issue's targets where it sets them)."""
+    from .figures import at_least, at_most
+
     n, mode = m["count"], m["network"]
     layers = f"every layer, network {mode}"
     cold = [x / 1e3 for x in m["cold_ms"]]
