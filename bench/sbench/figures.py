@@ -63,11 +63,13 @@ class Sizes:
         self.docker_execs = 1 if quick else 4
         self.sandboxd_execs = 2 if quick else 25
         self.docker_throughput_reps = 1 if quick else 3
-        self.neighbour_samples = 15 if quick else 400
-        self.neighbour_ramp = 0.2 if quick else 1.0
+        self.neighbour_samples = 10 if quick else 400
+        self.neighbour_ramp = 0.1 if quick else 1.0
         self.neighbour_bound = 60 if quick else 240
         self.neighbour_stream_bytes = 4 * MiB if quick else 256 * MiB
         self.neighbour_busy = 2 if quick else 4
+        self.neighbour_bomb_rounds = 5 if quick else 0
+        """Forks of each process of the fork bomb (0: for ever, held by the pids limit)."""
         self.neighbour_upload_bytes = 4 * MiB if quick else 1024 * MiB
         self.neighbour_files = 500 if quick else 100_000
 

@@ -53,7 +53,11 @@ def commands(load: str, sizes: Any, bound: int) -> list[str] | None:
     if load == "fork bomb":
         # Every process forks for ever, failed forks retried (perl: the smallest interpreter
         # on every Debian); the first becomes a sleep, so that the exec lasts while it goes on.
-        bomb = f"perl -e 'fork while 1' 2>/dev/null & exec sleep {bound}"
+        # A quick run's bomb stops after 2^rounds processes: a bomb at the pids limit can stall
+        # every fork on the machine for seconds (docs/performance.rst), too long for CI.
+        rounds = sizes.neighbour_bomb_rounds
+        loop = f"fork while $n++ < {rounds}; sleep {bound}" if rounds else "fork while 1"
+        bomb = f"perl -e '{loop}' 2>/dev/null & exec sleep {bound}"
         return [*kill, "sh", "-c", bomb]
     if load == "cpu":
         loops = " ".join(["(while :; do :; done) &"] * sizes.neighbour_busy)
@@ -317,7 +321,11 @@ def describe(load: str, sizes: Any) -> str:
     mib = 1 << 20
     return {
         "stream": f"streams head -c {sizes.neighbour_stream_bytes // mib} MiB, again and again",
-        "fork bomb": "fork-bombs to its pids limit",
+        "fork bomb": (
+            f"fork-bombs to {2**sizes.neighbour_bomb_rounds} processes"
+            if sizes.neighbour_bomb_rounds
+            else "fork-bombs to its pids limit"
+        ),
         "cpu": f"burns {sizes.neighbour_busy} busy loops against its CPU quota",
         "upload": f"uploads {sizes.neighbour_upload_bytes // mib} MiB, again and again",
         "walk": f"walks {sizes.neighbour_files} files, again and again",

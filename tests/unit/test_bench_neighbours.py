@@ -33,6 +33,14 @@ def test_every_command_of_a_load_has_an_outer_kill_bound(load: str) -> None:
     assert neighbours.tree_command(10, 7)[:4] == ["timeout", "-s", "KILL", "7"]
 
 
+def test_a_quick_bomb_stops_short_of_the_pids_limit_and_says_so() -> None:
+    quick, full = figures.Sizes(quick=True), figures.Sizes(quick=False)
+    assert "fork while $n++ < 5;" in " ".join(neighbours.commands("fork bomb", quick, 7) or [])
+    assert "fork while 1" in " ".join(neighbours.commands("fork bomb", full, 7) or [])
+    assert neighbours.describe("fork bomb", quick) == "fork-bombs to 32 processes"
+    assert neighbours.describe("fork bomb", full) == "fork-bombs to its pids limit"
+
+
 def test_the_daemons_own_timeout_comes_after_the_kill_bound() -> None:
     import json
 
