@@ -93,6 +93,9 @@ def drive(port: int, rid: str, load: str, params: dict[str, Any]) -> None:
     on its way, and a JSON summary (cycles, bytes) at the end."""
 
     def stop(signum: int, frame: Any) -> None:
+        # ``timeout`` passes a SIGTERM on to its child and then to its whole group: only the
+        # first one stops the load, the second must not interrupt the summary.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Stop
 
     signal.signal(signal.SIGTERM, stop)
@@ -224,7 +227,10 @@ class Neighbour:
         argv = ["timeout", "-s", "KILL", str(self.bound), sys.executable, "-m"]
         argv += ["sbench.neighbours", str(self.port), self.rid, self.load, json.dumps(self.params)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), str(BENCH.parent)])}
-        self.driver = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+        # A session of its own: if the driver outlives its stop, its whole group is killed.
+        self.driver = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
+        )
         assert self.driver.stdout is not None
         line = self.driver.stdout.readline().strip()
         if line != "started":
@@ -237,7 +243,7 @@ class Neighbour:
         return dict(self.raw.json("GET", f"/sandboxes/{self.rid}/stats"))
 
     def stop(self) -> dict[str, Any]:
-        """Stop the driver (SIGTERM, SIGKILL after 10 s) and its summary."""
+        """Stop the driver (SIGTERM; SIGKILL to its process group after 10 s) and its summary."""
         summary: dict[str, Any] = {}
         if self.driver is not None:
             if self.driver.poll() is None:
@@ -245,7 +251,8 @@ class Neighbour:
             try:
                 out, _ = self.driver.communicate(timeout=10)
             except subprocess.TimeoutExpired:
-                self.driver.kill()
+                with contextlib.suppress(OSError):
+                    os.killpg(self.driver.pid, signal.SIGKILL)
                 out, _ = self.driver.communicate()
             lines = out.strip().splitlines()
             if lines:
