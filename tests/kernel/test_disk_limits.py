@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.core.files.tree import remove_tree
+from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk import btrfs_ioctl
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable, DiskUsage
 from sandboxd.isolation.disk.btrfs import PROBE, BtrfsQuotas
@@ -246,6 +247,45 @@ def test_the_driver_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             with pytest.raises(DiskUnavailable, match=r"btrfs subvolume with a qgroup on .*permit"):
                 BtrfsQuotas.open(str(mount), DiskLimits(LIMIT, None))
             assert not (mount / PROBE).exists() and qgroups(mount) == set()
+        finally:
+            os.close(driver.root_fd)
+
+
+SANDBOX = Identity(430_017, 430_017)
+"""The owner of the in-process tests' sandbox directories (no daemon hands it out)."""
+
+
+def _subvolume_id(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return btrfs_ioctl.subvolume_id(fd)
+    finally:
+        os.close(fd)
+
+
+@ON_HOST
+def test_a_read_only_subvolume_of_the_sandbox_goes_with_it(tmp_path: Path) -> None:
+    """The sandbox's own user can make a nested subvolume read-only, which no file removal
+    can empty: the kill deletes it whole, then the sandbox's, and its qgroup."""
+    with loop_filesystem("btrfs", 256) as mount:
+        driver = BtrfsQuotas.open(str(mount), DiskLimits(LIMIT, None))
+        try:
+            path = mount / "0123456789abcdef"
+            driver.make_directory(str(path), SANDBOX)
+            os.chown(path, SANDBOX.uid, SANDBOX.gid)
+            script = "btrfs subvolume create n/ && mkdir n/d && echo x > n/d/f"
+            script += " && btrfs property set n ro true && ! rm n/d/f 2>/dev/null"
+            as_sandbox = ["setpriv", f"--reuid={SANDBOX.uid}", f"--regid={SANDBOX.gid}"]
+            done = subprocess.run(
+                [*as_sandbox, "--clear-groups", "sh", "-c", script],
+                cwd=path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            driver.destroy(str(path), remove_tree)
+            assert not path.exists() and qgroups(mount) == set()
         finally:
             os.close(driver.root_fd)
 
