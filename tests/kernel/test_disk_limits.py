@@ -290,6 +290,52 @@ def test_a_read_only_subvolume_of_the_sandbox_goes_with_it(tmp_path: Path) -> No
             os.close(driver.root_fd)
 
 
+@ON_HOST
+def test_the_driver_when_the_kernel_refuses_or_forgot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A qgroup removed behind the driver's back, a deletion or qgroup removal the kernel
+    refuses, and quotas turned off under a running driver."""
+    with loop_filesystem("btrfs", 256) as mount:
+        driver = BtrfsQuotas.open(str(mount), DiskLimits(LIMIT, None))
+        try:
+            forgotten = mount / "forgotten"
+            driver.make_directory(str(forgotten), SANDBOX)
+            sid = _subvolume_id(forgotten)
+            subprocess.run(["btrfs", "qgroup", "remove", f"0/{sid}", f"1/{sid}", str(mount)])
+            subprocess.run(["btrfs", "qgroup", "destroy", f"1/{sid}", str(mount)], check=True)
+            assert driver.usage(str(forgotten)) == DiskUsage(None, None, None, None)
+            driver.destroy(str(forgotten), remove_tree)
+            assert not forgotten.exists()
+
+            refused = mount / "refused"
+            driver.make_directory(str(refused), SANDBOX)
+
+            def eperm(*args: object, **kwargs: object) -> None:
+                raise PermissionError(1, "Operation not permitted")
+
+            with monkeypatch.context() as patch:
+                patch.setattr(btrfs_ioctl, "destroy_subvolume", eperm)
+                with pytest.raises(PermissionError):
+                    driver.destroy(str(refused), remove_tree)
+            assert refused.exists()
+
+            subprocess.run(["btrfs", "qgroup", "create", "1/4242", str(mount)], check=True)
+            with monkeypatch.context() as patch:  # a stale qgroup the kernel will not remove
+                patch.setattr(btrfs_ioctl, "remove_qgroup", eperm)
+                assert driver.sweep(lambda rid: False) == 0  # kept, and logged
+                with pytest.raises(PermissionError):
+                    driver.destroy(str(refused), remove_tree)  # the subvolume went first
+                assert not refused.exists()
+            assert "1_4242" in qgroups(mount)
+            assert driver.sweep(lambda rid: False) >= 1 and "1_4242" not in qgroups(mount)
+
+            subprocess.run(["btrfs", "quota", "disable", str(mount)], check=True)
+            assert driver.sweep(lambda rid: False) == 0  # no qgroups directory any more
+        finally:
+            os.close(driver.root_fd)
+
+
 def test_btrfs_without_simple_quotas_is_refused(tmp_path: Path) -> None:
     """A kernel before 6.7 (the VM's 6.1) has no simple quotas: start-up says so."""
     major, minor = (int(n) for n in os.uname().release.split(".")[:2])
