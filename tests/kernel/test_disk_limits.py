@@ -17,8 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from twisted.logger import capturedLogs, formatEvent
 
+from sandboxd import boot
+from sandboxd.config import Config
 from sandboxd.core.files.tree import remove_tree
+from sandboxd.core.layout import Layout
 from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk import btrfs_ioctl
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable, DiskUsage
@@ -334,6 +338,20 @@ def test_the_driver_when_the_kernel_refuses_or_forgot(
             assert driver.sweep(lambda rid: False) == 0  # no qgroups directory any more
         finally:
             os.close(driver.root_fd)
+
+
+@ON_HOST
+def test_start_up_says_btrfs_bounds_files_by_bytes() -> None:
+    """btrfs has no inode limit: with ``SANDBOXD_FILES_MAX`` the boot log says what bounds
+    the files instead."""
+    config = Config.load({"SANDBOXD_DISK_MAX": "32M", "SANDBOXD_FILES_MAX": "1000"})
+    with loop_filesystem("btrfs", 256) as mount, capturedLogs() as events:
+        layout = boot.start_disk(config, Layout(str(mount), owns_files=False))
+        assert isinstance(layout.disk, BtrfsQuotas)
+        os.close(layout.disk.root_fd)
+    said = [formatEvent(event) for event in events]
+    assert any("33554432 bytes, 1000 files per sandbox" in line for line in said), said
+    assert any("btrfs has no inode limit" in line for line in said), said
 
 
 def test_btrfs_without_simple_quotas_is_refused(tmp_path: Path) -> None:
