@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TypeVar
 
+from attrs import frozen
 from twisted.web.iweb import IRequest
 
 from sandboxd.core.files import entries, workspace
@@ -27,7 +28,7 @@ from sandboxd.e2b.paths import WORKSPACE, Place, place_of
 from sandboxd.e2b.process import EnvelopeStream, keepalive_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
-from sandboxd.errors import PathNotFound
+from sandboxd.errors import PathNotFound, SandboxNotFound
 
 T = TypeVar("T")
 
@@ -163,7 +164,7 @@ async def watch_dir(
 
     def deliver(event: WatchEvent) -> None:
         if stream is None:
-            return
+            return  # only the "gone" of a sandbox killed while the watch starts (see below)
         if event.gone:
             stream.write(wire.end_of_stream(wire.not_running(entry.id)))
             stream.end()
@@ -175,6 +176,8 @@ async def watch_dir(
     watch = await manager.watch(
         entry.sandbox, place.parts, bool_field(message, "recursive"), deliver
     )
+    if watch.closed:  # the sandbox was killed while the watch started (its "gone" came first)
+        raise SandboxNotFound(f"no sandbox {entry.id!r}")
     request.setResponseCode(200)
     request.setHeader(b"content-type", wire.CONNECT_JSON)
     request.write(wire.WATCH_START)
@@ -187,19 +190,13 @@ async def watch_dir(
         watch.close()
 
 
+@frozen
 class PollingWatcher:
-    """A watch whose events wait for the next ``GetWatcherEvents`` (at most
-    :data:`WATCHER_EVENTS_MAX`)."""
+    """A running watch whose events wait for the next ``GetWatcherEvents`` (at most
+    :data:`WATCHER_EVENTS_MAX`: the oldest go first)."""
 
-    def __init__(self, root: Place) -> None:
-        self.root = root
-        self.events: deque[dict[str, Any]] = deque(maxlen=WATCHER_EVENTS_MAX)
-        self.watch: WorkspaceWatch | None = None
-
-    def deliver(self, event: WatchEvent) -> None:
-        found = watch_event(self.root, event)
-        if found is not None:
-            self.events.append(found)
+    watch: WorkspaceWatch
+    events: deque[dict[str, Any]]
 
     def take(self) -> list[dict[str, Any]]:
         taken = list(self.events)
@@ -207,19 +204,24 @@ class PollingWatcher:
         return taken
 
     def close(self) -> None:
-        if self.watch is not None:
-            self.watch.close()
+        self.watch.close()
 
 
 async def create_watcher(
     manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]
 ) -> Any:
     place = _watched(message)
-    watcher = PollingWatcher(place)
+    events: deque[dict[str, Any]] = deque(maxlen=WATCHER_EVENTS_MAX)
+
+    def deliver(event: WatchEvent) -> None:
+        found = watch_event(place, event)
+        if found is not None:
+            events.append(found)
+
     recursive = bool_field(message, "recursive")
-    watcher.watch = await manager.watch(entry.sandbox, place.parts, recursive, watcher.deliver)
+    watch = await manager.watch(entry.sandbox, place.parts, recursive, deliver)
     watcher_id = secrets.token_hex(8)
-    entry.watchers[watcher_id] = watcher
+    entry.watchers[watcher_id] = PollingWatcher(watch, events)
     return {"watcherId": watcher_id}
 
 

@@ -34,9 +34,6 @@ class Place:
     def name(self) -> str:
         return self.parts[-1] if self.parts else AREAS[self.area].rsplit("/", 1)[-1]
 
-    def child(self, *names: str) -> "Place":
-        return Place(self.area, (*self.parts, *names))
-
 
 def _under(path: str, top: str) -> str | None:
     if path == top:

@@ -238,10 +238,7 @@ def send_signal(entry: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
     name = SIGNAL_NAMES.get(message.get("signal"))
     if name is None:
         raise ConnectError("invalid_argument", "signal: SIGNAL_SIGKILL or SIGNAL_SIGTERM")
-    try:
-        process.signal(name)
-    except ProcessConflict as e:
-        raise ConnectError("not_found", e.detail) from None
+    process.signal(name)  # running: no ProcessConflict
     return {}
 
 

@@ -53,12 +53,9 @@ class E2BSandbox:
 class Registry:
     """The E2B sandboxes of one daemon, each found by id and checked by its token."""
 
-    def __init__(
-        self, manager: SandboxManager, clock: IReactorTime, timeout_max: float | None = None
-    ) -> None:
+    def __init__(self, manager: SandboxManager, clock: IReactorTime) -> None:
         self.manager = manager
         self.clock = clock
-        self.timeout_max = timeout_max
         self._sandboxes: dict[str, E2BSandbox] = {}
 
     def add(
@@ -108,10 +105,7 @@ class Registry:
         return live
 
     def set_timeout(self, entry: E2BSandbox, timeout: float) -> None:
-        """The sandbox ends ``timeout`` seconds from now (capped by ``timeout_max``), idle or
-        not."""
-        if self.timeout_max is not None:
-            timeout = min(timeout, self.timeout_max)
+        """The sandbox ends ``timeout`` seconds from now, idle or not."""
         entry.end_at = self.clock.seconds() + timeout
         entry.sandbox.lives_until = entry.end_at
         if entry.expiry is not None and entry.expiry.active():
@@ -131,8 +125,8 @@ class Registry:
             await self.manager.kill(entry.id)
 
     def forget(self, entry: E2BSandbox) -> None:
-        if self._sandboxes.pop(entry.id, None) is None:
-            return
+        """Drop ``entry``: its expiry and its polling watchers go with it."""
+        self._sandboxes.pop(entry.id, None)
         if entry.expiry is not None and entry.expiry.active():
             entry.expiry.cancel()
         entry.expiry = None

@@ -3,7 +3,7 @@
 An upload is ``multipart/form-data`` (one part per file, named by its ``filename``; a single
 file may be named by the ``path`` query instead) or, from envd 0.5.7, the raw bytes of one
 file (``application/octet-stream``, optionally ``Content-Encoding: gzip``) named by ``path``.
-Gzip bodies are decompressed with a bound (the daemon's body limit).
+Gzip bodies are decompressed in memory up to a bound (:data:`INFLATE_MAX`).
 """
 
 import io
@@ -76,15 +76,25 @@ def multipart_files(body: bytes, content_type: str) -> list[tuple[str | None, by
     return found
 
 
-def _inflate(data: bytes) -> bytes:
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, INFLATE_MAX)
-    except zlib.error as e:
-        raise RestError(400, f"the gzip body is corrupt: {e}") from None
-    if inflater.unconsumed_tail:
-        raise RestError(413, f"the gzip body inflates past {INFLATE_MAX} bytes")
-    return out
+def inflate(data: bytes, limit: int = INFLATE_MAX) -> bytes:
+    """The bytes a gzip body holds, every member of it in turn (as ``gzip -d`` reads a file
+    of several): ``400`` if it is corrupt, cut short or followed by anything but zero
+    padding, ``413`` past ``limit`` bytes."""
+    out = bytearray()
+    rest = data
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out += inflater.decompress(rest, limit + 1 - len(out))
+        except zlib.error as e:
+            raise RestError(400, f"the gzip body is corrupt: {e}") from None
+        if len(out) > limit:
+            raise RestError(413, f"the gzip body inflates past {limit} bytes")
+        if not inflater.eof:
+            raise RestError(400, "the gzip body is truncated")
+        rest = inflater.unused_data
+        if not rest.strip(b"\0"):
+            return bytes(out)
 
 
 def parts(request: IRequest) -> Iterator[tuple[Place, BinaryIO]]:
@@ -101,7 +111,7 @@ def parts(request: IRequest) -> Iterator[tuple[Place, BinaryIO]]:
             yield _place(name), io.BytesIO(data)
         return
     if (request.getHeader(b"content-encoding") or b"").lower() == b"gzip":
-        yield _place(path), io.BytesIO(_inflate(content.read()))
+        yield _place(path), io.BytesIO(inflate(content.read()))
         return
     yield _place(path), content
 

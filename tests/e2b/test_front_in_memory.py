@@ -1,0 +1,355 @@
+"""The E2B front over ``StubTreq`` with no header gate (``SANDBOXD_AUTH_GATE=off``): its own
+checks of keys and tokens, its error mapping, and the Connect calls the SDK does not make the
+way a test needs (tags, malformed headers, processes it did not start)."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import pytest_twisted
+from twisted.internet.defer import Deferred
+from twisted.logger import ILogObserver, globalLogPublisher
+from zope.interface import provider
+
+from sandboxd.core.exec.spec import ExecSpec
+from sandboxd.core.watch.watch import WatchEvent
+from sandboxd.e2b import files, process, wire
+from sandboxd.e2b.paths import place_of
+from sandboxd.e2b.registry import E2BSandbox
+from tests.e2b.memory import Memory, Stream, memory_front, read_frames
+from tests.http.http_harness import pump, result_of
+
+
+@pytest.fixture
+def settings() -> dict[str, str]:
+    """Daemon options beyond the harness's (a test parametrises it to change them)."""
+    return {}
+
+
+@pytest.fixture
+def memory(tmp_path: Path, settings: dict[str, str]) -> Iterator[Memory]:
+    yield from memory_front(str(tmp_path), **settings)
+
+
+def connect_error(reply: Any) -> tuple[int, str]:
+    body = reply.json()
+    assert set(body) == {"code", "message"} and isinstance(body["message"], str), body
+    return reply.status, body["code"]
+
+
+def rest_error(reply: Any) -> tuple[int, str]:
+    body = reply.json()
+    assert set(body) == {"code", "message"} and body["code"] == reply.status, body
+    return reply.status, body["message"]
+
+
+# Keys and tokens, without the gate
+
+
+def test_the_control_plane_refuses_a_wrong_key_itself(memory: Memory) -> None:
+    status, message = rest_error(memory.control("GET", "/v2/sandboxes", key="nope"))
+    assert status == 401 and "X-API-Key" in message
+    assert memory.control("GET", "/v2/sandboxes").status == 200
+
+
+def test_envd_refuses_another_sandboxs_token_itself(memory: Memory) -> None:
+    mine, other = memory.create(), memory.create()
+    stolen = {"X-Access-Token": other.token}
+    reply = memory.rpc(mine, "filesystem.Filesystem/Stat", {"path": "/home/user"}, stolen)
+    assert connect_error(reply) == (401, "unauthenticated")
+    download = memory.call("GET", "/files?path=x", headers=memory.envd_headers(mine, **stolen))
+    assert rest_error(download) == (401, "the access token is not this sandbox's")
+    assert memory.rpc(mine, "filesystem.Filesystem/Stat", {"path": "/home/user"}).status == 200
+
+
+# Control plane
+
+
+def test_connect_without_a_timeout_leaves_the_end_where_it_was(memory: Memory) -> None:
+    entry = memory.create(timeout=100)
+    memory.clock.advance(40)
+    reply = memory.control("POST", f"/sandboxes/{entry.id}/connect", {})
+    assert reply.status == 200 and reply.json()["sandboxID"] == entry.id
+    assert entry.end_at == 100
+    memory.control("POST", f"/sandboxes/{entry.id}/connect", {"timeout": 30})
+    assert entry.end_at == 70
+
+
+# Error mapping
+
+
+def write(memory: Memory, entry: E2BSandbox, path: str, data: bytes) -> Any:
+    headers = {**memory.envd_headers(entry), "Content-Type": "application/octet-stream"}
+    return memory.call("POST", f"/files?path={path}", data=data, headers=headers)
+
+
+def test_an_upload_onto_a_full_disk_is_507_for_the_sdk(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(source: object, target: object, length: int = 0) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    entry = memory.create()
+    monkeypatch.setattr(shutil, "copyfileobj", full)  # the one the workspace copies with
+    status, message = rest_error(write(memory, entry, "big", b"x" * 10))
+    assert status == 507 and "space" in message  # the SDK's NotEnoughSpaceException
+
+
+def test_a_core_error_on_a_rest_route_keeps_its_status(memory: Memory) -> None:
+    entry = memory.create()
+    assert memory.rpc(entry, "filesystem.Filesystem/MakeDir", {"path": "d"}).status == 200
+    status, message = rest_error(write(memory, entry, "d", b"x"))
+    assert status == 400 and "is a directory" in message  # BadRequest, as on Connect routes
+
+
+class Broken:
+    """File work that fails in a way the core does not expect."""
+
+    def run(self, identity: Any, work: Any) -> Deferred[Any]:
+        raise RuntimeError("the file thread broke")
+
+
+def test_an_unexpected_error_is_internal_and_logged(memory: Memory) -> None:
+    entry = memory.create()
+    memory.manager.isolation = attrs.evolve(memory.manager.isolation, fs=Broken())
+    logged: list[dict[str, Any]] = []
+
+    @provider(ILogObserver)
+    def observer(event: dict[str, Any]) -> None:
+        logged.append(event)
+
+    globalLogPublisher.addObserver(observer)
+    try:
+        rpc = memory.rpc(entry, "filesystem.Filesystem/Stat", {"path": "x"})
+        rest = memory.call("GET", "/files?path=x", headers=memory.envd_headers(entry))
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    assert connect_error(rpc) == (500, "internal")
+    assert rpc.json()["message"] == "the file thread broke"
+    assert rest_error(rest) == (500, "the file thread broke")
+    failures = [e for e in logged if "log_failure" in e]
+    assert [e["uri"] for e in failures] == [
+        b"/filesystem.Filesystem/Stat",
+        b"/files?path=x",
+    ]
+    assert all(e["log_failure"].check(RuntimeError) for e in failures)
+
+
+# Files
+
+
+def test_a_symlink_is_stated_as_one_with_its_target(memory: Memory) -> None:
+    entry = memory.create()
+    os.symlink("elsewhere", os.path.join(memory.manager.layout.workspace(entry.id), "link"))
+    found = memory.rpc(entry, "filesystem.Filesystem/Stat", {"path": "link"}).json()["entry"]
+    assert found["type"] == "FILE_TYPE_SYMLINK" and found["path"] == "/home/user/link"
+    assert found["symlinkTarget"] == "elsewhere" and found["isSymlink"] is True
+    assert found["mode"] & files.GO_SYMLINK and not found["mode"] & files.GO_DIR
+
+
+def test_an_event_without_a_name_is_not_told() -> None:
+    root = place_of("/home/user/d")
+    assert files.watch_event(root, WatchEvent("overflow")) is None
+    assert files.watch_event(root, WatchEvent("chmod", None)) is None
+    told = files.watch_event(root, WatchEvent("create", "/d/e/f"))
+    assert told == {"name": "e/f", "type": "EVENT_TYPE_CREATE"}
+
+
+def test_a_killed_sandbox_takes_its_polling_watchers(memory: Memory) -> None:
+    entry = memory.create()
+    made = memory.rpc(entry, "filesystem.Filesystem/CreateWatcher", {"path": "/home/user"})
+    watcher = entry.watchers[made.json()["watcherId"]]
+    assert memory.control("DELETE", f"/sandboxes/{entry.id}").status == 204
+    assert entry.watchers == {} and watcher.watch.closed
+
+
+class HeldFiles:
+    """File work that waits until the test lets it run."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Deferred[Any], Any]] = []
+
+    def run(self, identity: Any, work: Any) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        self.held.append((d, work))
+        return d
+
+    def release(self) -> None:
+        for d, work in self.held:
+            d.callback(work())
+        self.held.clear()
+
+
+def test_a_sandbox_killed_while_its_watch_starts_ends_the_watch_as_not_running(
+    memory: Memory,
+) -> None:
+    entry = memory.create()
+    held = HeldFiles()
+    memory.manager.isolation = attrs.evolve(memory.manager.isolation, fs=held)
+    stream = memory.stream(entry, "filesystem.Filesystem/WatchDir", {"path": "/home/user"})
+    assert len(held.held) == 1, "the watch's walk runs in a file thread"
+    killed = Deferred.fromCoroutine(memory.manager.kill(entry.id))
+    held.release()  # the walk ends after the kill: the watch is already closed
+    memory.stub.flush()
+    assert result_of(killed) is None
+    assert stream.done, "the watch does not wait for a sandbox that is gone"
+    answer = json.loads(bytes(stream.raw))  # the SDK's SandboxNotRunningException
+    assert (stream.response.code, answer["code"]) == (503, "unavailable")
+    assert answer["message"] == wire.not_running(entry.id).message
+
+
+# Processes
+
+
+def start(memory: Memory, entry: E2BSandbox, script: str, **extra: Any) -> Stream:
+    headers = extra.pop("headers", None)
+    message = {"process": {"cmd": "/bin/sh", "args": ["-c", script]}, **extra}
+    return memory.stream(entry, "process.Process/Start", message, headers)
+
+
+def events(stream: Stream) -> list[dict[str, Any]]:
+    return [message["event"] for flags, message in stream.frames if not flags]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_process_is_found_by_its_tag_and_listed_with_it(memory: Memory) -> None:
+    entry = memory.create()
+    stream = start(memory, entry, "exec sleep 60", tag="server")
+    await stream.until(lambda: len(stream.frames) >= 1)
+    native = ExecSpec(("sleep", "60"), {}, (), None, None, ())
+    memory.manager.start_process(entry.sandbox, native)  # not the E2B front's: not listed
+    listed = memory.rpc(entry, "process.Process/List", {}).json()["processes"]
+    assert [(p["tag"], p["config"]["cmd"]) for p in listed] == [("server", "/bin/sh")]
+    by_tag = {"process": {"tag": "server"}, "signal": "SIGNAL_SIGKILL"}
+    assert memory.rpc(entry, "process.Process/SendSignal", by_tag).status == 200
+    frames = await stream.finished()
+    assert events(stream)[-1]["end"]["status"] == "signal: killed"
+    assert frames[-1] == (wire.FLAG_END, {})
+    missing = {"process": {"tag": "nobody"}, "signal": "SIGNAL_SIGKILL"}
+    reply = memory.rpc(entry, "process.Process/SendSignal", missing)
+    assert connect_error(reply) == (404, "not_found")
+
+
+@pytest_twisted.ensureDeferred
+async def test_malformed_inputs_of_a_running_process_are_refused(memory: Memory) -> None:
+    entry = memory.create()
+    stream = start(memory, entry, "exec sleep 60", stdin=True)
+    await stream.until(lambda: len(stream.frames) >= 1)
+    pid = events(stream)[0]["start"]["pid"]
+    hup = {"process": {"pid": pid}, "signal": "SIGNAL_SIGHUP"}
+    reply = memory.rpc(entry, "process.Process/SendSignal", hup)
+    assert connect_error(reply) == (400, "invalid_argument")
+    pty = {"process": {"pid": pid}, "input": {"pty": "eA=="}}
+    reply = memory.rpc(entry, "process.Process/SendInput", pty)
+    assert connect_error(reply) == (501, "unimplemented")
+    kill = {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}
+    assert memory.rpc(entry, "process.Process/SendSignal", kill).status == 200
+    await stream.finished()
+
+
+def test_a_malformed_command_timeout_or_cwd_is_refused(memory: Memory) -> None:
+    entry = memory.create()
+    for headers, cwd in (({"Connect-Timeout-Ms": "soon"}, None), (None, "/tmp")):
+        message = {"process": {"cmd": "true", **({"cwd": cwd} if cwd else {})}}
+        stream = memory.stream(entry, "process.Process/Start", message, headers)
+        memory.stub.flush()
+        assert stream.done and stream.response.code == 400
+        assert json.loads(bytes(stream.raw))["code"] == "invalid_argument"
+    assert memory.rpc(entry, "process.Process/List", {}).json() == {"processes": []}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_malformed_keepalive_interval_is_the_default(memory: Memory) -> None:
+    entry = memory.create()
+    stream = start(memory, entry, "exec sleep 600", headers={"Keepalive-Ping-Interval": "x"})
+    await stream.until(lambda: len(stream.frames) >= 1)
+    memory.clock.advance(process.KEEPALIVE_DEFAULT - 1)
+    memory.stub.flush()
+    assert events(stream) == [{"start": {"pid": events(stream)[0]["start"]["pid"]}}]
+    memory.clock.advance(1)
+    memory.stub.flush()
+    assert events(stream)[-1] == {"keepalive": {}}
+    pid = events(stream)[0]["start"]["pid"]
+    kill = {"process": {"pid": pid}, "signal": 9}
+    assert memory.rpc(entry, "process.Process/SendSignal", kill).status == 200
+    await stream.finished()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_command_that_cannot_start_ends_as_failed_to_start(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    entry = memory.create()
+    monkeypatch.setattr(memory.manager.reactor, "spawnProcess", refuse)
+    stream = start(memory, entry, "true")
+    await stream.finished()
+    end = events(stream)[-1]["end"]
+    assert (end["exitCode"], end["exited"], end["status"]) == (-1, False, "failed to start")
+    assert end["error"] != "failed to start"  # the reason, as the core gives it
+
+
+class SlowClient:
+    """The part of a request :func:`process.follow` writes to, for a client that stops
+    reading: it pauses the stream's producer as twisted.web does when the socket is full."""
+
+    channel = object()
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.producer: Any = None
+
+    def getHeader(self, name: bytes) -> bytes | None:
+        return None
+
+    def setResponseCode(self, code: int) -> None:
+        assert code == 200
+
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        pass
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        self.producer = producer
+
+    def unregisterProducer(self) -> None:
+        self.producer = None
+
+    def write(self, data: bytes) -> None:
+        self.written.extend(data)
+
+
+@pytest.mark.parametrize("settings", [{"process-log-max": "4k"}])
+@pytest_twisted.ensureDeferred
+async def test_a_reader_paused_past_the_log_loses_the_oldest_output_and_still_ends(
+    memory: Memory,
+) -> None:
+    entry = memory.create()
+    script = "for i in $(seq 1000); do echo line-$i; done"  # 8.9 kB: over the log
+    spec = ExecSpec(("/bin/sh", "-c", script), {}, (), None, None, (), as_home=True)
+    running = memory.manager.start_process(entry.sandbox, spec)
+    client = SlowClient()
+    followed = Deferred.fromCoroutine(
+        process.follow(memory.manager, entry, client, running, 0)  # type: ignore[arg-type]
+    )
+    client.producer.pauseProducing()  # before the first byte comes out
+    await pump(memory.stub, lambda: running.end is not None)
+    assert len(client.written) == len(wire.start_event(running.pid or 0))
+    client.producer.resumeProducing()
+    await followed
+    frames = read_frames(bytes(client.written))
+    out = b"".join(base64.b64decode(m["event"]["data"]["stdout"]) for _, m in frames[1:-2])
+    assert out.endswith(b"line-999\nline-1000\n") and 0 < len(out) <= 4096
+    assert not out.startswith(b"line-1\n"), "the oldest output fell out of the log"
+    assert frames[-2][1]["event"]["end"]["exitCode"] == 0
+    assert frames[-1] == (wire.FLAG_END, {})
