@@ -40,7 +40,17 @@ from sbench.rawhttp import RawHTTP  # noqa: E402
 from twisted.internet.defer import Deferred  # noqa: E402
 from twisted.internet.task import react  # noqa: E402
 
-SECTIONS = ("latency", "idle", "streaming", "transfers", "walk", "concurrent", "docker")
+SECTIONS = (
+    "latency",
+    "idle",
+    "streaming",
+    "transfers",
+    "walk",
+    "concurrent",
+    "docker",
+    "neighbours",
+    "density",
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -25,7 +25,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from sandboxd_client import HttpSandbox, decode_handle
 
-from . import dockerd, floor, procs, versus
+from . import density, dockerd, floor, neighbours, procs, versus
 from .rawhttp import CHUNK, RawHTTP
 from .stats import median, summary
 
@@ -63,6 +63,21 @@ class Sizes:
         self.docker_execs = 1 if quick else 4
         self.sandboxd_execs = 2 if quick else 25
         self.docker_throughput_reps = 1 if quick else 3
+        self.density = 20 if quick else 10_000
+        self.density_in_flight = 4 if quick else 8
+        self.density_cold = 5 if quick else 200
+        self.density_image_mib = 256 if quick else 8192
+        self.density_seconds = 60.0 if quick else 900.0
+        """The fill starts no create after this long (its rows say how many it made)."""
+        self.neighbour_samples = 10 if quick else 400
+        self.neighbour_ramp = 0.1 if quick else 1.0
+        self.neighbour_bound = 60 if quick else 240
+        self.neighbour_stream_bytes = 4 * MiB if quick else 256 * MiB
+        self.neighbour_busy = 2 if quick else 4
+        self.neighbour_bomb_rounds = 5 if quick else 0
+        """Forks of each process of the fork bomb (0: for ever, held by the pids limit)."""
+        self.neighbour_upload_bytes = 4 * MiB if quick else 1024 * MiB
+        self.neighbour_files = 500 if quick else 100_000
 
 
 class PeakWatch:
@@ -182,17 +197,20 @@ class Bench:
         ref_value: float | None = None,
         target: Target | None = None,
         on: str = "value",
+        ratio_of: float | None = None,
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record one figure; ``on`` says whether the target applies to the value or the ratio.
 
         The ratio is value / reference for times, reference / value for rates (MB/s, /s): above
-        1 is always slower than the reference.
+        1 is always slower than the reference. ``ratio_of`` takes the ratio of another figure
+        than the value (a p99 beside a p50 value).
         """
         ratio = None
+        of = value if ratio_of is None else ratio_of
         if ref_value:
             rate = unit.endswith("/s")
-            ratio = (ref_value / value if value else float("inf")) if rate else value / ref_value
+            ratio = (ref_value / of if of else float("inf")) if rate else of / ref_value
         met = None
         if target is not None:
             subject = ratio if on == "ratio" else value
@@ -452,6 +470,14 @@ class Bench:
     async def docker(self) -> None:
         """Docker beside sandboxd: create, execs, kill, idle memory, throughput (``versus``)."""
         versus.section(self)
+
+    async def density(self) -> None:
+        """Many idle sandboxes with every layer on: their costs, the create rate (``density``)."""
+        density.section(self)
+
+    async def neighbours(self) -> None:
+        """Another sandbox's exec ``true`` while a neighbour does its worst (``neighbours``)."""
+        neighbours.section(self)
 
     # Idle sandboxes and sustained creates
 

@@ -131,16 +131,21 @@ class Server:
 
 
 def start_sandboxd(
-    name: str, isolated: bool, workdir: Path, settings: dict[str, str] | None = None
+    name: str,
+    isolated: bool,
+    workdir: Path,
+    settings: dict[str, str] | None = None,
+    root: Path | None = None,
 ) -> Server:
-    """``twistd -n sandboxd`` on a free loopback port (``settings``: more ``SANDBOXD_*``)."""
+    """``twistd -n sandboxd`` on a free loopback port (``settings``: more ``SANDBOXD_*``), its
+    state root a fresh directory (or ``root``, made by the caller and left to it)."""
     port = free_port()
-    if os.geteuid() == 0:
+    if root is None and os.geteuid() == 0:
         STATE_ROOTS.mkdir(mode=0o711, exist_ok=True)
         STATE_ROOTS.chmod(0o711)
         root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=STATE_ROOTS))
         root.chmod(0o711)
-    else:
+    elif root is None:
         root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
     log = workdir / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}

@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from . import cdf
+
 FORMATS = {"ms": "{:.2f} ms", "s": "{:.3f} s", "MB/s": "{:.0f} MB/s", "/s": "{:.0f}/s"}
 
 
@@ -70,10 +72,13 @@ def fmt_load(load: list[float] | None) -> str:
 
 
 def write(result: dict[str, Any], directory: Path) -> Path:
-    """``<directory>/<UTC time>.json`` and copies as ``latest.json`` and ``latest.rst``.
+    """``<directory>/<UTC time>.json`` and copies as ``latest.json`` and ``latest.rst``, and
+    the CDF of exec ``true`` (``latest-exec-cdf.svg``, :mod:`sbench.cdf`) when the run kept its
+    samples (the ``docker`` section).
 
-    A quick run writes ``<UTC time>-quick.json`` and ``latest-quick.json`` only: the latest
-    figures (what README.rst shows) stay those of the last full run.
+    A quick run writes ``<UTC time>-quick.json``, ``latest-quick.json`` and
+    ``latest-quick-exec-cdf.svg`` only: the latest figures (what README.rst shows) stay those of
+    the last full run.
     """
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -82,11 +87,13 @@ def write(result: dict[str, Any], directory: Path) -> Path:
         path = directory / f"{stamp}-quick.json"
         path.write_text(text)
         (directory / "latest-quick.json").write_text(text)
+        cdf.write(result, directory / "latest-quick-exec-cdf.svg")
         return path
     path = directory / f"{stamp}.json"
     path.write_text(text)
     (directory / "latest.json").write_text(text)
     (directory / "latest.rst").write_text(rst(result) + "\n")
+    cdf.write(result, directory / "latest-exec-cdf.svg")
     return path
 
 
