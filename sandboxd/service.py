@@ -94,8 +94,7 @@ class SandboxdService(MultiService):
             raise SystemExit(f"sandboxd: {self.exit_status.message}")
 
     async def _listen(self) -> None:
-        if self.listeners is None:
-            return
+        assert self.listeners is not None, "makeService sets the listeners before starting"
         try:
             addresses = await self.listeners.listen()
             for more in self.more_listeners:

@@ -103,7 +103,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         isolation.namespaces.prepare()  # namespaces: the pins' directory, and one probe
     except (OSError, IsolationUnavailable) as e:
         fail("namespaces", e)
-        raise  # pragma: no cover
     # A later step failing (a port already taken) must not leave the pins' directory mounted;
     # after a drain this finds nothing left to do.
     atexit.register(isolation.namespaces.close)

@@ -178,9 +178,7 @@ class Channel(_twisted.BadRequestChannel):
 
     def connectionMade(self) -> None:
         self.closed = Deferred()
-        channels = getattr(self.site, "channels", None)
-        if channels is not None:
-            channels.add(self)
+        self.site.channels.add(self)  # a SpoolingSite's (make_site)
         super().connectionMade()
         _twisted.set_socket_sizes(self.transport, READ_SIZE, SEND_SIZE)
         gate = self.gate
@@ -205,8 +203,8 @@ class Channel(_twisted.BadRequestChannel):
     def _headers_late(self) -> None:
         self._deadline = None
         gate = self.gate
-        if gate is not None:
-            gate.late.event(f"closed a connection from {self._peer()} whose headers were late")
+        assert gate is not None, "armed only with a gate"
+        gate.late.event(f"closed a connection from {self._peer()} whose headers were late")
         self._abort()
 
     def evict(self) -> None:
@@ -215,9 +213,8 @@ class Channel(_twisted.BadRequestChannel):
 
     def _abort(self) -> None:
         self._disarm()
-        transport: Any = self.transport
-        if transport is not None:
-            transport.abortConnection()
+        transport: Any = self.transport  # made: every caller runs once connected
+        transport.abortConnection()
 
     def close_when_flushed(self, clock: IReactorTime, seconds: float) -> Deferred[None]:
         """Close the connection once what was written to it is sent (a stopping daemon's last
@@ -301,9 +298,7 @@ class Channel(_twisted.BadRequestChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
-        channels = getattr(self.site, "channels", None)
-        if channels is not None:
-            channels.discard(self)
+        self.site.channels.discard(self)
         if self.closed is not None and not self.closed.called:
             self.closed.callback(None)
         gate = self.gate

@@ -6,6 +6,7 @@ server (``sandboxd_exec_ns.h``) is started once, and each create sends it one li
 starts on first use, and again after it died; it ends when the daemon closes its stdin.
 """
 
+import contextlib
 import subprocess
 from collections.abc import Callable, Sequence
 
@@ -61,7 +62,8 @@ class NamespaceServer:
         if process is None:
             return
         assert process.stdin is not None and process.stdout is not None
-        process.stdin.close()
+        with contextlib.suppress(OSError):  # its flush of a line never read may fail
+            process.stdin.close()
         process.stdout.close()
         try:
             process.wait(timeout=10)

@@ -12,7 +12,7 @@ from sandboxd.isolation.base import Identity, NoFreeUid
 
 
 class NumericUidPool:
-    """Every uid of ``[uid_min, uid_max]``; allocate and release are O(1), claim is O(n)."""
+    """Every uid of ``[uid_min, uid_max]``; allocate and release are O(1)."""
 
     def __init__(self, uid_min: int, uid_max: int) -> None:
         """Raise ``ValueError`` for an empty range or one that includes uid 0 (root)."""
@@ -49,6 +49,3 @@ class NumericUidPool:
         if uid in self._live:
             self._live.remove(uid)
             self._queue.append(uid)
-
-    def _owns(self, uid: int) -> bool:
-        return self.uid_min <= uid <= self.uid_max

@@ -98,8 +98,8 @@ class ReactorThread:
             d.addBoth(back)
 
         def cancel() -> None:
-            if started:
-                started[0].cancel()
+            # After begin: callFromThread runs its calls in the order they were made.
+            started[0].cancel()
 
         self.reactor.callFromThread(begin)
         try:

@@ -267,6 +267,25 @@ async def test_exec_result_stands_when_the_replica_dies_after_the_exit_frame(rig
 
 
 @pytest_twisted.ensureDeferred
+async def test_process_output_stands_when_the_replica_dies_after_the_exit(rig: Rig) -> None:
+    rig.server.default = die_after(b'{"o":"b25l","at":0}\n{"exit":2}\n')
+    chunks: list[Any] = []
+    result = await rig.client.output(rig.handle, "p1", on_output=chunks.append)
+    assert (result.exit_code, result.offset) == (2, 3)
+    assert [chunk.data for chunk in chunks] == [b"one"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_watch_stream_that_ends_cleanly_is_not_found(rig: Rig) -> None:
+    change = b'{"event":"create","path":"/a","dir":false}\n'
+    rig.server.default = respond(200, change, "application/x-ndjson")
+    events: list[Any] = []
+    with pytest.raises(SandboxNotFound, match="the replica is gone"):
+        await rig.client.watch(rig.handle, on_event=events.append)
+    assert [(event.event, event.path) for event in events] == [("create", "/a")]
+
+
+@pytest_twisted.ensureDeferred
 async def test_exec_frames_trickled_one_byte_at_a_time(rig: Rig) -> None:
     final = b'{"exit": 0, "out": "b25ldHdv", "err": "", "truncated": false}'  # no newline
     rig.server.default = trickle(FRAMES + b"\r\n" + final)

@@ -284,15 +284,28 @@ def test_streamable_http(daemon: Daemon, tmp_path: Path) -> None:
             )
             assert ran["stdout"] == "over http\n"
 
+    async def left_open() -> None:
+        """A session its client never closes (no DELETE): its sandbox lives on."""
+        async with (
+            streamable_http_client(url, terminate_on_close=False) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            handles.append((await call(session, "create_sandbox"))["handle"])
+
     try:
         until(lambda: _listening(port) or server.poll() is not None)
         assert server.poll() is None, log.read_text()
         run(test)
         # The client closed its session (DELETE): its sandbox goes with it.
         until(lambda: remote_id(handles[0]) not in live_sandboxes(daemon))
+        run(left_open)
+        assert remote_id(handles[1]) in live_sandboxes(daemon)
     finally:
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) == 0, log.read_text()
+    # Stopped (SIGTERM), the server kills the sandboxes of the sessions still open.
+    assert remote_id(handles[1]) not in live_sandboxes(daemon)
 
 
 def test_the_session_hook_is_found_or_the_server_is_one_session() -> None:

@@ -141,3 +141,22 @@ def test_a_chunk_queued_as_the_command_ends_is_still_given_out() -> None:
         return got
 
     assert asyncio.run(main()) == [b"first", b"last"]
+
+
+def test_chunks_queued_together_are_given_out_as_one_batch() -> None:
+    import asyncio
+
+    from sandboxd_client.mcp_server._tools import _until_done
+
+    async def main() -> list[bytes]:
+        loop = asyncio.get_running_loop()
+        run: asyncio.Future[None] = loop.create_future()
+        chunks: asyncio.Queue[bytes] = asyncio.Queue()
+        for chunk in (b"one ", b"two ", b"three"):  # all there before the reader first looks
+            chunks.put_nowait(chunk)
+        batches = _until_done(run, chunks)
+        first = await batches.__anext__()
+        run.set_result(None)
+        return [first, *[batch async for batch in batches]]
+
+    assert asyncio.run(main()) == [b"one two three"]

@@ -345,6 +345,12 @@ def test_path_query_must_be_present_and_utf8(
     assert "UTF-8" in reply.json()["detail"]
 
 
+def test_a_boolean_query_parameter_is_true_false_1_or_0(harness: Harness, rid: str) -> None:
+    reply = harness.call("GET", f"/sandboxes/{rid}/watch", params={"recursive": "maybe"})
+    assert reply.error() == (400, "BadRequest")
+    assert reply.json()["detail"] == "recursive: must be true or false"
+
+
 def test_walk_root_defaults_to_the_workspace(harness: Harness, rid: str) -> None:
     put(harness, rid, "x", b"1")
     assert set(walk(harness, rid)) == set(walk(harness, rid, "/")) == {"/x"}

@@ -9,6 +9,7 @@ SERVER = """#!/bin/sh
 while IFS= read -r line; do
   case $line in
     *die*) exit 0 ;;
+    *deaf*) exec 0<&-; printf '0\\tdeaf\\n'; exec cat /dev/zero ;;
     *) printf '0\\tgot %s\\n' "$line" ;;
   esac
 done
@@ -43,3 +44,13 @@ def test_anything_else_runs_as_a_program(tmp_path: Path) -> None:
     ns = server(tmp_path)
     assert ns(["/bin/other", "x"]) == (7, "/bin/other x")
     assert ns([ns.helper, "enter"]) == (7, f"{ns.helper} enter")
+
+
+def test_a_server_that_stopped_reading_is_restarted(tmp_path: Path) -> None:
+    """A server alive but no longer reading its stdin: the next line cannot be written."""
+    ns = server(tmp_path)
+    helper = ns.helper
+    assert ns([helper, "namespaces", "deaf"]) == (0, "deaf")
+    assert ns([helper, "namespaces", "x"]) == (125, "sandboxd-exec: the namespace server ended")
+    assert ns([helper, "namespaces", "back"]) == (0, "got back")
+    ns.close()

@@ -271,3 +271,16 @@ def test_none_uses_the_helper_when_it_is_executable(tmp_path: Path, place: str, 
     iso = build_isolation(config(tmp_path, "none"), Clock(), POOL, host)
     assert isinstance(iso.wrap, HelperSession) is used
     assert iso.exec_chain == (f"helper /opt/{place}/sandboxd-exec" if used else "shell")
+
+
+@pytest.mark.parametrize(("kinds", "kept"), [("ipc,net", []), ("ipc,mount", ["/tmp/kept"])])
+def test_directories_are_kept_only_for_a_mount_namespace(
+    tmp_path: Path, kinds: str, kept: list[str]
+) -> None:
+    """A state root inside /tmp is bound back into each sandbox's own /tmp."""
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    host = machine.host(helper="/opt/sd/sandboxd-exec")
+    settings = config(tmp_path, "auto", namespaces=kinds, root="/tmp/kept/root")
+    iso = build_isolation(settings, Clock(), POOL, host)
+    assert iso.namespaces.kinds == frozenset(kinds.split(","))
+    assert iso.namespaces.keep == kept

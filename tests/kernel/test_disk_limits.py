@@ -17,8 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from twisted.logger import capturedLogs, formatEvent
 
+from sandboxd import boot
+from sandboxd.config import Config
 from sandboxd.core.files.tree import remove_tree
+from sandboxd.core.layout import Layout
+from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk import btrfs_ioctl
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable, DiskUsage
 from sandboxd.isolation.disk.btrfs import PROBE, BtrfsQuotas
@@ -248,6 +253,105 @@ def test_the_driver_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             assert not (mount / PROBE).exists() and qgroups(mount) == set()
         finally:
             os.close(driver.root_fd)
+
+
+SANDBOX = Identity(430_017, 430_017)
+"""The owner of the in-process tests' sandbox directories (no daemon hands it out)."""
+
+
+def _subvolume_id(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return btrfs_ioctl.subvolume_id(fd)
+    finally:
+        os.close(fd)
+
+
+@ON_HOST
+def test_a_read_only_subvolume_of_the_sandbox_goes_with_it(tmp_path: Path) -> None:
+    """The sandbox's own user can make a nested subvolume read-only, which no file removal
+    can empty: the kill deletes it whole, then the sandbox's, and its qgroup."""
+    with loop_filesystem("btrfs", 256) as mount:
+        driver = BtrfsQuotas.open(str(mount), DiskLimits(LIMIT, None))
+        try:
+            path = mount / "0123456789abcdef"
+            driver.make_directory(str(path), SANDBOX)
+            os.chown(path, SANDBOX.uid, SANDBOX.gid)
+            script = "btrfs subvolume create n/ && mkdir n/d && echo x > n/d/f"
+            script += " && btrfs property set n ro true && ! rm n/d/f 2>/dev/null"
+            as_sandbox = ["setpriv", f"--reuid={SANDBOX.uid}", f"--regid={SANDBOX.gid}"]
+            done = subprocess.run(
+                [*as_sandbox, "--clear-groups", "sh", "-c", script],
+                cwd=path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, done.stderr
+            driver.destroy(str(path), remove_tree)
+            assert not path.exists() and qgroups(mount) == set()
+        finally:
+            os.close(driver.root_fd)
+
+
+@ON_HOST
+def test_the_driver_when_the_kernel_refuses_or_forgot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A qgroup removed behind the driver's back, a deletion or qgroup removal the kernel
+    refuses, and quotas turned off under a running driver."""
+    with loop_filesystem("btrfs", 256) as mount:
+        driver = BtrfsQuotas.open(str(mount), DiskLimits(LIMIT, None))
+        try:
+            forgotten = mount / "forgotten"
+            driver.make_directory(str(forgotten), SANDBOX)
+            sid = _subvolume_id(forgotten)
+            subprocess.run(["btrfs", "qgroup", "remove", f"0/{sid}", f"1/{sid}", str(mount)])
+            subprocess.run(["btrfs", "qgroup", "destroy", f"1/{sid}", str(mount)], check=True)
+            assert driver.usage(str(forgotten)) == DiskUsage(None, None, None, None)
+            driver.destroy(str(forgotten), remove_tree)
+            assert not forgotten.exists()
+
+            refused = mount / "refused"
+            driver.make_directory(str(refused), SANDBOX)
+
+            def eperm(*args: object, **kwargs: object) -> None:
+                raise PermissionError(1, "Operation not permitted")
+
+            with monkeypatch.context() as patch:
+                patch.setattr(btrfs_ioctl, "destroy_subvolume", eperm)
+                with pytest.raises(PermissionError):
+                    driver.destroy(str(refused), remove_tree)
+            assert refused.exists()
+
+            subprocess.run(["btrfs", "qgroup", "create", "1/4242", str(mount)], check=True)
+            with monkeypatch.context() as patch:  # a stale qgroup the kernel will not remove
+                patch.setattr(btrfs_ioctl, "remove_qgroup", eperm)
+                assert driver.sweep(lambda rid: False) == 0  # kept, and logged
+                with pytest.raises(PermissionError):
+                    driver.destroy(str(refused), remove_tree)  # the subvolume went first
+                assert not refused.exists()
+            assert "1_4242" in qgroups(mount)
+            assert driver.sweep(lambda rid: False) >= 1 and "1_4242" not in qgroups(mount)
+
+            subprocess.run(["btrfs", "quota", "disable", str(mount)], check=True)
+            assert driver.sweep(lambda rid: False) == 0  # no qgroups directory any more
+        finally:
+            os.close(driver.root_fd)
+
+
+@ON_HOST
+def test_start_up_says_btrfs_bounds_files_by_bytes() -> None:
+    """btrfs has no inode limit: with ``SANDBOXD_FILES_MAX`` the boot log says what bounds
+    the files instead."""
+    config = Config.load({"SANDBOXD_DISK_MAX": "32M", "SANDBOXD_FILES_MAX": "1000"})
+    with loop_filesystem("btrfs", 256) as mount, capturedLogs() as events:
+        layout = boot.start_disk(config, Layout(str(mount), owns_files=False))
+        assert isinstance(layout.disk, BtrfsQuotas)
+        os.close(layout.disk.root_fd)
+    said = [formatEvent(event) for event in events]
+    assert any("33554432 bytes, 1000 files per sandbox" in line for line in said), said
+    assert any("btrfs has no inode limit" in line for line in said), said
 
 
 def test_btrfs_without_simple_quotas_is_refused(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.isolation.disk import project_ioctl as q
 from tests.kernel.disk_fs import loop_filesystem, root_on, sh, stats, upload
 from tests.process.conftest import start_daemon, stop_daemon
 
@@ -96,3 +97,23 @@ def test_project_quota_holds_a_sandbox_to_its_limits(
             assert daemon.call("GET", "/healthz")[0] == 200
         finally:
             stop_daemon(daemon)
+
+
+def test_one_limit_leaves_the_other_unlimited() -> None:
+    """``SANDBOXD_DISK_MAX`` alone, then ``SANDBOXD_FILES_MAX`` alone: one ``Q_SETQUOTA``
+    sets the one limit and clears the other (0: none), as read back from the kernel."""
+    problem = project_quota_problem("ext4")
+    if problem is not None:
+        pytest.skip(f"no ext4 project quotas here (the VM's kernel has them): {problem}")
+    project = 4242
+    with loop_filesystem("ext4", 64) as mount:
+        fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            q.set_limits(fd, project, 8 * MiB, None)
+            block = q.get_quota(fd, project)
+            assert (block.bhardlimit, block.ihardlimit) == (8 * MiB // q.QUOTA_BLOCK, 0)
+            q.set_limits(fd, project, None, 100)
+            block = q.get_quota(fd, project)
+            assert (block.bhardlimit, block.ihardlimit) == (0, 100)
+        finally:
+            os.close(fd)

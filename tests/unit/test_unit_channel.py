@@ -125,3 +125,17 @@ def test_a_closed_connection_is_not_closed_again() -> None:
     channel, transport = connect(ConnectionGate(clock, Limits(8, 1, 10.0, 60.0)))
     lose(channel)
     assert channel.close_when_flushed(clock, 5.0).called and not transport.disconnecting
+
+
+def test_a_connection_the_full_gate_refuses_is_cut_off_at_once() -> None:
+    clock = Clock()
+    gate = ConnectionGate(clock, Limits(1, 0, 1.0, 5.0))
+    trusted, _ = connect(gate)
+    trusted.dataReceived(b"GET / HTTP/1.1\r\nhost: x\r\nauthorization: Bearer t\r\n\r\n")
+    refused, transport = connect(gate)  # full, and the one open is not evictable
+    assert transport.aborted and transport.value() == b""
+    assert gate.open == 1  # the refused one was never counted
+    lose(refused)
+    assert gate.open == 1
+    lose(trusted)
+    assert gate.open == 0

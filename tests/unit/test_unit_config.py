@@ -167,6 +167,10 @@ def test_a_bad_option_names_the_variable() -> None:
         ({"SANDBOXD_LOG_TIMEOUT": "0s"}, "SANDBOXD_LOG_TIMEOUT"),
         ({"SANDBOXD_IDLE_TTL": "0m"}, "SANDBOXD_IDLE_TTL"),
         ({"SANDBOXD_KEEPALIVE": "0ms"}, "SANDBOXD_KEEPALIVE"),
+        ({"SANDBOXD_PROCESS_LOG_MAX": "0"}, "SANDBOXD_PROCESS_LOG_MAX"),
+        ({"SANDBOXD_PROCESSES_MAX": "0"}, "SANDBOXD_PROCESSES_MAX"),
+        ({"SANDBOXD_WATCH_MAX": "0"}, "SANDBOXD_WATCH_MAX"),
+        ({"SANDBOXD_WALK_MAX": "0"}, "SANDBOXD_WALK_MAX"),
     ],
 )
 def test_impossible_combinations_name_the_variable(environ: dict[str, str], variable: str) -> None:

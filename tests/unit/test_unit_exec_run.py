@@ -350,13 +350,14 @@ def test_flow_control_before_start_and_after_end() -> None:
     h = Harness()
     h.stream.pauseProducing()
     h.stream.resumeProducing()
+    h.stream.stopProducing()  # nothing attached yet: nothing to abort
     h.run.pause_reading()
     h.run.resume_reading()
     h.run._close_pipes()  # nothing to close yet
     h.start()
     h.end(ProcessDone(0))
     h.stream.resumeProducing()
-    assert h.process.resumed == 0
+    assert h.process.resumed == 0 and h.kills == []
     assert h.clock.getDelayedCalls() == []
 
 

@@ -54,3 +54,19 @@ def test_a_stopped_response_releases_the_writer() -> None:
     request.channel = None  # the client is gone: nothing to unregister from
     writer.close()
     assert request.producer is writer
+
+
+def test_a_cancelled_write_is_not_released_twice() -> None:
+    """Klein cancels the route when the client goes: the waiting part's Deferred is then
+    already fired when the response stops the producer."""
+    request = Request()
+    writer = PacedWriter(request)  # type: ignore[arg-type]
+    writer.pauseProducing()
+    cancelled = Deferred.fromCoroutine(writer.write(b"a"))
+    waiting = Deferred.fromCoroutine(writer.write(b"b"))
+    failures: list[Any] = []
+    cancelled.addErrback(failures.append)
+    cancelled.cancel()
+    assert len(failures) == 1 and not waiting.called
+    writer.stopProducing()  # no AlreadyCalledError from the cancelled one
+    assert waiting.called

@@ -7,6 +7,8 @@ import errno
 import os
 import socket
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -90,5 +92,24 @@ def test_nothing_is_destroyed_while_a_socket_listens_on_the_port() -> None:
         live.bind(("::1", port))
         live.listen()
         assert port_remnants.destroy_orphans(port) == 0
+    assert bind_error(socket.AF_INET, "127.0.0.1", port) == errno.EADDRINUSE  # still there
+    assert port_remnants.destroy_orphans(port) == 1
+
+
+def test_a_refused_destroy_raises_with_the_kernels_errno() -> None:
+    """Without ``CAP_NET_ADMIN`` the dump still finds the remnant; its destruction is refused."""
+    port = squat_and_leave(socket.AF_INET, "127.0.0.1")
+    script = (
+        "from sandboxd import port_remnants\n"
+        "try:\n"
+        f"    port_remnants.destroy_closing({port})\n"
+        "except OSError as e:\n"
+        "    print(e.errno, e.strerror)\n"
+    )
+    without = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
+    done = subprocess.run(
+        [*without, sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout == f"{errno.EPERM} SOCK_DESTROY: {os.strerror(errno.EPERM)}\n", done
     assert bind_error(socket.AF_INET, "127.0.0.1", port) == errno.EADDRINUSE  # still there
     assert port_remnants.destroy_orphans(port) == 1

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import pytest_twisted
 import treq
@@ -25,6 +26,7 @@ from sandboxd import boot, tap
 from sandboxd.config import ConfigError
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.isolation.namespaces import HOME_VIEW, Namespaces
 from sandboxd.listen import Listeners
 from sandboxd.options import option_table
 from sandboxd.service import ExitStatus, SandboxdService
@@ -401,6 +403,19 @@ def test_unavailable_isolation_stops_start_up(
     assert refused(environ) == (
         "sandboxd: start-up failed at isolation: no cgroup controllers delegated"
     )
+
+
+def test_namespaces_that_cannot_be_made_stop_start_up(
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The namespaces step refuses before it makes anything (a kept directory where each
+    sandbox's workspace goes)."""
+    namespaces = Namespaces(kinds=frozenset({"mount"}), keep=[HOME_VIEW])
+    isolation = attrs.evolve(fake_isolation(), namespaces=namespaces)
+    monkeypatch.setattr(tap, "build_isolation", lambda config, reactor, pool: isolation)
+    message = refused(environ)
+    assert message.startswith("sandboxd: start-up failed at namespaces: namespaces: the state")
+    assert HOME_VIEW in message
 
 
 def test_a_missing_token_file_stops_start_up(environ: dict[str, str], tmp_path: Path) -> None:

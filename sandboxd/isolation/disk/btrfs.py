@@ -146,7 +146,8 @@ class BtrfsQuotas:
     def destroy(self, path: str, remove_tree: RemoveTree) -> None:
         """Delete the subvolume at once (the kernel frees its extents in the background), then
         its qgroup. A directory holding subvolumes of the sandbox's own is emptied file by file
-        first; a plain directory (made before limits were on) is removed as such."""
+        first (a read-only one, which cannot be emptied, is deleted whole); a plain directory
+        (made before limits were on) is removed as such."""
         try:
             sid = self._subvolume(path)
         except FileNotFoundError:
@@ -161,6 +162,7 @@ class BtrfsQuotas:
                 raise
             remove_tree(path)  # rmdir of each (emptied) nested subvolume deletes it
             if os.path.lexists(path):
+                _destroy_nested(path)  # read-only ones, which no file removal can empty
                 ioctl.destroy_subvolume(self.root_fd, os.path.basename(path))
         self._remove_group(sid)
 
@@ -210,6 +212,16 @@ class BtrfsQuotas:
                         child = ioctl.qgroup_id(0, int(member))
                         ioctl.assign_qgroup(self.root_fd, child, group, assign=False)
             ioctl.remove_qgroup(self.root_fd, group)
+
+
+def _destroy_nested(path: str) -> None:
+    """Delete every subvolume below ``path``, the deepest first, by descriptor (no symlink
+    is followed); what they hold goes with them."""
+    for _, names, _, dir_fd in os.fwalk(path, topdown=False):
+        for name in names:
+            inode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
+            if inode == ioctl.FIRST_FREE_OBJECTID:
+                ioctl.destroy_subvolume(dir_fd, name)
 
 
 def _no_tree(path: str) -> None:
