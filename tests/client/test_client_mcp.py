@@ -261,6 +261,46 @@ def test_sandboxes_die_with_their_session_unless_kept(daemon: Daemon) -> None:
         assert response.status == 204
 
 
+ONE_SESSION_SERVER = """
+import sys
+from sandboxd_client.mcp_server import _tools
+_tools.connection_of = lambda ctx: None  # the SDK's session hook not found
+from sandboxd_client.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_server_of_one_session_kills_its_unkept_sandboxes_when_it_ends(daemon: Daemon) -> None:
+    """Where the SDK's session hook is not found, every session shares one set of sandboxes,
+    which no session's end kills: the server kills the unkept ones as it exits."""
+    handles: dict[str, str] = {}
+
+    async def test() -> None:
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-c", ONE_SESSION_SERVER, *server_argv(daemon)[2:]],
+            env=server_env(),
+            cwd=str(REPO),
+        )
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            handles["dies"] = (await call(session, "create_sandbox"))["handle"]
+            handles["kept"] = (await call(session, "create_sandbox", keep=True))["handle"]
+            assert {remote_id(h) for h in handles.values()} <= live_sandboxes(daemon)
+
+    run(test)
+    until(lambda: remote_id(handles["dies"]) not in live_sandboxes(daemon))
+    kept = remote_id(handles["kept"])
+    assert kept in live_sandboxes(daemon)
+    request = urllib.request.Request(
+        f"{daemon.url}/sandboxes/{kept}",
+        method="DELETE",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 204
+
+
 def test_streamable_http(daemon: Daemon, tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "mcp.log"
