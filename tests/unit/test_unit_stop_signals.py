@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, cast
 
 import pytest_twisted
@@ -43,19 +42,14 @@ def test_each_stop_signal_then_runs_the_action_through_the_reactor() -> None:
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_signal_during_the_drain_kills_every_sandbox_at_once(tmp_path: Path) -> None:
+async def test_a_signal_during_the_drain_kills_every_sandbox_at_once(
+    environ: dict[str, str],
+) -> None:
     from twisted.internet import reactor
 
-    environ = {
-        "SANDBOXD_ISOLATION": "none",
-        "SANDBOXD_LISTEN": "tcp:0:interface=127.0.0.1",
-        "SANDBOXD_ROOT": str(tmp_path / "root"),
-        "SANDBOXD_TOOLS_DIR": str(tmp_path / "tools"),
-        "SANDBOXD_UID_MIN": "1000",
-        "SANDBOXD_UID_MAX": "1003",
-        "SANDBOXD_DRAIN_IDLE": "1h",  # without the signal, the drain would wait for the sandbox
-        "SANDBOXD_DRAIN_DEADLINE": "2h",
-    }
+    # Without the signal, the drain would wait for the sandbox.
+    environ["SANDBOXD_DRAIN_IDLE"] = "1h"
+    environ["SANDBOXD_DRAIN_DEADLINE"] = "2h"
     options = tap.Options()
     options.parseOptions([])
     service: Any = tap.makeService(options, reactor, environ)  # the tree twistd would run
