@@ -25,7 +25,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,17 @@ def layered_daemon(
             server.stop()
 
 
+def in_threads(work: Callable[[], None], count: int) -> float:
+    """Run ``work`` in ``count`` threads at once until every one returns: the wall time."""
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start
+
+
 def fill(
     port: int, count: int, in_flight: int, mode: str, budget: float = math.inf
 ) -> tuple[list[str], list[float], float]:
@@ -182,13 +193,7 @@ def fill(
         finally:
             raw.close()
 
-    threads = [threading.Thread(target=work) for _ in range(in_flight)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
+    wall = in_threads(work, in_flight)
     if failures:
         kill_all(port, ids, in_flight)
         raise RuntimeError(f"density: {len(ids)} of {count} made, then: {failures[0]}")
@@ -216,15 +221,10 @@ def kill_all(port: int, ids: list[str], in_flight: int) -> float:
         finally:
             raw.close()
 
-    threads = [threading.Thread(target=work) for _ in range(in_flight)]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    wall = in_threads(work, in_flight)
     if failures:
         raise RuntimeError(f"density: {len(failures)} kills failed: {failures[0]}")
-    return time.perf_counter() - start
+    return wall
 
 
 def cold_creates(port: int, count: int, mode: str) -> list[float]:
