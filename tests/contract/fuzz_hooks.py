@@ -13,7 +13,8 @@
   a running process is a stream without end).
 * ``/tools/resolve``: manifest URLs that the daemon would fetch point at a closed local port.
 * ``application/x-ndjson`` (the exec stream): every line must be one JSON object, every line
-  but the last an output frame ``{"o": ...}``, the last an exit or error frame; the last frame
+  but the last an output frame ``{"o": ...}`` (or ``{"e": ...}`` when the request asked for
+  ``"split": true``), the last an exit or error frame; the last frame
   is what schemathesis then validates against the documented ``ExecFrame`` schema.
 """
 
@@ -67,13 +68,24 @@ def exec_stream(context: Any, response: Any) -> Any:
         return process_stream(frames)
     if not lines:
         raise ValueError("an exec stream without frames")
+    # Live frames: {"o"} always, {"e"} only with `split: true` (SPEC section 2, live stderr).
+    live = [{"o"}, {"e"}] if asked_split(request) else [{"o"}]
     for frame in frames[:-1]:
-        if not (isinstance(frame, dict) and set(frame) == {"o"}):
+        if not (isinstance(frame, dict) and set(frame) in live):
             raise ValueError(f"not an output frame before the last one: {frame!r}")
     last = frames[-1]
     if not (isinstance(last, dict) and ("exit" in last or "error" in last)):
         raise ValueError(f"the stream does not end with an exit or error frame: {last!r}")
     return last
+
+
+def asked_split(request: Any) -> bool:
+    """True when the exec request's JSON body holds ``"split": true``."""
+    try:
+        body = json.loads(getattr(request, "body", None) or b"")
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("split") is True
 
 
 def process_stream(frames: list[Any]) -> Any:
