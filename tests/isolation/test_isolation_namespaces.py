@@ -248,6 +248,12 @@ def test_a_host_sandbox_gets_no_network_pin_and_a_refusal_is_an_oserror(tmp_path
     ns.remove(RID)
 
 
+def test_no_pin_root_yet_means_no_leftovers(tmp_path: Path) -> None:
+    ns = namespaces(tmp_path, Runner())
+    assert ns.nsroot and not os.path.exists(ns.nsroot)  # a first start: nothing made it yet
+    assert ns.leftovers() == []
+
+
 def test_recovery_detaches_whatever_wired_a_predecessor(tmp_path: Path) -> None:
     egress = Egress()
     ns = namespaces(tmp_path, Runner(), egress)
