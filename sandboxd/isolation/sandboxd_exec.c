@@ -260,7 +260,7 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "enter") == 0)
         argv = enter_namespaces(&argc, argv);
     if (argc >= 2 && strcmp(argv[1], "namespaces") == 0)
-        return make_namespaces(argc, argv);
+        return make_namespaces(argc, argv, 0); /* once: a template would cost a copy too */
     if (argc == 2 && strcmp(argv[1], "namespace-server") == 0)
         return serve_namespaces();
     struct options options = {.umask = 077, .seccomp = 1};
