@@ -5,15 +5,14 @@ larger in an unlinked temporary file). A body declared or found to be larger tha
 is discarded as it arrives instead, so nothing over the limit is stored anywhere, and the
 handler answers ``413 TooLarge``.
 
-Larger bodies are stored in a :class:`Spool`: an unnamed file (``O_TMPFILE``) in the daemon's
-state root, on the workspaces' own filesystem, so that an upload can be linked into its
-workspace once complete instead of being written a second time. A body that cannot be stored
-(disk full) is discarded from then on, and the failure kept for the handler
-(:attr:`LimitedRequest.content_error`).
+Larger bodies are stored in a :class:`~sandboxd.http.spool.Spool` (an unnamed file on the
+workspaces' own filesystem), written in a thread pool when the site has one
+(:class:`~sandboxd.http.spool.SpoolThreads`); the request is handled once every byte is
+written. A body that cannot be stored (disk full) is discarded from then on, and the failure
+kept for the handler (:attr:`LimitedRequest.content_error`).
 """
 
 import io
-import os
 import tempfile
 from collections.abc import Callable
 from contextlib import suppress
@@ -31,6 +30,10 @@ from zope.interface import implementer
 from sandboxd import _twisted
 from sandboxd.http import wire
 from sandboxd.http.guard import Admission, Admit, ConnectionGate
+from sandboxd.http.spool import SPOOL_MIN as SPOOL_MIN
+from sandboxd.http.spool import Spool as Spool
+from sandboxd.http.spool import SpoolThreads, SpoolWriter
+from sandboxd.http.spool import can_spool as can_spool
 
 
 class _Discard:
@@ -52,37 +55,13 @@ class _Discard:
         """Nothing to close."""
 
 
-SPOOL_MIN = 100_000
-"""Bodies at least this long (or of unknown length) are stored in a :class:`Spool`; shorter
-ones in memory, as twisted.web does."""
-
-
-class Spool(io.BufferedRandom):
-    """A request body in an unnamed file (``O_TMPFILE``, mode 0644) of ``directory``.
-
-    Nothing is visible in the directory, and the space is given back when the file is closed,
-    unless the file was linked somewhere meanwhile (an upload, once complete).
-    """
-
-    def __init__(self, directory: str) -> None:
-        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o644)
-        super().__init__(io.FileIO(fd, "r+"))
-
-
-def can_spool(directory: str) -> bool:
-    """Whether request bodies can be spooled in ``directory`` (its filesystem takes unnamed
-    files, ``O_TMPFILE``)."""
-    try:
-        Spool(directory).close()
-    except OSError:
-        return False
-    return True
-
-
 class LimitedRequest(Request):
     """A request that keeps at most ``max_body`` bytes of body; ``too_large`` says it had more.
 
     ``content_error`` is the error that stopped the body from being stored (then discarded).
+    On a site with ``spool_threads``, a spooled body is written by a
+    :class:`~sandboxd.http.spool.SpoolWriter`, and the request handled once all of it is
+    written; a request whose connection is lost before that is never handled.
     """
 
     max_body: int = 1 << 62
@@ -98,6 +77,12 @@ class LimitedRequest(Request):
             super().gotLength(length)
         except OSError as e:
             self._failed(e)
+            return
+        site = getattr(self.channel, "site", None)
+        threads: SpoolThreads | None = getattr(site, "spool_threads", None)
+        content: Any = self.content
+        if threads is not None and not isinstance(content, io.BytesIO):
+            self.content = threads.writer(content, self._failed, self._pause, self._resume)
 
     def handleContentChunk(self, data: bytes) -> None:
         if self.too_large or self.content_error is not None:
@@ -113,16 +98,41 @@ class LimitedRequest(Request):
         except OSError as e:
             self._failed(e)
 
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        """The whole body is in: handled once it is all written (see :class:`SpoolWriter`)."""
+        writer = self.content
+        if not isinstance(writer, SpoolWriter):
+            super().requestReceived(command, path, version)
+            return
+        written = writer.written()
+        written.addCallback(lambda _: self._written(writer, command, path, version))
+
+    def _written(self, writer: SpoolWriter, command: bytes, path: bytes, version: bytes) -> None:
+        if self.channel is None:
+            return  # the connection was lost meanwhile: the spool is closed (connectionLost)
+        if self.content is writer:
+            self.content = writer.file  # else it failed: discarded, the error kept
+        super().requestReceived(command, path, version)
+
+    def _pause(self) -> None:
+        transport: Any = self.channel.transport
+        transport.pauseProducing()  # while the body's writes catch up
+
+    def _resume(self) -> None:
+        if self.channel is not None:  # None: the connection is lost
+            transport: Any = self.channel.transport
+            transport.resumeProducing()
+
     def _refuse(self) -> None:
         self.too_large = True
         self.content = _Discard()
 
     def _failed(self, error: OSError) -> None:
-        if self.content is not None:
+        content, self.content = self.content, _Discard()
+        self.content_error = error  # both before the close: it may let the request be handled
+        if content is not None:
             with suppress(OSError):
-                self.content.close()  # a spool's space is given back
-        self.content_error = error
-        self.content = _Discard()
+                content.close()  # a spool's space is given back
 
 
 READ_SIZE = 1 << 20
@@ -358,6 +368,8 @@ class SpoolingSite(Site):
     does (a temporary file in the system's temporary directory)."""
 
     spool_dir: str | None = None
+    spool_threads: SpoolThreads | None = None
+    """Where spooled bodies are written (``None``: on the reactor thread, as they arrive)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -388,6 +400,7 @@ def make_site(
     gate: ConnectionGate | None = None,
     admit: Admit | None = None,
     refusal: Callable[[bytes], bytes] | None = None,
+    spool_threads: SpoolThreads | None = None,
 ) -> SpoolingSite:
     """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
     ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors.
@@ -395,6 +408,7 @@ def make_site(
     With a ``gate`` and an ``admit`` rule, its connections defend the daemon (see
     :class:`Channel`); the gate's idle timeout also bounds the silence within a request body.
     ``refusal`` makes the whole ``401`` answer of a refused path (default: the native API's).
+    With ``spool_threads``, spooled bodies are written in its threads.
     """
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
@@ -404,6 +418,7 @@ def make_site(
         Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False, **clock
     )
     site.spool_dir = spool_dir
+    site.spool_threads = spool_threads
     site.gate = gate  # type: ignore[attr-defined]
     site.admit = admit  # type: ignore[attr-defined]
     site.refusal = refusal  # type: ignore[attr-defined]
