@@ -1,21 +1,16 @@
-"""The twisted.web site: a request class that refuses bodies over the configured limit.
+"""The twisted.web site: its channel (malformed requests answered in JSON, the connection
+gate's defences), its request (:class:`~sandboxd.http.request.LimitedRequest`: bodies over the
+configured limit refused), and where it stores request bodies.
 
-twisted.web reads a whole request body before the handler runs (under 100 000 bytes in memory,
-larger in an unlinked temporary file). A body declared or found to be larger than ``max_body``
-is discarded as it arrives instead, so nothing over the limit is stored anywhere, and the
-handler answers ``413 TooLarge``.
-
-Larger bodies are stored in a :class:`~sandboxd.http.spool.Spool` (an unnamed file on the
-workspaces' own filesystem), written in a thread pool when the site has one
-(:class:`~sandboxd.http.spool.SpoolThreads`); the request is handled once every byte is
-written. A body that cannot be stored (disk full) is discarded from then on, and the failure
-kept for the handler (:attr:`LimitedRequest.content_error`).
+Bodies of :data:`SPOOL_MIN` bytes or more are stored in a :class:`~sandboxd.http.spool.Spool`
+(an unnamed file on the workspaces' own filesystem), written in a thread pool when the site
+has one (:class:`~sandboxd.http.spool.SpoolThreads`); the request is handled once every byte
+is written.
 """
 
 import io
 import tempfile
 from collections.abc import Callable
-from contextlib import suppress
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -24,116 +19,18 @@ from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
-from twisted.web.server import Request, Site
+from twisted.web.server import Site
 from zope.interface import implementer
 
 from sandboxd import _twisted
 from sandboxd.http import wire
 from sandboxd.http.guard import Admission, Admit, ConnectionGate
+from sandboxd.http.request import LimitedRequest as LimitedRequest
+from sandboxd.http.request import _Discard as _Discard
 from sandboxd.http.spool import SPOOL_MIN as SPOOL_MIN
 from sandboxd.http.spool import Spool as Spool
-from sandboxd.http.spool import SpoolThreads, SpoolWriter
+from sandboxd.http.spool import SpoolThreads
 from sandboxd.http.spool import can_spool as can_spool
-
-
-class _Discard:
-    """A content file that drops what it is given."""
-
-    def write(self, data: bytes) -> None:
-        """Drop the data."""
-
-    def seek(self, *args: Any) -> int:
-        return 0
-
-    def tell(self) -> int:
-        return 0  # twisted.web asks for the body's length once it has all arrived
-
-    def read(self, *args: Any) -> bytes:
-        return b""
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
-class LimitedRequest(Request):
-    """A request that keeps at most ``max_body`` bytes of body; ``too_large`` says it had more.
-
-    ``content_error`` is the error that stopped the body from being stored (then discarded).
-    On a site with ``spool_threads``, a spooled body is written by a
-    :class:`~sandboxd.http.spool.SpoolWriter`, and the request handled once all of it is
-    written; a request whose connection is lost before that is never handled.
-    """
-
-    max_body: int = 1 << 62
-    too_large: bool = False
-    content_error: OSError | None = None
-    _received: int = 0
-
-    def gotLength(self, length: int | None) -> None:
-        if length is not None and length > self.max_body:
-            self._refuse()
-            return
-        try:
-            super().gotLength(length)
-        except OSError as e:
-            self._failed(e)
-            return
-        site = getattr(self.channel, "site", None)
-        threads: SpoolThreads | None = getattr(site, "spool_threads", None)
-        content: Any = self.content
-        if threads is not None and not isinstance(content, io.BytesIO):
-            self.content = threads.writer(content, self._failed, self._pause, self._resume)
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if self.too_large or self.content_error is not None:
-            return
-        self._received += len(data)
-        if self._received > self.max_body:
-            if self.content is not None:
-                self.content.close()
-            self._refuse()
-            return
-        try:
-            super().handleContentChunk(data)
-        except OSError as e:
-            self._failed(e)
-
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        """The whole body is in: handled once it is all written (see :class:`SpoolWriter`)."""
-        writer = self.content
-        if not isinstance(writer, SpoolWriter):
-            super().requestReceived(command, path, version)
-            return
-        written = writer.written()
-        written.addCallback(lambda _: self._written(writer, command, path, version))
-
-    def _written(self, writer: SpoolWriter, command: bytes, path: bytes, version: bytes) -> None:
-        if self.channel is None:
-            return  # the connection was lost meanwhile: the spool is closed (connectionLost)
-        if self.content is writer:
-            self.content = writer.file  # else it failed: discarded, the error kept
-        super().requestReceived(command, path, version)
-
-    def _pause(self) -> None:
-        transport: Any = self.channel.transport
-        transport.pauseProducing()  # while the body's writes catch up
-
-    def _resume(self) -> None:
-        if self.channel is not None:  # None: the connection is lost
-            transport: Any = self.channel.transport
-            transport.resumeProducing()
-
-    def _refuse(self) -> None:
-        self.too_large = True
-        self.content = _Discard()
-
-    def _failed(self, error: OSError) -> None:
-        content, self.content = self.content, _Discard()
-        self.content_error = error  # both before the close: it may let the request be handled
-        if content is not None:
-            with suppress(OSError):
-                content.close()  # a spool's space is given back
-
 
 READ_SIZE = 1 << 20
 """Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB; see
