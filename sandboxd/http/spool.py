@@ -118,7 +118,8 @@ class SpoolWriter:
         end = self._queued + len(data)
         queue = self._queue
         if queue is None:
-            queue = self._queue = mmap.mmap(-1, max(end, self.threads.ahead + SLACK))
+            room = max(end, self.threads.ahead + SLACK)
+            queue = self._queue = mmap.mmap(-1, room, flags=mmap.MAP_PRIVATE)
         elif end > len(queue):
             queue.resize(end)
         queue[self._queued : end] = data
