@@ -19,6 +19,7 @@ from sandboxd.e2b.api import make_front
 from sandboxd.http import guard
 from sandboxd.http.guard import ConnectionGate
 from sandboxd.http.site import make_site
+from sandboxd.http.spool import SpoolThreads
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
@@ -150,7 +151,7 @@ def start_e2b(
     manager: SandboxManager,
     token: bytes | None,
     reactor: Any,
-    spool: str | None,
+    spool: tuple[str | None, SpoolThreads | None],
     gate: ConnectionGate,
     auth_gate: bool,
 ) -> Listeners:
@@ -163,7 +164,8 @@ def start_e2b(
     site = make_site(
         front.app.resource(),
         config.max_body,
-        spool_dir=spool,
+        spool_dir=spool[0],
+        spool_threads=spool[1],
         gate=gate,
         admit=e2b_admission(token, front.registry) if auth_gate else None,
         refusal=e2b_wire.refused_answer,

@@ -27,6 +27,7 @@ from sandboxd.core.tools.resolver import build_tools
 from sandboxd.http import guard
 from sandboxd.http.api import SandboxAPI, admission
 from sandboxd.http.site import can_spool, make_site
+from sandboxd.http.spool import SpoolThreads
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
@@ -61,6 +62,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     log.info("sandboxd {version} starting", version=sandboxd.__version__)
     file_pool = ThreadPool(minthreads=1, maxthreads=16, name="sandboxd-files")
     admin_pool = ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-admin")
+    spool_pool = ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-spool")
     try:
         isolation = build_isolation(config, reactor, file_pool)
     except IsolationUnavailable as e:
@@ -139,7 +141,11 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
     if config.log_format == "json":
         observer = jsonFileLogObserver(sys.stdout, recordSeparator="")
     top = SandboxdService(
-        manager, [file_pool, admin_pool], reactor, observer, on_stop_signal=on_next_stop_signal
+        manager,
+        [file_pool, admin_pool, spool_pool],
+        reactor,
+        observer,
+        on_stop_signal=on_next_stop_signal,
     )
     top.exit_status = exit_status
     api.on_drain = top.drain_and_exit
@@ -154,6 +160,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
             "in the system's temporary directory, and uploads copied from there",
             root=layout.root,
         )
+    spool_threads = SpoolThreads(reactor, spool_pool)  # request bodies' writes
     gate, auth_gate = start_guard(config, reactor)
     api.capabilities = sorted({*api.capabilities, *guard.capabilities(gate.limits, auth_gate)})
     site = make_site(
@@ -162,6 +169,7 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         spool_dir=spool_dir,
         gate=gate,
         admit=admission(token) if auth_gate else None,
+        spool_threads=spool_threads,
     )
     # A stopping daemon's last frames are sent before it exits: each exec stream finishes,
     # then each connection is closed once what was written to it is out.
@@ -179,7 +187,9 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
             listen=config.listen,
         )
     if config.e2b_listen is not None:
-        e2b_listeners = start_e2b(config, manager, token, reactor, spool_dir, gate, auth_gate)
+        e2b_listeners = start_e2b(
+            config, manager, token, reactor, (spool_dir, spool_threads), gate, auth_gate
+        )
         e2b_listeners.setServiceParent(top)  # listens after the native API's (startService)
         top.more_listeners.append(e2b_listeners)
         api.capabilities = sorted({*api.capabilities, "e2b"})

@@ -318,10 +318,22 @@ def section(bench: Any) -> None:
         return
     probe = Probe(d.server.port)
     try:
-        measured = {load: measure(d.server.port, load, bench.sizes, probe) for load in LOADS}
+        measured = {
+            load: measure(d.server.port, load, bench.sizes, probe) for load in chosen(bench.sizes)
+        }
     finally:
         probe.close()
     add_rows(bench, measured)
+
+
+def chosen(sizes: Any) -> list[str]:
+    """The loads of ``sizes.neighbour_loads``, in the order of :data:`LOADS`; an unknown name
+    is an error (a misspelt one would measure nothing and say nothing)."""
+    names = [name.strip() for name in sizes.neighbour_loads.split(",") if name.strip()]
+    unknown = sorted(set(names) - set(LOADS))
+    if unknown:
+        raise ValueError(f"neighbour_loads: no such load: {', '.join(unknown)} (of {LOADS})")
+    return [load for load in LOADS if load in names]
 
 
 def describe(load: str, sizes: Any) -> str:

@@ -1,22 +1,16 @@
-"""The twisted.web site: a request class that refuses bodies over the configured limit.
+"""The twisted.web site: its channel (malformed requests answered in JSON, the connection
+gate's defences), its request (:class:`~sandboxd.http.request.LimitedRequest`: bodies over the
+configured limit refused), and where it stores request bodies.
 
-twisted.web reads a whole request body before the handler runs (under 100 000 bytes in memory,
-larger in an unlinked temporary file). A body declared or found to be larger than ``max_body``
-is discarded as it arrives instead, so nothing over the limit is stored anywhere, and the
-handler answers ``413 TooLarge``.
-
-Larger bodies are stored in a :class:`Spool`: an unnamed file (``O_TMPFILE``) in the daemon's
-state root, on the workspaces' own filesystem, so that an upload can be linked into its
-workspace once complete instead of being written a second time. A body that cannot be stored
-(disk full) is discarded from then on, and the failure kept for the handler
-(:attr:`LimitedRequest.content_error`).
+Bodies of :data:`SPOOL_MIN` bytes or more are stored in a :class:`~sandboxd.http.spool.Spool`
+(an unnamed file on the workspaces' own filesystem), written in a thread pool when the site
+has one (:class:`~sandboxd.http.spool.SpoolThreads`); the request is handled once every byte
+is written.
 """
 
 import io
-import os
 import tempfile
 from collections.abc import Callable
-from contextlib import suppress
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -25,105 +19,18 @@ from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
-from twisted.web.server import Request, Site
+from twisted.web.server import Site
 from zope.interface import implementer
 
 from sandboxd import _twisted
 from sandboxd.http import wire
 from sandboxd.http.guard import Admission, Admit, ConnectionGate
-
-
-class _Discard:
-    """A content file that drops what it is given."""
-
-    def write(self, data: bytes) -> None:
-        """Drop the data."""
-
-    def seek(self, *args: Any) -> int:
-        return 0
-
-    def tell(self) -> int:
-        return 0  # twisted.web asks for the body's length once it has all arrived
-
-    def read(self, *args: Any) -> bytes:
-        return b""
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
-SPOOL_MIN = 100_000
-"""Bodies at least this long (or of unknown length) are stored in a :class:`Spool`; shorter
-ones in memory, as twisted.web does."""
-
-
-class Spool(io.BufferedRandom):
-    """A request body in an unnamed file (``O_TMPFILE``, mode 0644) of ``directory``.
-
-    Nothing is visible in the directory, and the space is given back when the file is closed,
-    unless the file was linked somewhere meanwhile (an upload, once complete).
-    """
-
-    def __init__(self, directory: str) -> None:
-        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o644)
-        super().__init__(io.FileIO(fd, "r+"))
-
-
-def can_spool(directory: str) -> bool:
-    """Whether request bodies can be spooled in ``directory`` (its filesystem takes unnamed
-    files, ``O_TMPFILE``)."""
-    try:
-        Spool(directory).close()
-    except OSError:
-        return False
-    return True
-
-
-class LimitedRequest(Request):
-    """A request that keeps at most ``max_body`` bytes of body; ``too_large`` says it had more.
-
-    ``content_error`` is the error that stopped the body from being stored (then discarded).
-    """
-
-    max_body: int = 1 << 62
-    too_large: bool = False
-    content_error: OSError | None = None
-    _received: int = 0
-
-    def gotLength(self, length: int | None) -> None:
-        if length is not None and length > self.max_body:
-            self._refuse()
-            return
-        try:
-            super().gotLength(length)
-        except OSError as e:
-            self._failed(e)
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if self.too_large or self.content_error is not None:
-            return
-        self._received += len(data)
-        if self._received > self.max_body:
-            if self.content is not None:
-                self.content.close()
-            self._refuse()
-            return
-        try:
-            super().handleContentChunk(data)
-        except OSError as e:
-            self._failed(e)
-
-    def _refuse(self) -> None:
-        self.too_large = True
-        self.content = _Discard()
-
-    def _failed(self, error: OSError) -> None:
-        if self.content is not None:
-            with suppress(OSError):
-                self.content.close()  # a spool's space is given back
-        self.content_error = error
-        self.content = _Discard()
-
+from sandboxd.http.request import LimitedRequest as LimitedRequest
+from sandboxd.http.request import _Discard as _Discard
+from sandboxd.http.spool import SPOOL_MIN as SPOOL_MIN
+from sandboxd.http.spool import Spool as Spool
+from sandboxd.http.spool import SpoolThreads
+from sandboxd.http.spool import can_spool as can_spool
 
 READ_SIZE = 1 << 20
 """Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB; see
@@ -358,6 +265,8 @@ class SpoolingSite(Site):
     does (a temporary file in the system's temporary directory)."""
 
     spool_dir: str | None = None
+    spool_threads: SpoolThreads | None = None
+    """Where spooled bodies are written (``None``: on the reactor thread, as they arrive)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -388,6 +297,7 @@ def make_site(
     gate: ConnectionGate | None = None,
     admit: Admit | None = None,
     refusal: Callable[[bytes], bytes] | None = None,
+    spool_threads: SpoolThreads | None = None,
 ) -> SpoolingSite:
     """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
     ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors.
@@ -395,6 +305,7 @@ def make_site(
     With a ``gate`` and an ``admit`` rule, its connections defend the daemon (see
     :class:`Channel`); the gate's idle timeout also bounds the silence within a request body.
     ``refusal`` makes the whole ``401`` answer of a refused path (default: the native API's).
+    With ``spool_threads``, spooled bodies are written in its threads.
     """
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
@@ -404,6 +315,7 @@ def make_site(
         Utf8URLs(resource), requestFactory=request_class, parsePOSTFormSubmission=False, **clock
     )
     site.spool_dir = spool_dir
+    site.spool_threads = spool_threads
     site.gate = gate  # type: ignore[attr-defined]
     site.admit = admit  # type: ignore[attr-defined]
     site.refusal = refusal  # type: ignore[attr-defined]

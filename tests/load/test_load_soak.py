@@ -41,8 +41,8 @@ CLIENTS = int(os.environ.get("SANDBOXD_SOAK_CLIENTS", "50"))
 
 FD_TOLERANCE = 10
 RSS_TOLERANCE_KIB = 30 * 1024
-POOL_THREADS = 16 + 4
-"""The daemon's file and admin thread pools at their largest (``sandboxd.tap``)."""
+POOL_THREADS = 16 + 4 + 4
+"""The daemon's file, admin and spool thread pools at their largest (``sandboxd.tap``)."""
 
 NO_RETRY = RetryPolicy(attempts=1, timeout=60.0)
 SMALL_NAMES = [f"small/{i}.bin" for i in range(6)]

@@ -52,6 +52,16 @@ def test_an_upload_body_is_exactly_its_size() -> None:
     assert sum(len(chunk) for chunk in neighbours.zeros(size)) == size
 
 
+def test_the_loads_measured_can_be_chosen() -> None:
+    sizes = figures.Sizes(quick=True)
+    assert neighbours.chosen(sizes) == list(neighbours.LOADS)
+    sizes.neighbour_loads = "walk, upload"
+    assert neighbours.chosen(sizes) == ["upload", "walk"]
+    sizes.neighbour_loads = "upload,uploads"
+    with pytest.raises(ValueError, match="no such load: uploads"):
+        neighbours.chosen(sizes)
+
+
 def test_processes_of_a_uid_are_found() -> None:
     assert os.getpid() in neighbours.uid_processes(os.getuid())
 

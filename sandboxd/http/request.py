@@ -1,0 +1,115 @@
+"""The request of the sites: a body over the limit is discarded, a large one spooled.
+
+twisted.web reads a whole request body before the handler runs (under 100 000 bytes in memory,
+larger in a file the site gives). A body declared or found to be larger than ``max_body`` is
+discarded as it arrives instead, so nothing over the limit is stored anywhere, and the handler
+answers ``413 TooLarge``. A body that cannot be stored (disk full) is discarded from then on,
+and the failure kept for the handler (:attr:`LimitedRequest.content_error`).
+"""
+
+import io
+from contextlib import suppress
+from typing import Any
+
+from twisted.web.server import Request
+
+from sandboxd.http.spool import SpoolThreads, SpoolWriter
+
+
+class _Discard:
+    """A content file that drops what it is given."""
+
+    def write(self, data: bytes) -> None:
+        """Drop the data."""
+
+    def seek(self, *args: Any) -> int:
+        return 0
+
+    def tell(self) -> int:
+        return 0  # twisted.web asks for the body's length once it has all arrived
+
+    def read(self, *args: Any) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+class LimitedRequest(Request):
+    """A request that keeps at most ``max_body`` bytes of body; ``too_large`` says it had more.
+
+    ``content_error`` is the error that stopped the body from being stored (then discarded).
+    On a site with ``spool_threads``, a spooled body is written by a
+    :class:`~sandboxd.http.spool.SpoolWriter`, and the request handled once all of it is
+    written; a request whose connection is lost before that is never handled.
+    """
+
+    max_body: int = 1 << 62
+    too_large: bool = False
+    content_error: OSError | None = None
+    _received: int = 0
+
+    def gotLength(self, length: int | None) -> None:
+        if length is not None and length > self.max_body:
+            self._refuse()
+            return
+        try:
+            super().gotLength(length)
+        except OSError as e:
+            self._failed(e)
+            return
+        site = getattr(self.channel, "site", None)
+        threads: SpoolThreads | None = getattr(site, "spool_threads", None)
+        content: Any = self.content
+        if threads is not None and not isinstance(content, io.BytesIO):
+            self.content = threads.writer(content, self._failed, self._pause, self._resume)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.too_large or self.content_error is not None:
+            return
+        self._received += len(data)
+        if self._received > self.max_body:
+            if self.content is not None:
+                self.content.close()
+            self._refuse()
+            return
+        try:
+            super().handleContentChunk(data)
+        except OSError as e:
+            self._failed(e)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        """The whole body is in: handled once it is all written (see :class:`SpoolWriter`)."""
+        writer = self.content
+        if not isinstance(writer, SpoolWriter):
+            super().requestReceived(command, path, version)
+            return
+        written = writer.written()
+        written.addCallback(lambda _: self._written(writer, command, path, version))
+
+    def _written(self, writer: SpoolWriter, command: bytes, path: bytes, version: bytes) -> None:
+        if self.channel is None:
+            return  # the connection was lost meanwhile: the spool is closed (connectionLost)
+        if self.content is writer:
+            self.content = writer.file  # else it failed: discarded, the error kept
+        super().requestReceived(command, path, version)
+
+    def _pause(self) -> None:
+        transport: Any = self.channel.transport
+        transport.pauseProducing()  # while the body's writes catch up
+
+    def _resume(self) -> None:
+        if self.channel is not None:  # None: the connection is lost
+            transport: Any = self.channel.transport
+            transport.resumeProducing()
+
+    def _refuse(self) -> None:
+        self.too_large = True
+        self.content = _Discard()
+
+    def _failed(self, error: OSError) -> None:
+        content, self.content = self.content, _Discard()
+        self.content_error = error  # both before the close: it may let the request be handled
+        if content is not None:
+            with suppress(OSError):
+                content.close()  # a spool's space is given back

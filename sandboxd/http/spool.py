@@ -1,0 +1,215 @@
+"""Where large request bodies are stored, and how they are written there off the reactor.
+
+A body of :data:`SPOOL_MIN` bytes or more is stored in a :class:`Spool`: an unnamed file
+(``O_TMPFILE``) in the daemon's state root, on the workspaces' own filesystem, so that an
+upload can be linked into its workspace once complete instead of being written a second time.
+
+Its bytes are written by a :class:`SpoolWriter`, in a thread pool (:class:`SpoolThreads`),
+never on the reactor thread: a neighbour's upload of a gigabyte does not stall every other
+sandbox's requests behind its disk writes (see docs/performance.rst).
+"""
+
+import io
+import mmap
+import os
+from collections.abc import Callable
+from contextlib import suppress
+from typing import IO
+
+from attrs import frozen
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorFromThreads
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+
+SPOOL_MIN = 100_000
+"""Bodies at least this long (or of unknown length) are stored in a :class:`Spool`; shorter
+ones in memory, as twisted.web does."""
+
+AHEAD = 4 << 20
+"""Bytes of a body received but not yet written past which its connection stops reading
+(the memory one upload takes, however fast its client sends, plus one read)."""
+
+
+class Spool(io.BufferedRandom):
+    """A request body in an unnamed file (``O_TMPFILE``, mode 0644) of ``directory``.
+
+    Nothing is visible in the directory, and the space is given back when the file is closed,
+    unless the file was linked somewhere meanwhile (an upload, once complete).
+    """
+
+    def __init__(self, directory: str) -> None:
+        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o644)
+        super().__init__(io.FileIO(fd, "r+"))
+
+
+def can_spool(directory: str) -> bool:
+    """Whether request bodies can be spooled in ``directory`` (its filesystem takes unnamed
+    files, ``O_TMPFILE``)."""
+    try:
+        Spool(directory).close()
+    except OSError:
+        return False
+    return True
+
+
+SLACK = 1 << 20
+"""Bytes a batch holds beyond ``ahead`` before it must grow: what one read of a connection
+brings at most (``READ_SIZE``) once its reading stops."""
+
+
+def _write(file: IO[bytes], batch: mmap.mmap, length: int) -> None:
+    """Write a batch's first ``length`` bytes to ``file`` (run in a pool's thread), then give
+    the batch's memory back; nothing stays buffered."""
+    try:
+        with memoryview(batch) as whole, whole[:length] as data:
+            file.write(data)
+        file.flush()
+    finally:
+        batch.close()
+
+
+class SpoolWriter:
+    """A body's file (``file``), written in ``pool`` in the order its chunks were given.
+
+    One write is in flight at a time; the chunks given meanwhile are joined into the next, in
+    an anonymous mapping of its own rather than the heap: a chunk's memory is free again as
+    soon as it is copied, and the batch's once it is written, so that however long an upload
+    the daemon's heap is not scattered with chunks freed out of turn.
+    Once more than ``ahead`` bytes given are not yet written, ``pause`` is called (the
+    connection stops reading), and ``resume`` once they are back under it (or the writer is
+    closed). A write that fails is reported once to ``on_error`` (an :class:`OSError`), and the
+    writer closed: what was given and what is given afterwards is dropped.
+
+    :meth:`close` drops what is not yet written, and closes the file (giving a spool's space
+    back) as soon as no thread is writing to it.
+    """
+
+    def __init__(
+        self,
+        file: IO[bytes],
+        threads: "SpoolThreads",
+        on_error: Callable[[OSError], object],
+        pause: Callable[[], object],
+        resume: Callable[[], object],
+    ) -> None:
+        self.file = file
+        self.threads = threads
+        self._on_error = on_error
+        self._pause = pause
+        self._resume = resume
+        self._queue: mmap.mmap | None = None
+        self._queued = 0
+        self._writing = 0
+        self._paused = False
+        self._closed = False
+        self._waiters: list[Deferred[None]] = []
+
+    @property
+    def unwritten(self) -> int:
+        """Bytes given and not yet written (in flight or waiting)."""
+        return self._writing + self._queued
+
+    def write(self, data: bytes) -> None:
+        """Write ``data`` after what was given before (dropped once closed)."""
+        if self._closed:
+            return
+        end = self._queued + len(data)
+        queue = self._queue
+        if queue is None:
+            room = max(end, self.threads.ahead + SLACK)
+            queue = self._queue = mmap.mmap(-1, room, flags=mmap.MAP_PRIVATE)
+        elif end > len(queue):
+            queue.resize(end)
+        queue[self._queued : end] = data
+        self._queued = end
+        if not self._writing:
+            self._next(queue)
+        if not self._paused and self.unwritten > self.threads.ahead:
+            self._paused = True
+            self._pause()
+
+    def written(self) -> Deferred[None]:
+        """Fires once every byte given so far is written, or the writer is closed and no
+        thread writes to its file any more."""
+        if not self.unwritten:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._waiters.append(waiter)
+        return waiter
+
+    def close(self) -> None:
+        """Drop what is not written yet; close the file once no write is in flight."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._queue is not None:
+            self._queue.close()
+        self._queue, self._queued = None, 0
+        if self._paused:
+            self._paused = False
+            self._resume()
+        if not self._writing:
+            self._finish()
+
+    def _next(self, batch: mmap.mmap) -> None:
+        self._queue = None
+        self._writing, self._queued = self._queued, 0
+        threads = self.threads
+        done = deferToThreadPool(
+            threads.reactor, threads.pool, _write, self.file, batch, self._writing
+        )
+        done.addBoth(self._returned)
+
+    def _returned(self, result: Failure | None) -> None:
+        self._writing = 0
+        if self._closed:
+            self._finish()  # what failed meanwhile no longer matters
+        elif isinstance(result, Failure):
+            error = result.value
+            if not isinstance(error, OSError):
+                error = OSError(f"{type(error).__name__}: {error}")
+            self._on_error(error)
+            self.close()
+        else:
+            self._wrote()
+
+    def _wrote(self) -> None:
+        if self._queue is not None:
+            self._next(self._queue)
+        if self._paused and self.unwritten <= self.threads.ahead:
+            self._paused = False
+            self._resume()
+        if not self.unwritten:
+            self._fire()
+
+    def _finish(self) -> None:
+        with suppress(OSError):
+            self.file.close()  # what it held is dropped: its space is given back
+        self._fire()
+
+    def _fire(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+
+@frozen
+class SpoolThreads:
+    """Where request bodies are written: ``pool``'s threads, reporting to ``reactor``; each
+    body's connection reads at most ``ahead`` bytes beyond what is written."""
+
+    reactor: IReactorFromThreads
+    pool: ThreadPool
+    ahead: int = AHEAD
+
+    def writer(
+        self,
+        file: IO[bytes],
+        on_error: Callable[[OSError], object],
+        pause: Callable[[], object],
+        resume: Callable[[], object],
+    ) -> SpoolWriter:
+        """A writer of ``file`` in these threads (see :class:`SpoolWriter`)."""
+        return SpoolWriter(file, self, on_error, pause, resume)
