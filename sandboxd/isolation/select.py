@@ -61,6 +61,7 @@ from sandboxd.isolation.network import (
     find_egress,
 )
 from sandboxd.isolation.none import find_program, no_isolation
+from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
 from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
 
@@ -255,6 +256,7 @@ def build_isolation(
         owns_files=True,
         spawn_env=spawn_env,
         exec_chain="shell" if helper is None else f"helper {helper}",
+        spawn_server=SpawnServer(helper) if helper and config.spawner == "server" else None,
         namespaces=namespaces,
         layers=tuple(
             name
