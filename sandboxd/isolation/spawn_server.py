@@ -3,10 +3,11 @@
 
 By default an isolated exec is ``reactor.spawnProcess`` of the helper: ``posix_spawnp`` holds the
 reactor until the child has exec'd the helper, and the helper's own program start comes before
-the command's (docs/spawner-design.rst). The server is started once (at the first exec, and
-again at the exec after it died). Each exec sends it one message: the helper's argv and
-environment, exactly as they would be spawned, with the command's stdin, stdout and stderr passed
-as descriptors. The server's child, the daemon's own by ``CLONE_PARENT``, runs the helper's steps
+the command's (docs/spawner-design.rst). The server is started once, at the first exec (after it
+died, the exec that finds it gone is spawned and the next starts a new server). Each exec sends
+it one message: the helper's argv and environment, exactly as they would be spawned, with the
+command's stdin, stdout and stderr passed as descriptors. The server's child, the daemon's own by
+``CLONE_PARENT``, runs the helper's steps
 in-process and execs the command. Its answer (the pid, or why no child was made) is read by the
 reactor; the pipes are read by the reactor and the child is reaped by Twisted's SIGCHLD
 handling, as a spawned one (:class:`sandboxd._twisted.ServedProcess`).
@@ -84,7 +85,7 @@ class _Answers(abstract.FileDescriptor):
         return self.sock.fileno()
 
     def doRead(self) -> object:
-        while True:
+        while self.sock.fileno() >= 0:  # an answer's callback may have closed the server
             try:
                 data = self.sock.recv(8)
             except BlockingIOError:
@@ -94,6 +95,7 @@ class _Answers(abstract.FileDescriptor):
             if not data or not self.pending:
                 return CONNECTION_DONE
             self.pending.popleft()(answer_of(data))
+        return None
 
     def connectionLost(self, reason: object) -> None:
         super().connectionLost(reason)  # type: ignore[no-untyped-call]
@@ -108,6 +110,9 @@ class SpawnServer:
         self._popen = popen
         self._process: subprocess.Popen[bytes] | None = None
         self._answers: _Answers | None = None
+        self._lost = False
+        """The server ended by itself: the next request goes to the helper (not a new server
+        at once, for a server that keeps failing)."""
 
     @property
     def pid(self) -> int | None:
@@ -118,7 +123,7 @@ class SpawnServer:
         """Send one request; ``answer`` is told the server's answer, as a reactor event.
 
         ``False`` (nothing sent, ``answer`` never told) for a request over
-        :data:`MESSAGE_MAX`, a server found gone (the next request starts a new one), or a
+        :data:`MESSAGE_MAX`, a server found gone (the request after starts a new one), or a
         message the socket does not take now.
         """
         if len(body) > MESSAGE_MAX:
@@ -140,6 +145,9 @@ class SpawnServer:
         if process is not None and process.poll() is not None:
             self.close()  # gone: this request goes to the helper, the next starts a new server
             return None
+        if self._lost:
+            self._lost = False  # found gone before (its socket ended): the same
+            return None
         if self._answers is None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
@@ -155,9 +163,13 @@ class SpawnServer:
             finally:
                 theirs.close()
             ours.setblocking(False)
-            self._answers = _Answers(reactor, ours, self.close)
+            self._answers = _Answers(reactor, ours, self._ended)
             self._answers.startReading()  # type: ignore[no-untyped-call]
         return self._answers
+
+    def _ended(self) -> None:
+        self._lost = True
+        self.close()
 
     def close(self) -> None:
         """End the server (it exits at the end of its socket); a request still waiting is
@@ -209,7 +221,8 @@ class Spawner:
 
             def answered(result: int | OSError) -> None:
                 if isinstance(result, OSError):
-                    protocol.spawn_failed(result)
+                    # named as reactor.spawnProcess names it (os.posix_spawnp's filename)
+                    protocol.spawn_failed(OSError(result.errno, result.strerror, argv[0]))
                     process.refused()
                 else:
                     protocol.spawned(result)

@@ -203,7 +203,9 @@ async def test_a_server_found_gone_is_replaced_at_the_next_request() -> None:
     start(spawner, first, session("true"))
     stand_in.answer(-errno.ENOMEM)
     failed = await first.when_finished()
-    assert failed == SpawnFailed("cannot start the command: [Errno 12] Cannot allocate memory")
+    assert failed == SpawnFailed(
+        f"cannot start the command: [Errno 12] Cannot allocate memory: {HELPER!r}"
+    )
     stand_in.ended = -9
     assert (await fallback(server, session("sh", "-c", "exit 6"))).code == 6  # type: ignore[union-attr]
     assert server.pid is None
@@ -213,7 +215,7 @@ async def test_a_server_found_gone_is_replaced_at_the_next_request() -> None:
     assert server.pid == stand_in.pid and again.pid is None
     server.close()
     assert await again.when_finished() == SpawnFailed(
-        "cannot start the command: [Errno 32] the spawn server ended"
+        f"cannot start the command: [Errno 32] the spawn server ended: {HELPER!r}"
     )
 
 
@@ -256,11 +258,17 @@ async def test_an_answer_nobody_waits_for_or_the_end_of_the_socket_ends_the_serv
     assert stand_in.peer is not None
     stand_in.peer.send((1).to_bytes(4, sys.byteorder))  # unasked
     assert (await run.when_finished()) == SpawnFailed(
-        "cannot start the command: [Errno 11] Resource temporarily unavailable"
+        f"cannot start the command: [Errno 11] Resource temporarily unavailable: {HELPER!r}"
     )
     while server.pid is not None:  # the reactor reads the unasked answer: the server is ended
         await _turn()
     stand_in.peer.close()
+    assert (await fallback(server, session("true"))).code == 0  # type: ignore[union-attr]
+    assert server.pid is None, "the request after the end is spawned"
+    later = exec_run()
+    start(Spawner(reactor, server), later, session("true"))
+    assert server.pid == stand_in.pid and later.pid is None
+    server.close()
 
 
 async def _turn() -> None:
@@ -270,8 +278,8 @@ async def _turn() -> None:
 
 
 def test_a_broken_socket_is_a_lost_connection() -> None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    lost: list[bool] = []
-    answers = _Answers(reactor, sock, lambda: lost.append(True))
-    sock.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # never connected: ENOTCONN
+    sock.setblocking(False)
+    answers = _Answers(reactor, sock, lambda: None)
     assert answers.doRead() is CONNECTION_LOST
+    sock.close()
