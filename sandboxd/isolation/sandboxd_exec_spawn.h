@@ -135,6 +135,11 @@ static int spawn_one(int sock, char *buf, char **args)
 
 static int serve_spawns(void)
 {
+    /* 1 and 2 open (on /dev/null if they were not): the descriptors a request brings are then
+     * all above 2, and none is dup2'd onto itself (which would keep its close-on-exec). */
+    while (fcntl(1, F_GETFD) < 0 || fcntl(2, F_GETFD) < 0)
+        if (open("/dev/null", O_RDWR) < 0)
+            return SETUP_FAILED;
     spawn_reset_signals();
     static char buf[SPAWN_MESSAGE_MAX + 1];
     static char *args[SPAWN_ARGS_MAX + 2];
