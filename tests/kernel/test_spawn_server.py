@@ -210,3 +210,27 @@ def test_a_killed_server_means_the_helper_then_a_new_server(box: Box, served: Ke
     assert box.ok("echo served") == "served"
     (again,) = servers(served)
     assert again != server
+
+
+def test_a_sandbox_at_its_pids_max_answers_as_through_the_helper(
+    box: Box, served: KernelDaemon
+) -> None:
+    fill = "for (1 .. 80) { my $p = fork; if (defined $p && !$p) { sleep 300; exit } } sleep 300"
+    answer = served.call("POST", box.url("processes"), {"cmd": ["perl", "-e", fill]})
+    assert answer.status == 200, answer
+    assert wait_for(lambda: box.stats()["pids"] == 64, 30 * SLOW), "held at pids.max"
+    script = "exec > helper.out 2> helper.err; echo inside; sleep 0 & wait"
+    served_result = box.run(script.partition("; ")[2])  # its fork is refused
+    answer = served.call("POST", box.url("processes"), {"cmd": ["sh", "-c", script]})
+    assert answer.status == 200, answer
+    ended: list[dict[str, object]] = []
+
+    def helper_ended() -> bool:
+        listing = served.call("GET", box.url("processes")).json()
+        ended[:] = [p for p in listing["processes"] if p["id"] == answer.json()["id"]]
+        return bool(ended) and ended[0]["exit"] is not None
+
+    assert wait_for(helper_ended, 30 * SLOW)
+    assert served_result.exit == ended[0]["exit"] != 0
+    assert served_result.out == (box.workspace / "helper.out").read_bytes() == b"inside\n"
+    assert served_result.err == (box.workspace / "helper.err").read_bytes() != b""
