@@ -234,6 +234,7 @@ def build_isolation(
     else:
         _log_off(SECCOMP, "SANDBOXD_SECCOMP=off: commands may make every system call")
     wrap: Wrap
+    served = " (execs: its spawn server)" if config.spawner == "server" else ""
     if helper is not None:
         wrap = HelperWrapper(helper, seccomp, config.umask)
     else:
@@ -255,8 +256,8 @@ def build_isolation(
         wrap=wrap,
         owns_files=True,
         spawn_env=spawn_env,
-        exec_chain="shell" if helper is None else f"helper {helper}",
-        spawn_server=SpawnServer(helper) if helper and config.spawner == "server" else None,
+        exec_chain="shell" if helper is None else f"helper {helper}" + served,
+        spawn_server=SpawnServer(helper) if helper and served else None,
         namespaces=namespaces,
         layers=tuple(
             name

@@ -302,6 +302,7 @@ def test_the_spawn_server_is_the_helpers_when_asked_for(
     settings = evolve(config(tmp_path, "auto"), spawner=mode)
     iso = build_isolation(settings, Clock(), POOL, machine.host(helper=helper))
     assert isinstance(iso.spawn_server, SpawnServer) is served
+    assert iso.exec_chain.endswith("(execs: its spawn server)") is served
     assert getattr(iso.spawn_server, "helper", helper) == helper
     assert getattr(iso.spawn_server, "pid", None) is None  # started at the first exec
 
