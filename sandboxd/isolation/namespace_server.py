@@ -3,7 +3,10 @@
 Starting a program from the daemon costs about a millisecond before it does anything; the
 server (``sandboxd_exec_ns.h``) is started once, and each create sends it one line (the
 ``namespaces`` arguments, separated by tabs) and reads one answer (exit code, tab, message). It
-starts on first use, and again after it died; it ends when the daemon closes its stdin.
+starts on first use, and again after it died; it ends when the daemon closes its stdin. It
+makes each new mount namespace as a copy of a template of its own (made at its first request:
+a copy of the host's with ``{root}/.ns`` detached), not of the host's, which holds three pins
+per live sandbox: so a create costs the same however many sandboxes live.
 """
 
 import contextlib

@@ -9,10 +9,12 @@ directory, bound onto itself with private propagation at start-up, as ``ip netns
 ``tmp/`` directory, ``/dev/shm`` a tmpfs of its own (capped at the memory limit, charged to
 its cgroup), and ``/home`` a small root-owned tmpfs holding only ``user``, onto which the
 sandbox's workspace is bound (:data:`HOME_VIEW`: E2B's ``/home/user``; the host's ``/home`` is
-out of sight, and nothing is made in it); the rest of the host's filesystem is as before, and
-nothing mounted there reaches the host. A state root or tools directory inside one of those
-places (test set-ups) stays reachable: the root-owned directory holding it there is bound back
-at its own path.
+out of sight, and nothing is made in it); the rest of the host's filesystem is as before (the
+host's later mounts arrive by slave propagation), and nothing mounted there reaches the host.
+The helper's server copies a template namespace of its own, which never holds a pin, rather
+than the host's (``sandboxd_exec_ns.h``); the shell chain copies the host's and detaches the
+pins' directory. A state root or tools directory inside one of those places (test set-ups)
+stays reachable: the root-owned directory holding it there is bound back at its own path.
 
 Every process of the sandbox enters the pinned namespaces with ``setns`` before it drops
 privilege: the helper's ``enter`` prefix, ``nsenter`` in the shell chain and the archive's rsync

@@ -272,7 +272,7 @@ static int helper_main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "enter") == 0)
         argv = enter_namespaces(&argc, argv);
     if (argc >= 2 && strcmp(argv[1], "namespaces") == 0)
-        return make_namespaces(argc, argv);
+        return make_namespaces(argc, argv, 0); /* once: a template would cost a copy too */
     struct options options = {.umask = 077, .seccomp = 1};
     int used = parse_options(argc, argv, &options);
     argc -= used;

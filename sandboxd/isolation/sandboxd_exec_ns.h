@@ -23,7 +23,18 @@
  * "namespace-server" does the same for each line of its stdin (the arguments from NSROOT on,
  * separated by tabs), and answers each with one line on stdout: the exit
  * code, a tab, and what was written on stderr (newlines as spaces). It ends at EOF. The daemon
- * keeps one running, so a create costs no program start and no process but the holder.
+ * keeps one running, so a create costs no program start and no process but the holder. Its new
+ * mount namespaces are not copies of the host's (which holds three pins per live sandbox, so
+ * that each copy, and the detach that trims it, would cost more the more sandboxes live): at
+ * the first request for an NSROOT it makes a template, once, as "namespaces" makes a sandbox's
+ * (a copy of its own, every mount a slave, NSROOT detached), kept by a descriptor only; each
+ * holder enters the template and copies that. The template never holds a pin (NSROOT is
+ * private on the host's side, and detached here), so each copy costs the same however many
+ * sandboxes live; the host's later mounts reach it (and every sandbox made from it) as they
+ * reach a sandbox, by slave propagation. (So a later host mount in a place that does not
+ * propagate is seen by no sandbox made after the template, as by none made before it; and a
+ * filesystem the host unmounts there stays busy, held by the template, until the server ends.
+ * "namespaces" alone copies its caller's: a template would cost one more copy.)
  *
  * "enter" opens each NS_i and enters it with setns (the caller lists the mount namespace last:
  * past it the other pins are no longer visible), then carries on as "HELPER MODE ...": the
@@ -74,13 +85,24 @@ static void ns_mount(const char *source, const char *target, const char *type,
         fail(SETUP_FAILED, "mount", target, errno);
 }
 
-/* The child's mount namespace: slave root, no pins, private /tmp, /var/tmp, /dev/shm, and
- * the workspace at /home/user on a /home of its own. */
+/* Every mount a slave (nothing mounted here reaches the host; the host's later mounts arrive),
+ * NSROOT detached (this namespace holds no pin); 0, else -1 with errno. */
+static int ns_slave_without(const char *nsroot)
+{
+    if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0)
+        return -1;
+    return umount2(nsroot, MNT_DETACH) != 0 && errno != EINVAL ? -1 : 0;
+}
+
+/* The child's mount namespace: slave root, no pins (NSROOT detached, unless NULL: a copy of
+ * the template holds none), private /tmp, /var/tmp, /dev/shm, and the workspace at /home/user
+ * on a /home of its own. */
 static void ns_private_places(const char *nsroot, const char *tmp, const char *workspace,
                               const char *shm_bytes, int keeps, char **keep, int ipc)
 {
-    ns_mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
-    if (umount2(nsroot, MNT_DETACH) != 0 && errno != EINVAL)
+    if (nsroot == NULL)
+        ns_mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL);
+    else if (ns_slave_without(nsroot) != 0)
         fail(SETUP_FAILED, "detach", nsroot, errno);
     char tmp_source[64];
     int tmp_fd = open(tmp, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -133,7 +155,46 @@ static int ns_refuse(const char *what, const char *arg, int error)
     return SETUP_FAILED;
 }
 
-static int make_namespaces(int argc, char **argv)
+/* The server's template mount namespace for NSROOT (made at the first request naming it, in
+ * the server itself, which then goes back to the host's): its descriptor, or -1 with errno. */
+static int ns_template(const char *nsroot)
+{
+    static int template = -1;
+    static char made_for[4096];
+    if (template >= 0 && strcmp(made_for, nsroot) == 0)
+        return template;
+    if (template >= 0)
+        close(template);
+    template = -1;
+    if (strlen(nsroot) >= sizeof made_for) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    int host = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (host < 0)
+        return -1;
+    int made = -1, error = 0;
+    if (unshare(CLONE_NEWNS) != 0) {
+        error = errno;
+    } else {
+        if (ns_slave_without(nsroot) == 0)
+            made = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+        error = errno;
+        if (setns(host, CLONE_NEWNS) != 0) /* pins made here would be out of the host's sight */
+            fail(SETUP_FAILED, "setns", "back to the host's mount namespace", errno);
+    }
+    close(host);
+    if (made < 0) {
+        errno = error;
+        return -1;
+    }
+    strcpy(made_for, nsroot);
+    return template = made;
+}
+
+/* A new mount namespace copies the server's template when USE_TEMPLATE (else the caller's,
+ * then trimmed of NSROOT). */
+static int make_namespaces(int argc, char **argv, int use_template)
 {
     if (argc < 8 || argc - 8 > NS_KEEP_MAX)
         return ns_refuse("bad", "namespaces arguments", EINVAL);
@@ -141,6 +202,9 @@ static int make_namespaces(int argc, char **argv)
     int ipc = strchr(kinds, 'i') != NULL, mnt = strchr(kinds, 'm') != NULL;
     int net = strchr(kinds, 'n') != NULL;
     int flags = (ipc ? CLONE_NEWIPC : 0) | (mnt ? CLONE_NEWNS : 0) | (net ? CLONE_NEWNET : 0);
+    int template = -1;
+    if (mnt && use_template && (template = ns_template(nsroot)) < 0)
+        return ns_refuse("template", nsroot, errno);
     int ready[2], done[2];
     if (pipe2(ready, O_CLOEXEC) != 0)
         return ns_refuse("pipe", NULL, errno);
@@ -161,10 +225,13 @@ static int make_namespaces(int argc, char **argv)
     if (child == 0) {
         close(ready[0]);
         close(done[1]);
+        if (template >= 0 && setns(template, CLONE_NEWNS) != 0)
+            fail(SETUP_FAILED, "setns", "template", errno);
         if (unshare(flags) != 0)
             fail(SETUP_FAILED, "unshare", kinds, errno);
         if (mnt)
-            ns_private_places(nsroot, argv[5], argv[6], argv[7], argc - 8, argv + 8, ipc);
+            ns_private_places(template >= 0 ? NULL : nsroot, argv[5], argv[6], argv[7], argc - 8,
+                              argv + 8, ipc);
         if (net)
             ns_loopback_up();
         char byte = 1, ignored;
@@ -272,7 +339,7 @@ static int serve_namespaces(void)
         if (saved < 0 || dup2(err[1], 2) < 0)
             return SETUP_FAILED;
         close(err[1]);
-        int code = make_namespaces(count, args);
+        int code = make_namespaces(count, args, 1);
         dup2(saved, 2);
         close(saved);
         char message[2048];

@@ -61,21 +61,38 @@ def root() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.parametrize("which", creators())
-def test_made_entered_and_removed(root: Path, which: str) -> None:
-    creator = make_creator(which)
+def every_layer(root: Path, which: str) -> Namespaces:
+    """Every namespace layer, made the ``which`` way, pinned in ``root/.ns``."""
     policy = NetworkPolicy({"none": NoNetwork(), "host": HostNetwork()}, ("none", "host"), "none")
     ns = Namespaces(
         kinds=frozenset(KINDS),
         nsroot=str(root / ".ns"),
         network=policy,
-        creator=creator,
+        creator=make_creator(which),
         keep=kept_directories(PLACES, [str(root)]),
         shm_bytes=8 << 20,
         nsenter=shutil.which("nsenter"),
     )
     if which == "helper-server":
         ns.run = NamespaceServer(HELPER)
+    return ns
+
+
+def run_in(ns: Namespaces, rid: str, which: str, script: str) -> str:
+    """``sh -c script`` as root in ``rid``'s namespaces, which must succeed; its stdout."""
+    argv = ["/bin/sh", "-c", script]
+    if which.startswith("helper"):
+        argv = [HELPER, "session", "/", *argv]
+    done = subprocess.run(
+        ns.enter(rid, argv), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done
+    return done.stdout
+
+
+@pytest.mark.parametrize("which", creators())
+def test_made_entered_and_removed(root: Path, which: str) -> None:
+    ns = every_layer(root, which)
     assert ns.keep == [str(SHARED)]
     ns.prepare()
     try:
@@ -91,14 +108,7 @@ def test_made_entered_and_removed(root: Path, which: str) -> None:
             f" ip -o link | cut -d: -f2; test -d {root} && echo kept;"
             " ls -A /home | tr '\\n' ,; echo; cat /home/user/mine.txt | tr ' ' _"
         )
-        argv = ["/bin/sh", "-c", script]
-        if which.startswith("helper"):
-            argv = [HELPER, "session", "/", *argv]
-        done = subprocess.run(
-            ns.enter(RID, argv), capture_output=True, text=True, timeout=30, check=False
-        )
-        assert done.returncode == 0, done
-        ipc, shm, link, kept, *home = done.stdout.split()
+        ipc, shm, link, kept, *home = run_in(ns, RID, which, script).split()
         assert ipc != os.readlink("/proc/self/ns/ipc")
         assert (shm, link, kept) == ("0", "lo", "kept")
         if home_coverable():  # only the workspace in /home; the host's is out of sight
@@ -112,6 +122,57 @@ def test_made_entered_and_removed(root: Path, which: str) -> None:
         ns.remove(RID)
         ns.close()
     assert not is_mount_point(str(root / ".ns"))
+
+
+def mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("which", creators())
+def test_the_hosts_later_mounts_reach_every_sandbox_and_none_goes_back(
+    root: Path, which: str
+) -> None:
+    """A sandbox's mounts are slaves of the host's: what the host mounts in a shared place
+    later reaches the sandboxes made before and after it (the helper's server makes each from
+    its template, made before), and what is mounted in a sandbox stays there: neither the host
+    nor another sandbox sees it."""
+    place = root / "place"
+    place.mkdir()
+    mount("-t", "tmpfs", "-o", "size=1m,mode=0755", "place", str(place))
+    try:
+        mount("--make-shared", str(place))
+        ns = every_layer(root, which)
+        ns.prepare()
+        before, after = RID, "fedcba9876543210"
+        try:
+            for rid in (before, after):
+                for name in ("tmp", "workspace"):
+                    (root / rid / name).mkdir(parents=True)
+            ns.create(
+                before, str(root / before / "tmp"), str(root / before / "workspace"), NoNetwork()
+            )
+            (place / "later").mkdir()
+            mount("-t", "tmpfs", "-o", "size=1m", "later", str(place / "later"))
+            (place / "later" / "seen").write_text("from the host")
+            ns.create(
+                after, str(root / after / "tmp"), str(root / after / "workspace"), NoNetwork()
+            )
+            for rid in (before, after):
+                inside = place / f"inside-{rid}"
+                script = (
+                    f"cat {place}/later/seen; mkdir {inside};"
+                    f" mount -t tmpfs -o size=1m inside {inside}; touch {inside}/mine"
+                )
+                assert run_in(ns, rid, which, script) == "from the host"
+                assert os.listdir(inside) == [], "a sandbox's mount reached the host"
+            seen = run_in(ns, after, which, f"ls -A {place}/inside-{before}")
+            assert seen == "", "a sandbox's mount reached another sandbox"
+        finally:
+            ns.remove(before)
+            ns.remove(after)
+            ns.close()
+    finally:
+        subprocess.run(["umount", "-R", "-l", str(place)], check=False, timeout=30)
 
 
 @pytest.mark.parametrize("which", creators())

@@ -146,9 +146,9 @@ cmd+=("${args[@]}")
 printf 'inside.sh: %s\n' "${cmd[*]}" >&2
 
 # --- run pytest as the only process of the delegated cgroup ---------------------------
-# pytest gets a session and process group of its own (setsid does not fork here: the subshell
-# leads no group), so a test or daemon that signals "its" process group by mistake cannot take
-# this script or tee down with it and lose the status. For the same reason this script only
+# pytest gets a session and process group of its own (reaper.py's setsid), so a test or
+# daemon that signals "its" process group by mistake cannot take this script or tee down with
+# it and lose the status. For the same reason this script only
 # notes SIGTERM/SIGHUP/SIGINT while it waits, and tee ignores them (tee stays in the root
 # cgroup; its copy of the output goes to vm-out/pytest.log).
 for sig in TERM HUP INT; do
@@ -156,10 +156,9 @@ for sig in TERM HUP INT; do
     trap "printf 'inside.sh: got SIG%s; still waiting for pytest\\n' $sig >&2" "$sig"
 done
 set +e
-(
-    echo "$BASHPID" >"$delegated/cgroup.procs"
-    exec setsid --wait "${cmd[@]}"
-) 2>&1 | (
+# tests/vm/reaper.py starts pytest into the delegated cgroup and reaps the orphans below it
+# (virtme-ng's init, PID 1 here, does not; see that file), staying in the root cgroup itself.
+"$VM_GUEST_PYTHON" "$VM_REPO/tests/vm/reaper.py" "$delegated/cgroup.procs" "${cmd[@]}" 2>&1 | (
     trap '' TERM HUP INT
     exec tee "$out/pytest.log"
 )
