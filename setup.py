@@ -72,7 +72,12 @@ setup(
     ],
     package_data={
         "twisted": ["plugins/sandboxd_plugin.py"],
-        "sandboxd.isolation": ["sandboxd_exec.c", "sandboxd_exec_ns.h", "sandboxd_seccomp.h"],
+        "sandboxd.isolation": [
+            "sandboxd_exec.c",
+            "sandboxd_exec_ns.h",
+            "sandboxd_exec_spawn.h",
+            "sandboxd_seccomp.h",
+        ],
         "sandboxd_client": ["py.typed"],
     },
     cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},

@@ -5,10 +5,17 @@ Each was checked against Twisted 26.10.0 (the version ``tests/run`` installs) an
 by name, not somewhere deep in a stream.
 """
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from twisted.internet.process import ProcessReader
+from twisted.internet._baseprocess import BaseProcess
+from twisted.internet.process import (
+    Process,
+    ProcessReader,
+    ProcessWriter,
+    registerReapProcessHandler,
+)
 from twisted.web.http import HTTPChannel
 
 CHECKED_AGAINST = "26.10.0"
@@ -57,3 +64,67 @@ class BadRequestChannel(HTTPChannel):
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         self.bad_request()
+
+
+class ServedProcess(Process):
+    """A process transport for a child that another process of ours starts (the spawn server,
+    whose children are ours by ``CLONE_PARENT``): Twisted's own ``Process`` pipes, reap and
+    ending, with the pid given later, by :meth:`answered`.
+
+    ``Process.__init__`` forks, so it is skipped for ``BaseProcess.__init__`` (private), and
+    the attributes it would set are set here: ``pipes`` (child fd → ``ProcessReader`` or
+    ``ProcessWriter``, both internal), ``_reactor``. The reap goes through Twisted's SIGCHLD
+    handling (``registerReapProcessHandler``, ``_BaseProcess.reapProcess``).
+    """
+
+    def __init__(self, reactor: Any, proto: Any, child_fds: Mapping[int, int | str]) -> None:
+        BaseProcess.__init__(self, proto)
+        self._reactor = reactor
+        self.pipes: dict[int, Any] = {}
+        self.child_side: dict[int, int] = {}
+        """The descriptor each child fd is to be (what the spawn server is sent)."""
+        self._parent_side: dict[int, tuple[int, str]] = {}
+        self._made: list[int] = []
+        for child_fd, target in sorted(child_fds.items()):
+            if isinstance(target, int):
+                self.child_side[child_fd] = target
+                continue
+            read, write = os.pipe2(os.O_CLOEXEC)
+            self._made += [read, write]
+            theirs, ours = (write, read) if target == "r" else (read, write)
+            self.child_side[child_fd], self._parent_side[child_fd] = theirs, (ours, target)
+
+    def connect(self) -> None:
+        """The request is sent: close the child's ends, read and write ours, connect the
+        protocol (as ``Process.__init__`` does after its fork)."""
+        for child_fd, (ours, target) in self._parent_side.items():
+            os.close(self.child_side[child_fd])
+            if target == "w":
+                self.pipes[child_fd] = ProcessWriter(
+                    self._reactor, self, child_fd, ours, forceReadHack=True
+                )
+            else:
+                self.pipes[child_fd] = ProcessReader(self._reactor, self, child_fd, ours)
+        self._made = []
+        assert self.proto is not None
+        self.proto.makeConnection(self)
+
+    def abandon(self) -> None:
+        """The request could not be sent: close every pipe made for it."""
+        for fd in self._made:
+            os.close(fd)
+        self._made = []
+
+    def answered(self, pid: int) -> None:
+        """The child is ``pid``: reap it through Twisted (at once, if it has ended already)."""
+        self.pid = pid
+        registerReapProcessHandler(pid, self)
+
+    def refused(self) -> None:
+        """No child was made: close the pipes; the protocol is never told ``processEnded``."""
+        self.loseConnection()
+
+    def maybeCallProcessEnded(self) -> None:
+        if self.pid is None and not self.lostProcess:
+            return  # no answer yet (the pipes may end first), or refused
+        super().maybeCallProcessEnded()

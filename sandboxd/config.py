@@ -39,6 +39,7 @@ from sandboxd.units import (
 ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
 SECCOMP_MODES = ("default", "off")
 SOCKET_BUFFER_MODES = ("charged", "off")
+SPAWNER_MODES = ("helper", "server")
 LOG_FORMATS = ("text", "json")
 AUTH_GATE_MODES = ("headers", "off")
 DEFAULT_LISTEN = "tcp:8080"
@@ -213,6 +214,13 @@ class Config:
         "077",
         octal_umask,
         "umask of every command (octal; 077: nothing readable by another uid)",
+    )
+    spawner: str = setting_field(
+        "SANDBOXD_SPAWNER",
+        "helper",
+        choice(SPAWNER_MODES),
+        "How isolated execs start: helper (a spawn of the exec helper each) or server (a"
+        " long-running spawn server starts them)",
     )
     socket_buffers: str = setting_field(
         "SANDBOXD_SOCKET_BUFFERS",

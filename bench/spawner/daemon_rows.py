@@ -8,6 +8,9 @@ seccomp), one sandbox, one kept-alive raw HTTP connection (``bench/sbench/rawhtt
 interleaved rounds: ``exec true`` (request to the exit frame), ``GET …/processes`` (a request
 that reaches the manager and answers JSON: the HTTP round trip), and ``posix_spawn`` of
 ``/bin/true`` from this process (the spawn floor). Prints p50/p90 of each.
+
+``--server`` starts a second isolated daemon with ``SANDBOXD_SPAWNER=server`` (its own uid
+range) and adds its ``exec true`` as the row ``exec-server``, interleaved with the others.
 """
 
 import argparse
@@ -126,6 +129,9 @@ def main() -> int:
     parser.add_argument(
         "--shim", action="store_true", help="time the daemon's side up to the helper's start"
     )
+    parser.add_argument(
+        "--server", action="store_true", help="add a SANDBOXD_SPAWNER=server daemon's exec row"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="spawnbench-daemon-"))
     if args.strace:
@@ -140,6 +146,13 @@ def main() -> int:
         remove_shim()
         raise
     raw = rawhttp.RawHTTP(server.port)
+    served = served_raw = None
+    if args.server:
+        uids = {"SANDBOXD_UID_MIN": "612500", "SANDBOXD_UID_MAX": "614999"}
+        served = procs.start_sandboxd(
+            "spawnbench-server", True, workdir, {**uids, "SANDBOXD_SPAWNER": "server"}
+        )
+        served_raw = rawhttp.RawHTTP(served.port)
     try:
         print("load average at start:", Path("/proc/loadavg").read_text().strip())
         status, body = raw.request("POST", "/sandboxes", b"{}")
@@ -169,8 +182,25 @@ def main() -> int:
             assert status == 200, (status, body)
             return took
 
-        rows: dict[str, Callable[[], float]] = {
-            "exec": exec_true,
+        rows: dict[str, Callable[[], float]] = {"exec": exec_true}
+        if served_raw is not None:
+            status, body = served_raw.request("POST", "/sandboxes", b"{}")
+            assert status == 200, (status, body)
+            served_rid = json.loads(body)["remote_id"]
+
+            def exec_served() -> float:
+                assert served_raw is not None
+                start = time.perf_counter()
+                status, body = served_raw.ready().request(
+                    "POST", f"/sandboxes/{served_rid}/exec", exec_body
+                )
+                took = time.perf_counter() - start
+                last = json.loads(body.splitlines()[-1])
+                assert status == 200 and last.get("exit") == 0, (status, body)
+                return took
+
+            rows["exec-server"] = exec_served
+        rows |= {
             "http": round_trip,
             "floor": lambda: spawned(["/bin/true"], ENV),
         }
@@ -187,6 +217,9 @@ def main() -> int:
         exec_p50 = statistics.median(times["exec"])
         ref = statistics.median(times["http"]) + statistics.median(times["floor"])
         print(f"exec p50 / (floor p50 + http p50) = {exec_p50 / ref:.2f}")
+        if "exec-server" in times:
+            served_p50 = statistics.median(times["exec-server"])
+            print(f"exec-server p50 / (floor p50 + http p50) = {served_p50 / ref:.2f}")
         raw.request("DELETE", f"/sandboxes/{rid}")
         print(
             "daemon pid",
@@ -199,6 +232,9 @@ def main() -> int:
         if args.strace:
             stop_traced(server)
         server.stop()
+        if served is not None and served_raw is not None:
+            served_raw.close()
+            served.stop()
         remove_shim()
     return 0
 

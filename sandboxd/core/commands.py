@@ -9,7 +9,7 @@ a bounded log that readers come and go on.
 
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorProcess, IReactorTime
@@ -26,6 +26,7 @@ from sandboxd.core.sandbox import Sandbox
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
 from sandboxd.errors import BadRequest, NoCapacity, TooMany
 from sandboxd.isolation.base import Isolation
+from sandboxd.isolation.spawn_server import Spawner
 from sandboxd.metrics import Metrics
 
 T = TypeVar("T")
@@ -100,7 +101,9 @@ class Commands:
 
         An exec is a run that a request follows to its end: it counts as running (the idle
         reaper and the drain wait for it), keeps its output for the final frame, and is
-        killed when its follower goes (the front's :meth:`ExecRun.abort`).
+        killed when its follower goes (the front's :meth:`ExecRun.abort`). It starts through
+        the isolation's spawn server when there is one (a background process is always
+        spawned: its pid is answered at once).
         """
         timeout = self.config.exec_timeout
         if request.timeout is not None:
@@ -127,8 +130,12 @@ class Commands:
         sandbox.execs += 1
         sandbox.running.add(run)
         self.metrics.execs_in_flight.inc()
+        server = self.isolation.spawn_server
+        spawner = (
+            self.reactor if server is None else cast(IReactorProcess, Spawner(self.reactor, server))
+        )
         try:
-            run.start(self.reactor, run.argv, run.env, request.stdin, self._devnull)
+            run.start(spawner, run.argv, run.env, request.stdin, self._devnull)
         except BaseException:
             # Not started at all (fork or pipes refused): nothing may wait for it to end.
             sandbox.running.discard(run)

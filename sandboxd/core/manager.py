@@ -286,6 +286,8 @@ class SandboxManager(Commands):
         except OSError as e:
             log.warn("cannot remove the instance cgroups: {why}", why=e)
         self.isolation.namespaces.close()  # namespaces: the pins' directory
+        if self.isolation.spawn_server is not None:
+            self.isolation.spawn_server.close()
 
     async def _kill_all(self, rids: list[str]) -> None:
         kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in rids]

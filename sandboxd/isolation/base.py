@@ -13,6 +13,7 @@ from twisted.internet.defer import Deferred
 
 if TYPE_CHECKING:
     from sandboxd.isolation.namespaces import Namespaces
+    from sandboxd.isolation.spawn_server import SpawnServer
 
 T = TypeVar("T")
 
@@ -174,6 +175,9 @@ class Isolation:
     exec_chain: str = "shell"
     """How commands start, for the start-up log: ``helper PATH`` or ``shell`` (the chain of
     :mod:`sandboxd.isolation.wrapper`)."""
+    spawn_server: "SpawnServer | None" = None
+    """Starts the execs' helper argv without spawning it (``SANDBOXD_SPAWNER=server``;
+    :mod:`sandboxd.isolation.spawn_server`); ``None``: every command is spawned."""
     layers: tuple[str, ...] = ()
     """The capability names of the layers in force beyond uid + cgroup
     (:mod:`sandboxd.isolation.layers`), for ``/healthz``."""

@@ -7,6 +7,7 @@
  *   sandboxd-exec enter N NS_1 .. NS_N sandboxd-exec [--umask=..] sandbox ...   (sandboxd_exec_ns.h)
  *   sandboxd-exec namespaces NSROOT RID KINDS TMP WORKSPACE SHM_BYTES [KEEP..]   (sandboxd_exec_ns.h)
  *   sandboxd-exec namespace-server   (sandboxd_exec_ns.h)
+ *   sandboxd-exec spawn-server   (sandboxd_exec_spawn.h: each request runs this main path in a child)
  *
  * "sandbox" (run as root by the isolated daemon), in this order:
  *   1. write 0 (itself) into every JOIN file (the sandbox's cgroup.procs, or each v1 hierarchy's
@@ -61,6 +62,7 @@ extern char **environ;
 
 static void fail(int code, const char *what, const char *arg, int error);
 #include "sandboxd_exec_ns.h" /* namespaces at create, and "enter" before an exec */
+#include "sandboxd_exec_spawn.h" /* the spawn server: this main path, without a program start */
 
 static void fail(int code, const char *what, const char *arg, int error)
 {
@@ -257,12 +259,20 @@ static int run(const char *cwd, char **argv, int unpack, mode_t mask)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "namespace-server") == 0)
+        return serve_namespaces();
+    if (argc == 2 && strcmp(argv[1], "spawn-server") == 0)
+        return serve_spawns();
+    return helper_main(argc, argv);
+}
+
+/* Everything but the servers (a spawn server's child runs this on the request's argv). */
+static int helper_main(int argc, char **argv)
+{
     if (argc >= 2 && strcmp(argv[1], "enter") == 0)
         argv = enter_namespaces(&argc, argv);
     if (argc >= 2 && strcmp(argv[1], "namespaces") == 0)
         return make_namespaces(argc, argv, 0); /* once: a template would cost a copy too */
-    if (argc == 2 && strcmp(argv[1], "namespace-server") == 0)
-        return serve_namespaces();
     struct options options = {.umask = 077, .seccomp = 1};
     int used = parse_options(argc, argv, &options);
     argc -= used;

@@ -61,6 +61,7 @@ from sandboxd.isolation.network import (
     find_egress,
 )
 from sandboxd.isolation.none import find_program, no_isolation
+from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
 from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
 
@@ -233,6 +234,7 @@ def build_isolation(
     else:
         _log_off(SECCOMP, "SANDBOXD_SECCOMP=off: commands may make every system call")
     wrap: Wrap
+    served = " (execs: its spawn server)" if config.spawner == "server" else ""
     if helper is not None:
         wrap = HelperWrapper(helper, seccomp, config.umask)
     else:
@@ -254,7 +256,8 @@ def build_isolation(
         wrap=wrap,
         owns_files=True,
         spawn_env=spawn_env,
-        exec_chain="shell" if helper is None else f"helper {helper}",
+        exec_chain="shell" if helper is None else f"helper {helper}" + served,
+        spawn_server=SpawnServer(helper) if helper and served else None,
         namespaces=namespaces,
         layers=tuple(
             name

@@ -65,6 +65,12 @@ class ProcessReactor:
     def callFromThread(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         f(*args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (readers, writers, ``callLater``) is the real reactor's."""
+        from twisted.internet import reactor
+
+        return getattr(reactor, name)
+
 
 def result_of(d: Deferred[Any]) -> Any:
     """The result of a Deferred that has already fired (raising its failure)."""

@@ -32,8 +32,9 @@ def the_run(harness: Harness, rid: str) -> ExecRun:
 
 
 async def started(harness: Harness, rid: str, stream: ExecStream) -> ExecRun:
-    """Wait until the command has been spawned; its run."""
-    await stream.until(lambda: bool(harness.manager.sandboxes[rid].running))
+    """Wait until the command has been spawned (a spawn server has answered its pid); its run."""
+    running = harness.manager.sandboxes[rid].running
+    await stream.until(lambda: bool(running) and the_run(harness, rid).pid is not None)
     run = the_run(harness, rid)
     assert run.pid is not None
     return run

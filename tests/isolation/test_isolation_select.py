@@ -18,6 +18,7 @@ from sandboxd.isolation.fscreds import FsCredentialThreads
 from sandboxd.isolation.helper import HelperSession, HelperWrapper
 from sandboxd.isolation.none import CountingPool
 from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation, protect_daemon
+from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
 from sandboxd.isolation.wrapper import Wrapper, spawn_env
 from tests.support.kernel_fakes import FakeKernel, write
@@ -284,3 +285,30 @@ def test_directories_are_kept_only_for_a_mount_namespace(
     iso = build_isolation(settings, Clock(), POOL, host)
     assert iso.namespaces.kinds == frozenset(kinds.split(","))
     assert iso.namespaces.keep == kept
+
+
+@pytest.mark.parametrize(
+    ("mode", "helper", "served"),
+    [
+        ("server", "/opt/sd/sandboxd-exec", True),
+        ("helper", "/opt/sd/sandboxd-exec", False),
+        ("server", "/opt/user/sandboxd-exec", False),  # the shell chain: nothing to serve
+    ],
+)
+def test_the_spawn_server_is_the_helpers_when_asked_for(
+    tmp_path: Path, mode: str, helper: str, served: bool
+) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    settings = evolve(config(tmp_path, "auto"), spawner=mode)
+    iso = build_isolation(settings, Clock(), POOL, machine.host(helper=helper))
+    assert isinstance(iso.spawn_server, SpawnServer) is served
+    assert iso.exec_chain.endswith("(execs: its spawn server)") is served
+    assert getattr(iso.spawn_server, "helper", helper) == helper
+    assert getattr(iso.spawn_server, "pid", None) is None  # started at the first exec
+
+
+def test_none_has_no_spawn_server(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2=None, v1=False, euid=1000)
+    settings = evolve(config(tmp_path, "none"), spawner="server")
+    iso = build_isolation(settings, Clock(), POOL, machine.host(helper="/opt/sd/sandboxd-exec"))
+    assert iso.spawn_server is None

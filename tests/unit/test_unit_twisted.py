@@ -87,3 +87,61 @@ def test_the_request_line_of_a_channel_reading_headers() -> None:
     channel.dataReceived(b"PUT /a?b=c HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\n\r\n")
     assert seen == [(b"PUT", b"/a?b=c")]
     channel.connectionLost(None)
+
+
+class Pipes(Ended):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: list[int] = []
+        self.out = b""
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        self.out += data
+
+    def childConnectionLost(self, childFD: int) -> None:
+        self.closed.append(childFD)
+
+
+async def _until(predicate: Any) -> None:
+    while not predicate():
+        d: Deferred[None] = Deferred()
+        reactor.callLater(0.001, d.callback, None)
+        await d
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_served_process_is_twisteds_process_with_its_pid_given_later() -> None:
+    from twisted.internet import process as twisted_process
+
+    # What ServedProcess takes from Process, by name (the rest is Process's own behaviour).
+    for name in ("pipes", "proto", "_reactor", "lostProcess"):
+        assert name in twisted_process.Process.__init__.__code__.co_names or hasattr(
+            twisted_process.Process, name
+        ), name
+    assert callable(twisted_process._BaseProcess.reapProcess)
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    protocol = Pipes()
+    served = _twisted.ServedProcess(reactor, protocol, {0: devnull, 1: "r", 2: "r"})
+    actions = [(os.POSIX_SPAWN_DUP2, served.child_side[fd], fd) for fd in (0, 1, 2)]
+    pid = os.posix_spawn("/bin/sh", ["sh", "-c", "echo hi"], {}, file_actions=actions)
+    os.close(devnull)
+    served.connect()  # the child's ends closed, ours read by the reactor
+    assert set(served.pipes) == {1, 2}
+    await _until(lambda: len(protocol.closed) == 2)  # both pipes ended before the answer
+    assert not protocol.ended.called
+    served.answered(pid)  # reaped at once: it has exited
+    await protocol.ended
+    assert protocol.out == b"hi\n" and pid not in twisted_process.reapProcessHandlers
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_served_process_closes_its_pipes_and_never_ends() -> None:
+    protocol = Pipes()
+    served = _twisted.ServedProcess(reactor, protocol, {0: "w", 1: "r", 2: "r"})
+    copies = [os.dup(fd) for fd in served.child_side.values()]  # the server's, until it answers
+    served.connect()
+    served.refused()
+    await _until(lambda: len(protocol.closed) == 3)
+    assert served.pipes == {} and not protocol.ended.called
+    for fd in copies:
+        os.close(fd)

@@ -110,6 +110,9 @@ class ExecRun(ProcessProtocol):
         self.keep_stdin_open = False
         self.stdin_open = False
         """The command's stdin is a pipe still open for :meth:`write_stdin`."""
+        self._unsent: list[int] | None = None
+        """Signals for a command whose pid a spawn server has yet to answer (``None``: none
+        awaited)."""
 
     def start(
         self,
@@ -149,6 +152,8 @@ class ExecRun(ProcessProtocol):
         self.stdin_open = keep_stdin_open and not self.ended
         if self.ended:
             return
+        if self.pid is None:
+            self._unsent = []  # a spawn server's child: the pid comes with its answer
         if self.timeout is not None:
             self._schedule("deadline", self.timeout, self._expire)
         self._schedule_silence()
@@ -223,6 +228,20 @@ class ExecRun(ProcessProtocol):
                 self._schedule("linger", LINGER_AFTER_EXIT, self._drain_and_close_pipes)
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
+    # A spawn server's child (sandboxd.isolation.spawn_server.Served)
+
+    def spawned(self, pid: int) -> None:
+        """The server started the command as ``pid``: the signals sent meanwhile go to it."""
+        self.pid = pid
+        unsent, self._unsent = self._unsent or [], None
+        for signum in unsent:
+            self._send(signum)
+
+    def spawn_failed(self, error: OSError) -> None:
+        """The server made no child (``EAGAIN``, ``ENOMEM``...): the command never ran."""
+        self._unsent = None
+        self._end(SpawnFailed(f"cannot start the command: {error}"))
+
     # Input and signals (a background process)
 
     def write_stdin(self, data: bytes) -> None:
@@ -240,8 +259,14 @@ class ExecRun(ProcessProtocol):
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the command's process group (to the command alone while it is
         not yet a group leader). Nothing once it has exited: its pid may be another's."""
+        if self._unsent is not None:
+            self._unsent.append(signum)
         if self.ended or self._exited or self.pid is None:
             return
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        assert self.pid is not None
         try:
             self._killpg(self.pid, signum)
         except ProcessLookupError:
@@ -252,6 +277,10 @@ class ExecRun(ProcessProtocol):
 
     def abort(self) -> None:
         """Kill the command's whole process group (client gone, daemon stopping, sandbox killed)."""
+        if self._unsent is not None and not self.ended:
+            self._unsent.append(signal.SIGKILL)  # the server has yet to answer its pid
+            self._close_pipes()
+            return
         if self.ended or self.pid is None:
             return
         try:
