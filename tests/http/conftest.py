@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -88,3 +89,11 @@ def _cache_pytests_twisted_version_lookup() -> None:
 
 
 _cache_pytests_twisted_version_lookup()
+
+
+@pytest.fixture
+def spool_dir(tmp_path: Path) -> Path:
+    """An empty directory for request-body spools."""
+    path = tmp_path / "spool"
+    path.mkdir()
+    return path

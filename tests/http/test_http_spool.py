@@ -42,13 +42,6 @@ def pool() -> Iterator[ThreadPool]:
 
 
 @pytest.fixture
-def spool_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "spool"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def threaded(harness: Harness, spool_dir: Path, pool: ThreadPool) -> Iterator[SpoolingSite]:
     yield make_site(
         harness.api.app.resource(),

@@ -382,13 +382,6 @@ async def test_a_chunked_json_body_over_the_json_limit_is_413(
 
 
 @pytest.fixture
-def spool_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "spool"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def spooling_port(harness: Harness, spool_dir: Path) -> Any:
     from twisted.internet import reactor
 
