@@ -15,8 +15,9 @@ its own client ``HttpSandbox`` ("client" rows) and by the plain ``http.client`` 
 also drives the peers ("raw" rows).
 
 Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``; a ``--quick`` run:
-``<time>-quick.json`` and ``latest-quick.json``, with no target judged). Exits 0 when every
-section ran, whatever the figures; 1 when a section could not run.
+``<time>-quick.json`` and ``latest-quick.json``, with no target judged; an ``--only`` run:
+``<time>-partial.json`` alone). Exits 0 when every section ran, whatever the figures; 1 when a
+section could not run.
 """
 
 import argparse
@@ -142,6 +143,7 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
         "root": root,
         "loadavg_start": procs.loadavg(),
         "sizes": dict(vars(sizes)),
+        "sections": args.only or [],
     }
     workdir = Path(tempfile.mkdtemp(prefix="sandboxd-bench-"))
     os.chmod(workdir, 0o755)

@@ -77,12 +77,17 @@ def write(result: dict[str, Any], directory: Path) -> Path:
     samples (the ``docker`` section).
 
     A quick run writes ``<UTC time>-quick.json``, ``latest-quick.json`` and
-    ``latest-quick-exec-cdf.svg`` only: the latest figures (what README.rst shows) stay those of
+    ``latest-quick-exec-cdf.svg`` only, and a run of some sections (``--only``) writes
+    ``<UTC time>-partial.json`` only: the latest figures (what README.rst shows) stay those of
     the last full run.
     """
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     text = json.dumps(result, indent=1, default=str)
+    if result["meta"].get("sections") and not result["meta"]["quick"]:
+        path = directory / f"{stamp}-partial.json"
+        path.write_text(text)
+        return path
     if result["meta"]["quick"]:
         path = directory / f"{stamp}-quick.json"
         path.write_text(text)

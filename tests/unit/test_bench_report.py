@@ -79,3 +79,14 @@ def test_quick_run_leaves_the_latest_full_figures_alone(tmp_path: Path, quick: b
     else:
         assert latest["meta"]["quick"] is False
         assert "exec true" in (tmp_path / "latest.rst").read_text()
+
+
+def test_a_run_of_some_sections_leaves_every_latest_file_alone(tmp_path: Path) -> None:
+    (tmp_path / "latest.json").write_text('{"full": true}')
+    result = _result(quick=False)
+    result["meta"]["sections"] = ["density"]
+    path = report.write(result, tmp_path)
+    assert path.name.endswith("-partial.json")
+    assert json.loads(path.read_text())["meta"]["sections"] == ["density"]
+    assert json.loads((tmp_path / "latest.json").read_text()) == {"full": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, "latest.json"])
