@@ -245,9 +245,15 @@ def test_a_killed_daemon_restarts_and_serves_while_a_sandbox_squats_its_port(
         # The dead daemon's own closed connections (TIME_WAIT) would keep the squatter, whose
         # sockets set no SO_REUSEADDR, out for a minute: a patient squatter waits; this one
         # has them cleared as they come.
+        # It takes each family's loopback or wildcard, whichever it binds first: once it holds
+        # the wildcard, the loopback is its own wildcard's, and either keeps the daemon out.
         def squatted() -> bool:
             port_remnants.destroy_closing(first.port)
-            return {"bound 127.0.0.1", "bound ::1"} <= set(tried(out))
+            bound = set(tried(out))
+            return all(
+                {f"bound {loopback}", f"bound {wildcard}"} & bound
+                for loopback, wildcard in (("127.0.0.1", "0.0.0.0"), ("::1", "::"))
+            )
 
         wait_for(squatted, f"the squatter took the port: {tried(out)}")
         assert alive(squatter)
