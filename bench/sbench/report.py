@@ -84,21 +84,16 @@ def write(result: dict[str, Any], directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     text = json.dumps(result, indent=1, default=str)
-    if result["meta"].get("sections") and not result["meta"]["quick"]:
-        path = directory / f"{stamp}-partial.json"
-        path.write_text(text)
-        return path
-    if result["meta"]["quick"]:
-        path = directory / f"{stamp}-quick.json"
-        path.write_text(text)
+    quick, partial = result["meta"]["quick"], bool(result["meta"].get("sections"))
+    path = directory / f"{stamp}{'-quick' if quick else '-partial' if partial else ''}.json"
+    path.write_text(text)
+    if quick:
         (directory / "latest-quick.json").write_text(text)
         cdf.write(result, directory / "latest-quick-exec-cdf.svg")
-        return path
-    path = directory / f"{stamp}.json"
-    path.write_text(text)
-    (directory / "latest.json").write_text(text)
-    (directory / "latest.rst").write_text(rst(result) + "\n")
-    cdf.write(result, directory / "latest-exec-cdf.svg")
+    elif not partial:
+        (directory / "latest.json").write_text(text)
+        (directory / "latest.rst").write_text(rst(result) + "\n")
+        cdf.write(result, directory / "latest-exec-cdf.svg")
     return path
 
 
