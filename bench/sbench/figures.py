@@ -403,6 +403,21 @@ class Bench:
                         on="ratio",
                         extra=stats_of(name),
                     )
+            helper = "floor: helper cgroup+setsid+uid+cd true (isolated's argv)"
+            if label == "isolated" and helper in p50:
+                # Issue 20: exec ≤ 1.3x its parts, the spawn through the helper and one round trip.
+                name = f"{label}: exec true (raw)"
+                self.row(
+                    "exec true beside its parts",
+                    f"{label} (raw)",
+                    ms(name),
+                    "ms",
+                    ref="helper floor + GET /healthz",
+                    ref_value=ms(helper) + ms(f"{label}: HTTP GET /healthz (raw)"),
+                    target=at_most(1.3),
+                    on="ratio",
+                    extra=stats_of(name),
+                )
             name = f"{label}: create (client)"
             self.row(
                 "create → usable handle",

@@ -113,7 +113,8 @@ def rst(result: dict[str, Any]) -> str:
         ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}x"
         met = {None: "", True: "yes", False: "no"}[row["met"]]
         value = fmt(row["value"], row["unit"])
-        lines.append((row["figure"], row["variant"], value, ref, ratio, row["target"], met))
+        target = "" if row["target"] is None else row["target"]
+        lines.append((row["figure"], row["variant"], value, ref, ratio, target, met))
     widths = [max(len(str(r[i])) for r in [head, *lines]) for i in range(len(head))]
     rule = "  ".join("=" * w for w in widths)
     out = [

@@ -90,3 +90,13 @@ def test_a_run_of_some_sections_leaves_every_latest_file_alone(tmp_path: Path) -
     assert json.loads(path.read_text())["meta"]["sections"] == ["density"]
     assert json.loads((tmp_path / "latest.json").read_text()) == {"full": True}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, "latest.json"])
+
+
+def test_readme_table_leaves_a_peer_row_without_a_target_blank() -> None:
+    result = _result(quick=False)
+    peer = dict(result["rows"][0], variant="docker 20.10 (raw)", target=None, met=None)
+    peer.update(ref=None, ref_value=None, ratio=None)
+    result["rows"].append(peer)
+    line = next(row for row in report.rst(result).splitlines() if "docker 20.10" in row)
+    assert line.split()[-2:] == ["9.50", "ms"]
+    assert "None" not in report.rst(result)
