@@ -63,6 +63,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
     )
+    parser.add_argument(
+        "--spawner",
+        choices=("helper", "server"),
+        default="helper",
+        help="how the isolated daemon starts execs (SANDBOXD_SPAWNER, default helper)",
+    )
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="JSON directory")
     parser.add_argument(
         "--set",
@@ -144,6 +150,7 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
         "loadavg_start": procs.loadavg(),
         "sizes": dict(vars(sizes)),
         "sections": args.only or [],
+        "spawner": args.spawner,
     }
     workdir = Path(tempfile.mkdtemp(prefix="sandboxd-bench-"))
     os.chmod(workdir, 0o755)
@@ -158,7 +165,8 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
             bench.notes.append(f"isolated rows and the wrapper floor skipped ({why})")
         labels = (["isolated"] if isolated else []) + ["none"]
         for label in labels:
-            server = procs.start_sandboxd(label, label == "isolated", workdir)
+            settings = {"SANDBOXD_SPAWNER": args.spawner} if label == "isolated" else None
+            server = procs.start_sandboxd(label, label == "isolated", workdir, settings)
             servers.append(server)
             bench.daemons[label] = figures.Sandboxd(label, server, reactor)
             await bench.daemons[label].open()
