@@ -121,6 +121,10 @@ class PeakWatch:
         }
 
 
+HELPER_FLOOR = "floor: helper cgroup+setsid+uid+cd true (isolated's argv)"
+"""The spawn of ``true`` as the isolated daemon's helper does it, without the daemon."""
+
+
 class Target:
     def __init__(self, text: str, check: Callable[[float], bool]) -> None:
         self.text = text
@@ -304,9 +308,7 @@ class Bench:
             helper = f.isolated_helper()
             unfiltered = f.isolated_helper(seccomp=False)
             if helper is not None and unfiltered is not None:
-                variants["floor: helper cgroup+setsid+uid+cd true (isolated's argv)"] = lambda: (
-                    floor.run(helper, senv)[0]
-                )
+                variants[HELPER_FLOOR] = lambda: floor.run(helper, senv)[0]
                 variants["floor: the same, --seccomp=off (SANDBOXD_SECCOMP=off)"] = lambda: (
                     floor.run(unfiltered, senv)[0]
                 )
@@ -403,8 +405,7 @@ class Bench:
                         on="ratio",
                         extra=stats_of(name),
                     )
-            helper = "floor: helper cgroup+setsid+uid+cd true (isolated's argv)"
-            if label == "isolated" and helper in p50:
+            if label == "isolated" and HELPER_FLOOR in p50:
                 # Issue 20: exec ≤ 1.3x its parts, the spawn through the helper and one round trip.
                 name = f"{label}: exec true (raw)"
                 self.row(
@@ -413,7 +414,7 @@ class Bench:
                     ms(name),
                     "ms",
                     ref="helper floor + GET /healthz",
-                    ref_value=ms(helper) + ms(f"{label}: HTTP GET /healthz (raw)"),
+                    ref_value=ms(HELPER_FLOOR) + ms(f"{label}: HTTP GET /healthz (raw)"),
                     target=at_most(1.3),
                     on="ratio",
                     extra=stats_of(name),
