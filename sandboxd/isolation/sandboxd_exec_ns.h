@@ -18,7 +18,11 @@
  * WORKSPACE (the sandbox's workspace) is bound: the host's /home is out of sight and the
  * workspace is /home/user. Each KEEP is a host directory directly inside one of those places
  * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
- * below it. A new network namespace gets its loopback up.
+ * below it. A new network namespace gets its loopback up. The kernel pins a mount namespace
+ * only when it is numbered above the pinner's own, and numbers them in per-CPU batches: a holder
+ * whose new mount namespace is numbered too low makes it anew on another CPU, and the maker
+ * moves to that CPU for the next ones (ns_number_above), so pinning works whichever CPU made
+ * the daemon's own mount namespace (a pod's, a systemd unit's).
  *
  * "namespace-server" does the same for each line of its stdin (the arguments from NSROOT on,
  * separated by tabs), and answers each with one line on stdout: the exit
@@ -42,6 +46,7 @@
  *
  * Failures exit 125 with "sandboxd-exec: ..." on stderr.
  */
+#include <linux/types.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -52,6 +57,10 @@
 #include <sys/wait.h>
 
 #define NS_KEEP_MAX 8
+
+#ifndef NS_GET_MNTNS_ID
+#define NS_GET_MNTNS_ID _IOR(0xb7, 0x5, __u64)
+#endif
 
 static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
 static const char NS_HOME[] = "/home", NS_HOME_USER[] = "/home/user";
@@ -148,6 +157,51 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *w
     close(tmp_fd);
 }
 
+/* The kernel's number of this process's mount namespace; 0 where the kernel numbers none for
+ * user space (before 6.10: its loop check then compares a global sequence, always ascending). */
+static unsigned long long ns_mount_number(void)
+{
+    int fd = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    __u64 number = 0;
+    if (ioctl(fd, NS_GET_MNTNS_ID, &number) != 0)
+        number = 0;
+    close(fd);
+    return number;
+}
+
+/* The kernel pins (bind-mounts) a mount namespace only when its number is above that of the
+ * pinner's own (its loop check), and from 6.18 it hands numbers out in per-CPU batches: a
+ * namespace made on one CPU can be numbered below an older one made on another, so a daemon
+ * whose own mount namespace came from the other CPU (a pod's, a systemd unit's, unshare's)
+ * could pin only some. In the holder, after its unshare: where the new mount namespace is not
+ * numbered above PINNER, make it anew on each CPU of ALLOWED in turn, then on any other the
+ * kernel lets it use (an affinity set by hand may exclude the CPU that made the daemon's), until
+ * one is (a namespace made later on the same CPU is numbered higher). Answers the CPU that
+ * worked, -1 when the first namespace already was; exits when no CPU works. */
+static int ns_number_above(unsigned long long pinner, const cpu_set_t *allowed)
+{
+    if (pinner == 0 || ns_mount_number() > pinner)
+        return -1;
+    for (int k = 0; k < 2 * CPU_SETSIZE; k++) { /* those of ALLOWED first, then any other */
+        int cpu = k % CPU_SETSIZE;
+        if (!CPU_ISSET(cpu, allowed) != (k >= CPU_SETSIZE))
+            continue;
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0)
+            continue;
+        if (unshare(CLONE_NEWNS) != 0)
+            fail(SETUP_FAILED, "unshare", "mount (renumbered)", errno);
+        if (ns_mount_number() > pinner)
+            return cpu;
+    }
+    fail(SETUP_FAILED, "mount namespace", "numbered above the daemon's on no CPU", ERANGE);
+    return -1;
+}
+
 /* A failure of the parent side: said on stderr, the code returned (the server lives on). */
 static int ns_refuse(const char *what, const char *arg, int error)
 {
@@ -205,6 +259,13 @@ static int make_namespaces(int argc, char **argv, int use_template)
     int template = -1;
     if (mnt && use_template && (template = ns_template(nsroot)) < 0)
         return ns_refuse("template", nsroot, errno);
+    /* Where the holders may run (the first call's affinity: later ones may be pinned below). */
+    static cpu_set_t allowed;
+    static int allowed_known = 0;
+    if (!allowed_known && sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        return ns_refuse("sched_getaffinity", NULL, errno);
+    allowed_known = 1;
+    unsigned long long pinner = mnt ? ns_mount_number() : 0;
     int ready[2], done[2];
     if (pipe2(ready, O_CLOEXEC) != 0)
         return ns_refuse("pipe", NULL, errno);
@@ -229,13 +290,14 @@ static int make_namespaces(int argc, char **argv, int use_template)
             fail(SETUP_FAILED, "setns", "template", errno);
         if (unshare(flags) != 0)
             fail(SETUP_FAILED, "unshare", kinds, errno);
+        int cpu = mnt ? ns_number_above(pinner, &allowed) : -1;
         if (mnt)
             ns_private_places(template >= 0 ? NULL : nsroot, argv[5], argv[6], argv[7], argc - 8,
                               argv + 8, ipc);
         if (net)
             ns_loopback_up();
-        char byte = 1, ignored;
-        if (write(ready[1], &byte, 1) != 1)
+        char ignored;
+        if (write(ready[1], &cpu, sizeof cpu) != sizeof cpu)
             _exit(SETUP_FAILED);
         /* Held until the parent has pinned the namespaces (or died). */
         while (read(done[0], &ignored, 1) < 0 && errno == EINTR)
@@ -244,15 +306,21 @@ static int make_namespaces(int argc, char **argv, int use_template)
     }
     close(ready[1]);
     close(done[0]);
-    char byte;
+    int cpu;
     ssize_t got;
-    while ((got = read(ready[0], &byte, 1)) < 0 && errno == EINTR)
+    while ((got = read(ready[0], &cpu, sizeof cpu)) < 0 && errno == EINTR)
         ;
     close(ready[0]);
-    if (got != 1) {
+    if (got != sizeof cpu) {
         close(done[1]);
         waitpid(child, NULL, 0);
         return SETUP_FAILED; /* the child said why */
+    }
+    if (cpu >= 0) { /* the next holders start where numbers are high enough */
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        sched_setaffinity(0, sizeof one, &one);
     }
     int refused = 0;
     static const char *const names[] = {"ipc", "mnt", "net"};

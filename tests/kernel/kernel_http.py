@@ -261,6 +261,7 @@ class KernelDaemon:
         *args: str,
         uids: int = UID_BLOCK,
         env: Mapping[str, str] | None = None,
+        wrapper: tuple[str, ...] = (),
     ) -> "KernelDaemon":
         low, high = uid_block()
         assert 1 <= uids <= UID_BLOCK
@@ -271,6 +272,7 @@ class KernelDaemon:
             f"--uid-max={low + uids - 1}",
             *args,
             env=dict(env or {}),
+            wrapper=wrapper,
         )
         kd = cls(daemon, low, high, Client(daemon.port))
         try:

@@ -1,0 +1,34 @@
+"""Run inside a pod-like set of namespaces (its own mount, PID and network namespaces, as a
+Kubernetes pod gives): start a daemon with real isolation, create sandboxes in a row, stop it
+(proven clean), and print what failed as one JSON line.
+
+    unshare --mount --pid --net --fork --mount-proc python -m tests.kernel.pod_stage TMP COUNT
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.kernel.kernel_http import KernelDaemon
+
+
+def main(tmp: str, count: int) -> None:
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    kd = KernelDaemon.start(Path(tmp), "--network=none")
+    failed: list[str] = []
+    try:
+        for _ in range(count):
+            answer = kd.call("POST", "/sandboxes", {})
+            if answer.status != 200:
+                failed.append(f"{answer.status} {answer.body[:200]!r}")
+                continue
+            rid = answer.json()["remote_id"]
+            assert kd.call("DELETE", f"/sandboxes/{rid}").status == 204
+    finally:
+        kd.stop()
+    print(json.dumps({"failed": failed}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
