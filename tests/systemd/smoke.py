@@ -22,6 +22,7 @@ API = "http://127.0.0.1:8080"
 UNIT = "sandboxd.service"
 ENV_FILE = "/etc/sandboxd/sandboxd.env"
 TOKEN = Path("/etc/sandboxd/token").read_text(encoding="ascii").strip()
+CREATES_IN_A_ROW = 500
 failures: list[str] = []
 
 
@@ -142,6 +143,17 @@ def smoke() -> None:
         token_file.startswith("/run/credentials/sandboxd.service/"),
         token_file,
     )
+
+    # Creates in a row: the unit's own mount namespace (PrivateTmp=, ProtectHome=) pins every
+    # sandbox's namespaces, whichever CPU makes them.
+    failed = []
+    for _ in range(CREATES_IN_A_ROW):
+        status, body = call("POST", "/sandboxes", {})
+        if status != 200:
+            failed.append((status, body[:200]))
+            continue
+        call("DELETE", f"/sandboxes/{json.loads(body)['remote_id']}")
+    check(f"{CREATES_IN_A_ROW} creates in a row all succeed", not failed, failed[:3])
 
     # Create, then exec inside the sandbox.
     created = call_json("POST", "/sandboxes", {})
