@@ -130,7 +130,11 @@ class SandboxManager(Commands):
             self.layout.create(rid, identity)
             # namespaces: made and pinned once, entered by every process of the sandbox
             self.isolation.namespaces.create(
-                rid, self.layout.tmp(rid), self.layout.workspace(rid), mode
+                rid,
+                self.layout.tmp(rid),
+                self.layout.workspace(rid),
+                mode,
+                (identity, self.layout.home(rid)),
             )
         except BaseException:
             self.isolation.namespaces.remove(rid)

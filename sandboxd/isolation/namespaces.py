@@ -33,7 +33,8 @@ from contextlib import suppress
 from attrs import define, field
 from twisted.logger import Logger
 
-from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.isolation.base import Identity, IsolationUnavailable
+from sandboxd.isolation.identity_files import write_identity_files
 from sandboxd.isolation.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.network import NetworkMode, NetworkPolicy, host_only
 
@@ -63,6 +64,8 @@ def home_coverable(home: str = HOME) -> bool:
 
 
 NS_DIR = ".ns"
+PROBE_IDENTITY = Identity(65534, 65534)
+"""Who the start-up probe's ``/etc/passwd`` names (nobody: the probe runs no command)."""
 _RID = re.compile(r"^[0-9a-f]{16}$")
 
 log = Logger()
@@ -240,7 +243,7 @@ class Namespaces:
         os.mkdir(probe_tmp, 0o700)
         try:
             mode = self.network.offered[self.network.default]
-            self._make(probe, probe_tmp, probe_tmp, mode)
+            self._make(probe, probe_tmp, probe_tmp, mode, (PROBE_IDENTITY, probe_tmp))
         except OSError as e:
             raise IsolationUnavailable(f"namespaces {', '.join(sorted(self.kinds))}: {e}") from e
         finally:
@@ -255,21 +258,38 @@ class Namespaces:
         with suppress(FileNotFoundError):
             os.rmdir(probe_tmp)
 
-    def create(self, rid: str, tmp: str, workspace: str, mode: NetworkMode) -> None:
+    def create(
+        self,
+        rid: str,
+        tmp: str,
+        workspace: str,
+        mode: NetworkMode,
+        user: tuple[Identity, str] | None = None,
+    ) -> None:
         """Make and pin the sandbox's namespaces (its network one only for a mode that wants
-        one; its ``tmp`` and ``workspace`` directories in their places), then attach the
+        one; its ``tmp`` and ``workspace`` directories in their places; with ``user``, its
+        identity and home, an ``/etc/passwd`` and ``/etc/group`` naming it), then attach the
         network mode; ``OSError`` when the kernel refused."""
         if not self.kinds:
             return
-        self._make(rid, tmp, workspace, mode)
+        self._make(rid, tmp, workspace, mode, user)
 
-    def _make(self, rid: str, tmp: str, workspace: str, mode: NetworkMode) -> None:
+    def _make(
+        self,
+        rid: str,
+        tmp: str,
+        workspace: str,
+        mode: NetworkMode,
+        user: tuple[Identity, str] | None,
+    ) -> None:
         assert self.creator is not None
         kinds = set(self.kinds)
         if not mode.own_namespace:
             kinds.discard("net")
         directory = os.path.join(self.nsroot, rid)
         os.mkdir(directory, 0o700)
+        if user is not None and "mount" in kinds:
+            write_identity_files(directory, *user)
         pins = {kind: os.path.join(directory, PIN[kind]) for kind in KINDS if kind in kinds}
         self._pins[rid] = pins
         places = (tmp, workspace)

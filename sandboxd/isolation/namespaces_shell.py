@@ -8,8 +8,9 @@ directory, bind the sandbox's ``tmp/`` onto ``/tmp`` and ``/var/tmp`` (through a
 opened before either is covered), a tmpfs on ``/dev/shm``, a fresh mqueue, a root-owned tmpfs
 on ``/home`` with the workspace (descriptor 8) bound onto ``/home/user``, the kept directories
 bound back (descriptors 3 to 7: ``sh`` redirects one digit; :func:`kept_directories` gives one
-per path kept, two at most), and the loopback up. ``nsenter`` opens every pin before it enters
-any.
+per path kept, two at most), the sandbox's ``passwd`` and ``group`` (beside its pins, reached
+through the directory under the detached mount) bound over ``/etc``'s, and the loopback up.
+``nsenter`` opens every pin before it enters any.
 """
 
 from collections.abc import Callable, Sequence
@@ -20,8 +21,8 @@ from sandboxd.isolation.namespaces import KINDS, PIN, Creator
 from sandboxd.isolation.none import find_program
 
 SETUP = r"""
-nsroot=$1 tmp=$2 home=$3 shm=$4 ipc=$5 net=$6 mnt=$7
-shift 7
+nsroot=$1 tmp=$2 home=$3 shm=$4 ipc=$5 net=$6 mnt=$7 ids=$8
+shift 8
 if [ "$mnt" = 1 ]; then
   umount -l -- "$nsroot" 2>/dev/null
   exec 9<"$tmp" 8<"$home" || exit 125
@@ -44,6 +45,11 @@ if [ "$mnt" = 1 ]; then
   for k do
     mkdir -p -- "$k" && mount -c --rbind "/proc/self/fd/$i" "$k" || exit 125
     i=$((i + 1))
+  done
+  for f in passwd group; do
+    if [ -f "$ids/$f" ] && [ -f "/etc/$f" ]; then
+      mount -c --bind "$ids/$f" "/etc/$f" || exit 125
+    fi
   done
 fi
 if [ "$net" = 1 ]; then ip link set lo up || exit 125; fi
@@ -112,6 +118,7 @@ class ShellCreator(Creator):
             *places,
             str(shm),
             *flags,
+            directory,
             *keep,
         ]
 

@@ -18,7 +18,8 @@
  * WORKSPACE (the sandbox's workspace) is bound: the host's /home is out of sight and the
  * workspace is /home/user. Each KEEP is a host directory directly inside one of those places
  * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
- * below it. A new network namespace gets its loopback up. The kernel pins a mount namespace
+ * below it. Where NSROOT/RID holds "passwd" and "group" (the sandbox's, naming its uid), they
+ * are bound over /etc/passwd and /etc/group. A new network namespace gets its loopback up. The kernel pins a mount namespace
  * only when it is numbered above the pinner's own, and numbers them in per-CPU batches: a holder
  * whose new mount namespace is numbered too low makes it anew on another CPU, and the maker
  * moves to that CPU for the next ones (ns_number_above), so pinning works whichever CPU made
@@ -64,6 +65,8 @@
 
 static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
 static const char NS_HOME[] = "/home", NS_HOME_USER[] = "/home/user";
+static const char *const NS_IDENTITY[] = {"/etc/passwd", "/etc/group"};
+static const char *const NS_IDENTITY_FILE[] = {"passwd", "group"}; /* beside the pins */
 
 static void ns_loopback_up(void)
 {
@@ -202,6 +205,23 @@ static int ns_number_above(unsigned long long pinner, const cpu_set_t *allowed)
     return -1;
 }
 
+/* Bind the sandbox's own passwd and group files (identity_files.py, written beside its pins)
+ * over /etc/passwd and /etc/group, where both are there: the sandbox's uid has a name, and
+ * nothing changes on the host. Called in the new mount namespace, where NSROOT's mount is gone
+ * (a bind from another namespace's mount is refused) but the directory under it is the same. */
+static void ns_identity_bind(const char *nsroot, const char *rid)
+{
+    for (int k = 0; k < 2; k++) {
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s/%s", nsroot, rid, NS_IDENTITY_FILE[k]);
+        if (lstat(path, &st) != 0 && errno == ENOENT)
+            continue; /* none asked for */
+        if (stat(NS_IDENTITY[k], &st) == 0 && S_ISREG(st.st_mode))
+            ns_mount(path, NS_IDENTITY[k], NULL, MS_BIND, NULL);
+    }
+}
+
 /* A failure of the parent side: said on stderr, the code returned (the server lives on). */
 static int ns_refuse(const char *what, const char *arg, int error)
 {
@@ -291,9 +311,11 @@ static int make_namespaces(int argc, char **argv, int use_template)
         if (unshare(flags) != 0)
             fail(SETUP_FAILED, "unshare", kinds, errno);
         int cpu = mnt ? ns_number_above(pinner, &allowed) : -1;
-        if (mnt)
+        if (mnt) {
             ns_private_places(template >= 0 ? NULL : nsroot, argv[5], argv[6], argv[7], argc - 8,
                               argv + 8, ipc);
+            ns_identity_bind(nsroot, rid);
+        }
         if (net)
             ns_loopback_up();
         char ignored;

@@ -18,7 +18,7 @@ from attrs import define, evolve, field
 from twisted.internet.task import Clock
 
 from sandboxd.config import Config, ConfigError
-from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.isolation.base import Identity, IsolationUnavailable
 from sandboxd.isolation.mounts import MountCalls, is_mount_point, re_octal
 from sandboxd.isolation.namespaces import (
     HOME_VIEW,
@@ -344,7 +344,17 @@ def test_shell_creator_layout() -> None:
         f"--net=/r/.ns/{RID}/net",
         "--propagation=slave",
     ]
-    assert argv[-8:] == ["/r/.ns", "/r/x/tmp", "/r/x/workspace", "5", "1", "1", "0", "/tmp/a"]
+    assert argv[-9:] == [
+        "/r/.ns",
+        "/r/x/tmp",
+        "/r/x/workspace",
+        "5",
+        "1",
+        "1",
+        "0",
+        f"/r/.ns/{RID}",  # where its passwd and group are, when it has them
+        "/tmp/a",
+    ]
     pins = ["/p/ipc", "/p/net", "/p/mnt"]
     assert creator.enter(pins, ["c"]) == [
         "/n",
@@ -440,3 +450,22 @@ def test_an_installed_egress_module_is_offered_and_wired(tmp_path: Path) -> None
     host = evolve(machine.host(), egress=lambda config: Egress())
     iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, host)
     assert iso.namespaces.network.allowed == ("none", "egress", "host")
+
+
+def test_identity_files_beside_the_pins_only_with_a_mount_namespace(tmp_path: Path) -> None:
+    (tmp_path / ".ns").mkdir()
+    ns = namespaces(tmp_path, Runner())
+    ns.create("a" * 16, "/t", "/w", NoNetwork(), (Identity(7001, 7002), "/h/home"))
+    directory = tmp_path / ".ns" / ("a" * 16)
+    passwd = (directory / "passwd").read_text().splitlines()
+    assert passwd[0].startswith("root:x:0:0:") and passwd[1].startswith("nobody:x:65534:")
+    assert passwd[2] == "user:x:7001:7002:user:/h/home:/bin/sh"
+    assert (directory / "group").read_text().splitlines()[2] == "user:x:7002:"
+    assert (directory / "passwd").stat().st_mode & 0o777 == 0o644
+    ns.remove("a" * 16)
+    assert not directory.exists()
+
+    no_mount = namespaces(tmp_path, Runner())
+    no_mount.kinds = frozenset({"ipc", "net"})
+    no_mount.create("b" * 16, "/t", "/w", NoNetwork(), (Identity(7001, 7002), "/h/home"))
+    assert sorted(os.listdir(tmp_path / ".ns" / ("b" * 16))) == ["ipc", "net"]

@@ -362,3 +362,26 @@ def test_ld_preload_reaches_the_command_only(roomy: KernelDaemon) -> None:
     finally:
         remove(where)
         box.kill()
+
+
+NODE = shutil.which("node")
+
+
+def test_the_sandbox_uid_has_a_name_that_tools_find(roomy: KernelDaemon) -> None:
+    """``whoami``, ``id -un``, Python's ``pwd`` and Node's ``os.userInfo()`` (npm's) name the
+    sandbox's uid ``user`` with its home, inside the sandbox only."""
+    host_passwd = Path("/etc/passwd").read_bytes()
+    box = roomy.create()
+    uid = box.uid()
+    home = box.ok("echo $HOME")
+    assert box.ok("whoami; id -un; id -gn").split() == ["user"] * 3
+    entry = box.ok("python3 -c 'import pwd, os; print(tuple(pwd.getpwuid(os.getuid())))'")
+    assert entry == repr(("user", "x", uid, uid, "user", home, "/bin/sh"))
+    if NODE is not None:
+        info = box.ok(
+            f"{NODE} -e 'const i = require(\"os\").userInfo(); console.log(i.username, i.homedir)'"
+        )
+        assert info == f"user {home}"
+    assert box.ok("getent passwd root | cut -d: -f1,3") == "root:0"
+    assert Path("/etc/passwd").read_bytes() == host_passwd
+    box.kill()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxd.isolation.base import Identity
 from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespace_server import NamespaceServer
@@ -226,3 +227,31 @@ def test_the_server_answers_a_refusal_and_serves_on(root: Path) -> None:
         for name in ("ipc", "mnt"):
             mounts.unmount_all(str(nsroot / RID / name))
         mounts.unmount_all(str(nsroot))
+
+
+@pytest.mark.parametrize("which", creators())
+def test_the_sandbox_uid_has_a_name_inside_and_the_host_no_change(root: Path, which: str) -> None:
+    ns = every_layer(root, which)
+    ns.prepare()
+    host_passwd, host_group = Path("/etc/passwd").read_bytes(), Path("/etc/group").read_bytes()
+    try:
+        tmp, workspace = root / RID / "tmp", root / RID / "workspace"
+        tmp.mkdir(parents=True)
+        workspace.mkdir()
+        identity = Identity(612345, 612346)
+        ns.create(RID, str(tmp), str(workspace), NoNetwork(), (identity, "/the/home"))
+        assert sorted(os.listdir(root / ".ns" / RID)) == ["group", "ipc", "mnt", "net", "passwd"]
+        script = "getent passwd user; getent group user; getent passwd root | cut -d: -f1"
+        inside = run_in(ns, RID, which, script).split()
+        assert inside == [
+            "user:x:612345:612346:user:/the/home:/bin/sh",
+            "user:x:612346:",
+            "root",
+        ]
+        assert Path("/etc/passwd").read_bytes() == host_passwd
+        assert Path("/etc/group").read_bytes() == host_group
+        ns.remove(RID)
+        assert not (root / ".ns" / RID).exists()
+    finally:
+        ns.remove(RID)
+        ns.close()

@@ -1,0 +1,49 @@
+"""The ``/etc/passwd`` and ``/etc/group`` a sandbox with a mount namespace sees.
+
+A sandbox's uid is a bare number from the pool, with no entry in the host's files, and
+``whoami``, ``id -un``, ``getpwuid``, Node's ``os.userInfo()`` (npm), ``git commit`` and many
+installers fail without a name. Each sandbox therefore gets two small files of its own, written
+beside its namespace pins (``{root}/.ns/{rid}/``, root-owned, mode 0644) and bound over the
+host's in its mount namespace (``sandboxd_exec_ns.h``, the shell chain alike): ``root`` and
+``nobody`` as on any system, and :data:`USER_NAME` for the sandbox's own uid and gid, its home
+where its commands' ``HOME`` points. Nothing changes on the host. See docs/operating.rst,
+``isolation.mount``.
+"""
+
+import os
+
+from sandboxd.isolation.base import Identity
+
+USER_NAME = "user"
+"""The name a sandbox's uid has inside it (E2B's, too)."""
+
+PASSWD = "passwd"
+GROUP = "group"
+"""The file names beside the pins, and the ones in ``/etc`` they cover."""
+
+
+def passwd_text(identity: Identity, home: str) -> str:
+    """``/etc/passwd`` of a sandbox: root, nobody, and :data:`USER_NAME` as ``identity``."""
+    return (
+        "root:x:0:0:root:/root:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        f"{USER_NAME}:x:{identity.uid}:{identity.gid}:{USER_NAME}:{home}:/bin/sh\n"
+    )
+
+
+def group_text(identity: Identity) -> str:
+    """``/etc/group`` of a sandbox: root, nogroup, and :data:`USER_NAME` as its gid."""
+    return f"root:x:0:\nnogroup:x:65534:\n{USER_NAME}:x:{identity.gid}:\n"
+
+
+def write_identity_files(directory: str, identity: Identity, home: str) -> None:
+    """Write the sandbox's ``passwd`` and ``group`` into ``directory`` (mode 0644, owned by
+    whoever writes them: root), never following a link there."""
+    for name, text in ((PASSWD, passwd_text(identity, home)), (GROUP, group_text(identity))):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(os.path.join(directory, name), flags, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the daemon's umask
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
