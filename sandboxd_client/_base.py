@@ -16,6 +16,7 @@ from twisted.web.iweb import IAgent
 from ._handles import check_base_url, decode_handle
 from ._ndjson import DEFAULT_MAX_LINE
 from ._retry import RetryPolicy, retrying
+from ._tls import trusting
 from ._transport import Transport
 from ._types import SandboxHandle
 
@@ -57,6 +58,7 @@ class ClientBase:
         max_persistent_per_host: int = 8,
         cached_connection_timeout: float = 50.0,
         max_exec_line: int = DEFAULT_MAX_LINE,
+        ca_file: str | None = None,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as global_reactor
@@ -79,6 +81,7 @@ class ClientBase:
             connect_timeout=connect_timeout,
             max_persistent_per_host=max_persistent_per_host,
             cached_connection_timeout=cached_connection_timeout,
+            tls=trusting(ca_file) if ca_file is not None else None,
         )
 
     # -- routing ---------------------------------------------------------------------------

@@ -96,6 +96,8 @@ class HttpSandbox(Processes, Files, Transfers):
     :param clock: what deadlines and backoffs are timed with; ``reactor`` if ``None``.
     :param pool: / :param agent: inject connection handling (tests, custom TLS). By default a
         persistent ``HTTPConnectionPool`` that ``close()`` closes.
+    :param ca_file: a PEM file of the certificate authorities to trust for ``https`` URLs
+        instead of the system's (the operator's own CA, as ``curl --cacert``).
     :param retry: attempts, read deadlines and backoffs of idempotent calls.
     :param exec_idle_timeout: seconds ``exec`` waits without receiving a byte before raising
         ``SandboxBusy`` (the host sends keepalives every few seconds while a command is quiet).

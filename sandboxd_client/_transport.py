@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import Cooperator
 from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IBodyProducer, IResponse
+from twisted.web.iweb import IAgent, IBodyProducer, IPolicyForHTTPS, IResponse
 
 from ._body import SMALL_BODY, BytesProducer, IdleTimer, ProgressProducer, read_body
 from ._endpoints import ReusedEndpoints
@@ -122,6 +122,7 @@ class Transport:
         connect_timeout: float | None,
         max_persistent_per_host: int,
         cached_connection_timeout: float,
+        tls: IPolicyForHTTPS | None = None,
     ) -> None:
         self._clock = clock
         self._own_pool = pool is None and agent is None
@@ -131,7 +132,7 @@ class Transport:
             pool.cachedConnectionTimeout = cached_connection_timeout  # type: ignore[assignment]
         self._pool = pool
         if agent is None:
-            endpoints = ReusedEndpoints(reactor, connect_timeout)
+            endpoints = ReusedEndpoints(reactor, connect_timeout, tls)
             agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
         self._cooperator = Cooperator(scheduler=lambda f: reactor.callLater(0, f))
         self._treq = HTTPClient(

@@ -25,7 +25,9 @@ starts at the first word after HANDLE that is not an option of ``exec`` (``exec 
 ``--`` marks it explicitly. ``--cwd`` is relative to the workspace (``/`` is its top).
 Every other failure prints one line on stderr and exits 1; stdout carries only data, and a
 note such as "no sandboxes" goes to stderr. ``--url`` defaults to ``$SANDBOXD_URL`` (else
-http://127.0.0.1:8080), ``--token-file`` to ``$SANDBOXD_TOKEN_FILE``. ``--json`` prints
+http://127.0.0.1:8080), ``--token-file`` to ``$SANDBOXD_TOKEN_FILE`` (a ``401`` says which
+setting to change), ``--cacert`` to ``$SANDBOXD_CA_FILE`` (the CA an ``https`` URL is
+verified against instead of the system's). ``--json`` prints
 machine-readable results on stdout. On a terminal, large transfers show bytes, rate and ETA.
 """
 
@@ -245,6 +247,16 @@ def read_token(path: str | None) -> str | None:
         return f.read().strip() or None
 
 
+def token_hint(token_file: str | None) -> str:
+    """What to change after a ``401``: the setting that carries the token, and what it held."""
+    if not token_file:
+        return "no token was sent: name its file with --token-file or SANDBOXD_TOKEN_FILE"
+    return (
+        f"the token in {token_file} was refused: --token-file or SANDBOXD_TOKEN_FILE must name"
+        " the file holding the daemon's token (its SANDBOXD_TOKEN_FILE)"
+    )
+
+
 async def main_async(
     reactor: Any, argv: list[str] | None, console: Console, *, interruptible: bool = False
 ) -> int:
@@ -256,7 +268,12 @@ async def main_async(
     args = parse_args(argv)
     failed = EXEC_FAILED if args.command == "exec" else 1
     try:
-        client = HttpSandbox(args.url, token=read_token(args.token_file), reactor=reactor)
+        client = HttpSandbox(
+            args.url,
+            token=read_token(args.token_file),
+            reactor=reactor,
+            ca_file=args.cacert or None,
+        )
     except (OSError, ValueError) as e:
         console.error(describe(e))
         return failed
@@ -272,6 +289,9 @@ async def main_async(
     except CancelledError:
         console.error("interrupted")
         return 130
+    except PermissionError as e:
+        console.error(f"{describe(e)} ({token_hint(args.token_file)})")
+        return failed
     except Exception as e:
         console.error(describe(e))
         return failed

@@ -13,7 +13,9 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 COMMAND_TAKERS = ("exec", "run")
 """Sub-commands whose first word after the handle starts the command: ``exec H ls -la``."""
 
-VALUED_OPTIONS = frozenset(("--url", "--token-file", "--env", "--cwd", "--timeout", "--tag"))
+VALUED_OPTIONS = frozenset(
+    ("--url", "--token-file", "--cacert", "--env", "--cwd", "--timeout", "--tag")
+)
 """The options of ``exec``/``run`` (and the global ones) that take a value; the others are
 flags (``-i``, ``-d``, ``--json``)."""
 
@@ -40,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
 
         p.add_argument("--url", default=d(os.environ.get("SANDBOXD_URL", DEFAULT_URL)))
         p.add_argument("--token-file", default=d(os.environ.get("SANDBOXD_TOKEN_FILE")))
+        p.add_argument(
+            "--cacert",
+            default=d(os.environ.get("SANDBOXD_CA_FILE")),
+            help="PEM file of the CA to trust for an https URL (default: $SANDBOXD_CA_FILE)",
+        )
         p.add_argument("--json", action="store_true", default=d(False), help="JSON output")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -167,3 +167,17 @@ def test_ctrl_c_interrupts_an_exec_with_130(ctl, daemon: Daemon, tmp_path: Path)
             running.kill()
             running.wait(30)
     assert (running.returncode, out, err) == (130, b"", b"sandboxctl: interrupted\n")
+
+
+def test_a_refused_token_names_the_setting_that_carries_it(ctl, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("not the daemon's token")
+    done = ctl("--token-file", str(wrong), "list")
+    assert done.returncode == 1
+    message = done.stderr.decode()
+    assert message.startswith("sandboxctl: PermissionError"), message
+    assert f"the token in {wrong} was refused" in message and "SANDBOXD_TOKEN_FILE" in message
+    done = ctl("--token-file", "", "list")
+    assert done.returncode == 1
+    assert "no token was sent" in done.stderr.decode()
+    assert "--token-file or SANDBOXD_TOKEN_FILE" in done.stderr.decode()

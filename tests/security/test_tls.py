@@ -24,6 +24,7 @@ from twisted.web.client import Agent, BrowserLikePolicyForHTTPS
 
 from sandboxd_client import HttpSandbox, SandboxError
 from tests.security.live_daemon import new_token, write_token
+from tests.support.coverage import coverage_env
 from tests.support.daemon import REPO, free_port
 
 pytestmark = pytest.mark.skipif(
@@ -156,3 +157,69 @@ async def test_a_squatter_gets_no_token_from_a_verifying_client(
         assert token.encode() not in squatter.received
     else:
         assert token.encode() in squatter.received
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_client_trusts_the_ca_file_it_is_given(tls_daemon: tuple[int, str, Path]) -> None:
+    port, token, ca = tls_daemon
+    client = HttpSandbox(f"https://127.0.0.1:{port}", token=token, ca_file=str(ca))
+    handle = await client.create()
+    result = await client.exec(handle, ["echo", "over tls"])
+    assert (result.exit_code, result.stdout) == (0, b"over tls\n")
+    await client.kill(handle)
+    await client.close()
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "unverified"])
+@pytest_twisted.ensureDeferred
+async def test_a_squatter_gets_no_token_from_a_client_given_the_ca_file(
+    tls_daemon: tuple[int, str, Path], tmp_path: Path, verify: bool
+) -> None:
+    _, token, ca = tls_daemon
+    squatter = Squatter(tmp_path)
+    trusted = ca if verify else squatter.ca  # unverified: the attack succeeding
+    client = HttpSandbox(f"https://127.0.0.1:{squatter.port}", token=token, ca_file=str(trusted))
+    try:
+        with pytest.raises(SandboxError, match="TLS failure" if verify else ""):
+            await client.create()
+    finally:
+        squatter.close()
+        squatter.thread.join(10)
+        await client.close()
+    assert (token.encode() in squatter.received) is not verify
+
+
+def test_a_ca_file_without_a_certificate_is_refused_by_name(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.pem"
+    empty.write_text("no certificate here\n")
+    with pytest.raises(ValueError, match=f"no PEM certificate in the CA file {empty}"):
+        HttpSandbox("https://127.0.0.1:1", ca_file=str(empty))
+
+
+def test_sandboxctl_verifies_against_cacert_or_sandboxd_ca_file(
+    tls_daemon: tuple[int, str, Path], tmp_path: Path
+) -> None:
+    port, token, ca = tls_daemon
+    token_file = write_token(tmp_path / "client-token", token)
+    env = {
+        **coverage_env(),
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(REPO),
+        "SANDBOXD_URL": f"https://127.0.0.1:{port}",
+        "SANDBOXD_TOKEN_FILE": str(token_file),
+    }
+
+    def ctl(*argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sandboxd_client.cli", *argv],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    assert ctl("--cacert", str(ca), "list").returncode == 0
+    assert ctl("list", SANDBOXD_CA_FILE=str(ca)).returncode == 0
+    refused = ctl("list")  # the system's authorities know nothing of the operator's CA
+    assert refused.returncode == 1 and "TLS failure" in refused.stderr, refused.stderr
