@@ -3,8 +3,10 @@ The sandboxes of MCP sessions: short names for the model, handles kept by the se
 
 A model names a sandbox ``sb1``, ``sb2``, … and never sees or sends a handle, so it cannot
 point the server (and its bearer token) at another URL by forging one. Each session's
-sandboxes are killed when it ends, except those created with ``keep``; whatever a session
-could not kill (the process is stopping) is swept by ``Registry.unkept`` at exit.
+sandboxes are killed when it ends, except those created with ``keep``. Requests without a
+session (protocol 2026-07-28 has none) share the server's own sandboxes, which outlive every
+request. Whatever no session's end killed (the server's own, or the process is stopping) is
+swept by ``Registry.take_unkept`` at exit.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class Registry:
 
     sessions: list[Sandboxes] = field(factory=list)
     shared: dict[str, object] = field(factory=dict)
-    """State of the one server-wide session, when the SDK does not tell sessions apart."""
+    """State of the server's own sandboxes: those of requests without a session."""
 
     def open(self) -> Sandboxes:
         """A new session's (empty) sandboxes."""

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from .. import HttpSandbox, SandboxError, SandboxSpec, WalkEntry
 from ._bridge import ReactorThread
 from ._output import LiveText, clip, file_bytes, file_content
-from ._sdk import connection_of
+from ._sdk import connection_of, lives_across_requests
 from ._session import Registry, Sandboxes, UnknownSandbox
 
 T = TypeVar("T")
@@ -33,8 +33,10 @@ STATE_KEY = "sandboxd.sandboxes"
 INSTRUCTIONS = """\
 Sandboxes on a sandboxd host: each is a private Linux workspace with its own user, memory,
 CPU and process limits. Create one with create_sandbox, then run commands and move files in
-it by its name (sb1, sb2, ...). Sandboxes you create are killed when this session ends unless
-you pass keep=true. Paths are relative to the workspace; a leading / is its root."""
+it by its name (sb1, sb2, ...), which stays valid until kill_sandbox, until the host reaps
+the sandbox after a long idle time, or until this session ends (without a session: until this
+server stops); pass keep=true to let it outlive the session. Paths are relative to the
+workspace; a leading / is its root."""
 
 
 SandboxName = Annotated[str, Field(description="A sandbox name from create_sandbox (sb1, ...).")]
@@ -113,18 +115,20 @@ def session_sandboxes(
 ) -> Sandboxes:
     """This session's sandboxes; the first call registers their kill at the session's end.
 
-    If the SDK does not say which session a request belongs to, the whole server is one
-    session (its sandboxes are killed when the server stops).
+    A request without a session (2026-07-28 makes a connection per request; or the SDK does
+    not say which session a request belongs to) uses the server's own sandboxes, which
+    outlive every request and are killed when the server stops.
     """
     connection = connection_of(ctx)
-    state: dict[str, Any] = connection.state if connection is not None else registry.shared
+    session = connection if connection is not None and lives_across_requests(connection) else None
+    state: dict[str, Any] = session.state if session is not None else registry.shared
     sandboxes = state.get(STATE_KEY)
     if isinstance(sandboxes, Sandboxes):
         return sandboxes
     sandboxes = registry.open()
     state[STATE_KEY] = sandboxes
-    if connection is not None:
-        connection.exit_stack.push_async_callback(kill, sandboxes)
+    if session is not None:
+        session.exit_stack.push_async_callback(kill, sandboxes)
     return sandboxes
 
 
@@ -159,9 +163,10 @@ def build_server(
         description=(
             "Create a sandbox: a fresh, empty Linux workspace with its own user and cgroup "
             "(memory, CPU and process limits). Takes milliseconds; it holds a user id and "
-            "disk on the host until killed, and is killed when this session ends unless keep "
-            "is true. network: 'none' (loopback only), 'egress' (outbound internet, never "
-            "the host or other sandboxes) or 'host'; omitted means the host's default. "
+            "disk on the host until killed, and is killed when this session (or without one, "
+            "this server) ends unless keep is true. network: 'none' (loopback only), "
+            "'egress' (outbound internet, never the host or other sandboxes) or 'host'; "
+            "omitted means the host's default. "
             "item_id restores a saved workspace of that name first (slower: a copy)."
         ),
     )
