@@ -54,7 +54,6 @@ class Limits:
 
 class CreatedSandbox(BaseModel):
     sandbox: str = Field(description="The name to pass to the other tools.")
-    handle: str = Field(description="The opaque handle, for an application to reattach later.")
     kept: bool = Field(description="True: the sandbox outlives this session.")
 
 
@@ -183,7 +182,7 @@ def build_server(
         spec = SandboxSpec(item_id=item_id, network=network)
         handle = await tool_call(bridge.call(client.create, spec))
         name = mine(ctx).add(handle, keep)
-        return CreatedSandbox(sandbox=name, handle=handle.id, kept=keep)
+        return CreatedSandbox(sandbox=name, kept=keep)
 
     @mcp.tool(
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True),

@@ -97,7 +97,7 @@ def test_each_tool(daemon: Daemon) -> None:
         async with stdio_session(daemon) as session:
             before = live_sandboxes(daemon)
             made = await call(session, "create_sandbox", item_id=None)
-            assert made["sandbox"] == "sb1" and made["kept"] is False
+            assert made == {"sandbox": "sb1", "kept": False}  # no handle: no tool takes one
             sb = made["sandbox"]
             (rid,) = live_sandboxes(daemon) - before
 
