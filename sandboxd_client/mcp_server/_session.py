@@ -24,10 +24,12 @@ class UnknownSandbox(LookupError):
 
 @frozen
 class Created:
-    """One sandbox a session created: its handle and whether it outlives the session."""
+    """One sandbox a session created: its handle, whether it outlives the session, and its
+    workspace's absolute path as its commands see it."""
 
     handle: SandboxHandle
     keep: bool
+    workspace: str
 
 
 @define(eq=False)
@@ -37,14 +39,14 @@ class Sandboxes:
     by_name: dict[str, Created] = field(factory=dict)
     _numbers: itertools.count[int] = field(factory=lambda: itertools.count(1))
 
-    def add(self, handle: SandboxHandle, keep: bool) -> str:
+    def add(self, handle: SandboxHandle, keep: bool, workspace: str) -> str:
         """Remember a new sandbox; return its name."""
         name = f"sb{next(self._numbers)}"
-        self.by_name[name] = Created(handle, keep)
+        self.by_name[name] = Created(handle, keep, workspace)
         return name
 
-    def handle(self, name: str) -> SandboxHandle:
-        """The handle of ``name``; ``UnknownSandbox`` if this session has none by that name."""
+    def get(self, name: str) -> Created:
+        """The sandbox ``name``; ``UnknownSandbox`` if this session has none by that name."""
         created = self.by_name.get(name)
         if created is None:
             known = ", ".join(sorted(self.by_name)) or "none yet"
@@ -52,7 +54,7 @@ class Sandboxes:
                 f"no sandbox named {name!r} in this session (known: {known}); "
                 "create one with create_sandbox"
             )
-        return created.handle
+        return created
 
     def forget(self, name: str) -> None:
         """Drop ``name`` (it was killed)."""

@@ -97,6 +97,7 @@ def test_each_tool(daemon: Daemon) -> None:
         async with stdio_session(daemon) as session:
             before = live_sandboxes(daemon)
             made = await call(session, "create_sandbox", item_id=None)
+            workspace = made.pop("workspace")
             assert made == {"sandbox": "sb1", "kept": False}  # no handle: no tool takes one
             sb = made["sandbox"]
             (rid,) = live_sandboxes(daemon) - before
@@ -109,14 +110,15 @@ def test_each_tool(daemon: Daemon) -> None:
             await call(
                 session, "write_file", sandbox=sb, path="b.bin", content=binary, encoding="base64"
             )
-            text = await call(session, "read_file", sandbox=sb, path="/src/a.txt")
+            text = await call(session, "read_file", sandbox=sb, path=f"{workspace}/src/a.txt")
             assert (text["content"], text["encoding"], text["size"]) == ("hé\n", "utf-8", 4)
+            assert text["path"] == "src/a.txt"
             raw = await call(session, "read_file", sandbox=sb, path="b.bin")
             assert (raw["content"], raw["encoding"], raw["truncated"]) == (binary, "base64", False)
             listing = await call(session, "list_files", sandbox=sb)
             assert listing["files"] == [
-                {"path": "/b.bin", "size": 3},
-                {"path": "/src/a.txt", "size": 4},
+                {"path": "b.bin", "size": 3},
+                {"path": "src/a.txt", "size": 4},
             ]
 
             progress: list[tuple[float, str | None]] = []
@@ -139,7 +141,7 @@ def test_each_tool(daemon: Daemon) -> None:
             assert not result.is_error, result.content
             out = result.structured_content
             assert out is not None and out["exit_code"] == 3 and out["stderr"] == "two\n"
-            assert out["stdout"].startswith("one\nin\nex\n") and out["stdout"].endswith("/src\n")
+            assert out["stdout"] == f"one\nin\nex\n{workspace}/src\n"
             assert out["truncated"] is False
             streamed = "".join(m or "" for _, m in progress)
             assert "one\n" in streamed and "two\n" in streamed  # live, both streams
@@ -174,6 +176,9 @@ def test_errors_are_tool_errors(daemon: Daemon) -> None:
             assert "ValueError" in await tool_error(
                 session, "write_file", sandbox=sb, path="../out", content="x"
             )
+            # Not the workspace's root: the host's /src, where a command would look.
+            outside = await tool_error(session, "write_file", sandbox=sb, path="/src/a", content="")
+            assert "outside the workspace" in outside and "'src/a'" in outside
             bad = await tool_error(
                 session, "write_file", sandbox=sb, path="f", content="@@", encoding="base64"
             )

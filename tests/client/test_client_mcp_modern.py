@@ -44,18 +44,31 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 async def a_sandbox_across_calls(client: Caller, daemon: Daemon) -> str:
     """Every tool on one sandbox, one call each; return the id of a second one left alive."""
-    sb, rid = await created(client, daemon)
+    before = live_sandboxes(daemon)
+    made = await call(client, "create_sandbox")
+    sb, workspace = made["sandbox"], made["workspace"]
+    (rid,) = live_sandboxes(daemon) - before
     written = await call(
         client, "write_file", sandbox=sb, path="src/app.py", content="print(6*7)\n"
     )
     assert written["bytes"] == 11
     ran = await call(client, "run_command", sandbox=sb, command="python3 src/app.py")
     assert (ran["exit_code"], ran["stdout"]) == (0, "42\n")
-    await call(client, "run_command", sandbox=sb, command="echo made > out.txt")
-    read = await call(client, "read_file", sandbox=sb, path="out.txt")
+    # One path vocabulary: what a file tool wrote is where a command finds it.
+    await call(client, "write_file", sandbox=sb, path=f"{workspace}/lib/m.py", content="X = 1\n")
+    ran = await call(client, "run_command", sandbox=sb, command=f"cat {workspace}/lib/m.py")
+    assert ran["stdout"] == "X = 1\n"
+    refused = await tool_error(client, "write_file", sandbox=sb, path="/src/app.py", content="")
+    assert f"which is {workspace}" in refused
+    await call(client, "run_command", sandbox=sb, command="echo made > out.txt", cwd="lib")
+    read = await call(client, "read_file", sandbox=sb, path="lib/out.txt")
     assert read["content"] == "made\n"
     listed = await call(client, "list_files", sandbox=sb)
-    assert sorted(f["size"] for f in listed["files"]) == [5, 11]
+    assert listed["files"] == [
+        {"path": "lib/m.py", "size": 6},
+        {"path": "lib/out.txt", "size": 5},
+        {"path": "src/app.py", "size": 11},
+    ]
     assert rid in live_sandboxes(daemon)
     assert await call(client, "kill_sandbox", sandbox=sb) == {"sandbox": sb, "killed": True}
     assert rid not in live_sandboxes(daemon)
