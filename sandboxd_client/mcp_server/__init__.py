@@ -4,7 +4,8 @@
 Built on the official ``mcp`` SDK (install ``sandboxd-client[mcp]``), over stdio by default or
 streamable HTTP on request, backed by one ``HttpSandbox``. ``HttpSandbox`` runs on Twisted's
 reactor in a thread of its own and the SDK on its asyncio loop (see ``_bridge``). The tools are
-in ``_tools``; each session's sandboxes, and their end, in ``_session``.
+in ``_tools``, their paths in ``_paths``; each session's sandboxes, and their end, in
+``_session``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def serve(
 ) -> int:
     """Serve until the client goes (stdio) or the process is stopped; return the exit code.
 
-    Sandboxes created without ``keep`` are killed at the end of their session; any a session
+    Sandboxes created without ``keep`` are killed at the end of their session; the server's
+    own (those of requests without a session, as on protocol 2026-07-28) and any a session
     could not kill (the process was stopped) are killed here before the reactor stops.
     """
     from twisted.internet import reactor

@@ -3,8 +3,10 @@ The sandboxes of MCP sessions: short names for the model, handles kept by the se
 
 A model names a sandbox ``sb1``, ``sb2``, … and never sees or sends a handle, so it cannot
 point the server (and its bearer token) at another URL by forging one. Each session's
-sandboxes are killed when it ends, except those created with ``keep``; whatever a session
-could not kill (the process is stopping) is swept by ``Registry.unkept`` at exit.
+sandboxes are killed when it ends, except those created with ``keep``. Requests without a
+session (protocol 2026-07-28 has none) share the server's own sandboxes, which outlive every
+request. Whatever no session's end killed (the server's own, or the process is stopping) is
+swept by ``Registry.take_unkept`` at exit.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ class UnknownSandbox(LookupError):
 
 @frozen
 class Created:
-    """One sandbox a session created: its handle and whether it outlives the session."""
+    """One sandbox a session created: its handle, whether it outlives the session, and its
+    workspace's absolute path as its commands see it."""
 
     handle: SandboxHandle
     keep: bool
+    workspace: str
 
 
 @define(eq=False)
@@ -35,14 +39,14 @@ class Sandboxes:
     by_name: dict[str, Created] = field(factory=dict)
     _numbers: itertools.count[int] = field(factory=lambda: itertools.count(1))
 
-    def add(self, handle: SandboxHandle, keep: bool) -> str:
+    def add(self, handle: SandboxHandle, keep: bool, workspace: str) -> str:
         """Remember a new sandbox; return its name."""
         name = f"sb{next(self._numbers)}"
-        self.by_name[name] = Created(handle, keep)
+        self.by_name[name] = Created(handle, keep, workspace)
         return name
 
-    def handle(self, name: str) -> SandboxHandle:
-        """The handle of ``name``; ``UnknownSandbox`` if this session has none by that name."""
+    def get(self, name: str) -> Created:
+        """The sandbox ``name``; ``UnknownSandbox`` if this session has none by that name."""
         created = self.by_name.get(name)
         if created is None:
             known = ", ".join(sorted(self.by_name)) or "none yet"
@@ -50,7 +54,7 @@ class Sandboxes:
                 f"no sandbox named {name!r} in this session (known: {known}); "
                 "create one with create_sandbox"
             )
-        return created.handle
+        return created
 
     def forget(self, name: str) -> None:
         """Drop ``name`` (it was killed)."""
@@ -68,7 +72,7 @@ class Registry:
 
     sessions: list[Sandboxes] = field(factory=list)
     shared: dict[str, object] = field(factory=dict)
-    """State of the one server-wide session, when the SDK does not tell sessions apart."""
+    """State of the server's own sandboxes: those of requests without a session."""
 
     def open(self) -> Sandboxes:
         """A new session's (empty) sandboxes."""

@@ -18,13 +18,23 @@ from attrs import frozen
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from .. import HttpSandbox, SandboxError, SandboxSpec, WalkEntry
+from .. import HttpSandbox, SandboxError, SandboxHandle, SandboxSpec, WalkEntry
 from ._bridge import ReactorThread
 from ._output import LiveText, clip, file_bytes, file_content
-from ._sdk import connection_of
-from ._session import Registry, Sandboxes, UnknownSandbox
+from ._paths import shown, to_workspace
+from ._results import (
+    CommandResult,
+    CreatedSandbox,
+    FileContent,
+    FileEntry,
+    Killed,
+    Listing,
+    Written,
+)
+from ._sdk import connection_of, lives_across_requests
+from ._session import Created, Registry, Sandboxes, UnknownSandbox
 
 T = TypeVar("T")
 VERSION = "0.1.0"
@@ -33,12 +43,25 @@ STATE_KEY = "sandboxd.sandboxes"
 INSTRUCTIONS = """\
 Sandboxes on a sandboxd host: each is a private Linux workspace with its own user, memory,
 CPU and process limits. Create one with create_sandbox, then run commands and move files in
-it by its name (sb1, sb2, ...). Sandboxes you create are killed when this session ends unless
-you pass keep=true. Paths are relative to the workspace; a leading / is its root."""
+it by its name (sb1, sb2, ...), which stays valid until kill_sandbox, until the host reaps
+the sandbox after a long idle time, or until this session ends (without a session: until this
+server stops); pass keep=true to let it outlive the session.
+
+Commands run in the sandbox's workspace, and file tools reach only the workspace: a path is
+relative to it (src/app.py) or absolute under it (create_sandbox gives its absolute path), and
+names the same file for a command: write src/app.py, then run python3 src/app.py. Any other
+absolute path (/src/app.py) is refused by the file tools."""
 
 
 SandboxName = Annotated[str, Field(description="A sandbox name from create_sandbox (sb1, ...).")]
-WorkspacePath = Annotated[str, Field(description="A path in the workspace (a/b or /a/b).")]
+WorkspacePath = Annotated[
+    str,
+    Field(
+        description="Relative to the workspace, where commands run (src/app.py), or absolute "
+        "under it (<workspace>/src/app.py)."
+    ),
+]
+WHERE_COMMANDS_RUN = ["sh", "-c", "pwd"]
 
 
 @frozen
@@ -48,47 +71,6 @@ class Limits:
     output_bytes: int = 64 << 10
     file_bytes: int = 1 << 20
     listed_files: int = 1000
-
-
-class CreatedSandbox(BaseModel):
-    sandbox: str = Field(description="The name to pass to the other tools.")
-    handle: str = Field(description="The opaque handle, for an application to reattach later.")
-    kept: bool = Field(description="True: the sandbox outlives this session.")
-
-
-class CommandResult(BaseModel):
-    exit_code: int = Field(description="The command's exit code (124 timeout, 127 not found).")
-    stdout: str
-    stderr: str
-    truncated: bool = Field(description="True: stdout or stderr was cut (host cap or ours).")
-
-
-class FileContent(BaseModel):
-    path: str
-    size: int
-    content: str
-    encoding: Literal["utf-8", "base64"]
-    truncated: bool = Field(description="True: only the first bytes are in content.")
-
-
-class Written(BaseModel):
-    path: str
-    bytes: int
-
-
-class FileEntry(BaseModel):
-    path: str
-    size: int
-
-
-class Listing(BaseModel):
-    files: list[FileEntry]
-    truncated: bool = Field(description="True: more files exist than are listed.")
-
-
-class Killed(BaseModel):
-    sandbox: str
-    killed: bool
 
 
 def describe(e: BaseException) -> str:
@@ -113,18 +95,20 @@ def session_sandboxes(
 ) -> Sandboxes:
     """This session's sandboxes; the first call registers their kill at the session's end.
 
-    If the SDK does not say which session a request belongs to, the whole server is one
-    session (its sandboxes are killed when the server stops).
+    A request without a session (2026-07-28 makes a connection per request; or the SDK does
+    not say which session a request belongs to) uses the server's own sandboxes, which
+    outlive every request and are killed when the server stops.
     """
     connection = connection_of(ctx)
-    state: dict[str, Any] = connection.state if connection is not None else registry.shared
+    session = connection if connection is not None and lives_across_requests(connection) else None
+    state: dict[str, Any] = session.state if session is not None else registry.shared
     sandboxes = state.get(STATE_KEY)
     if isinstance(sandboxes, Sandboxes):
         return sandboxes
     sandboxes = registry.open()
     state[STATE_KEY] = sandboxes
-    if connection is not None:
-        connection.exit_stack.push_async_callback(kill, sandboxes)
+    if session is not None:
+        session.exit_stack.push_async_callback(kill, sandboxes)
     return sandboxes
 
 
@@ -148,20 +132,42 @@ def build_server(
     def mine(ctx: Context) -> Sandboxes:
         return session_sandboxes(ctx, registry, kill_session)
 
-    def named(ctx: Context, sandbox: str) -> Any:
+    def named(ctx: Context, sandbox: str) -> Created:
         try:
-            return mine(ctx).handle(sandbox)
+            return mine(ctx).get(sandbox)
         except UnknownSandbox as e:
             raise ToolError(describe(e)) from None
+
+    def place(created: Created, path: str) -> str:
+        try:
+            return to_workspace(path, created.workspace)
+        except ValueError as e:
+            raise ToolError(describe(e)) from None
+
+    async def workspace_of(handle: SandboxHandle) -> str:
+        """Where the new sandbox's commands run; a sandbox whose commands cannot say is
+        killed (the model never learnt its name)."""
+        try:
+            ran = await tool_call(bridge.call(client.exec, handle, WHERE_COMMANDS_RUN))
+            if ran.exit_code != 0 or not ran.stdout.startswith(b"/"):
+                raise ToolError(
+                    f"the new sandbox's commands cannot run: {clip(ran.stderr, 500)[0]}"
+                )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await bridge.call(client.kill, handle)
+            raise
+        return ran.stdout.decode("utf-8", "surrogateescape").rstrip("\n")
 
     @mcp.tool(
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False),
         description=(
             "Create a sandbox: a fresh, empty Linux workspace with its own user and cgroup "
             "(memory, CPU and process limits). Takes milliseconds; it holds a user id and "
-            "disk on the host until killed, and is killed when this session ends unless keep "
-            "is true. network: 'none' (loopback only), 'egress' (outbound internet, never "
-            "the host or other sandboxes) or 'host'; omitted means the host's default. "
+            "disk on the host until killed, and is killed when this session (or without one, "
+            "this server) ends unless keep is true. network: 'none' (loopback only), "
+            "'egress' (outbound internet, never the host or other sandboxes) or 'host'; "
+            "omitted means the host's default. "
             "item_id restores a saved workspace of that name first (slower: a copy)."
         ),
     )
@@ -177,13 +183,16 @@ def build_server(
     ) -> CreatedSandbox:
         spec = SandboxSpec(item_id=item_id, network=network)
         handle = await tool_call(bridge.call(client.create, spec))
-        name = mine(ctx).add(handle, keep)
-        return CreatedSandbox(sandbox=name, handle=handle.id, kept=keep)
+        workspace = await workspace_of(handle)
+        name = mine(ctx).add(handle, keep, workspace)
+        return CreatedSandbox(sandbox=name, workspace=workspace, kept=keep)
 
     @mcp.tool(
         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True),
         description=(
-            "Run a shell command (sh -c) in a sandbox's workspace and wait for it to exit. "
+            "Run a shell command (sh -c) in a sandbox and wait for it to exit. It runs in the "
+            "workspace (or cwd, a workspace path), so the file tools' relative paths work "
+            "as they are. "
             "Output streams as progress notifications while it runs; the result has the exit "
             f"code and stdout and stderr, each cut to {limits.output_bytes // 1024} KiB "
             "(beginning and end kept, truncated marked). A non-zero exit is a result, not an "
@@ -195,7 +204,10 @@ def build_server(
         ctx: Context,
         sandbox: SandboxName,
         command: Annotated[str, Field(description="The command line, run with sh -c.")],
-        cwd: Annotated[str | None, Field(description="Working directory (workspace path).")] = None,
+        cwd: Annotated[
+            str | None,
+            Field(description="Working directory (workspace path); default the workspace."),
+        ] = None,
         env: Annotated[
             dict[str, str] | None, Field(description="Extra environment variables.")
         ] = None,
@@ -204,18 +216,19 @@ def build_server(
         ] = None,
         stdin: Annotated[str | None, Field(description="Text fed to the command's stdin.")] = None,
     ) -> CommandResult:
-        handle = named(ctx, sandbox)
+        created = named(ctx, sandbox)
+        directory = None if cwd is None else place(created, cwd)
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue[bytes] = asyncio.Queue()
         on_output = bridge.to_loop(loop, chunks.put_nowait)
         run = asyncio.ensure_future(
             bridge.call(
                 client.exec,
-                handle,
+                created.handle,
                 ["sh", "-c", command],
                 on_output=on_output,
                 env=env,
-                cwd=cwd,
+                cwd=directory,
                 timeout=timeout,
                 stdin=None if stdin is None else stdin.encode("utf-8"),
             )
@@ -244,12 +257,13 @@ def build_server(
         ),
     )
     async def read_file(ctx: Context, sandbox: SandboxName, path: WorkspacePath) -> FileContent:
-        handle = named(ctx, sandbox)
-        data = await tool_call(bridge.call(client.download, handle, path))
+        created = named(ctx, sandbox)
+        where = place(created, path)
+        data = await tool_call(bridge.call(client.download, created.handle, where))
         kept = data[: limits.file_bytes]
         content, encoding = file_content(kept)
         return FileContent(
-            path=path,
+            path=shown(where),
             size=len(data),
             content=content,
             encoding=encoding,  # type: ignore[arg-type]
@@ -275,35 +289,39 @@ def build_server(
             Literal["utf-8", "base64"], Field(description="How content is encoded.")
         ] = "utf-8",
     ) -> Written:
-        handle = named(ctx, sandbox)
+        created = named(ctx, sandbox)
+        where = place(created, path)
         try:
             data = file_bytes(content, encoding)
         except ValueError as e:
             raise ToolError(describe(e)) from None
-        await tool_call(bridge.call(client.upload, handle, path, data))
-        return Written(path=path, bytes=len(data))
+        await tool_call(bridge.call(client.upload, created.handle, where, data))
+        return Written(path=shown(where), bytes=len(data))
 
     @mcp.tool(
         annotations=ToolAnnotations(read_only_hint=True),
         description=(
             "List the regular files under a directory of a sandbox's workspace, recursively, "
-            f"with their sizes (at most {limits.listed_files}, sorted by path; truncated "
-            "marked). Costs a walk of that tree on the host: list a subdirectory of a big "
-            "tree rather than /."
+            f"with their sizes and paths relative to the workspace (at most "
+            f"{limits.listed_files}, sorted by path; truncated marked). Costs a walk of that "
+            "tree on the host: list a subdirectory of a big tree rather than all of it."
         ),
     )
     async def list_files(
         ctx: Context,
         sandbox: SandboxName,
-        root: Annotated[str, Field(description="The directory to list (workspace path).")] = "/",
+        root: Annotated[
+            str, Field(description="The directory to list (workspace path); default all of it.")
+        ] = ".",
     ) -> Listing:
-        handle = named(ctx, sandbox)
-        walk: Awaitable[list[WalkEntry]] = bridge.call(client.walk, handle, root)
+        created = named(ctx, sandbox)
+        where = place(created, root)
+        walk: Awaitable[list[WalkEntry]] = bridge.call(client.walk, created.handle, where)
         entries = sorted(await tool_call(walk), key=lambda e: e.path)
-        shown = entries[: limits.listed_files]
+        listed = entries[: limits.listed_files]
         return Listing(
-            files=[FileEntry(path=e.path, size=e.size) for e in shown],
-            truncated=len(shown) < len(entries),
+            files=[FileEntry(path=shown(e.path), size=e.size) for e in listed],
+            truncated=len(listed) < len(entries),
         )
 
     @mcp.tool(
@@ -315,8 +333,8 @@ def build_server(
         ),
     )
     async def kill_sandbox(ctx: Context, sandbox: SandboxName) -> Killed:
-        handle = named(ctx, sandbox)
-        await tool_call(bridge.call(client.kill, handle))
+        created = named(ctx, sandbox)
+        await tool_call(bridge.call(client.kill, created.handle))
         mine(ctx).forget(sandbox)
         return Killed(sandbox=sandbox, killed=True)
 

@@ -11,15 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
 import jsonschema
@@ -28,38 +23,28 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from .real_daemon import REPO, Daemon, free_port, running_daemon
+from .mcp_harness import (
+    POLLS,
+    call,
+    created,
+    delete_sandbox,
+    http_server,
+    live_sandboxes,
+    server_argv,
+    server_env,
+    tool_error,
+    until,
+)
+from .real_daemon import REPO, Daemon, running_daemon
 
 TOKEN = "mcp-token"
 TOOLS = {"create_sandbox", "run_command", "read_file", "write_file", "list_files", "kill_sandbox"}
-POLLS = 600
-"""Looks at the daemon or the server before giving up (a hang guard, not a timing)."""
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     with running_daemon(tmp_path_factory.mktemp("daemon"), TOKEN) as running:
         yield running
-
-
-def server_argv(daemon: Daemon, *extra: str) -> list[str]:
-    token = daemon.root.parent / "token"
-    return [
-        "-m",
-        "sandboxd_client.cli",
-        "--url",
-        daemon.url,
-        "--token-file",
-        str(token),
-        "mcp",
-        *extra,
-    ]
-
-
-def server_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    env["PYTHONPATH"] = str(REPO)
-    return env
 
 
 @asynccontextmanager
@@ -72,43 +57,8 @@ async def stdio_session(daemon: Daemon) -> AsyncIterator[ClientSession]:
         yield session
 
 
-def live_sandboxes(daemon: Daemon) -> set[str]:
-    request = urllib.request.Request(
-        daemon.url + "/sandboxes", headers={"Authorization": f"Bearer {TOKEN}"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return {s["remote_id"] for s in json.loads(response.read())["sandboxes"]}
-
-
-def remote_id(handle: str) -> str:
-    return str(json.loads(base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)))["r"])
-
-
-def until(predicate: Callable[[], bool]) -> None:
-    for _ in range(POLLS):
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("gave up waiting (hang guard)")
-
-
 def run(test: Callable[[], Awaitable[None]]) -> None:
     anyio.run(test)
-
-
-async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
-    """A tool call that must succeed; its structured result."""
-    result = await session.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
-async def tool_error(session: ClientSession, tool: str, **arguments: Any) -> str:
-    """A tool call that must fail as a tool error; its text."""
-    result = await session.call_tool(tool, arguments)
-    assert result.is_error, result
-    return " ".join(getattr(c, "text", "") for c in result.content)
 
 
 def test_handshake_and_tools_with_valid_schemas(daemon: Daemon) -> None:
@@ -145,10 +95,12 @@ def test_handshake_and_tools_with_valid_schemas(daemon: Daemon) -> None:
 def test_each_tool(daemon: Daemon) -> None:
     async def test() -> None:
         async with stdio_session(daemon) as session:
-            created = await call(session, "create_sandbox", item_id=None)
-            assert created["sandbox"] == "sb1" and created["kept"] is False
-            sb = created["sandbox"]
-            assert remote_id(created["handle"]) in live_sandboxes(daemon)
+            before = live_sandboxes(daemon)
+            made = await call(session, "create_sandbox", item_id=None)
+            workspace = made.pop("workspace")
+            assert made == {"sandbox": "sb1", "kept": False}  # no handle: no tool takes one
+            sb = made["sandbox"]
+            (rid,) = live_sandboxes(daemon) - before
 
             written = await call(
                 session, "write_file", sandbox=sb, path="src/a.txt", content="hé\n"
@@ -158,14 +110,15 @@ def test_each_tool(daemon: Daemon) -> None:
             await call(
                 session, "write_file", sandbox=sb, path="b.bin", content=binary, encoding="base64"
             )
-            text = await call(session, "read_file", sandbox=sb, path="/src/a.txt")
+            text = await call(session, "read_file", sandbox=sb, path=f"{workspace}/src/a.txt")
             assert (text["content"], text["encoding"], text["size"]) == ("hé\n", "utf-8", 4)
+            assert text["path"] == "src/a.txt"
             raw = await call(session, "read_file", sandbox=sb, path="b.bin")
             assert (raw["content"], raw["encoding"], raw["truncated"]) == (binary, "base64", False)
             listing = await call(session, "list_files", sandbox=sb)
             assert listing["files"] == [
-                {"path": "/b.bin", "size": 3},
-                {"path": "/src/a.txt", "size": 4},
+                {"path": "b.bin", "size": 3},
+                {"path": "src/a.txt", "size": 4},
             ]
 
             progress: list[tuple[float, str | None]] = []
@@ -188,7 +141,7 @@ def test_each_tool(daemon: Daemon) -> None:
             assert not result.is_error, result.content
             out = result.structured_content
             assert out is not None and out["exit_code"] == 3 and out["stderr"] == "two\n"
-            assert out["stdout"].startswith("one\nin\nex\n") and out["stdout"].endswith("/src\n")
+            assert out["stdout"] == f"one\nin\nex\n{workspace}/src\n"
             assert out["truncated"] is False
             streamed = "".join(m or "" for _, m in progress)
             assert "one\n" in streamed and "two\n" in streamed  # live, both streams
@@ -205,7 +158,7 @@ def test_each_tool(daemon: Daemon) -> None:
                 "sandbox": sb,
                 "killed": True,
             }
-            assert remote_id(created["handle"]) not in live_sandboxes(daemon)
+            assert rid not in live_sandboxes(daemon)
 
     run(test)
 
@@ -223,6 +176,9 @@ def test_errors_are_tool_errors(daemon: Daemon) -> None:
             assert "ValueError" in await tool_error(
                 session, "write_file", sandbox=sb, path="../out", content="x"
             )
+            # Not the workspace's root: the host's /src, where a command would look.
+            outside = await tool_error(session, "write_file", sandbox=sb, path="/src/a", content="")
+            assert "outside the workspace" in outside and "'src/a'" in outside
             bad = await tool_error(
                 session, "write_file", sandbox=sb, path="f", content="@@", encoding="base64"
             )
@@ -240,25 +196,17 @@ def test_errors_are_tool_errors(daemon: Daemon) -> None:
 
 
 def test_sandboxes_die_with_their_session_unless_kept(daemon: Daemon) -> None:
-    handles: dict[str, str] = {}
+    ids: dict[str, str] = {}
 
     async def test() -> None:
         async with stdio_session(daemon) as session:
-            handles["dies"] = (await call(session, "create_sandbox"))["handle"]
-            handles["kept"] = (await call(session, "create_sandbox", keep=True))["handle"]
-            live = live_sandboxes(daemon)
-            assert {remote_id(h) for h in handles.values()} <= live
+            _, ids["dies"] = await created(session, daemon)
+            _, ids["kept"] = await created(session, daemon, keep=True)
 
     run(test)
-    until(lambda: remote_id(handles["dies"]) not in live_sandboxes(daemon))
-    assert remote_id(handles["kept"]) in live_sandboxes(daemon)
-    request = urllib.request.Request(
-        f"{daemon.url}/sandboxes/{remote_id(handles['kept'])}",
-        method="DELETE",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 204
+    until(lambda: ids["dies"] not in live_sandboxes(daemon))
+    assert ids["kept"] in live_sandboxes(daemon)
+    delete_sandbox(daemon, ids["kept"])
 
 
 ONE_SESSION_SERVER = """
@@ -273,7 +221,7 @@ main(sys.argv[1:])
 def test_a_server_of_one_session_kills_its_unkept_sandboxes_when_it_ends(daemon: Daemon) -> None:
     """Where the SDK's session hook is not found, every session shares one set of sandboxes,
     which no session's end kills: the server kills the unkept ones as it exits."""
-    handles: dict[str, str] = {}
+    ids: dict[str, str] = {}
 
     async def test() -> None:
         params = StdioServerParameters(
@@ -284,68 +232,49 @@ def test_a_server_of_one_session_kills_its_unkept_sandboxes_when_it_ends(daemon:
         )
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
-            handles["dies"] = (await call(session, "create_sandbox"))["handle"]
-            handles["kept"] = (await call(session, "create_sandbox", keep=True))["handle"]
-            assert {remote_id(h) for h in handles.values()} <= live_sandboxes(daemon)
+            _, ids["dies"] = await created(session, daemon)
+            _, ids["kept"] = await created(session, daemon, keep=True)
 
     run(test)
-    until(lambda: remote_id(handles["dies"]) not in live_sandboxes(daemon))
-    kept = remote_id(handles["kept"])
-    assert kept in live_sandboxes(daemon)
-    request = urllib.request.Request(
-        f"{daemon.url}/sandboxes/{kept}",
-        method="DELETE",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 204
+    until(lambda: ids["dies"] not in live_sandboxes(daemon))
+    assert ids["kept"] in live_sandboxes(daemon)
+    delete_sandbox(daemon, ids["kept"])
 
 
 def test_streamable_http(daemon: Daemon, tmp_path: Path) -> None:
-    port = free_port()
-    log = tmp_path / "mcp.log"
-    argv = [sys.executable, *server_argv(daemon, "--transport", "http", "--port", str(port))]
-    with open(log, "wb") as out:
-        server = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=server_env())
-    url = f"http://127.0.0.1:{port}/mcp"
-    handles: list[str] = []
+    """Handshake-era sessions (``ClientSession``, 2025-11-25): a session's sandboxes die with
+    it (DELETE), those of a session left open with the server."""
+    ids: list[str] = []
 
-    async def test() -> None:
+    async def test(url: str) -> None:
         async with (
             streamable_http_client(url) as (read, write),
             ClientSession(read, write) as session,
         ):
             await session.initialize()
             assert {t.name for t in (await session.list_tools()).tools} == TOOLS
-            created = await call(session, "create_sandbox")
-            handles.append(created["handle"])
-            ran = await call(
-                session, "run_command", sandbox=created["sandbox"], command="echo over http"
-            )
+            sb, rid = await created(session, daemon)
+            ids.append(rid)
+            ran = await call(session, "run_command", sandbox=sb, command="echo over http")
             assert ran["stdout"] == "over http\n"
 
-    async def left_open() -> None:
+    async def left_open(url: str) -> None:
         """A session its client never closes (no DELETE): its sandbox lives on."""
         async with (
             streamable_http_client(url, terminate_on_close=False) as (read, write),
             ClientSession(read, write) as session,
         ):
             await session.initialize()
-            handles.append((await call(session, "create_sandbox"))["handle"])
+            ids.append((await created(session, daemon))[1])
 
-    try:
-        until(lambda: _listening(port) or server.poll() is not None)
-        assert server.poll() is None, log.read_text()
-        run(test)
+    with http_server(daemon, tmp_path / "mcp.log") as url:
+        anyio.run(test, url)
         # The client closed its session (DELETE): its sandbox goes with it.
-        until(lambda: remote_id(handles[0]) not in live_sandboxes(daemon))
-        run(left_open)
-        assert remote_id(handles[1]) in live_sandboxes(daemon)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(60) == 0, log.read_text()
+        until(lambda: ids[0] not in live_sandboxes(daemon))
+        anyio.run(left_open, url)
+        assert ids[1] in live_sandboxes(daemon)
     # Stopped (SIGTERM), the server kills the sandboxes of the sessions still open.
-    assert remote_id(handles[1]) not in live_sandboxes(daemon)
+    assert ids[1] not in live_sandboxes(daemon)
 
 
 def test_the_session_hook_is_found_or_the_server_is_one_session() -> None:
@@ -366,15 +295,12 @@ def test_the_session_hook_is_found_or_the_server_is_one_session() -> None:
         request_context = Request()
 
     assert _sdk.connection_of(Ctx()) is Session._connection  # type: ignore[arg-type]
+    # A handshake's connection is a session; a 2026-07-28 request's lasts that request.
+    assert _sdk.lives_across_requests(Connection.for_loop(object()))  # type: ignore[arg-type]
+    modern = Connection.from_envelope("2026-07-28", None, None)
+    assert not _sdk.lives_across_requests(modern)
     Session._connection = object()  # type: ignore[assignment]
     assert _sdk.connection_of(Ctx()) is None  # type: ignore[arg-type]
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_the_wire_transcript(daemon: Daemon, tmp_path: Path) -> None:

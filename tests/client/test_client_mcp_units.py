@@ -11,7 +11,7 @@ from sandboxd_client.mcp_server._output import (
     file_bytes,
     file_content,
 )
-from sandboxd_client.mcp_server._session import Registry, UnknownSandbox
+from sandboxd_client.mcp_server._session import Created, Registry, UnknownSandbox
 
 
 def test_clip_keeps_both_ends_and_says_how_much_is_left_out() -> None:
@@ -39,12 +39,12 @@ def test_live_text_decodes_a_character_split_between_chunks() -> None:
 def test_sessions_name_their_sandboxes_and_give_up_the_unkept_ones() -> None:
     registry = Registry()
     one, two = registry.open(), registry.open()
-    assert one.add(SandboxHandle("h1"), keep=False) == "sb1"
-    assert one.add(SandboxHandle("h2"), keep=True) == "sb2"
-    assert two.add(SandboxHandle("h3"), keep=False) == "sb1"  # names are per session
-    assert one.handle("sb2") == SandboxHandle("h2")
+    assert one.add(SandboxHandle("h1"), keep=False, workspace="/w1") == "sb1"
+    assert one.add(SandboxHandle("h2"), keep=True, workspace="/w2") == "sb2"
+    assert two.add(SandboxHandle("h3"), keep=False, workspace="/w3") == "sb1"  # per session
+    assert one.get("sb2") == Created(SandboxHandle("h2"), keep=True, workspace="/w2")
     with pytest.raises(UnknownSandbox, match="known: sb1, sb2"):
-        one.handle("sb3")
+        one.get("sb3")
     assert registry.take_unkept() == [SandboxHandle("h1"), SandboxHandle("h3")]
     assert registry.take_unkept() == []
     registry.close(two)
@@ -52,7 +52,7 @@ def test_sessions_name_their_sandboxes_and_give_up_the_unkept_ones() -> None:
     assert registry.sessions == [one]
     one.forget("sb2")
     with pytest.raises(UnknownSandbox, match="none yet"):
-        one.handle("sb2")
+        one.get("sb2")
 
 
 def test_without_a_session_hook_the_server_is_one_session() -> None:
@@ -160,3 +160,65 @@ def test_chunks_queued_together_are_given_out_as_one_batch() -> None:
         return [first, *[batch async for batch in batches]]
 
     assert asyncio.run(main()) == [b"one two three"]
+
+
+def test_tool_paths_are_relative_to_the_workspace_or_absolute_under_it() -> None:
+    from sandboxd_client.mcp_server._paths import shown, to_workspace
+
+    assert to_workspace("src/a", "/w/x") == "/src/a"
+    assert to_workspace("./src//a", "/w/x") == "/src/a"
+    assert to_workspace("/w/x/src/a", "/w/x") == "/src/a"
+    assert to_workspace("//w/./x/", "/w/x") == "/"
+    assert to_workspace("/w/x/../y", "/w/x") == "/../y"  # the host refuses the climb
+    with pytest.raises(ValueError, match=r"'/w/xy/a' is outside the workspace.*'w/xy/a'"):
+        to_workspace("/w/xy/a", "/w/x")
+    with pytest.raises(ValueError, match=r"which is /w/x .*such as '\.'"):
+        to_workspace("/", "/w/x")
+    assert shown("/src/a") == "src/a"
+    assert shown("/") == "."
+
+
+def test_a_sandbox_whose_commands_cannot_run_is_killed_and_not_named() -> None:
+    """``create_sandbox`` learns where commands run with one; if that command fails, the model
+    is told, and the sandbox (whose name it never learnt) is killed. On the SDK's in-process
+    ``Client``, with a stand-in for ``HttpSandbox`` on a reactor of the bridge's own."""
+    import anyio
+    from mcp import Client
+    from twisted.internet.defer import Deferred, succeed
+    from twisted.internet.selectreactor import SelectReactor
+
+    from sandboxd_client import ExecResult
+    from sandboxd_client.mcp_server._bridge import ReactorThread
+    from sandboxd_client.mcp_server._tools import build_server
+
+    killed: list[SandboxHandle] = []
+
+    class NoShell:
+        def create(self, spec: object) -> Deferred[SandboxHandle]:
+            return succeed(SandboxHandle("h1"))
+
+        def exec(self, handle: SandboxHandle, cmd: list[str]) -> Deferred[ExecResult]:
+            return succeed(ExecResult(127, b"", b"sh: not found\n"))
+
+        def kill(self, handle: SandboxHandle) -> Deferred[None]:
+            killed.append(handle)
+            return succeed(None)
+
+    bridge = ReactorThread(SelectReactor())
+    bridge.start()
+    registry = Registry()
+    server = build_server(NoShell(), bridge, registry)  # type: ignore[arg-type]
+
+    async def test() -> str:
+        async with Client(server) as client:
+            result = await client.call_tool("create_sandbox", {})
+            assert result.is_error
+            return " ".join(getattr(c, "text", "") for c in result.content)
+
+    try:
+        text = anyio.run(test)
+    finally:
+        bridge.stop()
+    assert "commands cannot run: sh: not found" in text
+    assert killed == [SandboxHandle("h1")]
+    assert registry.take_unkept() == []
