@@ -60,6 +60,10 @@ STREAMING: dict[str, Streaming] = {
     "process.Process/Connect": process.connect,
     "filesystem.Filesystem/WatchDir": files.watch_dir,
 }
+STREAM_PATHS = frozenset(
+    f"/{name}".encode() for name in (*STREAMING, "process.Process/StreamInput")
+)
+"""The paths of the streaming RPCs: their errors are a stream's end, never an HTTP status."""
 
 USERS = ("", "user")
 """The users a call may name: E2B's default ``user`` is the sandbox's own uid."""
@@ -108,6 +112,13 @@ class E2BFront:
             return self._answer(request, status, wire.rest_error_body(status, str(error)))
         if rpc:
             found = self._connect_error(error, request, failure)
+            if request.path in STREAM_PATHS:
+                # As Connect servers do: HTTP 200 and a stream of one end-of-stream envelope
+                # holding the error. The JS SDK reads only the status of a streaming call that
+                # fails otherwise (429 would be "not running", 400 a bare "HTTP 400").
+                request.setResponseCode(200)
+                request.setHeader(b"content-type", wire.CONNECT_JSON)
+                return wire.end_of_stream(found)
             status, body = wire.connect_error_body(found)
             return self._answer(request, status, body)
         status, message = self._rest_error(error, request, failure)

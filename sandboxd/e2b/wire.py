@@ -129,7 +129,7 @@ def parse_message(data: bytes) -> dict[str, Any]:
 
 def connect_error_body(error: ConnectError) -> tuple[int, bytes]:
     """A unary call's error: its status and Connect error body."""
-    return STATUS_OF_CODE.get(error.code, 500), body({"code": error.code, "message": error.message})
+    return STATUS_OF_CODE.get(error.code, 500), body(error_json(error))
 
 
 def rest_error_body(status: int, message: str) -> bytes:
@@ -160,11 +160,16 @@ def envelope(message: Any, flags: int = 0) -> bytes:
     return HEADER.pack(flags, len(payload)) + payload
 
 
+def error_json(error: ConnectError) -> dict[str, str]:
+    """A Connect error as JSON (a unary call's body, a stream's last envelope's ``error``)."""
+    return {"code": error.code, "message": error.message}
+
+
 def end_of_stream(error: ConnectError | None = None) -> bytes:
     """The last envelope of a stream: ``{}``, or the error the stream ends with."""
     if error is None:
         return envelope({}, FLAG_END)
-    return envelope({"error": {"code": error.code, "message": error.message}}, FLAG_END)
+    return envelope({"error": error_json(error)}, FLAG_END)
 
 
 def read_envelopes(data: bytes) -> Iterator[dict[str, Any]]:

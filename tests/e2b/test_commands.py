@@ -6,6 +6,7 @@ from e2b import (
     CommandExitException,
     InvalidArgumentException,
     NotFoundException,
+    RateLimitException,
     Sandbox,
     SandboxException,
     TimeoutException,
@@ -124,3 +125,16 @@ def test_more_commands_than_records(sandbox: Sandbox) -> None:
         assert [p.pid for p in sandbox.commands.list()] == [handle.pid]
     finally:
         handle.kill()
+
+
+def test_one_command_too_many_is_the_sdks_rate_limit(sandbox: Sandbox) -> None:
+    """The 17th running command (SANDBOXD_PROCESSES_MAX, 16) is refused at its start as a
+    rate limit, and the sandbox lives on."""
+    running = [sandbox.commands.run("sleep 120", background=True) for _ in range(16)]
+    try:
+        with pytest.raises(RateLimitException, match="processes are running"):
+            sandbox.commands.run("echo one too many")
+    finally:
+        for handle in running:
+            handle.kill()
+    assert sandbox.commands.run("echo still here").stdout == "still here\n"

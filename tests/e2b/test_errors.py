@@ -48,6 +48,14 @@ def rpc(front: E2BDaemon, sbx: Sandbox, name: str, message: Any, **more: str) ->
     return call(front, "POST", "/" + name, body, envd(sbx, **more))
 
 
+def stream_error(status: int, headers: dict[str, str], body: bytes) -> Any:
+    """The error a streaming call ended with at once: HTTP 200, one end-of-stream envelope
+    (as Connect servers answer, and both SDKs read)."""
+    assert status == 200 and headers["Content-Type"] == "application/connect+json"
+    assert body[0] == 0x02 and int.from_bytes(body[1:5], "big") == len(body) - 5
+    return json.loads(body[5:])["error"]
+
+
 def api(front: E2BDaemon, method: str, path: str, body: Any = None) -> Any:
     data = (
         None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
@@ -101,16 +109,18 @@ def test_envd_errors(e2b_daemon: E2BDaemon) -> None:
         ):
             envelope = json.dumps(message).encode()
             framed = b"\x00" + len(envelope).to_bytes(4, "big") + envelope
-            status, _, answer = rpc(
-                front,
-                sbx,
-                "process.Process/Start",
-                framed,
-                **{"Content-Type": "application/connect+json"},
+            answer = stream_error(
+                *rpc(
+                    front,
+                    sbx,
+                    "process.Process/Start",
+                    framed,
+                    **{"Content-Type": "application/connect+json"},
+                )
             )
             assert expected in answer["message"], answer
-        status, _, answer = rpc(
-            front, sbx, "process.Process/Start", b"", **{"Connect-Timeout-Ms": "soon"}
+        answer = stream_error(
+            *rpc(front, sbx, "process.Process/Start", b"", **{"Connect-Timeout-Ms": "soon"})
         )
         assert answer["code"] == "invalid_argument"
         unaries: list[tuple[str, dict[str, Any]]] = [
@@ -167,14 +177,16 @@ def test_stream_input_and_tags(e2b_daemon: E2BDaemon) -> None:
         sbx.commands.close_stdin(handle.pid)
         assert handle.wait().stdout == "streamed"
         data = json.dumps({"data": {"input": {"stdin": "eA=="}}}).encode()
-        status, _, _ = rpc(
-            e2b_daemon,
-            sbx,
-            "process.Process/StreamInput",
-            b"\x00" + len(data).to_bytes(4, "big") + data,
-            **{"Content-Type": "application/connect+json"},
+        answer = stream_error(
+            *rpc(
+                e2b_daemon,
+                sbx,
+                "process.Process/StreamInput",
+                b"\x00" + len(data).to_bytes(4, "big") + data,
+                **{"Content-Type": "application/connect+json"},
+            )
         )
-        assert status == 400
+        assert answer["code"] == "invalid_argument"
     finally:
         sbx.kill()
 
