@@ -63,6 +63,16 @@ def timeout_of(request: IRequest) -> float | None:
     return int(text) / 1000 or None
 
 
+def timed_out(process: Process) -> wire.ConnectError:
+    """How a ``Start`` stream ends when ``Connect-Timeout-Ms`` ended its command: as envd's,
+    with ``deadline_exceeded`` and no end event (the SDKs' timeout error, not an exit)."""
+    return wire.ConnectError(
+        "deadline_exceeded",
+        f"process {process.pid}: the command reached its timeout (Connect-Timeout-Ms) "
+        "and was killed",
+    )
+
+
 def end_frame(end: Ended) -> bytes:
     """The ``end`` event of a process that ended as ``end`` (envd's terms: a signal gives
     exit code -1 and ``signal: <name>``)."""
@@ -128,7 +138,7 @@ async def start(
     listed: dict[str, Any] = {"cmd": cmd, "args": args, "envs": envs}
     listed["cwd"] = place_of(config["cwd"]).display if config.get("cwd") else HOME
     entry.processes[process.id] = listed
-    await follow(manager, entry, request, process, 0)
+    await follow(manager, entry, request, process, 0, bounded=True)
 
 
 async def connect(
@@ -145,14 +155,22 @@ async def follow(
     request: IRequest,
     process: Process,
     offset: int | None,
+    bounded: bool = False,
 ) -> None:
-    """Write the process's events to ``request`` until it ends (or the client goes)."""
+    """Write the process's events to ``request`` until it ends (or the client goes).
+
+    ``bounded``: the request's ``Connect-Timeout-Ms`` is the command's timeout (``Start``),
+    so a command it ended ends the stream with ``deadline_exceeded``; any other stream is
+    told the end as it was (exit code -1, killed)."""
     stream: EnvelopeStream | None = None
 
     def deliver(event: ReaderEvent) -> None:
         assert stream is not None
         if isinstance(event, Chunk):
             stream.write(wire.data_event(event.fd, event.data))
+        elif isinstance(event, Ended) and bounded and event.timed_out:
+            stream.write(wire.end_of_stream(timed_out(process)))
+            stream.end()
         elif isinstance(event, Ended):
             stream.write(end_frame(event))
             stream.write(wire.end_of_stream())

@@ -6,7 +6,13 @@ import json
 import urllib.request
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, FilesystemEvent, FilesystemEventType
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FilesystemEvent,
+    FilesystemEventType,
+    TimeoutException,
+)
 
 from tests.e2b.conftest import E2BDaemon
 
@@ -32,6 +38,25 @@ async def commands_and_files() -> None:
 
 def test_async_commands_and_files(e2b_daemon: E2BDaemon) -> None:
     asyncio.run(commands_and_files())
+
+
+async def timed_out_commands() -> None:
+    sbx = await AsyncSandbox.create(timeout=60)
+    try:
+        with pytest.raises(TimeoutException, match="reached its timeout"):
+            await sbx.commands.run("sleep 20", timeout=1)
+        handle = await sbx.commands.run("sleep 20", timeout=1, background=True)
+        with pytest.raises(TimeoutException, match="reached its timeout"):
+            await handle.wait()
+        assert await sbx.commands.list() == []  # killed, as envd kills it
+    finally:
+        await sbx.kill()
+
+
+def test_a_command_past_its_timeout_is_the_sdks_timeout(e2b_daemon: E2BDaemon) -> None:
+    """The async SDK leaves the deadline to the server: its end must be a timeout error
+    (``deadline_exceeded``), not an exit code."""
+    asyncio.run(timed_out_commands())
 
 
 async def streamed_watch() -> list[FilesystemEvent]:

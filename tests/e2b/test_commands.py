@@ -98,6 +98,17 @@ def test_disconnect_and_reconnect(sandbox: Sandbox) -> None:
         sandbox.commands.connect(4_000_000)
 
 
+def test_a_timed_out_command_ends_as_killed_on_a_later_connect(sandbox: Sandbox) -> None:
+    """Only the stream whose Connect-Timeout-Ms was the command's timeout ends in a timeout
+    error; a stream connected afterwards sees the kill, as envd tells it."""
+    handle = sandbox.commands.run("sleep 20", timeout=2, background=True)
+    handle.disconnect()
+    again = sandbox.commands.connect(handle.pid, timeout=0)
+    with pytest.raises(CommandExitException) as caught:
+        again.wait()
+    assert caught.value.exit_code == -1
+
+
 def test_root_user_is_refused(sandbox: Sandbox) -> None:
     with pytest.raises(SandboxException, match="no root in a sandbox"):
         sandbox.commands.run("id", user="root")

@@ -14,6 +14,7 @@ import {
   NotFoundError,
   RateLimitError,
   Sandbox,
+  TimeoutError,
 } from "e2b";
 
 const CONCURRENT_MAX = 16; // SANDBOXD_PROCESSES_MAX's default: running commands per sandbox
@@ -115,6 +116,20 @@ const scenarios = {
     assert.match(refused.message, /outside the sandbox/);
     const missing = await rejection(sbx.commands.connect(4000000));
     assert.ok(missing instanceof NotFoundError, `${missing.name}: ${missing.message}`);
+  },
+
+  // A command that reaches its timeout is the SDK's TimeoutError, not an exit code, and is
+  // killed (the SDK's own deadline and the daemon's fall together: either way, a timeout).
+  async timeout(sbx) {
+    const handle = await sbx.commands.run("sleep 30", { background: true, timeoutMs: 1000 });
+    const ended = await rejection(handle.wait());
+    assert.ok(ended instanceof TimeoutError, `${ended.name}: ${ended.message}`);
+    let left = await sbx.commands.list();
+    for (let n = 0; left.length && n < 200; n++) {
+      await sleep(50);
+      left = await sbx.commands.list();
+    }
+    assert.deepEqual(left, [], "the command was killed");
   },
 };
 
