@@ -176,7 +176,7 @@ async def follow(
             stream.write(wire.end_of_stream())
             stream.end()
         elif isinstance(event, SandboxGone):
-            stream.write(wire.end_of_stream(wire.not_running(entry.id)))
+            stream.write(wire.end_of_stream(wire.cut_short(entry.id)))
             stream.end()
 
     reader = process.reader(offset, True, deliver)

@@ -135,4 +135,5 @@ async def watch_of_a_killed_sandbox() -> Exception | None:
 def test_a_killed_sandbox_ends_its_watch(e2b_daemon: E2BDaemon) -> None:
     from e2b import SandboxNotRunningException
 
-    assert isinstance(asyncio.run(watch_of_a_killed_sandbox()), SandboxNotRunningException)
+    ended = asyncio.run(watch_of_a_killed_sandbox())
+    assert isinstance(ended, SandboxNotRunningException) and "end of life" in str(ended)

@@ -116,13 +116,16 @@ def test_root_user_is_refused(sandbox: Sandbox) -> None:
 
 
 def test_a_killed_sandbox_ends_its_streams(sandbox: Sandbox) -> None:
+    """A stream in flight is cut as E2B cuts it (the SDK asks /health, then tells the end of
+    life); a call made afterwards finds no sandbox."""
     from e2b import SandboxNotRunningException
 
     handle = sandbox.commands.run("sleep 60", background=True)
     Sandbox.kill(sandbox.sandbox_id)
-    with pytest.raises(SandboxNotRunningException):
+    with pytest.raises(SandboxNotRunningException, match="end of life") as caught:
         handle.wait()
-    with pytest.raises(SandboxNotRunningException):
+    assert "ended before the stream completed" in str(caught.value)
+    with pytest.raises(SandboxNotRunningException, match="was not found"):
         sandbox.commands.run("true")
 
 

@@ -33,7 +33,7 @@ def node_problem() -> str | None:
     return None
 
 
-SCENARIOS = ["commands", "files", "rateLimit", "invalidArgument", "timeout"]
+SCENARIOS = ["commands", "files", "rateLimit", "invalidArgument", "timeout", "killed"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -131,6 +131,18 @@ const scenarios = {
     }
     assert.deepEqual(left, [], "the command was killed");
   },
+
+  // A sandbox killed while a command runs cuts the command's stream as E2B cuts it; a command
+  // started afterwards finds no sandbox.
+  async killed(sbx) {
+    const handle = await sbx.commands.run("sleep 60", { background: true });
+    await Sandbox.kill(sbx.sandboxId);
+    const ended = await rejection(handle.wait());
+    assert.ok(ended instanceof TimeoutError, `${ended.name}: ${ended.message}`);
+    assert.match(ended.message, /ended before the stream completed/);
+    const gone = await rejection(sbx.commands.run("true"));
+    assert.equal(gone.name, "SandboxNotFoundError", gone.message);
+  },
 };
 
 const name = process.argv[2];
