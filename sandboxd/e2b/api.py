@@ -127,8 +127,6 @@ class E2BFront:
     def _connect_error(self, error: Exception, request: IRequest, failure: Failure) -> ConnectError:
         if isinstance(error, SandboxNotFound):
             return wire.not_running(self._sandbox_id(request))
-        if isinstance(error, PermissionError):
-            return ConnectError("unauthenticated", str(error))
         if not isinstance(error, SandboxdError | ConnectError):
             log.failure("unexpected error answering {uri}", failure, uri=request.uri)
         return wire.connect_error_of(error)
@@ -141,8 +139,6 @@ class E2BFront:
             if envd:
                 return 502, wire.not_running(self._sandbox_id(request)).message
             return 404, error.detail
-        if isinstance(error, PermissionError):
-            return 401, str(error)
         if isinstance(error, ConnectError):
             return wire.STATUS_OF_CODE.get(error.code, 500), error.message
         if isinstance(error, PathNotFound):

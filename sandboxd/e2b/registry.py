@@ -21,6 +21,7 @@ from twisted.logger import Logger
 
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.sandbox import Sandbox
+from sandboxd.e2b.wire import ConnectError
 from sandboxd.errors import SandboxNotFound
 
 log = Logger()
@@ -90,11 +91,11 @@ class Registry:
         return hmac.compare_digest(entry.token.encode(), token.encode())
 
     def authorised(self, sandbox_id: str, token: str) -> E2BSandbox:
-        """The sandbox whose access token is ``token``; ``PermissionError`` for another
+        """The sandbox whose access token is ``token``; ``unauthenticated`` for another
         token (compared in constant time)."""
         entry = self.get(sandbox_id)
         if not hmac.compare_digest(entry.token.encode(), token.encode()):
-            raise PermissionError("the access token is not this sandbox's")
+            raise ConnectError("unauthenticated", "the access token is not this sandbox's")
         return entry
 
     def all(self) -> list[E2BSandbox]:

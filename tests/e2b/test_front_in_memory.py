@@ -110,16 +110,27 @@ def test_a_core_error_on_a_rest_route_keeps_its_status(memory: Memory) -> None:
     assert status == 400 and "is a directory" in message  # BadRequest, as on Connect routes
 
 
+@attrs.frozen
 class Broken:
     """File work that fails in a way the core does not expect."""
 
+    error: Exception
+
     def run(self, identity: Any, work: Any) -> Deferred[Any]:
-        raise RuntimeError("the file thread broke")
+        raise self.error
 
 
-def test_an_unexpected_error_is_internal_and_logged(memory: Memory) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        RuntimeError("the file thread broke"),
+        # An EPERM of the isolation layer: internal, never read as bad credentials (401).
+        PermissionError(errno.EPERM, "Operation not permitted"),
+    ],
+)
+def test_an_unexpected_error_is_internal_and_logged(memory: Memory, error: Exception) -> None:
     entry = memory.create()
-    memory.manager.isolation = attrs.evolve(memory.manager.isolation, fs=Broken())
+    memory.manager.isolation = attrs.evolve(memory.manager.isolation, fs=Broken(error))
     logged: list[dict[str, Any]] = []
 
     @provider(ILogObserver)
@@ -133,14 +144,14 @@ def test_an_unexpected_error_is_internal_and_logged(memory: Memory) -> None:
     finally:
         globalLogPublisher.removeObserver(observer)
     assert connect_error(rpc) == (500, "internal")
-    assert rpc.json()["message"] == "the file thread broke"
-    assert rest_error(rest) == (500, "the file thread broke")
+    assert rpc.json()["message"] == str(error)
+    assert rest_error(rest) == (500, str(error))
     failures = [e for e in logged if "log_failure" in e]
     assert [e["uri"] for e in failures] == [
         b"/filesystem.Filesystem/Stat",
         b"/files?path=x",
     ]
-    assert all(e["log_failure"].check(RuntimeError) for e in failures)
+    assert all(e["log_failure"].check(type(error)) for e in failures)
 
 
 # Files
