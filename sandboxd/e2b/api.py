@@ -26,6 +26,7 @@ from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
 from sandboxd.errors import InsufficientStorage, PathNotFound, SandboxdError, SandboxNotFound
+from sandboxd.http.download import send_file
 
 log = Logger()
 
@@ -240,7 +241,10 @@ class E2BFront:
         check_user(upload.query(request, "username"))
         place = place_of(upload.query(request, "path") or "", "path")
         source, size = await files.read_file(self.manager, entry, place)
-        await upload.send(request, source, size)
+        try:
+            await send_file(request, source, size)
+        finally:
+            source.close()
         return None
 
     @app.route("/files", methods=["POST"])

@@ -1,4 +1,4 @@
-"""envd's ``/files`` bodies: the files of an upload, and a download's bytes.
+"""envd's ``/files`` upload bodies: the files of an upload.
 
 An upload is ``multipart/form-data`` (one part per file, named by its ``filename``; a single
 file may be named by the ``path`` query instead) or, from envd 0.5.7, the raw bytes of one
@@ -11,8 +11,6 @@ import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from twisted.internet.defer import Deferred
-from twisted.protocols.basic import FileSender
 from twisted.web.iweb import IRequest
 
 from sandboxd.e2b import wire
@@ -21,8 +19,6 @@ from sandboxd.e2b.wire import RestError
 
 INFLATE_MAX = 1 << 30
 """Bytes a gzip upload may inflate to."""
-SEND_CHUNK = 1 << 18
-"""Bytes a download reads and sends at a time."""
 
 
 def query(request: IRequest, name: str) -> str | None:
@@ -114,16 +110,3 @@ def parts(request: IRequest) -> Iterator[tuple[Place, BinaryIO]]:
         yield _place(path), io.BytesIO(inflate(content.read()))
         return
     yield _place(path), content
-
-
-async def send(request: IRequest, source: BinaryIO, size: int) -> None:
-    """Write the file's bytes as the response (the file is closed after)."""
-    request.setHeader(b"content-type", wire.OCTETS)
-    request.setHeader(b"content-length", str(size).encode())
-    try:
-        sender = FileSender()
-        sender.CHUNK_SIZE = SEND_CHUNK
-        sent: Deferred[object] = sender.beginFileTransfer(source, request)
-        await sent
-    finally:
-        source.close()

@@ -33,7 +33,6 @@ from sandboxd.errors import (
 JSON = b"application/json"
 CONNECT_JSON = b"application/connect+json"
 """A stream's content type, exactly (the SDK refuses any parameter on it)."""
-OCTETS = b"application/octet-stream"
 
 FLAG_END = 0x02
 FLAG_COMPRESSED = 0x01

@@ -3,10 +3,9 @@ mkdir, rmdir, rename, and the workspace watch (SPEC §2.2)."""
 
 import os
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from twisted.logger import Logger
-from twisted.protocols.basic import FileSender
 from twisted.web.iweb import IRequest
 
 from sandboxd.core.files import workspace
@@ -14,6 +13,7 @@ from sandboxd.core.files.paths import Parts, normalise
 from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.errors import TooManyEntries
 from sandboxd.http import parse, wire
+from sandboxd.http.download import send_file
 from sandboxd.http.follow import FollowStream
 from sandboxd.http.paced import PacedWriter
 from sandboxd.http.parse import query
@@ -22,9 +22,6 @@ from sandboxd.http.site import Spool
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI
-
-DOWNLOAD_CHUNK = 1 << 18
-"""Bytes a download reads and sends at a time (``FileSender`` reads 16 KiB)."""
 
 T = TypeVar("T")
 
@@ -70,16 +67,7 @@ async def download(api: "SandboxAPI", request: IRequest, rid: str) -> None:
     parts = normalise(query(request, "path"))
     source, length = await api.manager.open_for_reading(sandbox, parts)
     try:
-        request.setHeader(b"content-type", wire.OCTETS)
-        request.setHeader(b"content-length", str(length).encode())
-        bounded = BoundedReader(source, length)
-        sender = FileSender()
-        sender.CHUNK_SIZE = DOWNLOAD_CHUNK
-        await sender.beginFileTransfer(bounded, request)
-        if bounded.remaining:
-            # The file shrank while it was sent: the promised length cannot be met, so
-            # the connection ends (a truncated answer for the client, never a hang).
-            request.loseConnection()  # type: ignore[attr-defined]
+        await send_file(request, source, length)
     finally:
         source.close()
 
@@ -215,18 +203,3 @@ async def watch(api: "SandboxAPI", request: IRequest, rid: str) -> None:
         await stream.wait()
     finally:
         watch.close()
-
-
-class BoundedReader:
-    """Reads at most ``remaining`` bytes of ``source``: a download sends exactly the
-    ``Content-Length`` it announced, even when the sandbox appends to the file meanwhile
-    (more bytes would be taken for the next answer on a kept-alive connection)."""
-
-    def __init__(self, source: Any, remaining: int) -> None:
-        self.source = source
-        self.remaining = remaining
-
-    def read(self, size: int) -> bytes:
-        data = self.source.read(min(size, self.remaining)) if self.remaining > 0 else b""
-        self.remaining -= len(data)
-        return bytes(data)
