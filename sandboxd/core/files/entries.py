@@ -13,7 +13,7 @@ from attrs import frozen
 
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.files.tree import UPLOAD_PREFIX, opened_dir, remove_dir
-from sandboxd.core.files.workspace import parent_of, translate
+from sandboxd.core.files.workspace import make_directory, parent_of, translate
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -116,7 +116,7 @@ def make_dir(root: str, parts: Parts) -> bool:
             if not parts:
                 return False
             try:
-                os.mkdir(parts[-1], 0o755, dir_fd=parent)
+                make_directory(parent, parts[-1])
             except FileExistsError:
                 return False
     except OSError as e:

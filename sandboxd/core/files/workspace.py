@@ -32,6 +32,10 @@ from sandboxd.errors import (
 T = TypeVar("T")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+"""The modes of the files and directories the file calls make (envd's), whatever the
+daemon's umask: the workspace itself (0700) keeps other uids out."""
 _COPY_CHUNK = 1 << 20
 _SENDFILE_CHUNK = 1 << 26
 
@@ -77,11 +81,22 @@ def parent_of(workspace: str, parts: Parts, create: bool = False) -> Iterator[in
                 if not create:
                     raise
                 with suppress(FileExistsError):
-                    os.mkdir(name, 0o755, dir_fd=fd)
+                    make_directory(fd, name)
                 next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = next_fd
         yield fd
+    finally:
+        os.close(fd)
+
+
+def make_directory(parent: int, name: str) -> None:
+    """Make the directory ``name`` in ``parent``, of mode :data:`DIR_MODE` exactly;
+    ``FileExistsError`` when something is there already."""
+    os.mkdir(name, DIR_MODE, dir_fd=parent)
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    try:
+        os.fchmod(fd, DIR_MODE)  # mkdir's mode went through the umask
     finally:
         os.close(fd)
 
@@ -141,7 +156,8 @@ def write_from(workspace: str, parts: Parts, source: BinaryIO, linkable: bool = 
                 fd = -1  # linked: nothing to copy
             else:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                fd = os.open(temp, flags, 0o644, dir_fd=parent)
+                fd = os.open(temp, flags, FILE_MODE, dir_fd=parent)
+                os.fchmod(fd, FILE_MODE)  # open's mode went through the umask
             try:
                 if fd >= 0:
                     _copy_into(source, fd)
@@ -166,6 +182,7 @@ def _link(source: BinaryIO, parent: int, name: str) -> bool:
     """
     source.flush()
     try:
+        os.fchmod(source.fileno(), FILE_MODE)
         os.link(f"/proc/self/fd/{source.fileno()}", name, dst_dir_fd=parent, follow_symlinks=True)
     except OSError:
         return False
@@ -347,7 +364,7 @@ def mkdir(workspace: str, parts: Parts) -> None:
     try:
         with parent_of(workspace, parts, create=True) as parent:
             try:
-                os.mkdir(parts[-1], 0o755, dir_fd=parent)
+                make_directory(parent, parts[-1])
             except FileExistsError:
                 st = _lstat(parent, parts[-1])
                 if st is None or not stat.S_ISDIR(st.st_mode):
