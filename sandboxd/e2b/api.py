@@ -1,7 +1,8 @@
 """The E2B front's routes: the control plane and envd, on one listener with no prefix.
 
 Control plane (REST, ``X-API-Key`` = the daemon's token): create, connect, get, list, kill,
-timeout of sandboxes. envd (routed by ``E2b-Sandbox-Id``, authorised by that sandbox's own
+timeout of sandboxes (create and list also on ``/sandboxes``, the routes of older SDKs
+such as e2b 2.45). envd (routed by ``E2b-Sandbox-Id``, authorised by that sandbox's own
 ``X-Access-Token``): ``/health``, ``/files``, and the Connect-RPC services
 ``process.Process`` (:mod:`sandboxd.e2b.process`) and ``filesystem.Filesystem``
 (:mod:`sandboxd.e2b.files`). Each route parses, calls the core, encodes with
@@ -175,11 +176,13 @@ class E2BFront:
     # Control plane
 
     @app.route("/v2/sandboxes", methods=["POST"])
+    @app.route("/sandboxes", methods=["POST"])
     async def create(self, request: IRequest) -> bytes:
         self.check_api_key(request)
         return await control.create(self, request)
 
     @app.route("/v2/sandboxes", methods=["GET"])
+    @app.route("/sandboxes", methods=["GET"])
     def listing(self, request: IRequest) -> bytes:
         self.check_api_key(request)
         return control.listing(self, request)
@@ -209,7 +212,6 @@ class E2BFront:
 
     @app.route("/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
     @app.route("/v2/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
-    @app.route("/sandboxes", methods=["GET", "POST"])
     @app.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
     def unsupported(self, request: IRequest, rest: str = "") -> bytes:
         self.check_api_key(request)

@@ -153,3 +153,25 @@ def test_without_a_token_any_key_is_taken(tmp_path: Path, monkeypatch: pytest.Mo
         assert "any X-API-Key is accepted" in daemon.log.read_text()
     finally:
         stop_daemon(daemon)
+
+
+def test_the_older_routes_create_and_list(e2b_daemon: E2BDaemon) -> None:
+    """``POST /sandboxes`` and ``GET /sandboxes``, as e2b 2.45 creates and lists, through the
+    official package's own generated client for them."""
+    from e2b import ConnectionConfig
+    from e2b.api import ApiClient
+    from e2b.api.client.api.sandboxes import get_sandboxes, post_sandboxes
+    from e2b.api.client.models import NewSandbox
+
+    client = ApiClient(ConnectionConfig())
+    body = NewSandbox(template_id="base", timeout=60, env_vars={"OLD": "route"})
+    created = post_sandboxes.sync_detailed(client=client, body=body)
+    assert created.status_code == 201 and created.parsed is not None
+    sbx = Sandbox.connect(created.parsed.sandbox_id)
+    try:
+        assert sbx.commands.run("echo $OLD").stdout == "route\n"
+        listed = get_sandboxes.sync(client=client)
+        assert isinstance(listed, list)
+        assert sbx.sandbox_id in [s.sandbox_id for s in listed]
+    finally:
+        sbx.kill()
