@@ -118,7 +118,7 @@ def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
     entry = front.registry.get(sandbox_id)
     timeout = _timeout(_json_body(request), None)
     if timeout is not None:
-        front.registry.set_timeout(entry, timeout)
+        front.registry.extend(entry, timeout)
     return _answer(request, 200, sandbox_json(entry))
 
 

@@ -112,6 +112,12 @@ class Registry:
             entry.expiry.cancel()
         entry.expiry = self.clock.callLater(timeout, self._expire, entry)
 
+    def extend(self, entry: E2BSandbox, timeout: float) -> None:
+        """The sandbox ends ``timeout`` seconds from now, unless it was to end later already
+        (E2B's connect: a running sandbox's life is extended, never shortened)."""
+        if self.clock.seconds() + timeout > entry.end_at:
+            self.set_timeout(entry, timeout)
+
     def _expire(self, entry: E2BSandbox) -> None:
         entry.expiry = None
         log.info("E2B sandbox {id} reached its timeout: killing it", id=entry.id)

@@ -74,14 +74,21 @@ def test_envd_refuses_another_sandboxs_token_itself(memory: Memory) -> None:
 # Control plane
 
 
-def test_connect_without_a_timeout_leaves_the_end_where_it_was(memory: Memory) -> None:
+def test_connect_extends_a_sandboxs_life_and_never_shortens_it(memory: Memory) -> None:
     entry = memory.create(timeout=100)
     memory.clock.advance(40)
     reply = memory.control("POST", f"/sandboxes/{entry.id}/connect", {})
     assert reply.status == 200 and reply.json()["sandboxID"] == entry.id
     assert entry.end_at == 100
     memory.control("POST", f"/sandboxes/{entry.id}/connect", {"timeout": 30})
-    assert entry.end_at == 70
+    assert entry.end_at == 100, "E2B's connect only extends"
+    memory.control("POST", f"/sandboxes/{entry.id}/connect", {"timeout": 90})
+    assert entry.end_at == 130
+    memory.clock.advance(89)
+    assert entry.id in memory.manager.sandboxes
+    memory.clock.advance(1)
+    memory.stub.flush()
+    assert entry.id not in memory.manager.sandboxes
 
 
 # Error mapping

@@ -175,3 +175,15 @@ def test_the_older_routes_create_and_list(e2b_daemon: E2BDaemon) -> None:
         assert sbx.sandbox_id in [s.sandbox_id for s in listed]
     finally:
         sbx.kill()
+
+
+def test_connect_never_shortens_a_running_sandboxs_life(e2b_daemon: E2BDaemon) -> None:
+    sbx = Sandbox.create(timeout=300)
+    try:
+        before = Sandbox.get_info(sbx.sandbox_id).end_at
+        Sandbox.connect(sbx.sandbox_id, timeout=10)
+        assert Sandbox.get_info(sbx.sandbox_id).end_at == before
+        Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert Sandbox.get_info(sbx.sandbox_id).end_at > before
+    finally:
+        sbx.kill()
