@@ -44,6 +44,8 @@ class E2BSandbox:
     watchers: dict[str, Any] = field(factory=dict)
     """Polling watchers (``CreateWatcher``) by id."""
     expiry: IDelayedCall | None = None
+    serial: int = 0
+    """The order of its create among the front's sandboxes (1, 2, ...): a listing's order."""
 
     @property
     def id(self) -> str:
@@ -57,13 +59,21 @@ class Registry:
         self.manager = manager
         self.clock = clock
         self._sandboxes: dict[str, E2BSandbox] = {}
+        self._created = 0
 
     def add(
         self, sandbox: Sandbox, template: str, metadata: dict[str, str], timeout: float
     ) -> E2BSandbox:
         now = self.clock.seconds()
+        self._created += 1
         entry = E2BSandbox(
-            sandbox, secrets.token_urlsafe(24), template, metadata, started_at=now, end_at=now
+            sandbox,
+            secrets.token_urlsafe(24),
+            template,
+            metadata,
+            started_at=now,
+            end_at=now,
+            serial=self._created,
         )
         self._sandboxes[sandbox.rid] = entry
         self.set_timeout(entry, timeout)

@@ -91,6 +91,23 @@ def test_connect_extends_a_sandboxs_life_and_never_shortens_it(memory: Memory) -
     assert entry.id not in memory.manager.sandboxes
 
 
+def test_a_listing_refuses_a_malformed_query_and_takes_a_naive_time_as_utc(
+    memory: Memory,
+) -> None:
+    memory.clock.advance(1000)
+    entry = memory.create()
+    listed = memory.control("GET", "/v2/sandboxes?startedAfter=1970-01-01T00:16:40")
+    assert [s["sandboxID"] for s in listed.json()] == [entry.id]
+    assert memory.control("GET", "/v2/sandboxes?startedAfter=1970-01-01T00:16:41").json() == []
+    for query, named in [
+        ("order=sideways", "order"),
+        ("startedAfter=yesterday", "startedAfter"),
+        ("nextToken=x", "nextToken"),
+    ]:
+        status, message = rest_error(memory.control("GET", f"/v2/sandboxes?{query}"))
+        assert status == 400 and named in message
+
+
 # Error mapping
 
 

@@ -2,7 +2,9 @@
 and the API key."""
 
 import json
+import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,37 @@ def test_connect_never_shortens_a_running_sandboxs_life(e2b_daemon: E2BDaemon) -
         assert Sandbox.get_info(sbx.sandbox_id).end_at > before
     finally:
         sbx.kill()
+
+
+def test_list_is_newest_first_and_filters_as_e2b(e2b_daemon: E2BDaemon) -> None:
+    from e2b import SandboxQuery, SandboxState
+
+    tag = {"listing": f"run-{time.monotonic_ns()}"}
+    older = Sandbox.create(timeout=60, metadata=tag)
+    newer = Sandbox.create(timeout=60, metadata=tag)
+    try:
+        ids = [older.sandbox_id, newer.sandbox_id]
+
+        def listed(**query: object) -> list[str]:
+            found = Sandbox.list(query=SandboxQuery(metadata=tag, **query)).next_items()  # type: ignore[arg-type]
+            return [s.sandbox_id for s in found]
+
+        assert listed() == ids[::-1]
+        ascending = Sandbox.list(query=SandboxQuery(metadata=tag), order="asc")
+        assert [s.sandbox_id for s in ascending.next_items()] == ids
+        started = Sandbox.get_info(newer.sandbox_id).started_at
+        assert listed(started_after=started) == [newer.sandbox_id]
+        assert listed(started_after=started + timedelta(seconds=1)) == []
+        assert listed(template="base") == ids[::-1] and listed(template="other") == []
+        assert listed(state=[SandboxState.RUNNING]) == ids[::-1]
+        assert listed(state=[SandboxState.PAUSED]) == []
+        pages = Sandbox.list(query=SandboxQuery(metadata=tag), limit=1)
+        assert [s.sandbox_id for s in pages.next_items()] == [newer.sandbox_id]
+        assert pages.has_next
+        between = Sandbox.create(timeout=60, metadata=tag)  # made between two pages
+        assert [s.sandbox_id for s in pages.next_items()] == [older.sandbox_id]
+        assert not pages.has_next
+        between.kill()
+    finally:
+        older.kill()
+        newer.kill()
