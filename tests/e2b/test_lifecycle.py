@@ -164,11 +164,13 @@ def test_the_older_routes_create_and_list(e2b_daemon: E2BDaemon) -> None:
     from e2b.api import ApiClient
     from e2b.api.client.api.sandboxes import get_sandboxes, post_sandboxes
     from e2b.api.client.models import NewSandbox
+    from e2b.api.client.models import Sandbox as SandboxModel
 
     client = ApiClient(ConnectionConfig())
     body = NewSandbox(template_id="base", timeout=60, env_vars={"OLD": "route"})
     created = post_sandboxes.sync_detailed(client=client, body=body)
-    assert created.status_code == 201 and created.parsed is not None
+    assert created.status_code == 201
+    assert isinstance(created.parsed, SandboxModel)
     sbx = Sandbox.connect(created.parsed.sandbox_id)
     try:
         assert sbx.commands.run("echo $OLD").stdout == "route\n"
