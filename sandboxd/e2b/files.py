@@ -11,6 +11,7 @@ import secrets
 import stat
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TypeVar
 
@@ -131,8 +132,10 @@ async def move(manager: SandboxManager, entry: E2BSandbox, message: dict[str, An
 
 
 async def remove(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+    """Remove what is at the path; nothing there is no error (envd's ``os.RemoveAll``)."""
     place = place_of(message.get("path"))
-    await in_place(manager, entry, place, entries.remove)
+    with suppress(PathNotFound):
+        await in_place(manager, entry, place, entries.remove)
     return {}
 
 
