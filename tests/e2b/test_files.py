@@ -53,6 +53,22 @@ def test_list_stat_exists_make_dir(sandbox: Sandbox) -> None:
         sandbox.files.get_info("missing")
 
 
+def test_modes_and_links_as_envd_states_them(sandbox: Sandbox) -> None:
+    """``mode`` is the permission bits only (Go's ``FileMode.Perm``); a link is stated by
+    its target: its type, and the target's absolute path."""
+    sandbox.files.write("linked/test.txt", "Hello")
+    directory = sandbox.files.get_info("linked")
+    assert (directory.mode, directory.permissions) == (0o755, "drwxr-xr-x")
+    assert sandbox.files.get_info("linked/test.txt").mode == 0o644
+    sandbox.commands.run("ln -s test.txt link && ln -s missing dangling", cwd="/home/user/linked")
+    link = sandbox.files.get_info("linked/link")
+    assert link.type == FileType.FILE and link.mode == 0o644
+    assert link.symlink_target == "/home/user/linked/test.txt"
+    listed = {e.name: e for e in sandbox.files.list("linked")}
+    assert listed["link"].type == FileType.FILE and "dangling" not in listed  # type unknown
+    assert sandbox.files.get_info("linked/dangling").symlink_target == "/home/user/linked/dangling"
+
+
 def test_rename_remove(sandbox: Sandbox) -> None:
     sandbox.files.write("old.txt", "data")
     moved = sandbox.files.rename("old.txt", "dir/new.txt")

@@ -171,13 +171,57 @@ def test_an_unexpected_error_is_internal_and_logged(memory: Memory) -> None:
 # Files
 
 
-def test_a_symlink_is_stated_as_one_with_its_target(memory: Memory) -> None:
+def test_a_link_is_stated_by_where_it_leads_in_the_sandbox(memory: Memory) -> None:
     entry = memory.create()
-    os.symlink("elsewhere", os.path.join(memory.manager.layout.workspace(entry.id), "link"))
-    found = memory.rpc(entry, "filesystem.Filesystem/Stat", {"path": "link"}).json()["entry"]
-    assert found["type"] == "FILE_TYPE_SYMLINK" and found["path"] == "/home/user/link"
-    assert found["symlinkTarget"] == "elsewhere" and found["isSymlink"] is True
-    assert found["mode"] & files.GO_SYMLINK and not found["mode"] & files.GO_DIR
+    workspace = memory.manager.layout.workspace(entry.id)
+    tmp = memory.manager.layout.tmp(entry.id)
+    os.makedirs(os.path.join(workspace, "d"))
+    with open(os.path.join(workspace, "d", "f"), "w") as f:
+        f.write("data")
+    os.chmod(os.path.join(workspace, "d", "f"), 0o4640)  # setuid: not in envd's mode
+    open(os.path.join(tmp, "t"), "w").close()
+    links = {
+        "to-file": "d/f",
+        "to-dir": "d",
+        "chained": "to-file",
+        "by-host-path": os.path.join(workspace, "d", "f"),
+        "to-tmp": "/tmp/t",
+        "dangling": "d/missing",
+        "outside": "/etc/passwd",
+        "looping": "looping",
+        "climbing": "../../etc",
+        "through-a-link": "to-dir/f",
+    }
+    for name, text in links.items():
+        os.symlink(text, os.path.join(workspace, name))
+
+    def stated(path: str) -> dict[str, Any]:
+        reply = memory.rpc(entry, "filesystem.Filesystem/Stat", {"path": path})
+        found: dict[str, Any] = reply.json()["entry"]
+        return found
+
+    to_file = stated("to-file")
+    assert (to_file["type"], to_file["mode"]) == ("FILE_TYPE_FILE", 0o640)
+    assert to_file["symlinkTarget"] == "/home/user/d/f" and "isSymlink" not in to_file
+    assert to_file["permissions"] == "Lrwxrwxrwx" and to_file["path"] == "/home/user/to-file"
+    assert to_file["size"] == len("d/f")  # the link's own, as envd's Lstat
+    for name, kind, target in [
+        ("to-dir", "FILE_TYPE_DIRECTORY", "/home/user/d"),
+        ("chained", "FILE_TYPE_FILE", "/home/user/d/f"),
+        ("by-host-path", "FILE_TYPE_FILE", "/home/user/d/f"),
+        ("to-tmp", "FILE_TYPE_FILE", "/tmp/t"),
+    ]:
+        assert (stated(name)["type"], stated(name)["symlinkTarget"]) == (kind, target), name
+    for nowhere in ("dangling", "outside", "looping", "climbing", "through-a-link"):
+        found = stated(nowhere)
+        assert found["type"] == "FILE_TYPE_UNSPECIFIED" and found["mode"] == 0, nowhere
+        assert found["symlinkTarget"] == f"/home/user/{nowhere}", nowhere
+    directory = stated("d")
+    assert (directory["mode"], directory["permissions"]) == (0o755, "drwxr-xr-x")
+    assert "symlinkTarget" not in directory
+    listed = memory.rpc(entry, "filesystem.Filesystem/ListDir", {"path": "/home/user"})
+    types = {e["name"]: e["type"] for e in listed.json()["entries"]}
+    assert types["to-dir"] == "FILE_TYPE_DIRECTORY" and types["dangling"] == "FILE_TYPE_UNSPECIFIED"
 
 
 def test_an_event_without_a_name_is_not_told() -> None:
