@@ -22,7 +22,7 @@ from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
 from sandboxd.core.manager import SandboxManager
-from sandboxd.e2b import control, files, process, upload, wire
+from sandboxd.e2b import control, files, process, signing, upload, wire
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
@@ -173,6 +173,22 @@ class E2BFront:
         token = (request.getHeader(b"x-access-token") or b"").decode("utf-8", "replace")
         return self.registry.authorised(sandbox_id, token)
 
+    def files_sandbox(self, request: IRequest, operation: str) -> E2BSandbox:
+        """The sandbox a ``/files`` call is for: by its access token, else (no token) by the
+        URL's signature (:mod:`sandboxd.e2b.signing`)."""
+        args = request.args or {}
+        query = {
+            k.decode("utf-8", "replace"): v[0].decode("utf-8", "replace")
+            for k, v in args.items()
+            if v
+        }
+        if request.getHeader(b"x-access-token") is None and signing.is_signed(query):
+            now = self.manager.clock.seconds()
+            return signing.signed_sandbox(
+                self.registry, self._sandbox_id(request), query, operation, now
+            )
+        return self.envd_sandbox(request)
+
     # Control plane
 
     @app.route("/v2/sandboxes", methods=["POST"])
@@ -231,7 +247,7 @@ class E2BFront:
 
     @app.route("/files", methods=["GET"])
     async def download(self, request: IRequest) -> bytes | None:
-        entry = self.envd_sandbox(request)
+        entry = self.files_sandbox(request, signing.READ)
         check_user(upload.query(request, "username"))
         place = place_of(upload.query(request, "path") or "", "path")
         source, size = await files.read_file(self.manager, entry, place)
@@ -240,7 +256,7 @@ class E2BFront:
 
     @app.route("/files", methods=["POST"])
     async def upload(self, request: IRequest) -> bytes:
-        entry = self.envd_sandbox(request)
+        entry = self.files_sandbox(request, signing.WRITE)
         check_user(upload.query(request, "username"))
         written = []
         for place, source in upload.parts(request):

@@ -99,6 +99,14 @@ class Registry:
             return None
         return hmac.compare_digest(entry.token.encode(), token.encode())
 
+    def named_or_all(self, sandbox_id: str) -> list[E2BSandbox]:
+        """The sandbox ``sandbox_id`` (none if unknown), or every sandbox for ``""``; nothing
+        is touched (no activity, no forgetting)."""
+        if not sandbox_id:
+            return list(self._sandboxes.values())
+        entry = self._sandboxes.get(sandbox_id)
+        return [] if entry is None else [entry]
+
     def authorised(self, sandbox_id: str, token: str) -> E2BSandbox:
         """The sandbox whose access token is ``token``; ``PermissionError`` for another
         token (compared in constant time)."""
