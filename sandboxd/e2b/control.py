@@ -149,8 +149,8 @@ def metadata_filter(text: str | None) -> dict[str, str]:
     return {unquote(k): unquote(v) for k, v in parse_qsl(text, keep_blank_values=True)}
 
 
-def _started_after(text: str | None) -> float | None:
-    """The ``startedAfter`` bound (ISO 8601; a time without an offset is UTC) in seconds."""
+def _started_after(text: str | None) -> datetime | None:
+    """The ``startedAfter`` bound (ISO 8601; a time without an offset is UTC)."""
     if not text:
         return None
     try:
@@ -159,12 +159,13 @@ def _started_after(text: str | None) -> float | None:
         raise RestError(400, f"startedAfter: {text!r} is not an ISO 8601 time") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return when.timestamp()
+    return when
 
 
 def _filter(request: IRequest) -> Callable[[E2BSandbox], bool]:
     """Whether a sandbox passes the list's filters: ``state`` (all are ``running``),
-    ``metadata`` (every pair), ``template`` (its name), ``startedAfter`` (at or after)."""
+    ``metadata`` (every pair), ``template`` (its name), ``startedAfter`` (at or after, to the
+    microsecond: the ``startedAt`` a client was given is as late as itself)."""
     states = (_arg(request, "state") or "running").split(",")
     wanted = metadata_filter(_arg(request, "metadata"))
     template = _arg(request, "template")
@@ -175,7 +176,7 @@ def _filter(request: IRequest) -> Callable[[E2BSandbox], bool]:
             "running" in states
             and all(entry.metadata.get(k) == v for k, v in wanted.items())
             and template in (None, "", entry.template)
-            and (after is None or entry.started_at >= after)
+            and (after is None or datetime.fromtimestamp(entry.started_at, UTC) >= after)
         )
 
     return passes
