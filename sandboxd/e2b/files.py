@@ -31,6 +31,7 @@ from sandboxd.e2b.paths import HOME, TMP, WORKSPACE, Place, place_of
 from sandboxd.e2b.process import EnvelopeStream, keepalive_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
+from sandboxd.e2b.writing import write_in_place
 from sandboxd.errors import PathNotFound, SandboxNotFound
 
 T = TypeVar("T")
@@ -258,7 +259,11 @@ def _watcher(entry: E2BSandbox, message: dict[str, Any]) -> PollingWatcher:
 async def get_watcher_events(
     manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]
 ) -> Any:
-    return {"events": _watcher(entry, message).take()}
+    """The events since the last call: what the kernel has queued is read first, so every
+    change made before this call is in (as the SDK expects right after a write)."""
+    watcher = _watcher(entry, message)
+    watcher.watch.doRead()
+    return {"events": watcher.take()}
 
 
 async def remove_watcher(
@@ -283,5 +288,5 @@ async def read_file(
 async def write_file(
     manager: SandboxManager, entry: E2BSandbox, place: Place, source: BinaryIO
 ) -> dict[str, str]:
-    await in_place(manager, entry, place, lambda r, p: workspace.write_from(r, p, source))
+    await in_place(manager, entry, place, lambda r, p: write_in_place(r, p, source))
     return {"name": place.name, "type": "file", "path": place.display}

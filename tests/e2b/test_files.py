@@ -108,6 +108,39 @@ def test_root_user_is_refused(sandbox: Sandbox) -> None:
         sandbox.files.list("/home/user", user="root")
 
 
+def test_a_watch_sees_writes_as_envd_makes_them(sandbox: Sandbox) -> None:
+    """A write is what envd's is (open, chown, write): a new file is CREATE, CHMOD, WRITE,
+    an overwrite has WRITE; each is there as soon as the write returns."""
+    sandbox.files.write("seen/nested/old.txt", "before")
+    flat = sandbox.files.watch_dir("seen")
+    deep = sandbox.files.watch_dir("seen", recursive=True)
+    try:
+        sandbox.files.write("seen/old.txt", "first")
+        sandbox.files.write("seen/new.txt", "created")
+        told = [(e.name, e.type.name) for e in flat.get_new_events()]
+        assert told == [
+            ("old.txt", "CREATE"),
+            ("old.txt", "CHMOD"),
+            ("old.txt", "WRITE"),
+            ("new.txt", "CREATE"),
+            ("new.txt", "CHMOD"),
+            ("new.txt", "WRITE"),
+        ]
+        sandbox.files.write("seen/old.txt", "overwritten")
+        assert ("old.txt", "WRITE") in [(e.name, e.type.name) for e in flat.get_new_events()]
+        deep.get_new_events()
+        sandbox.files.write("seen/nested/old.txt", "after")
+        kinds = [e.type.name for e in deep.get_new_events() if e.name == "nested/old.txt"]
+        assert "WRITE" in kinds and "CREATE" not in kinds
+        sandbox.files.write("seen/nested/new.txt", "x")
+        told = [(e.name, e.type.name) for e in deep.get_new_events()]
+        assert told[0] == ("nested/new.txt", "CREATE") and len(told) == 3
+    finally:
+        flat.stop()
+        deep.stop()
+    assert sandbox.files.read("seen/old.txt") == "overwritten"
+
+
 def test_polling_watch(sandbox: Sandbox) -> None:
     sandbox.files.make_dir("w")
     watcher = sandbox.files.watch_dir("w", recursive=True)

@@ -224,6 +224,23 @@ def test_a_link_is_stated_by_where_it_leads_in_the_sandbox(memory: Memory) -> No
     assert types["to-dir"] == "FILE_TYPE_DIRECTORY" and types["dangling"] == "FILE_TYPE_UNSPECIFIED"
 
 
+def test_an_upload_replaces_a_link_and_refuses_what_is_not_a_file(memory: Memory) -> None:
+    entry = memory.create()
+    workspace = memory.manager.layout.workspace(entry.id)
+    with open(os.path.join(workspace, "target"), "w") as f:
+        f.write("untouched")
+    os.symlink("target", os.path.join(workspace, "link"))
+    os.mkfifo(os.path.join(workspace, "fifo"))
+    assert write(memory, entry, "link", b"replaced").status == 200
+    assert not os.path.islink(os.path.join(workspace, "link"))
+    with open(os.path.join(workspace, "link")) as f:
+        assert f.read() == "replaced"
+    with open(os.path.join(workspace, "target")) as f:
+        assert f.read() == "untouched"
+    assert rest_error(write(memory, entry, "fifo", b"x")) == (400, "/fifo: is not a regular file")
+    assert rest_error(write(memory, entry, "/home/user", b"x")) == (400, "/: is a directory")
+
+
 def test_an_event_without_a_name_is_not_told() -> None:
     root = place_of("/home/user/d")
     assert files.watch_event(root, WatchEvent("overflow")) is None
