@@ -3,6 +3,7 @@ with depth, stat, exists, make_dir, rename, remove, /tmp, refused paths, and wat
 
 import io
 import time
+import urllib.request
 
 import pytest
 from e2b import (
@@ -13,6 +14,8 @@ from e2b import (
     SandboxException,
 )
 from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+from tests.e2b.conftest import TOKEN, E2BDaemon
 
 
 def test_round_trips(any_sandbox: Sandbox) -> None:
@@ -139,6 +142,27 @@ def test_a_watch_sees_writes_as_envd_makes_them(sandbox: Sandbox) -> None:
         flat.stop()
         deep.stop()
     assert sandbox.files.read("seen/old.txt") == "overwritten"
+
+
+def native_upload(front: E2BDaemon, sandbox_id: str, path: str, data: bytes) -> None:
+    """A write through the native API (its hidden temporary file renamed into place)."""
+    url = f"{front.daemon.url}/sandboxes/{sandbox_id}/file?path={path}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    request = urllib.request.Request(url, data=data, method="PUT", headers=headers)
+    urllib.request.urlopen(request, timeout=30).close()
+
+
+def test_a_native_upload_is_one_create_without_its_temporary_file(
+    e2b_daemon: E2BDaemon, sandbox: Sandbox
+) -> None:
+    sandbox.files.make_dir("native")
+    watcher = sandbox.files.watch_dir("native")
+    try:
+        native_upload(e2b_daemon, sandbox.sandbox_id, "native/put.txt", b"natively")
+        assert [(e.name, e.type.name) for e in watcher.get_new_events()] == [("put.txt", "CREATE")]
+    finally:
+        watcher.stop()
+    assert sandbox.files.read("native/put.txt") == "natively"
 
 
 def test_polling_watch(sandbox: Sandbox) -> None:
