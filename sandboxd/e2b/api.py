@@ -1,7 +1,8 @@
 """The E2B front's routes: the control plane and envd, on one listener with no prefix.
 
 Control plane (REST, ``X-API-Key`` = the daemon's token): create, connect, get, list, kill,
-timeout of sandboxes. envd (routed by ``E2b-Sandbox-Id``, authorised by that sandbox's own
+timeout of sandboxes (create and list also on ``/sandboxes``, the routes of older SDKs
+such as e2b 2.45). envd (routed by ``E2b-Sandbox-Id``, authorised by that sandbox's own
 ``X-Access-Token``): ``/health``, ``/files``, and the Connect-RPC services
 ``process.Process`` (:mod:`sandboxd.e2b.process`) and ``filesystem.Filesystem``
 (:mod:`sandboxd.e2b.files`). Each route parses, calls the core, encodes with
@@ -21,7 +22,7 @@ from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
 from sandboxd.core.manager import SandboxManager
-from sandboxd.e2b import control, files, process, upload, wire
+from sandboxd.e2b import control, files, process, signing, upload, wire
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
@@ -180,14 +181,32 @@ class E2BFront:
         token = (request.getHeader(b"x-access-token") or b"").decode("utf-8", "replace")
         return self.registry.authorised(sandbox_id, token)
 
+    def files_sandbox(self, request: IRequest, operation: str) -> E2BSandbox:
+        """The sandbox a ``/files`` call is for: by its access token, else (no token) by the
+        URL's signature (:mod:`sandboxd.e2b.signing`)."""
+        args = request.args or {}
+        query = {
+            k.decode("utf-8", "replace"): v[0].decode("utf-8", "replace")
+            for k, v in args.items()
+            if v
+        }
+        if request.getHeader(b"x-access-token") is None and signing.is_signed(query):
+            now = self.manager.clock.seconds()
+            return signing.signed_sandbox(
+                self.registry, self._sandbox_id(request), query, operation, now
+            )
+        return self.envd_sandbox(request)
+
     # Control plane
 
     @app.route("/v2/sandboxes", methods=["POST"])
+    @app.route("/sandboxes", methods=["POST"])
     async def create(self, request: IRequest) -> bytes:
         self.check_api_key(request)
         return await control.create(self, request)
 
     @app.route("/v2/sandboxes", methods=["GET"])
+    @app.route("/sandboxes", methods=["GET"])
     def listing(self, request: IRequest) -> bytes:
         self.check_api_key(request)
         return control.listing(self, request)
@@ -217,7 +236,6 @@ class E2BFront:
 
     @app.route("/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
     @app.route("/v2/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
-    @app.route("/sandboxes", methods=["GET", "POST"])
     @app.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
     def unsupported(self, request: IRequest, rest: str = "") -> bytes:
         self.check_api_key(request)
@@ -237,7 +255,7 @@ class E2BFront:
 
     @app.route("/files", methods=["GET"])
     async def download(self, request: IRequest) -> bytes | None:
-        entry = self.envd_sandbox(request)
+        entry = self.files_sandbox(request, signing.READ)
         check_user(upload.query(request, "username"))
         place = place_of(upload.query(request, "path") or "", "path")
         source, size = await files.read_file(self.manager, entry, place)
@@ -249,7 +267,7 @@ class E2BFront:
 
     @app.route("/files", methods=["POST"])
     async def upload(self, request: IRequest) -> bytes:
-        entry = self.envd_sandbox(request)
+        entry = self.files_sandbox(request, signing.WRITE)
         check_user(upload.query(request, "username"))
         written = []
         for place, source in upload.parts(request):

@@ -7,6 +7,7 @@ ignored.
 """
 
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
@@ -118,7 +119,7 @@ def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
     entry = front.registry.get(sandbox_id)
     timeout = _timeout(_json_body(request), None)
     if timeout is not None:
-        front.registry.set_timeout(entry, timeout)
+        front.registry.extend(entry, timeout)
     return _answer(request, 200, sandbox_json(entry))
 
 
@@ -148,23 +149,61 @@ def metadata_filter(text: str | None) -> dict[str, str]:
     return {unquote(k): unquote(v) for k, v in parse_qsl(text, keep_blank_values=True)}
 
 
-def listing(front: "E2BFront", request: IRequest) -> bytes:
-    """``GET /v2/sandboxes``: the running sandboxes matching the query, a page at a time
-    (``x-next-token`` when there are more)."""
-    wanted = metadata_filter(_arg(request, "metadata"))
-    states = (_arg(request, "state") or "running").split(",")
-    found = [
-        entry
-        for entry in front.registry.all()
-        if "running" in states and all(entry.metadata.get(k) == v for k, v in wanted.items())
-    ]
-    found.sort(key=lambda e: (e.started_at, e.id), reverse=_arg(request, "order") == "desc")
+def _started_after(text: str | None) -> datetime | None:
+    """The ``startedAfter`` bound (ISO 8601; a time without an offset is UTC)."""
+    if not text:
+        return None
     try:
-        start = int(_arg(request, "nextToken") or 0)
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise RestError(400, f"startedAfter: {text!r} is not an ISO 8601 time") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when
+
+
+def _filter(request: IRequest) -> Callable[[E2BSandbox], bool]:
+    """Whether a sandbox passes the list's filters: ``state`` (all are ``running``),
+    ``metadata`` (every pair), ``template`` (its name), ``startedAfter`` (at or after, to the
+    microsecond: the ``startedAt`` a client was given is as late as itself)."""
+    states = (_arg(request, "state") or "running").split(",")
+    wanted = metadata_filter(_arg(request, "metadata"))
+    template = _arg(request, "template")
+    after = _started_after(_arg(request, "startedAfter"))
+
+    def passes(entry: E2BSandbox) -> bool:
+        return (
+            "running" in states
+            and all(entry.metadata.get(k) == v for k, v in wanted.items())
+            and template in (None, "", entry.template)
+            and (after is None or datetime.fromtimestamp(entry.started_at, UTC) >= after)
+        )
+
+    return passes
+
+
+def listing(front: "E2BFront", request: IRequest) -> bytes:
+    """``GET /v2/sandboxes``: the running sandboxes matching the query, newest first (as E2B;
+    ``order=asc``: oldest first), a page at a time. ``x-next-token`` names the last sandbox
+    of a page that has more after it (its create's serial): the next page goes on from
+    there, whatever was created or killed meanwhile."""
+    order = _arg(request, "order") or "desc"
+    if order not in ("asc", "desc"):
+        raise RestError(400, f"order: {order!r} is neither 'asc' nor 'desc'")
+    try:
+        after = int(_arg(request, "nextToken") or 0)
         limit = min(int(_arg(request, "limit") or LIST_LIMIT_MAX), LIST_LIMIT_MAX)
     except ValueError:
         raise RestError(400, "nextToken and limit: must be integers") from None
-    page = found[start : start + max(limit, 1)]
-    if start + len(page) < len(found):
-        request.setHeader(b"x-next-token", str(start + len(page)).encode())
+    passes = _filter(request)
+    found = sorted(
+        (entry for entry in front.registry.all() if passes(entry)),
+        key=lambda e: e.serial,
+        reverse=order == "desc",
+    )
+    if after:
+        found = [e for e in found if (e.serial < after if order == "desc" else e.serial > after)]
+    page = found[: max(limit, 1)]
+    if len(page) < len(found):
+        request.setHeader(b"x-next-token", str(page[-1].serial).encode())
     return _answer(request, 200, [detail_json(front, entry) for entry in page])

@@ -2,15 +2,17 @@
 
 Every call runs in a file thread with the sandbox's filesystem credentials
 (:meth:`SandboxManager.files`), on the workspace (``/home/user``) or the sandbox's own tmp
-(``/tmp``); the core's functions never follow a symlink. Watches are the core's workspace
-watch (:meth:`SandboxManager.watch`): streamed (``WatchDir``) or buffered for the polling
-calls (``CreateWatcher``/``GetWatcherEvents``/``RemoveWatcher``).
+(``/tmp``); the core's functions never follow a symlink (a link is described by where it
+leads, resolved in the sandbox's terms: :mod:`sandboxd.e2b.links`). Watches are the core's
+workspace watch (:meth:`SandboxManager.watch`): streamed (``WatchDir``) or buffered for the
+polling calls (``CreateWatcher``/``GetWatcherEvents``/``RemoveWatcher``).
 """
 
 import secrets
 import stat
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TypeVar
 
@@ -23,20 +25,19 @@ from sandboxd.core.files.paths import Parts
 from sandboxd.core.files.tree import UPLOAD_PREFIX
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
-from sandboxd.e2b import wire
-from sandboxd.e2b.paths import WORKSPACE, Place, place_of
+from sandboxd.e2b import links, wire
+from sandboxd.e2b.links import Resolved
+from sandboxd.e2b.paths import HOME, TMP, WORKSPACE, Place, place_of
 from sandboxd.e2b.process import EnvelopeStream, keepalive_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
+from sandboxd.e2b.writing import write_in_place
 from sandboxd.errors import PathNotFound, SandboxNotFound
 
 T = TypeVar("T")
 
-FILE_TYPES = {
-    "file": "FILE_TYPE_FILE",
-    "dir": "FILE_TYPE_DIRECTORY",
-    "symlink": "FILE_TYPE_SYMLINK",
-}
+FILE_TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY"}
+"""The types envd gives (a link has its target's, :mod:`sandboxd.e2b.links`)."""
 EVENT_TYPES = {
     "create": "EVENT_TYPE_CREATE",
     "write": "EVENT_TYPE_WRITE",
@@ -44,8 +45,8 @@ EVENT_TYPES = {
     "rename": "EVENT_TYPE_RENAME",
     "chmod": "EVENT_TYPE_CHMOD",
 }
-GO_DIR = 1 << 31
-GO_SYMLINK = 1 << 27
+PERMISSION_BITS = 0o777
+"""What envd's ``mode`` holds (Go's ``FileMode.Perm``): no type bit, no setuid/sticky."""
 WATCHER_EVENTS_MAX = 10_000
 """Events a polling watcher keeps between two polls (the oldest go first)."""
 
@@ -70,35 +71,56 @@ def owner_name(entry: E2BSandbox, uid: int) -> str:
     return "root" if uid == 0 else str(uid)
 
 
-def entry_info(entry: E2BSandbox, place: Place, found: Entry) -> dict[str, Any]:
-    """An ``EntryInfo`` message of what is at ``place``."""
-    mode = stat.S_IMODE(found.mode)
-    if found.kind == "dir":
-        mode |= GO_DIR
-    elif found.kind == "symlink":
-        mode |= GO_SYMLINK
+def permissions_of(mode: int) -> str:
+    """The ``permissions`` text envd gives (Go's ``FileMode.String``: ``L`` for a link)."""
+    text = stat.filemode(mode)
+    return "L" + text[1:] if stat.S_ISLNK(mode) else text
+
+
+def entry_info(
+    entry: E2BSandbox, place: Place, found: Entry, link: Resolved | None = None
+) -> dict[str, Any]:
+    """An ``EntryInfo`` message of what is at ``place``, as envd gives it: ``mode`` holds the
+    permission bits only (``0o755`` for a directory); a link (``link``: where it leads) has
+    the type and permission bits of its target, and ``symlinkTarget``."""
+    shown = found if link is None else link.found
     at = datetime.fromtimestamp(found.mtime_ns / 1e9, UTC)
     info: dict[str, Any] = {
         "name": place.name,
-        "type": FILE_TYPES.get(found.kind, "FILE_TYPE_UNSPECIFIED"),
+        "type": FILE_TYPES.get(shown.kind if shown else "", "FILE_TYPE_UNSPECIFIED"),
         "path": place.display,
         "size": found.size,
-        "mode": mode,
-        "permissions": stat.filemode(found.mode),
+        "mode": 0 if shown is None else stat.S_IMODE(shown.mode) & PERMISSION_BITS,
+        "permissions": permissions_of(found.mode),
         "owner": owner_name(entry, found.uid),
         "group": owner_name(entry, found.gid),
         "modifiedTime": at.isoformat().replace("+00:00", "Z"),
     }
-    if found.target is not None:
-        info["symlinkTarget"] = found.target
-        info["isSymlink"] = True
+    if link is not None:
+        info["symlinkTarget"] = link.target
     return info
+
+
+async def described(
+    manager: SandboxManager, entry: E2BSandbox, place: Place, found: Entry
+) -> dict[str, Any]:
+    """:func:`entry_info` of ``found``, a link resolved first (:mod:`sandboxd.e2b.links`)."""
+    if found.target is None:
+        return entry_info(entry, place, found)
+    layout = manager.layout
+    host_places = {layout.workspace(entry.id): HOME, layout.tmp(entry.id): TMP}
+
+    def stat_at(at: Place) -> Awaitable[Entry]:
+        return in_place(manager, entry, at, entries.stat_entry)
+
+    link = await links.resolve(stat_at, host_places, place, found.target)
+    return entry_info(entry, place, found, link)
 
 
 async def stat_(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
     place = place_of(message.get("path"))
     found = await in_place(manager, entry, place, entries.stat_entry)
-    return {"entry": entry_info(entry, place, found)}
+    return {"entry": await described(manager, entry, place, found)}
 
 
 async def list_dir(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
@@ -108,7 +130,7 @@ async def list_dir(manager: SandboxManager, entry: E2BSandbox, message: dict[str
     listed = []
     for item in found:
         child = Place(place.area, item.parts)
-        listed.append(entry_info(entry, child, item))
+        listed.append(await described(manager, entry, child, item))
     return {"entries": listed}
 
 
@@ -127,12 +149,14 @@ async def move(manager: SandboxManager, entry: E2BSandbox, message: dict[str, An
         raise ConnectError("invalid_argument", "a move cannot cross /home/user and /tmp")
     await in_place(manager, entry, source, lambda r, p: workspace.rename(r, p, target.parts))
     found = await in_place(manager, entry, target, entries.stat_entry)
-    return {"entry": entry_info(entry, target, found)}
+    return {"entry": await described(manager, entry, target, found)}
 
 
 async def remove(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+    """Remove what is at the path; nothing there is no error (envd's ``os.RemoveAll``)."""
     place = place_of(message.get("path"))
-    await in_place(manager, entry, place, entries.remove)
+    with suppress(PathNotFound):
+        await in_place(manager, entry, place, entries.remove)
     return {}
 
 
@@ -235,7 +259,11 @@ def _watcher(entry: E2BSandbox, message: dict[str, Any]) -> PollingWatcher:
 async def get_watcher_events(
     manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]
 ) -> Any:
-    return {"events": _watcher(entry, message).take()}
+    """The events since the last call: what the kernel has queued is read first, so every
+    change made before this call is in (as the SDK expects right after a write)."""
+    watcher = _watcher(entry, message)
+    watcher.watch.doRead()
+    return {"events": watcher.take()}
 
 
 async def remove_watcher(
@@ -260,5 +288,5 @@ async def read_file(
 async def write_file(
     manager: SandboxManager, entry: E2BSandbox, place: Place, source: BinaryIO
 ) -> dict[str, str]:
-    await in_place(manager, entry, place, lambda r, p: workspace.write_from(r, p, source))
+    await in_place(manager, entry, place, lambda r, p: write_in_place(r, p, source))
     return {"name": place.name, "type": "file", "path": place.display}

@@ -45,6 +45,8 @@ class E2BSandbox:
     watchers: dict[str, Any] = field(factory=dict)
     """Polling watchers (``CreateWatcher``) by id."""
     expiry: IDelayedCall | None = None
+    serial: int = 0
+    """The order of its create among the front's sandboxes (1, 2, ...): a listing's order."""
 
     @property
     def id(self) -> str:
@@ -58,13 +60,21 @@ class Registry:
         self.manager = manager
         self.clock = clock
         self._sandboxes: dict[str, E2BSandbox] = {}
+        self._created = 0
 
     def add(
         self, sandbox: Sandbox, template: str, metadata: dict[str, str], timeout: float
     ) -> E2BSandbox:
         now = self.clock.seconds()
+        self._created += 1
         entry = E2BSandbox(
-            sandbox, secrets.token_urlsafe(24), template, metadata, started_at=now, end_at=now
+            sandbox,
+            secrets.token_urlsafe(24),
+            template,
+            metadata,
+            started_at=now,
+            end_at=now,
+            serial=self._created,
         )
         self._sandboxes[sandbox.rid] = entry
         self.set_timeout(entry, timeout)
@@ -90,6 +100,14 @@ class Registry:
             return None
         return hmac.compare_digest(entry.token.encode(), token.encode())
 
+    def named_or_all(self, sandbox_id: str) -> list[E2BSandbox]:
+        """The sandbox ``sandbox_id`` (none if unknown), or every sandbox for ``""``; nothing
+        is touched (no activity, no forgetting)."""
+        if not sandbox_id:
+            return list(self._sandboxes.values())
+        entry = self._sandboxes.get(sandbox_id)
+        return [] if entry is None else [entry]
+
     def authorised(self, sandbox_id: str, token: str) -> E2BSandbox:
         """The sandbox whose access token is ``token``; ``unauthenticated`` for another
         token (compared in constant time)."""
@@ -112,6 +130,12 @@ class Registry:
         if entry.expiry is not None and entry.expiry.active():
             entry.expiry.cancel()
         entry.expiry = self.clock.callLater(timeout, self._expire, entry)
+
+    def extend(self, entry: E2BSandbox, timeout: float) -> None:
+        """The sandbox ends ``timeout`` seconds from now, unless it was to end later already
+        (E2B's connect: a running sandbox's life is extended, never shortened)."""
+        if self.clock.seconds() + timeout > entry.end_at:
+            self.set_timeout(entry, timeout)
 
     def _expire(self, entry: E2BSandbox) -> None:
         entry.expiry = None

@@ -15,6 +15,7 @@ from e2b import (
 )
 
 from tests.e2b.conftest import E2BDaemon
+from tests.e2b.test_files import native_upload
 
 
 async def commands_and_files() -> None:
@@ -59,7 +60,7 @@ def test_a_command_past_its_timeout_is_the_sdks_timeout(e2b_daemon: E2BDaemon) -
     asyncio.run(timed_out_commands())
 
 
-async def streamed_watch() -> list[FilesystemEvent]:
+async def streamed_watch(front: E2BDaemon) -> list[FilesystemEvent]:
     sbx = await AsyncSandbox.create(timeout=60)
     seen: list[FilesystemEvent] = []
     arrived = asyncio.Event()
@@ -73,6 +74,7 @@ async def streamed_watch() -> list[FilesystemEvent]:
         await sbx.files.make_dir("watched")
         watch = await sbx.files.watch_dir("watched", on_event, recursive=True)
         await sbx.files.write("watched/new.txt", "1")
+        await asyncio.to_thread(native_upload, front, sbx.sandbox_id, "watched/put.txt", b"2")
         await sbx.files.make_dir("watched/sub")
         for n in range(200):  # until the new directory is watched (see test_polling_watch)
             await sbx.commands.run(f"touch watched/sub/late{n}")
@@ -86,9 +88,11 @@ async def streamed_watch() -> list[FilesystemEvent]:
 
 
 def test_async_watch_dir_streams_events(e2b_daemon: E2BDaemon) -> None:
-    seen = asyncio.run(streamed_watch())
+    seen = asyncio.run(streamed_watch(e2b_daemon))
     kinds = {(e.name, e.type) for e in seen}
     assert ("new.txt", FilesystemEventType.CREATE) in kinds
+    assert ("put.txt", FilesystemEventType.CREATE) in kinds
+    assert not any(".sandboxd-upload-" in e.name for e in seen)
     assert ("sub", FilesystemEventType.CREATE) in kinds
     assert any(n.startswith("sub/late") and k == FilesystemEventType.CREATE for n, k in kinds)
 

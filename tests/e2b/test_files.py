@@ -3,6 +3,7 @@ with depth, stat, exists, make_dir, rename, remove, /tmp, refused paths, and wat
 
 import io
 import time
+import urllib.request
 
 import pytest
 from e2b import (
@@ -13,6 +14,8 @@ from e2b import (
     SandboxException,
 )
 from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+from tests.e2b.conftest import TOKEN, E2BDaemon
 
 
 def test_round_trips(any_sandbox: Sandbox) -> None:
@@ -53,6 +56,22 @@ def test_list_stat_exists_make_dir(sandbox: Sandbox) -> None:
         sandbox.files.get_info("missing")
 
 
+def test_modes_and_links_as_envd_states_them(sandbox: Sandbox) -> None:
+    """``mode`` is the permission bits only (Go's ``FileMode.Perm``); a link is stated by
+    its target: its type, and the target's absolute path."""
+    sandbox.files.write("linked/test.txt", "Hello")
+    directory = sandbox.files.get_info("linked")
+    assert (directory.mode, directory.permissions) == (0o755, "drwxr-xr-x")
+    assert sandbox.files.get_info("linked/test.txt").mode == 0o644
+    sandbox.commands.run("ln -s test.txt link && ln -s missing dangling", cwd="/home/user/linked")
+    link = sandbox.files.get_info("linked/link")
+    assert link.type == FileType.FILE and link.mode == 0o644
+    assert link.symlink_target == "/home/user/linked/test.txt"
+    listed = {e.name: e for e in sandbox.files.list("linked")}
+    assert listed["link"].type == FileType.FILE and "dangling" not in listed  # type unknown
+    assert sandbox.files.get_info("linked/dangling").symlink_target == "/home/user/linked/dangling"
+
+
 def test_rename_remove(sandbox: Sandbox) -> None:
     sandbox.files.write("old.txt", "data")
     moved = sandbox.files.rename("old.txt", "dir/new.txt")
@@ -61,8 +80,7 @@ def test_rename_remove(sandbox: Sandbox) -> None:
     assert sandbox.files.read("dir/new.txt") == "data"
     sandbox.files.remove("dir")
     assert not sandbox.files.exists("dir")
-    with pytest.raises(FileNotFoundException):
-        sandbox.files.remove("dir")
+    sandbox.files.remove("dir")  # nothing there: no error, as envd's os.RemoveAll
     with pytest.raises(FileNotFoundException):
         sandbox.files.read("dir/new.txt")
 
@@ -91,6 +109,60 @@ def test_root_user_is_refused(sandbox: Sandbox) -> None:
         sandbox.files.write("x", "y", user="root")
     with pytest.raises(SandboxException, match="no root in a sandbox"):
         sandbox.files.list("/home/user", user="root")
+
+
+def test_a_watch_sees_writes_as_envd_makes_them(sandbox: Sandbox) -> None:
+    """A write is what envd's is (open, chown, write): a new file is CREATE, CHMOD, WRITE,
+    an overwrite has WRITE; each is there as soon as the write returns."""
+    sandbox.files.write("seen/nested/old.txt", "before")
+    flat = sandbox.files.watch_dir("seen")
+    deep = sandbox.files.watch_dir("seen", recursive=True)
+    try:
+        sandbox.files.write("seen/old.txt", "first")
+        sandbox.files.write("seen/new.txt", "created")
+        told = [(e.name, e.type.name) for e in flat.get_new_events()]
+        assert told == [
+            ("old.txt", "CREATE"),
+            ("old.txt", "CHMOD"),
+            ("old.txt", "WRITE"),
+            ("new.txt", "CREATE"),
+            ("new.txt", "CHMOD"),
+            ("new.txt", "WRITE"),
+        ]
+        sandbox.files.write("seen/old.txt", "overwritten")
+        assert ("old.txt", "WRITE") in [(e.name, e.type.name) for e in flat.get_new_events()]
+        deep.get_new_events()
+        sandbox.files.write("seen/nested/old.txt", "after")
+        kinds = [e.type.name for e in deep.get_new_events() if e.name == "nested/old.txt"]
+        assert "WRITE" in kinds and "CREATE" not in kinds
+        sandbox.files.write("seen/nested/new.txt", "x")
+        told = [(e.name, e.type.name) for e in deep.get_new_events()]
+        assert told[0] == ("nested/new.txt", "CREATE") and len(told) == 3
+    finally:
+        flat.stop()
+        deep.stop()
+    assert sandbox.files.read("seen/old.txt") == "overwritten"
+
+
+def native_upload(front: E2BDaemon, sandbox_id: str, path: str, data: bytes) -> None:
+    """A write through the native API (its hidden temporary file renamed into place)."""
+    url = f"{front.daemon.url}/sandboxes/{sandbox_id}/file?path={path}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    request = urllib.request.Request(url, data=data, method="PUT", headers=headers)
+    urllib.request.urlopen(request, timeout=30).close()
+
+
+def test_a_native_upload_is_one_create_without_its_temporary_file(
+    e2b_daemon: E2BDaemon, sandbox: Sandbox
+) -> None:
+    sandbox.files.make_dir("native")
+    watcher = sandbox.files.watch_dir("native")
+    try:
+        native_upload(e2b_daemon, sandbox.sandbox_id, "native/put.txt", b"natively")
+        assert [(e.name, e.type.name) for e in watcher.get_new_events()] == [("put.txt", "CREATE")]
+    finally:
+        watcher.stop()
+    assert sandbox.files.read("native/put.txt") == "natively"
 
 
 def test_polling_watch(sandbox: Sandbox) -> None:

@@ -73,14 +73,38 @@ def test_envd_refuses_another_sandboxs_token_itself(memory: Memory) -> None:
 # Control plane
 
 
-def test_connect_without_a_timeout_leaves_the_end_where_it_was(memory: Memory) -> None:
+def test_connect_extends_a_sandboxs_life_and_never_shortens_it(memory: Memory) -> None:
     entry = memory.create(timeout=100)
     memory.clock.advance(40)
     reply = memory.control("POST", f"/sandboxes/{entry.id}/connect", {})
     assert reply.status == 200 and reply.json()["sandboxID"] == entry.id
     assert entry.end_at == 100
     memory.control("POST", f"/sandboxes/{entry.id}/connect", {"timeout": 30})
-    assert entry.end_at == 70
+    assert entry.end_at == 100, "E2B's connect only extends"
+    memory.control("POST", f"/sandboxes/{entry.id}/connect", {"timeout": 90})
+    assert entry.end_at == 130
+    memory.clock.advance(89)
+    assert entry.id in memory.manager.sandboxes
+    memory.clock.advance(1)
+    memory.stub.flush()
+    assert entry.id not in memory.manager.sandboxes
+
+
+def test_a_listing_refuses_a_malformed_query_and_takes_a_naive_time_as_utc(
+    memory: Memory,
+) -> None:
+    memory.clock.advance(1000)
+    entry = memory.create()
+    listed = memory.control("GET", "/v2/sandboxes?startedAfter=1970-01-01T00:16:40")
+    assert [s["sandboxID"] for s in listed.json()] == [entry.id]
+    assert memory.control("GET", "/v2/sandboxes?startedAfter=1970-01-01T00:16:41").json() == []
+    for query, named in [
+        ("order=sideways", "order"),
+        ("startedAfter=yesterday", "startedAfter"),
+        ("nextToken=x", "nextToken"),
+    ]:
+        status, message = rest_error(memory.control("GET", f"/v2/sandboxes?{query}"))
+        assert status == 400 and named in message
 
 
 # Error mapping
@@ -157,13 +181,74 @@ def test_an_unexpected_error_is_internal_and_logged(memory: Memory, error: Excep
 # Files
 
 
-def test_a_symlink_is_stated_as_one_with_its_target(memory: Memory) -> None:
+def test_a_link_is_stated_by_where_it_leads_in_the_sandbox(memory: Memory) -> None:
     entry = memory.create()
-    os.symlink("elsewhere", os.path.join(memory.manager.layout.workspace(entry.id), "link"))
-    found = memory.rpc(entry, "filesystem.Filesystem/Stat", {"path": "link"}).json()["entry"]
-    assert found["type"] == "FILE_TYPE_SYMLINK" and found["path"] == "/home/user/link"
-    assert found["symlinkTarget"] == "elsewhere" and found["isSymlink"] is True
-    assert found["mode"] & files.GO_SYMLINK and not found["mode"] & files.GO_DIR
+    workspace = memory.manager.layout.workspace(entry.id)
+    tmp = memory.manager.layout.tmp(entry.id)
+    os.makedirs(os.path.join(workspace, "d"))
+    with open(os.path.join(workspace, "d", "f"), "w") as f:
+        f.write("data")
+    os.chmod(os.path.join(workspace, "d", "f"), 0o4640)  # setuid: not in envd's mode
+    open(os.path.join(tmp, "t"), "w").close()
+    links = {
+        "to-file": "d/f",
+        "to-dir": "d",
+        "chained": "to-file",
+        "by-host-path": os.path.join(workspace, "d", "f"),
+        "to-tmp": "/tmp/t",
+        "dangling": "d/missing",
+        "outside": "/etc/passwd",
+        "looping": "looping",
+        "climbing": "../../etc",
+        "through-a-link": "to-dir/f",
+    }
+    for name, text in links.items():
+        os.symlink(text, os.path.join(workspace, name))
+
+    def stated(path: str) -> dict[str, Any]:
+        reply = memory.rpc(entry, "filesystem.Filesystem/Stat", {"path": path})
+        found: dict[str, Any] = reply.json()["entry"]
+        return found
+
+    to_file = stated("to-file")
+    assert (to_file["type"], to_file["mode"]) == ("FILE_TYPE_FILE", 0o640)
+    assert to_file["symlinkTarget"] == "/home/user/d/f" and "isSymlink" not in to_file
+    assert to_file["permissions"] == "Lrwxrwxrwx" and to_file["path"] == "/home/user/to-file"
+    assert to_file["size"] == len("d/f")  # the link's own, as envd's Lstat
+    for name, kind, target in [
+        ("to-dir", "FILE_TYPE_DIRECTORY", "/home/user/d"),
+        ("chained", "FILE_TYPE_FILE", "/home/user/d/f"),
+        ("by-host-path", "FILE_TYPE_FILE", "/home/user/d/f"),
+        ("to-tmp", "FILE_TYPE_FILE", "/tmp/t"),
+    ]:
+        assert (stated(name)["type"], stated(name)["symlinkTarget"]) == (kind, target), name
+    for nowhere in ("dangling", "outside", "looping", "climbing", "through-a-link"):
+        found = stated(nowhere)
+        assert found["type"] == "FILE_TYPE_UNSPECIFIED" and found["mode"] == 0, nowhere
+        assert found["symlinkTarget"] == f"/home/user/{nowhere}", nowhere
+    directory = stated("d")
+    assert (directory["mode"], directory["permissions"]) == (0o755, "drwxr-xr-x")
+    assert "symlinkTarget" not in directory
+    listed = memory.rpc(entry, "filesystem.Filesystem/ListDir", {"path": "/home/user"})
+    types = {e["name"]: e["type"] for e in listed.json()["entries"]}
+    assert types["to-dir"] == "FILE_TYPE_DIRECTORY" and types["dangling"] == "FILE_TYPE_UNSPECIFIED"
+
+
+def test_an_upload_replaces_a_link_and_refuses_what_is_not_a_file(memory: Memory) -> None:
+    entry = memory.create()
+    workspace = memory.manager.layout.workspace(entry.id)
+    with open(os.path.join(workspace, "target"), "w") as f:
+        f.write("untouched")
+    os.symlink("target", os.path.join(workspace, "link"))
+    os.mkfifo(os.path.join(workspace, "fifo"))
+    assert write(memory, entry, "link", b"replaced").status == 200
+    assert not os.path.islink(os.path.join(workspace, "link"))
+    with open(os.path.join(workspace, "link")) as f:
+        assert f.read() == "replaced"
+    with open(os.path.join(workspace, "target")) as f:
+        assert f.read() == "untouched"
+    assert rest_error(write(memory, entry, "fifo", b"x")) == (400, "/fifo: is not a regular file")
+    assert rest_error(write(memory, entry, "/home/user", b"x")) == (400, "/: is a directory")
 
 
 def test_an_event_without_a_name_is_not_told() -> None:

@@ -2,7 +2,9 @@
 and the API key."""
 
 import json
+import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,73 @@ def test_without_a_token_any_key_is_taken(tmp_path: Path, monkeypatch: pytest.Mo
         assert "any X-API-Key is accepted" in daemon.log.read_text()
     finally:
         stop_daemon(daemon)
+
+
+def test_the_older_routes_create_and_list(e2b_daemon: E2BDaemon) -> None:
+    """``POST /sandboxes`` and ``GET /sandboxes``, as e2b 2.45 creates and lists, through the
+    official package's own generated client for them."""
+    from e2b import ConnectionConfig
+    from e2b.api import ApiClient
+    from e2b.api.client.api.sandboxes import get_sandboxes, post_sandboxes
+    from e2b.api.client.models import NewSandbox
+    from e2b.api.client.models import Sandbox as SandboxModel
+
+    client = ApiClient(ConnectionConfig())
+    body = NewSandbox(template_id="base", timeout=60, env_vars={"OLD": "route"})
+    created = post_sandboxes.sync_detailed(client=client, body=body)
+    assert created.status_code == 201
+    assert isinstance(created.parsed, SandboxModel)
+    sbx = Sandbox.connect(created.parsed.sandbox_id)
+    try:
+        assert sbx.commands.run("echo $OLD").stdout == "route\n"
+        listed = get_sandboxes.sync(client=client)
+        assert isinstance(listed, list)
+        assert sbx.sandbox_id in [s.sandbox_id for s in listed]
+    finally:
+        sbx.kill()
+
+
+def test_connect_never_shortens_a_running_sandboxs_life(e2b_daemon: E2BDaemon) -> None:
+    sbx = Sandbox.create(timeout=300)
+    try:
+        before = Sandbox.get_info(sbx.sandbox_id).end_at
+        Sandbox.connect(sbx.sandbox_id, timeout=10)
+        assert Sandbox.get_info(sbx.sandbox_id).end_at == before
+        Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert Sandbox.get_info(sbx.sandbox_id).end_at > before
+    finally:
+        sbx.kill()
+
+
+def test_list_is_newest_first_and_filters_as_e2b(e2b_daemon: E2BDaemon) -> None:
+    from e2b import SandboxQuery, SandboxState
+
+    tag = {"listing": f"run-{time.monotonic_ns()}"}
+    older = Sandbox.create(timeout=60, metadata=tag)
+    newer = Sandbox.create(timeout=60, metadata=tag)
+    try:
+        ids = [older.sandbox_id, newer.sandbox_id]
+
+        def listed(**query: object) -> list[str]:
+            found = Sandbox.list(query=SandboxQuery(metadata=tag, **query)).next_items()  # type: ignore[arg-type]
+            return [s.sandbox_id for s in found]
+
+        assert listed() == ids[::-1]
+        ascending = Sandbox.list(query=SandboxQuery(metadata=tag), order="asc")
+        assert [s.sandbox_id for s in ascending.next_items()] == ids
+        started = Sandbox.get_info(newer.sandbox_id).started_at
+        assert listed(started_after=started) == [newer.sandbox_id]
+        assert listed(started_after=started + timedelta(seconds=1)) == []
+        assert listed(template="base") == ids[::-1] and listed(template="other") == []
+        assert listed(state=[SandboxState.RUNNING]) == ids[::-1]
+        assert listed(state=[SandboxState.PAUSED]) == []
+        pages = Sandbox.list(query=SandboxQuery(metadata=tag), limit=1)
+        assert [s.sandbox_id for s in pages.next_items()] == [newer.sandbox_id]
+        assert pages.has_next
+        between = Sandbox.create(timeout=60, metadata=tag)  # made between two pages
+        assert [s.sandbox_id for s in pages.next_items()] == [older.sandbox_id]
+        assert not pages.has_next
+        between.kill()
+    finally:
+        older.kill()
+        newer.kill()
