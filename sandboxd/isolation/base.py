@@ -83,6 +83,10 @@ class CgroupDriver(Protocol):
         """Check the driver can work here and prepare it (raise :class:`IsolationUnavailable`
         naming the problem if not)."""
 
+    def unprepare(self) -> None:
+        """Undo what :meth:`preflight` made (start-up stopped before the daemon ran); what
+        was there before it stays."""
+
     def create(self, rid: str, limits: Limits) -> None:
         """Create the sandbox's cgroup with its limits."""
 

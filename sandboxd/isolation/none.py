@@ -65,6 +65,9 @@ class NoCgroups:
     def preflight(self) -> None:
         """Always possible."""
 
+    def unprepare(self) -> None:
+        """Nothing was made."""
+
     def create(self, rid: str, limits: Limits) -> None:
         """No cgroup: limits are not enforced in this mode."""
 

@@ -153,6 +153,9 @@ class FakeCgroups:
     def remove_instance(self) -> None:
         """No cgroups of its own instance."""
 
+    def unprepare(self) -> None:
+        """Its preflight made nothing."""
+
 
 class InstanceCgroups(FakeCgroups):
     """A driver that also owns cgroups of its own instance, removed after a drain."""
