@@ -285,11 +285,17 @@ def network_policy(config: Config, kinds: frozenset[str], host: Host) -> Network
         offered["none"] = NoNetwork()
         egress = host.egress(config)
         if egress is None:
-            why["egress"] = "not enabled: name it in SANDBOXD_NETWORK_ALLOW or SANDBOXD_NETWORK"
+            why["egress"] = (
+                "not enabled: the daemon offers it when SANDBOXD_NETWORK_ALLOW names it"
+                " (e.g. SANDBOXD_NETWORK_ALLOW=none,egress) or SANDBOXD_NETWORK=egress"
+            )
         else:
             offered["egress"] = egress
     if config.isolation == "none":
-        why = {name: f"{text}: --isolation=none" for name, text in why.items()}
+        why = {
+            name: f"{text}: SANDBOXD_ISOLATION=none (needs real isolation, as root)"
+            for name, text in why.items()
+        }
     elif not kinds >= {"net"}:
         why = {name: f"{text}: SANDBOXD_NAMESPACES leaves net out" for name, text in why.items()}
     return NetworkPolicy.choose(offered, config.network, config.network_allow, why)
