@@ -102,6 +102,10 @@ class CgroupDriver(Protocol):
     def stats(self, rid: str) -> CgroupStats:
         """Read the sandbox's usage counters."""
 
+    def oom_kills(self, rid: str) -> int:
+        """How many processes the kernel has OOM-killed in the sandbox's cgroup (one file
+        read: asked before and after each exec)."""
+
     def leftovers(self) -> list[str]:
         """Sandbox ids whose cgroups exist in our subtree (left by a crashed predecessor)."""
 

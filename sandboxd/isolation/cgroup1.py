@@ -238,10 +238,12 @@ class Cgroup1Driver:
             memory_peak_bytes=read_int(self._file("memory", rid, "memory.max_usage_in_bytes")),
             cpu_usec=cpu_usec,
             pids=read_int(self._file("pids", rid, "pids.current")),
-            oom_kills=read_keyed(self._file("memory", rid, "memory.oom_control")).get(
-                "oom_kill", 0
-            ),
+            oom_kills=self.oom_kills(rid),
         )
+
+    def oom_kills(self, rid: str) -> int:
+        """``oom_kill`` of the sandbox's ``memory.oom_control``."""
+        return read_keyed(self._file("memory", rid, "memory.oom_control")).get("oom_kill", 0)
 
     def leftovers(self) -> list[str]:
         """Sandbox cgroups in the memory hierarchy's instance directory (a predecessor's).

@@ -244,8 +244,12 @@ class Cgroup2Driver:
             memory_peak_bytes=peak,
             cpu_usec=read_keyed(os.path.join(path, "cpu.stat")).get("usage_usec", 0),
             pids=read_int(os.path.join(path, "pids.current")),
-            oom_kills=read_keyed(os.path.join(path, "memory.events")).get("oom_kill", 0),
+            oom_kills=self.oom_kills(rid),
         )
+
+    def oom_kills(self, rid: str) -> int:
+        """``oom_kill`` of the sandbox's ``memory.events``."""
+        return read_keyed(os.path.join(self._dir(rid), "memory.events")).get("oom_kill", 0)
 
     def leftovers(self) -> list[str]:
         """Sandbox cgroups in this instance's directory (a crashed predecessor's)."""
