@@ -11,7 +11,7 @@ import attrs
 from twisted.logger import Logger
 
 from sandboxd.config import Config, ConfigError
-from sandboxd.core.layout import Layout
+from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
 from sandboxd.e2b import wire as e2b_wire
 from sandboxd.e2b.admit import admission as e2b_admission
@@ -24,6 +24,7 @@ from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
 from sandboxd.listen import Listeners
+from sandboxd.undo import StartupUndo, missing_directories, remove_made
 
 log = Logger()
 
@@ -118,6 +119,24 @@ def fail(step: str, cause: object) -> NoReturn:
     message = f"start-up failed at {step}: {cause}"
     log.critical(message)
     raise SystemExit(f"sandboxd: {message}")
+
+
+def start_root(config: Config, undo: StartupUndo) -> Layout:
+    """The state root, made and locked (boot step ``state root``); ``undo`` then removes the
+    lock file and the directories this start made, never another daemon's."""
+    root = os.path.realpath(config.root)
+    layout = Layout(root, owns_files=config.isolation != "none")
+    lock = os.path.join(root, ".lock")
+    made = missing_directories(root)
+    if made or not os.path.lexists(lock):
+        undo.add("state root", lambda: remove_made([lock], made))
+    try:
+        layout.prepare_root()
+        layout.lock()
+    except (OSError, RootInUse) as e:
+        fail("state root", e)
+    log.info("state root {root} ready and locked", root=config.root)
+    return layout
 
 
 def start_disk(config: Config, layout: Layout) -> Layout:

@@ -21,15 +21,15 @@ from sandboxd.settings import (
     flag,
     nonempty_text,
     octal_umask,
+    optional,
     optional_count,
     optional_duration,
     optional_size,
     optional_text,
     setting_field,
+    setting_text,
 )
 from sandboxd.units import (
-    format_duration,
-    format_size,
     parse_cores,
     parse_count,
     parse_duration,
@@ -176,13 +176,13 @@ class Config:
     network: str | None = setting_field(
         "SANDBOXD_NETWORK",
         None,
-        parse_mode,
+        optional(parse_mode),
         "Default network mode of a create: none, egress or host (default: the strongest allowed)",
     )
     network_allow: tuple[str, ...] | None = setting_field(
         "SANDBOXD_NETWORK_ALLOW",
         None,
-        parse_modes,
+        optional(parse_modes),
         "Network modes a create may ask for, separated by commas (default: every one offered)",
     )
     egress_pool: IPv4Network = setting_field(
@@ -196,6 +196,7 @@ class Config:
         "fd53:616e:6462:6f78::/64",
         parse_pool6,
         "IPv6 range of the egress mode's veths, a /127 per sandbox (none: no IPv6 egress)",
+        unset="none",
     )
     egress_deny: tuple[IPv4Network | IPv6Network, ...] = setting_field(
         "SANDBOXD_EGRESS_DENY",
@@ -270,18 +271,21 @@ class Config:
         connections,
         "Connections open at once, a tenth kept for authenticated callers (auto: half the "
         "descriptor limit; off: no cap)",
+        unset="auto",
     )
     header_timeout: float | None = setting_field(
         "SANDBOXD_HEADER_TIMEOUT",
         "10s",
         optional_duration,
         "Longest a request's whole header section may take to arrive (off: no limit)",
+        unset="off",
     )
     connection_idle: float | None = setting_field(
         "SANDBOXD_CONNECTION_IDLE",
         "2m",
         optional_duration,
         "Longest a connection may wait for its next request, or go silent in a body (off: 12h)",
+        unset="off",
     )
     auth_gate: str = setting_field(
         "SANDBOXD_AUTH_GATE",
@@ -360,24 +364,17 @@ class Config:
 
     def friendly(self) -> str:
         """The effective settings as an operator writes them (``SANDBOXD_MEMORY_MAX=512M``,
-        ``SANDBOXD_EXEC_TIMEOUT=10m``), secrets replaced by ``<set>``: one line for the log."""
+        ``SANDBOXD_EXEC_TIMEOUT=10m``, ``SANDBOXD_INSECURE=no``, ``SANDBOXD_DISK_MAX=`` when
+        unset): each value reads back to itself when given to its variable. Secrets are
+        replaced by ``<set>``. One line for the log."""
         shown: list[str] = []
-        redacted = self.redacted()
         for setting in fields(type(self)):
-            env = setting.metadata["env"]
-            value = redacted[env]
-            parse = setting.metadata["parse"]
-            if value is None:
-                text = "unset"
-            elif parse in (parse_size, optional_size):
-                text = format_size(value)
-            elif parse is parse_duration:
-                text = format_duration(value)
-            elif isinstance(value, tuple | frozenset):
-                text = ",".join(sorted(str(v) for v in value)) or "none"
-            else:
-                text = str(value)
-            shown.append(f"{env}={text}")
+            meta = setting.metadata
+            value = getattr(self, setting.name)
+            text = setting_text(meta, value)
+            if meta["secret"] and value is not None:
+                text = "<set>"
+            shown.append(f"{meta['env']}={text}")
         return " ".join(shown)
 
 

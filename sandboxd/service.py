@@ -15,6 +15,7 @@ from sandboxd import notify
 from sandboxd.core.manager import SandboxManager
 from sandboxd.listen import CannotListen, Listeners
 from sandboxd.reach import reach_hint
+from sandboxd.undo import StartupUndo
 
 log = Logger()
 
@@ -70,6 +71,9 @@ class SandboxdService(MultiService):
         self.more_listeners: list[Listeners] = []
         """Other fronts' listeners (the E2B front's): listened on after :attr:`listeners`."""
         self.exit_status = ExitStatus()
+        self.undo = StartupUndo()
+        """What start-up made on the host, removed if the daemon cannot listen (forgotten once
+        it listens: the drain cleans up from then on)."""
         self.started: Deferred[None] = Deferred()
         """Fires once listening (or start-up failed after the reactor started)."""
 
@@ -88,9 +92,11 @@ class SandboxdService(MultiService):
         recovered.addCallback(lambda _: Deferred.fromCoroutine(self._listen()))
         recovered.addBoth(lambda _: self.started.callback(None))
         if self.exit_status.message is not None and not self.reactor.running:
-            # No leftovers: all of that ran before the reactor, and twistd exits at once.
+            # No leftovers: all of that ran before the reactor, and twistd exits at once
+            # (without stopService): what start-up made goes now.
             for pool in self.pools:
                 pool.stop()
+            self.undo.run()
             raise SystemExit(f"sandboxd: {self.exit_status.message}")
 
     async def _listen(self) -> None:
@@ -108,6 +114,7 @@ class SandboxdService(MultiService):
             if self.reactor.running:
                 self.reactor.stop()
             return
+        self.undo.forget()
         log.info("listening on {addresses}", addresses=" ".join(addresses))
         port = getattr(self.listeners.ports[0].getHost(), "port", None)
         log.info("{hint}", hint=reach_hint(self.listen, port))
@@ -133,6 +140,7 @@ class SandboxdService(MultiService):
         def stop_pools(result: object) -> object:
             for pool in self.pools:
                 pool.stop()
+            self.undo.run()  # start-up failed at listen (else forgotten): what it made goes
             return result
 
         return drained.addCallback(stop_children).addBoth(stop_pools)

@@ -1,12 +1,12 @@
 """How one setting of :class:`sandboxd.config.Config` is declared (:func:`setting_field`), and the
 parsers that read its text as an operator writes it (``ValueError`` when it does not parse)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from attrs import field
 
-from sandboxd.units import parse_count, parse_duration, parse_size
+from sandboxd.units import format_duration, format_size, parse_count, parse_duration, parse_size
 
 
 def choice(allowed: tuple[str, ...]) -> Callable[[str], str]:
@@ -39,6 +39,15 @@ def octal_umask(text: str) -> int:
     if not value or any(c not in "01234567" for c in value) or int(value, 8) > 0o777:
         raise ValueError(f"{text!r} is not an octal umask (e.g. 077)")
     return int(value, 8)
+
+
+def optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse``, except that blank text is ``None`` (the setting left unset)."""
+
+    def parse_optional(text: str) -> Any:
+        return parse(text) if text.strip() else None
+
+    return parse_optional
 
 
 def optional_text(text: str) -> str | None:
@@ -83,10 +92,13 @@ def setting_field(
     help: str,
     secret: bool = False,
     flag: bool = False,
+    unset: str = "",
 ) -> Any:
     """Declare one setting: its variable, default (as text an operator would write) and parser.
 
-    A ``flag`` is a ``twistd sandboxd --option`` that takes no value (given: ``yes``).
+    A ``flag`` is a ``twistd sandboxd --option`` that takes no value (given: ``yes``). ``unset``
+    is the text ``parse`` reads as ``None`` (``off``, ``none``; empty by default), the form
+    :func:`setting_text` writes that value in.
     """
     return field(
         metadata={
@@ -96,5 +108,29 @@ def setting_field(
             "help": help,
             "secret": secret,
             "flag": flag,
+            "unset": unset,
         }
     )
+
+
+def setting_text(metadata: Mapping[str, Any], value: Any) -> str:
+    """``value`` as an operator writes it, in a form the setting's parser reads back to the
+    same value: ``512M``, ``10m``, ``yes``, ``077``, ``off``, ``ipc,net``, empty for unset."""
+    parse = metadata["parse"]
+    if value is None:
+        return str(metadata["unset"])
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if parse in (parse_size, optional_size):
+        return format_size(value)
+    if parse in (parse_duration, optional_duration):
+        return format_duration(value)
+    if parse is octal_umask:
+        return f"{value:03o}"
+    if parse is connections and value == 0:
+        return "off"
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value)) or "none"
+    if isinstance(value, tuple):
+        return ",".join(str(part) for part in value)
+    return str(value)

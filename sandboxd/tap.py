@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any
 
+import attrs
 from twisted.application.internet import TimerService
 from twisted.application.service import IService
 from twisted.logger import Logger, jsonFileLogObserver
@@ -18,10 +19,17 @@ from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 import sandboxd
-from sandboxd.boot import fail, read_token, reap_interval, start_disk, start_e2b, start_guard
+from sandboxd.boot import (
+    fail,
+    read_token,
+    reap_interval,
+    start_disk,
+    start_e2b,
+    start_guard,
+    start_root,
+)
 from sandboxd.config import Config, ConfigError
 from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
-from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import build_tools
 from sandboxd.http import guard
@@ -34,6 +42,7 @@ from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
 from sandboxd.options import flag_table, given_options, option_table
 from sandboxd.service import ExitStatus, SandboxdService
 from sandboxd.stop_signals import on_next_stop_signal
+from sandboxd.undo import StartupUndo
 
 log = Logger()
 
@@ -49,30 +58,36 @@ class Options(usage.Options):
 
 
 def makeService(options: Options, reactor: Any = None, environ: Any = None) -> IService:
-    """Build the daemon's service tree from options and the environment."""
+    """Build the daemon's service tree from options and the environment.
+
+    A step that fails removes what the steps before it made on the host (cgroup directories,
+    the state root, the namespaces' mount: :class:`sandboxd.undo.StartupUndo`) before start-up
+    stops; the service does the same when it cannot listen.
+    """
     if reactor is None:
         from twisted.internet import reactor
     environ = os.environ if environ is None else environ
     exit_status = ExitStatus()
     atexit.register(exit_status.apply)  # first: runs after every other atexit cleanup
+    undo = StartupUndo()
+    try:
+        top = _build(options, reactor, environ, undo)
+    except BaseException:
+        undo.run()
+        raise
+    top.exit_status = exit_status
+    top.undo = undo
+    return top
+
+
+def _build(options: Options, reactor: Any, environ: Any, undo: StartupUndo) -> SandboxdService:
+    """The boot steps in order: those that only check come first, then each that makes
+    something on the host, its undo registered with ``undo`` before it can fail."""
     try:
         config = Config.load(environ, given_options(options))
     except ConfigError as e:
         fail("configuration", e)
     log.info("sandboxd {version} starting", version=sandboxd.__version__)
-    file_pool = ThreadPool(minthreads=1, maxthreads=16, name="sandboxd-files")
-    admin_pool = ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-admin")
-    spool_pool = ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-spool")
-    try:
-        isolation = build_isolation(config, reactor, file_pool)
-    except IsolationUnavailable as e:
-        fail("isolation", e)
-    if isolation.name == "none":
-        log.warn("isolation: NONE — sandboxes run as the daemon's own user (development only)")
-    else:
-        log.info("isolation: {name} driver ready", name=isolation.name)
-    log.info("exec: commands start through the {chain}", chain=isolation.exec_chain)
-    log.info("isolation: layers in force: {layers}", layers=" ".join(isolation.layers) or "none")
     try:
         token = read_token(config.token_file)
     except (OSError, ConfigError) as e:
@@ -93,14 +108,27 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
                 "(--insecure): anyone who reaches the port runs code on this host",
                 listen=config.listen,
             )
-    layout = Layout(os.path.realpath(config.root), owns_files=isolation.owns_files)
+    # The root is locked before anything else is made: a second daemon on it stops here,
+    # before it touches the cgroups of the first (their names come from the root).
+    layout = start_root(config, undo)
+    file_pool = ThreadPool(minthreads=1, maxthreads=16, name="sandboxd-files")
+    admin_pool = ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-admin")
+    spool_pool = ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-spool")
     try:
-        layout.prepare_root()
-        layout.lock()
-    except (OSError, RootInUse) as e:
-        fail("state root", e)
-    log.info("state root {root} ready and locked", root=config.root)
-    layout = start_disk(config, layout)
+        isolation = build_isolation(config, reactor, file_pool)
+    except IsolationUnavailable as e:
+        fail("isolation", e)
+    undo.add("isolation", isolation.cgroups.unprepare)
+    if isolation.spawn_server is not None:
+        undo.add("spawn server", isolation.spawn_server.close)
+    if isolation.name == "none":
+        log.warn("isolation: NONE — sandboxes run as the daemon's own user (development only)")
+    else:
+        log.info("isolation: {name} driver ready", name=isolation.name)
+    log.info("exec: commands start through the {chain}", chain=isolation.exec_chain)
+    log.info("isolation: layers in force: {layers}", layers=" ".join(isolation.layers) or "none")
+    layout = start_disk(config, attrs.evolve(layout, owns_files=isolation.owns_files))
+    undo.add("namespaces", isolation.namespaces.close)  # a probe that fails may leave the mount
     try:
         isolation.namespaces.prepare()  # namespaces: the pins' directory, and one probe
     except (OSError, IsolationUnavailable) as e:
@@ -147,7 +175,6 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
         observer,
         on_stop_signal=on_next_stop_signal,
     )
-    top.exit_status = exit_status
     api.on_drain = top.drain_and_exit
     reaper = TimerService(reap_interval(config.idle_ttl), manager.reap_idle)
     reaper.clock = reactor

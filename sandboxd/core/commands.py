@@ -11,12 +11,13 @@ import os
 from collections.abc import Callable
 from typing import TypeVar, cast
 
+import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorProcess, IReactorTime
 from twisted.logger import Logger
 
 from sandboxd.config import Config
-from sandboxd.core.exec.run import EXIT_KILLED, ExecRun, Exited
+from sandboxd.core.exec.run import ExecRun, Exited, Outcome
 from sandboxd.core.exec.spec import ExecSpec, check_exec_size
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
@@ -28,6 +29,7 @@ from sandboxd.errors import BadRequest, NoCapacity, TooMany
 from sandboxd.isolation.base import Isolation
 from sandboxd.isolation.spawn_server import Spawner
 from sandboxd.metrics import Metrics
+from sandboxd.units import format_size
 
 T = TypeVar("T")
 
@@ -212,8 +214,6 @@ class Commands:
             on_end()
             if run.timed_out:
                 log.info("a command in {rid} timed out (exit 124)", rid=sandbox.rid)
-            elif isinstance(run.outcome, Exited) and run.outcome.code == EXIT_KILLED:
-                self._note_oom(sandbox)
 
         run = Launch(
             self.clock,
@@ -224,6 +224,7 @@ class Commands:
             on_activity=touch,
             on_end=end,
         )
+        run.review = self._oom_review(sandbox, request)
         run.argv = self.isolation.wrap(
             sandbox.identity, self.isolation.cgroups.join_files(sandbox.rid), cwd, request.cmd
         )
@@ -232,15 +233,37 @@ class Commands:
         run.env = env
         return run
 
-    def _note_oom(self, sandbox: Sandbox) -> None:
-        """Log an OOM kill when the sandbox's cgroup counts a new one."""
+    def _oom_kills(self, sandbox: Sandbox) -> int | None:
+        """The sandbox cgroup's OOM kill counter (``None``: it cannot be read)."""
         try:
-            kills = self.isolation.cgroups.stats(sandbox.rid).oom_kills
+            return self.isolation.cgroups.oom_kills(sandbox.rid)
         except OSError:
-            return
-        if kills > sandbox.oom_kills_seen:
-            sandbox.oom_kills_seen = kills
-            log.warn("OOM kill in sandbox {rid} ({kills} so far)", rid=sandbox.rid, kills=kills)
+            return None
+
+    def _oom_review(self, sandbox: Sandbox, request: ExecSpec) -> Callable[[Outcome], Outcome]:
+        """The run's review: a command that failed while the cgroup's OOM kill counter rose
+        (read now, and at its end) is marked ``oom_killed`` and the cause logged, naming the
+        limit and its setting."""
+        before = self._oom_kills(sandbox)
+
+        def review(outcome: Outcome) -> Outcome:
+            if before is None or not isinstance(outcome, Exited) or outcome.code == 0:
+                return outcome
+            kills = self._oom_kills(sandbox)
+            if kills is None or kills <= before:
+                return outcome
+            log.warn(
+                "sandbox {rid}: {cmd} ended {code}: the kernel OOM-killed {n} of its processes"
+                " at the sandbox's memory limit, SANDBOXD_MEMORY_MAX={limit}",
+                rid=sandbox.rid,
+                cmd=request.cmd[0],
+                code=outcome.code,
+                n=kills - before,
+                limit=format_size(self.config.memory_max),
+            )
+            return attrs.evolve(outcome, oom_killed=True)
+
+        return review
 
     async def watch(
         self,

@@ -28,7 +28,6 @@ class Sandbox:
     """Its open workspace watches (SPEC §2.2)."""
     item_id: str | None = None
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
-    oom_kills_seen: int = 0
     network: str = "host"
     """The sandbox's network mode (``none``, ``egress``, ``host``)."""
     lives_until: float | None = None

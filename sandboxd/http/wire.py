@@ -156,11 +156,15 @@ def final_frame(outcome: Outcome) -> dict[str, Any]:
     }
     if outcome.truncated:
         frame["truncated"] = True
+    if outcome.oom_killed:
+        frame["oom_killed"] = True  # the sandbox reached SANDBOXD_MEMORY_MAX meanwhile
     return frame
 
 
 _BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
-_EXIT_KEYS = (["exit", "out", "err"], ["exit", "out", "err", "truncated"])
+_EXIT_KEYS = ["exit", "out", "err"]
+_EXIT_MARKS = ("truncated", "oom_killed")
+"""Keys an exit frame may carry after its output, each ``true`` or ``false``."""
 
 PART_SIZE = 1 << 20
 """Bytes of an exit frame's base64 checked, encoded and written at a time."""
@@ -191,13 +195,17 @@ def frame_parts(frame: Mapping[str, Any]) -> Iterator[bytes]:
     copied whole into the connection's buffer.
     """
     keys = list(frame)
-    truncated = frame.get("truncated", False)
-    if keys in _EXIT_KEYS and type(frame["exit"]) is int and type(truncated) is bool:
+    marks = keys[3:]
+    if (
+        keys[:3] == _EXIT_KEYS
+        and type(frame["exit"]) is int
+        and all(key in _EXIT_MARKS and type(frame[key]) is bool for key in marks)
+    ):
         out, err = frame["out"], frame["err"]
         if _is_base64_text(out) and _is_base64_text(err):
-            tail = b'"}\n'
-            if len(keys) == 4:
-                tail = b'","truncated":true}\n' if truncated else b'","truncated":false}\n'
+            tail = b'"%s}\n' % b"".join(
+                b',"%s":%s' % (key.encode(), b"true" if frame[key] else b"false") for key in marks
+            )
             yield b'{"exit":%d,"out":"' % frame["exit"]
             yield from _slices(out)
             yield b'","err":"'

@@ -83,6 +83,10 @@ class CgroupDriver(Protocol):
         """Check the driver can work here and prepare it (raise :class:`IsolationUnavailable`
         naming the problem if not)."""
 
+    def unprepare(self) -> None:
+        """Undo what :meth:`preflight` made (start-up stopped before the daemon ran); what
+        was there before it stays."""
+
     def create(self, rid: str, limits: Limits) -> None:
         """Create the sandbox's cgroup with its limits."""
 
@@ -97,6 +101,10 @@ class CgroupDriver(Protocol):
 
     def stats(self, rid: str) -> CgroupStats:
         """Read the sandbox's usage counters."""
+
+    def oom_kills(self, rid: str) -> int:
+        """How many processes the kernel has OOM-killed in the sandbox's cgroup (one file
+        read: asked before and after each exec)."""
 
     def leftovers(self) -> list[str]:
         """Sandbox ids whose cgroups exist in our subtree (left by a crashed predecessor)."""

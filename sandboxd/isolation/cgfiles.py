@@ -100,6 +100,26 @@ def make_dirs(kernel: Kernel, path: str) -> None:
         kernel.mkdir(path)
 
 
+def make_new_dir(kernel: Kernel, path: str) -> bool:
+    """``mkdir``; False when the directory was there already (it is not this call's to undo)."""
+    try:
+        kernel.mkdir(path)
+    except FileExistsError:
+        return False
+    return True
+
+
+def remove_made(kernel: Kernel, made: list[str]) -> None:
+    """``rmdir`` the directories a preflight made (``made`` is emptied), last made first; one
+    gone or in use (a sandbox of another start made in it) is left."""
+    while made:
+        try:
+            kernel.rmdir(made.pop())
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.EBUSY, errno.ENOTEMPTY):
+                raise
+
+
 def remove_dir(kernel: Kernel, path: str) -> None:
     """``rmdir`` a cgroup; a missing one is fine, a busy one raises."""
     with contextlib.suppress(FileNotFoundError):

@@ -13,19 +13,20 @@ v1 has no rule against processes in inner cgroups, so the daemon stays where it 
 import errno
 import os
 
-from attrs import define
+from attrs import define, field
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
 from sandboxd.isolation.cgfiles import (
     Kernel,
-    make_dirs,
+    make_new_dir,
     read_int,
     read_keyed,
     read_pids,
     read_text,
     remove_dir,
+    remove_made,
     require_root,
     sweep,
 )
@@ -60,6 +61,8 @@ class Cgroup1Driver:
     socket_buffers: bool = True
     """Charge each sandbox's TCP socket buffers (``memory.kmem.tcp.limit_in_bytes``, set to the
     memory limit): v1 leaves them uncharged unless a limit is written."""
+    made: list[str] = field(factory=list)
+    """The instance directories :meth:`preflight` made (none that were there before)."""
 
     @classmethod
     def locate(
@@ -123,14 +126,16 @@ class Cgroup1Driver:
         return None
 
     def preflight(self) -> None:
-        """Check root and the delegated directories; create the instance directories."""
+        """Check root and the delegated directories; create the instance directories (those
+        made are remembered for :meth:`unprepare`)."""
         require_root(self.kernel, self.name)
         problem = self.problem()
         if problem is not None:
             raise IsolationUnavailable(problem)
         for path in self._instances():
             try:
-                make_dirs(self.kernel, path)
+                if make_new_dir(self.kernel, path):
+                    self.made.append(path)
             except OSError as e:
                 raise IsolationUnavailable(
                     f"cgroup1: cannot create {path} ({e.strerror}): {HINT}"
@@ -142,6 +147,10 @@ class Cgroup1Driver:
                 f"socket buffers: the memory hierarchy has no {TCP_LIMIT} to charge them"
                 " (SANDBOXD_SOCKET_BUFFERS=off leaves them uncharged)"
             )
+
+    def unprepare(self) -> None:
+        """Remove the instance directories :meth:`preflight` made (start-up stopped)."""
+        remove_made(self.kernel, self.made)
 
     def create(self, rid: str, limits: Limits) -> None:
         """Make the sandbox's cgroup in every hierarchy and write its limits (all or nothing)."""
@@ -229,10 +238,12 @@ class Cgroup1Driver:
             memory_peak_bytes=read_int(self._file("memory", rid, "memory.max_usage_in_bytes")),
             cpu_usec=cpu_usec,
             pids=read_int(self._file("pids", rid, "pids.current")),
-            oom_kills=read_keyed(self._file("memory", rid, "memory.oom_control")).get(
-                "oom_kill", 0
-            ),
+            oom_kills=self.oom_kills(rid),
         )
+
+    def oom_kills(self, rid: str) -> int:
+        """``oom_kill`` of the sandbox's ``memory.oom_control``."""
+        return read_keyed(self._file("memory", rid, "memory.oom_control")).get("oom_kill", 0)
 
     def leftovers(self) -> list[str]:
         """Sandbox cgroups in the memory hierarchy's instance directory (a predecessor's).

@@ -15,7 +15,7 @@ is moved. The real root cgroup may hold processes and is never emptied.
 import errno
 import os
 
-from attrs import define
+from attrs import define, field
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
@@ -23,12 +23,14 @@ from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
 from sandboxd.isolation.cgfiles import (
     Kernel,
     make_dirs,
+    make_new_dir,
     read_int,
     read_keyed,
     read_keyed_or_empty,
     read_pids,
     read_text,
     remove_dir,
+    remove_made,
     require_root,
     sweep,
 )
@@ -57,6 +59,8 @@ class Cgroup2Driver:
     """Whether ``D`` is the daemon's own cgroup, to be emptied into the supervisor leaf."""
     kill_timeout: float = 30.0
     name: str = "cgroup2"
+    made: list[str] = field(factory=list)
+    """The instance directory, when :meth:`preflight` made it (not when it was there before)."""
 
     @classmethod
     def locate(
@@ -119,12 +123,18 @@ class Cgroup2Driver:
             self._evict()
         self._enable(self.delegated)
         try:
-            make_dirs(self.kernel, self.instance)
+            if make_new_dir(self.kernel, self.instance):
+                self.made.append(self.instance)
         except OSError as e:
             raise IsolationUnavailable(
                 f"cgroup2: cannot create {self.instance} ({e.strerror}): {HINT}"
             ) from None
         self._enable(self.instance)
+
+    def unprepare(self) -> None:
+        """Remove the instance directory :meth:`preflight` made (start-up stopped). The
+        supervisor leaf stays: the daemon itself is in it until it exits."""
+        remove_made(self.kernel, self.made)
 
     def _evict(self) -> None:
         """Move every process of ``D`` (the daemon first) into ``D/sandboxd-supervisor``."""
@@ -234,8 +244,12 @@ class Cgroup2Driver:
             memory_peak_bytes=peak,
             cpu_usec=read_keyed(os.path.join(path, "cpu.stat")).get("usage_usec", 0),
             pids=read_int(os.path.join(path, "pids.current")),
-            oom_kills=read_keyed(os.path.join(path, "memory.events")).get("oom_kill", 0),
+            oom_kills=self.oom_kills(rid),
         )
+
+    def oom_kills(self, rid: str) -> int:
+        """``oom_kill`` of the sandbox's ``memory.events``."""
+        return read_keyed(os.path.join(self._dir(rid), "memory.events")).get("oom_kill", 0)
 
     def leftovers(self) -> list[str]:
         """Sandbox cgroups in this instance's directory (a crashed predecessor's)."""

@@ -16,7 +16,7 @@ import importlib.util
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from attrs import frozen
+from attrs import field, frozen
 
 from sandboxd.isolation.base import IsolationUnavailable
 
@@ -124,6 +124,8 @@ class NetworkPolicy:
     offered: Mapping[str, NetworkMode]
     allowed: tuple[str, ...]
     default: str
+    why_missing: Mapping[str, str] = field(factory=dict)
+    """Why each mode not offered is missing, naming the setting that offers it."""
 
     @classmethod
     def choose(
@@ -156,11 +158,12 @@ class NetworkPolicy:
                 f"SANDBOXD_NETWORK: {default} is not in SANDBOXD_NETWORK_ALLOW"
                 f" ({', '.join(allowed)})"
             )
-        return cls(dict(offered), tuple(allowed), default)
+        return cls(dict(offered), tuple(allowed), default, dict(why_missing))
 
     def mode(self, requested: object) -> NetworkMode:
         """The mode for a create's ``network`` field (``None``: the default); ``ValueError``
-        names a mode that is unknown, not offered here, or not allowed."""
+        names a mode that is unknown, not offered here (and why, with the setting that would
+        offer it), or not allowed (with ``SANDBOXD_NETWORK_ALLOW``)."""
         if requested is None:
             return self.offered[self.default]
         if not isinstance(requested, str):
@@ -168,9 +171,13 @@ class NetworkPolicy:
         if requested not in MODES:
             raise ValueError(f"{requested!r} is not one of {', '.join(MODES)}")
         if requested not in self.offered:
-            raise ValueError(f"network mode {requested} is not offered by this replica")
+            why = self.why_missing.get(requested, "not offered")
+            raise ValueError(f"network mode {requested} is not offered by this replica ({why})")
         if requested not in self.allowed:
-            raise ValueError(f"network mode {requested} is not allowed here")
+            raise ValueError(
+                f"network mode {requested} is not allowed here"
+                f" (SANDBOXD_NETWORK_ALLOW={','.join(self.allowed)})"
+            )
         return self.offered[requested]
 
     def capabilities(self) -> list[str]:

@@ -65,6 +65,9 @@ class NoCgroups:
     def preflight(self) -> None:
         """Always possible."""
 
+    def unprepare(self) -> None:
+        """Nothing was made."""
+
     def create(self, rid: str, limits: Limits) -> None:
         """No cgroup: limits are not enforced in this mode."""
 
@@ -80,6 +83,10 @@ class NoCgroups:
 
     def stats(self, rid: str) -> CgroupStats:
         return CgroupStats(memory_bytes=0, memory_peak_bytes=0, cpu_usec=0, pids=0, oom_kills=0)
+
+    def oom_kills(self, rid: str) -> int:
+        """No memory limit, no OOM kill of its own."""
+        return 0
 
     def leftovers(self) -> list[str]:
         return []

@@ -205,7 +205,8 @@ def build_isolation(
     """The bundle for ``config.isolation``; ``IsolationUnavailable`` (one line) if impossible.
 
     For the cgroup drivers this also prepares the delegated subtree (the daemon may move into
-    a leaf cgroup), lowers the daemon's ``oom_score_adj`` and drops its supplementary groups.
+    a leaf cgroup), lowers the daemon's ``oom_score_adj`` and drops its supplementary groups;
+    a refusal after the instance cgroups were made removes them again.
     ``file_pool`` stays the caller's to start and stop.
     """
     capacity = config.uid_max - config.uid_min + 1
@@ -243,11 +244,15 @@ def build_isolation(
     sockets = charge_socket_buffers(driver, config.socket_buffers == "charged", host)
     if not sockets:
         _log_off(SOCKET_BUFFERS, "socket buffers are not charged to the sandboxes' memory")
-    driver.preflight()
-    protect_daemon(host.set_oom_score_adj)
-    drop_supplementary_groups(host.setgroups)
+    try:
+        driver.preflight()
+        protect_daemon(host.set_oom_score_adj)
+        drop_supplementary_groups(host.setgroups)
+        namespaces = build_namespaces(config, helper, host)
+    except BaseException:
+        driver.unprepare()  # start-up stops here: no instance cgroup is left behind
+        raise
     threads_reactor: IReactorFromThreads = reactor  # type: ignore[assignment]
-    namespaces = build_namespaces(config, helper, host)
     return Isolation(
         name=driver.name,
         uids=NumericUidPool(config.uid_min, config.uid_max),
@@ -280,11 +285,17 @@ def network_policy(config: Config, kinds: frozenset[str], host: Host) -> Network
         offered["none"] = NoNetwork()
         egress = host.egress(config)
         if egress is None:
-            why["egress"] = "not enabled: name it in SANDBOXD_NETWORK_ALLOW or SANDBOXD_NETWORK"
+            why["egress"] = (
+                "not enabled: the daemon offers it when SANDBOXD_NETWORK_ALLOW names it"
+                " (e.g. SANDBOXD_NETWORK_ALLOW=none,egress) or SANDBOXD_NETWORK=egress"
+            )
         else:
             offered["egress"] = egress
     if config.isolation == "none":
-        why = {name: f"{text}: --isolation=none" for name, text in why.items()}
+        why = {
+            name: f"{text}: SANDBOXD_ISOLATION=none (needs real isolation, as root)"
+            for name, text in why.items()
+        }
     elif not kinds >= {"net"}:
         why = {name: f"{text}: SANDBOXD_NAMESPACES leaves net out" for name, text in why.items()}
     return NetworkPolicy.choose(offered, config.network, config.network_allow, why)

@@ -103,6 +103,32 @@ def test_preflight_creates_the_instance_in_every_hierarchy(tmp_path: Path) -> No
         assert box.parent.is_dir()
 
 
+def test_unprepare_removes_only_the_instances_preflight_made(tmp_path: Path) -> None:
+    """A start-up that stops after the preflight leaves no instance directory behind, but
+    never removes one that was there before it (a predecessor's, with its sandboxes)."""
+    fake, driver = setup(tmp_path)
+    kept = boxes(fake)[1].parent  # cpu: there before this start
+    kept.mkdir()
+    driver.preflight()
+    driver.unprepare()
+    assert [box.parent.is_dir() for box in boxes(fake)] == [False, True, False, False, False]
+    driver.unprepare()  # nothing left to do
+    assert kept.is_dir()
+
+
+def test_unprepare_leaves_an_instance_in_use_and_reports_other_errors(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    driver.preflight()
+    memory = str(boxes(fake)[0].parent)
+    fake.fail[memory] = OSError(errno.EBUSY, "Device or resource busy")
+    driver.unprepare()  # busy: left
+    assert boxes(fake)[0].parent.is_dir() and not boxes(fake)[1].parent.exists()
+    driver.made.append(memory)
+    fake.fail[memory] = PermissionError(errno.EACCES, "Permission denied")
+    with pytest.raises(PermissionError):
+        driver.unprepare()
+
+
 def test_preflight_needs_root(tmp_path: Path) -> None:
     _, driver = setup(tmp_path, euid=1000)
     with pytest.raises(IsolationUnavailable, match="cgroup1 isolation needs root"):

@@ -113,6 +113,24 @@ def test_preflight_moves_the_daemon_out_and_enables_controllers(tmp_path: Path) 
     assert len(fake.writes) == writes
 
 
+def test_unprepare_removes_the_instance_preflight_made(tmp_path: Path) -> None:
+    fake, driver = setup(tmp_path)
+    driver.preflight()
+    assert Path(driver.instance).is_dir()
+    driver.unprepare()
+    assert not Path(driver.instance).exists()
+    assert (fake.base / "svc" / SUPERVISOR).is_dir()  # the daemon is in it until it exits
+
+
+def test_unprepare_keeps_an_instance_that_was_there(tmp_path: Path) -> None:
+    _, driver = setup(tmp_path)
+    driver.preflight()
+    again = evolve(driver, made=[])  # a restart on the same root finds it
+    again.preflight()
+    again.unprepare()
+    assert Path(driver.instance).is_dir()
+
+
 def test_preflight_needs_root(tmp_path: Path) -> None:
     _, driver = setup(tmp_path, euid=1000)
     with pytest.raises(IsolationUnavailable, match="needs root"):

@@ -145,8 +145,8 @@ def test_policy_defaults_to_the_strongest_allowed_and_names_refusals() -> None:
     for requested, message in [
         (3, "must be a string"),
         ("wifi", "is not one of"),
-        ("egress", "not offered by this replica"),
-        ("none", "not allowed here"),
+        ("egress", r"not offered by this replica \(not offered\)"),
+        ("none", r"not allowed here \(SANDBOXD_NETWORK_ALLOW=host\)"),
     ]:
         with pytest.raises(ValueError, match=message):
             only_host.mode(requested)
@@ -411,8 +411,28 @@ def test_isolation_none_offers_host_alone(tmp_path: Path) -> None:
     strict = Config.load(
         {"SANDBOXD_ISOLATION": "none", "SANDBOXD_ROOT": str(tmp_path), "SANDBOXD_NETWORK": "none"}
     )
-    with pytest.raises(IsolationUnavailable, match=r"none is not available.*--isolation=none"):
+    with pytest.raises(IsolationUnavailable, match=r"none is not available.*ISOLATION=none"):
         build_isolation(strict, Clock(), POOL, machine.host())
+    with pytest.raises(ValueError, match=r"\(no network namespaces: SANDBOXD_ISOLATION=none \("):
+        iso.namespaces.network.mode("none")
+
+
+def test_a_create_asking_for_egress_is_told_how_it_is_offered(tmp_path: Path) -> None:
+    """Egress is never on by default: the refusal a create gets names the setting."""
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    iso = build_isolation(config(tmp_path, "cgroup2"), Clock(), POOL, machine.host())
+    with pytest.raises(ValueError) as refused:
+        iso.namespaces.network.mode("egress")
+    assert str(refused.value) == (
+        "network mode egress is not offered by this replica (not enabled: the daemon offers it"
+        " when SANDBOXD_NETWORK_ALLOW names it (e.g. SANDBOXD_NETWORK_ALLOW=none,egress) or"
+        " SANDBOXD_NETWORK=egress)"
+    )
+    only_none = build_isolation(
+        config(tmp_path, "cgroup2", network_allow="none"), Clock(), POOL, machine.host()
+    )
+    with pytest.raises(ValueError, match=r"^network mode host is not allowed here \(SANDBOXD_"):
+        only_none.namespaces.network.mode("host")
 
 
 @pytest.mark.parametrize(

@@ -176,6 +176,18 @@ def test_auto_prefers_v2_with_the_controllers(tmp_path: Path) -> None:
     assert machine.oom == [DAEMON_OOM_SCORE_ADJ] and machine.groups == [[]]
 
 
+def test_a_refusal_after_the_preflight_removes_the_instance_it_made(tmp_path: Path) -> None:
+    """The network policy is checked once the driver is prepared: refusing it must not
+    leave the instance cgroup behind."""
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    refused = config(tmp_path, "cgroup2", network="none", namespaces="ipc")
+    with pytest.raises(IsolationUnavailable, match="SANDBOXD_NETWORK: network mode none"):
+        build_isolation(refused, Clock(), POOL, machine.host())
+    iso = build_isolation(config(tmp_path, "cgroup2"), Clock(), POOL, machine.host())
+    assert isinstance(iso.cgroups, Cgroup2Driver)
+    assert iso.cgroups.made == [iso.cgroups.instance]  # made by this build, not left by the first
+
+
 def test_auto_takes_v1_on_a_hybrid_host(tmp_path: Path) -> None:
     machine = Machine(tmp_path, v2="hugetlb", v1=True)
     iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, machine.host())

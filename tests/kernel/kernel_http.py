@@ -177,6 +177,8 @@ class Result:
     exit: int
     out: bytes
     err: bytes
+    oom_killed: bool = False
+    """The frame's ``oom_killed`` (absent: ``False``)."""
 
     @property
     def text(self) -> str:
@@ -360,7 +362,10 @@ class Box:
         final = json.loads(answer.body.splitlines()[-1])
         assert "exit" in final, final
         return Result(
-            int(final["exit"]), base64.b64decode(final["out"]), base64.b64decode(final["err"])
+            int(final["exit"]),
+            base64.b64decode(final["out"]),
+            base64.b64decode(final["err"]),
+            final.get("oom_killed", False),
         )
 
     def run(self, script: str, timeout: float = 60) -> Result:

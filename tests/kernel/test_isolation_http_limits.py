@@ -71,7 +71,13 @@ def test_a_memory_bomb_ends_with_137_and_others_keep_answering(tight: KernelDaem
     bomb, other = tight.create(), tight.create()
     result = bomb.exec(["timeout", "-s", "KILL", "60", "python3", "-c", MEMORY_BOMB], timeout=90)
     assert result.exit == 137, result
+    assert result.oom_killed is True, result  # the final frame says why
     assert b"survived" not in result.out
+    said = tight.daemon.log.read_text()
+    assert f"sandbox {bomb.rid}: timeout ended 137: the kernel OOM-killed" in said
+    assert "at the sandbox's memory limit, SANDBOXD_MEMORY_MAX=64M" in said
+    killed = bomb.run("kill -9 $$")
+    assert (killed.exit, killed.oom_killed) == (137, False)  # a 137 of another cause
     stats = bomb.stats()
     assert stats["oom_kills"] >= 1, stats
     assert stats["memory_peak_bytes"] <= TIGHT_MEMORY + (1 << 20), stats

@@ -144,6 +144,9 @@ class FakeCgroups:
             raise self.stats_error
         return self.stats_value
 
+    def oom_kills(self, rid: str) -> int:
+        return self.stats(rid).oom_kills
+
     def leftovers(self) -> list[str]:
         return list(self.leftover)
 
@@ -152,6 +155,9 @@ class FakeCgroups:
 
     def remove_instance(self) -> None:
         """No cgroups of its own instance."""
+
+    def unprepare(self) -> None:
+        """Its preflight made nothing."""
 
 
 class InstanceCgroups(FakeCgroups):

@@ -717,11 +717,16 @@ any_text = st.one_of(base64_text, st.text(max_size=20), st.integers(), st.none()
     out=any_text,
     err=any_text,
     truncated=st.one_of(st.none(), st.booleans(), st.integers(0, 1)),
+    oom_killed=st.one_of(st.none(), st.booleans(), st.integers(0, 1)),
+    other=st.sampled_from([None, "truncated", "signal"]),
 )
-def test_encode_frame_is_json_dumps(exit: Any, out: Any, err: Any, truncated: Any) -> None:
+def test_encode_frame_is_json_dumps(
+    exit: Any, out: Any, err: Any, truncated: Any, oom_killed: Any, other: str | None
+) -> None:
     frame: dict[str, Any] = {"exit": exit, "out": out, "err": err}
-    if truncated is not None:
-        frame["truncated"] = truncated
+    for key, value in (("oom_killed", oom_killed), ("truncated", truncated), (other, True)):
+        if key is not None and value is not None:
+            frame[key] = value
     expected = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
     assert encode_frame(frame) == expected
     assert b"".join(frame_parts(frame)) == expected
@@ -736,6 +741,9 @@ def test_frame_parts_keep_the_buffers_apart() -> None:
         b"ZXJy",
         b'","truncated":true}\n',
     ]
+    assert list(frame_parts({**frame, "oom_killed": True}))[-1] == (
+        b'","truncated":true,"oom_killed":true}\n'
+    )
     assert list(frame_parts({"error": "E", "detail": "d"})) == [b'{"error":"E","detail":"d"}\n']
 
 

@@ -21,7 +21,7 @@ from sandboxd.core.manager import BASE_PATH, SandboxManager
 from sandboxd.e2b.registry import Registry
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.http import parse, wire
-from sandboxd.isolation.base import CgroupStats, Isolation
+from sandboxd.isolation.base import Isolation
 from tests.support.fakes import (
     FakeCgroups,
     FakeReactor,
@@ -428,19 +428,6 @@ def test_a_timed_out_exec_is_logged(world: World) -> None:
     world.clock.advance(1)
     run.processEnded(Failure(ProcessTerminated(signal=9)))
     assert run.outcome is not None and wire.final_frame(run.outcome)["exit"] == 124
-
-
-def test_an_oom_kill_is_noted_once(world: World) -> None:
-    sandbox = world.manager.create()
-    for kills in (1, 1, 2):
-        world.cgroups.stats_value = CgroupStats(0, 0, 0, 0, kills)
-        run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
-        run.processEnded(Failure(ProcessTerminated(signal=9)))
-        assert sandbox.oom_kills_seen == kills
-    world.cgroups.stats_error = OSError("no counters")
-    run = world.manager.start_exec(sandbox, exec_request(), lambda fd, data: None)
-    run.processEnded(Failure(ProcessTerminated(signal=9)))
-    assert sandbox.oom_kills_seen == 2
 
 
 def test_the_end_of_a_run_without_a_frame_is_tolerated(world: World) -> None:

@@ -48,6 +48,9 @@ class Exited:
     timed_out: bool = False
     signal: int | None = None
     """The signal that killed the command (``code`` is then ``128 + signal``), if one did."""
+    oom_killed: bool = False
+    """The kernel OOM-killed a process of the sandbox while the command ran (its memory
+    limit was reached): the usual cause of a 137."""
 
 
 @frozen
@@ -97,6 +100,8 @@ class ExecRun(ProcessProtocol):
         self.on_activity = on_activity
         self.on_end = on_end
         self._killpg = kill
+        self.review: Callable[[Outcome], Outcome] = lambda outcome: outcome
+        """Completes the outcome before it is settled (the OOM kills seen meanwhile)."""
         self.outcome: Outcome | None = None
         self._waiters: list[Deferred[Outcome]] = []
         self.buffers: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
@@ -323,10 +328,10 @@ class ExecRun(ProcessProtocol):
         self._end(Exited(code, out, err, self.truncated, self.timed_out, signal))
 
     def _end(self, outcome: Outcome) -> None:
-        """Settle the run with its outcome."""
+        """Settle the run with its outcome (as :attr:`review` completes it)."""
         for name in list(self._timers):
             self._cancel(name)
-        self.outcome = outcome
+        self.outcome = outcome = self.review(outcome)
         self.on_end()
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
