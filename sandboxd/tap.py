@@ -122,7 +122,8 @@ def _build(options: Options, reactor: Any, environ: Any, undo: StartupUndo) -> S
     if isolation.spawn_server is not None:
         undo.add("spawn server", isolation.spawn_server.close)
     if isolation.name == "none":
-        log.warn("isolation: NONE — sandboxes run as the daemon's own user (development only)")
+        who = "uids of the pool" if isolation.owns_files else "the daemon's own user"
+        log.warn("isolation: NONE — sandboxes run as {who} (development only)", who=who)
     else:
         log.info("isolation: {name} driver ready", name=isolation.name)
     log.info("exec: commands start through the {chain}", chain=isolation.exec_chain)

@@ -8,6 +8,10 @@ only warns when they are off.
 
 from collections.abc import Callable
 
+UID = "isolation.uid"
+"""Every command runs as the sandbox's own uid of the pool, never the daemon's: listed where
+that is the only layer (``--isolation=none`` started as root), implied by a cgroup driver's."""
+
 SECCOMP = "isolation.seccomp"
 """Every command runs under the default system call filter (``sandboxd_seccomp.h``)."""
 

@@ -1,12 +1,16 @@
-"""``--isolation=none``: development mode, every sandbox runs as the daemon's own user.
+"""``--isolation=none``: development mode, no cgroup, namespace or system call filter.
 
-There is no cgroup and no uid switch: the only separation is the per-sandbox directory and a
-process group per exec. The pool still bounds how many sandboxes live at once, so capacity
-behaves as it does when isolated.
+Started as a user, every sandbox runs as the daemon's own user: the only separation is the
+per-sandbox directory and a process group per exec; the pool still bounds how many sandboxes
+live at once, so capacity behaves as it does when isolated. Started as root, commands never run
+as root: each sandbox still gets a uid of the pool (``select.uid_only``), whose processes
+:class:`SweptUidPool` kills when the sandbox goes.
 """
 
+import contextlib
 import os
 import shutil
+import signal
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -27,6 +31,7 @@ from sandboxd.isolation.base import (
 )
 from sandboxd.isolation.helper import DEFAULT_UMASK, HelperSession
 from sandboxd.isolation.layers import UMASK, umask_isolates
+from sandboxd.isolation.uids import NumericUidPool
 
 T = TypeVar("T")
 
@@ -117,6 +122,57 @@ def session_wrapper(setsid: str, umask: int = DEFAULT_UMASK) -> Wrap:
         return [setsid, "--", "/bin/sh", "-c", script, "sh", cwd, *argv]
 
     return wrap
+
+
+def live_processes_of(uid: int, proc: str = "/proc") -> list[int]:
+    """The pids of the live (not zombie) processes whose real uid is ``uid``."""
+    found = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "status")) as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue  # gone while looked at
+        if fields["Uid"].split()[0] == str(uid) and not fields["State"].strip().startswith("Z"):
+            found.append(int(name))
+    return found
+
+
+class SweptUidPool(NumericUidPool):
+    """The pool of ``--isolation=none`` started as root: with no cgroup to kill a sandbox's
+    processes by, a released uid's processes are killed (``SIGKILL``, until none is left)
+    before it returns to the queue, so that nothing a sandbox started in the background meets
+    the next one."""
+
+    def __init__(
+        self,
+        uid_min: int,
+        uid_max: int,
+        processes_of: Callable[[int], list[int]] = live_processes_of,
+        kill: Callable[[int, int], None] = os.kill,
+    ) -> None:
+        super().__init__(uid_min, uid_max)
+        self._processes_of = processes_of
+        self._kill = kill
+
+    def release(self, identity: Identity) -> None:
+        for _ in range(SWEEPS):
+            pids = self._processes_of(identity.uid)
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    self._kill(pid, signal.SIGKILL)
+        else:
+            raise OSError(f"uid {identity.uid} still runs processes after {SWEEPS} sweeps")
+        super().release(identity)
+
+
+SWEEPS = 100
+"""Rounds of killing a released uid's processes (one that forks between the listing and the
+kill needs another) before the uid is kept out of the pool."""
 
 
 def find_program(name: str) -> str:

@@ -36,6 +36,7 @@ from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
 from sandboxd.isolation.layers import (
     SECCOMP,
     SOCKET_BUFFERS,
+    UID,
     UMASK,
     umask_isolates,
     unprotected,
@@ -60,7 +61,7 @@ from sandboxd.isolation.network import (
     NoNetwork,
     find_egress,
 )
-from sandboxd.isolation.none import find_program, no_isolation
+from sandboxd.isolation.none import NoCgroups, SweptUidPool, find_program, no_isolation
 from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
 from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
@@ -217,10 +218,13 @@ def build_isolation(
         )
     if config.isolation == "none":
         _log_off(SECCOMP, "--isolation=none applies no system call filter")
-        helper = find_helper(host, as_root=False)
-        bundle = no_isolation(reactor, file_pool, capacity, helper, config.umask)
         log.warn("namespaces: off (--isolation=none): sandboxes share IPC, /tmp and the network")
         policy = network_policy(config, frozenset(), host)
+        if host.kernel.geteuid() == 0:
+            bundle = uid_only(config, reactor, file_pool, host)
+        else:
+            helper = find_helper(host, as_root=False)
+            bundle = no_isolation(reactor, file_pool, capacity, helper, config.umask)
         return evolve(bundle, namespaces=Namespaces(network=policy))
     euid = host.kernel.geteuid()
     if euid != 0:
@@ -273,6 +277,39 @@ def build_isolation(
             )
             if on
         ),
+    )
+
+
+def uid_only(config: Config, reactor: IReactorTime, file_pool: ThreadPool, host: Host) -> Isolation:
+    """``--isolation=none`` started as root: no cgroup, namespace or filter, but never a
+    command as root. Each sandbox still gets a uid of the pool, its commands drop to it (the
+    helper's privilege drop, else the shell chain's ``setpriv``) and its file calls run under
+    it, as under real isolation: a command cannot read ``/etc/shadow`` or write the host's
+    files. ``/healthz`` says so with :data:`~sandboxd.isolation.layers.UID`."""
+    log.warn(
+        "isolation: none, started as root: commands run as uids {low}-{high} of the pool,"
+        " without cgroups, namespaces or a system call filter",
+        low=config.uid_min,
+        high=config.uid_max,
+    )
+    helper = find_helper(host, as_root=True)
+    wrap: Wrap
+    if helper is not None:
+        wrap = HelperWrapper(helper, False, config.umask)
+    else:
+        wrap = Wrapper(Programs.find(host.which), config.umask)
+    drop_supplementary_groups(host.setgroups)
+    threads_reactor: IReactorFromThreads = reactor  # type: ignore[assignment]
+    return Isolation(
+        name="none",
+        uids=SweptUidPool(config.uid_min, config.uid_max),
+        cgroups=NoCgroups(),
+        fs=FsCredentialThreads(threads_reactor, file_pool, host.fsids()),
+        wrap=wrap,
+        owns_files=True,
+        spawn_env=spawn_env,
+        exec_chain="shell" if helper is None else f"helper {helper}",
+        layers=(UID, UMASK) if umask_isolates(config.umask) else (UID,),
     )
 
 

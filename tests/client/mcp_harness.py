@@ -37,7 +37,7 @@ class Caller(Protocol):
 
 def server_argv(daemon: Daemon, *extra: str) -> list[str]:
     """``python`` arguments of ``sandboxctl mcp`` for ``daemon`` (its token file)."""
-    token = daemon.root.parent / "token"
+    token = daemon.log.parent / "token"  # beside the log, in the directory the daemon was given
     return [
         "-m",
         "sandboxd_client.cli",

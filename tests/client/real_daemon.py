@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ import pytest_twisted
 from attrs import frozen
 
 from sandboxd_client import HttpSandbox
+from tests.support.daemon import SHARED_ROOTS, reachable_root, unisolated_uids
 
 REPO = Path(__file__).resolve().parents[2]
 START_POLLS = 600
@@ -62,20 +64,21 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
     token_file = base / "token"
     token_file.write_text(token)
     token_file.chmod(0o600)
-    (base / "tools").mkdir(exist_ok=True)
+    root, tools = reachable_root(base), reachable_root(base, "tools")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     env["SANDBOXD_DRAIN_IDLE"] = "0s"  # its SIGTERM stop kills what is left at once
-    env.update(PYTHONPATH=str(REPO), SANDBOXD_ROOT=str(base / "root"))
+    env.update(PYTHONPATH=str(REPO), SANDBOXD_ROOT=str(root))
     argv = [
         str(Path(sys.executable).parent / "twistd"),
         "--nodaemon",
         "--pidfile=",
         "sandboxd",
         "--isolation=none",
+        *unisolated_uids(["--isolation=none", *extra]),
         f"--listen=tcp:{port}:interface=127.0.0.1",
         f"--token-file={token_file}",
-        f"--tools-dir={base / 'tools'}",
+        f"--tools-dir={tools}",
         "--keepalive=1s",
         *extra,
     ]
@@ -92,7 +95,7 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
             time.sleep(0.05)
         else:
             raise DaemonFailed(f"daemon did not answer: {log.read_text()}")
-        yield Daemon(url, base / "root", log, token)
+        yield Daemon(url, root, log, token)
     finally:
         if process.poll() is None and not drained(url, token, process):
             process.send_signal(signal.SIGTERM)
@@ -101,6 +104,9 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        for made in (root, tools):
+            if made.parent == SHARED_ROOTS:
+                shutil.rmtree(made, ignore_errors=True)
 
 
 def drained(url: str, token: str, process: subprocess.Popen[bytes]) -> bool:

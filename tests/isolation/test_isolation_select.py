@@ -11,12 +11,13 @@ from twisted.internet.task import Clock
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
+from sandboxd.isolation import layers
 from sandboxd.isolation.base import IsolationUnavailable, plain_env
 from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.fscreds import FsCredentialThreads
 from sandboxd.isolation.helper import HelperSession, HelperWrapper
-from sandboxd.isolation.none import CountingPool
+from sandboxd.isolation.none import CountingPool, SweptUidPool, live_processes_of
 from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation, protect_daemon
 from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
@@ -324,3 +325,65 @@ def test_none_has_no_spawn_server(tmp_path: Path) -> None:
     settings = evolve(config(tmp_path, "none"), spawner="server")
     iso = build_isolation(settings, Clock(), POOL, machine.host(helper="/opt/sd/sandboxd-exec"))
     assert iso.spawn_server is None
+
+
+@pytest.mark.parametrize(
+    ("helper", "chain"), [("/opt/sd/sandboxd-exec", "helper"), (None, "shell")]
+)
+def test_none_as_root_never_runs_a_command_as_root(
+    tmp_path: Path, helper: str | None, chain: str
+) -> None:
+    """Each sandbox gets a uid of the pool, its commands drop to it, its file calls run as it;
+    no cgroup, no namespace, no filter; ``/healthz`` lists ``isolation.uid``."""
+    machine = Machine(tmp_path, v2=None, v1=False, euid=0)
+    host = machine.host(helper=helper or "/opt/user/sandboxd-exec")
+    iso = build_isolation(config(tmp_path, "none", seccomp="default"), Clock(), POOL, host)
+    assert iso.name == "none" and iso.owns_files
+    assert isinstance(iso.uids, SweptUidPool) and iso.uids.total == 10
+    assert isinstance(iso.fs, FsCredentialThreads)
+    assert iso.spawn_env is spawn_env
+    assert iso.layers == (layers.UID, layers.UMASK)
+    assert iso.namespaces.kinds == frozenset()
+    assert machine.groups == [[]] and machine.oom == [] and machine.ran == []  # no filter check
+    if chain == "helper":
+        assert isinstance(iso.wrap, HelperWrapper) and not iso.wrap.seccomp
+        assert iso.exec_chain == f"helper {helper}"
+    else:
+        assert isinstance(iso.wrap, Wrapper) and iso.exec_chain == "shell"
+    loose = build_isolation(config(tmp_path, "none", umask="022"), Clock(), POOL, host)
+    assert loose.layers == (layers.UID,)
+
+
+def test_a_released_uid_of_none_as_root_is_swept_of_its_processes() -> None:
+    running = {300001: [11, 12], 300002: [21]}
+    killed: list[tuple[int, int]] = []
+
+    def kill(pid: int, signal_number: int) -> None:
+        killed.append((pid, signal_number))
+        if pid == 12:
+            raise ProcessLookupError  # ended by itself meanwhile
+        running[300001] = [13] if pid == 11 else []  # 11 forked 13 before it died
+
+    pool = SweptUidPool(300001, 300002, lambda uid: list(running.get(uid, [])), kill)
+    first = pool.allocate()
+    pool.release(first)
+    assert killed == [(11, 9), (12, 9), (13, 9)]
+    assert pool.free == 2
+    second = pool.allocate()
+    stubborn = SweptUidPool(300001, 300002, lambda uid: [99], lambda pid, sig: None)
+    held = stubborn.allocate()
+    with pytest.raises(OSError, match="uid 300001 still runs processes after 100 sweeps"):
+        stubborn.release(held)
+    assert stubborn.free == 1  # kept out of the pool
+    assert second.uid == 300002
+
+
+def test_live_processes_of_reads_real_uids_and_skips_zombies(tmp_path: Path) -> None:
+    for pid, uid, state in ((5, 300001, "S (sleeping)"), (6, 300001, "Z (zombie)"), (7, 0, "R")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(
+            f"Name:\tx\nState:\t{state}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
+        )
+    (tmp_path / "8").mkdir()  # gone while looked at: no status
+    (tmp_path / "self").mkdir()
+    assert live_processes_of(300001, str(tmp_path)) == [5]

@@ -10,10 +10,8 @@ alongside), and :meth:`KernelDaemon.stop` proves it left nothing behind.
 import base64
 import hashlib
 import http.client
-import itertools
 import json
 import os
-import random
 import shutil
 import signal
 import tempfile
@@ -31,6 +29,7 @@ from sandboxd.isolation.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
 from sandboxd.isolation.naming import instance_name
 from tests.support.daemon import SHARED_ROOTS, Daemon, start_daemon, stop_daemon
+from tests.support.uids import UID_BLOCK, uid_block
 
 IN_VM = os.environ.get("SANDBOXD_VM") == "1"
 """Inside the cgroup v2 VM of ``tests/vm/run.sh`` (software emulation: keep counts small)."""
@@ -39,21 +38,6 @@ SLOW = 5.0 if IN_VM else 1.0
 """Factor for the deadlines of things that merely take time (never for a limit's figure)."""
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-UID_BLOCK = 8
-UID_RANGE = 1024
-"""uids one run's kernel daemons share out (one block of :data:`UID_BLOCK` each)."""
-_UID_BASE = 600_000 + random.randrange(3000) * UID_RANGE
-_blocks = itertools.count()
-
-
-def uid_block() -> tuple[int, int]:
-    """A block of :data:`UID_BLOCK` uids no other daemon of this run (or, most likely, of a
-    concurrent run: the base is random) gets."""
-    k = next(_blocks)
-    assert k < UID_RANGE // UID_BLOCK, "more daemons than uid blocks: widen the per-run range"
-    low = _UID_BASE + k * UID_BLOCK
-    return low, low + UID_BLOCK - 1
 
 
 def isolation_problem() -> str | None:

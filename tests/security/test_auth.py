@@ -297,7 +297,7 @@ def test_a_sandbox_calling_the_api_gets_401_everywhere(tmp_path: Path, token: st
         # /drain last: were it let through, the daemon would stop serving.
         ops = sorted(operations(), key=lambda op: op == ("POST", "/drain"))
         before = snapshot(daemon, token)
-        argv = [sys.executable, "-c", ATTACK, json.dumps([bases, victim, attacker, ops])]
+        argv = ["python3", "-c", ATTACK, json.dumps([bases, victim, attacker, ops])]
         status, frames = exec_frames(daemon, attacker, {"cmd": argv}, token)
         assert status == 200, frames
         assert frames[-1].get("exit") == 0, frames[-1]
@@ -346,7 +346,7 @@ def test_the_token_is_not_in_a_commands_environment_or_command_line(
     rid = create(authed, token)
     connection = HTTPConnection("127.0.0.1", authed.port, timeout=60)
     try:
-        body = json.dumps({"cmd": [sys.executable, "-c", PROBE]})
+        body = json.dumps({"cmd": ["python3", "-c", PROBE]})
         connection.request(
             "POST",
             f"/sandboxes/{rid}/exec",

@@ -330,12 +330,11 @@ def test_trees_deeper_than_path_max_and_the_recursion_limit_work(tmp_path: Path)
     """A sandbox can nest directories far beyond PATH_MAX (and Python's recursion limit):
     walk, disk-usage, rmdir and kill still work; kill used to fail with a 500 and leak the
     sandbox's files and uid."""
-    import sys
 
     with running(tmp_path, "--isolation=none") as daemon:
         rid = create(daemon)
         s = f"/sandboxes/{rid}"
-        status, frames = exec_frames(daemon, rid, {"cmd": [sys.executable, "-c", DEEP_TREE]})
+        status, frames = exec_frames(daemon, rid, {"cmd": ["python3", "-c", DEEP_TREE]})
         assert status == 200 and frames[-1]["exit"] == 0, frames[-1]
         (entry,) = call(daemon, "GET", f"{s}/walk").json()["entries"]
         assert entry["path"] == "/d" * 3000 + "/f" and entry["size"] == 6
@@ -343,7 +342,7 @@ def test_trees_deeper_than_path_max_and_the_recursion_limit_work(tmp_path: Path)
         assert call(daemon, "POST", f"{s}/rename", {"src": "d", "dst": "e"}).status == 204
         assert call(daemon, "DELETE", f"{s}/dir?path=e").status == 204
         assert call(daemon, "GET", f"{s}/walk").json() == {"entries": []}
-        status, frames = exec_frames(daemon, rid, {"cmd": [sys.executable, "-c", DEEP_TREE]})
+        status, frames = exec_frames(daemon, rid, {"cmd": ["python3", "-c", DEEP_TREE]})
         assert status == 200 and frames[-1]["exit"] == 0
         assert call(daemon, "DELETE", s).status == 204
         assert not (Path(daemon.root) / rid).exists()

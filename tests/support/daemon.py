@@ -10,8 +10,11 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.support.uids import UNISOLATED_BLOCK, uid_block
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_ROOTS = Path("/tmp/sandboxd-tests")
@@ -82,6 +85,34 @@ class Daemon:
         raise AssertionError(field)
 
 
+def reachable_root(tmp_path: Path, name: str = "root") -> Path:
+    """A state root for a daemon started by a test: ``tmp_path/name``, except as root, where
+    sandbox uids must pass through every directory above it and pytest's temporary directories
+    are private to root (0700): it is then made beneath :data:`SHARED_ROOTS` and linked from
+    ``tmp_path/name`` for the test to find it. The resolved path."""
+    root = tmp_path / name
+    if os.geteuid() == 0 and not root.exists():
+        SHARED_ROOTS.mkdir(mode=0o711, exist_ok=True)
+        SHARED_ROOTS.chmod(0o711)
+        real = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=SHARED_ROOTS))
+        real.chmod(0o711)
+        root.symlink_to(real)
+    return root.resolve()
+
+
+def unisolated_uids(args: Sequence[str]) -> list[str]:
+    """The uid options a daemon started with ``args`` needs besides them: as root, a daemon
+    with ``--isolation=none`` gives each sandbox a uid of its pool (and kills what runs as a
+    uid it releases), so, unless ``args`` name its range, it gets a block no other daemon of
+    the run has."""
+    if os.geteuid() != 0 or "--isolation=none" not in args:
+        return []
+    if any(arg.startswith(("--uid-min", "--uid-max")) for arg in args):
+        return []
+    low, high = uid_block(UNISOLATED_BLOCK)
+    return [f"--uid-min={low}", f"--uid-max={high}"]
+
+
 def start_daemon(
     tmp_path: Path,
     *args: str,
@@ -98,14 +129,8 @@ def start_daemon(
     (linked from ``tmp_path/root`` for the test to find it).
     """
     port = free_port()
-    root = tmp_path / "root"
-    if os.geteuid() == 0 and not root.exists():
-        SHARED_ROOTS.mkdir(mode=0o711, exist_ok=True)
-        SHARED_ROOTS.chmod(0o711)
-        real = Path(tempfile.mkdtemp(prefix="root-", dir=SHARED_ROOTS))
-        real.chmod(0o711)
-        root.symlink_to(real)
-    root = root.resolve()
+    root = reachable_root(tmp_path)
+    args = (*unisolated_uids(args), *args)
     log = tmp_path / "daemon.log"
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
     environ["PYTHONPATH"] = str(REPO)
