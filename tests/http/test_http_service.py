@@ -31,6 +31,7 @@ def test_healthz_reports_status_version_and_capabilities(harness: Harness) -> No
         "sandboxes.stats",
         "files.413",
         "files.507",
+        "files.tree",
     ):
         assert name in caps
 
