@@ -40,6 +40,8 @@ class Daemon:
     root: Path
     log: Path
     token: str
+    pid: int = 0
+    """The daemon's process id (to read its memory from ``/proc``)."""
 
 
 def free_port() -> int:
@@ -92,7 +94,7 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
             time.sleep(0.05)
         else:
             raise DaemonFailed(f"daemon did not answer: {log.read_text()}")
-        yield Daemon(url, base / "root", log, token)
+        yield Daemon(url, base / "root", log, token, process.pid)
     finally:
         if process.poll() is None and not drained(url, token, process):
             process.send_signal(signal.SIGTERM)
