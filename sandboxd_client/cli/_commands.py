@@ -7,6 +7,8 @@
                                      print a new handle
     kill HANDLE
     exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] [--] CMD...
+                                     stdin is streamed to CMD as it comes (EOF at its end)
+                                     when it is a pipe or a file, or with -i
     put HANDLE LOCAL REMOTE          upload a file, or a directory's whole tree (modes,
                                      symlinks, empty directories); LOCAL - : a tar on stdin
     get HANDLE REMOTE LOCAL          download a file, or a directory's whole tree;
@@ -49,8 +51,8 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import react
 
 from .. import HttpSandbox, SandboxError, SandboxSpec
-from .._types import SandboxHandle
-from . import _processes, _trees
+from .._types import OutputChunk, SandboxHandle
+from . import _processes, _stdin, _trees
 from ._handle import resolve_handle
 from ._parser import build_parser, parse_args
 from ._progress import MIB, ProgressBar
@@ -84,6 +86,8 @@ class Console:
         self.err = err
         self.tty = err.isatty() if tty is None else tty
         self._stdin = stdin
+        self.reactor: Any = None
+        """The reactor stdin is read on (``main_async``'s; the global one when unset)."""
 
     @property
     def stdin(self) -> BinaryIO:
@@ -135,12 +139,26 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
+NO_TERMINALS = (
+    "exec -t: terminals (a PTY) come in a later release of sandboxd; -i streams stdin without one"
+)
+
+
 async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
     argv = args.cmd
+    if args.tty:
+        console.error(NO_TERMINALS)
+        return 2
     handle = resolve_handle(args.handle, args.url)
     if not argv:
         raise ValueError("exec needs a command: sandboxctl exec HANDLE CMD...")
-    stdin = sys.stdin.buffer.read() if args.stdin else None
+    stdin: bytes | None = None
+    source = console.stdin
+    fd = _stdin.fd_of(source)
+    if _stdin.wants_stdin(fd, args.stdin):
+        if fd is not None and _stdin.PROCESSES in await client.capabilities(handle):
+            return await _exec_streamed(client, handle, args, console, fd)
+        stdin = _stdin.buffered(source)
 
     def live(chunk: bytes) -> None:
         console.out.write(chunk)
@@ -170,6 +188,40 @@ async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console)
             }
         )
     return result.exit_code
+
+
+async def _exec_streamed(
+    client: HttpSandbox,
+    handle: SandboxHandle,
+    args: argparse.Namespace,
+    console: Console,
+    fd: int,
+) -> int:
+    """``exec`` with stdin streamed (see ``_stdin``); ``--json`` gathers the output."""
+    kept: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+
+    def write(chunk: OutputChunk) -> None:
+        if args.json:
+            kept[chunk.stream] += chunk.data
+        elif chunk.stream == "stdout":
+            console.out.write(chunk.data)
+            console.out.flush()
+        else:
+            console.err.write(_text(chunk.data))
+            console.err.flush()
+
+    reader = _stdin.reader_of(console.reactor, fd)
+    code = await _stdin.streamed(client, handle, args, reader, write)
+    if args.json:
+        console.json(
+            {
+                "exit_code": code,
+                "stdout": _text(bytes(kept["stdout"])),
+                "stderr": _text(bytes(kept["stderr"])),
+                "truncated": False,
+            }
+        )
+    return code
 
 
 async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
@@ -322,6 +374,7 @@ async def main_async(
     the host because its stream is dropped) and the exit code is 130.
     """
     args = parse_args(argv)
+    console.reactor = reactor
     failed = EXEC_FAILED if args.command == "exec" else 1
     try:
         client = HttpSandbox(

@@ -47,6 +47,7 @@ def ctl(daemon: Daemon, tmp_path: Path) -> Iterator[object]:
             [sys.executable, "-m", "sandboxd_client.cli", *argv],
             env=env,
             input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,  # not the test's own
             capture_output=True,
             timeout=600,
             check=False,

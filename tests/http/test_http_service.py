@@ -32,6 +32,7 @@ def test_healthz_reports_status_version_and_capabilities(harness: Harness) -> No
         "files.413",
         "files.507",
         "files.tree",
+        "processes.stdin-backpressure",
     ):
         assert name in caps
 
