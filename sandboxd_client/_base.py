@@ -72,6 +72,8 @@ class ClientBase:
         self._persist_timeout = persist_timeout
         self._tools_timeout = tools_timeout
         self._max_exec_line = max_exec_line
+        self._capabilities: dict[str, frozenset[str]] = {}
+        """``/healthz`` capabilities per replica (``Trees.capabilities``)."""
         self._http = Transport(
             reactor,
             clock=self._clock,

@@ -73,6 +73,7 @@ from ._files import Files
 from ._handles import check_base_url, decode_handle
 from ._processes import Processes
 from ._transfers import Transfers
+from ._trees import Trees
 from ._types import (
     ExecResult,
     Health,
@@ -85,7 +86,7 @@ from ._types import (
 )
 
 
-class HttpSandbox(Processes, Files, Transfers):
+class HttpSandbox(Processes, Files, Transfers, Trees):
     """
     A client for one sandboxd service.
 

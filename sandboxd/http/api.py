@@ -25,11 +25,11 @@ from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.guard import Admission, Admit
-from sandboxd.http.routes import commands, daemon, files, sandboxes
+from sandboxd.http.routes import commands, daemon, files, sandboxes, trees
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 
-ROUTES = (daemon, sandboxes, commands, files)
+ROUTES = (daemon, sandboxes, commands, files, trees)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()

@@ -35,6 +35,7 @@ from sandboxd.errors import (
 JSON = b"application/json"
 NDJSON = b"application/x-ndjson"
 OCTETS = b"application/octet-stream"
+TAR = b"application/x-tar"
 
 
 class Unauthorized(SandboxdError):

@@ -7,8 +7,12 @@
                                      print a new handle
     kill HANDLE
     exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] [--] CMD...
-    put HANDLE LOCAL REMOTE          upload a file, or a directory's whole tree
-    get HANDLE REMOTE LOCAL          download a file, or a directory's whole tree
+                                     stdin is streamed to CMD as it comes (EOF at its end)
+                                     when it is a pipe or a file, or with -i
+    put HANDLE LOCAL REMOTE          upload a file, or a directory's whole tree (modes,
+                                     symlinks, empty directories); LOCAL - : a tar on stdin
+    get HANDLE REMOTE LOCAL          download a file, or a directory's whole tree;
+                                     LOCAL - : the tree as a tar on stdout
     ls HANDLE [ROOT]                 every file under ROOT (default /)
     rm HANDLE PATH [-r]              delete a file (-r: a directory and its contents)
     list [--pod URL]                 live sandboxes (operators)
@@ -47,7 +51,8 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import react
 
 from .. import HttpSandbox, SandboxError, SandboxSpec
-from . import _processes, _trees
+from .._types import OutputChunk, SandboxHandle
+from . import _processes, _stdin, _trees
 from ._handle import resolve_handle
 from ._parser import build_parser, parse_args
 from ._progress import MIB, ProgressBar
@@ -69,10 +74,25 @@ def describe(e: BaseException) -> str:
 class Console:
     """Where ``run`` writes: binary stdout (command output, results) and text stderr."""
 
-    def __init__(self, out: BinaryIO, err: TextIO, *, tty: bool | None = None) -> None:
+    def __init__(
+        self,
+        out: BinaryIO,
+        err: TextIO,
+        *,
+        tty: bool | None = None,
+        stdin: BinaryIO | None = None,
+    ) -> None:
         self.out = out
         self.err = err
         self.tty = err.isatty() if tty is None else tty
+        self._stdin = stdin
+        self.reactor: Any = None
+        """The reactor stdin is read on (``main_async``'s; the global one when unset)."""
+
+    @property
+    def stdin(self) -> BinaryIO:
+        """Where ``put -`` and ``exec -i`` read (this process's stdin unless given)."""
+        return sys.stdin.buffer if self._stdin is None else self._stdin
 
     def note(self, message: str) -> None:
         """A remark for the person (``no sandboxes``) on stderr: stdout keeps only data."""
@@ -119,12 +139,26 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
+NO_TERMINALS = (
+    "exec -t: terminals (a PTY) come in a later release of sandboxd; -i streams stdin without one"
+)
+
+
 async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
     argv = args.cmd
+    if args.tty:
+        console.error(NO_TERMINALS)
+        return 2
     handle = resolve_handle(args.handle, args.url)
     if not argv:
         raise ValueError("exec needs a command: sandboxctl exec HANDLE CMD...")
-    stdin = sys.stdin.buffer.read() if args.stdin else None
+    stdin: bytes | None = None
+    source = console.stdin
+    fd = _stdin.fd_of(source)
+    if _stdin.wants_stdin(fd, args.stdin):
+        if fd is not None and _stdin.PROCESSES in await client.capabilities(handle):
+            return await _exec_streamed(client, handle, args, console, fd)
+        stdin = _stdin.buffered(source)
 
     def live(chunk: bytes) -> None:
         console.out.write(chunk)
@@ -154,6 +188,40 @@ async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console)
             }
         )
     return result.exit_code
+
+
+async def _exec_streamed(
+    client: HttpSandbox,
+    handle: SandboxHandle,
+    args: argparse.Namespace,
+    console: Console,
+    fd: int,
+) -> int:
+    """``exec`` with stdin streamed (see ``_stdin``); ``--json`` gathers the output."""
+    kept: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+
+    def write(chunk: OutputChunk) -> None:
+        if args.json:
+            kept[chunk.stream] += chunk.data
+        elif chunk.stream == "stdout":
+            console.out.write(chunk.data)
+            console.out.flush()
+        else:
+            console.err.write(_text(chunk.data))
+            console.err.flush()
+
+    reader = _stdin.reader_of(console.reactor, fd)
+    code = await _stdin.streamed(client, handle, args, reader, write)
+    if args.json:
+        console.json(
+            {
+                "exit_code": code,
+                "stdout": _text(bytes(kept["stdout"])),
+                "stderr": _text(bytes(kept["stderr"])),
+                "truncated": False,
+            }
+        )
+    return code
 
 
 async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
@@ -204,27 +272,67 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
         return 0
     if cmd == "kill":
         await client.kill(handle)
-    elif cmd == "put" and os.path.isdir(args.local):
-        put = functools.partial(_trees.put_tree, client, handle, args.local, args.remote)
-        await _transfer(console, args.remote, put)
     elif cmd == "put":
-        await _transfer(console, args.remote, client.upload_file, handle, args.remote, args.local)
+        await _put(client, handle, args, console)
     elif cmd == "get":
-
-        def one_file() -> Any:
-            return _transfer(
-                console, args.remote, client.download_to_file, handle, args.remote, args.local
-            )
-
-        get = functools.partial(
-            _trees.get_tree, client, handle, args.remote, args.local, download_file=one_file
-        )
-        await _transfer(console, args.remote, get)
+        await _get(client, handle, args, console)
     else:  # rm, the last of the commands on a sandbox's files
         await (client.rmdir if args.recursive else client.delete)(handle, args.path)
     if as_json:
         console.json({"ok": True})
     return 0
+
+
+async def _tree_capable(client: HttpSandbox, handle: SandboxHandle, dash: str | None) -> bool:
+    """Whether the sandbox's replica takes trees as tar streams (``files.tree``); with
+    ``dash`` (a ``-`` operand that needs them), ``ValueError`` saying so when it does not."""
+    capable = _trees.TREE_CAPABILITY in await client.capabilities(handle)
+    if not capable and dash is not None:
+        raise ValueError(f"{dash}: this sandboxd has no tar streams (files.tree): upgrade it")
+    return capable
+
+
+async def _put(
+    client: HttpSandbox, handle: SandboxHandle, args: argparse.Namespace, console: Console
+) -> None:
+    """A file; a directory's tree (one tar stream; per file on an older daemon); or, for
+    ``-``, the tar stream on stdin (as ``docker cp - …``)."""
+    remote = args.remote
+    if args.local == "-":
+        await _tree_capable(client, handle, "put -")
+        await _transfer(console, remote, client.upload_tar, handle, remote, console.stdin)
+    elif not os.path.isdir(args.local):
+        await _transfer(console, remote, client.upload_file, handle, remote, args.local)
+    elif await _tree_capable(client, handle, None):
+        await _transfer(console, remote, client.upload_tree, handle, remote, args.local)
+    else:
+        put = functools.partial(_trees.put_tree, client, handle, args.local, remote)
+        await _transfer(console, remote, put)
+
+
+async def _get(
+    client: HttpSandbox, handle: SandboxHandle, args: argparse.Namespace, console: Console
+) -> None:
+    """A file; a directory's tree (one tar stream; per file on an older daemon); or, for
+    ``-``, the tree (or file) as a tar stream on stdout (as ``docker cp … -``)."""
+    remote, local = args.remote, args.local
+    if local == "-":
+        await _tree_capable(client, handle, "get … -")
+        await client.download_tar(handle, remote, console.out)
+        return
+
+    def one_file() -> Any:
+        return _transfer(console, remote, client.download_to_file, handle, remote, local)
+
+    if await client.size(handle, remote) is not None:
+        await one_file()
+    elif await _tree_capable(client, handle, None):
+        await _transfer(console, remote, client.download_tree, handle, remote, local)
+    else:
+        get = functools.partial(
+            _trees.get_tree, client, handle, remote, local, download_file=one_file
+        )
+        await _transfer(console, remote, get)
 
 
 def ago(now: float, then: object) -> str:
@@ -266,6 +374,7 @@ async def main_async(
     the host because its stream is dropped) and the exit code is 130.
     """
     args = parse_args(argv)
+    console.reactor = reactor
     failed = EXEC_FAILED if args.command == "exec" else 1
     try:
         client = HttpSandbox(

@@ -65,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", type=_env_pair, action="append", default=[])
     p.add_argument("--cwd", help="working directory, relative to the workspace (default: its top)")
     p.add_argument("--timeout", type=float)
-    p.add_argument("-i", "--stdin", action="store_true", help="send this process's stdin")
+    p.add_argument(
+        "-i",
+        "--stdin",
+        action="store_true",
+        help="stream this process's stdin (implied when it is a pipe or a file)",
+    )
+    p.add_argument("-t", "--tty", action="store_true", help="a terminal: not yet (exits 2)")
     p.add_argument("cmd", nargs="*", help="the command; options after it are its own")
     p = add("put", "upload a local file or directory (recursive)")
     p.add_argument("handle")

@@ -1,5 +1,7 @@
-"""``sandboxctl put``/``get`` of whole directories: every file of the tree, several at once,
-in this one process (one connection pool), with one progress line for the whole tree."""
+"""``sandboxctl put``/``get`` of whole directories from a daemon without tar streams
+(``files.tree``): every file of the tree, several at once, in this one process (one connection
+pool), with one progress line for the whole tree. A daemon with them gets one tar stream
+(``HttpSandbox.upload_tree``/``download_tree``), which also keeps modes and symlinks."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from .._types import SandboxHandle
 
 if TYPE_CHECKING:
     from .. import HttpSandbox
+
+TREE_CAPABILITY = "files.tree"
+"""The capability of a daemon that takes and gives trees as tar streams."""
 
 CONCURRENT = 8
 """Files in flight at once."""

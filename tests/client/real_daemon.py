@@ -42,6 +42,8 @@ class Daemon:
     root: Path
     log: Path
     token: str
+    pid: int = 0
+    """The daemon's process id (to read its memory from ``/proc``)."""
 
 
 def free_port() -> int:
@@ -95,7 +97,7 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
             time.sleep(0.05)
         else:
             raise DaemonFailed(f"daemon did not answer: {log.read_text()}")
-        yield Daemon(url, root, log, token)
+        yield Daemon(url, root, log, token, process.pid)
     finally:
         if process.poll() is None and not drained(url, token, process):
             process.send_signal(signal.SIGTERM)

@@ -162,8 +162,14 @@ async def sandboxctl(*argv: str, env: dict[str, str] | None = None) -> tuple[int
         "PYTHONPATH": REPO,
         **(env or {}),
     }
+    # stdin from /dev/null: a pipe (getProcessOutputAndValue's, never closed) is stdin that
+    # exec would stream to the command, waiting for its EOF (as docker exec -i would).
+    script = 'exec "$@" </dev/null'
     out, err, code = await getProcessOutputAndValue(
-        sys.executable, ["-m", "sandboxd_client.cli", *argv], env=full_env, path=REPO
+        "/bin/sh",
+        ["-c", script, "sh", sys.executable, "-m", "sandboxd_client.cli", *argv],
+        env=full_env,
+        path=REPO,
     )
     return code, out.decode(), err.decode()
 

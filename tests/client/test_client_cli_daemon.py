@@ -43,6 +43,7 @@ def ctl(daemon: Daemon, tmp_path: Path) -> Iterator[object]:
             [sys.executable, "-m", "sandboxd_client.cli", *argv],
             env=env,
             input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,  # not the test's own
             capture_output=True,
             timeout=120,
             check=False,
@@ -155,6 +156,7 @@ def test_ctrl_c_interrupts_an_exec_with_130(ctl, daemon: Daemon, tmp_path: Path)
     running = subprocess.Popen(
         [sys.executable, "-m", "sandboxd_client.cli", *argv],
         env=env,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

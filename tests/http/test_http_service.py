@@ -31,6 +31,8 @@ def test_healthz_reports_status_version_and_capabilities(harness: Harness) -> No
         "sandboxes.stats",
         "files.413",
         "files.507",
+        "files.tree",
+        "processes.stdin-backpressure",
     ):
         assert name in caps
 

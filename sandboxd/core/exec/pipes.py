@@ -14,7 +14,10 @@ import struct
 import termios
 from collections.abc import Callable
 
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
+from zope.interface import implementer
 
 from sandboxd import _twisted
 
@@ -75,3 +78,42 @@ def read_in_large_chunks(process: object) -> None:
         _twisted.replace_read(
             reader, functools.partial(read_from, reader.fd, reader.dataReceived, size)
         )
+
+
+@implementer(IPushProducer)
+class StdinGate:
+    """The producer of a command's stdin pipe (``registerProducer`` on its writer): the pipe
+    pauses it while more than its buffer waits to be written, and resumes it once everything
+    is in the pipe. :meth:`drained` waits for that, so a caller that writes stdin in chunks
+    holds one chunk at a time in the daemon, however slowly the command reads."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self._waiters: list[Deferred[None]] = []
+
+    def drained(self) -> Deferred[None]:
+        """Fires once what was written is in the pipe (or the pipe is gone)."""
+        if not self.paused:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._waiters.append(waiter)
+        return waiter
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def stopProducing(self) -> None:
+        """The pipe is closed: nothing more will be written."""
+        self.resumeProducing()
+
+    def attach(self, transport: object) -> None:
+        """Become the producer of ``transport``'s stdin pipe, when it has one."""
+        writer = getattr(transport, "pipes", {}).get(0)
+        if writer is not None:
+            writer.registerProducer(self, True)

@@ -21,7 +21,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
 from sandboxd._twisted import output_readers
-from sandboxd.core.exec.pipes import read_in_large_chunks, waiting
+from sandboxd.core.exec.pipes import StdinGate, read_in_large_chunks, waiting
 
 EXIT_TIMEOUT = 124
 EXIT_NOT_EXECUTABLE = 126
@@ -115,6 +115,8 @@ class ExecRun(ProcessProtocol):
         self.keep_stdin_open = False
         self.stdin_open = False
         """The command's stdin is a pipe still open for :meth:`write_stdin`."""
+        self.stdin_gate = StdinGate()
+        """Paused while what :meth:`write_stdin` wrote is not yet in the pipe."""
         self._unsent: list[int] | None = None
         """Signals for a command whose pid a spawn server has yet to answer (``None``: none
         awaited)."""
@@ -181,6 +183,8 @@ class ExecRun(ProcessProtocol):
     def connectionMade(self) -> None:
         self.pid = getattr(self.transport, "pid", None)
         read_in_large_chunks(self.transport)
+        if self.keep_stdin_open:
+            self.stdin_gate.attach(self.transport)
         if self.stdin is not None:
             assert self.transport is not None
             self.transport.write(self.stdin)

@@ -72,9 +72,19 @@ def parent_of(workspace: str, parts: Parts, create: bool = False) -> Iterator[in
 
     With ``create``, missing directories on the way are made (``mkdir -p``).
     """
+    fd = open_dir(workspace, parts[:-1], create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_dir(workspace: str, parts: Parts, create: bool = False) -> int:
+    """A descriptor of the directory ``parts`` (the caller closes it), reached one component
+    at a time without following a link; with ``create``, missing directories are made."""
     fd = os.open(workspace, _DIR_FLAGS)
     try:
-        for name in parts[:-1]:
+        for name in parts:
             try:
                 next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -85,9 +95,10 @@ def parent_of(workspace: str, parts: Parts, create: bool = False) -> Iterator[in
                 next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = next_fd
-        yield fd
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 def make_directory(parent: int, name: str) -> None:
@@ -101,7 +112,7 @@ def make_directory(parent: int, name: str) -> None:
         os.close(fd)
 
 
-def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+def lstat(dir_fd: int, name: str) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -149,7 +160,7 @@ def write_from(workspace: str, parts: Parts, source: BinaryIO, linkable: bool = 
     temp = UPLOAD_PREFIX + secrets.token_hex(8)
     try:
         with parent_of(workspace, parts, create=True) as parent:
-            existing = _lstat(parent, parts[-1])
+            existing = lstat(parent, parts[-1])
             if existing is not None and stat.S_ISDIR(existing.st_mode):
                 raise BadRequest(f"{display(parts)}: is a directory")
             if linkable and _link(source, parent, temp):
@@ -220,7 +231,7 @@ def exists(workspace: str, parts: Parts) -> bool:
         with parent_of(workspace, parts) as parent:
             if not parts:
                 return True
-            st = _lstat(parent, parts[-1])
+            st = lstat(parent, parts[-1])
     except OSError:
         return False
     return st is not None and (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode))
@@ -232,7 +243,7 @@ def size(workspace: str, parts: Parts) -> int | None:
         return None
     try:
         with parent_of(workspace, parts) as parent:
-            st = _lstat(parent, parts[-1])
+            st = lstat(parent, parts[-1])
     except OSError:
         return None
     if st is None or not stat.S_ISREG(st.st_mode):
@@ -254,7 +265,7 @@ def _walk_dirs(workspace: str, parts: Parts) -> Iterator[DirFiles]:
         if not parts:
             yield from scan_dirs(parent, "")
             return
-        st = _lstat(parent, parts[-1])
+        st = lstat(parent, parts[-1])
         if st is None:
             return
         if stat.S_ISREG(st.st_mode):
@@ -347,7 +358,7 @@ def delete(workspace: str, parts: Parts) -> None:
         raise BadRequest("/: is a directory")
     try:
         with parent_of(workspace, parts) as parent:
-            st = _lstat(parent, parts[-1])
+            st = lstat(parent, parts[-1])
             if st is None:
                 raise FileNotFoundError(errno.ENOENT, "missing")
             if stat.S_ISDIR(st.st_mode):
@@ -366,7 +377,7 @@ def mkdir(workspace: str, parts: Parts) -> None:
             try:
                 make_directory(parent, parts[-1])
             except FileExistsError:
-                st = _lstat(parent, parts[-1])
+                st = lstat(parent, parts[-1])
                 if st is None or not stat.S_ISDIR(st.st_mode):
                     raise BadRequest(f"{display(parts)}: exists and is not a directory") from None
     except OSError as e:
@@ -386,7 +397,7 @@ def rmdir(workspace: str, parts: Parts) -> None:
         raise BadRequest("/: the workspace root cannot be removed")
     try:
         with parent_of(workspace, parts) as parent:
-            st = _lstat(parent, parts[-1])
+            st = lstat(parent, parts[-1])
             if st is None:
                 raise FileNotFoundError(errno.ENOENT, "missing")
             if not stat.S_ISDIR(st.st_mode):
@@ -407,11 +418,11 @@ def rename(workspace: str, source: Parts, target: Parts) -> None:
         raise BadRequest(f"{display(source)}: inside {display(target)}")
     try:
         with parent_of(workspace, source) as src_parent:
-            if _lstat(src_parent, source[-1]) is None:
+            if lstat(src_parent, source[-1]) is None:
                 raise FileNotFoundError(errno.ENOENT, "missing")
             try:
                 with parent_of(workspace, target, create=True) as dst_parent:
-                    existing = _lstat(dst_parent, target[-1])
+                    existing = lstat(dst_parent, target[-1])
                     if existing is not None and source != target:
                         _remove_entry(dst_parent, target[-1], existing)
                     os.rename(source[-1], target[-1], src_dir_fd=src_parent, dst_dir_fd=dst_parent)

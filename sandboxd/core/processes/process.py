@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from attrs import define, field, frozen
+from twisted.internet.defer import Deferred
 
 from sandboxd.core.exec.run import ExecRun, Exited, Outcome
 from sandboxd.core.processes.log import Chunk, OutputLog
@@ -123,6 +124,11 @@ class Process:
         self._check_stdin()
         if data:
             self.run.write_stdin(data)
+
+    def stdin_drained(self) -> Deferred[None]:
+        """Fires once what was written to its stdin is in the pipe (or the pipe is gone): a
+        writer that waits for it holds the daemon to one chunk in memory."""
+        return self.run.stdin_gate.drained()
 
     def close_stdin(self) -> None:
         """Close its stdin (EOF); ``ProcessConflict`` as for :meth:`write_stdin`."""

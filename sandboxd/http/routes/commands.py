@@ -79,12 +79,17 @@ async def process_output(api: "SandboxAPI", request: IRequest, rid: str, process
 
 @app.route("/sandboxes/<rid:rid>/processes/<process_id>/stdin", methods=["POST"])
 @authorized
-def process_stdin(api: "SandboxAPI", request: IRequest, rid: str, process_id: str) -> bytes:
+@capability("processes.stdin-backpressure")
+async def process_stdin(api: "SandboxAPI", request: IRequest, rid: str, process_id: str) -> bytes:
+    """Answered once the bytes are in the command's pipe: a client that sends the next chunk
+    only then (``sandboxctl exec``) keeps one chunk in the daemon, however slowly the command
+    reads."""
     process = api.manager.get(rid).processes.get(process_id)
     parse.refuse_too_large(request, parse.JSON_BODY_LIMIT)
     content = request.content
     content.seek(0)
     process.write_stdin(content.read(parse.JSON_BODY_LIMIT))
+    await process.stdin_drained()
     return no_content(request)
 
 
