@@ -19,6 +19,7 @@ import pytest
 
 from tests.kernel.kernel_http import KernelDaemon, isolation_problem
 from tests.kernel.ns_numbers import cpus_by_number
+from tests.kernel.pod_stage import creates_in_a_row
 from tests.support.daemon import REPO
 
 pytestmark = [
@@ -35,19 +36,6 @@ def own_mount_namespace(made_on: int | None, runs_on: int | None) -> tuple[str, 
     made = ("taskset", "-c", str(made_on)) if made_on is not None else ()
     runs = ("taskset", "-c", str(runs_on)) if runs_on is not None else ()
     return (*made, "unshare", "--mount", "--propagation", "private", *runs)
-
-
-def creates_in_a_row(kd: KernelDaemon, count: int) -> list[str]:
-    """Create ``count`` sandboxes one after another, killing each; the answers that failed."""
-    failed = []
-    for _ in range(count):
-        answer = kd.call("POST", "/sandboxes", {})
-        if answer.status != 200:
-            failed.append(f"{answer.status} {answer.body[:200]!r}")
-            continue
-        rid = answer.json()["remote_id"]
-        assert kd.call("DELETE", f"/sandboxes/{rid}").status == 204
-    return failed
 
 
 @pytest.fixture
