@@ -56,9 +56,13 @@ def write_in_place(workspace: str, parts: Parts, source: BinaryIO) -> None:
                 if not stat.S_ISREG(opened.st_mode):  # pragma: no cover  # swapped meanwhile
                     raise BadRequest(f"{_where(parts)}: is not a regular file")
                 os.set_blocking(fd, True)
-                if st is None or stat.S_ISLNK(st.st_mode):
-                    os.fchmod(fd, 0o644)  # a new file is envd's 0644, whatever the umask
-                os.fchown(fd, opened.st_uid, opened.st_gid)  # envd's chown: the CHMOD event
+                created = st is None or stat.S_ISLNK(st.st_mode)
+                if created and stat.S_IMODE(opened.st_mode) != 0o644:
+                    # A new file is envd's 0644 whatever the umask; this change of mode is the
+                    # one CHMOD event a watch sees, where envd's chown makes it.
+                    os.fchmod(fd, 0o644)
+                else:
+                    os.fchown(fd, opened.st_uid, opened.st_gid)  # envd's chown: the CHMOD event
                 with os.fdopen(fd, "wb", closefd=False) as target:
                     shutil.copyfileobj(source, target, COPY_CHUNK)
             finally:

@@ -18,18 +18,42 @@
   is what schemathesis then validates against the documented ``ExecFrame`` schema.
 """
 
+import io
 import json
 import os
 import re
+import tarfile
 from typing import Any
 
 import schemathesis
+from hypothesis import strategies as st
 
 RID = re.compile(r"^[0-9a-f]{16}$")
 LIVE = [rid for rid in os.environ.get("SANDBOXD_FUZZ_RIDS", "").split(",") if rid]
 CLOSED_PORT_URL = "http://127.0.0.1:9/manifest.json"
 PROCESSES = dict(
     pair.split(":", 1) for pair in os.environ.get("SANDBOXD_FUZZ_PROCESSES", "").split(",") if pair
+)
+
+
+def tar_of(*members: tuple[str, bytes]) -> bytes:
+    """A tar holding ``members`` (name, bytes) as regular files."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+# A tree upload's body: a tar (one that lands, one naming a path outside) or any bytes.
+schemathesis.openapi.media_type(
+    "application/x-tar",
+    st.one_of(
+        st.sampled_from([tar_of(("a/b.txt", b"b")), tar_of(("../outside", b"x"))]),
+        st.binary(max_size=4096),
+    ),
 )
 
 
