@@ -1,7 +1,7 @@
 """``sandboxctl`` commands for background processes and workspace watch (SPEC §2.1, §2.2).
 
 run -d HANDLE [--env K=V]... [--cwd D] [--timeout S] [--tag T] [-i] -- CMD...
-                                 start CMD in the background; print its id and pid
+                                 start CMD in the background; print its id (its pid on stderr)
 logs [-f] [--offset N] HANDLE ID its output (stdout to stdout, stderr to stderr); -f
                                  follows it to its end and exits with its exit code
 ps HANDLE                        the sandbox's background processes
@@ -44,7 +44,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> in
         if args.json:
             console.json({"id": started.id, "pid": started.pid})
         else:
-            console.print(f"{started.id} {started.pid}")
+            console.print(started.id)  # alone, for P=$(sandboxctl run -d ...); logs "$P"
+            console.note(f"pid {started.pid}")
         return 0
     if args.command == "logs":
         return await _logs(client, handle, args, console)

@@ -135,7 +135,9 @@ def test_ps_says_when_there_is_nothing_and_run_takes_the_command_without_a_separ
     assert (empty.returncode, empty.stdout, empty.stderr) == (0, b"", b"no background processes\n")
     started = ctl("run", "-d", handle, "--tag", "t", "sh", "-c", "echo hi -x")
     assert started.returncode == 0, started.stderr
-    process = started.stdout.split()[0].decode()
+    process = started.stdout.decode().strip()
+    assert process and " " not in process, started.stdout  # the id alone, for P=$(...)
+    assert started.stderr.decode().startswith("pid ")
     followed = ctl("logs", "-f", handle, process)
     assert (followed.returncode, followed.stdout) == (0, b"hi -x\n")
     assert ctl("kill", handle).returncode == 0

@@ -85,7 +85,8 @@ async def test_run_d_ps_logs_and_signal(
         "echo hi; echo oops >&2; exit 3",
     )
     assert code == 0
-    first, pid = started.lines()[0].split()
+    [first] = started.lines()  # the id alone: P=$(sandboxctl run -d ...) names it
+    pid = started.err.getvalue().removeprefix("pid ").strip()
     assert int(pid) > 0
 
     code, followed = await ctl(client, "logs", "-f", handle, first)
