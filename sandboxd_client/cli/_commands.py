@@ -370,8 +370,9 @@ async def main_async(
 ) -> int:
     """
     Parse ``argv``, run the command, and return the exit code; failures become one line on
-    ``console.err``. ``interruptible``: Ctrl-C cancels the command (an exec is then killed on
-    the host because its stream is dropped) and the exit code is 130.
+    ``console.err``. ``interruptible``: Ctrl-C (SIGINT) or SIGTERM cancels the command (an
+    exec is then killed on the host because its stream is dropped) and the exit code is 130 or
+    143, never a transport error from a reactor stopped under the command.
     """
     args = parse_args(argv)
     console.reactor = reactor
@@ -387,17 +388,20 @@ async def main_async(
         console.error(describe(e))
         return failed
     work: Deferred[int] = Deferred.fromCoroutine(run(client, args, console))
+    stopped_by = [signal.SIGINT]
     if interruptible:
 
         def interrupt(signum: int, frame: object) -> None:
+            stopped_by[0] = signal.Signals(signum)
             reactor.callFromThread(work.cancel)
 
-        reactor.callWhenRunning(signal.signal, signal.SIGINT, interrupt)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            reactor.callWhenRunning(signal.signal, signum, interrupt)
     try:
         return await work
     except CancelledError:
-        console.error("interrupted")
-        return 130
+        console.error("interrupted" if stopped_by[0] == signal.SIGINT else "terminated")
+        return 128 + stopped_by[0]
     except PermissionError as e:
         console.error(f"{describe(e)} ({token_hint(args.token_file)})")
         return failed

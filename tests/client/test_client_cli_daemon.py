@@ -143,7 +143,14 @@ def test_ps_says_when_there_is_nothing_and_run_takes_the_command_without_a_separ
     assert ctl("kill", handle).returncode == 0
 
 
-def test_ctrl_c_interrupts_an_exec_with_130(ctl, daemon: Daemon, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("signum", "code", "said"),
+    [(signal.SIGINT, 130, b"interrupted"), (signal.SIGTERM, 143, b"terminated")],
+)
+def test_ctrl_c_interrupts_an_exec_with_130(  # type: ignore[no-untyped-def]
+    ctl, daemon: Daemon, tmp_path: Path, signum: int, code: int, said: bytes
+) -> None:
+    """Ctrl-C is 130, SIGTERM 143 (it used to read as the host being unreachable)."""
     handle = created(ctl)
     token = tmp_path / "token"  # the ctl fixture's
     env = {
@@ -164,13 +171,13 @@ def test_ctrl_c_interrupts_an_exec_with_130(ctl, daemon: Daemon, tmp_path: Path)
     )
     try:
         assert running.stdout is not None and running.stdout.readline() == b"started\n"
-        running.send_signal(signal.SIGINT)
+        running.send_signal(signum)
         out, err = running.communicate(timeout=60)
     finally:
         if running.poll() is None:
             running.kill()
             running.wait(30)
-    assert (running.returncode, out, err) == (130, b"", b"sandboxctl: interrupted\n")
+    assert (running.returncode, out, err) == (code, b"", b"sandboxctl: " + said + b"\n")
 
 
 def test_a_refused_token_names_the_setting_that_carries_it(ctl, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
