@@ -17,6 +17,7 @@ from twisted.internet.task import Clock
 
 from sandboxd_client import HttpSandbox
 from sandboxd_client.cli import Console, parse_args, run
+from sandboxd_client.cli._stdin import BUFFERED_MAX
 
 from .daemon_in_memory import POD_URL, InMemoryDaemon, older, serve_in_memory
 
@@ -135,3 +136,24 @@ async def test_stdin_goes_whole_in_the_exec_request(client: HttpSandbox) -> None
     assert (code, ran.out.getvalue().strip()) == (0, b"2")
     code, ran = await ctl(client, "exec", "-i", handle, "cat", stdin=io.BytesIO(b"in memory"))
     assert (code, ran.out.getvalue()) == (0, b"in memory")
+
+
+@pytest_twisted.ensureDeferred
+async def test_stdin_over_47_mib_is_refused_by_name(client: HttpSandbox) -> None:
+    handle = (await client.create()).id
+    await client.upload(handle, "mark", b"")
+    with pytest.raises(ValueError, match=r"^stdin is over 47 MiB: this sandboxd takes stdin"):
+        await ctl(
+            client,
+            "exec",
+            "-i",
+            handle,
+            "rm",
+            "mark",
+            stdin=io.BytesIO(bytes(BUFFERED_MAX + 1)),
+        )
+    assert await client.size(handle, "mark") == 0, "the command never ran"
+    code, ran = await ctl(
+        client, "exec", "-i", handle, "wc", "-c", stdin=io.BytesIO(bytes(BUFFERED_MAX))
+    )
+    assert (code, ran.out.getvalue().strip()) == (0, str(BUFFERED_MAX).encode())
