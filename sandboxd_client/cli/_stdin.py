@@ -37,8 +37,10 @@ READ_SIZE = 1 << 20
 BATCH_MAX = 4 << 20
 """Bytes of stdin gathered while a chunk is in flight, past which reading stops."""
 
-BUFFERED_MAX = 48 << 20
-"""The most stdin a replica without streamed stdin takes (base64 in its 64 MiB JSON body)."""
+BUFFERED_MAX = 47 << 20
+"""The most stdin a replica without streamed stdin takes: base64 in its 64 MiB JSON body, with
+1 MiB left for the command, its environment and the JSON around them (48 MiB would be the
+whole body in base64, and the daemon would refuse it with ``413``)."""
 
 PROCESSES = "processes"
 """The capability of a replica with background processes (and their stdin)."""

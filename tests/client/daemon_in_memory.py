@@ -52,6 +52,16 @@ class InMemoryDaemon:
     agent: RequestTraversalAgent
     pod_url: str
     manager: SandboxManager
+    api: SandboxAPI
+    """Its ``capabilities`` can be narrowed to play an older replica (see :func:`older`)."""
+
+
+def older(daemon: InMemoryDaemon, *missing: str) -> None:
+    """Make the replica's ``/healthz`` list no ``missing`` capabilities, as a replica from
+    before them would (its routes stay: a client that asks first never reaches them). Call
+    before a client asks: it remembers a replica's capabilities."""
+    assert set(missing) <= set(daemon.api.capabilities), "it lists them now"
+    daemon.api.capabilities = [c for c in daemon.api.capabilities if c not in missing]
 
 
 def serve_in_memory(
@@ -86,7 +96,7 @@ def serve_in_memory(
     pump.clock = reactor
     pump.start(PUMP_INTERVAL)
     try:
-        yield InMemoryDaemon(agent, POD_URL, manager)
+        yield InMemoryDaemon(agent, POD_URL, manager, api)
     finally:
         kills = [Deferred.fromCoroutine(manager.kill(rid)) for rid in list(manager.sandboxes)]
         pytest_twisted.blockon(DeferredList(kills))
