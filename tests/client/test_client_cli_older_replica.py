@@ -18,6 +18,7 @@ from twisted.internet.task import Clock
 from sandboxd_client import HttpSandbox
 from sandboxd_client.cli import Console, parse_args, run
 from sandboxd_client.cli._stdin import BUFFERED_MAX
+from sandboxd_client.cli._trees import get_tree
 
 from .daemon_in_memory import POD_URL, InMemoryDaemon, older, serve_in_memory
 
@@ -157,3 +158,25 @@ async def test_stdin_over_47_mib_is_refused_by_name(client: HttpSandbox) -> None
         client, "exec", "-i", handle, "wc", "-c", stdin=io.BytesIO(bytes(BUFFERED_MAX))
     )
     assert (code, ran.out.getvalue().strip()) == (0, str(BUFFERED_MAX).encode())
+
+
+@pytest_twisted.ensureDeferred
+async def test_get_tree_of_a_path_that_walks_to_itself_downloads_that_one_file(
+    client: HttpSandbox, tmp_path: Path
+) -> None:
+    """A walk of a file's own path lists that file alone (``sandboxctl get`` reaches this when
+    the file appears between its size probe and its walk): the one file is downloaded."""
+    handle = await client.create()
+    await client.upload(handle, "only.txt", b"just one")
+    target = tmp_path / "only.txt"
+    downloaded: list[str] = []
+
+    async def download_file() -> None:
+        await client.download_to_file(handle, "only.txt", str(target))
+        downloaded.append("only.txt")
+
+    def quiet(done: int, total: int | None) -> None:
+        """No progress to show."""
+
+    received = await get_tree(client, handle, "only.txt", str(target), quiet, download_file)
+    assert (received, downloaded, target.read_bytes()) == (1, ["only.txt"], b"just one")
