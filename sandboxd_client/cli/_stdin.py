@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet import abstract
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.python.failure import Failure
 
@@ -189,6 +189,18 @@ async def streamed(
             lambda: client.close_stdin(handle, started.id),
         )
     )
+    lost: list[Failure] = []
+
+    def end_command(failure: Failure) -> Deferred[None] | None:
+        """Stdin could not reach the command: end it (it would wait for an EOF that never
+        comes), and raise the cause once its output has ended."""
+        if failure.check(CancelledError):
+            return None
+        lost.append(failure)
+        killed: Deferred[None] = client.signal(handle, started.id, "KILL")
+        return killed.addErrback(lambda f: None)  # it may have ended meanwhile
+
+    sending.addErrback(end_command)
     try:
         result = await client.output(handle, started.id, 0, True, on_output)
     except BaseException:
@@ -198,7 +210,9 @@ async def streamed(
         reader.close()
     if not sending.called:
         sending.cancel()
-    await sending.addErrback(lambda f: None)
+    await sending
+    if lost:
+        lost[0].raiseException()
     code = result.exit_code
     return 0 if code is None else code
 

@@ -19,7 +19,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.task import Clock, deferLater
 
-from sandboxd_client import HttpSandbox, SandboxNotFound
+from sandboxd_client import HttpSandbox, SandboxError, SandboxNotFound
 from sandboxd_client.cli import Console, parse_args, run
 from sandboxd_client.cli._stdin import FileReader, PipeReader, pump
 
@@ -152,3 +152,26 @@ async def test_a_reset_socket_is_the_end_of_stdin() -> None:
     finally:
         reader.close()
         ours.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_stdin_that_cannot_reach_the_command_ends_it_and_says_why(
+    client: HttpSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk of stdin the service refuses for another reason than the command's end: the
+    command is killed (it would wait for an EOF that never comes) and the refusal raised."""
+    handle = (await client.create()).id
+
+    def refused(*args: object) -> Deferred[None]:
+        raise SandboxError("the service refused the chunk", status=500)
+
+    monkeypatch.setattr(client, "send_stdin", refused)
+    read, write = os.pipe()
+    os.write(write, b"a chunk the service refuses\n")
+    with open(read, "rb", buffering=0) as pipe:
+        running, out = exec_of(client, pipe, handle, "cat")
+        with pytest.raises(SandboxError, match="refused the chunk"):
+            await running
+    os.close(write)
+    (ended,) = await client.processes(handle)
+    assert (ended.running, ended.exit_code, out.getvalue()) == (False, 137, b"")
