@@ -169,7 +169,8 @@ async def test_stdin_that_cannot_reach_the_command_ends_it_and_says_why(
     read, write = os.pipe()
     os.write(write, b"a chunk the service refuses\n")
     with open(read, "rb", buffering=0) as pipe:
-        running, out = exec_of(client, pipe, handle, "cat")
+        # --timeout bounds the command should it never be killed (the test then fails).
+        running, out = exec_of(client, pipe, handle, "--timeout", "60", "cat")
         with pytest.raises(SandboxError, match="refused the chunk"):
             await running
     os.close(write)
