@@ -13,6 +13,12 @@ def resolve_handle(text: str, url: str) -> SandboxHandle:
     try:
         decode_handle(text)
     except ValueError:
+        if not text or any(c.isspace() for c in text):
+            # An unset variable ($H) or a pasted line: no sandbox id is blank or has spaces.
+            raise ValueError(
+                f"malformed sandbox handle or id {text[:80]!r}: give what create prints,"
+                " or an id as list prints it"
+            ) from None
         try:
             return encode_handle(url.rstrip("/"), text)
         except ValueError:

@@ -124,6 +124,13 @@ async def test_errors_are_one_line_with_an_exit_code(fake: Served, tmp_path: Pat
     assert code == 125 and out == b""
     assert err.startswith("sandboxctl: ValueError: malformed sandbox handle or id")
     assert err.count("\n") == 1
+    for blank in ("", "   ", "a b"):  # an unset $H, a pasted blank: never sent as an id
+        code, out, err = await ctl_main("--url", fake.lb_url, "exec", blank, "--", "true")
+        assert (code, out) == (125, b"")
+        assert err == (
+            f"sandboxctl: ValueError: malformed sandbox handle or id {blank!r}: give what create"
+            " prints, or an id as list prints it\n"
+        )
     code, _, err = await ctl_main("--url", fake.lb_url, "exec", handle)
     assert code == 125 and err.startswith("sandboxctl: ValueError: exec needs a command")
     code, _, err = await ctl_main("kill", encode_handle(fake.pod_url, "nope").id)
