@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import stat
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +126,20 @@ async def test_parents_are_made_and_dot_is_the_destination(
     assert everything(local) == ["deep", "deep/er", "deep/er/file.txt", "deep/link"]
     assert (local / "deep" / "link").read_bytes() == b"deep"
     assert os.readlink(local / "deep" / "link") == "er/file.txt"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_directory_listed_after_its_files_keeps_them_and_takes_its_mode(
+    service: Service, tmp_path: Path
+) -> None:
+    """A directory member whose directory the way to an earlier member already made (tars
+    written in another order than ours): its files stay, its mode is the member's."""
+    body = archive(member("d/x.txt", data=b"x"), member("d", tarfile.DIRTYPE))
+    await service.download(body, tmp_path / "local")
+    local = tmp_path / "local"
+    assert everything(local) == ["d", "d/x.txt"]
+    assert (local / "d" / "x.txt").read_bytes() == b"x"
+    assert stat.S_IMODE((local / "d").stat().st_mode) == 0o755
 
 
 @pytest_twisted.ensureDeferred
