@@ -21,6 +21,7 @@ from twisted.web.iweb import IRequest
 
 from sandboxd.core.files import entries, workspace
 from sandboxd.core.files.entries import Entry
+from sandboxd.core.files.in_place import write_in_place
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.files.tree import UPLOAD_PREFIX
 from sandboxd.core.manager import SandboxManager
@@ -31,7 +32,6 @@ from sandboxd.e2b.paths import HOME, TMP, WORKSPACE, Place, place_of
 from sandboxd.e2b.process import EnvelopeStream, keepalive_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
-from sandboxd.e2b.writing import write_in_place
 from sandboxd.errors import PathNotFound, SandboxNotFound
 
 T = TypeVar("T")

@@ -1,4 +1,5 @@
-"""envd's way of writing a file (``POST /files``): in place, as the kernel then reports it.
+"""Writing a file in place, as envd writes one (the E2B front's ``POST /files``), so that the
+kernel reports it as it reports envd's writes.
 
 envd opens the target itself (``O_CREAT | O_TRUNC``), gives it to the user (``chown``), then
 writes the bytes; a watch sees exactly that: a new file is ``CREATE``, ``CHMOD``, ``WRITE``,
