@@ -20,7 +20,7 @@ import threading
 from collections.abc import Generator, Iterator
 
 from sandboxd.core.files.paths import Parts, display
-from sandboxd.core.files.tree import UPLOAD_PREFIX, climb, identity
+from sandboxd.core.files.tree import UPLOAD_PREFIX, depth_first
 from sandboxd.core.files.workspace import lstat, parent_of, translate
 from sandboxd.errors import BadRequest
 
@@ -107,42 +107,20 @@ def _entry(
 
 
 def _tree(parts: _Parts, top: int, owner: int) -> Iterator[bytes]:
-    """Every member below the directory ``top``, named relative to it."""
-    fd = os.dup(top)
-    # One frame per directory from ``top`` down to ``fd``: its prefix, its identity, and the
-    # subdirectories still to visit.
-    stack: list[tuple[str, tuple[int, int], list[str]]] = []
-    prefix = ""
-    try:
-        while True:
-            with os.scandir(fd) as entries:
-                names = sorted(e.name for e in entries if not e.name.startswith(UPLOAD_PREFIX))
-            subdirs: list[str] = []
-            for name in names:
-                yield from _entry(parts, fd, name, prefix + name, owner, subdirs)
-                if parts.full():
-                    yield parts.take()
-            subdirs.reverse()  # taken with pop(): visited in listing order
-            stack.append((prefix, identity(fd), subdirs))
-            while True:
-                path, _, pending = stack[-1]
-                if pending:
-                    name = pending.pop()
-                    try:
-                        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                    except OSError:
-                        continue  # removed or swapped while walking
-                    os.close(fd)
-                    fd, prefix = child, f"{path}{name}/"
-                    break
-                stack.pop()
-                if not stack:
-                    return
-                below, fd = fd, -1
-                fd = climb(below, stack[-1][1])
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    """Every member below the directory ``top``, named relative to it, each directory's in
+    name order (:func:`~sandboxd.core.files.tree.depth_first`)."""
+
+    def members(fd: int, prefix: str) -> Generator[bytes, None, list[str]]:
+        with os.scandir(fd) as entries:
+            names = sorted(e.name for e in entries if not e.name.startswith(UPLOAD_PREFIX))
+        subdirs: list[str] = []
+        for name in names:
+            yield from _entry(parts, fd, name, prefix + name, owner, subdirs)
+            if parts.full():
+                yield parts.take()
+        return subdirs
+
+    return depth_first(top, "", members, lambda path, name: f"{path}{name}/")
 
 
 def pack(workspace: str, target: Parts, owner: int) -> Generator[bytes, None, None]:

@@ -7,8 +7,11 @@ they came down from (:func:`climb`).
 
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager, suppress
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 UPLOAD_PREFIX = ".sandboxd-upload-"
@@ -50,36 +53,28 @@ def climb(fd: int, expected: tuple[int, int]) -> int:
     return up
 
 
-def scan_dirs(dir_fd: int, prefix: str) -> Iterator[DirFiles]:
-    """The regular files below ``dir_fd``, one directory at a time: its ``/``-rooted path
-    and its files' (name, lstat), for each directory that has any. Links are not followed.
+def depth_first(
+    top: int,
+    prefix: str,
+    visit: Callable[[int, str], Generator[T, None, list[str]]],
+    below: Callable[[str, str], str],
+) -> Iterator[T]:
+    """Every directory below the directory ``top`` (a descriptor the caller keeps), depth first:
+    ``visit(fd, prefix)`` yields what the walk yields for one directory and returns the names
+    of its subdirectories to enter, in the order to enter them; ``below(prefix, name)`` is a
+    subdirectory's prefix. A subdirectory that cannot be entered (removed, swapped for a link)
+    is passed over; links are never followed.
 
-    Iterative (see :func:`climb`): no recursion limit, and two descriptors at most. A
-    directory's files come before its subdirectories, which are visited in listing order.
+    Iterative (see :func:`climb`): no recursion limit, and two descriptors at most.
     """
-    fd = os.dup(dir_fd)
-    # One frame per directory from ``dir_fd`` down to ``fd``: its path, its identity, and
-    # the subdirectories still to visit.
+    fd = os.dup(top)
+    # One frame per directory from ``top`` down to ``fd``: its prefix, its identity, and the
+    # subdirectories still to visit.
     stack: list[tuple[str, tuple[int, int], list[str]]] = []
     try:
         while True:
-            found: list[tuple[str, os.stat_result]] = []
-            subdirs: list[str] = []
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if name.startswith(UPLOAD_PREFIX):
-                        continue
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            subdirs.append(name)
-                        elif entry.is_file(follow_symlinks=False):
-                            found.append((name, entry.stat(follow_symlinks=False)))
-                    except OSError:
-                        continue  # removed or swapped while walking: not a file under root
-            subdirs.reverse()  # taken with pop(): visited in listing order
-            if found:
-                yield prefix, found
+            subdirs = yield from visit(fd, prefix)
+            subdirs.reverse()  # taken with pop(): visited in the order given
             stack.append((prefix, identity(fd), subdirs))
             while True:
                 path, _, pending = stack[-1]
@@ -90,16 +85,45 @@ def scan_dirs(dir_fd: int, prefix: str) -> Iterator[DirFiles]:
                     except OSError:
                         continue  # removed or swapped while walking
                     os.close(fd)
-                    fd, prefix = child, f"{path}/{name}"
+                    fd, prefix = child, below(path, name)
                     break
                 stack.pop()
                 if not stack:
                     return
-                below, fd = fd, -1
-                fd = climb(below, stack[-1][1])
+                up, fd = fd, -1
+                fd = climb(up, stack[-1][1])
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _regular_files(fd: int, path: str) -> Generator[DirFiles, None, list[str]]:
+    """One directory of :func:`scan_dirs`: its regular files, if any; its subdirectories."""
+    found: list[tuple[str, os.stat_result]] = []
+    subdirs: list[str] = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            name = entry.name
+            if name.startswith(UPLOAD_PREFIX):
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    subdirs.append(name)
+                elif entry.is_file(follow_symlinks=False):
+                    found.append((name, entry.stat(follow_symlinks=False)))
+            except OSError:
+                continue  # removed or swapped while walking: not a file under root
+    if found:
+        yield path, found
+    return subdirs
+
+
+def scan_dirs(dir_fd: int, prefix: str) -> Iterator[DirFiles]:
+    """The regular files below ``dir_fd``, one directory at a time: its ``/``-rooted path
+    and its files' (name, lstat), for each directory that has any. Links are not followed.
+    A directory's files come before its subdirectories, which are visited in listing order
+    (:func:`depth_first`)."""
+    return depth_first(dir_fd, prefix, _regular_files, lambda path, name: f"{path}/{name}")
 
 
 def remove_dir(parent: int, name: str, strict: bool = True) -> None:
