@@ -179,6 +179,33 @@ def test_stdin_is_written_then_closed(daemon: Daemon) -> None:
     assert data_of(frames) == b"one two\ndone\n" and frames[-1] == {"exit": 0}
 
 
+def test_writers_of_a_stdin_nobody_reads_hold_one_chunk_in_the_daemon(daemon: Daemon) -> None:
+    """Twelve callers each send 16 MiB to the stdin of a command that never reads it: one
+    chunk waits in the daemon for the pipe, the other bodies wait unread (without the turn
+    every body was in the daemon's memory at once: 192 MiB)."""
+    rid = daemon.create()
+    pid = start(daemon, rid, ["sleep", "120"], stdin=True)
+    base = f"/sandboxes/{rid}/processes/{pid}"
+    chunk = b"x" * (16 << 20)
+    before = daemon.rss_kib()
+    answers: list[int] = []
+
+    def send() -> None:
+        answers.append(daemon.call("POST", base + "/stdin", raw=chunk)[0])
+
+    senders = [threading.Thread(target=send) for _ in range(12)]
+    for sender in senders:
+        sender.start()
+    time.sleep(3)  # every body sent: the daemon holds what it holds
+    held = daemon.rss_kib() - before
+    assert daemon.call("POST", base + "/signal", {"signal": "KILL"})[0] == 204
+    for sender in senders:
+        sender.join(60)
+    print(f"\n12 x 16 MiB to an unread stdin: daemon RSS +{held} KiB")
+    assert held < 64 * 1024, held
+    assert len(answers) == 12 and set(answers) <= {204, 409}, answers  # 409: it had ended
+
+
 def test_bad_input_answers(daemon: Daemon) -> None:
     rid = daemon.create()
     pid = start(daemon, rid, ["sleep", "30"])

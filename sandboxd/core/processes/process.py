@@ -11,10 +11,10 @@ process.
 
 import signal as signals
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 from attrs import define, field, frozen
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredLock
 
 from sandboxd.core.exec.run import ExecRun, Exited, Outcome
 from sandboxd.core.processes.log import Chunk, OutputLog
@@ -75,6 +75,7 @@ class Process:
     gone: bool = False
     """Its sandbox was killed."""
     _end_listeners: set[Callable[[], None]] = field(factory=set)
+    _stdin_turn: DeferredLock = field(factory=DeferredLock)
 
     @property
     def pid(self) -> int | None:
@@ -129,6 +130,19 @@ class Process:
         """Fires once what was written to its stdin is in the pipe (or the pipe is gone): a
         writer that waits for it holds the daemon to one chunk in memory."""
         return self.run.stdin_gate.drained()
+
+    async def feed_stdin(self, source: BinaryIO, limit: int) -> None:
+        """Write up to ``limit`` bytes of ``source`` to its stdin once every earlier writer's
+        bytes are in the pipe, and return once these are too: however many callers write at
+        once, the daemon holds one chunk of its stdin (the others wait, their bodies unread).
+        ``ProcessConflict`` as for :meth:`write_stdin`."""
+        await self._stdin_turn.acquire()
+        try:
+            await self.stdin_drained()
+            self.write_stdin(source.read(limit))
+            await self.stdin_drained()
+        finally:
+            self._stdin_turn.release()
 
     def close_stdin(self) -> None:
         """Close its stdin (EOF); ``ProcessConflict`` as for :meth:`write_stdin`."""

@@ -88,8 +88,7 @@ async def process_stdin(api: "SandboxAPI", request: IRequest, rid: str, process_
     parse.refuse_too_large(request, parse.JSON_BODY_LIMIT)
     content = request.content
     content.seek(0)
-    process.write_stdin(content.read(parse.JSON_BODY_LIMIT))
-    await process.stdin_drained()
+    await process.feed_stdin(content, parse.JSON_BODY_LIMIT)
     return no_content(request)
 
 
