@@ -6,7 +6,8 @@ and the two ways a call is sent (retried when idempotent, else exactly once).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import IO, Any
 
 from hyperlink import DecodedURL
 from twisted.internet.interfaces import IReactorTime
@@ -111,3 +112,33 @@ class ClientBase:
         self, method: str, url: DecodedURL, payload: Any, *, timeout: float, service: bool
     ) -> Any:
         return await self._http.call(method, url, timeout=timeout, service=service, payload=payload)
+
+    async def _put_stream(
+        self,
+        url: DecodedURL,
+        source: IO[bytes],
+        content_type: bytes,
+        total: int | None,
+        on_progress: Callable[[int, int | None], object] | None,
+        deadline: float,
+    ) -> None:
+        """``PUT`` the bytes of ``source`` to ``url`` as they are read, telling
+        ``on_progress(sent, total)`` as they go, and read the (empty) answer."""
+        sent = [0]
+
+        def progress(n: int) -> None:
+            sent[0] += n
+            if on_progress is not None:
+                on_progress(sent[0], total)
+
+        response = await self._http.send(
+            "PUT",
+            url,
+            timeout=deadline,
+            service=False,
+            body=self._http.producer(source),
+            content_type=content_type,
+            on_sent=progress,
+        )
+        await self._http.check(response, timeout=deadline, service=False)
+        await self._http.read(response, lambda _: None, timeout=deadline, service=False)

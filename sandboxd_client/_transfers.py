@@ -50,24 +50,7 @@ class Transfers(ClientBase):
         async def attempt(deadline: float) -> None:
             with open(local_path, "rb") as f:
                 total = os.fstat(f.fileno()).st_size
-                sent = [0]
-
-                def progress(n: int) -> None:
-                    sent[0] += n
-                    if on_progress is not None:
-                        on_progress(sent[0], total)
-
-                response = await self._http.send(
-                    "PUT",
-                    url,
-                    timeout=deadline,
-                    service=False,
-                    body=self._http.producer(f),
-                    content_type=OCTETS,
-                    on_sent=progress,
-                )
-            await self._http.check(response, timeout=deadline, service=False)
-            await self._http.read(response, lambda _: None, timeout=deadline, service=False)
+                await self._put_stream(url, f, OCTETS, total, on_progress, deadline)
 
         await retrying(self._clock, self._retry, attempt)
 

@@ -55,24 +55,7 @@ class Trees(ClientBase):
         deadline: float,
     ) -> None:
         url = self._url(handle, "tree").set("path", path)
-        sent = [0]
-
-        def progress(n: int) -> None:
-            sent[0] += n
-            if on_progress is not None:
-                on_progress(sent[0], None)
-
-        response = await self._http.send(
-            "PUT",
-            url,
-            timeout=deadline,
-            service=False,
-            body=self._http.producer(source),
-            content_type=TAR,
-            on_sent=progress,
-        )
-        await self._http.check(response, timeout=deadline, service=False)
-        await self._http.read(response, lambda _: None, timeout=deadline, service=False)
+        await self._put_stream(url, source, TAR, None, on_progress, deadline)
 
     @async_to_deferred
     async def upload_tree(
