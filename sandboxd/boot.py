@@ -13,8 +13,8 @@ from twisted.logger import Logger
 from sandboxd.config import Config, ConfigError
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.core.manager import SandboxManager
-from sandboxd.e2b import wire as e2b_wire
 from sandboxd.e2b.admit import admission as e2b_admission
+from sandboxd.e2b.admit import refusal as e2b_refusal
 from sandboxd.e2b.api import make_front
 from sandboxd.http import guard
 from sandboxd.http.guard import ConnectionGate
@@ -187,7 +187,7 @@ def start_e2b(
         spool_threads=spool[1],
         gate=gate,
         admit=e2b_admission(token, front.registry) if auth_gate else None,
-        refusal=e2b_wire.refused_answer,
+        refusal=e2b_refusal,
     )
     if token is None:
         log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")

@@ -3,11 +3,11 @@ it before one byte of its body is read.
 
 The control plane and every route that is not envd's need ``X-API-Key`` = the daemon's token
 (any key when it has none). envd's routes need the access token of the sandbox that
-``E2b-Sandbox-Id`` names; a sandbox this front does not know is let through, so that the
-front answers what the SDK expects of a sandbox that is gone (the body is then bounded by
-``SANDBOXD_MAX_BODY`` like any other), and so is a ``/files`` URL signed instead
-(:mod:`sandboxd.e2b.signing`: its signature is judged by the route). Keys are compared in
-constant time.
+``E2b-Sandbox-Id`` names; a ``/files`` URL signed instead (:mod:`sandboxd.e2b.signing`) needs
+the signature of a sandbox this front holds (the route judges its operation and expiration).
+A request naming a sandbox this front does not hold is answered at once with what the route
+answers for it (:func:`refusal`), so that neither a missing key nor a made-up sandbox id
+gets a byte of a body stored. Keys and signatures are compared in constant time.
 """
 
 import hmac
@@ -15,8 +15,9 @@ from urllib.parse import parse_qsl
 
 from twisted.web.http_headers import Headers
 
-from sandboxd.e2b import signing
+from sandboxd.e2b import signing, wire
 from sandboxd.e2b.registry import Registry
+from sandboxd.e2b.wire import RestError
 from sandboxd.http.guard import Admission, Admit
 
 ENVD_ROUTES = (b"/health", b"/files", b"/process.Process/", b"/filesystem.Filesystem/")
@@ -28,9 +29,15 @@ def _header(headers: Headers, name: bytes) -> bytes | None:
     return values[0] if values else None
 
 
-def _signed(path: bytes) -> bool:
-    query = path.partition(b"?")[2].decode("utf-8", "replace")
-    return signing.is_signed(dict(parse_qsl(query, keep_blank_values=True)))
+def _sandbox_id(headers: Headers) -> str:
+    return (_header(headers, b"e2b-sandbox-id") or b"").decode("utf-8", "replace")
+
+
+def _signed_query(path: bytes) -> dict[str, str] | None:
+    """The query of a signed URL (``None``: not signed)."""
+    text = path.partition(b"?")[2].decode("utf-8", "replace")
+    query = dict(parse_qsl(text, keep_blank_values=True))
+    return query if signing.is_signed(query) else None
 
 
 def admission(token: bytes | None, registry: Registry) -> Admit:
@@ -44,13 +51,36 @@ def admission(token: bytes | None, registry: Registry) -> Admit:
                 return Admission.TRUSTED
             return Admission.REFUSED
         access_header = _header(headers, b"x-access-token")
-        if access_header is None and route == b"/files" and _signed(path):
-            return Admission.OPEN  # a signed URL: its signature is judged by the route
-        sandbox_id = (_header(headers, b"e2b-sandbox-id") or b"").decode("utf-8", "replace")
+        sandbox_id = _sandbox_id(headers)
+        query = _signed_query(path)
+        if access_header is None and route == b"/files" and query is not None:
+            if sandbox_id and not registry.named_or_all(sandbox_id):
+                return Admission.ABSENT
+            try:
+                signed = signing.signs_any(registry, sandbox_id, query)
+            except RestError:
+                signed = False  # a malformed expiration: answered by refusal()
+            return Admission.OPEN if signed else Admission.REFUSED
         access = (access_header or b"").decode("utf-8", "replace")
         held = registry.holds(sandbox_id, access)
         if held is None:
-            return Admission.OPEN
+            return Admission.ABSENT
         return Admission.TRUSTED if held else Admission.REFUSED
 
     return admit
+
+
+def refusal(path: bytes, verdict: Admission, headers: Headers) -> bytes:
+    """The whole answer to a request refused at its headers (``401``), or naming a sandbox
+    this front does not hold (what the route answers for it, see
+    :func:`sandboxd.e2b.wire.absent_answer`)."""
+    if verdict is Admission.ABSENT:
+        return wire.absent_answer(path, _sandbox_id(headers))
+    query = _signed_query(path)
+    if path.split(b"?", 1)[0] == b"/files" and query is not None:
+        try:
+            signing.expiration_of(query)
+        except RestError as e:
+            return wire.rest_answer(e.status, e.message)
+        return wire.refused_answer(path, "invalid signature")
+    return wire.refused_answer(path)

@@ -62,11 +62,6 @@ STREAMING: dict[str, Streaming] = {
     "process.Process/Connect": process.connect,
     "filesystem.Filesystem/WatchDir": files.watch_dir,
 }
-STREAM_PATHS = frozenset(
-    f"/{name}".encode() for name in (*STREAMING, "process.Process/StreamInput")
-)
-"""The paths of the streaming RPCs: their errors are a stream's end, never an HTTP status."""
-
 USERS = ("", "user")
 """The users a call may name: E2B's default ``user`` is the sandbox's own uid."""
 
@@ -114,7 +109,7 @@ class E2BFront:
             return self._answer(request, status, wire.rest_error_body(status, str(error)))
         if rpc:
             found = self._connect_error(error, request, failure)
-            if request.path in STREAM_PATHS:
+            if request.path in wire.STREAM_PATHS:
                 # As Connect servers do: HTTP 200 and a stream of one end-of-stream envelope
                 # holding the error. The JS SDK reads only the status of a streaming call that
                 # fails otherwise (429 would be "not running", 400 a bare "HTTP 400").
@@ -177,7 +172,7 @@ class E2BFront:
         """The sandbox an envd call is for, checked against its access token."""
         sandbox_id = self._sandbox_id(request)
         if not sandbox_id:
-            raise ConnectError("invalid_argument", "the E2b-Sandbox-Id header is required")
+            raise wire.no_sandbox_named()
         token = (request.getHeader(b"x-access-token") or b"").decode("utf-8", "replace")
         return self.registry.authorised(sandbox_id, token)
 

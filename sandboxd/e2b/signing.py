@@ -41,18 +41,40 @@ def is_signed(query: Mapping[str, str]) -> bool:
     return "signature" in query
 
 
+def expiration_of(query: Mapping[str, str]) -> int | None:
+    """The signature's expiration (unix seconds; ``None``: none); ``RestError(400)`` if it is
+    not an integer."""
+    if "signature_expiration" not in query:
+        return None
+    try:
+        return int(query["signature_expiration"])
+    except ValueError:
+        raise RestError(400, "signature_expiration: must be an integer") from None
+
+
+def signs_any(registry: Registry, sandbox_id: str, query: Mapping[str, str]) -> bool:
+    """Whether a sandbox (``sandbox_id`` only, when given) signed the query, to read or to
+    write: judged at the headers, before a byte of the body is stored. The operation and the
+    expiration are judged by the route (:func:`signed_sandbox`); a malformed expiration is
+    :func:`expiration_of`'s ``RestError``."""
+    given = query.get("signature", "").encode()
+    path, user = query.get("path", ""), query.get("username", "")
+    expiration = expiration_of(query)
+    for entry in registry.named_or_all(sandbox_id):
+        for operation in (READ, WRITE):
+            wanted = signature(path, operation, user, entry.token, expiration)
+            if hmac.compare_digest(wanted.encode(), given):
+                return True
+    return False
+
+
 def signed_sandbox(
     registry: Registry, sandbox_id: str, query: Mapping[str, str], operation: str, now: float
 ) -> E2BSandbox:
     """The sandbox whose access token signed the query for ``operation`` (``sandbox_id``
     only, when given); ``RestError(401)`` in envd's words otherwise."""
     given = query.get("signature", "")
-    expiration: int | None = None
-    if "signature_expiration" in query:
-        try:
-            expiration = int(query["signature_expiration"])
-        except ValueError:
-            raise RestError(400, "signature_expiration: must be an integer") from None
+    expiration = expiration_of(query)
     path, user = query.get("path", ""), query.get("username", "")
     candidates = registry.named_or_all(sandbox_id)
     for entry in candidates:

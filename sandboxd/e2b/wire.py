@@ -15,6 +15,7 @@ import binascii
 import json
 import struct
 from collections.abc import Iterator
+from http import HTTPStatus
 from typing import Any
 
 from sandboxd.errors import (
@@ -39,6 +40,17 @@ FLAG_COMPRESSED = 0x01
 HEADER = struct.Struct(">BI")
 MESSAGE_MAX = 16 << 20
 """Bytes of one envelope's payload the front accepts."""
+
+STREAM_PATHS = frozenset(
+    b"/" + name
+    for name in (
+        b"process.Process/Start",
+        b"process.Process/Connect",
+        b"process.Process/StreamInput",
+        b"filesystem.Filesystem/WatchDir",
+    )
+)
+"""The paths of the streaming RPCs: their errors are a stream's end, never an HTTP status."""
 
 
 class ConnectError(Exception):
@@ -108,6 +120,11 @@ def not_running(sandbox_id: str) -> ConnectError:
     return ConnectError("unavailable", f"The sandbox {sandbox_id} was not found")
 
 
+def no_sandbox_named() -> ConnectError:
+    """An envd call without the ``E2b-Sandbox-Id`` header."""
+    return ConnectError("invalid_argument", "the E2b-Sandbox-Id header is required")
+
+
 def cut_short(sandbox_id: str) -> ConnectError:
     """How a stream in flight ends when its sandbox is killed: E2B's words for it. The
     Python SDK then asks ``/health`` (answered ``was not found``) and raises its "killed or
@@ -145,7 +162,7 @@ def rest_error_body(status: int, message: str) -> bytes:
     return body({"code": status, "message": message})
 
 
-def refused_answer(path: bytes) -> bytes:
+def refused_answer(path: bytes, message: str = "Invalid API key or access token") -> bytes:
     """A whole ``401`` answer, status line to body, that closes the connection: sent by the
     channel as soon as a request's headers lack the key or the access token (a Connect error
     on the RPC routes, the REST error body elsewhere)."""
@@ -153,11 +170,35 @@ def refused_answer(path: bytes) -> bytes:
         message = "the access token is not this sandbox's"
         payload = body({"code": "unauthenticated", "message": message})
     else:
-        payload = rest_error_body(401, "Invalid API key or access token")
-    return (
-        b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(payload), payload)
-    )
+        payload = rest_error_body(401, message)
+    return _whole_answer(401, JSON, payload)
+
+
+def rest_answer(status: int, message: str) -> bytes:
+    """A whole REST error answer, status line to body, that closes the connection."""
+    return _whole_answer(status, JSON, rest_error_body(status, message))
+
+
+def absent_answer(path: bytes, sandbox_id: str) -> bytes:
+    """A whole answer, status line to body, that closes the connection: sent by the channel
+    as soon as the headers of an envd request name a sandbox the front does not hold, or none.
+    It is what the route answers: the end of a stream on a streaming RPC, a Connect error on a
+    unary one, the REST error on ``/files`` and ``/health`` (``502`` for a sandbox not held)."""
+    error = not_running(sandbox_id) if sandbox_id else no_sandbox_named()
+    route = path.split(b"?", 1)[0]
+    if route in STREAM_PATHS:
+        return _whole_answer(200, CONNECT_JSON, end_of_stream(error))
+    status, payload = connect_error_body(error)
+    if route.startswith((b"/process.", b"/filesystem.")):
+        return _whole_answer(status, JSON, payload)
+    status = 502 if sandbox_id else status
+    return _whole_answer(status, JSON, rest_error_body(status, error.message))
+
+
+def _whole_answer(status: int, content_type: bytes, payload: bytes) -> bytes:
+    head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: "
+    tail = f"\r\ncontent-length: {len(payload)}\r\nconnection: close\r\n\r\n"
+    return head.encode() + content_type + tail.encode() + payload
 
 
 # Envelopes

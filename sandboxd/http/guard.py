@@ -35,11 +35,18 @@ class Admission(Enum):
     """A route served without the token (``/healthz``, ``/readyz``): served."""
     REFUSED = "refused"
     """``401`` at once; the body is never read."""
+    ABSENT = "absent"
+    """It names what the front does not hold (a sandbox unknown to it): answered at once with
+    the front's own answer for that, paced like a refusal; the body is never read."""
 
 
 Admit = Callable[[bytes, bytes | None, Headers], Admission]
 """A front's rule: a request's path, ``authorization`` header and all its headers → what it
 earns (judged as soon as the headers are in)."""
+
+Refusal = Callable[[bytes, Admission, Headers], bytes]
+"""A front's whole answer (status line to body, closing the connection) to a request its rule
+refused or found absent: its path, the verdict, its headers."""
 
 
 class Connection(Protocol):

@@ -10,7 +10,6 @@ is written.
 
 import io
 import tempfile
-from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -24,7 +23,7 @@ from zope.interface import implementer
 
 from sandboxd import _twisted
 from sandboxd.http import wire
-from sandboxd.http.guard import Admission, Admit, ConnectionGate
+from sandboxd.http.guard import Admission, Admit, ConnectionGate, Refusal
 from sandboxd.http.request import LimitedRequest as LimitedRequest
 from sandboxd.http.request import _Discard as _Discard
 from sandboxd.http.spool import SPOOL_MIN as SPOOL_MIN
@@ -76,6 +75,8 @@ class Channel(_twisted.BadRequestChannel):
     _deadline: IDelayedCall | None = None
     _refused = False
     _refused_path = b""
+    _verdict = Admission.REFUSED
+    _refused_headers: Any = None
     _dropped = 0
 
     @property
@@ -154,9 +155,11 @@ class Channel(_twisted.BadRequestChannel):
         self._refused_path = path
         if verdict is Admission.TRUSTED:
             gate.trust(self)
-        if verdict is not Admission.REFUSED:
+        if verdict not in (Admission.REFUSED, Admission.ABSENT):
             super().allHeadersReceived()
             return
+        self._verdict = verdict
+        self._refused_headers = request.requestHeaders
         self._refuse_unauthorized(gate)
 
     def _refuse_unauthorized(self, gate: ConnectionGate) -> None:
@@ -179,8 +182,11 @@ class Channel(_twisted.BadRequestChannel):
     def _answer_unauthorized(self) -> None:
         self._deadline = None
         transport: Any = self.transport
-        refusal = getattr(self.site, "refusal", None)
-        answer = wire.unauthorized_answer() if refusal is None else refusal(self._refused_path)
+        refusal: Refusal | None = getattr(self.site, "refusal", None)
+        if refusal is None:
+            answer = wire.unauthorized_answer()
+        else:
+            answer = refusal(self._refused_path, self._verdict, self._refused_headers)
         transport.write(answer)
         transport.loseWriteConnection()
         transport.resumeProducing()
@@ -296,7 +302,7 @@ def make_site(
     *,
     gate: ConnectionGate | None = None,
     admit: Admit | None = None,
-    refusal: Callable[[bytes], bytes] | None = None,
+    refusal: Refusal | None = None,
     spool_threads: SpoolThreads | None = None,
 ) -> SpoolingSite:
     """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
@@ -304,7 +310,8 @@ def make_site(
 
     With a ``gate`` and an ``admit`` rule, its connections defend the daemon (see
     :class:`Channel`); the gate's idle timeout also bounds the silence within a request body.
-    ``refusal`` makes the whole ``401`` answer of a refused path (default: the native API's).
+    ``refusal`` makes the whole answer to a request refused or found absent at its headers
+    (default: the native API's ``401``).
     With ``spool_threads``, spooled bodies are written in its threads.
     """
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})

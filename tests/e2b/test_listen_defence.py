@@ -108,3 +108,55 @@ def test_a_keyless_body_on_the_front_is_never_stored(tmp_path: Path, gate: str) 
             assert stored < STORED_BOUND and sent < ATTACK_BYTES, (stored, sent)
         finally:
             _stop(front)
+
+
+UNKNOWN_SANDBOX = (
+    b"POST /files?path=/home/user/x HTTP/1.1\r\nhost: x\r\ne2b-sandbox-id: nosuch\r\n"
+    b"x-access-token: guessed\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+FORGED_SIGNATURE = (
+    b"POST /files?path=/home/user/x&username=user&signature=v1_forged HTTP/1.1\r\n"
+    b"host: x\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs as the state root")
+@pytest.mark.parametrize("gate", ["headers", "off"])
+@pytest.mark.parametrize(
+    ("head", "status", "message"),
+    [
+        (UNKNOWN_SANDBOX, b"502 Bad Gateway", "The sandbox nosuch was not found"),
+        (FORGED_SIGNATURE, b"401 Unauthorized", "invalid signature"),
+    ],
+    ids=["unknown-sandbox", "forged-signature"],
+)
+def test_an_upload_to_no_sandbox_is_never_stored(
+    tmp_path: Path, gate: str, head: bytes, status: bytes, message: str
+) -> None:
+    """An envd upload naming a sandbox the front does not hold, or signed by none, is answered
+    at its headers as the route would answer it; with the gate off its body is stored first."""
+    with tmpfs(tmp_path / "root") as root:
+        front = _start(tmp_path, "--isolation=none", f"--auth-gate={gate}")
+        try:
+            before = used_bytes(root)
+            attack = socket.create_connection(("127.0.0.1", port_of(front)), timeout=20)
+            attack.sendall(head)
+            chunk = b"%x\r\n%s\r\n" % (MIB, b"x" * MIB)
+            sent = 0
+            with contextlib.suppress(OSError):  # a refused body: the daemon stops reading it
+                while sent < ATTACK_BYTES:
+                    attack.sendall(chunk)
+                    sent += MIB
+            stored = used_bytes(root) - before  # the body is unfinished: what was stored stays
+            answer = b""
+            with contextlib.suppress(OSError):
+                answer = attack.recv(65536)
+            attack.close()
+            if gate == "off":
+                assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
+                return
+            assert answer.startswith(b"HTTP/1.1 " + status + b"\r\n"), answer
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["message"] == message
+            assert stored < STORED_BOUND and sent < ATTACK_BYTES, (stored, sent)
+        finally:
+            _stop(front)

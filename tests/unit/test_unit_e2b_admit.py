@@ -1,15 +1,23 @@
 """The E2B front's rule at the headers: the control plane by its key, envd by the access token
-of the sandbox named (an unknown sandbox let through, for the front's own answer)."""
+of the sandbox named, a signed URL by its signature; a sandbox the front does not hold is
+answered at once, as its route would answer it."""
 
 import json
+from urllib.parse import urlencode
 
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 
-from sandboxd.e2b import wire
-from sandboxd.e2b.admit import admission
-from sandboxd.e2b.registry import Registry
+from sandboxd.e2b import signing, wire
+from sandboxd.e2b.admit import admission, refusal
+from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.http.guard import Admission
+
+REFUSED = Admission.REFUSED
+
+
+class Held:
+    rid = "s1"
 
 
 class Known(Registry):
@@ -22,6 +30,10 @@ class Known(Registry):
         if sandbox_id != "s1":
             return None
         return token == "good"
+
+    def named_or_all(self, sandbox_id: str) -> list[E2BSandbox]:
+        held = E2BSandbox(Held(), "good", "base", {}, 0.0, 0.0)  # type: ignore[arg-type]
+        return [held] if sandbox_id in ("", "s1") else []
 
 
 def headers(**values: str) -> Headers:
@@ -45,7 +57,8 @@ def test_envd_needs_the_named_sandboxs_token() -> None:
         assert admit(path, None, wrong) is Admission.REFUSED
         assert admit(path, None, headers(e2b_sandbox_id="s1")) is Admission.REFUSED
         unknown = headers(e2b_sandbox_id="gone", x_access_token="x")
-        assert admit(path, None, unknown) is Admission.OPEN
+        assert admit(path, None, unknown) is Admission.ABSENT
+        assert admit(path, None, Headers()) is Admission.ABSENT
 
 
 def test_the_refusal_is_in_the_shape_the_sdk_reads() -> None:
@@ -56,3 +69,66 @@ def test_the_refusal_is_in_the_shape_the_sdk_reads() -> None:
     rest = wire.refused_answer(b"/v2/sandboxes")
     assert json.loads(rest.split(b"\r\n\r\n", 1)[1])["code"] == 401
     assert b"content-length: %d" % len(body) in head
+
+
+def signed(operation: str, token: str = "good", expiration: str = "") -> bytes:
+    path = "/home/user/f"
+    stamp = int(expiration) if expiration else None
+    mark = signing.signature(path, operation, "user", token, stamp)
+    fields = {"path": path, "username": "user", "signature": mark}
+    if expiration:
+        fields["signature_expiration"] = expiration
+    return f"/files?{urlencode(fields)}".encode()
+
+
+def test_a_signed_url_is_judged_at_the_headers() -> None:
+    admit = admission(b"key", Known())
+    for operation in (signing.READ, signing.WRITE):
+        assert admit(signed(operation), None, Headers()) is Admission.OPEN
+        named = headers(e2b_sandbox_id="s1")
+        assert admit(signed(operation, expiration="12"), None, named) is Admission.OPEN
+        forged = signed(operation, token="guess")
+        assert admit(forged, None, Headers()) is Admission.REFUSED
+        assert admit(forged, None, headers(e2b_sandbox_id="gone")) is Admission.ABSENT
+    assert admit(b"/files?path=x&signature=v1_x&signature_expiration=soon", None, Headers()) is (
+        Admission.REFUSED
+    )
+    malformed = refusal(
+        b"/files?path=x&signature=v1_x&signature_expiration=soon", REFUSED, Headers()
+    )
+    assert malformed.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    refused = refusal(signed("read", token="guess"), Admission.REFUSED, Headers())
+    assert json.loads(refused.split(b"\r\n\r\n", 1)[1])["message"] == "invalid signature"
+
+
+def answer_of(path: bytes, sandbox_id: str = "gone") -> tuple[bytes, bytes, bytes]:
+    named = headers(e2b_sandbox_id=sandbox_id) if sandbox_id else Headers()
+    whole = refusal(path, Admission.ABSENT, named)
+    head, payload = whole.split(b"\r\n\r\n", 1)
+    assert b"connection: close" in head and b"content-length: %d" % len(payload) in head
+    status_line, content_type = head.split(b"\r\n")[:2]
+    return status_line, content_type, payload
+
+
+def test_an_absent_sandbox_is_answered_as_its_route_answers_it() -> None:
+    message = "The sandbox gone was not found"
+    status, kind, payload = answer_of(b"/process.Process/Start")
+    assert (status, kind) == (b"HTTP/1.1 200 OK", b"content-type: application/connect+json")
+    flags, length = wire.HEADER.unpack_from(payload)
+    assert flags == wire.FLAG_END and length == len(payload) - wire.HEADER.size
+    error = json.loads(payload[wire.HEADER.size :])["error"]
+    assert error == {"code": "unavailable", "message": message}
+    status, kind, payload = answer_of(b"/filesystem.Filesystem/Stat")
+    assert status == b"HTTP/1.1 503 Service Unavailable"
+    assert json.loads(payload) == {"code": "unavailable", "message": message}
+    for path in (b"/files?path=x", b"/health"):
+        status, kind, payload = answer_of(path)
+        assert (status, kind) == (b"HTTP/1.1 502 Bad Gateway", b"content-type: application/json")
+        assert json.loads(payload) == {"code": 502, "message": message}
+    assert refusal(b"/health", Admission.REFUSED, Headers()).startswith(b"HTTP/1.1 401 ")
+    status, kind, payload = answer_of(b"/health", sandbox_id="")
+    assert status == b"HTTP/1.1 400 Bad Request"
+    assert json.loads(payload) == {"code": 400, "message": "the E2b-Sandbox-Id header is required"}
+    status, kind, payload = answer_of(b"/filesystem.Filesystem/Stat", sandbox_id="")
+    assert status == b"HTTP/1.1 400 Bad Request"
+    assert json.loads(payload)["code"] == "invalid_argument"
