@@ -48,7 +48,8 @@ log = Logger()
 
 
 class Options(usage.Options):
-    """Every setting of SPEC §5 as an option; unset options fall back to the environment."""
+    """Every setting as an option (docs/operating.rst, "Configuration"); unset options fall
+    back to the environment."""
 
     optParameters = option_table()
     optFlags = flag_table()

@@ -1,5 +1,5 @@
 """
-sandboxd_client: the client of a sandboxd host (SPEC §6), built on treq.
+sandboxd_client: the client of a sandboxd host (docs/client.rst), built on treq.
 
 ``HttpSandbox`` is the whole API; every method returns a Deferred. Its docstring has the
 asyncio recipe; ``SandboxError`` and its subclasses say what each failure means to an

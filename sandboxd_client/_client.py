@@ -1,5 +1,6 @@
 """
-``HttpSandbox``: the application's side of the sandboxd wire contract (SPEC §1, §6).
+``HttpSandbox``: the application's side of the sandboxd wire contract (docs/contract.rst,
+docs/client.rst).
 
 Every method returns a ``Deferred`` (``await`` it from a Twisted coroutine, or turn it into an
 asyncio future with ``Deferred.asFuture``). ``create`` goes to ``base_url`` (the load balancer);
@@ -92,7 +93,7 @@ class HttpSandbox(Processes, Files, Transfers, Trees):
 
     :param base_url: the load-balanced service URL ``create`` (and ``health``, ``list``,
         ``resolve_tools``) are sent to.
-    :param token: bearer token sent on every request (SPEC §2 auth).
+    :param token: bearer token sent on every request (docs/extensions.rst, "Auth").
     :param reactor: the reactor to connect with; the global reactor if ``None``.
     :param clock: what deadlines and backoffs are timed with; ``reactor`` if ``None``.
     :param pool: / :param agent: inject connection handling (tests, custom TLS). By default a

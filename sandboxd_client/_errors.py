@@ -1,5 +1,5 @@
 """
-Mapping failures to the exceptions of SPEC §1's error model.
+Mapping failures to the exceptions of the error model (docs/client.rst, "Errors and retries").
 
 Three sources of failure, one vocabulary:
 

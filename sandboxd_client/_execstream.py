@@ -1,5 +1,6 @@
 """
-Decoding the exec NDJSON stream (SPEC §1) into live output and one ``ExecResult``.
+Decoding the exec NDJSON stream (docs/contract.rst, "The exec stream") into live output and
+one ``ExecResult``.
 
 Frames, one JSON object per line:
 

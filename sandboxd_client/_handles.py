@@ -1,5 +1,5 @@
 """
-Handle encoding (SPEC §1 routing).
+Handle encoding (docs/contract.rst, "Routing and handles").
 
 ``POST /sandboxes`` answers the replica's own ``pod_url`` and its local ``remote_id``; the
 handle id is base64 of the JSON object ``{"u": pod_url, "r": remote_id}``. Every later call

@@ -1,6 +1,6 @@
 """
-The background-process calls of ``HttpSandbox`` (SPEC §2.1), and the workspace watch: each
-streamed or sent once, under ``exec_idle_timeout``.
+The background-process calls of ``HttpSandbox`` (docs/extensions.rst, "Background processes"),
+and the workspace watch: each streamed or sent once, under ``exec_idle_timeout``.
 """
 
 from __future__ import annotations

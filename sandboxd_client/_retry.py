@@ -1,5 +1,5 @@
 """
-The retry policy for idempotent calls (SPEC §1 error model).
+The retry policy for idempotent calls (docs/client.rst, "Errors and retries").
 
 Only ``SandboxBusy`` (a timeout: the replica is reachable but slow) is retried, and only for
 calls that are safe to repeat. Each attempt gets a longer read deadline and waits a longer

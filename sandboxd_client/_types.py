@@ -1,8 +1,9 @@
 """
-Value types and exceptions of the sandboxd client (SPEC §6).
+Value types and exceptions of the sandboxd client (docs/client.rst, "HttpSandbox").
 
-Every value is an immutable attrs class. Exceptions follow SPEC §1's error model: each one tells
-the application what to do next, so each one is raised only for the situation it names.
+Every value is an immutable attrs class. Exceptions follow the error model
+(docs/client.rst, "Errors and retries"): each one tells the application what to do next, so
+each one is raised only for the situation it names.
 
 - ``SandboxNotFound``: the sandbox is gone (unknown handle, killed, or its replica is dead).
   The application recreates it from its own store.
@@ -74,15 +75,17 @@ class TooLarge(SandboxError, ValueError):
 
 @frozen
 class SandboxSpec:
-    """What to create: every field is optional (SPEC §1 ``POST /sandboxes``, §2 ``network``)."""
+    """What to create: every field is optional (docs/contract.rst, "Routes"; ``network``:
+    docs/extensions.rst, "Network mode")."""
 
     image: str | None = None
     env: Mapping[str, str] = field(factory=dict)
     exposed_ports: tuple[int, ...] = field(default=(), converter=_ints)
     item_id: str | None = None
     network: str | None = None
-    """``"none"``, ``"egress"`` or ``"host"`` (SPEC §2 network mode); ``None``: the host's
-    default (and nothing is sent, so a host without network modes sees the old body)."""
+    """``"none"``, ``"egress"`` or ``"host"`` (docs/extensions.rst, "Network mode"); ``None``:
+    the host's default (and nothing is sent, so a host without network modes sees the old
+    body)."""
 
     def to_json(self) -> dict[str, Any]:
         """The request body: fields left at their defaults are not sent."""

@@ -1,5 +1,5 @@
 """
-Wire contract v1 (SPEC §1): request bodies and the decoding of JSON replies into values.
+Wire contract v1 (docs/contract.rst): request bodies and the decoding of JSON replies into values.
 
 Pure functions, no I/O. Every decoder checks the fields it reads and raises ``ProtocolError``
 for a reply that does not follow the contract, so a garbage ``200`` never turns into a

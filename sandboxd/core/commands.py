@@ -148,11 +148,11 @@ class Commands:
     def start_process(
         self, sandbox: Sandbox, request: ExecSpec, tag: str | None = None, stdin: bool = False
     ) -> Process:
-        """Start the command in the background of the sandbox (SPEC §2.1) and return its
-        record at once: the same run as an exec, its output into a bounded log instead of a
-        request. It runs until it ends, is signalled, reaches ``request.timeout`` (124) or its
-        sandbox dies; it does not count as running (a silent one lets its sandbox be reaped),
-        its output counts as activity."""
+        """Start the command in the background of the sandbox and return its record at once
+        (docs/extensions.rst, "Background processes"): the same run as an exec, its output
+        into a bounded log instead of a request. It runs until it ends, is signalled, reaches
+        ``request.timeout`` (124) or its sandbox dies; it does not count as running (a silent
+        one lets its sandbox be reaped), its output counts as activity."""
         sandbox.processes.make_room()
         output = OutputLog(self.config.process_log_max)
         run = self._launch(
@@ -272,8 +272,9 @@ class Commands:
         recursive: bool,
         deliver: Callable[[WatchEvent], None],
     ) -> WorkspaceWatch:
-        """A running watch of the workspace under ``root`` (SPEC §2.2), at most
-        ``watch_max`` per sandbox (``TooMany``); ``close()`` it when its consumer goes."""
+        """A running watch of the workspace under ``root``, at most ``watch_max`` per sandbox
+        (``TooMany``); ``close()`` it when its consumer goes (docs/extensions.rst,
+        "Workspace watch")."""
         if len(sandbox.watches) >= self.config.watch_max:
             raise TooMany(f"{self.config.watch_max} watches are open on this sandbox already")
         try:

@@ -1,4 +1,5 @@
-"""The drain: every sandbox goes once it is idle, all of them by the deadline (SPEC §4).
+"""The drain: every sandbox goes once it is idle, all of them by the deadline
+(docs/operating.rst, "Drain and rolling updates").
 
 *Idle* during a drain is stricter than "no command runs": no call, no running command and no
 output for ``SANDBOXD_DRAIN_IDLE``, so an agent between two commands of one turn keeps its

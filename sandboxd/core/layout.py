@@ -1,4 +1,4 @@
-"""The on-disk layout of one sandbox (SPEC §3).
+"""The on-disk layout of one sandbox (docs/isolation.rst, "Layout").
 
 ``{root}/{rid}/`` is owned root:{gid} mode 0710, so the sandbox can enter it but not change it;
 inside it ``workspace/``, ``home/`` and ``tmp/`` belong to the sandbox's uid (0700), and the
@@ -91,7 +91,7 @@ class Layout:
         return fd
 
     def create(self, rid: str, identity: Identity) -> None:
-        """Make the sandbox's directory tree with the ownership of SPEC §3."""
+        """Make the sandbox's directory tree with its ownership (docs/isolation.rst, "Layout")."""
         top = self.directory(rid)
         self.disk.make_directory(top, identity)  # disk hook: a subvolume or a quota project
         os.chmod(top, 0o710)

@@ -23,9 +23,10 @@ class Sandbox:
     file_calls: set[Deferred[None]] = field(factory=set)
     """File work in flight (each fires when its thread is done): kill waits for them."""
     processes: ProcessTable = field(factory=lambda: ProcessTable(1))
-    """Its background processes (SPEC §2.1); a silent one does not count as running."""
+    """Its background processes (docs/extensions.rst, "Background processes"); a silent one
+    does not count as running."""
     watches: set[WorkspaceWatch] = field(factory=set)
-    """Its open workspace watches (SPEC §2.2)."""
+    """Its open workspace watches (docs/extensions.rst, "Workspace watch")."""
     item_id: str | None = None
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
     network: str = "host"

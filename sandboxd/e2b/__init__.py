@@ -1,1 +1,1 @@
-"""The E2B-compatible front (SPEC §8): the official E2B SDK, unmodified, against sandboxd."""
+"""The E2B-compatible front (docs/e2b.rst): the official E2B SDK, unmodified, against sandboxd."""

@@ -1,5 +1,5 @@
-"""The E2B front's rule at the headers (SPEC §4 "Self-defence"): what a request's headers earn
-it before one byte of its body is read.
+"""The E2B front's rule at the headers (docs/operating.rst, "Connections"): what a request's
+headers earn it before one byte of its body is read.
 
 The control plane and every route that is not envd's need ``X-API-Key`` = the daemon's token
 (any key when it has none). envd's routes need the access token of the sandbox that

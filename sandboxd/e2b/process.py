@@ -1,4 +1,5 @@
-"""envd's ``process.Process`` service on the core's background processes (SPEC §2.1).
+"""envd's ``process.Process`` service on the core's background processes
+(docs/extensions.rst, "Background processes").
 
 Every command the SDK starts, foreground or background, is a core background process: its
 output goes to the process's bounded log and the ``Start`` stream is one reader of that log

@@ -1,4 +1,4 @@
-"""The HTTP front: the routes of wire contract v1 (SPEC §1) and its extensions (SPEC §2).
+"""The HTTP front: the routes of wire contract v1 (docs/contract.rst) and its extensions.
 
 :class:`SandboxAPI` holds the one Klein app (:mod:`sandboxd.http.routing`) as a class
 attribute, and its dependencies come in through ``__init__``. The routes live one module per

@@ -58,8 +58,8 @@ class Channel(_twisted.BadRequestChannel):
     a dropped connection for a dead replica: ``SandboxNotFound``).
 
     With a :class:`~sandboxd.http.guard.ConnectionGate` on its site, it also defends the
-    daemon (SPEC §4 "Self-defence"): it is counted by the gate (and may be refused or evicted
-    by it); its header section must be complete within the header timeout of its opening
+    daemon (docs/operating.rst, "Connections"): it is counted by the gate (and may be refused
+    or evicted by it); its header section must be complete within the header timeout of its opening
     (within the idle timeout of its previous answer, between requests), however slowly its
     bytes come; and a request that lacks the token is answered ``401`` as soon as its headers
     are in, paced per peer, before one byte of its body is read into a request (what the peer

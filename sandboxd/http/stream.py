@@ -1,10 +1,11 @@
 """The exec stream writer: the one place that writes an exec's NDJSON frames.
 
 It turns the events of a running command (:class:`~sandboxd.core.exec.run.ExecRun`) into the
-stream of SPEC §1: each output chunk as a live frame, a keepalive frame while the command is
-silent, then the final frame (the exit, or an in-band error: the status line is already sent).
-It is the response's push producer: when the client reads slowly, twisted.web pauses it, and
-it pauses the command's reading and its own writing of the final frame, in one place.
+stream (docs/contract.rst, "The exec stream"): each output chunk as a live frame, a keepalive
+frame while the command is silent, then the final frame (the exit, or an in-band error: the
+status line is already sent). It is the response's push producer: when the client reads
+slowly, twisted.web pauses it, and it pauses the command's reading and its own writing of the
+final frame, in one place.
 """
 
 from typing import Any

@@ -1,5 +1,5 @@
-"""The wire vocabulary of the HTTP front (SPEC §1, §2): every JSON body, every NDJSON frame and
-every error body the daemon sends is made here.
+"""The wire vocabulary of the HTTP front (docs/contract.rst, docs/extensions.rst): every JSON
+body, every NDJSON frame and every error body the daemon sends is made here.
 
 Errors go through one table, :data:`ERROR_TYPES`: a core error (or one of the front's own,
 below) gives its HTTP status and its wire ``error`` type; anything not in the table is an
@@ -266,7 +266,7 @@ def next_walk_part(batches: Iterator[list[str]], budget: int) -> tuple[list[str]
     return part, True
 
 
-# Background processes (SPEC §2.1)
+# Background processes (docs/extensions.rst, "Background processes")
 
 STREAM_KEEPALIVE_FRAME = b"{}\n"
 """The frame a process-output or watch stream sends while it has nothing to say."""
@@ -301,7 +301,7 @@ def reader_frame(event: ReaderEvent) -> bytes:
     return b""
 
 
-# Workspace watch (SPEC §2.2)
+# Workspace watch (docs/extensions.rst, "Workspace watch")
 
 
 def watch_frame(event: str, path: str | None = None, is_dir: bool = False) -> bytes:

@@ -1,4 +1,4 @@
-"""Per-sandbox IPC, mount and network namespaces (SPEC §3 "Depth beyond uid + cgroup").
+"""Per-sandbox IPC, mount and network namespaces (docs/isolation.rst, "Namespaces").
 
 At create, the sandbox's namespaces are made once and **pinned**: the exec helper's
 ``namespaces`` mode (``sandboxd_exec_ns.h``; without the helper, ``unshare(1)`` and a short

@@ -1,4 +1,4 @@
-"""Network modes of a sandbox (SPEC §2 "Network mode", §3): ``none``, ``host``, ``egress``.
+"""Network modes of a sandbox (docs/isolation.rst, "Network modes"): ``none``, ``host``, ``egress``.
 
 A mode says whether the sandbox gets a network namespace of its own and what is wired into it.
 ``none`` is a namespace with only its loopback (up); ``host`` is the host's own network, shared

@@ -1,5 +1,5 @@
 """
-``sandboxctl``: the sandboxd client at a terminal (SPEC §6).
+``sandboxctl``: the sandboxd client at a terminal (docs/client.rst, "sandboxctl").
 
 ``main`` is the console script; ``main_async`` runs one command line on a running reactor
 (for embedding and tests), writing to a ``Console``. The commands themselves are in

@@ -1,5 +1,5 @@
 """
-``sandboxctl``: the sandboxd client at a terminal (SPEC §6).
+``sandboxctl``: the sandboxd client at a terminal (docs/client.rst, "sandboxctl").
 
     sandboxctl [--url URL] [--token-file FILE] [--json] COMMAND ...
 

@@ -1,4 +1,4 @@
-"""``sandboxctl`` commands for background processes and workspace watch (SPEC §2.1, §2.2).
+"""``sandboxctl`` commands for background processes and workspace watch (docs/extensions.rst).
 
 run -d HANDLE [--env K=V]... [--cwd D] [--timeout S] [--tag T] [-i] -- CMD...
                                  start CMD in the background; print its id (its pid on stderr)

@@ -1,5 +1,6 @@
 """
-``sandboxctl mcp``: a Model Context Protocol server for a sandboxd service (SPEC §9).
+``sandboxctl mcp``: a Model Context Protocol server for a sandboxd service
+(docs/client.rst, "MCP server").
 
 Built on the official ``mcp`` SDK (install ``sandboxd-client[mcp]``), over stdio by default or
 streamable HTTP on request, backed by one ``HttpSandbox``. ``HttpSandbox`` runs on Twisted's

@@ -64,7 +64,7 @@ def archive(scratch: Path, pool: ThreadPool) -> Archive:
 
 @attrs.define
 class Workspaces:
-    """Makes sandbox directories laid out as the daemon does (SPEC §3)."""
+    """Makes sandbox directories laid out as the daemon does (docs/isolation.rst, "Layout")."""
 
     layout: Layout
     identity: Identity

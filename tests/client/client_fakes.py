@@ -1,6 +1,6 @@
 """
-A contract-level fake sandboxd: every route of wire contract v1 (SPEC §1) on a real Klein
-server, with workspaces in a temporary directory and a handful of canned exec commands.
+A contract-level fake sandboxd: every route of wire contract v1 (docs/contract.rst, "Routes") on a
+real Klein server, with workspaces in a temporary directory and a handful of canned exec commands.
 
 It knows nothing of the client; it exists so the client can be checked against the contract
 over real TCP. It records every request (method, path, query, headers, listening port) so tests

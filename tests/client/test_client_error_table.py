@@ -1,6 +1,7 @@
 """
-The client's table of wire error types is the contract's (``docs/openapi.yaml``), and each
-type becomes the exception SPEC §1 and §6 name, whether it arrives as an HTTP error or in band.
+The client's table of wire error types is the contract's (``docs/openapi.yaml``), and each type
+becomes the exception docs/client.rst, "Errors and retries", names, whether it arrives as an HTTP
+error or in band.
 
 The daemon is tested against the same table, so the two cannot drift apart unnoticed.
 """
@@ -56,7 +57,7 @@ EXPECTED: dict[str, type[BaseException]] = {
     "NoCapacity": SandboxUnavailable,
     "InsufficientStorage": OSError,
 }
-"""What SPEC §1/§6 say an application gets for each type."""
+"""What docs/client.rst, "Errors and retries", says an application gets for each type."""
 
 
 def test_the_client_table_is_the_documented_table() -> None:

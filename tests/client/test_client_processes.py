@@ -1,5 +1,6 @@
-"""The client's background processes and watch, round trip, against the real daemon (SPEC 2.1,
-2.2): start, list, output from offsets with and without follow, stdin, signals, errors, watch.
+"""The client's background processes and watch, round trip, against the real daemon
+(docs/extensions.rst): start, list, output from offsets with and without follow, stdin, signals,
+errors, watch.
 """
 
 from __future__ import annotations

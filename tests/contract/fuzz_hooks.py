@@ -92,7 +92,7 @@ def exec_stream(context: Any, response: Any) -> Any:
         return process_stream(frames)
     if not lines:
         raise ValueError("an exec stream without frames")
-    # Live frames: {"o"} always, {"e"} only with `split: true` (SPEC section 2, live stderr).
+    # Live frames: {"o"} always, {"e"} only with `split: true` (docs/extensions.rst, "Live stderr").
     live = [{"o"}, {"e"}] if asked_split(request) else [{"o"}]
     for frame in frames[:-1]:
         if not (isinstance(frame, dict) and set(frame) in live):

@@ -1,9 +1,8 @@
-"""The E2B front's listener holds like the native API's (SPEC §4 "Self-defence"): it is
-claimed in both address families (a sandbox in host network mode cannot take the other one),
-only once the predecessor's sandboxes are reclaimed, and its connections are under the same
-gate (a header trickle is cut, a body without the key is refused at its headers and never
-stored). Each protection is also turned off by name, and the attack
-then works."""
+"""The E2B front's listener holds like the native API's (docs/operating.rst, "Connections"): it is
+claimed in both address families (a sandbox in host network mode cannot take the other one), only
+once the predecessor's sandboxes are reclaimed, and its connections are under the same gate (a
+header trickle is cut, a body without the key is refused at its headers and never stored). Each
+protection is also turned off by name, and the attack then works."""
 
 import contextlib
 import json

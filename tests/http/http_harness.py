@@ -191,7 +191,8 @@ class ExecStream:
         assert self.response.code == 200
         assert self.response.headers.getRawHeaders(b"content-type") == [b"application/x-ndjson"]
         for frame in self.frames[:-1]:
-            assert set(frame) in ({"o"}, {"e"}), frame  # e: only with split (SPEC §2)
+            # e: only with split (docs/extensions.rst, "Live stderr")
+            assert set(frame) in ({"o"}, {"e"}), frame
         return self.last
 
     def disconnect(self) -> None:

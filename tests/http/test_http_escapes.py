@@ -1,4 +1,5 @@
-"""Paths that try to leave the workspace (SPEC §3, §7): ``..``, NUL, symlinks, hardlinks.
+"""Paths that try to leave the workspace (docs/isolation.rst, "File operations"): ``..``, NUL,
+symlinks, hardlinks.
 
 Each answer is a ``400`` or a ``404``, never the outside file's bytes, and nothing outside the
 workspace is read, written, renamed or removed.

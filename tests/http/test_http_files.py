@@ -1,4 +1,5 @@
-"""The file routes: success shapes, error bodies and the bad input of SPEC §7.
+"""The file routes: success shapes, error bodies and the bad input of
+docs/contract.rst, "Bad input and faults".
 
 Downloads stream through twisted.web's ``FileSender``, whose pull-to-push adapter runs on the
 global cooperator, so those tests run the real reactor (pytest-twisted); the rest answer within

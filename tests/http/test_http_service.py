@@ -1,4 +1,5 @@
-"""/healthz, /readyz, /drain, routing errors and the bearer token (SPEC §1, §2 Auth)."""
+"""/healthz, /readyz, /drain, routing errors and the bearer token (docs/contract.rst;
+docs/extensions.rst, "Auth")."""
 
 from __future__ import annotations
 

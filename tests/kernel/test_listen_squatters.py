@@ -1,4 +1,5 @@
-"""The daemon's port cannot be taken from inside a sandbox (SPEC §4 Self-defence).
+"""The daemon's port cannot be taken from inside a sandbox
+(docs/operating.rst, "Who holds the port").
 
 As root with real isolation: a sandbox in ``host`` network mode shares the host's addresses and
 runs a squatter (:data:`SQUATTER`) that tries, as its own uid, to bind the daemon's port on

@@ -1,4 +1,5 @@
-"""SPEC §3 namespaces, tried for real: one sandbox attacks another through what the host shares.
+"""The namespaces (docs/isolation.rst, "Namespaces"), tried for real: one sandbox attacks another
+through what the host shares.
 
 As root with real isolation (cgroup v1 here, v2 in the VM of ``tests/vm/run.sh``). Each attack
 runs against a daemon with every namespace layer on (it must be refused) and against one with
@@ -384,7 +385,7 @@ def test_the_hosts_home_is_out_of_sight_and_the_workspace_is_home_user(
 ) -> None:
     """The host's users' homes (``/home``, often world-readable) are what a sandbox reads with
     the mount layer off; with it on, ``/home`` holds only ``user``, the sandbox's own workspace
-    (the native API's cwd and ``HOME`` stay the real paths, SPEC §1)."""
+    (the native API's cwd and ``HOME`` stay the real paths, docs/contract.rst)."""
     if not home_coverable():
         pytest.skip("this host has no /home directory to cover")
     box = daemons[layer].create()

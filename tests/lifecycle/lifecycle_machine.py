@@ -539,7 +539,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert not os.path.exists(self.daemon.layout.directory(rid)), rid
             assert rid not in self.daemon.isolation.cgroups.leftovers()
 
-    # Background processes (SPEC 2.1)
+    # Background processes (docs/extensions.rst, "Background processes")
 
     def follow(self, rid: str, process_id: str) -> ExecCall:
         """A following read of a process's output, in flight."""

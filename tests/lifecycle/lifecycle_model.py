@@ -2,7 +2,7 @@
 
 A workspace is a map of paths (tuples of components, ``()`` the root) to their content: bytes
 for a regular file, ``None`` for a directory. Each operation returns the answer the wire
-contract (SPEC §1, §7) and ``sandboxd.core.files.workspace`` give for it, and changes the
+contract (docs/contract.rst) and ``sandboxd.core.files.workspace`` give for it, and changes the
 workspace only when the call succeeds: ``(status, wire error type or None)``.
 """
 

@@ -1,4 +1,4 @@
-"""Background processes and workspace watch over a real port (SPEC §2.1, §2.2, issue 17).
+"""Background processes and workspace watch over a real port (docs/extensions.rst, issue 17).
 
 Real ``twistd sandboxd`` daemons, real commands; no timed assertions: every wait is for an
 event (a frame, an exit), bounded by an outer deadline only so that a broken daemon fails the

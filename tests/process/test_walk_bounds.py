@@ -66,7 +66,8 @@ def test_huge_and_deep_walks_keep_the_daemon_bounded(tmp_path: Path) -> None:
         peak = daemon.rss_kib("VmHWM")
         assert [status for status, _ in answers] == [200] * 4
         entries = json.loads(answers[0][1])["entries"]
-        # Written a part at a time, and still the very bytes json.dumps gives (SPEC §1).
+        # Written a part at a time, and still the very bytes json.dumps gives
+        # (docs/contract.rst, "Conventions").
         assert answers[0][1] == json.dumps({"entries": entries}).encode()
         deep = [e["path"] for e in entries if not e["path"].startswith("/dir")]
         # Every deep file is listed, those whose path is past PATH_MAX too.

@@ -1,4 +1,5 @@
-"""Many replicas behind a load balancer route and fail exactly as SPEC §1 "Routing" says.
+"""Many replicas behind a load balancer route and fail exactly as
+docs/contract.rst, "Routing and handles", says.
 
 Driven by the real client (``sandboxd_client.HttpSandbox``) against three real daemons behind a
 real HAProxy (see conftest): creates spread over the replicas through the balancer, every later

@@ -1,4 +1,5 @@
-"""SPEC §2 Auth: the bearer token, its file, and a sandbox that attacks the API.
+"""Auth (docs/extensions.rst, "Auth"): the bearer token, its file, and a sandbox that attacks the
+API.
 
 Every test runs real ``twistd -n sandboxd`` daemons over real TCP.
 """
@@ -384,6 +385,6 @@ def test_a_daemon_with_a_token_still_serves_health_to_anyone(tmp_path: Path, tok
     with running(tmp_path, "--isolation=none", f"--token-file={token_file}") as daemon:
         assert call(daemon, "GET", "/healthz").status == 200
         assert call(daemon, "GET", "/readyz").status == 200
-        # Refused at its headers (SPEC §4 "Self-defence"): without the token, an unknown
+        # Refused at its headers (docs/operating.rst, "Connections"): without the token, an unknown
         # route is not told apart from a known one.
         assert call(daemon, "GET", "/nowhere").status == 401

@@ -1,5 +1,5 @@
-"""SPEC §2 Auth under real isolation: a sandbox (its own uid, its own cgroup) can neither read
-the token nor use the API.
+"""Auth (docs/extensions.rst, "Auth") under real isolation: a sandbox (its own uid, its own cgroup)
+can neither read the token nor use the API.
 
 Root and a usable cgroup hierarchy are needed (``--isolation=auto``); where the daemon cannot
 isolate, the test is skipped with the daemon's own reason.

@@ -1,4 +1,5 @@
-"""SPEC §7: bad input gets its documented answer and changes nothing.
+"""docs/contract.rst, "Bad input and faults": bad input gets its documented answer and changes
+nothing.
 
 Real ``twistd -n sandboxd`` daemons over real TCP. "Changes nothing" is checked with a
 snapshot of the live sandboxes and of every file under the daemon's root, before and after.

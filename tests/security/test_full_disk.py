@@ -1,4 +1,5 @@
-"""SPEC §7 disk full: ``507 InsufficientStorage``, and the partial file removed.
+"""Disk full (docs/contract.rst, "Bad input and faults"): ``507 InsufficientStorage``, and the
+partial file removed.
 
 The daemon's root is a small tmpfs (8 MiB) mounted for the test (root only; skipped
 otherwise), and the daemon is a real ``twistd -n sandboxd`` over real TCP.

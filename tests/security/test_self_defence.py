@@ -1,6 +1,6 @@
-"""SPEC §4 "Self-defence", §7: attacks an unauthenticated local peer mounts, for real, against a
-running ``twistd -n sandboxd``, each also with its protection turned off by name, to show
-that the attack then works.
+"""Self-defence (docs/operating.rst, "Connections"; docs/contract.rst, "Bad input and faults"):
+attacks an unauthenticated local peer mounts, for real, against a running ``twistd -n sandboxd``,
+each also with its protection turned off by name, to show that the attack then works.
 
 Every attack has an outer bound of its own (a small tmpfs as the state root, ``prlimit`` on the
 daemon's descriptors, a fixed number of bytes and connections, socket timeouts).

@@ -1,7 +1,7 @@
-"""SPEC §4 "Self-defence" from inside a sandbox: a command in ``host`` network mode (its own uid,
-its own cgroup, no token) attacks the daemon on ``127.0.0.1`` with an unauthenticated chunked
-body and with idle connections, and the daemon's other callers keep being served. With the
-protections off (``--auth-gate=off --max-connections=off``) the same attack works.
+"""Self-defence (docs/operating.rst, "Connections") from inside a sandbox: a command in ``host``
+network mode (its own uid, its own cgroup, no token) attacks the daemon on ``127.0.0.1`` with an
+unauthenticated chunked body and with idle connections, and the daemon's other callers keep being
+served. With the protections off (``--auth-gate=off --max-connections=off``) the same attack works.
 
 The state root is a small tmpfs (the sandbox measures the spool itself: its workspace is on
 it) and the daemon runs under ``prlimit --nofile=160``.

@@ -1,4 +1,5 @@
-"""The process output log, its readers and the process table, without a process (SPEC §2.1).
+"""The process output log, its readers and the process table, without a process
+(docs/extensions.rst, "Background processes").
 
 The runs are real :class:`ExecRun` objects driven by hand (``Clock`` for time): what the
 log keeps, what a reader from an offset is told (``dropped``, chunks, the end), how pausing

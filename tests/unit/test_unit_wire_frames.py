@@ -1,5 +1,5 @@
 """Stream frames the route tests do not meet in memory: a background process that never
-started, and a watch whose kernel queue overflowed (SPEC §2.1, §2.2)."""
+started, and a watch whose kernel queue overflowed (docs/extensions.rst)."""
 
 import json
 

@@ -24,7 +24,8 @@ SIGNALS: Mapping[str, int] = {
     name: int(getattr(signals, "SIG" + name))
     for name in ("TERM", "KILL", "INT", "HUP", "QUIT", "USR1", "USR2", "STOP", "CONT")
 }
-"""The signal names a process may be sent (SPEC §2.1), to their numbers."""
+"""The signal names a process may be sent, to their numbers (docs/extensions.rst,
+"Background processes")."""
 
 
 @frozen

@@ -1,4 +1,4 @@
-"""Tool manifests (SPEC §1 "Tools"): the JSON a manifest URL serves, validated.
+"""Tool manifests (docs/contract.rst, "Tools"): the JSON a manifest URL serves, validated.
 
 ``{"name": str, "version": str, "artifact": {"url": str, "sha256": hex},
 "commands": [{"name": str, "description": str, "parameters": {JSON Schema}}]}``. The artifact

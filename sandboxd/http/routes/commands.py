@@ -1,5 +1,5 @@
 """The routes of commands: ``exec`` (a command streamed to its end) and background processes
-(SPEC §2.1)."""
+(docs/extensions.rst, "Background processes")."""
 
 from typing import TYPE_CHECKING
 
@@ -31,7 +31,7 @@ async def exec(api: "SandboxAPI", request: IRequest, rid: str) -> None:
     await stream.finish(rid)
 
 
-# Background processes (SPEC §2.1)
+# Background processes (docs/extensions.rst, "Background processes")
 
 
 @app.route("/sandboxes/<rid:rid>/processes", methods=["POST"])

@@ -1,5 +1,5 @@
 """The routes of a sandbox's files: upload, download, delete, exists, size, disk usage, walk,
-mkdir, rmdir, rename, and the workspace watch (SPEC §2.2)."""
+mkdir, rmdir, rename, and the workspace watch (docs/extensions.rst, "Workspace watch")."""
 
 import os
 from collections.abc import Callable, Iterator
@@ -175,7 +175,7 @@ async def rename(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     return no_content(request)
 
 
-# Workspace watch (SPEC §2.2)
+# Workspace watch (docs/extensions.rst, "Workspace watch")
 
 
 @app.route("/sandboxes/<rid:rid>/watch", methods=["GET"])

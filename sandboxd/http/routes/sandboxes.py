@@ -99,6 +99,6 @@ def ready(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
 async def persist(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     sandbox = api.manager.get(rid)
     delete = parse.persist_body(parse.json_body(request))
-    # No archive, no item_id, or not ready: a no-op, still 204 (SPEC §1 "Archive").
+    # No archive, no item_id, or not ready: a no-op, still 204 (docs/contract.rst, "Archive").
     await api.manager.persist(sandbox, delete)
     return no_content(request)
