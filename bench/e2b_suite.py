@@ -148,6 +148,9 @@ def main() -> int:
         isolation = "isolated" if args.isolated else "none"
         report = args.cache / f"junit-e2b-{args.e2b}-{isolation}.xml"
         command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        # A module of a suite not the release's own may import what the release lacks (2.63.0
+        # and E2B's HEAD): it counts as one failure, and the rest of the suite still runs.
+        command += ["--continue-on-collection-errors"]
         command += [f"--timeout={args.timeout}", f"--junitxml={report}"]
         command += args.pytest_args or ["tests"]
         try:
