@@ -108,15 +108,6 @@ def not_running(sandbox_id: str) -> ConnectError:
     return ConnectError("unavailable", f"The sandbox {sandbox_id} was not found")
 
 
-def cut_short(sandbox_id: str) -> ConnectError:
-    """How a stream in flight ends when its sandbox is killed: E2B's words for it. The
-    Python SDK then asks ``/health`` (answered ``was not found``) and raises its "killed or
-    reached its end of life while the request was in flight"."""
-    return ConnectError(
-        "unavailable", f"the connection to sandbox {sandbox_id} ended before the stream completed"
-    )
-
-
 # JSON bodies
 
 
