@@ -12,7 +12,9 @@ installed and cached by a full run, used by a quick run only when cached; where 
 run, one note says why and its rows are skipped. sandboxd runs as ``twistd -n sandboxd`` on
 loopback, isolated (root, cgroups; skipped when not root) and ``--isolation=none``, driven by
 its own client ``HttpSandbox`` ("client" rows) and by the plain ``http.client`` connection that
-also drives the peers ("raw" rows).
+also drives the peers ("raw" rows). Where a mirror of e2b-dev/E2B is given (``--e2b-mirror`` or
+``E2B_MIRROR``), a full run also runs E2B's own SDK suite against the E2B front, once per SDK
+release (``e2b_suite``: ``bench/e2b_suite.py``; tests passed per release).
 
 Prints a table and writes ``bench/results/<time>.json`` (and ``latest.json``; a ``--quick`` run:
 ``<time>-quick.json`` and ``latest-quick.json``, with no target judged; an ``--only`` run:
@@ -51,6 +53,7 @@ SECTIONS = (
     "docker",
     "neighbours",
     "density",
+    "e2b_suite",
 )
 
 
@@ -68,6 +71,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         choices=("helper", "server"),
         default="helper",
         help="how the isolated daemon starts execs (SANDBOXD_SPAWNER, default helper)",
+    )
+    parser.add_argument(
+        "--e2b-mirror",
+        default=os.environ.get("E2B_MIRROR"),
+        help="git directory of a mirror of e2b-dev/E2B: E2B's own suite runs (E2B_MIRROR)",
     )
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="JSON directory")
     parser.add_argument(
@@ -155,6 +163,7 @@ async def run(reactor: Any, args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="sandboxd-bench-"))
     os.chmod(workdir, 0o755)
     bench = figures.Bench(reactor, sizes, workdir)
+    bench.e2b_mirror = args.e2b_mirror
     servers: list[procs.Server] = []
     failed: list[str] = []
     started = time.monotonic()

@@ -25,7 +25,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from sandboxd_client import HttpSandbox, decode_handle
 
-from . import density, dockerd, floor, neighbours, procs, versus
+from . import density, dockerd, e2bsuite, floor, neighbours, procs, versus
 from .rawhttp import CHUNK, RawHTTP
 from .stats import median, summary
 
@@ -189,6 +189,8 @@ class Bench:
         self.peer_server: procs.Server | None = None
         self.dockerd: dockerd.Dockerd | None = None
         """The bench's own dockerd when Docker's rows run (``docker`` section)."""
+        self.e2b_mirror: str | None = None
+        """The git directory of a mirror of e2b-dev/E2B (``e2b_suite`` section)."""
 
     # Rows
 
@@ -496,6 +498,10 @@ class Bench:
     async def neighbours(self) -> None:
         """Another sandbox's exec ``true`` while a neighbour does its worst (``neighbours``)."""
         neighbours.section(self)
+
+    async def e2b_suite(self) -> None:
+        """E2B's own SDK suite against the front, once per SDK release (``e2bsuite``)."""
+        e2bsuite.section(self, self.e2b_mirror, "isolated" in self.daemons)
 
     # Idle sandboxes and sustained creates
 

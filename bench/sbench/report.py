@@ -8,7 +8,13 @@ from typing import Any
 
 from . import cdf
 
-FORMATS = {"ms": "{:.2f} ms", "s": "{:.3f} s", "MB/s": "{:.0f} MB/s", "/s": "{:.0f}/s"}
+FORMATS = {
+    "ms": "{:.2f} ms",
+    "s": "{:.3f} s",
+    "MB/s": "{:.0f} MB/s",
+    "/s": "{:.0f}/s",
+    "passed": "{:.0f} passed",
+}
 
 
 def fmt(value: float | None, unit: str) -> str:

@@ -190,8 +190,7 @@ async def watch_dir(
         if stream is None:
             return  # only the "gone" of a sandbox killed while the watch starts (see below)
         if event.gone:
-            stream.write(wire.end_of_stream(wire.cut_short(entry.id)))
-            stream.end()
+            stream.cut()
             return
         found = watch_event(place, event)
         if found is not None:

@@ -9,7 +9,7 @@ that goes away changes nothing for the process; ``Connect-Timeout-Ms`` bounds th
 """
 
 import signal as signals
-from typing import Any
+from typing import Any, cast
 
 from twisted.web.iweb import IRequest
 
@@ -42,6 +42,15 @@ class EnvelopeStream(FollowStream):
     def _send_keepalive(self) -> None:
         self._keepalive = None
         self.write(self.keepalive_frame)
+
+    def cut(self) -> None:
+        """The sandbox is gone: drop the response's connection, with no end of stream, as
+        E2B's proxy resets the stream of a sandbox that dies under it. Each SDK reads a
+        dropped connection by asking ``/health`` (answered 502 ``was not found``) and raises
+        its "killed or reached its end of life while the request was in flight"; e2b 2.45
+        reads only that (an ``unavailable`` end would be its generic timeout error)."""
+        cast(Any, self.request).transport.abortConnection()
+        self.end()
 
 
 def keepalive_of(request: IRequest) -> float:
@@ -177,8 +186,7 @@ async def follow(
             stream.write(wire.end_of_stream())
             stream.end()
         elif isinstance(event, SandboxGone):
-            stream.write(wire.end_of_stream(wire.cut_short(entry.id)))
-            stream.end()
+            stream.cut()
 
     reader = process.reader(offset, True, deliver)
     request.setResponseCode(200)

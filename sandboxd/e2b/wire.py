@@ -125,15 +125,6 @@ def no_sandbox_named() -> ConnectError:
     return ConnectError("invalid_argument", "the E2b-Sandbox-Id header is required")
 
 
-def cut_short(sandbox_id: str) -> ConnectError:
-    """How a stream in flight ends when its sandbox is killed: E2B's words for it. The
-    Python SDK then asks ``/health`` (answered ``was not found``) and raises its "killed or
-    reached its end of life while the request was in flight"."""
-    return ConnectError(
-        "unavailable", f"the connection to sandbox {sandbox_id} ended before the stream completed"
-    )
-
-
 # JSON bodies
 
 

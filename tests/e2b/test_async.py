@@ -140,4 +140,5 @@ def test_a_killed_sandbox_ends_its_watch(e2b_daemon: E2BDaemon) -> None:
     from e2b import SandboxNotRunningException
 
     ended = asyncio.run(watch_of_a_killed_sandbox())
-    assert isinstance(ended, SandboxNotRunningException) and "end of life" in str(ended)
+    assert isinstance(ended, SandboxNotRunningException)
+    assert "end of life while the request" in str(ended)

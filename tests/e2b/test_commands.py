@@ -1,6 +1,9 @@
 """``commands`` through the unmodified SDK: foreground with live callbacks, exit codes,
 timeouts, background processes (list, kill, stdin, reconnect), and the refused root user."""
 
+import http.client
+import json
+
 import pytest
 from e2b import (
     CommandExitException,
@@ -11,6 +14,9 @@ from e2b import (
     SandboxException,
     TimeoutException,
 )
+
+from sandboxd.e2b import wire
+from tests.e2b.conftest import E2BDaemon
 
 
 def test_foreground_streams_live_and_separately(any_sandbox: Sandbox) -> None:
@@ -122,11 +128,36 @@ def test_a_killed_sandbox_ends_its_streams(sandbox: Sandbox) -> None:
 
     handle = sandbox.commands.run("sleep 60", background=True)
     Sandbox.kill(sandbox.sandbox_id)
-    with pytest.raises(SandboxNotRunningException, match="end of life") as caught:
+    with pytest.raises(SandboxNotRunningException, match="end of life while the request"):
         handle.wait()
-    assert "ended before the stream completed" in str(caught.value)
     with pytest.raises(SandboxNotRunningException, match="was not found"):
         sandbox.commands.run("true")
+
+
+def test_a_killed_sandbox_drops_the_connection_of_its_stream(
+    e2b_daemon: E2BDaemon, sandbox: Sandbox
+) -> None:
+    """On the wire: the start event, then the connection dropped with no end of stream (an
+    ``unavailable`` end is no dropped connection for e2b 2.45: its generic timeout error)."""
+    host, port = e2b_daemon.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    message = {"process": {"cmd": "/bin/sleep", "args": ["60"]}}
+    headers = {
+        "Content-Type": "application/connect+json",
+        "E2b-Sandbox-Id": sandbox.sandbox_id,
+        "X-Access-Token": sandbox._envd_access_token or "",
+    }
+    connection.request("POST", "/process.Process/Start", wire.envelope(message), headers)
+    response = connection.getresponse()
+    assert response.status == 200
+    header = response.read(5)
+    first = json.loads(response.read(int.from_bytes(header[1:], "big")))
+    assert header[0] == 0 and "start" in first["event"]
+    Sandbox.kill(sandbox.sandbox_id)
+    with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+        while response.read(1):  # keepalives may come first; never an end of stream
+            pass
+    connection.close()
 
 
 def test_more_commands_than_records(sandbox: Sandbox) -> None:

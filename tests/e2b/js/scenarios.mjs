@@ -139,7 +139,7 @@ const scenarios = {
     await Sandbox.kill(sbx.sandboxId);
     const ended = await rejection(handle.wait());
     assert.ok(ended instanceof TimeoutError, `${ended.name}: ${ended.message}`);
-    assert.match(ended.message, /ended before the stream completed/);
+    assert.match(ended.message, /end of life while the request was in flight/);
     const gone = await rejection(sbx.commands.run("true"));
     assert.equal(gone.name, "SandboxNotFoundError", gone.message);
   },
