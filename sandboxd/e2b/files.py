@@ -33,6 +33,7 @@ from sandboxd.e2b.process import EnvelopeStream, keepalive_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
 from sandboxd.errors import PathNotFound, SandboxNotFound
+from sandboxd.http.follow import DropWhilePaused
 
 T = TypeVar("T")
 
@@ -186,6 +187,13 @@ async def watch_dir(
     place = _watched(message)
     stream: EnvelopeStream | None = None
 
+    def end(error: ConnectError) -> None:
+        assert stream is not None
+        stream.write(wire.end_of_stream(error))
+        stream.end()
+
+    feed = DropWhilePaused(lambda: end(wire.events_dropped()))
+
     def deliver(event: WatchEvent) -> None:
         if stream is None:
             return  # only the "gone" of a sandbox killed while the watch starts (see below)
@@ -193,7 +201,7 @@ async def watch_dir(
             stream.cut()
             return
         found = watch_event(place, event)
-        if found is not None:
+        if found is not None and feed.admits():
             stream.write(wire.envelope({"filesystem": found}))
 
     watch = await manager.watch(
@@ -204,7 +212,7 @@ async def watch_dir(
     request.setResponseCode(200)
     request.setHeader(b"content-type", wire.CONNECT_JSON)
     request.write(wire.WATCH_START)
-    stream = EnvelopeStream(request, manager.clock, keepalive_of(request))
+    stream = EnvelopeStream(request, manager.clock, keepalive_of(request), feed.pause, feed.resume)
     stream.keepalive_frame = wire.WATCH_KEEPALIVE
     try:
         stream.start()

@@ -125,6 +125,16 @@ def no_sandbox_named() -> ConnectError:
     return ConnectError("invalid_argument", "the E2b-Sandbox-Id header is required")
 
 
+def events_dropped() -> ConnectError:
+    """How a ``WatchDir`` stream ends when its client read too slowly to be told every change
+    (what it was not told is gone: it must list the directory again)."""
+    return ConnectError(
+        "data_loss",
+        "events were dropped: the client read the watch stream too slowly (watch again and "
+        "list the directory)",
+    )
+
+
 # JSON bodies
 
 

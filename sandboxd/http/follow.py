@@ -2,13 +2,15 @@
 
 :class:`FollowStream` is the response's push producer: twisted.web pauses it when the client
 reads slowly, and it pauses its source (a process :class:`~sandboxd.core.processes.process.
-Reader` reads nothing more from the log meanwhile; the process runs on). While nothing is
+Reader` reads nothing more from the log meanwhile; the process runs on). A source that cannot
+wait (a workspace watch) is fed through :class:`DropWhilePaused` instead. While nothing is
 written for ``keepalive`` seconds it writes the keepalive frame ``{}``. :meth:`wait` fires
 when the source says it ended, or when the client goes.
 """
 
 from collections.abc import Callable
 
+from attrs import define
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.web.iweb import IRequest
@@ -88,3 +90,31 @@ class FollowStream:
         call, self._keepalive = self._keepalive, None
         if call is not None and call.active():
             call.cancel()
+
+
+@define
+class DropWhilePaused:
+    """The feed of a source that cannot wait for a slow client (a workspace watch: changes
+    happen when the sandbox makes them). While its stream is paused, :meth:`admits` refuses
+    what comes; once the stream resumes, ``missed`` is called once in place of all of it (an
+    ``overflow`` event, as inotify reports its own full queue). What the daemon holds for a
+    client that never reads is the transport's buffer up to its pause, not every change."""
+
+    missed: Callable[[], None]
+    paused: bool = False
+    _dropped: bool = False
+
+    def admits(self) -> bool:
+        """Whether a frame may be written now (else it is counted as missed)."""
+        if self.paused:
+            self._dropped = True
+        return not self.paused
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        if self._dropped:
+            self._dropped = False
+            self.missed()

@@ -14,7 +14,7 @@ from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.errors import TooManyEntries
 from sandboxd.http import parse, wire
 from sandboxd.http.download import send_file
-from sandboxd.http.follow import FollowStream
+from sandboxd.http.follow import DropWhilePaused, FollowStream
 from sandboxd.http.paced import PacedWriter
 from sandboxd.http.parse import query
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
@@ -185,13 +185,16 @@ async def watch(api: "SandboxAPI", request: IRequest, rid: str) -> None:
     sandbox = api.manager.get(rid)
     root = normalise(query(request, "root", "/"), "root")
     recursive = parse.flag(request, "recursive", True)
-    stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
+    feed = DropWhilePaused(lambda: stream.write(wire.watch_frame("overflow")))
+    stream = FollowStream(
+        request, api.manager.clock, api.manager.config.keepalive, feed.pause, feed.resume
+    )
 
     def deliver(event: WatchEvent) -> None:
         if event.gone:
             stream.write(wire.error_frame("SandboxNotFound", "the sandbox was killed"))
             stream.end()
-        else:
+        elif feed.admits():
             stream.write(wire.watch_frame(event.kind, event.path, event.is_dir))
 
     # Set first: what the watch sees while its walk runs is written as it comes (an
