@@ -83,6 +83,32 @@ def detail_json(front: "E2BFront", entry: E2BSandbox) -> dict[str, Any]:
     }
 
 
+def internet_mode(front: "E2BFront", internet: object) -> str:
+    """The network mode for ``allow_internet_access`` (absent or null: ``true``, as in E2B).
+
+    ``false`` is ``none`` (the sandbox's own loopback alone). ``true`` is ``egress`` where this
+    replica offers and allows it, else ``host`` where that is the replica's default (no
+    network namespaces: the sandbox has the host's network); otherwise a ``400`` naming why
+    egress is missing and the setting, never a sandbox with its loopback alone
+    (docs/e2b.rst, "Networking")."""
+    if internet is False:
+        return "none"
+    if internet not in (None, True):
+        raise RestError(400, "allow_internet_access: must be true or false")
+    policy = front.manager.isolation.namespaces.network
+    try:
+        policy.mode("egress")
+    except ValueError as e:
+        if policy.default == "host":
+            return "host"
+        raise RestError(
+            400,
+            f"allow_internet_access: {e}; allow_internet_access=False creates a sandbox"
+            " without network",
+        ) from None
+    return "egress"
+
+
 def _answer(request: IRequest, status: int, value: Any) -> bytes:
     request.setResponseCode(status)
     request.setHeader(b"content-type", wire.JSON)
@@ -103,10 +129,7 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise RestError(400, "metadata: must be an object of strings")
     timeout = _timeout(body, TIMEOUT_DEFAULT)
-    network = None
-    internet = body.get("allow_internet_access")
-    if internet is False:
-        network = "none"
+    network = internet_mode(front, body.get("allow_internet_access"))
     try:
         sandbox = await front.manager.create_restored(env=body.get("envVars"), network=network)
     except BadRequest as e:
