@@ -211,8 +211,8 @@ class Config:
         "Ranges egress sandboxes may not reach, besides loopback, link-local, the host, the pool"
         " (default: the private and shared ranges; empty: none)",
     )
-    egress_resolv_conf: str = setting_field(
-        "SANDBOXD_EGRESS_RESOLV_CONF",
+    resolv_conf: str = setting_field(
+        "SANDBOXD_RESOLV_CONF",
         "/etc/resolv.conf",
         nonempty_text,
         "File whose nameservers egress sandboxes may reach on port 53 even in a denied range",

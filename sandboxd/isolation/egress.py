@@ -178,7 +178,7 @@ def network_mode(config: Any) -> EgressNetwork | None:
             )
         pool6 = None
     plan = EgressPlan(config.egress_pool, pool6, config.egress_deny)
-    plan = plan.with_nameservers(read_text(config.egress_resolv_conf))
+    plan = plan.with_nameservers(read_text(config.resolv_conf))
     capacity = config.uid_max - config.uid_min + 1
     try:
         plan.check(capacity)
@@ -190,4 +190,4 @@ def network_mode(config: Any) -> EgressNetwork | None:
                 f"network mode egress: needs {program} (Debian package {package})"
             )
     egress = Egress(plan, state_file=STATE_FILE)
-    return EgressNetwork(egress, capacity, lazy=not named, resolv_conf=config.egress_resolv_conf)
+    return EgressNetwork(egress, capacity, lazy=not named, resolv_conf=config.resolv_conf)

@@ -372,10 +372,10 @@ def test_network_mode_offered_by_default_unless_left_out(
 def test_the_hosts_nameservers_are_let_through_for_dns(tmp_path: Path) -> None:
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("nameserver 10.96.0.10\nnameserver 127.0.0.53\n")
-    mode = network_mode(config(egress_resolv_conf=str(resolv)))
+    mode = network_mode(config(resolv_conf=str(resolv)))
     assert mode is not None and mode.resolv_conf == str(resolv)
     assert mode.egress.plan.dns == (ipaddress.ip_address("10.96.0.10"),)
-    missing = network_mode(config(egress_resolv_conf=str(tmp_path / "none")))
+    missing = network_mode(config(resolv_conf=str(tmp_path / "none")))
     assert missing is not None and missing.egress.plan.dns == ()
 
 

@@ -106,7 +106,7 @@ def start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tupl
         f"--uid-min={base}",
         f"--uid-max={base + 19}",
         f"--e2b-listen=tcp:{port}:interface=127.0.0.1",
-        f"--egress-resolv-conf={resolv}",
+        f"--resolv-conf={resolv}",
         *args,
         env=env,
     )
