@@ -54,7 +54,8 @@ class EgressNetwork:
 
     Asked for by name, :meth:`prepare` starts the layer on the host (start-up fails if it
     cannot) and :meth:`close` stops it. Offered by default (``lazy``), nothing changes on the
-    host until an egress sandbox needs it: the first :meth:`attach` starts the layer (its
+    host until an egress sandbox needs it (but what a crashed predecessor left is removed at
+    :meth:`prepare`): the first :meth:`attach` starts the layer (its
     failure is :class:`NetworkUnavailable`, naming the cause and the setting, and leaves
     nothing), and the detach of the last egress sandbox stops it again, so the host holds the
     table and the forwarding only while an egress sandbox lives.
@@ -82,6 +83,8 @@ class EgressNetwork:
                 self._start()
             except (EgressError, OSError) as e:
                 raise IsolationUnavailable(f"network mode egress: {e}") from None
+        elif os.path.exists(self.egress.state_file):
+            self._reclaim_crashed()
         try:
             conf = self.egress.read(self.resolv_conf)
         except OSError:
@@ -93,6 +96,18 @@ class EgressNetwork:
                 conf=self.resolv_conf,
                 server=server,
             )
+
+    def _reclaim_crashed(self) -> None:
+        """Lazy: the host holds a layer (its state file is there). Its owner, if it is gone (the
+        lock is free), crashed: give the host back what it changed, its table and forwarding,
+        rather than leave them until this daemon's first egress create. A live owner's stays."""
+        try:
+            self._start()
+        except (EgressError, OSError) as e:
+            log.info("egress: the host's layer is not this daemon's ({why})", why=e)
+            return
+        log.info("egress: removing the table and forwarding a crashed predecessor left")
+        self.close()
 
     def _start(self) -> None:
         reclaimed = self.egress.start()

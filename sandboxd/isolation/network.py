@@ -102,7 +102,8 @@ class NoNetwork:
 
 
 def find_egress(config: Any, module: str = EGRESS_MODULE) -> NetworkMode | None:
-    """The ``egress`` mode when its module is installed (``None``: it is not)."""
+    """The ``egress`` mode when its module is installed and the configuration does not leave
+    it out (``None`` otherwise); ``IsolationUnavailable`` when the host cannot give it."""
     if importlib.util.find_spec(module) is None:
         return None
     factory = importlib.import_module(module).network_mode

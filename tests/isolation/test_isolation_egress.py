@@ -488,3 +488,22 @@ def test_bad_egress_settings_name_their_variable() -> None:
             config(**{name: value})
     shown = config(egress_deny="203.0.113.0/24").redacted()
     assert shown["SANDBOXD_EGRESS_DENY"] == (ipaddress.IPv4Network("203.0.113.0/24"),)
+
+
+def test_offered_by_default_a_crashed_predecessors_layer_is_removed_at_start_up(
+    tmp_path: Path,
+) -> None:
+    host = Host(forwarding="1")  # the predecessor turned it on, then died
+    (tmp_path / "found.json").write_text(json.dumps({FORWARDING_V4: "0", FORWARDING_V6: "0"}))
+    mode = EgressNetwork(host.egress(tmp_path), capacity=3, lazy=True)
+    mode.prepare()
+    assert host.sysctls == {FORWARDING_V4: "0", FORWARDING_V6: "0"}
+    assert host.nft_inputs()[-1].endswith("delete table inet sandboxd\n")
+    assert not (tmp_path / "found.json").exists() and not mode._started
+    owner = Host(forwarding="1").egress(tmp_path)  # a live owner's layer stays
+    owner.start()
+    calls = len(host.calls)
+    mode.prepare()
+    assert len(host.calls) == calls and host.sysctls[FORWARDING_V4] == "0"
+    assert (tmp_path / "found.json").exists()
+    owner.stop()

@@ -195,3 +195,29 @@ def test_private_ranges_are_reachable_once_the_operator_empties_the_deny_list(
             break
         time.sleep(0.02)
     assert not table_exists() and not veths()
+
+
+def test_a_sigkilled_daemons_layer_is_removed_when_the_next_starts(tmp_path: Path) -> None:
+    """Offered by default, the next daemon changes nothing on the host at start-up but give
+    back what a crashed predecessor left (its table, the forwarding it turned on)."""
+    found = sysctls()
+    first, front = start(tmp_path)
+    try:
+        status, created = e2b_create(front)
+        assert status == 201, created
+        first.process.kill()
+        first.process.wait()
+        assert table_exists()
+        second, _ = start(tmp_path)
+        try:
+            assert not table_exists() and sysctls() == found
+            for _ in range(250):  # the predecessor's sandbox goes with its pins, its veth too
+                if not veths():
+                    break
+                time.sleep(0.02)
+            assert not veths()
+        finally:
+            stop_daemon(second)
+    finally:
+        stop_daemon(first)
+    assert not table_exists()
