@@ -66,7 +66,8 @@ def sandbox_json(entry: E2BSandbox) -> dict[str, Any]:
 
 
 def detail_json(front: "E2BFront", entry: E2BSandbox) -> dict[str, Any]:
-    """The ``SandboxDetail`` (and ``ListedSandbox``) of a sandbox."""
+    """The ``SandboxDetail`` (and ``ListedSandbox``) of a sandbox; ``allowInternetAccess`` says
+    whether its network mode reaches beyond its loopback (``egress``, ``host``)."""
     config = front.manager.config
     return {
         "templateID": entry.template,
@@ -80,6 +81,7 @@ def detail_json(front: "E2BFront", entry: E2BSandbox) -> dict[str, Any]:
         "diskSizeMB": (config.disk_max or 0) >> 20,
         "state": "running",
         "metadata": entry.metadata,
+        "allowInternetAccess": entry.sandbox.network != "none",
     }
 
 

@@ -54,6 +54,14 @@ def test_internet_access_is_egress_where_it_is_offered(memory: Memory) -> None:
     assert network_of(memory, allow_internet_access=True) == "egress"
     assert network_of(memory, allow_internet_access=None) == "egress"
     assert network_of(memory, allow_internet_access=False) == "none"
+    told = {
+        s["sandboxID"]: s["allowInternetAccess"]
+        for s in memory.control("GET", "/v2/sandboxes").json()
+    }
+    assert sorted(told.values()) == [False, True, True, True]
+    for rid, sandbox in memory.manager.sandboxes.items():
+        assert told[rid] == (sandbox.network == "egress")
+        assert memory.control("GET", f"/sandboxes/{rid}").json()["allowInternetAccess"] is told[rid]
 
 
 def test_internet_access_is_the_hosts_network_where_that_is_the_default(memory: Memory) -> None:
