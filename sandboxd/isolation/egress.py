@@ -1,7 +1,8 @@
 """The ``egress`` network mode: a veth pair per sandbox, routed and filtered by nftables.
 
 :func:`network_mode` builds it from the configuration: offered by default where the host can
-give it, unless ``SANDBOXD_NETWORK_ALLOW`` leaves it out (docs/operating.rst, "Egress");
+give it, unless ``SANDBOXD_NETWORK_ALLOW`` leaves it out (docs/operating.rst, "The egress
+network mode");
 :class:`EgressNetwork` gives each sandbox a slot of the pool and wires it through
 :class:`sandboxd.isolation.egress_host.Egress`, the host side (forwarding, the table, the
 veths).
