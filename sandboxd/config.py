@@ -11,7 +11,13 @@ from typing import Any
 
 from attrs import fields, frozen
 
-from sandboxd.isolation.egress_plan import parse_networks, parse_pool4, parse_pool6
+from sandboxd.isolation.egress_plan import (
+    DEFAULT_POOL6,
+    PRIVATE_RANGES,
+    parse_networks,
+    parse_pool4,
+    parse_pool6,
+)
 from sandboxd.isolation.namespaces import parse_namespaces
 from sandboxd.isolation.network import parse_mode, parse_modes
 from sandboxd.listen import DUAL_STACK_MODES
@@ -193,16 +199,23 @@ class Config:
     )
     egress_pool6: IPv6Network | None = setting_field(
         "SANDBOXD_EGRESS_POOL6",
-        "fd53:616e:6462:6f78::/64",
+        DEFAULT_POOL6,
         parse_pool6,
         "IPv6 range of the egress mode's veths, a /127 per sandbox (none: no IPv6 egress)",
         unset="none",
     )
     egress_deny: tuple[IPv4Network | IPv6Network, ...] = setting_field(
         "SANDBOXD_EGRESS_DENY",
-        "",
+        PRIVATE_RANGES,
         parse_networks,
-        "Ranges egress sandboxes may not reach, besides loopback, link-local, the host, the pool",
+        "Ranges egress sandboxes may not reach, besides loopback, link-local, the host, the pool"
+        " (default: the private and shared ranges; empty: none)",
+    )
+    resolv_conf: str = setting_field(
+        "SANDBOXD_RESOLV_CONF",
+        "/etc/resolv.conf",
+        nonempty_text,
+        "File whose nameservers egress sandboxes may reach on port 53 even in a denied range",
     )
     seccomp: str = setting_field(
         "SANDBOXD_SECCOMP",

@@ -36,7 +36,7 @@ class Draining(SandboxdError):
 
 
 class NoCapacity(SandboxdError):
-    """No uid (or memory) is left for a new sandbox."""
+    """No uid (or memory) is left for a new sandbox, or its network mode cannot be given now."""
 
 
 class ArchiveFailed(SandboxdError):

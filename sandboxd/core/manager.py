@@ -33,6 +33,7 @@ from sandboxd.core.sandbox import Sandbox
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
+from sandboxd.isolation.network import NetworkUnavailable
 from sandboxd.metrics import Metrics
 from sandboxd.units import format_duration
 
@@ -136,11 +137,13 @@ class SandboxManager(Commands):
                 mode,
                 (identity, self.layout.home(rid)),
             )
-        except BaseException:
+        except BaseException as e:
             self.isolation.namespaces.remove(rid)
             self.isolation.cgroups.remove(rid)
             self.layout.destroy(rid)
             self.isolation.uids.release(identity)
+            if isinstance(e, NetworkUnavailable):
+                raise NoCapacity(f"network: {e}") from None
             raise
         now = self.clock.seconds()
         sandbox = Sandbox(

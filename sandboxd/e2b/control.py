@@ -66,7 +66,8 @@ def sandbox_json(entry: E2BSandbox) -> dict[str, Any]:
 
 
 def detail_json(front: "E2BFront", entry: E2BSandbox) -> dict[str, Any]:
-    """The ``SandboxDetail`` (and ``ListedSandbox``) of a sandbox."""
+    """The ``SandboxDetail`` (and ``ListedSandbox``) of a sandbox; ``allowInternetAccess`` says
+    whether its network mode reaches beyond its loopback (``egress``, ``host``)."""
     config = front.manager.config
     return {
         "templateID": entry.template,
@@ -80,7 +81,34 @@ def detail_json(front: "E2BFront", entry: E2BSandbox) -> dict[str, Any]:
         "diskSizeMB": (config.disk_max or 0) >> 20,
         "state": "running",
         "metadata": entry.metadata,
+        "allowInternetAccess": entry.sandbox.network != "none",
     }
+
+
+def internet_mode(front: "E2BFront", internet: object) -> str:
+    """The network mode for ``allow_internet_access`` (absent or null: ``true``, as in E2B).
+
+    ``false`` is ``none`` (the sandbox's own loopback alone). ``true`` is ``egress`` where this
+    replica offers and allows it, else ``host`` where that is the replica's default (no
+    network namespaces: the sandbox has the host's network); otherwise a ``400`` naming why
+    egress is missing and the setting, never a sandbox with its loopback alone
+    (docs/e2b.rst, "Networking")."""
+    if internet is False:
+        return "none"
+    if internet not in (None, True):
+        raise RestError(400, "allow_internet_access: must be true or false")
+    policy = front.manager.isolation.namespaces.network
+    try:
+        policy.mode("egress")
+    except ValueError as e:
+        if policy.default == "host":
+            return "host"
+        raise RestError(
+            400,
+            f"allow_internet_access: {e}; allow_internet_access=False creates a sandbox"
+            " without network",
+        ) from None
+    return "egress"
 
 
 def _answer(request: IRequest, status: int, value: Any) -> bytes:
@@ -103,10 +131,7 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise RestError(400, "metadata: must be an object of strings")
     timeout = _timeout(body, TIMEOUT_DEFAULT)
-    network = None
-    internet = body.get("allow_internet_access")
-    if internet is False:
-        network = "none"
+    network = internet_mode(front, body.get("allow_internet_access"))
     try:
         sandbox = await front.manager.create_restored(env=body.get("envVars"), network=network)
     except BadRequest as e:

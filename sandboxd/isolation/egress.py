@@ -1,6 +1,8 @@
 """The ``egress`` network mode: a veth pair per sandbox, routed and filtered by nftables.
 
-:func:`network_mode` builds it from the configuration when it is asked for by name;
+:func:`network_mode` builds it from the configuration: offered by default where the host can
+give it, unless ``SANDBOXD_NETWORK_ALLOW`` leaves it out (docs/operating.rst, "The egress
+network mode");
 :class:`EgressNetwork` gives each sandbox a slot of the pool and wires it through
 :class:`sandboxd.isolation.egress_host.Egress`, the host side (forwarding, the table, the
 veths).
@@ -18,7 +20,8 @@ from twisted.logger import Logger
 
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.egress_host import Egress, EgressError
-from sandboxd.isolation.egress_plan import EgressPlan
+from sandboxd.isolation.egress_plan import DEFAULT_POOL6, EgressPlan, nameservers, parse_pool6
+from sandboxd.isolation.network import NetworkUnavailable, egress_named
 
 log = Logger()
 
@@ -28,6 +31,16 @@ STATE_FILE = "/run/sandboxd-egress.json"
 the sysctls' changes are)."""
 RESOLV_CONF = "/etc/resolv.conf"
 PROGRAMS = (("nft", "nftables"), ("ip", "iproute2"))
+FORBID = "SANDBOXD_NETWORK_ALLOW without egress (e.g. none,host) stops offering it"
+
+
+def read_text(path: str) -> str:
+    """A file's text; empty when it cannot be read (a host without ``resolv.conf``)."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 @define
@@ -37,13 +50,23 @@ class EgressNetwork:
     Each attached sandbox takes the slot freed longest ago. Detach only gives the slot back:
     the sandbox's veth goes with its network namespace when the pin is removed (the kernel
     deletes both ends of a veth whose one end's namespace dies), which costs the kill nothing;
-    a veth still there when its slot comes round again is deleted then. :meth:`prepare` starts
-    the layer on the host, :meth:`close` stops it. Failures of the layer at create surface as
-    ``OSError`` (the create fails, nothing of the slot is left).
+    a veth still there when its slot comes round again is deleted then. Failures of the layer
+    at create surface as ``OSError`` (the create fails, nothing of the slot is left).
+
+    Asked for by name, :meth:`prepare` starts the layer on the host (start-up fails if it
+    cannot) and :meth:`close` stops it. Offered by default (``lazy``), nothing changes on the
+    host until an egress sandbox needs it (but what a crashed predecessor left is removed at
+    :meth:`prepare`): the first :meth:`attach` starts the layer (its
+    failure is :class:`NetworkUnavailable`, naming the cause and the setting, and leaves
+    nothing), and the detach of the last egress sandbox stops it again, so the host holds the
+    table and the forwarding only while an egress sandbox lives.
     """
 
     egress: Egress
     capacity: int
+    lazy: bool = False
+    resolv_conf: str = RESOLV_CONF
+    """The file whose nameservers the plan lets DNS through to (for the warning below)."""
     name: str = "egress"
     own_namespace: bool = True
     _slots: dict[str, int] = field(factory=dict)
@@ -54,21 +77,44 @@ class EgressNetwork:
         self._free = deque(range(self.capacity))
 
     def prepare(self) -> None:
-        """Start the layer (``IsolationUnavailable`` naming it when the host refuses)."""
+        """Start the layer unless ``lazy`` (``IsolationUnavailable`` naming it when the host
+        refuses); warn of nameservers egress sandboxes cannot reach."""
+        if not self.lazy:
+            try:
+                self._start()
+            except (EgressError, OSError) as e:
+                raise IsolationUnavailable(f"network mode egress: {e}") from None
+        elif os.path.exists(self.egress.state_file):
+            self._reclaim_crashed()
         try:
-            reclaimed = self.egress.start()
-        except (EgressError, OSError) as e:
-            raise IsolationUnavailable(f"network mode egress: {e}") from None
-        self._started = True
-        if reclaimed:
-            log.info("egress: removed {n} veths of a predecessor", n=len(reclaimed))
-        for server in unreachable_nameservers(self.egress.plan, self.egress.read(RESOLV_CONF)):
+            conf = self.egress.read(self.resolv_conf)
+        except OSError:
+            conf = ""
+        for server in unreachable_nameservers(self.egress.plan, conf):
             log.warn(
                 "egress: {conf} names nameserver {server}, which egress sandboxes cannot reach:"
                 " name resolution fails in them (use a resolver outside this host)",
-                conf=RESOLV_CONF,
+                conf=self.resolv_conf,
                 server=server,
             )
+
+    def _reclaim_crashed(self) -> None:
+        """Lazy: the host holds a layer (its state file is there). Its owner, if it is gone (the
+        lock is free), crashed: give the host back what it changed, its table and forwarding,
+        rather than leave them until this daemon's first egress create. A live owner's stays."""
+        try:
+            self._start()
+        except (EgressError, OSError) as e:
+            log.info("egress: the host's layer is not this daemon's ({why})", why=e)
+            return
+        log.info("egress: removing the table and forwarding a crashed predecessor left")
+        self.close()
+
+    def _start(self) -> None:
+        reclaimed = self.egress.start()
+        self._started = True
+        if reclaimed:
+            log.info("egress: removed {n} veths of a predecessor", n=len(reclaimed))
 
     def close(self) -> None:
         """Stop the layer (every veth, the table, the sysctls as found)."""
@@ -79,11 +125,20 @@ class EgressNetwork:
     def attach(self, rid: str, netns: str) -> None:
         if not self._free:
             raise OSError(errno.ENOSPC, "egress: every slot of the pool is taken")
+        if not self._started:  # lazy: the first egress sandbox starts the layer
+            try:
+                self._start()
+            except (EgressError, OSError) as e:
+                raise NetworkUnavailable(
+                    f"network mode egress cannot start on this host: {e}"
+                    f" (egress is offered by default; {FORBID})"
+                ) from None
         slot = self._free.popleft()
         try:
             self.egress.attach(netns, slot)
         except EgressError as e:
             self._free.appendleft(slot)
+            self._stop_when_idle()
             raise OSError(errno.EIO, f"egress: {e}") from None
         self._slots[rid] = slot
 
@@ -91,45 +146,64 @@ class EgressNetwork:
         slot = self._slots.pop(rid, None)
         if slot is not None:  # (a predecessor's veths went when the layer started)
             self._free.append(slot)
+            self._stop_when_idle()
+
+    def _stop_when_idle(self) -> None:
+        """Lazy, with no egress sandbox left: give the host back what the layer changed."""
+        if self.lazy and self._started and not self._slots:
+            try:
+                self.close()
+            except (EgressError, OSError) as e:
+                log.warn("egress: cannot stop the layer: {why}", why=e)
 
 
 def unreachable_nameservers(plan: EgressPlan, resolv_conf: str) -> list[str]:
-    """The ``nameserver`` entries of ``resolv_conf`` that an egress sandbox cannot reach."""
+    """The ``nameserver`` entries of ``resolv_conf`` that an egress sandbox cannot reach: in a
+    denied range, and not among those the plan lets DNS through to."""
     deny4, deny6 = plan.denied()
     denied = [ipaddress.ip_network(n) for n in deny4 + deny6]
     found = []
-    for line in resolv_conf.splitlines():
-        words = line.split()
-        if len(words) >= 2 and words[0] == "nameserver":
-            try:
-                address = ipaddress.ip_address(words[1].split("%")[0])
-            except ValueError:
-                continue
-            if any(address in net for net in denied):
-                found.append(words[1])
+    for text in nameservers(resolv_conf):
+        try:
+            address = ipaddress.ip_address(text.split("%")[0])
+        except ValueError:
+            continue
+        if address not in plan.dns and any(address in net for net in denied):
+            found.append(text)
     return found
 
 
 def network_mode(config: Any) -> EgressNetwork | None:
-    """The egress mode for the daemon's configuration; ``None`` unless it is asked for by name
-    (``SANDBOXD_NETWORK=egress`` or in ``SANDBOXD_NETWORK_ALLOW``): the layer changes the host
-    (forwarding, a table), so it is never on by default. ``IsolationUnavailable`` names what is
-    missing when it is asked for and cannot be provided."""
-    if config.network != "egress" and "egress" not in (config.network_allow or ()):
+    """The egress mode for the daemon's configuration; ``None`` when ``SANDBOXD_NETWORK_ALLOW``
+    leaves it out.
+
+    Asked for by name (``SANDBOXD_NETWORK=egress`` or in ``SANDBOXD_NETWORK_ALLOW``), the layer
+    starts with the daemon; else it is offered by default and starts at the first egress
+    create (see :class:`EgressNetwork`), and a kernel without IPv6 gets IPv4 egress alone
+    unless ``SANDBOXD_EGRESS_POOL6`` was changed. ``IsolationUnavailable`` names what is
+    missing when it cannot be provided (the caller decides whether that stops start-up).
+    """
+    named = egress_named(config)
+    if not named and config.network_allow is not None:
         return None
-    plan = EgressPlan(config.egress_pool, config.egress_pool6, config.egress_deny)
+    pool6 = config.egress_pool6
+    if pool6 is not None and not os.path.isdir(IPV6_SYSCTLS):
+        if named or pool6 != parse_pool6(DEFAULT_POOL6):
+            raise IsolationUnavailable(
+                "network mode egress: this kernel has no IPv6: set SANDBOXD_EGRESS_POOL6=none"
+            )
+        pool6 = None
+    plan = EgressPlan(config.egress_pool, pool6, config.egress_deny)
+    plan = plan.with_nameservers(read_text(config.resolv_conf))
     capacity = config.uid_max - config.uid_min + 1
     try:
         plan.check(capacity)
     except ValueError as e:
         raise IsolationUnavailable(f"network mode egress: SANDBOXD_EGRESS_POOL: {e}") from None
-    if plan.pool6 is not None and not os.path.isdir(IPV6_SYSCTLS):
-        raise IsolationUnavailable(
-            "network mode egress: this kernel has no IPv6: set SANDBOXD_EGRESS_POOL6=none"
-        )
     for program, package in PROGRAMS:
         if shutil.which(program) is None:
             raise IsolationUnavailable(
                 f"network mode egress: needs {program} (Debian package {package})"
             )
-    return EgressNetwork(Egress(plan, state_file=STATE_FILE), capacity)
+    egress = Egress(plan, state_file=STATE_FILE)
+    return EgressNetwork(egress, capacity, lazy=not named, resolv_conf=config.resolv_conf)

@@ -10,16 +10,19 @@ The ruleset (table ``inet {table}``) lets a sandbox open new connections to the 
 (masqueraded behind the host's own address) and nothing else: nothing addressed to the host
 itself (its loopback, every address of every interface, hence the daemon's API wherever it
 listens) is accepted from a sandbox veth; nothing is forwarded from one sandbox veth to another,
-nor to a denied range (the pools, loopback, link-local, multicast and the configured extras);
-nothing is forwarded into a sandbox but the replies of its own connections.
+nor to a denied range (the pools, loopback, link-local, multicast and the configured ranges,
+by default the private and shared ones: :data:`PRIVATE_RANGES`), except DNS (port 53, UDP and
+TCP) to the host's nameservers (:attr:`EgressPlan.dns`); nothing is forwarded into a sandbox but
+the replies of its own connections.
 """
 
 import ipaddress
 from collections.abc import Iterable, Sequence
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 SANDBOX_IFNAME = "eth0"
 """The name of the sandbox's end of its veth, inside its network namespace."""
@@ -36,6 +39,15 @@ ALWAYS_DENIED_4 = (
 )
 """IPv4 ranges no sandbox ever reaches: this-network, loopback, link-local (cloud metadata
 services such as 169.254.169.254), multicast, reserved and broadcast."""
+
+PRIVATE_RANGES = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7"
+"""The default of ``SANDBOXD_EGRESS_DENY``: the private (RFC 1918, RFC 4193) and shared
+(RFC 6598) ranges, where a cluster's pods and services, a LAN or a cloud network live."""
+
+DEFAULT_POOL6 = "fd53:616e:6462:6f78::/64"
+"""The default of ``SANDBOXD_EGRESS_POOL6``."""
+
+DNS_PORT = 53
 
 ALWAYS_DENIED_6 = ("::/127", "::ffff:0:0/96", "fe80::/10", "ff00::/8")
 """IPv6 ranges no sandbox ever reaches: unspecified and loopback, IPv4-mapped, link-local,
@@ -94,6 +106,9 @@ class EgressPlan:
     pool4: ipaddress.IPv4Network
     pool6: ipaddress.IPv6Network | None
     deny: tuple[Network, ...] = ()
+    dns: tuple[Address, ...] = ()
+    """Nameservers a sandbox may reach on port 53 (UDP and TCP) even in a denied range (see
+    :meth:`with_nameservers`)."""
     table: str = "sandboxd"
     prefix: str = "sbx"
 
@@ -148,6 +163,34 @@ class EgressPlan:
             (v4 if net.version == 4 else v6).append(net)
         return _collapsed(v4), _collapsed(v6)
 
+    def with_nameservers(self, resolv_conf: str) -> "EgressPlan":
+        """This plan letting DNS through to the ``nameserver`` entries of ``resolv_conf`` (the
+        host's): a pod's resolver is usually a private cluster address (``10.96.0.10``), which
+        the default denied ranges hold. Never to a loopback, unspecified, multicast, IPv6
+        link-local (``fe80::1%eth0``), IPv4-mapped or pool address: those name the host itself
+        or nothing a sandbox can reach. (An IPv4 link-local one stays: some clouds' resolver is
+        169.254.169.253 or the metadata address; only its port 53 is let through.)"""
+        allowed: list[Address] = []
+        for text in nameservers(resolv_conf):
+            try:
+                address = ipaddress.ip_address(text)
+            except ValueError:
+                continue
+            v6_unroutable = isinstance(address, ipaddress.IPv6Address) and bool(
+                address.is_link_local or address.ipv4_mapped
+            )
+            pools = [net for net in (self.pool4, self.pool6) if net is not None]
+            if (
+                address.is_loopback
+                or address.is_unspecified
+                or address.is_multicast
+                or v6_unroutable
+                or any(address in net for net in pools)
+            ):
+                continue
+            allowed.append(address)
+        return evolve(self, dns=tuple(dict.fromkeys(allowed)))
+
     def ruleset(self, forward_policy: str) -> str:
         """``nft -f`` input that replaces our table atomically.
 
@@ -158,6 +201,14 @@ class EgressPlan:
         if forward_policy not in ("accept", "drop"):
             raise ValueError(forward_policy)
         deny4, deny6 = self.denied()
+        dns = ""
+        for family, version in (("ip", 4), ("ip6", 6)):
+            servers = [str(a) for a in self.dns if a.version == version]
+            if servers:
+                dns += (
+                    f"\n    {family} daddr {{ {', '.join(servers)} }}"
+                    f" meta l4proto {{ tcp, udp }} th dport {DNS_PORT} accept"
+                )
         masquerade6 = ""
         if self.pool6 is not None:
             masquerade6 = f"\n    ip6 saddr {self.pool6} oifname != {{veth}} masquerade"
@@ -193,7 +244,7 @@ table inet {self.table} {{
   }}
   chain from_sandbox {{
     oifname {veth} {reject}
-    ct state established,related accept
+    ct state established,related accept{dns}
     ip daddr @deny4 {reject}
     ip6 daddr @deny6 {reject}
     fib daddr type {{ local, broadcast, multicast, anycast }} {reject}
@@ -210,6 +261,16 @@ table inet {self.table} {{
     def resolv_conf(self, nameservers: Sequence[str]) -> str:
         """A ``resolv.conf`` naming ``nameservers`` (for a sandbox's mount namespace)."""
         return "".join(f"nameserver {ipaddress.ip_address(ns)}\n" for ns in nameservers)
+
+
+def nameservers(resolv_conf: str) -> list[str]:
+    """The ``nameserver`` entries of a ``resolv.conf`` text, as written."""
+    found = []
+    for line in resolv_conf.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            found.append(words[1])
+    return found
 
 
 def _collapsed(nets: Iterable[Network]) -> list[str]:

@@ -3,8 +3,9 @@
 A mode says whether the sandbox gets a network namespace of its own and what is wired into it.
 ``none`` is a namespace with only its loopback (up); ``host`` is the host's own network, shared
 with the daemon and every other ``host`` sandbox. ``egress`` lives in its own module
-(:data:`EGRESS_MODULE`): when the configuration names ``egress``, its ``network_mode(config)``
-gives a :class:`NetworkMode` whose :meth:`~NetworkMode.prepare` readies the host at start-up,
+(:data:`EGRESS_MODULE`): unless ``SANDBOXD_NETWORK_ALLOW`` leaves it out, its
+``network_mode(config)`` gives a :class:`NetworkMode` whose :meth:`~NetworkMode.prepare` readies
+the host at start-up (or, offered by default rather than by name, nothing until it is used),
 whose :meth:`~NetworkMode.attach` receives the pinned namespace's path right after create pins
 it (the place to wire a veth pair and filters), whose :meth:`~NetworkMode.detach` runs at kill,
 before the pin is removed, and whose :meth:`~NetworkMode.close` runs at stop. Without it the
@@ -24,6 +25,17 @@ MODES = ("none", "egress", "host")
 """Every mode's name, strongest first."""
 
 EGRESS_MODULE = "sandboxd.isolation.egress"
+
+
+class NetworkUnavailable(Exception):
+    """A mode offered by this replica cannot be given to a sandbox now (its create fails; the
+    message names the cause and the setting)."""
+
+
+def egress_named(config: Any) -> bool:
+    """Whether the configuration asks for ``egress`` by name (``SANDBOXD_NETWORK=egress`` or
+    in ``SANDBOXD_NETWORK_ALLOW``): then start-up fails unless it can be provided."""
+    return bool(config.network == "egress" or "egress" in (config.network_allow or ()))
 
 
 class NetworkMode(Protocol):
@@ -90,7 +102,8 @@ class NoNetwork:
 
 
 def find_egress(config: Any, module: str = EGRESS_MODULE) -> NetworkMode | None:
-    """The ``egress`` mode when its module is installed (``None``: it is not)."""
+    """The ``egress`` mode when its module is installed and the configuration does not leave
+    it out (``None`` otherwise); ``IsolationUnavailable`` when the host cannot give it."""
     if importlib.util.find_spec(module) is None:
         return None
     factory = importlib.import_module(module).network_mode

@@ -59,6 +59,7 @@ from sandboxd.isolation.network import (
     NetworkMode,
     NetworkPolicy,
     NoNetwork,
+    egress_named,
     find_egress,
 )
 from sandboxd.isolation.none import NoCgroups, SweptUidPool, find_program, no_isolation
@@ -315,18 +316,14 @@ def uid_only(config: Config, reactor: IReactorTime, file_pool: ThreadPool, host:
 
 def network_policy(config: Config, kinds: frozenset[str], host: Host) -> NetworkPolicy:
     """The network modes offered (``none`` and ``egress`` need network namespaces; ``egress``
-    its module), checked against ``SANDBOXD_NETWORK`` and ``SANDBOXD_NETWORK_ALLOW``."""
+    its module and, unless ``SANDBOXD_NETWORK_ALLOW`` leaves it out, a host that can give it),
+    checked against ``SANDBOXD_NETWORK`` and ``SANDBOXD_NETWORK_ALLOW``."""
     offered: dict[str, NetworkMode] = {"host": HostNetwork()}
     why = {"none": "no network namespaces", "egress": "no network namespaces"}
     if "net" in kinds:
         offered["none"] = NoNetwork()
-        egress = host.egress(config)
-        if egress is None:
-            why["egress"] = (
-                "not enabled: the daemon offers it when SANDBOXD_NETWORK_ALLOW names it"
-                " (e.g. SANDBOXD_NETWORK_ALLOW=none,egress) or SANDBOXD_NETWORK=egress"
-            )
-        else:
+        egress = _egress(config, host, why)
+        if egress is not None:
             offered["egress"] = egress
     if config.isolation == "none":
         why = {
@@ -336,6 +333,23 @@ def network_policy(config: Config, kinds: frozenset[str], host: Host) -> Network
     elif not kinds >= {"net"}:
         why = {name: f"{text}: SANDBOXD_NAMESPACES leaves net out" for name, text in why.items()}
     return NetworkPolicy.choose(offered, config.network, config.network_allow, why)
+
+
+def _egress(config: Config, host: Host, why: dict[str, str]) -> NetworkMode | None:
+    """The egress mode, offered by default where the host can give it (``why`` says why not);
+    asked for by name, its absence stops start-up (``IsolationUnavailable``)."""
+    try:
+        egress = host.egress(config)
+    except IsolationUnavailable as e:
+        if egress_named(config):
+            raise
+        why["egress"] = f"{e}"
+        return None
+    if egress is None and config.network_allow is not None:
+        why["egress"] = f"SANDBOXD_NETWORK_ALLOW={','.join(config.network_allow)} leaves it out"
+    elif egress is None:
+        why["egress"] = "its module is not installed"
+    return egress
 
 
 def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespaces:

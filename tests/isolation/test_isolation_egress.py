@@ -12,11 +12,8 @@ from typing import Any
 
 import pytest
 
-from sandboxd.config import Config, ConfigError
 from sandboxd.isolation import egress as egress_module
 from sandboxd.isolation import egress_host
-from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.egress import EgressNetwork, network_mode, unreachable_nameservers
 from sandboxd.isolation.egress_host import (
     FORWARDING_V4,
     FORWARDING_V6,
@@ -293,78 +290,3 @@ def test_run_program_returns_stdout_or_says_why() -> None:
         run_program(["false"], "")
     with pytest.raises(EgressError):
         run_program(["/nonexistent/program"], "")
-
-
-# The network mode
-
-
-def test_the_mode_hands_out_slots_oldest_freed_first(tmp_path: Path) -> None:
-    host = Host()
-    mode = EgressNetwork(host.egress(tmp_path), capacity=3)
-    mode.close()  # not started: nothing to do
-    host.links.add("sbx7")  # a predecessor's
-    mode.prepare()
-    assert "sbx7" not in host.links
-    for rid in ("a", "b", "c"):
-        mode.attach(rid, f"/ns/{rid}")
-    with pytest.raises(OSError, match="every slot"):
-        mode.attach("d", "/ns/d")
-    mode.detach("a", "/ns/a")
-    mode.detach("zz", "/ns/zz")  # unknown (a predecessor's): nothing
-    host.fail = "/ns/e"
-    with pytest.raises(OSError, match="egress"):
-        mode.attach("e", "/ns/e")
-    host.fail = None
-    mode.attach("f", "/ns/f")
-    assert mode._slots == {"b": 1, "c": 2, "f": 0}
-    mode.close()
-    assert host.sysctls[FORWARDING_V4] == "0"
-
-
-def test_prepare_names_the_layer_when_the_host_refuses(tmp_path: Path) -> None:
-    host = Host()
-    host.fail = "table"
-    mode = EgressNetwork(host.egress(tmp_path), capacity=3)
-    with pytest.raises(IsolationUnavailable, match="network mode egress"):
-        mode.prepare()
-    mode.close()
-
-
-def test_unreachable_nameservers_are_found() -> None:
-    conf = (
-        "# c\nnameserver 127.0.0.53\nnameserver fe80::1%eth0\nnameserver x\nnameserver 192.0.2.1\n"
-    )
-    assert unreachable_nameservers(plan(), conf) == ["127.0.0.53", "fe80::1%eth0"]
-
-
-def config(**env: str) -> Config:
-    return Config.load({f"SANDBOXD_{k.upper()}": v for k, v in env.items()})
-
-
-def test_network_mode_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert network_mode(config()) is None
-    assert network_mode(config(network_allow="none,host")) is None
-    mode = network_mode(config(network_allow="none,egress"))
-    assert isinstance(mode, EgressNetwork) and mode.capacity == 2000
-    assert isinstance(network_mode(config(network="egress")), EgressNetwork)
-    with pytest.raises(IsolationUnavailable, match="SANDBOXD_EGRESS_POOL"):
-        network_mode(config(network="egress", egress_pool="10.0.0.0/24"))
-    monkeypatch.setattr(egress_module, "IPV6_SYSCTLS", "/nonexistent")
-    with pytest.raises(IsolationUnavailable, match="SANDBOXD_EGRESS_POOL6=none"):
-        network_mode(config(network="egress"))
-    assert network_mode(config(network="egress", egress_pool6="none")) is not None
-    monkeypatch.setattr(egress_module.shutil, "which", lambda name: None)  # type: ignore[attr-defined]
-    with pytest.raises(IsolationUnavailable, match="nftables"):
-        network_mode(config(network="egress", egress_pool6="none"))
-
-
-def test_bad_egress_settings_name_their_variable() -> None:
-    for name, value in [
-        ("egress_pool", "fd00::/64"),
-        ("egress_pool6", "10.0.0.0/8"),
-        ("egress_deny", "10.0.0.0/99"),
-    ]:
-        with pytest.raises(ConfigError, match=f"SANDBOXD_{name.upper()}"):
-            config(**{name: value})
-    shown = config(egress_deny="203.0.113.0/24").redacted()
-    assert shown["SANDBOXD_EGRESS_DENY"] == (ipaddress.IPv4Network("203.0.113.0/24"),)

@@ -418,16 +418,34 @@ def test_isolation_none_offers_host_alone(tmp_path: Path) -> None:
 
 
 def test_a_create_asking_for_egress_is_told_how_it_is_offered(tmp_path: Path) -> None:
-    """Egress is never on by default: the refusal a create gets names the setting."""
+    """Egress is offered by default where the host can give it: the refusal a create gets
+    where it cannot, or where the operator leaves it out, names the cause and the setting."""
     machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
-    iso = build_isolation(config(tmp_path, "cgroup2"), Clock(), POOL, machine.host())
+
+    def no_nft(config: Config) -> None:
+        raise IsolationUnavailable("network mode egress: needs nft (Debian package nftables)")
+
+    host = evolve(machine.host(), egress=no_nft)
+    iso = build_isolation(config(tmp_path, "cgroup2"), Clock(), POOL, host)
     with pytest.raises(ValueError) as refused:
         iso.namespaces.network.mode("egress")
     assert str(refused.value) == (
-        "network mode egress is not offered by this replica (not enabled: the daemon offers it"
-        " when SANDBOXD_NETWORK_ALLOW names it (e.g. SANDBOXD_NETWORK_ALLOW=none,egress) or"
-        " SANDBOXD_NETWORK=egress)"
+        "network mode egress is not offered by this replica"
+        " (network mode egress: needs nft (Debian package nftables))"
     )
+    assert iso.namespaces.network.default == "none"  # the native default is unchanged
+    left_out = build_isolation(
+        config(tmp_path, "cgroup2", network_allow="none,host"), Clock(), POOL, machine.host()
+    )
+    with pytest.raises(ValueError, match=r"\(SANDBOXD_NETWORK_ALLOW=none,host leaves it out\)$"):
+        left_out.namespaces.network.mode("egress")
+    named = config(tmp_path, "cgroup2", network_allow="none,egress")
+    with pytest.raises(IsolationUnavailable, match="needs nft"):
+        build_isolation(named, Clock(), POOL, host)
+    missing = evolve(machine.host(), egress=lambda config: None)
+    iso = build_isolation(config(tmp_path, "cgroup2"), Clock(), POOL, missing)
+    with pytest.raises(ValueError, match=r"\(its module is not installed\)$"):
+        iso.namespaces.network.mode("egress")
     only_none = build_isolation(
         config(tmp_path, "cgroup2", network_allow="none"), Clock(), POOL, machine.host()
     )

@@ -5,7 +5,7 @@ The test's own "internet" is a namespace holding a server on 198.51.100.1 behind
 egress sandbox reaches it and neither the daemon's API (on the host's loopback) nor another
 egress sandbox's server; a ``host`` sandbox (the same attack with the layer off by name)
 reaches the API. Stopping the daemon leaves no table, no veth, and the forwarding sysctls as
-they were found.
+they were found. (Egress offered by default, without naming it: ``test_egress_default.py``.)
 """
 
 import base64
@@ -161,14 +161,15 @@ def test_egress_sandboxes_reach_the_internet_and_nothing_of_the_host(
     assert sysctls() == found
 
 
-def test_egress_is_not_offered_unless_named(tmp_path: Path) -> None:
+def test_egress_is_offered_by_default_and_started_by_its_first_create(tmp_path: Path) -> None:
     base = 432000 + os.getpid() % 1000 * 20
     daemon = start_daemon(tmp_path, f"--uid-min={base}", f"--uid-max={base + 19}")
     try:
         health = json.loads(daemon.call("GET", "/healthz")[1])
-        assert "network.egress" not in health["capabilities"]
-        status, body = daemon.call("POST", "/sandboxes", {"network": "egress"})
-        assert status == 400, body
+        assert "network.egress" in health["capabilities"]
+        assert not table_exists()
+        create(daemon, "egress")
+        assert table_exists()
     finally:
         stop_daemon(daemon)
     assert subprocess.run(

@@ -71,4 +71,4 @@ def test_the_configuration_is_shown_in_friendly_units() -> None:
     ):
         assert expected in words
     assert "/secret/path" not in shown
-    assert "SANDBOXD_EGRESS_DENY=" in Config.load({}).friendly().split()
+    assert "SANDBOXD_EGRESS_DENY=" in Config.load({"SANDBOXD_EGRESS_DENY": ""}).friendly().split()
