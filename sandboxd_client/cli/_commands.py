@@ -157,7 +157,8 @@ async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console)
     fd = _stdin.fd_of(source)
     if _stdin.wants_stdin(fd, args.stdin):
         if fd is not None and _stdin.PROCESSES in await client.capabilities(handle):
-            return await _exec_streamed(client, handle, args, console, fd)
+            code = await _exec_streamed(client, handle, args, console, fd)
+            return await _exec_own_failure(client, handle, args, console, code)
         stdin = _stdin.buffered(source)
 
     def live(chunk: bytes) -> None:
@@ -187,7 +188,30 @@ async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console)
                 "truncated": result.truncated,
             }
         )
-    return result.exit_code
+    return await _exec_own_failure(client, handle, args, console, result.exit_code)
+
+
+CWD_FAILED = 2
+"""What the daemon answers when the command could not enter its ``cwd`` (a shell's ``cd``)."""
+
+
+async def _exec_own_failure(
+    client: HttpSandbox,
+    handle: SandboxHandle,
+    args: argparse.Namespace,
+    console: Console,
+    code: int,
+) -> int:
+    """``code``, unless it is exec's own failure: the daemon answers a ``--cwd`` that is no
+    directory of the workspace as the command's exit 2 (a shell's ``cd``); ``exec`` exits 125
+    for it as ``docker exec`` does, with one line naming the option. Asked only after an exit
+    2 with ``--cwd``: a command's own exit 2 costs one look at the workspace, others none."""
+    if code != CWD_FAILED or args.cwd is None:
+        return code
+    if await client.exists(handle, args.cwd) and await client.size(handle, args.cwd) is None:
+        return code  # a directory: the command's own exit 2
+    console.error(f"exec: --cwd {args.cwd}: no such directory in the sandbox's workspace")
+    return EXEC_FAILED
 
 
 async def _exec_streamed(

@@ -73,6 +73,26 @@ def test_exec_sends_stderr_to_stderr_and_takes_the_command_without_a_separator(c
     assert ctl("kill", handle).returncode == 0
 
 
+def test_a_cwd_that_is_no_directory_is_execs_own_failure(ctl) -> None:  # type: ignore[no-untyped-def]
+    handle = created(ctl)
+    assert ctl("put", handle, "/dev/null", "dir/a-file").returncode == 0
+    line = "sandboxctl: exec: --cwd {}: no such directory in the sandbox's workspace\n"
+    for cwd in ("missing", "dir/a-file"):
+        done = ctl("exec", "--cwd", cwd, handle, "true")
+        assert (done.returncode, done.stdout) == (125, b"")
+        assert done.stderr.endswith(line.format(cwd).encode()), done.stderr
+    # Streamed stdin takes the same way out, and --json too.
+    done = ctl("exec", "--cwd", "missing", handle, "cat", stdin=b"data")
+    assert done.returncode == 125 and done.stderr.endswith(line.format("missing").encode())
+    done = ctl("--json", "exec", "--cwd", "missing", handle, "true")
+    assert done.returncode == 125
+    # The command's own exit 2 in a directory that exists stays 2, with or without --cwd.
+    for cwd in (["--cwd", "dir"], []):
+        done = ctl("exec", *cwd, handle, "sh", "-c", "echo own >&2; exit 2")
+        assert (done.returncode, done.stderr) == (2, b"own\n")
+    assert ctl("kill", handle).returncode == 0
+
+
 def test_the_ids_that_list_prints_work_as_handles(ctl) -> None:  # type: ignore[no-untyped-def]
     handle = created(ctl)
     listed = ctl("list")

@@ -22,19 +22,28 @@ REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "packaging" / "k8s"
 # The oldest and the newest release the manifests are meant for.
 KUBERNETES_VERSIONS = ("1.30.0", "1.34.0")
+# The Deployment of each container runtime (docs/operating.rst, "cgroup access").
+VARIANTS = {"cri-o": "deployment.yaml", "containerd": "containerd/deployment.yaml"}
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
+    """Every document of every file under packaging/k8s, with its path relative to it."""
     found = []
-    for path in sorted(K8S.glob("*.yaml")):
+    for path in sorted(K8S.rglob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text()):
             if document:
-                found.append((path.name, document))
+                found.append((str(path.relative_to(K8S)), document))
     return found
 
 
-def kind(name: str) -> dict[str, Any]:
-    (document,) = [d for _, d in documents() if d["kind"] == name]
+def kind(name: str, filename: str | None = None) -> dict[str, Any]:
+    """The one document of kind ``name`` that ``kubectl apply -f packaging/k8s/`` applies (the
+    top directory, not its subdirectories), or the one in ``filename``."""
+    (document,) = [
+        d
+        for f, d in documents()
+        if d["kind"] == name and (f == filename if filename else "/" not in f)
+    ]
     return document
 
 
@@ -57,6 +66,7 @@ def test_every_manifest_validates_strictly(version: str, offline: None) -> None:
         "NetworkPolicy",
         "PodDisruptionBudget",
     } <= names
+    assert {f for f, _ in documents()} >= {*VARIANTS.values(), "namespace.yaml"}
     for filename, document in documents():
         try:
             kubernetes_validate.validate(document, version, strict=True)
@@ -71,13 +81,13 @@ def test_validation_rejects_a_broken_manifest(offline: None) -> None:
         kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[0], strict=True)
 
 
-def container() -> dict[str, Any]:
-    (only,) = kind("Deployment")["spec"]["template"]["spec"]["containers"]
+def container(variant: str = "cri-o") -> dict[str, Any]:
+    (only,) = kind("Deployment", VARIANTS[variant])["spec"]["template"]["spec"]["containers"]
     return dict(only)
 
 
-def env() -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container()["env"]}
+def env(variant: str = "cri-o") -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(variant)["env"]}
 
 
 def test_pod_ip_from_the_downward_api() -> None:
