@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "packaging" / "k8s"
 # The oldest and the newest release the manifests are meant for.
 KUBERNETES_VERSIONS = ("1.30.0", "1.34.0")
-# The Deployment of each container runtime (docs/operating.rst, "cgroup access").
+# The Deployment of each container runtime (docs/operating.rst, "Deploy on Kubernetes").
 VARIANTS = {"cri-o": "deployment.yaml", "containerd": "containerd/deployment.yaml"}
 
 

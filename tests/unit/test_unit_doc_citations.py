@@ -21,7 +21,7 @@ DOCS = ROOT / "docs"
 
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "build", "dist"})
 """Directories of generated or installed files (hidden ones, ``.git`` and ``.venv``
-included, are skipped too)."""
+included, and ``*.egg-info``, are skipped too)."""
 
 OUTSIDE_DOCUMENT = re.compile(r"\bS[P]EC(?:\.md\b|\s*(?:§|section\b|\d))")
 """A citation of the outside design document: its name before a section sign, the word
@@ -38,7 +38,11 @@ ADORNMENT = re.compile(r"""([=\-~^"'`*+#:.])\1{2,}""")
 def text_files() -> Iterator[tuple[Path, str]]:
     """Every text file of the tree with its text (binary files are left out)."""
     for top, dirs, files in os.walk(ROOT):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS)
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".") and d not in SKIPPED_DIRS and not d.endswith(".egg-info")
+        )
         for name in sorted(files):
             path = Path(top, name)
             try:
