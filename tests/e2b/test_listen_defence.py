@@ -4,7 +4,6 @@ once the predecessor's sandboxes are reclaimed, and its connections are under th
 header trickle is cut, a body without the key is refused at its headers and never stored). Each
 protection is also turned off by name, and the attack then works."""
 
-import contextlib
 import json
 import os
 import socket
@@ -14,7 +13,14 @@ import pytest
 
 from tests.e2b.conftest import E2BDaemon, _start, _stop
 from tests.security.live_daemon import trickle_headers
-from tests.security.test_self_defence import ATTACK_BYTES, MIB, STORED_BOUND, tmpfs, used_bytes
+from tests.security.test_self_defence import (
+    ATTACK_BYTES,
+    STORED_BOUND,
+    answer_of,
+    send_unfinished,
+    tmpfs,
+    used_bytes,
+)
 
 QUERY = b"GET /v2/sandboxes HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
 
@@ -84,21 +90,12 @@ def test_a_keyless_body_on_the_front_is_never_stored(tmp_path: Path, gate: str) 
         front = _start(tmp_path, "--isolation=none", f"--auth-gate={gate}")
         try:
             before = used_bytes(root)
-            attack = socket.create_connection(("127.0.0.1", port_of(front)), timeout=20)
-            attack.sendall(
-                b"POST /v2/sandboxes HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+            attack, sent = send_unfinished(
+                port_of(front),
+                b"POST /v2/sandboxes HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
             )
-            chunk = b"%x\r\n%s\r\n" % (MIB, b"x" * MIB)
-            sent = 0
-            with contextlib.suppress(OSError):  # a refused body: the daemon stops reading it
-                while sent < ATTACK_BYTES:
-                    attack.sendall(chunk)
-                    sent += MIB
             stored = used_bytes(root) - before  # the body is unfinished: what was stored stays
-            answer = b""
-            with contextlib.suppress(OSError):
-                answer = attack.recv(65536)
-            attack.close()
+            answer = answer_of(attack)
             if gate == "off":
                 assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
                 return
@@ -138,19 +135,9 @@ def test_an_upload_to_no_sandbox_is_never_stored(
         front = _start(tmp_path, "--isolation=none", f"--auth-gate={gate}")
         try:
             before = used_bytes(root)
-            attack = socket.create_connection(("127.0.0.1", port_of(front)), timeout=20)
-            attack.sendall(head)
-            chunk = b"%x\r\n%s\r\n" % (MIB, b"x" * MIB)
-            sent = 0
-            with contextlib.suppress(OSError):  # a refused body: the daemon stops reading it
-                while sent < ATTACK_BYTES:
-                    attack.sendall(chunk)
-                    sent += MIB
+            attack, sent = send_unfinished(port_of(front), head)
             stored = used_bytes(root) - before  # the body is unfinished: what was stored stays
-            answer = b""
-            with contextlib.suppress(OSError):
-                answer = attack.recv(65536)
-            attack.close()
+            answer = answer_of(attack)
             if gate == "off":
                 assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
                 return

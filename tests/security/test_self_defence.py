@@ -47,6 +47,29 @@ def used_bytes(path: Path) -> int:
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
+def send_unfinished(port: int, head: bytes) -> tuple[socket.socket, int]:
+    """Send ``head`` and then up to :data:`ATTACK_BYTES` of its chunked body, never finished;
+    the connection and the bytes sent (fewer once the daemon stops reading)."""
+    attack = socket.create_connection(("127.0.0.1", port), timeout=20)
+    attack.sendall(head)
+    chunk = b"%x\r\n%s\r\n" % (MIB, b"x" * MIB)
+    sent = 0
+    with contextlib.suppress(OSError):  # a refused body: the daemon stops reading it
+        while sent < ATTACK_BYTES:
+            attack.sendall(chunk)
+            sent += MIB
+    return attack, sent
+
+
+def answer_of(attack: socket.socket) -> bytes:
+    """What the daemon answered on ``attack`` (nothing if it reset it), and close it."""
+    answer = b""
+    with contextlib.suppress(OSError):
+        answer = attack.recv(65536)
+    attack.close()
+    return answer
+
+
 @contextlib.contextmanager
 def daemon_with_token(
     tmp_path: Path, *args: str, env: dict[str, str] | None = None, **kwargs: Any
@@ -101,24 +124,15 @@ def test_an_unauthenticated_chunked_body_is_never_stored(tmp_path: Path, gate: s
     ):
         rss_before = daemon.rss_kib() * 1024
         used_before = used_bytes(root)
-        attack = socket.create_connection(("127.0.0.1", daemon.port), timeout=20)
-        attack.sendall(
+        attack, sent = send_unfinished(
+            daemon.port,
             b"PUT /sandboxes/0123456789abcdef/file?path=x HTTP/1.1\r\nhost: x\r\n"
-            b"transfer-encoding: chunked\r\n\r\n"
+            b"transfer-encoding: chunked\r\n\r\n",
         )
-        chunk = b"%x\r\n%s\r\n" % (MIB, b"x" * MIB)
-        sent = 0
-        with contextlib.suppress(OSError):  # a refused body: the daemon stops reading it
-            while sent < ATTACK_BYTES:
-                attack.sendall(chunk)
-                sent += MIB
         # The body is left unfinished, so whatever the daemon stored of it is still held.
         stored = used_bytes(root) - used_before
         grown = daemon.rss_kib() * 1024 - rss_before
-        answer = b""
-        with contextlib.suppress(OSError):
-            answer = attack.recv(65536)
-        attack.close()
+        answer = answer_of(attack)
         if gate == "off":
             # (less what the socket buffers still hold)
             assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
