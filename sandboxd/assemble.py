@@ -185,6 +185,7 @@ def assemble(
             *guard.capabilities(gate.limits, auth_gate),
             *e2b,
         ],
+        # The service (made below, from the fronts' manager and site) drains and exits.
         on_drain=lambda: service.drain_and_exit(),
     )
     site = make_site(
@@ -205,9 +206,7 @@ def assemble(
         served.manager,
         [pools.files, pools.admin, pools.spool],
         reactor,
-        jsonFileLogObserver(sys.stdout, recordSeparator="")
-        if config.log_format == "json"
-        else None,
+        _log_observer(config),
         on_stop_signal=on_next_stop_signal,
         listeners=listeners,
         more_listeners=more_listeners,
@@ -314,6 +313,13 @@ def _spool_dir(layout: Layout) -> str | None:
         "in the system's temporary directory, and uploads copied from there",
         root=layout.root,
     )
+    return None
+
+
+def _log_observer(config: Config) -> Any:
+    """JSON lines on stdout with ``SANDBOXD_LOG_FORMAT=json``; else ``None`` (twistd's own)."""
+    if config.log_format == "json":
+        return jsonFileLogObserver(sys.stdout, recordSeparator="")
     return None
 
 
