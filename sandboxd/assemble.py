@@ -66,6 +66,7 @@ class Pools:
 
     @classmethod
     def of_the_daemon(cls) -> "Pools":
+        """The pools at the daemon's sizes (not started: its service starts them)."""
         return cls(
             ThreadPool(minthreads=1, maxthreads=16, name="sandboxd-files"),
             ThreadPool(minthreads=0, maxthreads=4, name="sandboxd-admin"),
