@@ -18,7 +18,7 @@ import attrs
 import pytest
 from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
 
-from sandboxd import assemble, boot, tap
+from sandboxd import assemble, boot
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.namespaces import HOME_VIEW, Namespaces
 from sandboxd.undo import StartupUndo, missing_directories, remove_made
