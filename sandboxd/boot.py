@@ -12,10 +12,9 @@ from twisted.logger import Logger
 
 from sandboxd.config import Config, ConfigError
 from sandboxd.core.layout import Layout, RootInUse
-from sandboxd.core.manager import SandboxManager
 from sandboxd.e2b.admit import admission as e2b_admission
 from sandboxd.e2b.admit import refusal as e2b_refusal
-from sandboxd.e2b.api import make_front
+from sandboxd.e2b.api import E2BFront
 from sandboxd.http import guard
 from sandboxd.http.guard import ConnectionGate
 from sandboxd.http.site import make_site
@@ -167,19 +166,18 @@ def start_disk(config: Config, layout: Layout) -> Layout:
 
 def start_e2b(
     config: Config,
-    manager: SandboxManager,
+    front: E2BFront,
     token: bytes | None,
     reactor: Any,
     spool: tuple[str | None, SpoolThreads | None],
     gate: ConnectionGate,
     auth_gate: bool,
 ) -> Listeners:
-    """The E2B-compatible front's listeners (``SANDBOXD_E2B_LISTEN``): the same manager, a
-    site of its own under the same connection gate (one cap, the same timeouts, keys judged
-    at the headers unless ``SANDBOXD_AUTH_GATE=off``), listened on like the native API's
-    (both address families, after recovery)."""
+    """The E2B-compatible front's listeners (``SANDBOXD_E2B_LISTEN``): ``front`` (on the
+    native API's manager) behind a site of its own under the same connection gate (one cap,
+    the same timeouts, keys judged at the headers unless ``SANDBOXD_AUTH_GATE=off``),
+    listened on like the native API's (both address families, after recovery)."""
     assert config.e2b_listen is not None
-    front = make_front(manager, token)
     site = make_site(
         front.app.resource(),
         config.max_body,

@@ -54,6 +54,13 @@ class SandboxdService(MultiService):
         reactor: Any,
         log_observer: Any = None,
         on_stop_signal: Callable[[Any, Callable[[str], None]], None] = lambda reactor, act: None,
+        *,
+        listeners: Listeners | None = None,
+        more_listeners: list[Listeners] | None = None,
+        listen: str = "",
+        streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None),
+        exit_status: ExitStatus | None = None,
+        undo: StartupUndo | None = None,
     ) -> None:
         super().__init__()
         self.on_stop_signal = on_stop_signal
@@ -63,15 +70,15 @@ class SandboxdService(MultiService):
         self.pools = pools
         self.reactor = reactor
         self.log_observer = log_observer
-        self.listen = ""
+        self.listen = listen
         """The endpoint string the HTTP service listens on (for the line saying where)."""
-        self.streams_written: Callable[[], Deferred[Any]] = lambda: succeed(None)
+        self.streams_written = streams_written
         """Fires once the open exec streams have written their last frames (the front's)."""
-        self.listeners: Listeners | None = None
-        self.more_listeners: list[Listeners] = []
+        self.listeners = listeners
+        self.more_listeners = [] if more_listeners is None else more_listeners
         """Other fronts' listeners (the E2B front's): listened on after :attr:`listeners`."""
-        self.exit_status = ExitStatus()
-        self.undo = StartupUndo()
+        self.exit_status = ExitStatus() if exit_status is None else exit_status
+        self.undo = StartupUndo() if undo is None else undo
         """What start-up made on the host, removed if the daemon cannot listen (forgotten once
         it listens: the drain cleans up from then on)."""
         self.started: Deferred[None] = Deferred()
@@ -100,7 +107,7 @@ class SandboxdService(MultiService):
             raise SystemExit(f"sandboxd: {self.exit_status.message}")
 
     async def _listen(self) -> None:
-        assert self.listeners is not None, "makeService sets the listeners before starting"
+        assert self.listeners is not None, "the composition root gives the listeners"
         try:
             addresses = await self.listeners.listen()
             for more in self.more_listeners:

@@ -76,6 +76,7 @@ class SandboxAPI:
         pod_ip: str | None = None,
         tools: ToolResolver | None = None,
         extra_capabilities: Iterable[str] = (),
+        on_drain: Callable[[], None] | None = None,
     ) -> None:
         self.manager = manager
         self.token = token
@@ -83,11 +84,12 @@ class SandboxAPI:
         """Resolves ``POST /tools/resolve`` (``None``: every tool is refused)."""
         self.pod_url = pod_url
         self.pod_ip = pod_ip
-        self.on_drain: Callable[[], None] = self._refuse_creates
-        """What ``POST /drain`` starts; the daemon's service makes it drain and exit."""
+        self.on_drain: Callable[[], None] = on_drain or self._refuse_creates
+        """What ``POST /drain`` starts: the daemon's service drains and exits (without one,
+        creates are refused from then on)."""
         self.capabilities = sorted({*self._collect_capabilities(), *extra_capabilities})
         """What ``/healthz`` lists: the routes', the isolation's, and the front's
-        (``extra_capabilities``: how the daemon listens)."""
+        (``extra_capabilities``: how the daemon listens, its protections, its other fronts)."""
         self.streams: set[IRequest] = set()
         """The requests of the exec streams open now."""
 

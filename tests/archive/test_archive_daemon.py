@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.archive.archive_helpers import tree
-from tests.support.daemon import REPO, Daemon, start_daemon, stop_daemon
+from tests.support.daemon import (
+    Daemon,
+    daemon_argv,
+    daemon_environ,
+    start_daemon,
+    stop_daemon,
+)
 
 
 @pytest.fixture
@@ -164,21 +169,15 @@ def test_healthz_lists_archive_only_when_configured(archived: Daemon, tmp_path: 
 
 def test_startup_fails_loudly_when_the_archive_cannot_be_used(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    env["PYTHONPATH"] = str(REPO)
     result = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "twistd"),
-            "--nodaemon",
-            "--pidfile=",
-            "sandboxd",
+        daemon_argv(
             "--isolation=none",
             f"--root={tmp_path / 'root'}",
             f"--archive-root={tmp_path / 'file' / 'archive'}",
             "--listen=tcp:0:interface=127.0.0.1",
-        ],
+        ),
         capture_output=True,
-        env=env,
+        env=daemon_environ(),
         timeout=60,
     )
     assert result.returncode != 0

@@ -22,8 +22,8 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import LoopingCall
 from twisted.python.threadpool import ThreadPool
 
+from sandboxd.assemble import in_process
 from sandboxd.config import Config
-from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import build_tools
 from sandboxd.http.api import SandboxAPI
@@ -85,12 +85,10 @@ def serve_in_memory(
     file_pool.start()
     admin_pool.start()
     isolation = build_isolation(config, reactor, file_pool)
-    layout = Layout(os.path.realpath(config.root), owns_files=isolation.owns_files)
-    layout.prepare_root()  # as the daemon's start-up does, before the manager starts
-    manager = SandboxManager(config, reactor, reactor, isolation, admin_pool, layout)
-    pytest_twisted.blockon(manager.start())
     tools = build_tools(config.tools_dir, reactor, admin_pool)
-    api = SandboxAPI(manager, token=token, pod_url=config.pod_url, tools=tools)
+    served = in_process(config, reactor, reactor, isolation, admin_pool, token=token, tools=tools)
+    manager, api = served.manager, served.api
+    pytest_twisted.blockon(manager.start())
     agent = RequestTraversalAgent(api.app.resource())
     pump = LoopingCall(agent.flush)
     pump.clock = reactor

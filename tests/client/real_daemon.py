@@ -9,12 +9,10 @@ The client suite starts the daemon as a process and never imports it here.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -25,7 +23,13 @@ import pytest_twisted
 from attrs import frozen
 
 from sandboxd_client import HttpSandbox
-from tests.support.daemon import SHARED_ROOTS, reachable_root, unisolated_uids
+from tests.support.daemon import (
+    SHARED_ROOTS,
+    daemon_argv,
+    daemon_environ,
+    reachable_root,
+    unisolated_uids,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 START_POLLS = 600
@@ -68,14 +72,9 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
     token_file.chmod(0o600)
     root, tools = reachable_root(base), reachable_root(base, "tools")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    env["SANDBOXD_DRAIN_IDLE"] = "0s"  # its SIGTERM stop kills what is left at once
-    env.update(PYTHONPATH=str(REPO), SANDBOXD_ROOT=str(root))
-    argv = [
-        str(Path(sys.executable).parent / "twistd"),
-        "--nodaemon",
-        "--pidfile=",
-        "sandboxd",
+    # SANDBOXD_DRAIN_IDLE=0s: its SIGTERM stop kills what is left at once
+    env = daemon_environ({"SANDBOXD_DRAIN_IDLE": "0s", "SANDBOXD_ROOT": str(root)})
+    argv = daemon_argv(
         "--isolation=none",
         *unisolated_uids(["--isolation=none", *extra]),
         f"--listen=tcp:{port}:interface=127.0.0.1",
@@ -83,7 +82,7 @@ def running_daemon(base: Path, token: str, *extra: str) -> Iterator[Daemon]:
         f"--tools-dir={tools}",
         "--keepalive=1s",
         *extra,
-    ]
+    )
     log = base / "daemon.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)

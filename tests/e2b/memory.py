@@ -22,11 +22,11 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
+from sandboxd.assemble import in_process
 from sandboxd.config import Config
-from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
 from sandboxd.e2b import wire
-from sandboxd.e2b.api import E2BFront, make_front
+from sandboxd.e2b.api import E2BFront
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.none import no_isolation
@@ -181,12 +181,10 @@ def memory_front(root: str, **settings: str) -> Iterator[Memory]:
     reactor = WatchingReactor()
     helper = HELPER if helper_problem(HELPER, as_root=False) is None else None
     bundle = no_isolation(reactor, None, 10, helper)  # type: ignore[arg-type]
-    layout = Layout(config.root, owns_files=bundle.owns_files)
-    layout.prepare_root()
     isolation = attrs.evolve(bundle, fs=SyncFiles())
-    manager = SandboxManager(config, reactor, clock, isolation, SyncPool(), layout)  # type: ignore[arg-type]
+    served = in_process(config, reactor, clock, isolation, SyncPool(), token=KEY.encode())
+    manager, front = served.manager, served.e2b
     result_of(manager.start())
-    front = make_front(manager, KEY.encode())
     try:
         yield Memory(config, clock, manager, front, StubTreq(front.app.resource()))
     finally:

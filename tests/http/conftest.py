@@ -12,10 +12,8 @@ import pytest
 from treq.testing import StubTreq
 from twisted.internet.task import Clock
 
+from sandboxd.assemble import in_process
 from sandboxd.config import Config
-from sandboxd.core.layout import Layout
-from sandboxd.core.manager import SandboxManager
-from sandboxd.http.api import SandboxAPI
 from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.none import no_isolation
 from tests.http.http_harness import Harness, ProcessReactor, SyncFiles, SyncPool, result_of
@@ -56,11 +54,9 @@ def harness(settings: dict[str, str], token: bytes | None) -> Iterator[Harness]:
     helper = HELPER if helper_problem(HELPER, as_root=False) is None else None
     bundle = no_isolation(reactor, None, capacity, helper)  # type: ignore[arg-type]
     isolation = attrs.evolve(bundle, fs=SyncFiles())
-    layout = Layout(config.root, owns_files=isolation.owns_files)
-    layout.prepare_root()
-    manager = SandboxManager(config, reactor, clock, isolation, SyncPool(), layout)  # type: ignore[arg-type]
+    served = in_process(config, reactor, clock, isolation, SyncPool(), token=token)
+    manager, api = served.manager, served.api
     result_of(manager.start())
-    api = SandboxAPI(manager, token=token, pod_url=config.pod_url)
     yield Harness(config, clock, manager, api, StubTreq(api.app.resource()), token)
     os.close(manager._devnull)
 

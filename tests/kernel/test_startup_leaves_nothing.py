@@ -8,10 +8,8 @@ its state root (made for the test, absent before) is gone, and no mount under it
 process sees them.
 """
 
-import os
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 from sandboxd.isolation.naming import instance_name
 from tests.kernel.kernel_http import cgroup_dirs_named, isolation_problem, uid_block
 from tests.support.coverage import coverage_env
-from tests.support.daemon import REPO, SHARED_ROOTS, free_port
+from tests.support.daemon import SHARED_ROOTS, daemon_argv, daemon_environ, free_port
 
 pytestmark = [
     pytest.mark.kernel,
@@ -43,21 +41,10 @@ def root() -> Iterator[Path]:
 
 def run_daemon(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     low, high = uid_block()
-    twistd = str(Path(sys.executable).parent / "twistd")
-    argv = [
-        twistd,
-        "--nodaemon",
-        "--pidfile=",
-        "sandboxd",
-        "--isolation=auto",
-        f"--uid-min={low}",
-        f"--uid-max={high}",
-        f"--root={root}",
-        *args,
-    ]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    environ.update(coverage_env())
-    environ["PYTHONPATH"] = str(REPO)
+    argv = daemon_argv(
+        "--isolation=auto", f"--uid-min={low}", f"--uid-max={high}", f"--root={root}", *args
+    )
+    environ = daemon_environ(coverage_env())
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=environ)
 
 

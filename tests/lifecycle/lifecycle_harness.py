@@ -1,7 +1,7 @@
 """An in-process daemon for the lifecycle state machine, driven synchronously.
 
-The daemon is built as ``sandboxd.tap.makeService`` builds it (``build_isolation``, ``Layout``,
-``SandboxManager``, ``SandboxAPI``) with the real backend: real directories, real thread pools
+The daemon is built by the composition root (``build_isolation``, then
+:func:`sandboxd.assemble.in_process`) with the real backend: real directories, real thread pools
 for file work (the kernel variant's pool threads switch fsuid/fsgid for real), real processes
 for exec, and for the kernel variant real uids and cgroups. HTTP goes through ``StubTreq``
 (in memory); the manager's time comes from a ``Clock`` that moves only when a rule moves it.
@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.iweb import UNKNOWN_LENGTH
 
+from sandboxd.assemble import in_process
 from sandboxd.config import Config
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
@@ -183,7 +184,7 @@ class ExecCall:
 
 @attrs.define
 class InProcessDaemon:
-    """The daemon's parts, wired as ``makeService`` wires them, and a synchronous client."""
+    """The daemon's parts, wired by the composition root, and a synchronous client."""
 
     config: Config
     clock: Clock
@@ -272,7 +273,12 @@ def build_daemon(settings: Mapping[str, str], host: Host | None = None) -> InPro
     scratch = scratch_root()
     # drain-idle 0s: the manager's clock is a Clock nobody advances, so a drain may not wait
     # for a grace; it takes each sandbox as soon as nothing runs in it.
-    options = {"root": os.path.join(scratch, "root"), "drain-idle": "0s", **settings}
+    options = {
+        "root": os.path.join(scratch, "root"),
+        "drain-idle": "0s",
+        "pod-url": "http://sandboxd.test",
+        **settings,
+    }
     config = Config.load({}, options)
     reactor = real_reactor()
     clock = Clock()
@@ -286,12 +292,10 @@ def build_daemon(settings: Mapping[str, str], host: Host | None = None) -> InPro
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    layout = Layout(config.root, owns_files=isolation.owns_files)
-    layout.prepare_root()
-    manager = SandboxManager(config, reactor, clock, isolation, admin_pool, layout)
+    served = in_process(config, reactor, clock, isolation, admin_pool, token=None)
+    manager, api = served.manager, served.api
     file_pool.start()
     admin_pool.start()
-    api = SandboxAPI(manager, token=None, pod_url="http://sandboxd.test")
     stub = StubTreq(api.app.resource())
     daemon = InProcessDaemon(
         config, clock, isolation, manager, api, stub, [file_pool, admin_pool], scratch

@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -24,6 +23,7 @@ import attrs
 from sandboxd.config import Config
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.naming import instance_name, is_rid
+from tests.support.daemon import daemon_argv, daemon_environ
 
 REPO = Path(__file__).resolve().parents[2]
 CGROUP_MOUNT = "/sys/fs/cgroup"
@@ -168,14 +168,8 @@ def start_daemon(isolation: str) -> SoakDaemon:
     port = free_port()
     uid_min = 240_000 + (os.getpid() % 500) * 400
     uid_max = uid_min + 399
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    environ["PYTHONPATH"] = str(REPO)
-    environ["SANDBOXD_DRAIN_IDLE"] = "0s"  # its stop kills what the soak left at once
-    argv = [
-        str(Path(sys.executable).parent / "twistd"),
-        "--nodaemon",
-        "--pidfile=",
-        "sandboxd",
+    environ = daemon_environ({"SANDBOXD_DRAIN_IDLE": "0s"})  # its stop kills what is left
+    argv = daemon_argv(
         f"--listen=tcp:{port}:interface=127.0.0.1",
         f"--root={root}",
         f"--isolation={isolation}",
@@ -185,7 +179,7 @@ def start_daemon(isolation: str) -> SoakDaemon:
         "--memory-max=256M",
         "--pids-max=64",
         "--exec-timeout=2m",
-    ]
+    )
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ)
     daemon = SoakDaemon(process, port, scratch, root, isolation, uid_min, uid_max, log)

@@ -42,7 +42,8 @@ CLIENTS = int(os.environ.get("SANDBOXD_SOAK_CLIENTS", "50"))
 FD_TOLERANCE = 10
 RSS_TOLERANCE_KIB = 30 * 1024
 POOL_THREADS = 16 + 4 + 4
-"""The daemon's file, admin and spool thread pools at their largest (``sandboxd.tap``)."""
+"""The daemon's file, admin and spool thread pools at their largest
+(:meth:`sandboxd.assemble.Pools.of_the_daemon`)."""
 
 NO_RETRY = RetryPolicy(attempts=1, timeout=60.0)
 SMALL_NAMES = [f"small/{i}.bin" for i in range(6)]

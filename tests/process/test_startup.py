@@ -1,17 +1,15 @@
 """Start-up refusals of a real ``twistd -n sandboxd``: each stops it with one clear line."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 from tests.support.coverage import coverage_env
-from tests.support.daemon import REPO, free_port, start_daemon, stop_daemon
+from tests.support.daemon import REPO, daemon_argv, free_port, start_daemon, stop_daemon
 
 
 def run_daemon(*args: str) -> subprocess.CompletedProcess[str]:
-    twistd = str(Path(sys.executable).parent / "twistd")
     return subprocess.run(
-        [twistd, "--nodaemon", "--pidfile=", "sandboxd", *args],
+        daemon_argv(*args),
         capture_output=True,
         text=True,
         timeout=60,

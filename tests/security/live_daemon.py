@@ -13,7 +13,6 @@ import re
 import secrets
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from http.client import HTTPConnection, HTTPResponse
@@ -77,21 +76,15 @@ def write_token(path: Path, token: str, mode: int = 0o600) -> Path:
 
 def twistd_argv(tmp_path: Path, *args: str) -> list[str]:
     """The argv ``start_daemon`` runs, for daemons that are expected not to start."""
-    return [
-        str(Path(sys.executable).parent / "twistd"),
-        "--nodaemon",
-        "--pidfile=",
-        "sandboxd",
+    return process.daemon_argv(
         f"--listen=tcp:{process.free_port()}:interface=127.0.0.1",
         f"--root={tmp_path / 'root'}",
         *args,
-    ]
+    )
 
 
 def daemon_env() -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    environ["PYTHONPATH"] = str(REPO)
-    return environ
+    return process.daemon_environ()
 
 
 def refused_start(tmp_path: Path, *args: str, user: int | None = None) -> tuple[int, str]:

@@ -25,7 +25,7 @@ from twisted.web.client import Agent, BrowserLikePolicyForHTTPS
 from sandboxd_client import HttpSandbox, SandboxError
 from tests.security.live_daemon import new_token, write_token
 from tests.support.coverage import coverage_env
-from tests.support.daemon import REPO, free_port, unisolated_uids
+from tests.support.daemon import REPO, daemon_argv, daemon_environ, free_port, unisolated_uids
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v openssl"], capture_output=True).returncode != 0,
@@ -56,13 +56,11 @@ def tls_daemon(tmp_path: Path) -> Iterator[tuple[int, str, Path]]:
     ca, key, cert = make_ca(tmp_path / "operator", "operator")
     token = new_token()
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    env.update(PYTHONPATH=str(REPO), SANDBOXD_DRAIN_IDLE="0s")
-    argv = [str(Path(sys.executable).parent / "twistd"), "--nodaemon", "--pidfile=", "sandboxd",
-            f"--listen=ssl:{port}:interface=127.0.0.1:privateKey={key}:certKey={cert}",
-            f"--root={tmp_path / 'root'}", "--isolation=none",
-            *unisolated_uids(["--isolation=none"]),
-            f"--token-file={write_token(tmp_path / 'token', token)}"]  # fmt: skip
+    env = daemon_environ({"SANDBOXD_DRAIN_IDLE": "0s"})
+    argv = daemon_argv(f"--listen=ssl:{port}:interface=127.0.0.1:privateKey={key}:certKey={cert}",
+                       f"--root={tmp_path / 'root'}", "--isolation=none",
+                       *unisolated_uids(["--isolation=none"]),
+                       f"--token-file={write_token(tmp_path / 'token', token)}")  # fmt: skip
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)

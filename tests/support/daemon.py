@@ -23,6 +23,25 @@ SLOW = 8 if os.environ.get("SANDBOXD_VM") == "1" else 1
 importing Twisted alone can take longer than a daemon gets on the host."""
 
 
+TWISTD = str(Path(sys.executable).parent / "twistd")
+"""The ``twistd`` of this interpreter's environment (the one the tree's packages are in)."""
+
+
+def daemon_argv(*args: str) -> list[str]:
+    """The command line of a test's daemon: ``twistd -n sandboxd`` with ``args`` (sandboxd's
+    options), in the foreground and without a pid file."""
+    return [TWISTD, "--nodaemon", "--pidfile=", "sandboxd", *args]
+
+
+def daemon_environ(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a test's daemon: the caller's without its ``SANDBOXD_*`` settings,
+    this tree as ``PYTHONPATH``, then ``env``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
+    environ["PYTHONPATH"] = str(REPO)
+    environ.update(env or {})
+    return environ
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -132,21 +151,12 @@ def start_daemon(
     root = reachable_root(tmp_path)
     args = (*unisolated_uids(args), *args)
     log = tmp_path / "daemon.log"
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-    environ["PYTHONPATH"] = str(REPO)
     # Tests stop their daemons with SIGTERM: without a grace a drain ends as soon as no command
     # runs, as fast as a stop was before SANDBOXD_DRAIN_IDLE (the drain tests set their own).
-    environ["SANDBOXD_DRAIN_IDLE"] = "0s"
-    environ.update(env or {})
+    environ = daemon_environ({"SANDBOXD_DRAIN_IDLE": "0s", **(env or {})})
     argv = [
         *wrapper,
-        str(Path(sys.executable).parent / "twistd"),
-        "--nodaemon",
-        "--pidfile=",
-        "sandboxd",
-        f"--listen=tcp:{port}:interface=127.0.0.1",
-        f"--root={root}",
-        *args,
+        *daemon_argv(f"--listen=tcp:{port}:interface=127.0.0.1", f"--root={root}", *args),
     ]
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environ)

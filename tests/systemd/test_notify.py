@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from sandboxd import notify
-from tests.support.daemon import REPO, Daemon, start_daemon, stop_daemon
+from tests.support.daemon import (
+    Daemon,
+    daemon_argv,
+    daemon_environ,
+    start_daemon,
+    stop_daemon,
+)
 
 
 @pytest.fixture
@@ -102,17 +107,12 @@ def test_no_ready_when_the_port_is_taken(
     first = start(tmp_path / "first", path)
     try:
         assert received(sock)["READY"] == "1"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOXD_")}
-        env.update(NOTIFY_SOCKET=path, PYTHONPATH=str(REPO))
-        argv = [
-            str(Path(sys.executable).parent / "twistd"),
-            "--nodaemon",
-            "--pidfile=",
-            "sandboxd",
+        env = daemon_environ({"NOTIFY_SOCKET": path})
+        argv = daemon_argv(
             "--isolation=none",
             f"--listen=tcp:{first.port}:interface=127.0.0.1",
             f"--root={tmp_path / 'second'}",
-        ]
+        )
         log = tmp_path / "second.log"
         with open(log, "wb") as out:
             second = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)

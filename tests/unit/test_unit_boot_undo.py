@@ -18,7 +18,7 @@ import attrs
 import pytest
 from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
 
-from sandboxd import boot, tap
+from sandboxd import assemble, boot
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.namespaces import HOME_VIEW, Namespaces
 from sandboxd.undo import StartupUndo, missing_directories, remove_made
@@ -50,18 +50,18 @@ def unusable_archive(environ: dict[str, str], tmp_path: Path, _: pytest.MonkeyPa
 def refusing_namespaces(environ: dict[str, str], _: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     namespaces = Namespaces(kinds=frozenset({"mount"}), keep=[HOME_VIEW])
     isolation = attrs.evolve(fake_isolation(), namespaces=namespaces)
-    monkeypatch.setattr(tap, "build_isolation", lambda config, reactor, pool: isolation)
+    monkeypatch.setattr(assemble, "build_isolation", lambda config, reactor, pool: isolation)
 
 
 def refusing_isolation(environ: dict[str, str], _: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tap, "build_isolation", unavailable)
+    monkeypatch.setattr(assemble, "build_isolation", unavailable)
 
 
 def refusing_disk(environ: dict[str, str], _: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(config: Any, layout: Any) -> Any:
         boot.fail("disk", "disk: SANDBOXD_DISK_MAX is set but the root is on tmpfs")
 
-    monkeypatch.setattr(tap, "start_disk", refuse)
+    monkeypatch.setattr(assemble, "start_disk", refuse)
 
 
 def refusing_connections(environ: dict[str, str], _: Path, __: pytest.MonkeyPatch) -> None:
@@ -97,7 +97,7 @@ def test_a_root_that_was_there_keeps_what_it_held(
     root = Path(environ["SANDBOXD_ROOT"])
     root.mkdir()
     (root / "0123456789abcdef").mkdir()  # a predecessor's sandbox, for the next recovery
-    monkeypatch.setattr(tap, "build_isolation", unavailable)
+    monkeypatch.setattr(assemble, "build_isolation", unavailable)
     refused(environ)
     assert [p.name for p in root.iterdir()] == ["0123456789abcdef"]  # the lock made went
     (root / ".lock").write_bytes(b"")

@@ -22,7 +22,7 @@ from twisted.application.service import Application, IServiceCollection
 from twisted.internet.defer import Deferred, fail
 from twisted.logger import ILogObserver, globalLogPublisher
 
-from sandboxd import boot, tap
+from sandboxd import assemble, boot, tap
 from sandboxd.config import ConfigError
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
@@ -119,7 +119,7 @@ def test_make_service_builds_the_tree(environ: dict[str, str]) -> None:
 def test_a_root_without_unnamed_files_spools_bodies_elsewhere(
     environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tap, "can_spool", lambda directory: False)
+    monkeypatch.setattr(assemble, "can_spool", lambda directory: False)
     service = build(environ)
     assert listener(service).factory.spool_dir is None
 
@@ -354,7 +354,7 @@ def test_with_an_archive(environ: dict[str, str], tmp_path: Path) -> None:
 def test_another_isolation_is_reported_by_name(
     environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tap, "build_isolation", lambda config, reactor, pool: fake_isolation())
+    monkeypatch.setattr(assemble, "build_isolation", lambda config, reactor, pool: fake_isolation())
     assert build(environ).manager.isolation.name == "fake"
 
 
@@ -399,7 +399,7 @@ def test_unavailable_isolation_stops_start_up(
     def unavailable(config: Any, reactor: Any, pool: Any) -> Any:
         raise IsolationUnavailable("no cgroup controllers delegated")
 
-    monkeypatch.setattr(tap, "build_isolation", unavailable)
+    monkeypatch.setattr(assemble, "build_isolation", unavailable)
     assert refused(environ) == (
         "sandboxd: start-up failed at isolation: no cgroup controllers delegated"
     )
@@ -412,7 +412,7 @@ def test_namespaces_that_cannot_be_made_stop_start_up(
     sandbox's workspace goes)."""
     namespaces = Namespaces(kinds=frozenset({"mount"}), keep=[HOME_VIEW])
     isolation = attrs.evolve(fake_isolation(), namespaces=namespaces)
-    monkeypatch.setattr(tap, "build_isolation", lambda config, reactor, pool: isolation)
+    monkeypatch.setattr(assemble, "build_isolation", lambda config, reactor, pool: isolation)
     message = refused(environ)
     assert message.startswith("sandboxd: start-up failed at namespaces: namespaces: the state")
     assert HOME_VIEW in message
