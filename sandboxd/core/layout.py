@@ -8,7 +8,6 @@ ready marker ``.ready`` is a root-owned sibling of the workspace that the sandbo
 import contextlib
 import fcntl
 import os
-import re
 import stat
 from collections.abc import Callable
 
@@ -18,8 +17,10 @@ from sandboxd.core.files import tree
 from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk.base import DiskDriver, DiskUsage
 from sandboxd.isolation.disk.plain import NoDiskLimits
+from sandboxd.isolation.naming import RID
 
-RID_PATTERN = re.compile(r"^[0-9a-f]{16}$")
+RID_PATTERN = RID
+"""A sandbox id (:data:`sandboxd.isolation.naming.RID`)."""
 SUBDIRS = ("workspace", "home", "tmp")
 
 

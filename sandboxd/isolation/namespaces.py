@@ -24,7 +24,6 @@ last process has); start-up removes a crashed predecessor's (:meth:`Namespaces.l
 
 import errno
 import os
-import re
 import stat
 import subprocess
 from collections.abc import Callable, Sequence
@@ -36,6 +35,7 @@ from twisted.logger import Logger
 from sandboxd.isolation.base import Identity, IsolationUnavailable
 from sandboxd.isolation.identity_files import write_identity_files
 from sandboxd.isolation.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.naming import is_rid
 from sandboxd.isolation.network import NetworkMode, NetworkPolicy, host_only
 
 KINDS = ("ipc", "mount", "net")
@@ -66,7 +66,6 @@ def home_coverable(home: str = HOME) -> bool:
 NS_DIR = ".ns"
 PROBE_IDENTITY = Identity(65534, 65534)
 """Who the start-up probe's ``/etc/passwd`` names (nobody: the probe runs no command)."""
-_RID = re.compile(r"^[0-9a-f]{16}$")
 
 log = Logger()
 
@@ -349,7 +348,7 @@ class Namespaces:
             names = os.listdir(self.nsroot)
         except FileNotFoundError:
             return []
-        return sorted(name for name in names if _RID.match(name))
+        return sorted(name for name in names if is_rid(name))
 
     def close(self) -> None:
         """Close the network modes, unmount ``{root}/.ns`` (the daemon stops: every sandbox is

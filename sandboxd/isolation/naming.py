@@ -4,8 +4,10 @@ import hashlib
 import os
 import re
 
-RID = re.compile(r"[0-9a-f]{16}")
-"""A sandbox id as the manager makes them: 16 lowercase hex digits (``secrets.token_hex(8)``)."""
+RID = re.compile(r"[0-9a-f]{16}\Z")
+"""A sandbox id as the manager makes them: 16 lowercase hex digits (``secrets.token_hex(8)``),
+and nothing after them (``match`` and ``fullmatch`` alike; a trailing newline is not one). The
+one pattern of a sandbox id: the state root's directories, the pins' and the URL's."""
 
 
 def check_rid(rid: str) -> str:

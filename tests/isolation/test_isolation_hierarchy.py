@@ -1,7 +1,10 @@
 """Finding hierarchies and our place in them; naming instances and sandboxes; limit values."""
 
 import pytest
+from werkzeug.routing import Map
 
+from sandboxd.core.layout import RID_PATTERN
+from sandboxd.http.parse import RidConverter
 from sandboxd.isolation.base import Limits
 from sandboxd.isolation.hierarchy import (
     UNIFIED,
@@ -93,6 +96,9 @@ def test_rids_are_sixteen_lowercase_hex_digits() -> None:
             check_rid(bad)
     with pytest.raises(ValueError):
         check_rid(None)  # type: ignore[arg-type]
+    # One pattern everywhere: the URL's converter and the state root's listing take the same.
+    assert RidConverter(Map()).to_python("0123456789abcdef\n") == ""
+    assert RID_PATTERN.match("0123456789abcdef0") is None
 
 
 def test_instance_name_depends_only_on_the_normalised_root() -> None:
