@@ -264,9 +264,9 @@ class E2BFront:
     async def upload(self, request: IRequest) -> bytes:
         entry = self.files_sandbox(request, signing.WRITE)
         check_user(upload.query(request, "username"))
-        written = []
-        for place, source in upload.parts(request):
-            written.append(await files.write_file(self.manager, entry, place, source))
+        config = self.manager.config
+        size_max = min(config.max_body, config.disk_max or config.max_body)
+        written = await files.write_upload(self.manager, entry, upload.Upload.of(request, size_max))
         request.setHeader(b"content-type", wire.JSON)
         return wire.body(written)
 
