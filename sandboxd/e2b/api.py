@@ -265,6 +265,7 @@ class E2BFront:
         entry = self.files_sandbox(request, signing.WRITE)
         check_user(upload.query(request, "username"))
         config = self.manager.config
+        upload.check_stored(request, config.max_body)
         size_max = min(config.max_body, config.disk_max or config.max_body)
         written = await files.write_upload(self.manager, entry, upload.Upload.of(request, size_max))
         request.setHeader(b"content-type", wire.JSON)

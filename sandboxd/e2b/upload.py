@@ -25,6 +25,8 @@ from sandboxd.core.files.in_place import Source
 from sandboxd.e2b import wire
 from sandboxd.e2b.paths import Place, place_of
 from sandboxd.e2b.wire import RestError
+from sandboxd.http import parse
+from sandboxd.http.wire import TooLarge
 
 READ_CHUNK = 1 << 20
 """Bytes of the stored body read at a time (what an upload holds in memory, about)."""
@@ -225,6 +227,15 @@ class MultipartReader:
         self._in_part = True
         self._parts += 1
         return Part(_filename(headers), self)
+
+
+def check_stored(request: IRequest, max_body: int) -> None:
+    """Refuse a body that was not stored whole: over ``max_body`` (``413``), or that could
+    not be written (``507`` for want of space)."""
+    try:
+        parse.refuse_too_large(request, max_body)
+    except TooLarge as e:
+        raise RestError(413, f"{e.detail} (SANDBOXD_MAX_BODY)") from None
 
 
 @define

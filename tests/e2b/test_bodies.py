@@ -4,13 +4,19 @@
 Against a real daemon of its own (so that its peak RSS is this module's), with the sandboxes
 made by the unmodified ``e2b`` SDK: a gzip bomb (a 1 MiB body of zeros that inflates to a
 gigabyte) is refused with E2B's error once it inflates past its bound; a 384 MiB multipart
-upload by the SDK arrives whole while another sandbox's commands keep answering.
+upload by the SDK arrives whole while another sandbox's commands keep answering; and a body
+over ``SANDBOXD_MAX_BODY``, or that the state root has no room to store, is refused rather than
+written empty.
 """
 
+import contextlib
 import hashlib
 import http.client
 import io
 import json
+import os
+import subprocess
+import tempfile
 import threading
 import time
 import zlib
@@ -19,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2b import Sandbox
+from e2b import NotEnoughSpaceException, Sandbox, SandboxException
 
 from tests.e2b.conftest import E2BDaemon, _start, _stop, point_sdk_at
-from tests.support.daemon import Daemon
+from tests.support.daemon import SHARED_ROOTS, Daemon
 
 MIB = 1 << 20
 RSS_BOUND = 64 * MIB
@@ -173,3 +179,66 @@ def test_a_large_multipart_upload_arrives_whole_while_a_neighbour_keeps_answerin
     finally:
         uploader.kill()
         neighbour.kill()
+
+
+@pytest.fixture(scope="module")
+def small_body_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
+    front = _start(tmp_path_factory.mktemp("e2b-max-body"), "--isolation=none", "--max-body=1M")
+    try:
+        yield front
+    finally:
+        _stop(front)
+
+
+@pytest.mark.parametrize("octet_stream", [True, False], ids=["octet-stream", "multipart"])
+def test_a_body_over_the_limit_is_refused_not_written_empty(
+    monkeypatch: pytest.MonkeyPatch, small_body_front: E2BDaemon, octet_stream: bool
+) -> None:
+    point_sdk_at(monkeypatch, small_body_front)
+    sbx = Sandbox.create(timeout=120)
+    try:
+        with pytest.raises(SandboxException) as raised:
+            sbx.files.write("big", b"x" * (2 * MIB), use_octet_stream=octet_stream)
+        assert "SANDBOXD_MAX_BODY" in str(raised.value), raised.value
+        assert not sbx.files.exists("big")
+        assert (
+            sbx.files.write("small", b"y" * (MIB // 2), use_octet_stream=octet_stream).name
+            == "small"
+        )
+        assert sbx.files.read("small", format="bytes") == b"y" * (MIB // 2)
+    finally:
+        sbx.kill()
+
+
+@contextlib.contextmanager
+def small_state_root(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` as the state root of a daemon started in ``tmp_path`` (beneath
+    the shared roots, which sandbox uids can pass through)."""
+    SHARED_ROOTS.mkdir(mode=0o711, exist_ok=True)
+    real = Path(tempfile.mkdtemp(prefix="small-", dir=SHARED_ROOTS))
+    options = f"size={size},mode=0711"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(real)], check=True)
+    try:
+        (tmp_path / "root").symlink_to(real)
+        yield real
+    finally:
+        subprocess.run(["umount", "-l", str(real)], check=True)
+        real.rmdir()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs as the state root")
+def test_a_body_the_state_root_cannot_store_is_refused_not_written_empty(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with small_state_root(tmp_path, "24m"):
+        front = _start(tmp_path, "--isolation=none")
+        try:
+            point_sdk_at(monkeypatch, front)
+            sbx = Sandbox.create(timeout=120)
+            with pytest.raises(NotEnoughSpaceException) as raised:
+                sbx.files.write("big", b"x" * (32 * MIB), use_octet_stream=True)
+            assert "could not be stored" in str(raised.value), raised.value
+            assert not sbx.files.exists("big")
+            sbx.kill()
+        finally:
+            _stop(front)
