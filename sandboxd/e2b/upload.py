@@ -10,7 +10,7 @@ The body is stored whole before the route runs (past a size, spooled to disk:
 file thread that writes each file (never on the reactor, never whole in memory): a multipart
 body's parts one after another (:class:`MultipartReader`), each copied to its target as it is
 read; a gzip body inflated as it is copied (:class:`Inflating`), to at most
-:func:`inflate_limit` bytes (see docs/e2b.rst, "Files").
+:func:`inflate_limit` bytes (see docs/e2b.rst, "Coverage").
 """
 
 import io
