@@ -78,6 +78,23 @@ def post_files(front: E2BDaemon, sbx: Sandbox, path: str, body: bytes, **headers
     return answer
 
 
+def stat_rpc(front: E2BDaemon, sbx: Sandbox, body: bytes, **headers: str) -> Any:
+    """A unary ``filesystem.Filesystem/Stat`` call of ``body``: its status and answer."""
+    port = int(front.url.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    given = {
+        "E2b-Sandbox-Id": sbx.sandbox_id,
+        "X-Access-Token": sbx._envd_access_token or "",
+        "Content-Type": "application/json",
+        **headers,
+    }
+    connection.request("POST", "/filesystem.Filesystem/Stat", body, given)
+    response = connection.getresponse()
+    answer = response.status, json.loads(response.read())
+    connection.close()
+    return answer
+
+
 def gzip_of_zeros(size: int) -> bytes:
     """A gzip stream of ``size`` zero bytes, made without holding them."""
     compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
@@ -108,6 +125,10 @@ def test_a_gzip_bomb_is_refused_with_e2bs_error_and_bounded_memory(front: E2BDae
             **{"Content-Encoding": "gzip"},
         )
         assert status == 200 and sbx.files.read("fine", format="bytes") == data
+        # An RPC's body is never inflated: a compressed one is Connect's "unimplemented".
+        status, body = stat_rpc(front, sbx, bomb, **{"Content-Encoding": "gzip"})
+        assert status == 501 and body["code"] == "unimplemented", body
+        assert "'gzip' is not accepted" in body["message"]
     finally:
         sbx.kill()
 
@@ -206,6 +227,11 @@ def test_a_body_over_the_limit_is_refused_not_written_empty(
             == "small"
         )
         assert sbx.files.read("small", format="bytes") == b"y" * (MIB // 2)
+        # An RPC's body over the limit is refused too, not taken for an empty message.
+        message = json.dumps({"path": "/home/user/" + "z" * (2 * MIB)}).encode()
+        status, body = stat_rpc(small_body_front, sbx, message)
+        assert status == 429 and body["code"] == "resource_exhausted", body
+        assert "SANDBOXD_MAX_BODY" in body["message"]
     finally:
         sbx.kill()
 
