@@ -27,7 +27,9 @@ from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
 from sandboxd.errors import InsufficientStorage, PathNotFound, SandboxdError, SandboxNotFound
+from sandboxd.http import parse
 from sandboxd.http.download import send_file
+from sandboxd.http.wire import TooLarge
 
 log = Logger()
 
@@ -85,6 +87,23 @@ def user_of(request: IRequest) -> str | None:
         return base64.b64decode(header[6:], validate=True).decode().split(":", 1)[0]
     except (binascii.Error, UnicodeDecodeError):
         raise ConnectError("unauthenticated", "a malformed Basic authorization") from None
+
+
+def check_rpc_body(request: IRequest, max_body: int) -> None:
+    """Refuse an RPC's body that is compressed (``unimplemented``, as Connect servers refuse
+    an encoding they do not take), or was not stored whole: over ``max_body``
+    (``resource_exhausted``), or for want of space."""
+    encoding = (request.getHeader(b"content-encoding") or b"identity").lower()
+    if encoding != b"identity":
+        raise ConnectError(
+            "unimplemented",
+            f"a request body in {encoding.decode('latin-1')!r} is not accepted: send it "
+            "uncompressed (identity)",
+        )
+    try:
+        parse.refuse_too_large(request, max_body)
+    except TooLarge as e:
+        raise ConnectError("resource_exhausted", f"{e.detail} (SANDBOXD_MAX_BODY)") from None
 
 
 class E2BFront:
@@ -264,9 +283,10 @@ class E2BFront:
     async def upload(self, request: IRequest) -> bytes:
         entry = self.files_sandbox(request, signing.WRITE)
         check_user(upload.query(request, "username"))
-        written = []
-        for place, source in upload.parts(request):
-            written.append(await files.write_file(self.manager, entry, place, source))
+        config = self.manager.config
+        upload.check_stored(request, config.max_body)
+        size_max = min(config.max_body, config.disk_max or config.max_body)
+        written = await files.write_upload(self.manager, entry, upload.Upload.of(request, size_max))
         request.setHeader(b"content-type", wire.JSON)
         return wire.body(written)
 
@@ -281,6 +301,7 @@ class E2BFront:
     async def _rpc(self, request: IRequest, name: str) -> bytes:
         entry = self.envd_sandbox(request)
         check_user(user_of(request))
+        check_rpc_body(request, self.manager.config.max_body)
         content = request.content
         content.seek(0)
         data = content.read(wire.MESSAGE_MAX + 5)

@@ -21,7 +21,7 @@ from twisted.web.iweb import IRequest
 
 from sandboxd.core.files import entries, workspace
 from sandboxd.core.files.entries import Entry
-from sandboxd.core.files.in_place import write_in_place
+from sandboxd.core.files.in_place import Source, write_in_place
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.files.tree import UPLOAD_PREFIX
 from sandboxd.core.manager import SandboxManager
@@ -31,6 +31,7 @@ from sandboxd.e2b.links import Resolved
 from sandboxd.e2b.paths import HOME, TMP, WORKSPACE, Place, place_of
 from sandboxd.e2b.process import EnvelopeStream, keepalive_of
 from sandboxd.e2b.registry import E2BSandbox
+from sandboxd.e2b.upload import Upload
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
 from sandboxd.errors import PathNotFound, SandboxNotFound
 from sandboxd.http.follow import DropWhilePaused
@@ -293,7 +294,18 @@ async def read_file(
 
 
 async def write_file(
-    manager: SandboxManager, entry: E2BSandbox, place: Place, source: BinaryIO
+    manager: SandboxManager, entry: E2BSandbox, place: Place, source: Source
 ) -> dict[str, str]:
     await in_place(manager, entry, place, lambda r, p: write_in_place(r, p, source))
     return {"name": place.name, "type": "file", "path": place.display}
+
+
+async def write_upload(
+    manager: SandboxManager, entry: E2BSandbox, upload: Upload
+) -> list[dict[str, str]]:
+    """Write each file of ``upload`` in turn, as it is read from the stored body: the body is
+    read in file threads only (a chunk at a time, never on the reactor)."""
+    written = []
+    while found := await manager.files(entry.sandbox, lambda _: upload.next_file()):
+        written.append(await write_file(manager, entry, *found))
+    return written

@@ -7,8 +7,7 @@ import pytest
 
 from sandboxd.e2b import wire
 from sandboxd.e2b.paths import place_of
-from sandboxd.e2b.upload import multipart_files
-from sandboxd.e2b.wire import ConnectError, RestError
+from sandboxd.e2b.wire import ConnectError
 from sandboxd.errors import BadRequest, PathNotFound, ProcessConflict
 
 
@@ -101,24 +100,3 @@ def test_paths() -> None:
         with pytest.raises(ConnectError) as caught:
             place_of(outside)
         assert caught.value.code == "invalid_argument"
-
-
-def test_multipart() -> None:
-    body = (
-        b'--B\r\nContent-Disposition: form-data; name="file"; filename="/home/user/a"\r\n'
-        b"Content-Type: text/plain\r\n\r\none\r\n"
-        b'--B\r\nContent-Disposition: form-data; name="file"; filename="b"\r\n\r\ntwo\r\n'
-        b"--B--\r\n"
-    )
-    assert multipart_files(body, "multipart/form-data; boundary=B") == [
-        ("/home/user/a", b"one"),
-        ("b", b"two"),
-    ]
-    for bad_body, content_type in (
-        (body, "multipart/form-data"),
-        (b"--B\r\nno end", "multipart/form-data; boundary=B"),
-        (b"--B\r\nx\r\n--B--", "multipart/form-data; boundary=B"),
-        (b"--Bjunk\r\n--B--", "multipart/form-data; boundary=B"),
-    ):
-        with pytest.raises(RestError):
-            multipart_files(bad_body, content_type)

@@ -19,7 +19,7 @@ non-blocking, a FIFO cannot hold the thread).
 import os
 import shutil
 import stat
-from typing import BinaryIO
+from typing import Protocol
 
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.files.workspace import parent_of, translate
@@ -28,6 +28,13 @@ from sandboxd.errors import BadRequest
 COPY_CHUNK = 1 << 20
 """Bytes copied at a time."""
 
+
+class Source(Protocol):
+    """Where a file's bytes are read from, ``size`` at most at a time (``b""``: no more)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -35,7 +42,7 @@ def _where(parts: Parts) -> str:
     return "/" + "/".join(parts)
 
 
-def write_in_place(workspace: str, parts: Parts, source: BinaryIO) -> None:
+def write_in_place(workspace: str, parts: Parts, source: Source) -> None:
     """Create or overwrite the file at ``parts`` with the bytes of ``source`` (parent
     directories made), as envd does: open, give it to its owner, write."""
     if not parts:
