@@ -198,6 +198,18 @@ def choose_driver(config: Config, clock: IReactorTime, host: Host) -> Driver:
         raise IsolationUnavailable(f"no usable cgroup hierarchy: {v2_problem}; {e}") from None
 
 
+def wraps(helper: str | None, seccomp: bool, umask: int, host: Host) -> tuple[Wrap, Wrap | None]:
+    """The privilege-drop chain as root: ``wrap`` for the commands and, through the helper,
+    the one for the daemon's own work as a sandbox (the same steps, and ``--no-ptrace``); the
+    shell chain, without the helper, has neither a filter nor that step."""
+    if helper is None:
+        return Wrapper(Programs.find(host.which), umask), None
+    return (
+        HelperWrapper(helper, seccomp, umask),
+        HelperWrapper(helper, seccomp, umask, no_ptrace=True),
+    )
+
+
 def build_isolation(
     config: Config,
     reactor: IReactorTime,
@@ -239,12 +251,8 @@ def build_isolation(
         require_seccomp(helper, host.run)
     else:
         _log_off(SECCOMP, "SANDBOXD_SECCOMP=off: commands may make every system call")
-    wrap: Wrap
     served = " (execs: its spawn server)" if config.spawner == "server" else ""
-    if helper is not None:
-        wrap = HelperWrapper(helper, seccomp, config.umask)
-    else:
-        wrap = Wrapper(Programs.find(host.which), config.umask)
+    wrap, own_work_wrap = wraps(helper, seccomp, config.umask, host)
     driver = choose_driver(config, reactor, host)
     sockets = charge_socket_buffers(driver, config.socket_buffers == "charged", host)
     if not sockets:
@@ -264,6 +272,7 @@ def build_isolation(
         cgroups=driver,
         fs=FsCredentialThreads(threads_reactor, file_pool, host.fsids()),
         wrap=wrap,
+        own_work_wrap=own_work_wrap,
         owns_files=True,
         spawn_env=spawn_env,
         exec_chain="shell" if helper is None else f"helper {helper}" + served,
@@ -294,11 +303,7 @@ def uid_only(config: Config, reactor: IReactorTime, file_pool: ThreadPool, host:
         high=config.uid_max,
     )
     helper = find_helper(host, as_root=True)
-    wrap: Wrap
-    if helper is not None:
-        wrap = HelperWrapper(helper, False, config.umask)
-    else:
-        wrap = Wrapper(Programs.find(host.which), config.umask)
+    wrap, own_work_wrap = wraps(helper, False, config.umask, host)
     drop_supplementary_groups(host.setgroups)
     threads_reactor: IReactorFromThreads = reactor  # type: ignore[assignment]
     return Isolation(
@@ -307,6 +312,7 @@ def uid_only(config: Config, reactor: IReactorTime, file_pool: ThreadPool, host:
         cgroups=NoCgroups(),
         fs=FsCredentialThreads(threads_reactor, file_pool, host.fsids()),
         wrap=wrap,
+        own_work_wrap=own_work_wrap,
         owns_files=True,
         spawn_env=spawn_env,
         exec_chain="shell" if helper is None else f"helper {helper}",
@@ -378,6 +384,5 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
         creator=creator,
         keep=keep,
         shm_bytes=config.memory_max or 64 << 20,
-        nsenter=host.which("nsenter"),
         run=run,
     )
