@@ -20,15 +20,18 @@
 #define MFD_EXEC 0x0010U
 #endif
 
-/* The memfd copy of ``path``, mode 0111; -1 with errno set. */
+/* The memfd copy of ``path``, mode 0111; -1 with errno set. It is named after the program
+ * (its comm, what ps shows, is then "memfd:NAME" on the kernels that name it after the file). */
 static int noptrace_copy(const char *path)
 {
     int source = open(path, O_RDONLY | O_CLOEXEC);
     if (source < 0)
         return -1;
-    int copy = memfd_create("sandboxd-exec", MFD_CLOEXEC | MFD_EXEC);
+    char name[64];
+    snprintf(name, sizeof name, "%s", strrchr(path, '/') + 1);
+    int copy = memfd_create(name, MFD_CLOEXEC | MFD_EXEC);
     if (copy < 0 && errno == EINVAL) /* a kernel before 6.3: executable is the default */
-        copy = memfd_create("sandboxd-exec", MFD_CLOEXEC);
+        copy = memfd_create(name, MFD_CLOEXEC);
     int error = errno;
     static char buf[1 << 16];
     ssize_t got = copy < 0 ? -1 : 0;
