@@ -14,10 +14,11 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
-from sandboxd.isolation.base import Isolation, IsolationUnavailable, Wrap
+from sandboxd.isolation.base import Isolation, IsolationUnavailable
 from sandboxd.isolation.cgfiles import Kernel, read_text, write_text
 from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.chains import wraps
 from sandboxd.isolation.fscreds import (
     FsCredentialThreads,
     FsIds,
@@ -26,7 +27,6 @@ from sandboxd.isolation.fscreds import (
 )
 from sandboxd.isolation.helper import (
     HELPER,
-    HelperWrapper,
     Run,
     helper_problem,
     run_program,
@@ -65,7 +65,7 @@ from sandboxd.isolation.network import (
 from sandboxd.isolation.none import NoCgroups, SweptUidPool, find_program, no_isolation
 from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
-from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
+from sandboxd.isolation.wrapper import spawn_env
 
 log = Logger()
 
@@ -198,18 +198,6 @@ def choose_driver(config: Config, clock: IReactorTime, host: Host) -> Driver:
         raise IsolationUnavailable(f"no usable cgroup hierarchy: {v2_problem}; {e}") from None
 
 
-def wraps(helper: str | None, seccomp: bool, umask: int, host: Host) -> tuple[Wrap, Wrap | None]:
-    """The privilege-drop chain as root: ``wrap`` for the commands and, through the helper,
-    the one for the daemon's own work as a sandbox (the same steps, and ``--no-ptrace``); the
-    shell chain, without the helper, has neither a filter nor that step."""
-    if helper is None:
-        return Wrapper(Programs.find(host.which), umask), None
-    return (
-        HelperWrapper(helper, seccomp, umask),
-        HelperWrapper(helper, seccomp, umask, no_ptrace=True),
-    )
-
-
 def build_isolation(
     config: Config,
     reactor: IReactorTime,
@@ -252,7 +240,7 @@ def build_isolation(
     else:
         _log_off(SECCOMP, "SANDBOXD_SECCOMP=off: commands may make every system call")
     served = " (execs: its spawn server)" if config.spawner == "server" else ""
-    wrap, own_work_wrap = wraps(helper, seccomp, config.umask, host)
+    wrap, own_work_wrap = wraps(helper, seccomp, config.umask, host.which, host.read)
     driver = choose_driver(config, reactor, host)
     sockets = charge_socket_buffers(driver, config.socket_buffers == "charged", host)
     if not sockets:
@@ -303,7 +291,7 @@ def uid_only(config: Config, reactor: IReactorTime, file_pool: ThreadPool, host:
         high=config.uid_max,
     )
     helper = find_helper(host, as_root=True)
-    wrap, own_work_wrap = wraps(helper, False, config.umask, host)
+    wrap, own_work_wrap = wraps(helper, False, config.umask, host.which, host.read)
     drop_supplementary_groups(host.setgroups)
     threads_reactor: IReactorFromThreads = reactor  # type: ignore[assignment]
     return Isolation(

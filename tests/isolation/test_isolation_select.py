@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from attrs import evolve
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
@@ -396,3 +397,19 @@ def test_live_processes_of_reads_real_uids_and_skips_zombies(tmp_path: Path) -> 
     (tmp_path / "8").mkdir()  # gone while looked at: no status
     (tmp_path / "self").mkdir()
     assert live_processes_of(300001, str(tmp_path)) == [5]
+
+
+@pytest.mark.parametrize(("policy", "offered"), [("0\n", True), ("1\n", True), ("2\n", False)])
+def test_no_ptrace_only_where_the_kernel_executes_memfds(
+    tmp_path: Path, policy: str, offered: bool
+) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    machine.files["/proc/sys/vm/memfd_noexec"] = policy
+    with capturedLogs() as events:
+        iso = build_isolation(
+            config(tmp_path, "auto"), Clock(), POOL, machine.host(helper="/opt/sd/sandboxd-exec")
+        )
+    assert isinstance(iso.wrap, HelperWrapper) and not iso.wrap.no_ptrace
+    assert iso.own_work_wrap == (evolve(iso.wrap, no_ptrace=True) if offered else None)
+    said = [e["log_format"] for e in events if "memfd_noexec" in e.get("log_format", "")]
+    assert len(said) == (0 if offered else 1)
