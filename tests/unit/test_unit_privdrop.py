@@ -19,9 +19,7 @@ OLD_RSYNC_RULE = f"echo 0 > {privdrop.OOM_SCORE_ADJ} || exit {privdrop.SETUP_FAI
 """What the rsync side did before the rule was shared: fail on any value it cannot reset."""
 
 
-def test_the_shell_chain_resets_oom_score_adj_by_the_one_rule_and_rsync_has_no_chain_of_its_own() -> (
-    None
-):
+def test_the_shell_chain_resets_oom_score_adj_by_the_one_rule_and_rsync_adds_no_step() -> None:
     programs = Programs(sh="/bin/sh", setsid="setsid", setpriv="setpriv", env="env")
     assert privdrop.oom_reset_sh("sandboxd-exec") in _root_script(programs)
     assert " ".join(privdrop.setpriv_args('"$u"', '"$g"')) in _root_script(programs)
