@@ -75,6 +75,7 @@ setup(
         "sandboxd.isolation": [
             "sandboxd_exec.c",
             "sandboxd_exec_ns.h",
+            "sandboxd_exec_noptrace.h",
             "sandboxd_exec_spawn.h",
             "sandboxd_seccomp.h",
         ],

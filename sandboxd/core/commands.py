@@ -225,11 +225,8 @@ class Commands:
             on_end=end,
         )
         run.review = self._oom_review(sandbox, request)
-        run.argv = self.isolation.wrap(
-            sandbox.identity, self.isolation.cgroups.join_files(sandbox.rid), cwd, request.cmd
-        )
-        # namespaces: setns first; an exec and a background process of one sandbox share them
-        run.argv = self.isolation.namespaces.enter(sandbox.rid, run.argv)
+        # namespaces, cgroup, uid, seccomp: the one chain of every process of a sandbox
+        run.argv = self.isolation.start_argv(sandbox.rid, sandbox.identity, cwd, request.cmd)
         run.env = env
         return run
 

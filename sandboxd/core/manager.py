@@ -7,7 +7,7 @@ kernel. Time comes from the injected clock; processes from the injected reactor.
 
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, BinaryIO, TypeVar
 
@@ -370,15 +370,16 @@ class SandboxManager(Commands):
         return True
 
     def _workspace_end(self, sandbox: Sandbox) -> WorkspaceEnd:
-        procs = tuple(self.isolation.cgroups.join_files(sandbox.rid))
-        namespaces = self.isolation.namespaces  # namespaces: the rsync end enters them too
-        return WorkspaceEnd(
-            sandbox.identity,
-            procs,
-            self.layout.workspace(sandbox.rid),
-            namespaces.nsenter_options(sandbox.rid),
-            namespaces.nsenter,
-        )
+        """The rsync end starts as the sandbox's commands do (the daemon's own work: not
+        ptrace-able by them), in the workspace's real path."""
+        workspace = self.layout.workspace(sandbox.rid)
+
+        def start(argv: Sequence[str]) -> list[str]:
+            return self.isolation.start_argv(
+                sandbox.rid, sandbox.identity, workspace, argv, own_work=True
+            )
+
+        return WorkspaceEnd(workspace, start)
 
     # Ready marker
 

@@ -189,3 +189,20 @@ class Isolation:
     layers: tuple[str, ...] = ()
     """The capability names of the layers in force beyond uid + cgroup
     (:mod:`sandboxd.isolation.layers`), for ``/healthz``."""
+    own_work_wrap: Wrap | None = None
+    """``wrap`` for what the daemon runs as a sandbox for its own work (the archive's rsync
+    end): the same chain, and what it starts cannot be ptraced by the sandbox's own processes
+    (the helper's ``--no-ptrace``); ``None``: :attr:`wrap` (a chain without that step)."""
+
+    def start_argv(
+        self, rid: str, identity: Identity, cwd: str, argv: Sequence[str], own_work: bool = False
+    ) -> list[str]:
+        """The argv to spawn so that ``argv`` runs as sandbox ``rid``: the privilege-drop chain
+        every process of a sandbox starts through (docs/isolation.rst, "The privilege-drop
+        chain"), and the only one: its namespaces entered first, then :attr:`wrap` (cgroup,
+        session, uid/gid, ``no_new_privs``, seccomp, ``cwd``). ``own_work``: a process the
+        daemon starts for its own work, which the sandbox must not take over
+        (:attr:`own_work_wrap`). ``argv`` comes last, unchanged."""
+        wrap = self.own_work_wrap if own_work and self.own_work_wrap is not None else self.wrap
+        wrapped = wrap(identity, self.cgroups.join_files(rid), cwd, argv)
+        return self.namespaces.enter(rid, wrapped)

@@ -51,10 +51,12 @@ def seccomp_problem(helper: str, run: Run = run_program) -> str | None:
     return output.removeprefix("sandboxd-exec: ") or f"seccomp-check exited {code}"
 
 
-def _options(umask: int, seccomp: bool | None = None) -> list[str]:
+def _options(umask: int, seccomp: bool | None = None, no_ptrace: bool = False) -> list[str]:
     options = [f"--umask={umask:03o}"]
     if seccomp is not None:
         options.append("--seccomp=default" if seccomp else "--seccomp=off")
+    if no_ptrace:
+        options.append("--no-ptrace")
     return options
 
 
@@ -82,11 +84,13 @@ def helper_problem(
 @frozen
 class HelperWrapper:
     """``Isolation.wrap`` for the cgroup drivers: join, setsid, drop to ``identity``, filter
-    system calls (``seccomp``), cd, exec with ``umask``."""
+    system calls (``seccomp``), cd, exec with ``umask``; with ``no_ptrace`` (the daemon's own
+    work as a sandbox), exec so that no process of the sandbox can ptrace what it starts."""
 
     helper: str
     seccomp: bool = True
     umask: int = DEFAULT_UMASK
+    no_ptrace: bool = False
 
     def __call__(
         self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
@@ -95,7 +99,7 @@ class HelperWrapper:
         require_command(argv, identity)
         return [
             self.helper,
-            *_options(self.umask, self.seccomp),
+            *_options(self.umask, self.seccomp, self.no_ptrace),
             "sandbox",
             str(identity.uid),
             str(identity.gid),

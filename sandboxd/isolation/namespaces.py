@@ -17,9 +17,11 @@ pins' directory. A state root or tools directory inside one of those places (tes
 stays reachable: the root-owned directory holding it there is bound back at its own path.
 
 Every process of the sandbox enters the pinned namespaces with ``setns`` before it drops
-privilege: the helper's ``enter`` prefix, ``nsenter`` in the shell chain and the archive's rsync
-end. Kill unmounts the pins (the namespaces, their IPC objects, tmpfs and sockets go once the
-last process has); start-up removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
+privilege (:meth:`Namespaces.enter`, in the one chain of
+:meth:`sandboxd.isolation.base.Isolation.start_argv`, the archive's rsync end included): the
+helper's ``enter`` prefix, ``nsenter`` in the shell chain. Kill unmounts the pins (the
+namespaces, their IPC objects, tmpfs and sockets go once the last process has); start-up
+removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
 """
 
 import errno
@@ -178,8 +180,6 @@ class Namespaces:
     shm_bytes: int = 64 << 20
     run: Runner = run_program
     mounts: MountCalls = field(factory=MountCalls)
-    nsenter: str | None = None
-    """``nsenter`` for the processes the helper does not start (the archive's rsync end)."""
     home_covered: Callable[[], bool] = home_coverable
     """Whether the host's ``/home`` is a directory the mount namespace covers."""
     _pins: dict[str, dict[str, str]] = field(factory=dict)
@@ -308,12 +308,6 @@ class Namespaces:
         if not pins or self.creator is None:
             return argv
         return self.creator.enter(_ordered(pins), argv)
-
-    def nsenter_options(self, rid: str) -> tuple[str, ...]:
-        """``nsenter`` options entering the sandbox's namespaces (empty: none in force)."""
-        pins = self._pins.get(rid, {})
-        names = {"ipc": "--ipc", "net": "--net", "mount": "--mount"}
-        return tuple(f"{names[kind]}={pins[kind]}" for kind in KINDS if kind in pins)
 
     def remove(self, rid: str) -> None:
         """Detach the network mode, unmount and remove every pin of ``rid`` (none: no error)."""

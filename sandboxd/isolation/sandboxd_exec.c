@@ -1,7 +1,7 @@
 /*
  * sandboxd-exec: start one command of a sandbox in a single exec, with no shell in between.
  *
- *   sandboxd-exec [--umask=OCTAL] [--seccomp=default|off] sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD [ARG..]
+ *   sandboxd-exec [--umask=OCTAL] [--seccomp=default|off] [--no-ptrace] sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD [ARG..]
  *   sandboxd-exec [--umask=OCTAL] session CWD CMD [ARG..]
  *   sandboxd-exec seccomp-check | seccomp-dump
  *   sandboxd-exec enter N NS_1 .. NS_N sandboxd-exec [--umask=..] sandbox ...   (sandboxd_exec_ns.h)
@@ -23,7 +23,10 @@
  *   5. chdir(CWD) as the sandbox's uid, so a CWD the sandbox swapped for a symlink gets it
  *      nothing its uid could not reach anyway;
  *   6. set the umask (--umask, default 077: nothing the command creates is readable by another
- *      uid unless it says so) and execvp CMD with the command's environment and PWD=CWD.
+ *      uid unless it says so) and execvp CMD with the command's environment and PWD=CWD (with
+ *      --no-ptrace, for what the daemon starts as the sandbox for its own work, CMD is executed
+ *      from an execute-only copy, so no process of the sandbox can ptrace it:
+ *      sandboxd_exec_noptrace.h).
  * A failure in steps 1-4 exits 125 with "sandboxd-exec: ..." on stderr and the command never
  * starts. "session" (the unisolated mode) does steps 3, 5 and 6 only, and passes the environment
  * as it is.
@@ -63,6 +66,7 @@ extern char **environ;
 static void fail(int code, const char *what, const char *arg, int error);
 #include "sandboxd_exec_ns.h" /* namespaces at create, and "enter" before an exec */
 #include "sandboxd_exec_spawn.h" /* the spawn server: this main path, without a program start */
+#include "sandboxd_exec_noptrace.h" /* --no-ptrace: the daemon's own work as a sandbox */
 
 static void fail(int code, const char *what, const char *arg, int error)
 {
@@ -131,9 +135,11 @@ static void drop_privilege(uid_t uid, gid_t gid)
 struct options {
     mode_t umask;
     int seccomp;
+    int no_ptrace;
 };
 
-/* Leading --umask=OCTAL and --seccomp=default|off; the number of arguments they took. */
+/* Leading --umask=OCTAL, --seccomp=default|off and --no-ptrace; the number of arguments they
+ * took. */
 static int parse_options(int argc, char **argv, struct options *options)
 {
     int used = 0;
@@ -150,6 +156,8 @@ static int parse_options(int argc, char **argv, struct options *options)
             options->seccomp = 1;
         } else if (strcmp(option, "--seccomp=off") == 0) {
             options->seccomp = 0;
+        } else if (strcmp(option, "--no-ptrace") == 0) {
+            options->no_ptrace = 1;
         } else {
             fail(SETUP_FAILED, "bad option", option, EINVAL);
         }
@@ -242,14 +250,17 @@ static char **command_env(const char *cwd, int unpack)
     return env;
 }
 
-static int run(const char *cwd, char **argv, int unpack, mode_t mask)
+static int run(const char *cwd, char **argv, int unpack, mode_t mask, int no_ptrace)
 {
     char **env = command_env(cwd, unpack);
     umask(mask);
     if (chdir(cwd) != 0)
         fail(CWD_FAILED, "cd", cwd, errno);
     environ = env; /* execvp searches the command's own PATH */
-    execvp(argv[0], argv);
+    if (no_ptrace)
+        noptrace_exec(argv, env);
+    else
+        execvp(argv[0], argv);
     int error = errno;
     int code = (error == ENOENT || error == ENOTDIR) ? NOT_FOUND : NOT_EXECUTABLE;
     dprintf(2, "sandboxd-exec: %s: %s\n", argv[0],
@@ -273,7 +284,7 @@ static int helper_main(int argc, char **argv)
         argv = enter_namespaces(&argc, argv);
     if (argc >= 2 && strcmp(argv[1], "namespaces") == 0)
         return make_namespaces(argc, argv, 0); /* once: a template would cost a copy too */
-    struct options options = {.umask = 077, .seccomp = 1};
+    struct options options = {.umask = 077, .seccomp = 1, .no_ptrace = 0};
     int used = parse_options(argc, argv, &options);
     argc -= used;
     argv += used;
@@ -284,7 +295,7 @@ static int helper_main(int argc, char **argv)
     if (argc >= 4 && strcmp(argv[1], "session") == 0) {
         if (setsid() < 0)
             fail(SETUP_FAILED, "setsid", NULL, errno);
-        return run(argv[2], argv + 3, 0, options.umask);
+        return run(argv[2], argv + 3, 0, options.umask, 0);
     }
     if (argc < 7 || strcmp(argv[1], "sandbox") != 0) {
         dprintf(2, "usage: sandboxd-exec sandbox UID GID CWD N JOIN.. CMD [ARG..]\n"
@@ -306,5 +317,5 @@ static int helper_main(int argc, char **argv)
     drop_privilege(uid, gid);
     if (options.seccomp)
         apply_seccomp();
-    return run(cwd, argv + 6 + procs, 1, options.umask);
+    return run(cwd, argv + 6 + procs, 1, options.umask, options.no_ptrace);
 }

@@ -14,10 +14,11 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
-from sandboxd.isolation.base import Isolation, IsolationUnavailable, Wrap
+from sandboxd.isolation.base import Isolation, IsolationUnavailable
 from sandboxd.isolation.cgfiles import Kernel, read_text, write_text
 from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.chains import wraps
 from sandboxd.isolation.fscreds import (
     FsCredentialThreads,
     FsIds,
@@ -26,7 +27,6 @@ from sandboxd.isolation.fscreds import (
 )
 from sandboxd.isolation.helper import (
     HELPER,
-    HelperWrapper,
     Run,
     helper_problem,
     run_program,
@@ -65,7 +65,7 @@ from sandboxd.isolation.network import (
 from sandboxd.isolation.none import NoCgroups, SweptUidPool, find_program, no_isolation
 from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
-from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
+from sandboxd.isolation.wrapper import spawn_env
 
 log = Logger()
 
@@ -239,12 +239,8 @@ def build_isolation(
         require_seccomp(helper, host.run)
     else:
         _log_off(SECCOMP, "SANDBOXD_SECCOMP=off: commands may make every system call")
-    wrap: Wrap
     served = " (execs: its spawn server)" if config.spawner == "server" else ""
-    if helper is not None:
-        wrap = HelperWrapper(helper, seccomp, config.umask)
-    else:
-        wrap = Wrapper(Programs.find(host.which), config.umask)
+    wrap, own_work_wrap = wraps(helper, seccomp, config.umask, host.which, host.read)
     driver = choose_driver(config, reactor, host)
     sockets = charge_socket_buffers(driver, config.socket_buffers == "charged", host)
     if not sockets:
@@ -264,6 +260,7 @@ def build_isolation(
         cgroups=driver,
         fs=FsCredentialThreads(threads_reactor, file_pool, host.fsids()),
         wrap=wrap,
+        own_work_wrap=own_work_wrap,
         owns_files=True,
         spawn_env=spawn_env,
         exec_chain="shell" if helper is None else f"helper {helper}" + served,
@@ -294,11 +291,7 @@ def uid_only(config: Config, reactor: IReactorTime, file_pool: ThreadPool, host:
         high=config.uid_max,
     )
     helper = find_helper(host, as_root=True)
-    wrap: Wrap
-    if helper is not None:
-        wrap = HelperWrapper(helper, False, config.umask)
-    else:
-        wrap = Wrapper(Programs.find(host.which), config.umask)
+    wrap, own_work_wrap = wraps(helper, False, config.umask, host.which, host.read)
     drop_supplementary_groups(host.setgroups)
     threads_reactor: IReactorFromThreads = reactor  # type: ignore[assignment]
     return Isolation(
@@ -307,6 +300,7 @@ def uid_only(config: Config, reactor: IReactorTime, file_pool: ThreadPool, host:
         cgroups=NoCgroups(),
         fs=FsCredentialThreads(threads_reactor, file_pool, host.fsids()),
         wrap=wrap,
+        own_work_wrap=own_work_wrap,
         owns_files=True,
         spawn_env=spawn_env,
         exec_chain="shell" if helper is None else f"helper {helper}",
@@ -378,6 +372,5 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
         creator=creator,
         keep=keep,
         shm_bytes=config.memory_max or 64 << 20,
-        nsenter=host.which("nsenter"),
         run=run,
     )

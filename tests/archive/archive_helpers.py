@@ -1,8 +1,9 @@
 """Helpers and fixtures of the archive tests: real rsync, real directories, the real reactor.
 
-As root, the workspace end of every copy runs as a real foreign uid (``setpriv``), the way the
-daemon runs it for an isolated sandbox; as a normal user it runs as that user (as in
-``--isolation=none``).
+As root, the workspace end of every copy runs as a real foreign uid through the daemon's chain
+for its own work as a sandbox (the exec helper with ``--no-ptrace``, else the shell chain's
+``setpriv``), the way the daemon runs it for an isolated sandbox; as a normal user it runs as
+that user (a new session, as in ``--isolation=none``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from twisted.python.threadpool import ThreadPool
 from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive, build_archive
 from sandboxd.core.layout import Layout
-from sandboxd.isolation.base import Identity
+from sandboxd.isolation.base import Identity, Wrap
+from sandboxd.isolation.helper import HELPER, HelperWrapper
+from sandboxd.isolation.none import find_program, session_wrapper
+from sandboxd.isolation.wrapper import Programs, Wrapper
 
 ROOT = os.geteuid() == 0
 SANDBOX_UID = 236200
@@ -62,6 +66,16 @@ def archive(scratch: Path, pool: ThreadPool) -> Archive:
     return build_archive(str(scratch / "archive"), reactor(), pool)
 
 
+def own_work_wrap() -> Wrap:
+    """The chain the daemon starts the workspace end through: as root the helper's (with
+    ``--no-ptrace``, as ``select`` builds it) or the shell chain; else a session."""
+    if not ROOT:
+        return session_wrapper(find_program("setsid"))
+    if os.path.exists(HELPER):
+        return HelperWrapper(HELPER, seccomp=True, no_ptrace=True)
+    return Wrapper(Programs.find())
+
+
 @attrs.define
 class Workspaces:
     """Makes sandbox directories laid out as the daemon does (docs/isolation.rst, "Layout")."""
@@ -69,13 +83,15 @@ class Workspaces:
     layout: Layout
     identity: Identity
     count: int = 0
+    wrap: Wrap = attrs.field(factory=own_work_wrap)
 
     def new(self) -> tuple[Path, WorkspaceEnd]:
         self.count += 1
         rid = f"{self.count:016x}"
         self.layout.create(rid, self.identity)
         path = self.layout.workspace(rid)
-        return Path(path), WorkspaceEnd(self.identity, (), path)
+        identity, wrap = self.identity, self.wrap
+        return Path(path), WorkspaceEnd(path, lambda argv: wrap(identity, (), path, argv))
 
     def give(self, path: Path) -> None:
         """Hand a tree the test wrote (as root) to the sandbox, as its own files would be."""

@@ -23,6 +23,7 @@ from sandboxd.core.archive.store import (
 )
 from sandboxd.errors import ArchiveFailed
 from sandboxd.http import wire
+from sandboxd.isolation.wrapper import Programs, Wrapper
 from tests.archive.archive_helpers import ROOT, Workspaces, all_bytes, as_root, reactor, tree
 
 SECRET = b"host-secret-6f1c2a"
@@ -83,6 +84,25 @@ async def test_persist_then_restore_round_trips_byte_for_byte(
     second, end2 = workspaces.new()
     assert await archive.restore("round", end2) is True
     assert tree(second) == tree(first)
+
+
+@as_root
+@pytest_twisted.ensureDeferred
+async def test_the_shell_chain_carries_the_workspace_end_too(
+    archive: Archive, workspaces: Workspaces
+) -> None:
+    """Where the helper was not built, the rsync end starts through the shell chain."""
+    workspaces.wrap = Wrapper(Programs.find())
+    first, end = workspaces.new()
+    write_sample(first)
+    workspaces.give(first)
+    await archive.persist("shell", end, delete=True)
+    second, end2 = workspaces.new()
+    assert await archive.restore("shell", end2) is True
+    assert tree(second) == tree(first)
+    assert {os.lstat(second / name).st_uid for name in os.listdir(second)} == {
+        workspaces.identity.uid
+    }
 
 
 @pytest_twisted.ensureDeferred

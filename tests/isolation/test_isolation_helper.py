@@ -306,3 +306,63 @@ def test_seccomp_check_and_dump_need_no_privilege() -> None:
     assert (check.returncode, check.stdout) == (0, "seccomp: enforced\n")
     dump = subprocess.run([HELPER, "seccomp-dump"], capture_output=True, timeout=30)
     assert dump.returncode == 0 and len(dump.stdout) % 8 == 0 and dump.stdout
+
+
+DUMPABLE = [
+    "/usr/bin/python3",
+    "-c",
+    "import ctypes; print(ctypes.CDLL(None).prctl(3, 0, 0, 0, 0))",  # PR_GET_DUMPABLE
+]
+
+
+@root
+@built
+@pytest.mark.parametrize("no_ptrace", [True, False])
+def test_no_ptrace_keeps_the_command_non_dumpable_and_filtered(rig: Rig, no_ptrace: bool) -> None:
+    wrap = HelperWrapper(HELPER, no_ptrace=no_ptrace)
+    done = subprocess.run(
+        wrap(SANDBOX, [], str(rig.top), DUMPABLE),
+        env=BASE_ENV,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    # 0: the kernel refuses ptrace and /proc/PID/mem to the uid's other processes; 1: allowed
+    assert (done.returncode, done.stdout.strip()) == (0, "0" if no_ptrace else "1"), done.stderr
+    status = wrap(SANDBOX, [], str(rig.top), ["/bin/grep", "^Seccomp:", "/proc/self/status"])
+    done = subprocess.run(status, env=BASE_ENV, capture_output=True, text=True, timeout=30)
+    assert done.stdout.split() == ["Seccomp:", "2"], done.stderr
+
+
+@root
+@built
+def test_no_ptrace_runs_only_an_absolute_program_its_uid_can_read(rig: Rig) -> None:
+    secret = rig.top / "root-only"
+    secret.write_bytes(Path("/bin/true").read_bytes())
+    secret.chmod(0o711)  # executable by the sandbox, not readable: no copy can be made
+    wrap = HelperWrapper(HELPER, no_ptrace=True)
+    for argv, code, said in [
+        (["true"], 127, "true: command not found"),
+        ([str(rig.top / "absent")], 127, "command not found"),
+        ([str(secret)], 126, "Permission denied"),
+        (["/bin/true"], 0, ""),
+    ]:
+        done = subprocess.run(
+            wrap(SANDBOX, [], str(rig.top), argv),
+            env=BASE_ENV,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == code and said in done.stderr, (argv, done)
+
+
+def test_no_ptrace_is_an_option_of_the_sandbox_mode() -> None:
+    argv = HelperWrapper("/h/sandboxd-exec", no_ptrace=True)(SANDBOX, [], "/ws", ["/bin/ls"])
+    assert argv[:5] == [
+        "/h/sandboxd-exec",
+        "--umask=077",
+        "--seccomp=default",
+        "--no-ptrace",
+        "sandbox",
+    ]

@@ -110,7 +110,6 @@ def namespaces(tmp_path: Path, runner: Runner, egress: Egress | None = None) -> 
         creator=HelperCreator("/h/sandboxd-exec"),
         run=runner,
         mounts=FakeMounts(),  # type: ignore[arg-type]
-        nsenter="/usr/bin/nsenter",
     )
 
 
@@ -213,11 +212,6 @@ def test_create_pins_enters_mount_last_and_removes(tmp_path: Path) -> None:
         "sandbox",
         "1",
     ]
-    assert ns.nsenter_options(RID) == (
-        f"--ipc={pins}/ipc",
-        f"--mount={pins}/mnt",
-        f"--net={pins}/net",
-    )
     assert ns.leftovers() == [RID]
     assert ns.capabilities() == [
         "isolation.ipc",
@@ -230,7 +224,7 @@ def test_create_pins_enters_mount_last_and_removes(tmp_path: Path) -> None:
     ns.remove(RID)
     assert egress.wired[-1] == ("detach", RID, str(pins / "net"))
     assert not pins.exists() and ns.leftovers() == []
-    assert ns.enter(RID, ["cmd"]) == ["cmd"] and ns.nsenter_options(RID) == ()
+    assert ns.enter(RID, ["cmd"]) == ["cmd"]
     ns.remove(RID)  # twice: nothing left, no error
 
 
@@ -464,7 +458,7 @@ def test_cgroup_bundles_make_namespaces_with_the_helper_or_the_shell(
     ns = iso.namespaces
     assert ns.kinds == frozenset(KINDS) and isinstance(ns.creator, creator)
     assert ns.nsroot == os.path.join(os.path.realpath(tmp_path / "root"), ".ns")
-    assert ns.network.default == "none" and ns.nsenter == "/usr/bin/nsenter"
+    assert ns.network.default == "none"
 
 
 def test_namespaces_off_by_name_or_without_net(tmp_path: Path) -> None:

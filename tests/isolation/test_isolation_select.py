@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from attrs import evolve
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
 from sandboxd.isolation import layers
-from sandboxd.isolation.base import IsolationUnavailable, plain_env
+from sandboxd.isolation.base import Identity, IsolationUnavailable, plain_env
 from sandboxd.isolation.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.fscreds import FsCredentialThreads
@@ -131,6 +132,7 @@ def config(tmp: Path, isolation: str, seccomp: str = "off", **more: str) -> Conf
 
 
 POOL = ThreadPool()
+SANDBOX = Identity(300001, 300001)
 
 
 def test_none_only_when_named_and_touches_nothing(tmp_path: Path) -> None:
@@ -267,6 +269,13 @@ def test_the_helper_replaces_the_shell_chain_when_only_root_can_change_it(tmp_pa
         assert iso.wrap.helper == "/opt/sd/sandboxd-exec"
         assert iso.exec_chain == "helper /opt/sd/sandboxd-exec"
         assert iso.spawn_env is spawn_env
+        # the daemon's own work as a sandbox: the same chain, and not ptrace-able
+        assert iso.own_work_wrap == evolve(iso.wrap, no_ptrace=True)
+        assert (
+            iso.start_argv("0123456789abcdef", SANDBOX, "/w", ["/bin/x"], own_work=True)[3]
+            == "--no-ptrace"
+        )
+        assert "--no-ptrace" not in iso.start_argv("0123456789abcdef", SANDBOX, "/w", ["/bin/x"])
 
 
 @pytest.mark.parametrize("place", ["user", "open", "plain", "missing"])
@@ -276,6 +285,7 @@ def test_a_helper_others_could_change_is_not_run_as_root(tmp_path: Path, place: 
     iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, host)
     assert isinstance(iso.wrap, Wrapper)
     assert iso.exec_chain == "shell"
+    assert iso.own_work_wrap is None  # the shell chain has no such step (nor a filter)
 
 
 @pytest.mark.parametrize(("place", "used"), [("sd", True), ("user", True), ("plain", False)])
@@ -387,3 +397,19 @@ def test_live_processes_of_reads_real_uids_and_skips_zombies(tmp_path: Path) -> 
     (tmp_path / "8").mkdir()  # gone while looked at: no status
     (tmp_path / "self").mkdir()
     assert live_processes_of(300001, str(tmp_path)) == [5]
+
+
+@pytest.mark.parametrize(("policy", "offered"), [("0\n", True), ("1\n", True), ("2\n", False)])
+def test_no_ptrace_only_where_the_kernel_executes_memfds(
+    tmp_path: Path, policy: str, offered: bool
+) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    machine.files["/proc/sys/vm/memfd_noexec"] = policy
+    with capturedLogs() as events:
+        iso = build_isolation(
+            config(tmp_path, "auto"), Clock(), POOL, machine.host(helper="/opt/sd/sandboxd-exec")
+        )
+    assert isinstance(iso.wrap, HelperWrapper) and not iso.wrap.no_ptrace
+    assert iso.own_work_wrap == (evolve(iso.wrap, no_ptrace=True) if offered else None)
+    said = [e["log_format"] for e in events if "memfd_noexec" in e.get("log_format", "")]
+    assert len(said) == (0 if offered else 1)

@@ -72,7 +72,6 @@ def every_layer(root: Path, which: str) -> Namespaces:
         creator=make_creator(which),
         keep=kept_directories(PLACES, [str(root)]),
         shm_bytes=8 << 20,
-        nsenter=shutil.which("nsenter"),
     )
     if which == "helper-server":
         ns.run = NamespaceServer(HELPER)

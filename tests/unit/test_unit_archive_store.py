@@ -30,7 +30,6 @@ from sandboxd.core.archive.store import (
     exchange,
     rsync_version,
 )
-from sandboxd.isolation.base import Identity
 from tests.support.fakes import FakeReactor, SyncPool
 
 
@@ -112,7 +111,7 @@ def test_work_that_fails_after_its_caller_left_is_logged_not_left_unhandled() ->
 
 def test_restore_removes_the_items_stale_staging_trees_and_no_others(tmp_path: Path) -> None:
     reactor = FakeReactor()
-    rsync = Rsync(cast(IReactorProcess, reactor), "/usr/bin/rsync", None)
+    rsync = Rsync(cast(IReactorProcess, reactor), "/usr/bin/rsync")
     archive = Archive(str(tmp_path / "archive"), rsync, cast(ThreadPool, SyncPool()))
     archive.prepare()
     (tmp_path / "archive" / "item").mkdir()
@@ -120,9 +119,8 @@ def test_restore_removes_the_items_stale_staging_trees_and_no_others(tmp_path: P
     others = archive._names("other")[0] + "building"
     for leftover in (prefix + "crashed", old, others):
         os.mkdir(leftover)
-    me = Identity(os.geteuid(), os.getegid())
 
-    restored = archive.restore("item", WorkspaceEnd(me, (), str(tmp_path / "workspace")))
+    restored = archive.restore("item", WorkspaceEnd(str(tmp_path / "workspace"), list))
 
     assert os.listdir(tmp_path / "archive" / STAGING) == [os.path.basename(others)]
     (spawn,) = reactor.spawned

@@ -1,6 +1,7 @@
 """Building the exec helper: the real C compiler where there is one, the fallbacks without."""
 
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation import helper_build
-from sandboxd.isolation.helper_build import build, find_compiler
+from sandboxd.isolation.helper_build import SOURCE, build, find_compiler
 
 has_cc = pytest.mark.skipif(find_compiler() is None, reason="no C compiler here")
 
@@ -80,3 +81,16 @@ def test_main_builds_beside_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
     assert built == [helper_build.SOURCE.with_name("sandboxd-exec")]
     monkeypatch.setattr(helper_build, "build", lambda target: False)
     assert helper_build.main() == 1
+
+
+def test_every_file_the_helper_includes_is_shipped() -> None:
+    """A header left out of ``package_data`` makes a wheel built from an sdist fail to compile
+    the helper, which then silently falls back to the shell chain."""
+    setup = (SOURCE.parents[2] / "setup.py").read_text()
+    included = {
+        name
+        for path in SOURCE.parent.glob("sandboxd_*.[ch]")
+        for name in re.findall(r'#include "([^"]+)"', path.read_text())
+    }
+    assert "sandboxd_exec_noptrace.h" in included
+    assert {name for name in included if f'"{name}"' not in setup} == set()

@@ -514,12 +514,22 @@ def test_create_restored_restores_then_marks_ready(world: World) -> None:
     sandbox = fired(Deferred.fromCoroutine(world.manager.create_restored(None, "item-1")))
     ((item, end),) = archive.restored
     assert item == "item-1"
-    assert end.identity == sandbox.identity
-    assert end.path == world.layout.workspace(sandbox.rid)
-    assert end.join_files == (f"/cg/{sandbox.rid}/cgroup.procs",)
+    workspace = world.layout.workspace(sandbox.rid)
+    assert end.path == workspace
+    # the rsync end: the commands' chain, as the sandbox, in the workspace's real path
+    assert end.start(["/usr/bin/rsync"]) == [
+        *("wrapper", str(sandbox.identity.uid), f"/cg/{sandbox.rid}/cgroup.procs", workspace),
+        *("--", "/usr/bin/rsync"),
+    ]
     assert world.manager.is_ready(sandbox)
     assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, False))) is True
-    assert archive.persisted == [("item-1", end, False)]
+    ((item, again, delete),) = archive.persisted
+    assert (item, again.path, again.start(["x"]), delete) == (
+        "item-1",
+        end.path,
+        end.start(["x"]),
+        False,
+    )
     assert fired(Deferred.fromCoroutine(world.manager.persist(plain, True))) is False
 
 

@@ -19,14 +19,12 @@ OLD_RSYNC_RULE = f"echo 0 > {privdrop.OOM_SCORE_ADJ} || exit {privdrop.SETUP_FAI
 """What the rsync side did before the rule was shared: fail on any value it cannot reset."""
 
 
-def test_every_shell_chain_resets_oom_score_adj_by_the_one_rule() -> None:
+def test_the_shell_chain_resets_oom_score_adj_by_the_one_rule_and_rsync_adds_no_step() -> None:
     programs = Programs(sh="/bin/sh", setsid="setsid", setpriv="setpriv", env="env")
     assert privdrop.oom_reset_sh("sandboxd-exec") in _root_script(programs)
-    assert privdrop.oom_reset_sh("sandboxd-rsh") in RSH_SCRIPT
-    assert OLD_RSYNC_RULE not in RSH_SCRIPT
-    drop = " ".join(privdrop.setpriv_args('"$SANDBOXD_RSH_UID"', '"$SANDBOXD_RSH_GID"'))
-    assert drop in RSH_SCRIPT
-    assert "'" not in privdrop.oom_reset_sh("x")  # it travels inside rsync's single quotes
+    assert " ".join(privdrop.setpriv_args('"$u"', '"$g"')) in _root_script(programs)
+    for step in ("oom_score_adj", "setpriv", "nsenter", "procs", "cd "):
+        assert step not in RSH_SCRIPT, "the rsync end goes through the one chain"
 
 
 def run_as_nobody(script: str) -> subprocess.CompletedProcess[str]:

@@ -3,21 +3,22 @@
 Every copy between a workspace and the archive is one rsync whose two ends run with different
 credentials. The daemon spawns the *archive* end (root, or the daemon's own user) and names the
 workspace as a remote path ``sandbox:./``; rsync starts the *workspace* end through its remote
-shell (``-e``), which is :data:`RSH`: a constant ``sh`` script that joins the sandbox's cgroup
-(as the exec wrapper does, so a kill of the sandbox also ends it and its memory counts against
-the sandbox) and drops to the sandbox's uid/gid with ``setpriv --clear-groups --no-new-privs``.
-Its working directory is the workspace, entered by root through the root-owned sandbox
-directory the sandbox cannot change, so no path text of the sandbox's reaches a privileged
-``open``. Its parameters travel in ``SANDBOXD_RSH_*`` environment variables: the script text
-never changes and holds no quote rsync's ``-e`` parser would have to understand.
+shell (``-e``), which is :data:`RSH`: a constant ``sh`` script that runs the server end through
+the sandbox's privilege-drop chain, the one every process of a sandbox starts through
+(:meth:`sandboxd.isolation.base.Isolation.start_argv`; docs/isolation.rst, "The privilege-drop
+chain"): its namespaces entered, its cgroup joined, its uid/gid with ``no_new_privs``, the
+sandbox's seccomp filter, and (the exec helper's ``--no-ptrace``) not ptrace-able by the
+sandbox's own processes. Its working directory is the workspace, entered as the sandbox's uid.
+The chain's argv travels in ``SANDBOXD_RSH_*`` environment variables, one word each: the script
+text never changes and holds no quote rsync's ``-e`` parser would have to understand.
 
 So the end that reads (persist) or writes (restore) the workspace can reach exactly what the
-sandbox itself can reach, whatever symlink, hardlink or swapped component it meets; the root end
-only speaks the rsync protocol to it, and touches nothing but the archive.
+sandbox itself can reach, whatever symlink, hardlink or swapped component it meets, and a
+process of the sandbox that would take it over gains nothing the filter refuses the sandbox;
+the root end only speaks the rsync protocol to it, and touches nothing but the archive.
 """
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
@@ -26,34 +27,19 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
 from sandboxd.core.exec.run import exit_code_of
-from sandboxd.isolation.base import Identity
-from sandboxd.isolation.privdrop import SETUP_FAILED, oom_reset_sh, setpriv_args
 
 REMOTE = "sandbox:./"
 """The workspace as rsync sees it: the remote end's working directory."""
 
 RSH_SCRIPT = (
-    f"for f in $SANDBOXD_RSH_PROCS; do echo 0 > $f || exit {SETUP_FAILED}; done; shift; "
-    'if [ -n "$SANDBOXD_RSH_NS" ]; then '
-    'set -- /bin/sh -c "$SANDBOXD_RSH_CD" sandboxd-rsh "$@"; fi; '
-    'if [ -n "$SANDBOXD_RSH_UID" ]; then '
-    f"{oom_reset_sh('sandboxd-rsh')}; "
-    'set -- "$SANDBOXD_RSH_SETPRIV" '
-    + " ".join(setpriv_args('"$SANDBOXD_RSH_UID"', '"$SANDBOXD_RSH_GID"'))
-    + ' -- "$@"; fi; '
-    'if [ -n "$SANDBOXD_RSH_NS" ]; then '
-    'set -- "$SANDBOXD_RSH_NSENTER" $SANDBOXD_RSH_NS -- "$@"; fi; exec "$@"'
+    'shift; i=${SANDBOXD_RSH_N:?}; while [ "$i" -gt 0 ]; do i=$((i - 1)); '
+    r'eval "set -- \"\${SANDBOXD_RSH_$i}\" \"\$@\""; unset "SANDBOXD_RSH_$i"; done; '
+    'unset SANDBOXD_RSH_N i; exec "$@"'
 )
-"""Run by rsync as ``RSH host rsync --server ...``: the steps of
-:mod:`sandboxd.isolation.privdrop` (join, oom, drop; its working directory is the workspace,
-whose parent only root can change), with the sandbox's namespaces entered (``nsenter``) before
-the drop, then exec the server end (``shift`` removes the host name). Entering a mount
-namespace moves the working directory to its root, so the server end then starts through
-:data:`CD_SCRIPT`, which enters the workspace again, as the sandbox."""
-
-CD_SCRIPT = 'cd -- "$SANDBOXD_RSH_DIR" && exec "$@"'
-"""The workspace entered again inside the sandbox's mount namespace (``SANDBOXD_RSH_CD``): the
-path is the daemon's, through the root-owned sandbox directory the sandbox cannot change."""
+"""Run by rsync as ``RSH host rsync --server ...``: ``shift`` removes the host name, the words
+``SANDBOXD_RSH_0`` .. ``SANDBOXD_RSH_{N-1}`` (the chain's argv before the program) are put in
+front of the rest, and removed from the environment, then the whole is ``exec``\\ ed. The
+script runs as root but only rebuilds an argv the daemon made; the chain does every step."""
 
 RSH = f"/bin/sh -c '{RSH_SCRIPT}' sandboxd-rsh"
 
@@ -72,56 +58,44 @@ class RsyncFailed(Exception):
     """rsync exited with an error; the message holds its exit code and the end of its stderr."""
 
 
+StartArgv = Callable[[Sequence[str]], list[str]]
+"""The argv that runs the given argv as a sandbox, through its privilege-drop chain; the
+given argv comes last, unchanged."""
+
+
 @frozen
 class WorkspaceEnd:
-    """The workspace end of a copy: who the sandbox is, its cgroups, where its workspace is."""
+    """The workspace end of a copy: where its workspace is, and how a process starts as it."""
 
-    identity: Identity
-    join_files: tuple[str, ...]
     path: str
-    namespaces: tuple[str, ...] = ()
-    """``nsenter`` options entering the sandbox's namespaces (empty: none)."""
-    nsenter: str | None = None
+    start: StartArgv
 
 
 @frozen
 class Rsync:
-    """Spawns rsync without blocking the reactor.
-
-    ``rsync`` and ``setpriv`` are absolute paths, resolved at start-up (``setpriv`` may be
-    ``None`` when the daemon never drops privilege: ``--isolation=none``).
-    """
+    """Spawns rsync without blocking the reactor (``rsync``: an absolute path, resolved at
+    start-up)."""
 
     reactor: IReactorProcess
     rsync: str
-    setpriv: str | None
     io_timeout: int = IO_TIMEOUT
 
     def local(self, args: Sequence[str]) -> Deferred[None]:
         """rsync between two archive paths, as the daemon (nothing of a sandbox's involved)."""
         argv = [self.rsync, f"--timeout={self.io_timeout}", *args]
-        return self._spawn(argv, self._base_env(), "/")
+        return self._spawn(argv, self._base_env())
 
     def with_workspace(self, end: WorkspaceEnd, args: Sequence[str]) -> Deferred[None]:
         """rsync with ``args``, where :data:`REMOTE` names ``end``'s workspace, run as ``end``."""
+        chain = end.start([self.rsync])
+        if not chain or chain[-1] != self.rsync:
+            raise RsyncFailed(f"the workspace end's chain does not end in {self.rsync}")
         env = self._base_env()
-        for path in end.join_files:
-            if not path or any(c.isspace() for c in path):
-                raise RsyncFailed(f"cgroup file {path!r}: whitespace in the path")
-        env["SANDBOXD_RSH_PROCS"] = " ".join(end.join_files)
-        if end.namespaces:
-            if end.nsenter is None or any(c.isspace() for c in "".join(end.namespaces)):
-                raise RsyncFailed(f"cannot enter the namespaces {end.namespaces!r}")
-            env["SANDBOXD_RSH_NS"] = " ".join(end.namespaces)
-            env["SANDBOXD_RSH_NSENTER"] = end.nsenter
-            env["SANDBOXD_RSH_CD"] = CD_SCRIPT
-            env["SANDBOXD_RSH_DIR"] = end.path
-        if end.identity.uid != os.geteuid() or end.identity.gid != os.getegid():
-            if self.setpriv is None:
-                raise RsyncFailed("cannot run as the sandbox: no setpriv")
-            env["SANDBOXD_RSH_UID"] = str(end.identity.uid)
-            env["SANDBOXD_RSH_GID"] = str(end.identity.gid)
-            env["SANDBOXD_RSH_SETPRIV"] = self.setpriv
+        env["SANDBOXD_RSH_N"] = str(len(chain) - 1)
+        for index, word in enumerate(chain[:-1]):
+            if "\0" in word:
+                raise RsyncFailed(f"the workspace end's chain holds a NUL byte: {word!r}")
+            env[f"SANDBOXD_RSH_{index}"] = word
         argv = [
             self.rsync,
             f"--timeout={self.io_timeout}",
@@ -129,17 +103,17 @@ class Rsync:
             f"--rsync-path={self.rsync}",
             *args,
         ]
-        return self._spawn(argv, env, end.path)
+        return self._spawn(argv, env)
 
     @staticmethod
     def _base_env() -> dict[str, str]:
         return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
-    def _spawn(self, argv: list[str], env: Mapping[str, str], cwd: str) -> Deferred[None]:
+    def _spawn(self, argv: list[str], env: Mapping[str, str]) -> Deferred[None]:
         protocol = _RsyncProtocol(argv)
         try:
             self.reactor.spawnProcess(
-                protocol, argv[0], argv, env=dict(env), path=cwd, childFDs={0: "w", 1: "r", 2: "r"}
+                protocol, argv[0], argv, env=dict(env), path="/", childFDs={0: "w", 1: "r", 2: "r"}
             )
         except OSError as e:
             raise RsyncFailed(f"cannot start rsync: {e}") from None

@@ -334,8 +334,7 @@ def build_archive(
             " upgrade it",
             version=".".join(map(str, version)),
         )
-    setpriv = shutil.which("setpriv", path=search_path)
-    archive = Archive(root, Rsync(reactor, rsync, setpriv), pool)
+    archive = Archive(root, Rsync(reactor, rsync), pool)
     try:
         archive.prepare()
     except OSError as e:
