@@ -1,7 +1,7 @@
 """
 Streaming request and response bodies with deadlines.
 
-treq's ``timeout=`` only covers the wait for response headers (twisted-facts.md), so bodies are
+treq's ``timeout=`` only covers the wait for response headers (its ``treq.request``), so bodies are
 timed here: ``IdleTimer`` is a ``callLater`` on the injected clock that is reset on every chunk,
 so a transfer can take as long as it needs while bytes keep moving, and a stall of ``timeout``
 seconds fails it with ``SandboxBusy``. ``read_body`` hands each received chunk to a sink as it
