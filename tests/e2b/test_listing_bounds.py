@@ -6,6 +6,7 @@ the daemon's peak RSS grows by a few MiB only, and a listing within the caps sti
 (docs/e2b.rst, "Coverage").
 """
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +17,15 @@ from tests.e2b.conftest import E2BDaemon, _start, _stop, point_sdk_at
 from tests.process.test_walk_long_names import DEEP_TREE, RSS_BOUND, WIDE_LEVEL
 
 
-@pytest.fixture
-def front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[E2BDaemon]:
-    """A daemon of its own: its peak RSS is this test's alone."""
-    running = _start(tmp_path, "--isolation=none")
+@pytest.fixture(params=["isolation-none", "isolation-real"])
+def front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[E2BDaemon]:
+    """A daemon of its own (its peak RSS is this test's alone), with and without the real
+    isolation (the sandbox's uid makes the tree; the listing runs as it)."""
+    if request.param == "isolation-real" and os.geteuid() != 0:
+        pytest.skip("the real isolation needs root")
+    running = _start(tmp_path, *(["--isolation=none"] if request.param == "isolation-none" else []))
     try:
         yield point_sdk_at(monkeypatch, running)
     finally:

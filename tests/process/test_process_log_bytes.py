@@ -10,6 +10,7 @@ write (docs/extensions.rst, "Background processes").
 
 import base64
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,11 +47,14 @@ finds a few bytes (``sleep(0)`` yields the processor to it). Old logs kept an ob
 read, ~100 bytes per byte kept."""
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    running = start_daemon(
-        tmp_path, "--isolation=none", "--keepalive=1s", f"--process-log-max={LOG_MAX}K"
-    )
+@pytest.fixture(params=["isolation-none", "isolation-real"])
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """With and without the real isolation (the writers run as the sandbox's uid, under
+    its seccomp filter and cgroup)."""
+    if request.param == "isolation-real" and os.geteuid() != 0:
+        pytest.skip("the real isolation needs root")
+    isolation = ["--isolation=none"] if request.param == "isolation-none" else []
+    running = start_daemon(tmp_path, *isolation, "--keepalive=1s", f"--process-log-max={LOG_MAX}K")
     try:
         yield running
     finally:

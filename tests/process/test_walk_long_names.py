@@ -7,6 +7,7 @@ it is sent, the daemon's peak RSS grows by a few MiB only, and a narrower root s
 """
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,9 +42,15 @@ RSS_BOUND = 24 * MIB
 """What the daemon's peak RSS may grow by during the walk."""
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    running = start_daemon(tmp_path, "--isolation=none")
+@pytest.fixture(params=["isolation-none", "isolation-real"])
+def daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemon]:
+    """With and without the real isolation (the sandbox's uid makes the tree; the walk
+    runs as it)."""
+    if request.param == "isolation-real" and os.geteuid() != 0:
+        pytest.skip("the real isolation needs root")
+    running = start_daemon(
+        tmp_path, *(["--isolation=none"] if request.param == "isolation-none" else [])
+    )
     try:
         yield running
     finally:
