@@ -275,6 +275,12 @@ class Config:
         parse_count,
         "Most files one walk lists (413 past it)",
     )
+    walk_bytes_max: int = setting_field(
+        "SANDBOXD_WALK_BYTES_MAX",
+        "64M",
+        parse_size,
+        "Largest walk body (413 past it: a deep tree repeats long paths in every entry)",
+    )
     watch_max: int = setting_field(
         "SANDBOXD_WATCH_MAX", "8", parse_count, "Workspace watches open at once per sandbox"
     )
@@ -354,7 +360,7 @@ class Config:
         for name in ("disk_max", "files_max"):
             if getattr(self, name) == 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero (unset: no limit)")
-        for name in ("process_log_max", "processes_max", "watch_max", "walk_max"):
+        for name in ("process_log_max", "processes_max", "watch_max", "walk_max", "walk_bytes_max"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{env_name(name)}: must be at least 1")
         for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):

@@ -33,7 +33,7 @@ from sandboxd.e2b.process import EnvelopeStream, keepalive_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.upload import Upload
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
-from sandboxd.errors import PathNotFound, SandboxNotFound
+from sandboxd.errors import PathNotFound, SandboxNotFound, TooManyEntries
 from sandboxd.http.follow import DropWhilePaused
 
 T = TypeVar("T")
@@ -125,10 +125,23 @@ async def stat_(manager: SandboxManager, entry: E2BSandbox, message: dict[str, A
     return {"entry": await described(manager, entry, place, found)}
 
 
+LIST_DEPTH_MAX = 100
+"""The deepest listing asked for (``invalid_argument`` past it; docs/e2b.rst, "Coverage")."""
+
+
 async def list_dir(manager: SandboxManager, entry: E2BSandbox, message: dict[str, Any]) -> Any:
+    """The entries under a directory down to ``depth`` levels: ``invalid_argument`` for a
+    depth past :data:`LIST_DEPTH_MAX`, or an answer past
+    :data:`~sandboxd.core.files.entries.LISTING_BYTES_MAX` (the SDK raises
+    ``InvalidArgumentException`` with the message)."""
     place = place_of(message.get("path"))
     depth = int_field(message, "depth", 1)
-    found = await in_place(manager, entry, place, lambda r, p: entries.list_dir(r, p, depth))
+    if depth > LIST_DEPTH_MAX:
+        raise ConnectError("invalid_argument", f"depth: at most {LIST_DEPTH_MAX}")
+    try:
+        found = await in_place(manager, entry, place, lambda r, p: entries.list_dir(r, p, depth))
+    except TooManyEntries as e:
+        raise ConnectError("invalid_argument", f"{place.display}: {e.detail}") from None
     listed = []
     for item in found:
         child = Place(place.area, item.parts)

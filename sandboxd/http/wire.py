@@ -253,6 +253,29 @@ def walk_part(entries: list[str], first: bool) -> bytes:
     return joined if first or not entries else b", " + joined
 
 
+def walk_too_large(most: int) -> TooManyEntries:
+    """The error of a walk whose body passes ``most`` bytes (``SANDBOXD_WALK_BYTES_MAX``)."""
+    return TooManyEntries(
+        f"the walk's body passes {most} bytes (SANDBOXD_WALK_BYTES_MAX): walk a narrower root"
+    )
+
+
+def walk_size(batches: Iterator[list[str]], most: int) -> int:
+    """The size in bytes of the walk body of ``batches`` (its entries are ASCII), counted
+    as the walk goes, one batch in memory at a time: :func:`walk_too_large` as soon as it
+    passes ``most``."""
+    size = len(WALK_HEAD) + len(WALK_TAIL) - len(_SEPARATOR)  # no separator before the first
+    for batch in batches:
+        size += sum(map(len, batch)) + len(_SEPARATOR) * len(batch)
+        if size > most:
+            raise walk_too_large(most)
+    return max(size, len(WALK_HEAD) + len(WALK_TAIL))
+
+
+_SEPARATOR = ", "
+"""Between two entries of the walk body."""
+
+
 def next_walk_part(batches: Iterator[list[str]], budget: int) -> tuple[list[str], bool]:
     """Entries from ``batches`` (a walk's, one directory each) until they pass ``budget``
     characters; and whether the walk is done."""

@@ -20,6 +20,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 from zope.interface import provider
 
 from sandboxd.core.exec.spec import ExecSpec
+from sandboxd.core.files import entries
 from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.e2b import files, process, wire
 from sandboxd.e2b.paths import place_of
@@ -449,3 +450,21 @@ async def test_a_reader_paused_past_the_log_loses_the_oldest_output_and_still_en
     assert not out.startswith(b"line-1\n"), "the oldest output fell out of the log"
     assert frames[-2][1]["event"]["end"]["exitCode"] == 0
     assert frames[-1] == (wire.FLAG_END, {})
+
+
+def test_a_listing_past_its_caps_is_invalid_argument_naming_them(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entry = memory.create()
+    os.makedirs(os.path.join(memory.manager.layout.workspace(entry.id), "a", "b"))
+    listing = "filesystem.Filesystem/ListDir"
+    too_deep = memory.rpc(entry, listing, {"path": "/home/user", "depth": 101})
+    assert connect_error(too_deep) == (400, "invalid_argument")
+    assert too_deep.json()["message"] == "depth: at most 100"
+    assert (
+        len(memory.rpc(entry, listing, {"path": "/home/user", "depth": 100}).json()["entries"]) == 2
+    )
+    monkeypatch.setattr(entries, "LISTING_BYTES_MAX", entries.ENTRY_BYTES)
+    too_large = memory.rpc(entry, listing, {"path": "/home/user", "depth": 2})
+    assert connect_error(too_large) == (400, "invalid_argument")
+    assert too_large.json()["message"].startswith("/home/user: the listing passes 256 bytes")

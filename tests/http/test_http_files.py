@@ -17,7 +17,6 @@ import pytest
 import pytest_twisted
 from twisted.web.client import ResponseFailed
 
-from sandboxd.core.files import workspace as workspace_module
 from sandboxd.http.routes import files as file_routes
 from tests.http.http_harness import Harness
 
@@ -398,7 +397,30 @@ def test_a_walk_past_the_limit_while_written_is_cut_short(
         put(harness, rid, name, b"x")
     monkeypatch.setattr(file_routes, "WALK_PART", 1)
     # The tree grew between the count and the walk: the answer is cut, never taken whole.
-    monkeypatch.setattr(workspace_module, "count_files", lambda ws, parts, limit: 0)
+    monkeypatch.setattr(file_routes, "measure_walk", lambda ws, parts, limit, most: 0)
     with pytest.raises(ResponseFailed) as caught:
         harness.call("GET", f"/sandboxes/{rid}/walk")
     assert "still expecting more data" in str(caught.value.reasons[-1].value)  # never ended
+
+
+def test_a_walk_past_walk_bytes_max_answers_413_naming_it(
+    settings: dict[str, str], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings["walk-bytes-max"] = "200"
+    harness: Harness = request.getfixturevalue("harness")
+    rid = harness.call("POST", "/sandboxes", json_body={}).json()["remote_id"]
+    for name in ("a/1", "b/2"):
+        put(harness, rid, name, b"x")
+    fits = harness.call("GET", f"/sandboxes/{rid}/walk")
+    assert fits.status == 200 and len(fits.body) <= 200
+    put(harness, rid, "c/3", b"x")
+    for part in (file_routes.WALK_PART, 1):  # answered whole, then measured before it is sent
+        monkeypatch.setattr(file_routes, "WALK_PART", part)
+        reply = harness.call("GET", f"/sandboxes/{rid}/walk")
+        assert reply.status == 413 and reply.json()["error"] == "TooLarge"
+        assert "passes 200 bytes (SANDBOXD_WALK_BYTES_MAX)" in reply.json()["detail"]
+    # The tree grew between the measure and the walk: the answer is cut, never taken whole.
+    monkeypatch.setattr(file_routes, "measure_walk", lambda ws, parts, limit, most: 0)
+    with pytest.raises(ResponseFailed) as caught:
+        harness.call("GET", f"/sandboxes/{rid}/walk")
+    assert "still expecting more data" in str(caught.value.reasons[-1].value)

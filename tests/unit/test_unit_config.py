@@ -173,6 +173,7 @@ def test_a_bad_option_names_the_variable() -> None:
         ({"SANDBOXD_PROCESSES_MAX": "0"}, "SANDBOXD_PROCESSES_MAX"),
         ({"SANDBOXD_WATCH_MAX": "0"}, "SANDBOXD_WATCH_MAX"),
         ({"SANDBOXD_WALK_MAX": "0"}, "SANDBOXD_WALK_MAX"),
+        ({"SANDBOXD_WALK_BYTES_MAX": "0"}, "SANDBOXD_WALK_BYTES_MAX"),
     ],
 )
 def test_impossible_combinations_name_the_variable(environ: dict[str, str], variable: str) -> None:

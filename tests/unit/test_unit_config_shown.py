@@ -30,6 +30,7 @@ MORE: dict[str, str] = {
     "SANDBOXD_PROCESS_LOG_MAX": "1000",
     "SANDBOXD_PROCESSES_MAX": "3",
     "SANDBOXD_WALK_MAX": "50",
+    "SANDBOXD_WALK_BYTES_MAX": "2M",
     "SANDBOXD_WATCH_MAX": "2",
 }
 

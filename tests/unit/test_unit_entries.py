@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.core.files import entries
-from sandboxd.errors import BadRequest, PathNotFound
+from sandboxd.errors import BadRequest, PathNotFound, TooManyEntries
 
 
 @pytest.fixture
@@ -77,3 +77,24 @@ def test_make_dir_and_remove(tree: Path) -> None:
         entries.remove(str(tree), ("d",))
     with pytest.raises(BadRequest):
         entries.remove(str(tree), ())
+
+
+def test_a_listing_past_its_answer_size_is_refused_as_it_goes(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each entry counts its name, its whole path and its link's target, besides the rest."""
+    size = sum(
+        entries.ENTRY_BYTES + len(name) + len(path) + len(target)
+        for name, path, target in [
+            ("d", "/d", ""),
+            ("e", "/d/e", ""),
+            ("f.txt", "/d/e/f.txt", ""),
+            ("fifo", "/fifo", ""),
+            ("link", "/link", "/etc/passwd"),
+        ]
+    )
+    monkeypatch.setattr(entries, "LISTING_BYTES_MAX", size)
+    assert len(entries.list_dir(str(tree), (), 3)) == 5
+    monkeypatch.setattr(entries, "LISTING_BYTES_MAX", size - 1)
+    with pytest.raises(TooManyEntries, match=f"the listing passes {size - 1} bytes"):
+        entries.list_dir(str(tree), (), 3)

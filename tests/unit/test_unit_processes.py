@@ -7,6 +7,7 @@ holds nothing, and which records the table pushes out.
 """
 
 import signal
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -15,7 +16,15 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from sandboxd.core.exec.run import ExecRun, SpawnFailed
-from sandboxd.core.processes.log import STDERR, STDOUT, Chunk, OutputLog
+from sandboxd.core.processes.log import (
+    FREE_RUNS,
+    RUN_COST,
+    RUN_MAX,
+    STDERR,
+    STDOUT,
+    Chunk,
+    OutputLog,
+)
 from sandboxd.core.processes.process import (
     CaughtUp,
     Dropped,
@@ -79,11 +88,15 @@ def test_the_log_keeps_the_newest_bytes_at_their_offsets() -> None:
     log.append(STDERR, b"efgh")
     log.append(STDOUT, b"")
     assert (log.start, log.written, log.kept) == (0, 8, 8)
-    log.append(STDOUT, b"ijkl")  # 12 bytes: the first chunk falls out whole
-    assert (log.start, log.written, log.kept) == (4, 12, 8)
+    log.append(STDOUT, b"ijkl")  # 12 bytes: the two oldest fall out, not the whole write
+    assert (log.start, log.written, log.kept) == (2, 12, 10)
     found = log.read(0)
-    assert found.dropped == 4
-    assert found.chunks == (Chunk(STDERR, 4, b"efgh"), Chunk(STDOUT, 8, b"ijkl"))
+    assert found.dropped == 2
+    assert found.chunks == (
+        Chunk(STDOUT, 2, b"cd"),
+        Chunk(STDERR, 4, b"efgh"),
+        Chunk(1, 8, b"ijkl"),
+    )
     assert log.read(6).chunks[0] == Chunk(STDERR, 6, b"gh")
     assert log.read(12).chunks == () and log.read(12).end is None
     log.append(STDOUT, b"0123456789ABCDEF")  # larger than the log: only its tail is kept
@@ -91,11 +104,72 @@ def test_the_log_keeps_the_newest_bytes_at_their_offsets() -> None:
     assert log.read(0).dropped == 18 and log.read(0).end == 28
 
 
-def test_a_read_takes_about_most_bytes() -> None:
+def test_writes_on_one_stream_are_coalesced_into_runs_of_at_most_run_max() -> None:
+    log = OutputLog(4 * RUN_MAX)
+    for _ in range(RUN_MAX + 1):
+        log.append(STDOUT, b"x")
+    log.append(STDERR, b"e")
+    assert [(c.fd, c.at, len(c.data)) for c in log.read(0).chunks] == [
+        (STDOUT, 0, RUN_MAX),
+        (STDOUT, RUN_MAX, 1),
+        (STDERR, RUN_MAX + 1, 1),
+    ]
+
+
+def test_a_read_takes_about_most_bytes_and_stops_before_until() -> None:
     log = OutputLog(1000)
-    for _ in range(10):
-        log.append(STDOUT, b"x" * 10)
+    for n in range(10):
+        log.append(STDOUT if n % 2 else STDERR, b"x" * 10)
     assert len(log.read(0, most=25).chunks) == 3
+    assert log.read(5, until=25).chunks == (
+        Chunk(STDERR, 5, b"x" * 5),
+        Chunk(STDOUT, 10, b"x" * 10),
+        Chunk(STDERR, 20, b"x" * 5),
+    )
+    assert log.read(25, until=25).chunks == ()
+
+
+def test_a_log_written_a_byte_at_a_time_holds_about_its_limit() -> None:
+    """Issue 29: a byte per write cost ~80 bytes of memory per byte kept."""
+    limit = 1 << 17
+    tracemalloc.start()
+    try:
+        log = OutputLog(limit)
+        for _ in range(3 * limit):
+            log.append(STDOUT, b"x")
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert log.kept == limit and log.start == 2 * limit
+    assert held < limit + 32 * 1024, held
+
+
+def test_a_log_whose_writes_alternate_streams_is_charged_for_its_runs() -> None:
+    limit = 1 << 17
+    tracemalloc.start()
+    try:
+        log = OutputLog(limit)
+        for n in range(limit):
+            log.append(STDOUT if n % 2 else STDERR, b"x")
+        free = FREE_RUNS + limit // RUN_MAX
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert log.charged <= limit and log.kept == (limit - free) // (RUN_COST + 1) + free
+    assert held < limit + 32 * 1024, held
+    assert log.read(log.start).chunks[0] == Chunk(
+        STDOUT if log.start % 2 else STDERR, log.start, b"x"
+    )
+
+
+def test_a_reader_that_does_not_follow_stops_where_the_log_was_when_it_was_made() -> None:
+    process, run, _ = make(limit=100)
+    run.childDataReceived(1, b"ab")
+    events: list[ReaderEvent] = []
+    reader = process.reader(0, False, events.append)
+    run.childDataReceived(1, b"cd")  # the same run grows past where the reader stops
+    reader.resume()
+    assert events == [Chunk(1, 0, b"ab"), CaughtUp(2)]
 
 
 def test_a_follower_gets_everything_then_the_exit() -> None:
@@ -122,15 +196,15 @@ def test_a_paused_follower_holds_nothing_and_is_told_what_it_missed() -> None:
         run.childDataReceived(1, data)
     assert events == [Chunk(1, 0, b"ab")]
     reader.resume()
-    assert events[1:] == [Dropped(2), Chunk(1, 4, b"ef"), Chunk(1, 6, b"gh")]
+    assert events[1:] == [Dropped(2), Chunk(1, 4, b"efgh")]  # one run: its writes coalesced
     run.processEnded(Failure(ProcessDone(0)))
     assert events[-1] == Ended(0)
 
 
 def test_a_follower_that_pauses_itself_mid_read_stops_there() -> None:
     process, run, _ = make(limit=100)
-    for data in (b"a", b"b", b"c"):
-        run.childDataReceived(1, data)
+    for fd, data in ((1, b"a"), (2, b"b"), (1, b"c")):  # three runs: streams alternate
+        run.childDataReceived(fd, data)
     events: list[ReaderEvent] = []
 
     def take_one(event: ReaderEvent) -> None:
@@ -141,7 +215,7 @@ def test_a_follower_that_pauses_itself_mid_read_stops_there() -> None:
     reader.resume()
     assert events == [Chunk(1, 0, b"a")]
     reader.resume()
-    assert events[-1] == Chunk(1, 1, b"b") and reader.cursor == 2
+    assert events[-1] == Chunk(2, 1, b"b") and reader.cursor == 2
 
 
 def test_a_reader_that_does_not_follow_reads_what_is_there() -> None:
@@ -263,8 +337,8 @@ def test_a_stopped_reader_resumed_reads_nothing() -> None:
 
 def test_a_consumer_resuming_from_inside_deliver_gets_each_chunk_once_in_order() -> None:
     process, run, _ = make(limit=100)
-    for data in (b"a", b"b", b"c"):
-        run.childDataReceived(1, data)
+    for fd, data in ((1, b"a"), (2, b"b"), (1, b"c")):
+        run.childDataReceived(fd, data)
     events: list[ReaderEvent] = []
 
     def deliver(event: ReaderEvent) -> None:
@@ -273,7 +347,7 @@ def test_a_consumer_resuming_from_inside_deliver_gets_each_chunk_once_in_order()
 
     reader = process.reader(0, True, deliver)
     reader.resume()
-    assert events == [Chunk(1, 0, b"a"), Chunk(1, 1, b"b"), Chunk(1, 2, b"c")]
+    assert events == [Chunk(1, 0, b"a"), Chunk(2, 1, b"b"), Chunk(1, 2, b"c")]
     run.childDataReceived(2, b"d")
     assert events[3:] == [Chunk(2, 3, b"d")]
 

@@ -25,6 +25,7 @@ from sandboxd.core.files import tree as trees
 from sandboxd.core.files import workspace
 from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, TooManyEntries
 from sandboxd.http import wire
+from sandboxd.http.routes.files import measure_walk
 from sandboxd.http.site import Spool
 
 OTHER_UID = os.getuid() + 4242
@@ -471,11 +472,11 @@ def test_walk_answers_nothing_when_the_tree_changes_under_it(
             raise OSError(errno.ESTALE, "moved")
         return real(*args, **kwargs)
 
-    assert workspace.count_files(str(ws), (), None) == 1
+    assert measure_walk(str(ws), (), 10, 1 << 20) == len(walk_body(str(ws), ()))
     fault_os(monkeypatch, FaultyOs(open=moved))
     assert workspace.walk(str(ws), ()) == []
     assert walk_body(str(ws), ()) == b'{"entries": []}'
-    assert workspace.count_files(str(ws), (), None) == 0  # as the walk answers: nothing
+    assert measure_walk(str(ws), (), 10, 1 << 20) == 0  # as the walk answers: nothing
     assert [e.path for e in workspace.walk(str(ws), ("a",))] == ["/a/f"]
 
 
@@ -910,3 +911,24 @@ def test_a_walk_past_its_limit_raises_naming_it(ws: Path) -> None:
     assert len(workspace.walk_map(str(ws), (), wire.walk_entries, limit=5)) == 5
     with pytest.raises(TooManyEntries, match=r"more than 4 files \(SANDBOXD_WALK_MAX\)"):
         workspace.walk_map(str(ws), (), wire.walk_entries, limit=4)
+
+
+def test_a_directory_of_long_paths_is_walked_a_slice_at_a_time(
+    ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (ws / ("d" * 200)).mkdir()
+    for n in range(5):
+        (ws / ("d" * 200) / f"f{n}").write_bytes(b"")
+    monkeypatch.setattr(workspace, "BATCH_CHARS", 2 * (201 + workspace.NAME_MAX))
+    batches = list(workspace.walk_batches(str(ws), (), wire.walk_entries))
+    assert [len(b) for b in batches] == [2, 2, 1]
+    assert wire.walk_body([e for b in batches for e in b]) == walk_body(str(ws), ())
+
+
+def test_the_walk_size_is_the_length_of_its_body() -> None:
+    for batches in ([], [["a"]], [["a", "bb"], ["ccc"]]):
+        body = wire.walk_body([e for b in batches for e in b])
+        assert wire.walk_size(iter(batches), len(body)) == len(body)
+        if batches:
+            with pytest.raises(TooManyEntries, match=f"passes {len(body) - 1} bytes"):
+                wire.walk_size(iter(batches), len(body) - 1)

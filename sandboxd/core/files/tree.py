@@ -62,22 +62,25 @@ def depth_first(
     """Every directory below the directory ``top`` (a descriptor the caller keeps), depth first:
     ``visit(fd, prefix)`` yields what the walk yields for one directory and returns the names
     of its subdirectories to enter, in the order to enter them; ``below(prefix, name)`` is a
-    subdirectory's prefix. A subdirectory that cannot be entered (removed, swapped for a link)
-    is passed over; links are never followed.
+    subdirectory's prefix, which starts with ``prefix``. A subdirectory that cannot be
+    entered (removed, swapped for a link) is passed over; links are never followed.
 
-    Iterative (see :func:`climb`): no recursion limit, and two descriptors at most.
+    Iterative (see :func:`climb`): no recursion limit, and two descriptors at most. A
+    subdirectory's prefix extends its parent's, so one prefix is kept, the current one, and
+    each frame keeps its length: memory grows with the deepest path, not with the sum of the
+    prefixes of every level (a deep tree of long names would hold its depth squared).
     """
     fd = os.dup(top)
-    # One frame per directory from ``top`` down to ``fd``: its prefix, its identity, and the
-    # subdirectories still to visit.
-    stack: list[tuple[str, tuple[int, int], list[str]]] = []
+    # One frame per directory from ``top`` down to ``fd``: its prefix's length, its identity,
+    # and the subdirectories still to visit. ``prefix`` is the last frame's.
+    stack: list[tuple[int, tuple[int, int], list[str]]] = []
     try:
         while True:
             subdirs = yield from visit(fd, prefix)
             subdirs.reverse()  # taken with pop(): visited in the order given
-            stack.append((prefix, identity(fd), subdirs))
+            stack.append((len(prefix), identity(fd), subdirs))
             while True:
-                path, _, pending = stack[-1]
+                pending = stack[-1][2]
                 if pending:
                     name = pending.pop()
                     try:
@@ -85,11 +88,12 @@ def depth_first(
                     except OSError:
                         continue  # removed or swapped while walking
                     os.close(fd)
-                    fd, prefix = child, below(path, name)
+                    fd, prefix = child, below(prefix, name)
                     break
                 stack.pop()
                 if not stack:
                     return
+                prefix = prefix[: stack[-1][0]]
                 up, fd = fd, -1
                 fd = climb(up, stack[-1][1])
     finally:

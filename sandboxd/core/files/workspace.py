@@ -309,6 +309,13 @@ def walk_map(
     return results
 
 
+BATCH_CHARS = 1 << 20
+"""Characters of paths one batch of :func:`walk_batches` holds at most (about)."""
+
+NAME_MAX = 256
+"""The longest file name, and its ``/``."""
+
+
 def walk_batches(
     workspace: str,
     parts: Parts,
@@ -321,7 +328,9 @@ def walk_batches(
     Paths of any length are listed (a tree deeper than ``PATH_MAX`` too: the walk goes one
     directory at a time). More than ``limit`` files raise
     :class:`~sandboxd.errors.TooManyEntries` naming the limit, as soon as the walk finds one
-    more.
+    more. A directory of many files deep in a tree of long names is given to ``each_dir`` a
+    slice at a time, about :data:`BATCH_CHARS` characters of paths each: what one call makes
+    stays bounded however long the paths.
     """
     count = 0
     for path, found in _walk_dirs(workspace, parts):
@@ -330,20 +339,9 @@ def walk_batches(
             raise TooManyEntries(
                 f"the walk lists more than {limit} files (SANDBOXD_WALK_MAX): walk a narrower root"
             )
-        yield each_dir(path, found)
-
-
-def count_files(workspace: str, parts: Parts, limit: int | None) -> int:
-    """How many files a walk of the path lists (``TooManyEntries`` past ``limit``; 0 on an
-    error, as a walk answers nothing then)."""
-    try:
-        return sum(len(b) for b in walk_batches(workspace, parts, _names, limit))
-    except OSError:
-        return 0
-
-
-def _names(path: str, found: list[tuple[str, os.stat_result]]) -> list[str]:
-    return [name for name, _ in found]
+        step = max(1, BATCH_CHARS // (len(path) + NAME_MAX))
+        for first in range(0, len(found), step):
+            yield each_dir(path, found[first : first + step])
 
 
 def disk_usage(workspace: str) -> int:

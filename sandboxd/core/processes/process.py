@@ -239,7 +239,8 @@ class Reader:
         self._pumping = True
         try:
             while not self._paused and not self.done:
-                found = self.process.log.read(self.cursor)
+                # Not past ``until``: what was written after a non-following reader was made.
+                found = self.process.log.read(self.cursor, until=self.until)
                 if found.dropped:
                     self.cursor += found.dropped
                     self.deliver(Dropped(found.dropped))
@@ -247,8 +248,6 @@ class Reader:
                     self._at_the_end()
                     break
                 for chunk in found.chunks:
-                    if self.until is not None and chunk.at >= self.until:
-                        break  # written after the reader was made (chunks never grow)
                     self.cursor = chunk.end
                     self.deliver(chunk)
                     if self._paused or self.done:

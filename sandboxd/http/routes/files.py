@@ -101,15 +101,27 @@ async def disk_usage(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     return json_response(request, {"bytes": total})
 
 
+def measure_walk(ws: str, parts: Parts, limit: int, most: int) -> int:
+    """The size of the walk body of the path (``TooManyEntries`` past ``limit`` files or
+    ``most`` bytes), one batch in memory at a time; 0 on an error, as a walk answers nothing
+    then."""
+    try:
+        return wire.walk_size(workspace.walk_batches(ws, parts, wire.walk_entries, limit), most)
+    except OSError:
+        return 0
+
+
 @app.route("/sandboxes/<rid:rid>/walk", methods=["GET"])
 @authorized
 async def walk(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     """A walk that fits :data:`WALK_PART` is answered whole; a larger one is first counted
-    (``413`` past ``SANDBOXD_WALK_MAX``, before any byte is sent), then written a part at
-    a time as the client takes it, in the same bytes: one part in memory at a time."""
+    (``413`` past ``SANDBOXD_WALK_MAX`` files or ``SANDBOXD_WALK_BYTES_MAX`` bytes, before
+    any byte is sent), then written a part at a time as the client takes it, in the same
+    bytes: one part in memory at a time (docs/contract.rst, "Limits")."""
     sandbox = api.manager.get(rid)
     parts = normalise(query(request, "root", "/"), "root")
     limit = api.manager.config.walk_max
+    most = api.manager.config.walk_bytes_max
     walking: list[Iterator[list[str]]] = []
 
     def first(ws: str) -> tuple[list[str], bool]:
@@ -125,16 +137,27 @@ async def walk(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
             entries, done = await api.manager.files(sandbox, first)
         except OSError:
             entries, done = [], True  # as a walk answers an error: nothing
-        request.setHeader(b"content-type", wire.JSON)
         if done:
-            return wire.walk_body(entries)
-        await api.manager.files(sandbox, lambda ws: workspace.count_files(ws, parts, limit))
+            body = wire.walk_body(entries)
+            if len(body) > most:
+                raise wire.walk_too_large(most)
+            request.setHeader(b"content-type", wire.JSON)
+            return body
+        await api.manager.files(sandbox, lambda ws: measure_walk(ws, parts, limit, most))
+        request.setHeader(b"content-type", wire.JSON)
         writer = PacedWriter(request)
         try:
-            await writer.write(wire.WALK_HEAD + wire.walk_part(entries, True))
-            while not done and not writer.stopped:
+            sent = len(wire.WALK_TAIL)
+            part = wire.WALK_HEAD + wire.walk_part(entries, True)
+            while True:
+                sent += len(part)
+                if sent > most:  # the tree grew since it was measured
+                    raise wire.walk_too_large(most)
+                await writer.write(part)
+                if done or writer.stopped:
+                    break
                 entries, done = await api.manager.files(sandbox, more)
-                await writer.write(wire.walk_part(entries, False))
+                part = wire.walk_part(entries, False)
             await writer.write(wire.WALK_TAIL)
         except (OSError, TooManyEntries) as e:
             # The status is sent: end the answer unfinished, so no client takes it whole.
