@@ -24,6 +24,7 @@ from sandboxd.core.layout import Layout
 from sandboxd.core.processes.log import OutputLog
 from sandboxd.core.processes.process import Process
 from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.watch.charge import thread_euid
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
 from sandboxd.errors import BadRequest, NoCapacity, TooMany
 from sandboxd.isolation.base import Isolation
@@ -277,6 +278,10 @@ class Commands:
         "Workspace watch")."""
         if len(sandbox.watches) >= self.config.watch_max:
             raise TooMany(f"{self.config.watch_max} watches are open on this sandbox already")
+        # As root with a uid per sandbox, the sandbox's uid pays for its watches, not root
+        # (docs/isolation.rst, "Kernel quotas").
+        set_euid = thread_euid() if self.isolation.owns_files else None
+        charged_to = None if set_euid is None else (sandbox.identity.uid, set_euid.set)
         try:
             watch = WorkspaceWatch(
                 self.reactor,  # type: ignore[arg-type]
@@ -285,6 +290,7 @@ class Commands:
                 recursive,
                 deliver,
                 on_close=lambda: sandbox.watches.discard(watch),
+                charged_to=charged_to,
             )
         except OSError as e:
             raise NoCapacity(f"cannot open an inotify instance: {e}") from None

@@ -22,6 +22,7 @@ from zope.interface import implementer
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.files.workspace import parent_of, translate
 from sandboxd.core.watch import inotify
+from sandboxd.core.watch.charge import open_charged_to
 from sandboxd.core.watch.inotify import (
     IN_CREATE,
     IN_IGNORED,
@@ -147,7 +148,11 @@ class WorkspaceWatch:
         deliver: Callable[[WatchEvent], None],
         ino: Inotify | None = None,
         on_close: Callable[[], None] = lambda: None,
+        charged_to: tuple[int, Callable[[int], None]] | None = None,
     ) -> None:
+        """``charged_to``: ``(uid, set_euid)`` to open the inotify instance as ``uid``, so that
+        it and its watches count against that uid's kernel limits (:mod:`.charge`); ``None``:
+        against the daemon's own."""
         self.reactor = reactor
         self.run_as_sandbox = run_as_sandbox
         self.root = root
@@ -155,7 +160,11 @@ class WorkspaceWatch:
         self.deliver = deliver
         self.on_close = on_close
         self.ino = ino or Inotify()
-        self.fd = self.ino.open()
+        if charged_to is None:
+            self.fd = self.ino.open()
+        else:
+            uid, set_euid = charged_to
+            self.fd = open_charged_to(uid, self.ino.open, set_euid)
         self.fd_open = True
         """The inotify descriptor is still open (closed once closed and no walk uses it)."""
         self.paths: dict[int, Parts] = {}
