@@ -13,8 +13,10 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.core.watch.charge import SETRESUID, ThreadEuid, open_charged_to, thread_euid
 from sandboxd.core.watch.inotify import Inotify
+from sandboxd.errors import NoCapacity
 from tests.support.fakes import fake_isolation
 from tests.unit.test_unit_manager import World, fired
+from tests.unit.test_unit_watch_capacity import refused
 
 UID = 5000
 """The fake isolation's sandbox uid."""
@@ -103,5 +105,19 @@ def test_a_manager_that_owns_files_charges_the_sandbox_uid(
         assert readers == {watch}
         watch.close()
         assert instances_left(UID) == before
+    finally:
+        world.close()
+
+
+@as_root
+def test_an_instance_refused_to_the_sandbox_uid_is_no_capacity(tmp_path: Path) -> None:
+    world = World(tmp_path, isolation=attrs.evolve(fake_isolation(), owns_files=True))
+    world.start()
+    try:
+        sandbox = world.manager.create()
+        watching = Deferred.fromCoroutine
+        error = refused(lambda: fired(watching(world.manager.watch(sandbox, (), True, print))))
+        assert isinstance(error, NoCapacity), error
+        assert sandbox.watches == set() and world.manager.watch_budget.instances_used == 0
     finally:
         world.close()
