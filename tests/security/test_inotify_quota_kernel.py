@@ -11,6 +11,12 @@ the watches charged to each sandbox's uid, every stream starts and follows its w
 a watch of the test's own (root's) still succeeds; charged to root (the old code), the
 sandboxes' watches fill root's limit to the brim and the test's own ``inotify_add_watch`` is
 refused with ``ENOSPC``.
+
+A daemon started as a user cannot charge another uid: every sandbox's watches are that user's,
+and the daemon keeps them within a budget under the user's limits (a quarter of them left to the
+user's other processes, a quarter of the rest at most per sandbox). With the limit lowered to
+:data:`USER_LIMIT` before it starts, the sandboxes' trees outgrow their shares, and a process of
+the daemon's user still adds a watch; without the budget, it is refused with ``ENOSPC``.
 """
 
 import contextlib
@@ -26,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.core.watch.inotify import Inotify
-from tests.support.daemon import Daemon, start_daemon, stop_daemon
+from tests.support.daemon import Daemon, reachable_root, start_daemon, stop_daemon
 from tests.support.uids import uid_block
 
 pytestmark = pytest.mark.kernel
@@ -41,6 +47,9 @@ WATCHES = DIRS + 1 + GROWN + 1
 HEADROOM = 600
 """Watches root may take beyond what it held when the test began: more than one sandbox's
 tree, fewer than all of theirs."""
+USER_LIMIT = 800
+"""The daemon's user's watches in the second test: a budget of 600, 150 per sandbox."""
+SHARE = 150
 LIMIT = Path("/proc/sys/fs/inotify/max_user_watches")
 WATCHDOG_SECONDS = 180
 """When the watchdog puts the limit back if the test could not (killed meanwhile)."""
@@ -172,3 +181,60 @@ def test_sandboxes_watches_leave_root_its_own(tmp_path: Path, isolation: str) ->
         for connection in streams:
             connection.close()
         stop_daemon(daemon)
+
+
+def user_can_watch(uid: int, directory: Path) -> int:
+    """Whether a process of ``uid`` can add an inotify watch on ``directory``: ``0``, or the
+    ``errno`` it was refused with (a child that changes its uid and tries)."""
+    ino = Inotify()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, which exits at once
+        code = 1
+        try:
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            ino.watch_dir(ino.open(), dir_fd)
+            code = 0
+        except OSError as e:
+            code = e.errno or 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_daemon_started_as_a_user_leaves_that_user_its_own(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the test starts the daemon as another user")
+    user, _ = uid_block()
+    root = reachable_root(tmp_path)
+    os.chown(root, user, user)
+    streams: list[http.client.HTTPConnection] = []
+    with watch_limit(USER_LIMIT):
+        drop = ("setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--")
+        daemon = start_daemon(tmp_path, "--isolation=none", wrapper=drop)
+        try:
+            rids = [daemon.create() for _ in range(SANDBOXES)]
+            for rid in rids:
+                make_dirs(daemon, rid, f"mkdir tree && cd tree && mkdir $(seq -f d%g {DIRS})")
+            statuses = []
+            for rid in rids:
+                status, connection = open_watch(daemon, rid)
+                statuses.append(status)
+                streams.append(connection)
+            for rid in rids:
+                make_dirs(daemon, rid, f"mkdir tree/more && cd tree/more && mkdir $(seq {GROWN})")
+            held = settled_watches(daemon, SANDBOXES * SHARE)
+            refused = user_can_watch(user, root)
+            print(f"\nas uid {user}: streams {statuses}, the daemon holds {held}; user: {refused}")
+            assert refused != errno.ENOSPC, "the user's watches are used up"
+            assert refused == 0, os.strerror(refused)
+            assert statuses == [200] * SANDBOXES
+            # Each followed its tree until its share was taken (a walk cut short keeps the
+            # room it was given: the budget errs on the side of the user).
+            assert SANDBOXES * (DIRS + 1) < held <= SANDBOXES * SHARE
+        finally:
+            for connection in streams:
+                connection.close()
+            stop_daemon(daemon)
