@@ -24,6 +24,8 @@ from sandboxd.core.layout import Layout
 from sandboxd.core.processes.log import OutputLog
 from sandboxd.core.processes.process import Process
 from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.watch.budget import WatchBudget
+from sandboxd.core.watch.charge import thread_euid
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
 from sandboxd.errors import BadRequest, NoCapacity, TooMany
 from sandboxd.isolation.base import Isolation
@@ -64,6 +66,7 @@ class Commands:
     isolation: Isolation
     layout: Layout
     metrics: Metrics
+    watch_budget: WatchBudget
     _devnull: int
 
     def files(self, sandbox: Sandbox, work: Callable[[str], T]) -> Deferred[T]:
@@ -274,6 +277,15 @@ class Commands:
         "Workspace watch")."""
         if len(sandbox.watches) >= self.config.watch_max:
             raise TooMany(f"{self.config.watch_max} watches are open on this sandbox already")
+        # As root with a uid per sandbox, the sandbox's uid pays for its watches, not root
+        # (docs/isolation.rst, "Kernel quotas").
+        set_euid = thread_euid() if self.isolation.owns_files else None
+        charged_to = None if set_euid is None else (sandbox.identity.uid, set_euid.set)
+        account = None
+        if charged_to is None:  # the daemon's own uid pays: within its budget
+            account = self.watch_budget.account(sandbox.rid)
+            if account is None:
+                raise NoCapacity("every inotify instance the daemon may take is in use")
         try:
             watch = WorkspaceWatch(
                 self.reactor,  # type: ignore[arg-type]
@@ -282,8 +294,12 @@ class Commands:
                 recursive,
                 deliver,
                 on_close=lambda: sandbox.watches.discard(watch),
+                charged_to=charged_to,
+                account=account,
             )
         except OSError as e:
+            if account is not None:
+                account.close()
             raise NoCapacity(f"cannot open an inotify instance: {e}") from None
         sandbox.watches.add(watch)
         await watch.start()

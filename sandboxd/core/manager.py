@@ -30,6 +30,7 @@ from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
@@ -60,6 +61,8 @@ class SandboxManager(Commands):
     recovering: bool = False
     """True while start-up reclaims a predecessor's leftovers (creates wait for it)."""
     metrics: Metrics = field(factory=Metrics)
+    watch_budget: WatchBudget = field(factory=host_budget)
+    """The inotify instances and watches the daemon may take under its own uid."""
     drain_poll: float = 0.1
     archive: Archive | None = None
     """Where ``item_id`` sandboxes are restored from and persisted to (``None``: no archive)."""

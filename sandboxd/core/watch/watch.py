@@ -22,6 +22,8 @@ from zope.interface import implementer
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.files.workspace import parent_of, translate
 from sandboxd.core.watch import inotify
+from sandboxd.core.watch.budget import Account
+from sandboxd.core.watch.charge import open_charged_to
 from sandboxd.core.watch.inotify import (
     IN_CREATE,
     IN_IGNORED,
@@ -147,15 +149,26 @@ class WorkspaceWatch:
         deliver: Callable[[WatchEvent], None],
         ino: Inotify | None = None,
         on_close: Callable[[], None] = lambda: None,
+        charged_to: tuple[int, Callable[[int], None]] | None = None,
+        account: Account | None = None,
     ) -> None:
+        """``charged_to``: ``(uid, set_euid)`` to open the inotify instance as ``uid``, so that
+        it and its watches count against that uid's kernel limits (:mod:`.charge`); ``None``:
+        against the daemon's own. ``account``: the daemon's budget the watches are taken from
+        (:mod:`.budget`; given back as they go, all of it once the descriptor is closed)."""
         self.reactor = reactor
         self.run_as_sandbox = run_as_sandbox
         self.root = root
         self.recursive = recursive
         self.deliver = deliver
         self.on_close = on_close
+        self.account = account
         self.ino = ino or Inotify()
-        self.fd = self.ino.open()
+        if charged_to is None:
+            self.fd = self.ino.open()
+        else:
+            uid, set_euid = charged_to
+            self.fd = open_charged_to(uid, self.ino.open, set_euid)
         self.fd_open = True
         """The inotify descriptor is still open (closed once closed and no walk uses it)."""
         self.paths: dict[int, Parts] = {}
@@ -182,6 +195,10 @@ class WorkspaceWatch:
             self.reactor.addReader(self)
 
     async def _add(self, parts: Parts, room: int, follow: bool) -> None:
+        if self.account is not None:
+            room = self.account.take(room)
+            if not room:
+                raise OSError(errno.ENOSPC, "the daemon's inotify watches are all in use")
         ino, fd, recursive = self.ino, self.fd, self.recursive
         walk = self.run_as_sandbox(lambda ws: add_tree(ino, fd, ws, parts, recursive, room))
         self._walks += 1
@@ -189,6 +206,8 @@ class WorkspaceWatch:
         added: list[Watched] = await _shielded(walk)
         if self.closed:
             return
+        if self.account is not None:
+            self.account.give(room - len(added))  # a failed walk keeps its room till closed
         self._settling += 1
         try:
             self._settle(added, follow)
@@ -228,6 +247,8 @@ class WorkspaceWatch:
         (whichever is later; a closed watch starts no walk)."""
         self.fd_open = False
         os.close(self.fd)
+        if self.account is not None:
+            self.account.close()
 
     def close(self, gone: bool = False) -> None:
         """Stop watching; with ``gone`` (the sandbox died) the consumer is told last."""
@@ -274,6 +295,8 @@ class WorkspaceWatch:
             return
         if raw.mask & IN_IGNORED:
             del self.paths[raw.wd]
+            if self.account is not None:
+                self.account.give(1)
             return
         kind = inotify.kind_of(raw.mask)
         if kind is None or not raw.name:
