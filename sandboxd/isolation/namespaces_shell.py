@@ -10,6 +10,10 @@ on ``/home`` with the workspace (descriptor 8) bound onto ``/home/user``, the ke
 bound back (descriptors 3 to 7: ``sh`` redirects one digit; :func:`kept_directories` gives one
 per path kept, two at most), the sandbox's ``passwd`` and ``group`` (beside its pins, reached
 through the directory under the detached mount) bound over ``/etc``'s, and the loopback up.
+``private_run`` (before the kept directories, one of which may lie in ``/run``) gives it the
+``/run`` of ``ns_private_run`` in the helper: a small tmpfs holding ``lock/``, ``/var/run``
+alike where it is a directory, the file ``/etc/resolv.conf`` resolves to in ``/run`` bound at
+its place (descriptor 7), ``/dev/log`` covered by ``/dev/null`` where it is a socket.
 ``nsenter`` opens every pin before it enters any.
 """
 
@@ -21,6 +25,20 @@ from sandboxd.isolation.namespaces import KINDS, PIN, Creator
 from sandboxd.isolation.none import find_program
 
 SETUP = r"""
+private_run() {
+  [ -d /run ] && [ ! -L /run ] || return 0
+  resolv=$(readlink -f /etc/resolv.conf 2>/dev/null)
+  case "$resolv" in /run/*|/var/run/*) ;; *) resolv= ;; esac
+  if [ -n "$resolv" ] && [ -f "$resolv" ]; then exec 7<"$resolv"; else resolv=; fi
+  mount -t tmpfs -o nosuid,nodev,noexec,size=1m,nr_inodes=256,mode=0755 tmpfs /run || return 1
+  mkdir -m 1777 /run/lock || return 1
+  if [ -d /var/run ] && [ ! -L /var/run ]; then mount --bind /run /var/run || return 1; fi
+  if [ -n "$resolv" ]; then
+    (umask 022 && mkdir -p -- "${resolv%/*}" && : > "$resolv") || return 1
+    mount -c --bind /proc/self/fd/7 "$resolv" || return 1
+  fi
+  if [ -S /dev/log ]; then mount --bind /dev/null /dev/log || return 1; fi
+}
 nsroot=$1 tmp=$2 home=$3 shm=$4 ipc=$5 net=$6 mnt=$7 ids=$8
 shift 8
 if [ "$mnt" = 1 ]; then
@@ -41,6 +59,7 @@ if [ "$mnt" = 1 ]; then
     mount -t tmpfs -o nosuid,nodev,size=1m,nr_inodes=64,mode=0755 tmpfs /home || exit 125
     mkdir -m 0755 /home/user && mount -c --bind /proc/self/fd/8 /home/user || exit 125
   fi
+  private_run || exit 125
   i=3
   for k do
     mkdir -p -- "$k" && mount -c --rbind "/proc/self/fd/$i" "$k" || exit 125

@@ -16,7 +16,10 @@
  * /dev/shm, and a fresh mqueue on /dev/mqueue where that exists. Where /home is a directory
  * it is covered by a small root-owned tmpfs (mode 0755) holding only "user", onto which
  * WORKSPACE (the sandbox's workspace) is bound: the host's /home is out of sight and the
- * workspace is /home/user. Each KEEP is a host directory directly inside one of those places
+ * workspace is /home/user. /run is a small tmpfs of its own holding only lock/ (mode 1777):
+ * the host's sockets and run-time files are out of sight, as is /dev/log, covered where it is
+ * a socket, while the file /etc/resolv.conf names there is bound back (ns_private_run). Each
+ * KEEP is a host directory directly inside one of those places
  * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
  * below it. Where NSROOT/RID holds "passwd" and "group" (the sandbox's, naming its uid), they
  * are bound over /etc/passwd and /etc/group. A new network namespace gets its loopback up. The kernel pins a mount namespace
@@ -47,6 +50,7 @@
  *
  * Failures exit 125 with "sandboxd-exec: ..." on stderr.
  */
+#include <limits.h>
 #include <linux/types.h>
 #include <net/if.h>
 #include <sched.h>
@@ -67,6 +71,9 @@ static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
 static const char NS_HOME[] = "/home", NS_HOME_USER[] = "/home/user";
 static const char *const NS_IDENTITY[] = {"/etc/passwd", "/etc/group"};
 static const char *const NS_IDENTITY_FILE[] = {"passwd", "group"}; /* beside the pins */
+static const char NS_RUN[] = "/run", NS_RUN_LOCK[] = "/run/lock", NS_VAR_RUN[] = "/var/run";
+static const char NS_RUN_DATA[] = "size=1m,nr_inodes=256,mode=0755";
+static const char NS_RESOLV[] = "/etc/resolv.conf", NS_LOG[] = "/dev/log";
 
 static void ns_loopback_up(void)
 {
@@ -104,6 +111,56 @@ static int ns_slave_without(const char *nsroot)
     if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0)
         return -1;
     return umount2(nsroot, MNT_DETACH) != 0 && errno != EINVAL ? -1 : 0;
+}
+
+/* True when PATH lies in a run-time directory ns_private_run covers (/run, /var/run). */
+static int ns_in_run(const char *path)
+{
+    return strncmp(path, "/run/", 5) == 0 || strncmp(path, "/var/run/", 9) == 0;
+}
+
+/* The host's run-time directories and filesystem sockets out of a sandbox's sight
+ * (docs/isolation.rst, "What of the host a sandbox sees"): /run becomes a small tmpfs of its
+ * own (root's, mode 0755, charged to whoever writes) holding only lock/ (mode 1777, private to
+ * the sandbox), /var/run the same where it is a directory rather than the usual link to /run,
+ * and /dev/log, where it still names a socket (a syslog daemon's own, not journald's link into
+ * /run), is covered by /dev/null: connecting there is refused. Where /etc/resolv.conf resolves
+ * into /run (systemd-resolved's stub-resolv.conf, resolvconf's), the file it names is bound at
+ * the same path in the new /run, alone (not its directory, which may hold a socket): names
+ * resolve as on the host at create. Called before the kept directories are bound back (one
+ * of them may lie in /run). */
+static void ns_private_run(void)
+{
+    if (!ns_is_dir(NS_RUN))
+        return;
+    char resolv[PATH_MAX];
+    int resolv_fd = -1;
+    if (realpath(NS_RESOLV, resolv) != NULL && ns_in_run(resolv))
+        resolv_fd = open(resolv, O_PATH | O_CLOEXEC);
+    ns_mount("tmpfs", NS_RUN, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, NS_RUN_DATA);
+    if (mkdir(NS_RUN_LOCK, 01777) != 0 || chmod(NS_RUN_LOCK, 01777) != 0)
+        fail(SETUP_FAILED, "mkdir", NS_RUN_LOCK, errno);
+    if (ns_is_dir(NS_VAR_RUN))
+        ns_mount(NS_RUN, NS_VAR_RUN, NULL, MS_BIND, NULL);
+    if (resolv_fd >= 0) {
+        for (char *slash = strchr(resolv + 1, '/'); slash != NULL; slash = strchr(slash + 1, '/')) {
+            *slash = '\0';
+            if (mkdir(resolv, 0755) == 0 ? chmod(resolv, 0755) != 0 : errno != EEXIST)
+                fail(SETUP_FAILED, "mkdir", resolv, errno);
+            *slash = '/';
+        }
+        int made = open(resolv, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (made < 0)
+            fail(SETUP_FAILED, "open", resolv, errno);
+        close(made);
+        char source[64];
+        snprintf(source, sizeof source, "/proc/self/fd/%d", resolv_fd);
+        ns_mount(source, resolv, NULL, MS_BIND, NULL);
+        close(resolv_fd);
+    }
+    struct stat st;
+    if (stat(NS_LOG, &st) == 0 && S_ISSOCK(st.st_mode))
+        ns_mount("/dev/null", NS_LOG, NULL, MS_BIND, NULL);
 }
 
 /* The child's mount namespace: slave root, no pins (NSROOT detached, unless NULL: a copy of
@@ -148,6 +205,7 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *w
             fail(SETUP_FAILED, "mkdir", NS_HOME_USER, errno);
         ns_mount(home_source, NS_HOME_USER, NULL, MS_BIND, NULL);
     }
+    ns_private_run();
     for (int i = 0; i < keeps; i++) {
         char source[64];
         snprintf(source, sizeof source, "/proc/self/fd/%d", keep_fd[i]);
