@@ -10,10 +10,10 @@ directory, bound onto itself with private propagation at start-up, as ``ip netns
 its cgroup), and ``/home`` a small root-owned tmpfs holding only ``user``, onto which the
 sandbox's workspace is bound (:data:`HOME_VIEW`: E2B's ``/home/user``; the host's ``/home`` is
 out of sight, and nothing is made in it), ``/run`` a small tmpfs of its own holding only
-``lock/`` (the host's sockets and run-time files out of sight, ``/dev/log`` covered where it is
-a socket; docs/isolation.rst, "What of the host a sandbox sees"); the rest of the host's
-filesystem is as before (the host's later mounts arrive by slave propagation), and nothing
-mounted there reaches the host.
+``lock/`` (the host's sockets and run-time files out of sight) and ``/dev`` one holding only
+the allowed devices (no ``/dev/log``; docs/isolation.rst, "What of the host a sandbox sees");
+the rest of the host's filesystem is as before (the host's later mounts arrive by slave
+propagation), and nothing mounted there reaches the host.
 The helper's server copies a template namespace of its own, which never holds a pin, rather
 than the host's (``sandboxd_exec_ns.h``); the shell chain copies the host's and detaches the
 pins' directory. A state root or tools directory inside one of those places (test set-ups)

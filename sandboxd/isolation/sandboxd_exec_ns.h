@@ -17,8 +17,9 @@
  * it is covered by a small root-owned tmpfs (mode 0755) holding only "user", onto which
  * WORKSPACE (the sandbox's workspace) is bound: the host's /home is out of sight and the
  * workspace is /home/user. /run is a small tmpfs of its own holding only lock/ (mode 1777):
- * the host's sockets and run-time files are out of sight, as is /dev/log, covered where it is
- * a socket, while the file /etc/resolv.conf names there is bound back (ns_private_run). Each
+ * the host's sockets and run-time files are out of sight, while the file /etc/resolv.conf
+ * names there is bound back (ns_private_run); /dev is a small tmpfs holding an allow-list of
+ * the host's devices and no socket (ns_private_dev), made before /dev/shm and /dev/mqueue. Each
  * KEEP is a host directory directly inside one of those places
  * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
  * below it. Where NSROOT/RID holds "passwd" and "group" (the sandbox's, naming its uid), they
@@ -73,7 +74,12 @@ static const char *const NS_IDENTITY[] = {"/etc/passwd", "/etc/group"};
 static const char *const NS_IDENTITY_FILE[] = {"passwd", "group"}; /* beside the pins */
 static const char NS_RUN[] = "/run", NS_RUN_LOCK[] = "/run/lock", NS_VAR_RUN[] = "/var/run";
 static const char NS_RUN_DATA[] = "size=1m,nr_inodes=256,mode=0755";
-static const char NS_RESOLV[] = "/etc/resolv.conf", NS_LOG[] = "/dev/log";
+static const char NS_RESOLV[] = "/etc/resolv.conf";
+static const char NS_DEV[] = "/dev", NS_DEV_STAGE[] = "/run/.sandboxd-dev";
+static const char NS_DEV_DATA[] = "size=64k,nr_inodes=64,mode=0755";
+static const char *const NS_DEV_NODES[] = {"null", "zero", "full", "random", "urandom", "tty", "ptmx"};
+static const char *const NS_DEV_LINKS[][2] = {{"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"},
+                                              {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}};
 
 static void ns_loopback_up(void)
 {
@@ -122,13 +128,11 @@ static int ns_in_run(const char *path)
 /* The host's run-time directories and filesystem sockets out of a sandbox's sight
  * (docs/isolation.rst, "What of the host a sandbox sees"): /run becomes a small tmpfs of its
  * own (root's, mode 0755, charged to whoever writes) holding only lock/ (mode 1777, private to
- * the sandbox), /var/run the same where it is a directory rather than the usual link to /run,
- * and /dev/log, where it still names a socket (a syslog daemon's own, not journald's link into
- * /run), is covered by /dev/null: connecting there is refused. Where /etc/resolv.conf resolves
- * into /run (systemd-resolved's stub-resolv.conf, resolvconf's), the file it names is bound at
+ * the sandbox), and /var/run the same where it is a directory rather than the usual link to
+ * /run. Where /etc/resolv.conf resolves into /run (systemd-resolved's stub-resolv.conf, resolvconf's), the file it names is bound at
  * the same path in the new /run, alone (not its directory, which may hold a socket): names
- * resolve as on the host at create. Called before the kept directories are bound back (one
- * of them may lie in /run). */
+ * resolve as on the host at create. Called before /dev is made (ns_private_dev stages it
+ * here) and before the kept directories are bound back (one of them may lie in /run). */
 static void ns_private_run(void)
 {
     if (!ns_is_dir(NS_RUN))
@@ -158,9 +162,63 @@ static void ns_private_run(void)
         ns_mount(source, resolv, NULL, MS_BIND, NULL);
         close(resolv_fd);
     }
+}
+
+/* STAGE/NAME, which must not exist yet, made as a directory (DIR) or an empty file. */
+static void ns_dev_entry(const char *name, char *path, size_t size, int dir)
+{
+    snprintf(path, size, "%s/%s", NS_DEV_STAGE, name);
+    int fd = -1;
+    if (dir ? mkdir(path, 0755) != 0 : (fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0)
+        fail(SETUP_FAILED, "make", path, errno);
+    if (fd >= 0)
+        close(fd);
+}
+
+/* A /dev of the sandbox's own, from an allow-list (docs/isolation.rst, "What of the host a
+ * sandbox sees"): a small tmpfs (root's, mode 0755) holding the host's null, zero, full,
+ * random, urandom, tty and ptmx (bound, where the host has them as character devices), its
+ * devpts on pts/, empty shm/ and mqueue/ (mounted after, each the sandbox's own; without an
+ * IPC namespace the host's mqueue is bound back), and the links fd, stdin, stdout, stderr into
+ * /proc/self/fd. Nothing else of the host's /dev: no socket (/dev/log, a syslog daemon's, made
+ * before or after the sandbox), no disk, no kmsg. Built in a staging directory of the private
+ * /run (ns_private_run, called first; nothing is done without one) and moved onto /dev whole. */
+static void ns_private_dev(int ipc)
+{
     struct stat st;
-    if (stat(NS_LOG, &st) == 0 && S_ISSOCK(st.st_mode))
-        ns_mount("/dev/null", NS_LOG, NULL, MS_BIND, NULL);
+    if (!ns_is_dir(NS_DEV) || !ns_is_dir(NS_RUN))
+        return;
+    char path[128];
+    if (mkdir(NS_DEV_STAGE, 0755) != 0)
+        fail(SETUP_FAILED, "mkdir", NS_DEV_STAGE, errno);
+    ns_mount("tmpfs", NS_DEV_STAGE, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, NS_DEV_DATA);
+    for (size_t k = 0; k < sizeof NS_DEV_NODES / sizeof *NS_DEV_NODES; k++) {
+        char host[64];
+        snprintf(host, sizeof host, "%s/%s", NS_DEV, NS_DEV_NODES[k]);
+        if (lstat(host, &st) != 0 || !S_ISCHR(st.st_mode))
+            continue;
+        ns_dev_entry(NS_DEV_NODES[k], path, sizeof path, 0);
+        ns_mount(host, path, NULL, MS_BIND, NULL);
+    }
+    if (ns_is_dir("/dev/pts")) {
+        ns_dev_entry("pts", path, sizeof path, 1);
+        ns_mount("/dev/pts", path, NULL, MS_BIND | MS_REC, NULL);
+    }
+    if (stat("/dev/shm", &st) == 0)
+        ns_dev_entry("shm", path, sizeof path, 1);
+    if (ns_is_dir("/dev/mqueue")) {
+        ns_dev_entry("mqueue", path, sizeof path, 1);
+        if (!ipc)
+            ns_mount("/dev/mqueue", path, NULL, MS_BIND, NULL);
+    }
+    for (size_t k = 0; k < sizeof NS_DEV_LINKS / sizeof *NS_DEV_LINKS; k++) {
+        snprintf(path, sizeof path, "%s/%s", NS_DEV_STAGE, NS_DEV_LINKS[k][0]);
+        if (symlink(NS_DEV_LINKS[k][1], path) != 0)
+            fail(SETUP_FAILED, "symlink", path, errno);
+    }
+    ns_mount(NS_DEV_STAGE, NS_DEV, NULL, MS_MOVE, NULL);
+    if (rmdir(NS_DEV_STAGE) != 0)
+        fail(SETUP_FAILED, "rmdir", NS_DEV_STAGE, errno);
 }
 
 /* The child's mount namespace: slave root, no pins (NSROOT detached, unless NULL: a copy of
@@ -192,6 +250,8 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *w
     for (size_t p = 0; p < 2; p++)
         if (ns_is_dir(NS_PLACES[p]))
             ns_mount(tmp_source, NS_PLACES[p], NULL, MS_BIND, NULL);
+    ns_private_run();
+    ns_private_dev(ipc);
     if (ns_is_dir(NS_PLACES[2])) {
         char data[64];
         snprintf(data, sizeof data, "size=%s,mode=1777", shm_bytes);
@@ -205,7 +265,6 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *w
             fail(SETUP_FAILED, "mkdir", NS_HOME_USER, errno);
         ns_mount(home_source, NS_HOME_USER, NULL, MS_BIND, NULL);
     }
-    ns_private_run();
     for (int i = 0; i < keeps; i++) {
         char source[64];
         snprintf(source, sizeof source, "/proc/self/fd/%d", keep_fd[i]);
