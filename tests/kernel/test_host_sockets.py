@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -98,8 +98,8 @@ class Listeners:
             return ""
 
 
-@pytest.fixture(scope="module")
-def listeners() -> Iterator[tuple[Listeners, dict[str, str]]]:
+@contextmanager
+def listening() -> Iterator[tuple[Listeners, dict[str, str]]]:
     """The test's listeners, and the paths a probe tries (``stream``/``dgram`` by path): the
     system bus's and ``/dev/log`` where nothing is there yet, else one of its own in ``/run``
     (a real syslog or bus is never written to)."""
@@ -115,6 +115,13 @@ def listeners() -> Iterator[tuple[Listeners, dict[str, str]]]:
         for path, kind in paths.items():
             found.listen(path, socket.SOCK_DGRAM if kind == "dgram" else socket.SOCK_STREAM)
         yield found, paths
+
+
+@pytest.fixture(scope="module")
+def listeners() -> Iterator[tuple[Listeners, dict[str, str]]]:
+    """:func:`listening` for a module: its sockets are there before any sandbox is made."""
+    with listening() as found:
+        yield found
 
 
 @pytest.fixture(scope="module")
@@ -148,16 +155,14 @@ def probe(box: Box, paths: dict[str, str]) -> list[str]:
 
 
 @pytest.mark.parametrize("layer", ["on", "off"])
-def test_host_sockets_from_network_none(
-    daemons: dict[str, KernelDaemon],
-    listeners: tuple[Listeners, dict[str, str]],
-    layer: str,
-) -> None:
-    found, paths = listeners
+def test_host_sockets_from_network_none(daemons: dict[str, KernelDaemon], layer: str) -> None:
+    """The listeners are made after the sandbox (a syslog daemon started, or restarted, later:
+    covering the socket that was there at create would not do)."""
     box = daemons[layer].create("none")
     try:
-        lines = probe(box, paths)
-        heard = {path: found.heard(path) for path in paths}
+        with listening() as (found, paths):
+            lines = probe(box, paths)
+            heard = {path: found.heard(path) for path in paths}
     finally:
         box.kill()
     for line, path in zip(lines, paths, strict=True):
@@ -232,7 +237,8 @@ def test_every_way_gives_a_private_run(
     listeners: tuple[Listeners, dict[str, str]], which: str
 ) -> None:
     """Made by the helper, its server or the shell chain, a sandbox's ``/run`` is a tmpfs of
-    its own with only ``lock/`` (mode 1777), where the test's listeners are absent and
+    its own with only ``lock/`` (mode 1777) and its ``/dev`` one holding the allowed devices
+    only (which work), where the test's listeners, made before the sandbox, are absent and
     ``/dev/log`` is no socket; ``/etc/resolv.conf`` reads as the host's."""
     SHARED.mkdir(mode=0o711, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="run-", dir=SHARED))
@@ -257,6 +263,8 @@ def test_every_way_gives_a_private_run(
         script = (
             "stat -f -c %T /run; stat -c %a /run /run/lock; ls -A /run | tr '\\n' ,; echo;"
             " [ -S /dev/log ] && echo log-socket || echo no-log-socket;"
+            " ls -A /dev | tr '\\n' ,; echo; stat -f -c %T /dev;"
+            " echo out > /dev/stdout; head -c 4 /dev/urandom | wc -c;"
             + "".join(f" [ -S {p} ] && echo socket || echo none;" for p in paths)
             + " cat /etc/resolv.conf | md5sum"
         )
@@ -270,7 +278,11 @@ def test_every_way_gives_a_private_run(
         *lines, resolv = done.stdout.splitlines()
         # mount(8), which the shell chain runs, keeps its table in /run/mount (empty, root's).
         listing = "lock,mount," if which == "shell" else "lock,"
-        assert lines == ["tmpfs", "755", "1777", listing, "no-log-socket", "none", "none"], done
+        devices = {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm"}
+        devices |= {"fd", "stdin", "stdout", "stderr"} | ({"mqueue"} & set(os.listdir("/dev")))
+        assert lines[:5] == ["tmpfs", "755", "1777", listing, "no-log-socket"], done
+        assert set(lines[5].rstrip(",").split(",")) == devices, done
+        assert lines[6:] == ["tmpfs", "out", "4", "none", "none"], done
         host = subprocess.run(
             "cat /etc/resolv.conf | md5sum", shell=True, capture_output=True, text=True, check=True
         )
@@ -347,6 +359,11 @@ def test_a_resolv_conf_linked_into_run(which: str) -> None:
     try:
         done = subprocess.run(
             [
+                # One CPU: the kernel pins a mount namespace numbered above the pinner's only,
+                # and numbers them per CPU (the helper moves between CPUs; unshare(1) cannot).
+                "taskset",
+                "-c",
+                str(min(os.sched_getaffinity(0))),
                 "unshare",
                 "--mount",
                 "--propagation=private",
