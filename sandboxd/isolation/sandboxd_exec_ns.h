@@ -77,9 +77,14 @@ static const char NS_RUN_DATA[] = "size=1m,nr_inodes=256,mode=0755";
 static const char NS_RESOLV[] = "/etc/resolv.conf";
 static const char NS_DEV[] = "/dev", NS_DEV_STAGE[] = "/run/.sandboxd-dev";
 static const char NS_DEV_DATA[] = "size=64k,nr_inodes=64,mode=0755";
-static const char *const NS_DEV_NODES[] = {"null", "zero", "full", "random", "urandom", "tty", "ptmx"};
-static const char *const NS_DEV_LINKS[][2] = {{"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"},
-                                              {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}};
+static const char *const NS_DEV_NODES[] = {"null",    "zero", "full", "random",
+                                           "urandom", "tty",  "ptmx"};
+static const char *const NS_DEV_LINKS[][2] = {
+    {"fd", "/proc/self/fd"},
+    {"stdin", "/proc/self/fd/0"},
+    {"stdout", "/proc/self/fd/1"},
+    {"stderr", "/proc/self/fd/2"},
+};
 
 static void ns_loopback_up(void)
 {
@@ -129,9 +134,9 @@ static int ns_in_run(const char *path)
  * (docs/isolation.rst, "What of the host a sandbox sees"): /run becomes a small tmpfs of its
  * own (root's, mode 0755, charged to whoever writes) holding only lock/ (mode 1777, private to
  * the sandbox), and /var/run the same where it is a directory rather than the usual link to
- * /run. Where /etc/resolv.conf resolves into /run (systemd-resolved's stub-resolv.conf, resolvconf's), the file it names is bound at
- * the same path in the new /run, alone (not its directory, which may hold a socket): names
- * resolve as on the host at create. Called before /dev is made (ns_private_dev stages it
+ * /run. Where /etc/resolv.conf resolves into /run (systemd-resolved's stub-resolv.conf,
+ * resolvconf's), the file it names is bound at the same path in the new /run, alone (not its
+ * directory, which may hold a socket): names resolve as on the host at create. Called before /dev is made (ns_private_dev stages it
  * here) and before the kept directories are bound back (one of them may lie in /run). */
 static void ns_private_run(void)
 {
@@ -168,11 +173,15 @@ static void ns_private_run(void)
 static void ns_dev_entry(const char *name, char *path, size_t size, int dir)
 {
     snprintf(path, size, "%s/%s", NS_DEV_STAGE, name);
-    int fd = -1;
-    if (dir ? mkdir(path, 0755) != 0 : (fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0)
-        fail(SETUP_FAILED, "make", path, errno);
-    if (fd >= 0)
-        close(fd);
+    if (dir) {
+        if (mkdir(path, 0755) != 0)
+            fail(SETUP_FAILED, "mkdir", path, errno);
+        return;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        fail(SETUP_FAILED, "open", path, errno);
+    close(fd);
 }
 
 /* A /dev of the sandbox's own, from an allow-list (docs/isolation.rst, "What of the host a
