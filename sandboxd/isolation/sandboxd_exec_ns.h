@@ -136,8 +136,9 @@ static int ns_in_run(const char *path)
  * the sandbox), and /var/run the same where it is a directory rather than the usual link to
  * /run. Where /etc/resolv.conf resolves into /run (systemd-resolved's stub-resolv.conf,
  * resolvconf's), the file it names is bound at the same path in the new /run, alone (not its
- * directory, which may hold a socket): names resolve as on the host at create. Called before /dev is made (ns_private_dev stages it
- * here) and before the kept directories are bound back (one of them may lie in /run). */
+ * directory, which may hold a socket): names resolve as on the host at create. Called before
+ * /dev is made (ns_private_dev stages it here) and before the kept directories are bound back
+ * (one of them may lie in /run). */
 static void ns_private_run(void)
 {
     if (!ns_is_dir(NS_RUN))
