@@ -8,8 +8,8 @@ yet, else a path of its own in ``/run``), so that there is something to reach. E
 against a daemon with every namespace layer on (refused, and the test's listener hears nothing)
 and against one with the mount layer turned off by name (``--namespaces=ipc,net``: still its
 own network, as mode ``none`` gives): there it succeeds, proof that the test can fail. The same
-private ``/run`` is checked for each way the namespaces are made (the helper, its server, the
-shell chain).
+private ``/run`` and allow-listed ``/dev`` are checked for each way the namespaces are made (the
+helper, its server, the shell chain).
 """
 
 import os
