@@ -9,8 +9,11 @@ directory, bound onto itself with private propagation at start-up, as ``ip netns
 ``tmp/`` directory, ``/dev/shm`` a tmpfs of its own (capped at the memory limit, charged to
 its cgroup), and ``/home`` a small root-owned tmpfs holding only ``user``, onto which the
 sandbox's workspace is bound (:data:`HOME_VIEW`: E2B's ``/home/user``; the host's ``/home`` is
-out of sight, and nothing is made in it); the rest of the host's filesystem is as before (the
-host's later mounts arrive by slave propagation), and nothing mounted there reaches the host.
+out of sight, and nothing is made in it), ``/run`` a small tmpfs of its own holding only
+``lock/`` (the host's sockets and run-time files out of sight) and ``/dev`` one holding only
+the allowed devices (no ``/dev/log``; docs/isolation.rst, "What of the host a sandbox sees");
+the rest of the host's filesystem is as before (the host's later mounts arrive by slave
+propagation), and nothing mounted there reaches the host.
 The helper's server copies a template namespace of its own, which never holds a pin, rather
 than the host's (``sandboxd_exec_ns.h``); the shell chain copies the host's and detaches the
 pins' directory. A state root or tools directory inside one of those places (test set-ups)
@@ -49,8 +52,8 @@ PIN = {"ipc": "ipc", "mount": "mnt", "net": "net"}
 LETTER = {"ipc": "i", "mount": "m", "net": "n"}
 """Each layer's letter in the helper's ``KINDS`` argument."""
 
-PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/home")
-"""Shared places each sandbox gets its own of."""
+PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/home", "/run")
+"""Shared places each sandbox gets its own of (a state root or tools inside one is kept)."""
 
 HOME = "/home"
 HOME_VIEW = "/home/user"

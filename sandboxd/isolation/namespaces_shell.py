@@ -10,6 +10,11 @@ on ``/home`` with the workspace (descriptor 8) bound onto ``/home/user``, the ke
 bound back (descriptors 3 to 7: ``sh`` redirects one digit; :func:`kept_directories` gives one
 per path kept, two at most), the sandbox's ``passwd`` and ``group`` (beside its pins, reached
 through the directory under the detached mount) bound over ``/etc``'s, and the loopback up.
+``private_run`` and ``private_dev`` (before ``/dev/shm``, and before the kept directories, one
+of which may lie in ``/run``) do what the helper's ``ns_private_run`` and ``ns_private_dev``
+do: ``/run`` a small tmpfs holding ``lock/`` (``/var/run`` alike where it is a directory; the
+file ``/etc/resolv.conf`` resolves to in ``/run`` bound at its place, through descriptor 7),
+and ``/dev`` a small tmpfs of allowed devices, built in ``/run`` and moved onto ``/dev``.
 ``nsenter`` opens every pin before it enters any.
 """
 
@@ -21,6 +26,41 @@ from sandboxd.isolation.namespaces import KINDS, PIN, Creator
 from sandboxd.isolation.none import find_program
 
 SETUP = r"""
+private_run() {
+  [ -d /run ] && [ ! -L /run ] || return 0
+  resolv=$(readlink -f /etc/resolv.conf 2>/dev/null)
+  case "$resolv" in /run/*|/var/run/*) ;; *) resolv= ;; esac
+  if [ -n "$resolv" ] && [ -f "$resolv" ]; then exec 7<"$resolv"; else resolv=; fi
+  mount -t tmpfs -o nosuid,nodev,noexec,size=1m,nr_inodes=256,mode=0755 tmpfs /run || return 1
+  mkdir -m 1777 /run/lock || return 1
+  if [ -d /var/run ] && [ ! -L /var/run ]; then mount --bind /run /var/run || return 1; fi
+  if [ -n "$resolv" ]; then
+    (umask 022 && mkdir -p -- "${resolv%/*}" && : > "$resolv") || return 1
+    mount -c --bind /proc/self/fd/7 "$resolv" || return 1
+  fi
+}
+private_dev() {
+  [ -d /dev ] && [ ! -L /dev ] && [ -d /run ] && [ ! -L /run ] || return 0
+  s=/run/.sandboxd-dev
+  mkdir "$s" || return 1
+  mount -t tmpfs -o nosuid,nodev,noexec,size=64k,nr_inodes=64,mode=0755 tmpfs "$s" || return 1
+  for n in null zero full random urandom tty ptmx; do
+    if [ -c "/dev/$n" ] && [ ! -L "/dev/$n" ]; then
+      : > "$s/$n" && mount --bind "/dev/$n" "$s/$n" || return 1
+    fi
+  done
+  if [ -d /dev/pts ] && [ ! -L /dev/pts ]; then
+    mkdir "$s/pts" && mount --rbind /dev/pts "$s/pts" || return 1
+  fi
+  if [ -e /dev/shm ]; then mkdir "$s/shm" || return 1; fi
+  if [ -d /dev/mqueue ] && [ ! -L /dev/mqueue ]; then
+    mkdir "$s/mqueue" || return 1
+    if [ "$ipc" != 1 ]; then mount --bind /dev/mqueue "$s/mqueue" || return 1; fi
+  fi
+  ln -s /proc/self/fd "$s/fd" && ln -s /proc/self/fd/0 "$s/stdin" || return 1
+  ln -s /proc/self/fd/1 "$s/stdout" && ln -s /proc/self/fd/2 "$s/stderr" || return 1
+  mount --move "$s" /dev && rmdir "$s"
+}
 nsroot=$1 tmp=$2 home=$3 shm=$4 ipc=$5 net=$6 mnt=$7 ids=$8
 shift 8
 if [ "$mnt" = 1 ]; then
@@ -31,6 +71,7 @@ if [ "$mnt" = 1 ]; then
   for p in /tmp /var/tmp; do
     if [ -d "$p" ]; then mount -c --bind /proc/self/fd/9 "$p" || exit 125; fi
   done
+  private_run && private_dev || exit 125
   if [ -d /dev/shm ]; then
     mount -t tmpfs -o "nosuid,nodev,size=$shm,mode=1777" tmpfs /dev/shm || exit 125
   fi

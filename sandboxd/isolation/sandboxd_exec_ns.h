@@ -16,7 +16,11 @@
  * /dev/shm, and a fresh mqueue on /dev/mqueue where that exists. Where /home is a directory
  * it is covered by a small root-owned tmpfs (mode 0755) holding only "user", onto which
  * WORKSPACE (the sandbox's workspace) is bound: the host's /home is out of sight and the
- * workspace is /home/user. Each KEEP is a host directory directly inside one of those places
+ * workspace is /home/user. /run is a small tmpfs of its own holding only lock/ (mode 1777):
+ * the host's sockets and run-time files are out of sight, while the file /etc/resolv.conf
+ * names there is bound back (ns_private_run); /dev is a small tmpfs holding an allow-list of
+ * the host's devices and no socket (ns_private_dev), made before /dev/shm and /dev/mqueue. Each
+ * KEEP is a host directory directly inside one of those places
  * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
  * below it. Where NSROOT/RID holds "passwd" and "group" (the sandbox's, naming its uid), they
  * are bound over /etc/passwd and /etc/group. A new network namespace gets its loopback up. The kernel pins a mount namespace
@@ -47,6 +51,7 @@
  *
  * Failures exit 125 with "sandboxd-exec: ..." on stderr.
  */
+#include <limits.h>
 #include <linux/types.h>
 #include <net/if.h>
 #include <sched.h>
@@ -67,6 +72,19 @@ static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
 static const char NS_HOME[] = "/home", NS_HOME_USER[] = "/home/user";
 static const char *const NS_IDENTITY[] = {"/etc/passwd", "/etc/group"};
 static const char *const NS_IDENTITY_FILE[] = {"passwd", "group"}; /* beside the pins */
+static const char NS_RUN[] = "/run", NS_RUN_LOCK[] = "/run/lock", NS_VAR_RUN[] = "/var/run";
+static const char NS_RUN_DATA[] = "size=1m,nr_inodes=256,mode=0755";
+static const char NS_RESOLV[] = "/etc/resolv.conf";
+static const char NS_DEV[] = "/dev", NS_DEV_STAGE[] = "/run/.sandboxd-dev";
+static const char NS_DEV_DATA[] = "size=64k,nr_inodes=64,mode=0755";
+static const char *const NS_DEV_NODES[] = {"null",    "zero", "full", "random",
+                                           "urandom", "tty",  "ptmx"};
+static const char *const NS_DEV_LINKS[][2] = {
+    {"fd", "/proc/self/fd"},
+    {"stdin", "/proc/self/fd/0"},
+    {"stdout", "/proc/self/fd/1"},
+    {"stderr", "/proc/self/fd/2"},
+};
 
 static void ns_loopback_up(void)
 {
@@ -106,6 +124,113 @@ static int ns_slave_without(const char *nsroot)
     return umount2(nsroot, MNT_DETACH) != 0 && errno != EINVAL ? -1 : 0;
 }
 
+/* True when PATH lies in a run-time directory ns_private_run covers (/run, /var/run). */
+static int ns_in_run(const char *path)
+{
+    return strncmp(path, "/run/", 5) == 0 || strncmp(path, "/var/run/", 9) == 0;
+}
+
+/* The host's run-time directories and filesystem sockets out of a sandbox's sight
+ * (docs/isolation.rst, "What of the host a sandbox sees"): /run becomes a small tmpfs of its
+ * own (root's, mode 0755, charged to whoever writes) holding only lock/ (mode 1777, private to
+ * the sandbox), and /var/run the same where it is a directory rather than the usual link to
+ * /run. Where /etc/resolv.conf resolves into /run (systemd-resolved's stub-resolv.conf,
+ * resolvconf's), the file it names is bound at the same path in the new /run, alone (not its
+ * directory, which may hold a socket): names resolve as on the host at create. Called before
+ * /dev is made (ns_private_dev stages it here) and before the kept directories are bound back
+ * (one of them may lie in /run). */
+static void ns_private_run(void)
+{
+    if (!ns_is_dir(NS_RUN))
+        return;
+    char resolv[PATH_MAX];
+    int resolv_fd = -1;
+    if (realpath(NS_RESOLV, resolv) != NULL && ns_in_run(resolv))
+        resolv_fd = open(resolv, O_PATH | O_CLOEXEC);
+    ns_mount("tmpfs", NS_RUN, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, NS_RUN_DATA);
+    if (mkdir(NS_RUN_LOCK, 01777) != 0 || chmod(NS_RUN_LOCK, 01777) != 0)
+        fail(SETUP_FAILED, "mkdir", NS_RUN_LOCK, errno);
+    if (ns_is_dir(NS_VAR_RUN))
+        ns_mount(NS_RUN, NS_VAR_RUN, NULL, MS_BIND, NULL);
+    if (resolv_fd >= 0) {
+        for (char *slash = strchr(resolv + 1, '/'); slash != NULL; slash = strchr(slash + 1, '/')) {
+            *slash = '\0';
+            if (mkdir(resolv, 0755) == 0 ? chmod(resolv, 0755) != 0 : errno != EEXIST)
+                fail(SETUP_FAILED, "mkdir", resolv, errno);
+            *slash = '/';
+        }
+        int made = open(resolv, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (made < 0)
+            fail(SETUP_FAILED, "open", resolv, errno);
+        close(made);
+        char source[64];
+        snprintf(source, sizeof source, "/proc/self/fd/%d", resolv_fd);
+        ns_mount(source, resolv, NULL, MS_BIND, NULL);
+        close(resolv_fd);
+    }
+}
+
+/* STAGE/NAME, which must not exist yet, made as a directory (DIR) or an empty file. */
+static void ns_dev_entry(const char *name, char *path, size_t size, int dir)
+{
+    snprintf(path, size, "%s/%s", NS_DEV_STAGE, name);
+    if (dir) {
+        if (mkdir(path, 0755) != 0)
+            fail(SETUP_FAILED, "mkdir", path, errno);
+        return;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        fail(SETUP_FAILED, "open", path, errno);
+    close(fd);
+}
+
+/* A /dev of the sandbox's own, from an allow-list (docs/isolation.rst, "What of the host a
+ * sandbox sees"): a small tmpfs (root's, mode 0755) holding the host's null, zero, full,
+ * random, urandom, tty and ptmx (bound, where the host has them as character devices), its
+ * devpts on pts/, empty shm/ and mqueue/ (mounted after, each the sandbox's own; without an
+ * IPC namespace the host's mqueue is bound back), and the links fd, stdin, stdout, stderr into
+ * /proc/self/fd. Nothing else of the host's /dev: no socket (/dev/log, a syslog daemon's, made
+ * before or after the sandbox), no disk, no kmsg. Built in a staging directory of the private
+ * /run (ns_private_run, called first; nothing is done without one) and moved onto /dev whole. */
+static void ns_private_dev(int ipc)
+{
+    struct stat st;
+    if (!ns_is_dir(NS_DEV) || !ns_is_dir(NS_RUN))
+        return;
+    char path[128];
+    if (mkdir(NS_DEV_STAGE, 0755) != 0)
+        fail(SETUP_FAILED, "mkdir", NS_DEV_STAGE, errno);
+    ns_mount("tmpfs", NS_DEV_STAGE, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, NS_DEV_DATA);
+    for (size_t k = 0; k < sizeof NS_DEV_NODES / sizeof *NS_DEV_NODES; k++) {
+        char host[64];
+        snprintf(host, sizeof host, "%s/%s", NS_DEV, NS_DEV_NODES[k]);
+        if (lstat(host, &st) != 0 || !S_ISCHR(st.st_mode))
+            continue;
+        ns_dev_entry(NS_DEV_NODES[k], path, sizeof path, 0);
+        ns_mount(host, path, NULL, MS_BIND, NULL);
+    }
+    if (ns_is_dir("/dev/pts")) {
+        ns_dev_entry("pts", path, sizeof path, 1);
+        ns_mount("/dev/pts", path, NULL, MS_BIND | MS_REC, NULL);
+    }
+    if (stat("/dev/shm", &st) == 0)
+        ns_dev_entry("shm", path, sizeof path, 1);
+    if (ns_is_dir("/dev/mqueue")) {
+        ns_dev_entry("mqueue", path, sizeof path, 1);
+        if (!ipc)
+            ns_mount("/dev/mqueue", path, NULL, MS_BIND, NULL);
+    }
+    for (size_t k = 0; k < sizeof NS_DEV_LINKS / sizeof *NS_DEV_LINKS; k++) {
+        snprintf(path, sizeof path, "%s/%s", NS_DEV_STAGE, NS_DEV_LINKS[k][0]);
+        if (symlink(NS_DEV_LINKS[k][1], path) != 0)
+            fail(SETUP_FAILED, "symlink", path, errno);
+    }
+    ns_mount(NS_DEV_STAGE, NS_DEV, NULL, MS_MOVE, NULL);
+    if (rmdir(NS_DEV_STAGE) != 0)
+        fail(SETUP_FAILED, "rmdir", NS_DEV_STAGE, errno);
+}
+
 /* The child's mount namespace: slave root, no pins (NSROOT detached, unless NULL: a copy of
  * the template holds none), private /tmp, /var/tmp, /dev/shm, and the workspace at /home/user
  * on a /home of its own. */
@@ -135,6 +260,8 @@ static void ns_private_places(const char *nsroot, const char *tmp, const char *w
     for (size_t p = 0; p < 2; p++)
         if (ns_is_dir(NS_PLACES[p]))
             ns_mount(tmp_source, NS_PLACES[p], NULL, MS_BIND, NULL);
+    ns_private_run();
+    ns_private_dev(ipc);
     if (ns_is_dir(NS_PLACES[2])) {
         char data[64];
         snprintf(data, sizeof data, "size=%s,mode=1777", shm_bytes);
