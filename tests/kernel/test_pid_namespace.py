@@ -201,3 +201,31 @@ def test_a_crashed_daemons_sandbox_is_ended_at_restart(tmp_path: Path) -> None:
         assert not (second.root / ".ns" / box.rid).exists()
     finally:
         stop_daemon(second)
+
+
+@pytest.mark.parametrize("spawner", ["helper", "server"])
+def test_a_background_process_is_signalled_through_its_relay(tmp_path: Path, spawner: str) -> None:
+    """The pid a start answers is the relay's: a signal to it reaches the command's whole
+    group inside the namespace, and the exit is the command's (either spawner)."""
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    env = {"SANDBOXD_SPAWNER": spawner}
+    kd = KernelDaemon.start(tmp_path, "--memory-max=128M", WITH_PID, uids=1, env=env)
+    try:
+        box = kd.create()
+        uid = box.uid()
+        script = "sleep 300 & sleep 301 & echo $$ > inside; wait"
+        started = kd.call("POST", box.url("processes"), {"cmd": ["sh", "-c", script]}).json()
+        assert wait_for(lambda: len(processes_of([uid])) >= 3, 10 * SLOW), processes_of([uid])
+        relay = int(started["pid"])
+        assert relay in [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        assert int(box.ok("cat inside")) < 10  # the namespace's number, not the host's
+        base = box.url(f"processes/{started['id']}")
+        assert kd.call("POST", base + "/signal", {"signal": "KILL"}).status == 204
+        answer = kd.call("GET", box.url(f"processes/{started['id']}/output", follow="true"))
+        assert answer.body.splitlines()[-1] == b'{"exit":%d}' % (128 + signal.SIGKILL)
+        assert wait_for(lambda: not processes_of([uid]), 10 * SLOW), processes_of([uid])
+        assert not alive(relay)
+    finally:
+        kd.stop()
