@@ -456,6 +456,8 @@ static int make_namespaces(int argc, char **argv, int use_template)
         ;
     if (refused == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
         refused = ns_refuse("namespace holder", NULL, ECHILD);
+    if (refused != 0 && pid && said[1] > 0)
+        kill((pid_t)said[1], SIGKILL); /* no sandbox to end it later: its namespace goes now */
     return refused;
 }
 

@@ -11,6 +11,7 @@ namespace the attacker still reads the listener in ``/proc/<victim's pid>/net/tc
 
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -229,3 +230,52 @@ def test_a_background_process_is_signalled_through_its_relay(tmp_path: Path, spa
         assert not alive(relay)
     finally:
         kd.stop()
+
+
+def namespace_inits(helper: Path) -> list[int]:
+    """Live processes of ``helper`` (a copy only this test runs) in a PID namespace not ours."""
+    ours = os.stat("/proc/self/ns/pid").st_ino
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            mine = os.readlink(f"/proc/{name}/exe") == str(helper) and alive(int(name))
+            if mine and os.stat(f"/proc/{name}/ns/pid").st_ino != ours:
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def test_a_refused_create_leaves_no_init_behind(tmp_path: Path) -> None:
+    """When the pins cannot be made (here: ``init`` is there already), the helper kills the
+    init it started: no namespace outlives a create that failed."""
+    if os.geteuid() != 0:
+        pytest.skip("namespaces need root")
+    helper = tmp_path / "sandboxd-exec"
+    helper.write_bytes(Path("sandboxd/isolation/sandboxd-exec").read_bytes())
+    helper.chmod(0o755)
+    nsroot, rid = tmp_path / "ns", "0123456789abcdef"
+    (nsroot / rid).mkdir(parents=True)
+    for place in ("tmp", "ws"):
+        (tmp_path / place).mkdir()
+    subprocess.run(["mount", "--bind", str(nsroot), str(nsroot)], check=True)
+    try:
+        subprocess.run(["mount", "--make-private", str(nsroot)], check=True)
+        argv = [str(helper), "namespaces", str(nsroot), rid, "imp"]
+        argv += [str(tmp_path / "tmp"), str(tmp_path / "ws"), "1000000"]
+        made = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        assert made.returncode == 0, made.stderr
+        assert namespace_inits(helper) == [int((nsroot / rid / "init").read_text())]
+        other = "fedcba9876543210"
+        (nsroot / other).mkdir()
+        (nsroot / other / "init").touch()
+        argv[3] = other
+        refused = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        assert refused.returncode == 125 and "init file" in refused.stderr, refused
+        assert wait_for(lambda: len(namespace_inits(helper)) == 1, 10 * SLOW)
+    finally:
+        for pin in ("ipc", "mnt", "pid"):
+            subprocess.run(["umount", str(nsroot / rid / pin)], check=False)
+        for init in namespace_inits(helper):
+            os.kill(init, signal.SIGKILL)
+        subprocess.run(["umount", "-l", str(nsroot)], check=False)
