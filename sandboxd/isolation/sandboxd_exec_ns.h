@@ -482,14 +482,17 @@ static int namespace_type(const char *path)
 /* After setns into a pid namespace (which moves only the caller's children): lead a new
  * session (the daemon's killpg of this pid reaches the whole group), fork the command into the
  * namespace, and in this process, every signal blocked (each one the daemon sends the group
- * reaches the command too), wait for it and end as it did. Returns in the command only. */
+ * reaches the command too), wait for it and end as it did. A signal that came before the fork
+ * (sent to this process alone, or to a group the command was not in yet) is passed on to the
+ * command: it would be lost otherwise. Before setsid, signals act on this process as they
+ * would on the helper (a TERM then ends it, and no command starts). Returns in the command. */
 static void relay_pid_namespace(void)
 {
+    if (setsid() < 0)
+        fail(SETUP_FAILED, "setsid", NULL, errno);
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);
-    if (setsid() < 0)
-        fail(SETUP_FAILED, "setsid", NULL, errno);
     pid_t command = fork();
     if (command < 0)
         fail(SETUP_FAILED, "fork", "into the pid namespace", errno);
@@ -499,6 +502,19 @@ static void relay_pid_namespace(void)
         return;
     }
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    sigset_t early;
+    sigemptyset(&early);
+    sigpending(&early);
+    struct timespec now = {0, 0};
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sigismember(&early, sig) != 1)
+            continue;
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        sigtimedwait(&one, NULL, &now); /* taken: the command gets it instead */
+        kill(command, sig);
+    }
     int status = 0;
     while (waitpid(command, &status, 0) < 0)
         if (errno != EINTR)

@@ -279,3 +279,22 @@ def test_a_refused_create_leaves_no_init_behind(tmp_path: Path) -> None:
         for init in namespace_inits(helper):
             os.kill(init, signal.SIGKILL)
         subprocess.run(["umount", "-l", str(nsroot)], check=False)
+
+
+def test_a_signal_sent_at_once_is_not_lost_in_the_relay(tmp_path: Path) -> None:
+    """A signal sent as soon as a start answers may reach the relay before the command exists
+    (the relay blocks every signal): it must still end the command."""
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    kd = KernelDaemon.start(tmp_path, "--memory-max=128M", WITH_PID, uids=1)
+    try:
+        box = kd.create()
+        for _ in range(20):
+            started = kd.call("POST", box.url("processes"), {"cmd": ["sleep", "60"]}).json()
+            base = box.url(f"processes/{started['id']}")
+            assert kd.call("POST", base + "/signal", {"signal": "TERM"}).status == 204
+            answer = kd.call("GET", base + "/output?follow=true", timeout=15 * SLOW)
+            assert answer.body.splitlines()[-1] == b'{"exit":%d}' % (128 + signal.SIGTERM)
+    finally:
+        kd.stop()
