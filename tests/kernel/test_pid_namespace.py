@@ -9,6 +9,7 @@ namespace of its own), which the attacker cannot connect to either way; without 
 namespace the attacker still reads the listener in ``/proc/<victim's pid>/net/tcp``.
 """
 
+import errno
 import os
 import signal
 import subprocess
@@ -48,6 +49,18 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         if local == "0100007F:" + port and state == "0A":
             found.add(pid)
 print(len(found), sorted(found)[:1])
+"""
+
+DAEMON_NET = r"""
+import sys
+pid, port = sys.argv[1], "%04X" % int(sys.argv[2])
+try:
+    rows = open(f"/proc/{pid}/net/tcp").read().splitlines()[1:]
+except OSError:
+    print("unreadable")
+else:
+    mine = [r for r in rows if r.split()[1] == "0100007F:" + port and r.split()[3] == "0A"]
+    print("listening" if mine else "not listening")
 """
 
 
@@ -110,6 +123,23 @@ def test_another_sandboxs_listener_is_read_in_proc_net(
     finally:
         attacker.kill()
         victim.kill()
+
+
+@pytest.mark.parametrize("layer", ["on", "off"])
+def test_the_daemons_listener_is_read_in_proc_net(
+    daemons: dict[str, KernelDaemon], layer: str
+) -> None:
+    """The daemon's own sockets (its API port on the host's loopback), read through its pid
+    by a sandbox with a network namespace of its own."""
+    kd = daemons[layer]
+    attacker = kd.create()
+    try:
+        port, daemon = kd.daemon.port, kd.daemon.process.pid
+        read = attacker.exec(["python3", "-c", DAEMON_NET, str(daemon), str(port)])
+        assert read.exit == 0, read
+        assert read.text == ("listening" if layer == "off" else "unreadable"), read
+    finally:
+        attacker.kill()
 
 
 @pytest.mark.parametrize("layer", ["on", "off"])
@@ -298,3 +328,37 @@ def test_a_signal_sent_at_once_is_not_lost_in_the_relay(tmp_path: Path) -> None:
             assert answer.body.splitlines()[-1] == b'{"exit":%d}' % (128 + signal.SIGTERM)
     finally:
         kd.stop()
+
+
+def test_the_pids_limit_holds_inside_the_namespace(tmp_path: Path) -> None:
+    """The sandbox's pids.max still bounds what its commands fork (its init and the relays are
+    outside its cgroup)."""
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    kd = KernelDaemon.start(tmp_path, "--memory-max=128M", "--pids-max=24", WITH_PID, uids=1)
+    try:
+        box = kd.create()
+        forks = box.exec(["python3", "-c", FORKS], timeout=60)
+        made, error = (int(n) for n in forks.text.split())
+        assert made < 24 and error == errno.EAGAIN, forks
+        assert box.ok("echo still") == "still"
+    finally:
+        kd.stop()
+
+
+FORKS = r"""
+import os, time
+made, error = 0, 0
+while made < 200:
+    try:
+        child = os.fork()
+    except OSError as e:
+        error = e.errno
+        break
+    if child == 0:
+        time.sleep(30)
+        os._exit(0)
+    made += 1
+print(made, error)
+"""
