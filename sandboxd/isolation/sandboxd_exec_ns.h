@@ -53,8 +53,8 @@
  * holder's /proc/PID/ns/pid_for_children, and NSROOT/RID/init holds init's pid (as the host
  * sees it): the daemon kills it at the sandbox's end, and the kernel then kills every process
  * left in the namespace. setns into a pid namespace only moves the caller's children, so
- * "enter" with a pin named "pid" becomes a relay (relay_pid_namespace): it leads a new
- * session, forks the command into the namespace (in the relay's own process group: the
+ * "enter" with a pin named "pid" becomes a relay (relay_pid_namespace): it joins the
+ * sandbox's cgroups (the JOIN files of the "sandbox" arguments), leads a new session, forks the command into the namespace (in the relay's own process group: the
  * daemon's killpg of the relay's pid reaches the command and what it forks, as without the
  * pid namespace), keeps every signal blocked, and exits as the command did.
  *
@@ -479,6 +479,24 @@ static int namespace_type(const char *path)
     return 0;
 }
 
+/* The relay joins the sandbox's cgroups first (ARGV: HELPER [--OPTION..] sandbox UID GID CWD N
+ * JOIN_1 .. JOIN_N CMD ..): it is the sandbox's to pay for (memory, one of its pids.max), and
+ * ends with it when its cgroup is killed. Any other mode is left to fail as it would. */
+static void relay_join_cgroups(int argc, char **argv)
+{
+    int at = 1;
+    while (at < argc && strncmp(argv[at], "--", 2) == 0)
+        at++;
+    if (at + 5 >= argc || strcmp(argv[at], "sandbox") != 0)
+        return;
+    char *end = NULL;
+    long joins = strtol(argv[at + 4], &end, 10);
+    if (end == argv[at + 4] || *end != '\0' || joins < 0 || joins > argc - at - 6)
+        return; /* the sandbox step refuses it */
+    for (long k = 0; k < joins; k++)
+        write_all(argv[at + 5 + k], "0\n", "cannot join cgroup");
+}
+
 /* After setns into a pid namespace (which moves only the caller's children): lead a new
  * session (the daemon's killpg of this pid reaches the whole group), fork the command into the
  * namespace, and in this process, every signal blocked (each one the daemon sends the group
@@ -486,8 +504,9 @@ static int namespace_type(const char *path)
  * (sent to this process alone, or to a group the command was not in yet) is passed on to the
  * command: it would be lost otherwise. Before setsid, signals act on this process as they
  * would on the helper (a TERM then ends it, and no command starts). Returns in the command. */
-static void relay_pid_namespace(void)
+static void relay_pid_namespace(int argc, char **argv)
 {
+    relay_join_cgroups(argc, argv);
     if (setsid() < 0)
         fail(SETUP_FAILED, "setsid", NULL, errno);
     sigset_t all, old;
@@ -552,7 +571,7 @@ static char **enter_namespaces(int *argc, char **argv)
         close(fd);
     }
     if (pid)
-        relay_pid_namespace();
+        relay_pid_namespace(*argc - 3 - (int)count, argv + 3 + count);
     *argc -= 3 + (int)count;
     return argv + 3 + count;
 }
