@@ -54,9 +54,11 @@
  * sees it): the daemon kills it at the sandbox's end, and the kernel then kills every process
  * left in the namespace. setns into a pid namespace only moves the caller's children, so
  * "enter" with a pin named "pid" becomes a relay (relay_pid_namespace): it joins the
- * sandbox's cgroups (the JOIN files of the "sandbox" arguments), leads a new session, forks the command into the namespace (in the relay's own process group: the
- * daemon's killpg of the relay's pid reaches the command and what it forks, as without the
- * pid namespace), keeps every signal blocked, and exits as the command did.
+ * sandbox's cgroups (the JOIN files of the "sandbox" arguments), leads a new session, forks
+ * the command into the namespace (in the relay's own process group: the daemon's killpg of
+ * the relay's pid reaches the command and what it forks, as without the pid namespace),
+ * keeps every signal blocked (passing on those that came before the fork), and exits as the
+ * command did.
  *
  * Failures exit 125 with "sandboxd-exec: ..." on stderr.
  */
