@@ -62,7 +62,6 @@
 extern char **environ;
 
 static void fail(int code, const char *what, const char *arg, int error);
-static void write_all(const char *path, const char *text, const char *what);
 #include "sandboxd_exec_ns.h" /* namespaces at create, and "enter" before an exec */
 #include "sandboxd_exec_spawn.h" /* the spawn server: this main path, without a program start */
 

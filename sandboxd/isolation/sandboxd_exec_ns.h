@@ -53,10 +53,10 @@
  * holder's /proc/PID/ns/pid_for_children, and NSROOT/RID/init holds init's pid (as the host
  * sees it): the daemon kills it at the sandbox's end, and the kernel then kills every process
  * left in the namespace. setns into a pid namespace only moves the caller's children, so
- * "enter" with a pin named "pid" becomes a relay (relay_pid_namespace): it joins the
- * sandbox's cgroups (the JOIN files of the "sandbox" arguments), leads a new session, forks
- * the command into the namespace (in the relay's own process group: the daemon's killpg of
- * the relay's pid reaches the command and what it forks, as without the pid namespace),
+ * "enter" with a pin named "pid" becomes a relay (relay_pid_namespace): it leads a new
+ * session, forks the command into the namespace (in the relay's own process group: the
+ * daemon's killpg of the relay's pid reaches the command and what it forks, as without the
+ * pid namespace), joins the sandbox's cgroups (the JOIN files of the "sandbox" arguments),
  * keeps every signal blocked (passing on those that came before the fork), and exits as the
  * command did.
  *
@@ -481,9 +481,12 @@ static int namespace_type(const char *path)
     return 0;
 }
 
-/* The relay joins the sandbox's cgroups first (ARGV: HELPER [--OPTION..] sandbox UID GID CWD N
- * JOIN_1 .. JOIN_N CMD ..): it is the sandbox's to pay for (memory, one of its pids.max), and
- * ends with it when its cgroup is killed. Any other mode is left to fail as it would. */
+/* The relay joins the sandbox's cgroups once the command is forked (ARGV: HELPER [--OPTION..]
+ * sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD ..): it is the sandbox's to pay for (memory, a
+ * pid), and ends with it when its cgroup is killed. After the fork, not before: a sandbox at
+ * its pids.max still starts a command, as without the relay (a move into a cgroup is not held
+ * to its pids.max; the command's own join then fails or not as before). Best effort: a join
+ * the relay cannot make, the command's own step refuses. */
 static void relay_join_cgroups(int argc, char **argv)
 {
     int at = 1;
@@ -495,8 +498,13 @@ static void relay_join_cgroups(int argc, char **argv)
     long joins = strtol(argv[at + 4], &end, 10);
     if (end == argv[at + 4] || *end != '\0' || joins < 0 || joins > argc - at - 6)
         return; /* the sandbox step refuses it */
-    for (long k = 0; k < joins; k++)
-        write_all(argv[at + 5 + k], "0\n", "cannot join cgroup");
+    for (long k = 0; k < joins; k++) {
+        int fd = open(argv[at + 5 + k], O_WRONLY | O_CLOEXEC);
+        if (fd >= 0 && write(fd, "0\n", 2) != 2)
+            dprintf(2, "sandboxd-exec: relay: cannot join cgroup %s\n", argv[at + 5 + k]);
+        if (fd >= 0)
+            close(fd);
+    }
 }
 
 /* After setns into a pid namespace (which moves only the caller's children): lead a new
@@ -508,7 +516,6 @@ static void relay_join_cgroups(int argc, char **argv)
  * would on the helper (a TERM then ends it, and no command starts). Returns in the command. */
 static void relay_pid_namespace(int argc, char **argv)
 {
-    relay_join_cgroups(argc, argv);
     if (setsid() < 0)
         fail(SETUP_FAILED, "setsid", NULL, errno);
     sigset_t all, old;
@@ -523,6 +530,7 @@ static void relay_pid_namespace(int argc, char **argv)
         return;
     }
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    relay_join_cgroups(argc, argv);
     sigset_t early;
     sigemptyset(&early);
     sigpending(&early);

@@ -363,3 +363,22 @@ while made < 200:
     made += 1
 print(made, error)
 """
+
+
+def test_a_sandbox_at_its_pids_max_still_starts_a_command(tmp_path: Path) -> None:
+    """The relay forks before it joins the sandbox's cgroup: a command still starts at
+    pids.max (its own forks are then refused), as it does without the pid layer."""
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    kd = KernelDaemon.start(tmp_path, "--memory-max=128M", "--pids-max=16", WITH_PID, uids=1)
+    try:
+        box = kd.create()
+        fill = "for (1 .. 40) { my $p = fork; if (defined $p && !$p) { sleep 300; exit } }"
+        fill += " sleep 300"
+        assert kd.call("POST", box.url("processes"), {"cmd": ["perl", "-e", fill]}).status == 200
+        assert wait_for(lambda: box.stats()["pids"] >= 16, 30 * SLOW), box.stats()
+        held = box.run("echo inside; sleep 0 & wait")  # echo is the shell's own: no fork
+        assert held.out == b"inside\n" and held.exit != 0, held
+    finally:
+        kd.stop()
