@@ -27,7 +27,7 @@ from sbench.stats import pct  # noqa: E402
 from sandboxd.isolation.helper import HELPER  # noqa: E402
 from sandboxd.isolation.namespace_server import NamespaceServer  # noqa: E402
 from sandboxd.isolation.namespaces import (  # noqa: E402
-    KINDS,
+    ALL,
     PLACES,
     HelperCreator,
     Namespaces,
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="sandboxd-bench-nsfill-", dir="/var/tmp"))
     root.chmod(0o711)
     ns = Namespaces(
-        kinds=frozenset(KINDS),
+        kinds=frozenset(ALL),
         nsroot=str(root / ".ns"),
         network=NetworkPolicy({"none": NoNetwork()}, ("none",), "none"),
         creator=HelperCreator(args.helper),

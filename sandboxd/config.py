@@ -177,7 +177,7 @@ class Config:
         "SANDBOXD_NAMESPACES",
         "all",
         parse_namespaces,
-        "Namespace layers per sandbox: all, none, or some of ipc,mount,net",
+        "Namespace layers per sandbox: all, none, or some of ipc,mount,net,pid",
     )
     network: str | None = setting_field(
         "SANDBOXD_NETWORK",

@@ -1,4 +1,4 @@
-"""Per-sandbox IPC, mount and network namespaces (docs/isolation.rst, "Namespaces").
+"""Per-sandbox IPC, mount, network and PID namespaces (docs/isolation.rst, "Namespaces").
 
 At create, the sandbox's namespaces are made once and **pinned**: the exec helper's
 ``namespaces`` mode (``sandboxd_exec_ns.h``; without the helper, ``unshare(1)`` and a short
@@ -25,6 +25,12 @@ privilege (:meth:`Namespaces.enter`, in the one chain of
 helper's ``enter`` prefix, ``nsenter`` in the shell chain. Kill unmounts the pins (the
 namespaces, their IPC objects, tmpfs and sockets go once the last process has); start-up
 removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
+
+The PID namespace (``pid``, opt-in: not part of ``all`` yet, and only with ``mount`` and the
+helper) has an init of its own that mounts the namespace's ``/proc``; entering it makes the
+helper a relay that forks the command inside (``sandboxd_exec_ns.h``), and the sandbox's end
+kills that init (:mod:`sandboxd.isolation.pidns`). The pids the API reports are the relays',
+as the host numbers them: the daemon signals their process group, which holds the command.
 """
 
 import errno
@@ -42,14 +48,18 @@ from sandboxd.isolation.identity_files import write_identity_files
 from sandboxd.isolation.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.naming import is_rid
 from sandboxd.isolation.network import NetworkMode, NetworkPolicy, host_only
+from sandboxd.isolation.pidns import kill_init
 
-KINDS = ("ipc", "mount", "net")
+KINDS = ("ipc", "mount", "net", "pid")
 """The namespace layers, by the name ``SANDBOXD_NAMESPACES`` and ``/healthz`` use."""
 
-PIN = {"ipc": "ipc", "mount": "mnt", "net": "net"}
+ALL = ("ipc", "mount", "net")
+"""The layers ``all`` names (``pid`` is asked for by name until it is part of it)."""
+
+PIN = {"ipc": "ipc", "mount": "mnt", "net": "net", "pid": "pid"}
 """Each layer's pin file name (as in ``/proc/PID/ns``)."""
 
-LETTER = {"ipc": "i", "mount": "m", "net": "n"}
+LETTER = {"ipc": "i", "mount": "m", "net": "n", "pid": "p"}
 """Each layer's letter in the helper's ``KINDS`` argument."""
 
 PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/home", "/run")
@@ -93,18 +103,21 @@ def run_program(argv: Sequence[str]) -> tuple[int, str]:
 
 
 def parse_namespaces(text: str) -> frozenset[str]:
-    """``SANDBOXD_NAMESPACES``: ``all``, ``none``, or layer names separated by commas."""
+    """``SANDBOXD_NAMESPACES``: ``all``, ``none``, or layer names separated by commas
+    (``pid`` only with ``mount``: its ``/proc`` is mounted there)."""
     value = text.strip().lower()
     if value == "all":
-        return frozenset(KINDS)
+        return frozenset(ALL)
     if value == "none":
         return frozenset()
     names = {part.strip() for part in value.split(",") if part.strip()}
     if not names:
-        raise ValueError("is empty (all, none, or some of ipc, mount, net)")
+        raise ValueError("is empty (all, none, or some of ipc, mount, net, pid)")
     for name in names:
         if name not in KINDS:
             raise ValueError(f"{name!r} is not one of all, none, {', '.join(KINDS)}")
+    if "pid" in names and "mount" not in names:
+        raise ValueError("pid needs mount (the PID namespace's /proc is mounted there)")
     return frozenset(names)
 
 
@@ -168,7 +181,7 @@ class HelperCreator(Creator):
 
 def _ordered(pins: dict[str, str]) -> list[str]:
     """The pin paths with the mount namespace's last (past it the others are out of sight)."""
-    return [pins[kind] for kind in ("ipc", "net", "mount") if kind in pins]
+    return [pins[kind] for kind in ("ipc", "net", "pid", "mount") if kind in pins]
 
 
 @define
@@ -190,7 +203,8 @@ class Namespaces:
     _prepared: bool = False
 
     def capabilities(self) -> list[str]:
-        """``isolation.ipc``, ``isolation.mount``, ``isolation.net`` in force, and the network
+        """``isolation.ipc``, ``isolation.mount``, ``isolation.net``, ``isolation.pid`` in force,
+        and the network
         modes a create may ask for."""
         return sorted([f"isolation.{kind}" for kind in self.kinds] + self.network.capabilities())
 
@@ -313,7 +327,8 @@ class Namespaces:
         return self.creator.enter(_ordered(pins), argv)
 
     def remove(self, rid: str) -> None:
-        """Detach the network mode, unmount and remove every pin of ``rid`` (none: no error)."""
+        """Detach the network mode, kill the PID namespace's init (and with it every process
+        left inside), unmount and remove every pin of ``rid`` (none: no error)."""
         pins = self._pins.pop(rid, None)
         mode = self._modes.pop(rid, None)
         directory = os.path.join(self.nsroot, rid)
@@ -327,6 +342,7 @@ class Namespaces:
             for offered in self.network.offered.values():
                 if offered.own_namespace:
                     offered.detach(rid, net)
+        kill_init(directory, os.path.join(directory, PIN["pid"]))
         try:
             names = os.listdir(directory)
         except FileNotFoundError:

@@ -16,7 +16,8 @@
  *      limits;
  *   2. reset oom_score_adj to 0 (the daemon's protective value would be inherited; a value
  *      above 0 that cannot be lowered is kept, as it protects nothing);
- *   3. setsid (a new session and process group that the daemon can killpg);
+ *   3. setsid (a new session and process group that the daemon can killpg; a command forked
+ *      into a pid namespace stays in the session its relay leads, sandboxd_exec_ns.h);
  *   4. drop every supplementary group, then gid, then uid (real, effective, saved), and set
  *      no_new_privs (setuid programs no longer raise privilege); then, unless --seccomp=off,
  *      apply the default seccomp filter (sandboxd_seccomp.h says what it refuses);
@@ -312,7 +313,7 @@ static int helper_main(int argc, char **argv)
     for (long i = 0; i < procs; i++)
         write_all(argv[6 + i], "0\n", "cannot join cgroup");
     reset_oom_score_adj();
-    if (setsid() < 0)
+    if (!ns_relayed && setsid() < 0) /* a relayed command is in its relay's session already */
         fail(SETUP_FAILED, "setsid", NULL, errno);
     drop_privilege(uid, gid);
     if (options.seccomp)

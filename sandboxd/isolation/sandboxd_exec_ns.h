@@ -49,6 +49,21 @@
  * past it the other pins are no longer visible), then carries on as "HELPER MODE ...": the
  * privilege drop comes after, so a sandbox's commands never run outside its namespaces.
  *
+ * PID namespace (KINDS "p", with "m"): the holder's unshare takes CLONE_NEWPID too, and once
+ * the mount namespace is ready the holder forks the namespace's init (pid 1), which mounts a
+ * /proc of that pid namespace on /proc (in the sandbox's mount namespace: the sandbox sees its
+ * own processes only), points its stdio at /dev/null, ignores every signal (SIGCHLD ignored:
+ * the kernel reaps the orphans it inherits) and sleeps for ever. The pin NSROOT/RID/pid is the
+ * holder's /proc/PID/ns/pid_for_children, and NSROOT/RID/init holds init's pid (as the host
+ * sees it): the daemon kills it at the sandbox's end, and the kernel then kills every process
+ * left in the namespace. setns into a pid namespace only moves the caller's children, so
+ * "enter" with a pin named "pid" becomes a relay (relay_pid_namespace): it leads a new
+ * session, forks the command into the namespace (in the relay's own process group: the
+ * daemon's killpg of the relay's pid reaches the command and what it forks, as without the
+ * pid namespace), joins the sandbox's cgroups (the JOIN files of the "sandbox" arguments),
+ * keeps every signal blocked (passing on those that came before the fork), and exits as the
+ * command did.
+ *
  * Failures exit 125 with "sandboxd-exec: ..." on stderr.
  */
 #include <limits.h>
@@ -58,6 +73,7 @@
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -85,6 +101,10 @@ static const char *const NS_DEV_LINKS[][2] = {
     {"stdout", "/proc/self/fd/1"},
     {"stderr", "/proc/self/fd/2"},
 };
+static const char NS_INIT_FILE[] = "init";                           /* beside the pins */
+
+/* Set in the command a relay forked into a pid namespace: it stays in the relay's session. */
+static int ns_relayed = 0;
 
 static void ns_loopback_up(void)
 {
@@ -356,6 +376,73 @@ static int ns_refuse(const char *what, const char *arg, int error)
     return SETUP_FAILED;
 }
 
+/* The pid namespace's init (pid 1, forked by the holder): mount this namespace's /proc, say
+ * so on TOLD (one byte), then hold the namespace for ever, reaping nothing by hand (SIGCHLD
+ * ignored: the kernel reaps each orphan it inherits). Only SIGKILL from the host ends it. */
+static void ns_init(int told)
+{
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+        fail(SETUP_FAILED, "mount", "/proc (pid namespace)", errno);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    struct sigaction ignore;
+    memset(&ignore, 0, sizeof ignore);
+    ignore.sa_handler = SIG_IGN;
+    for (int sig = 1; sig < NSIG; sig++)
+        sigaction(sig, &ignore, NULL); /* SIGKILL, SIGSTOP: refused */
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || chdir("/") != 0 || setsid() < 0)
+        fail(SETUP_FAILED, "init", "stdio", errno);
+    char ok = 1;
+    if (write(told, &ok, 1) != 1)
+        _exit(SETUP_FAILED);
+    for (int fd = 0; fd < 3; fd++)
+        dup2(null, fd); /* the server reads the holder's stderr to its end */
+    if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0)
+        for (int fd = 3; fd < 1024; fd++)
+            close(fd);
+    for (;;)
+        pause();
+}
+
+/* In the holder, its namespaces made: fork the pid namespace's init and wait until its /proc
+ * is mounted. Its pid as the host sees it; exits when it failed (init said why). */
+static pid_t ns_start_init(void)
+{
+    int told[2];
+    if (pipe2(told, O_CLOEXEC) != 0)
+        fail(SETUP_FAILED, "pipe", "init", errno);
+    pid_t init = fork();
+    if (init < 0)
+        fail(SETUP_FAILED, "fork", "init", errno);
+    if (init == 0) {
+        close(told[0]);
+        ns_init(told[1]);
+    }
+    close(told[1]);
+    char ok = 0;
+    while (read(told[0], &ok, 1) < 0 && errno == EINTR)
+        ;
+    close(told[0]);
+    if (ok != 1)
+        _exit(SETUP_FAILED);
+    return init;
+}
+
+/* Beside the pins: init's pid (the host's number), for the daemon to kill it at the end. */
+static int ns_write_init(const char *nsroot, const char *rid, pid_t init)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s/%s", nsroot, rid, NS_INIT_FILE);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
+    if (fd < 0)
+        return ns_refuse("init file", path, errno);
+    int ok = dprintf(fd, "%d\n", (int)init) > 0;
+    int error = errno;
+    if (close(fd) != 0 || !ok)
+        return ns_refuse("init file", path, ok ? errno : error);
+    return 0;
+}
+
 /* The server's template mount namespace for NSROOT (made at the first request naming it, in
  * the server itself, which then goes back to the host's): its descriptor, or -1 with errno. */
 static int ns_template(const char *nsroot)
@@ -401,8 +488,11 @@ static int make_namespaces(int argc, char **argv, int use_template)
         return ns_refuse("bad", "namespaces arguments", EINVAL);
     const char *nsroot = argv[2], *rid = argv[3], *kinds = argv[4];
     int ipc = strchr(kinds, 'i') != NULL, mnt = strchr(kinds, 'm') != NULL;
-    int net = strchr(kinds, 'n') != NULL;
-    int flags = (ipc ? CLONE_NEWIPC : 0) | (mnt ? CLONE_NEWNS : 0) | (net ? CLONE_NEWNET : 0);
+    int net = strchr(kinds, 'n') != NULL, pid = strchr(kinds, 'p') != NULL;
+    if (pid && !mnt) /* its /proc goes in the sandbox's mount namespace */
+        return ns_refuse("bad", "namespaces: a pid namespace needs a mount namespace", EINVAL);
+    int flags = (ipc ? CLONE_NEWIPC : 0) | (mnt ? CLONE_NEWNS : 0) | (net ? CLONE_NEWNET : 0) |
+                (pid ? CLONE_NEWPID : 0);
     int template = -1;
     if (mnt && use_template && (template = ns_template(nsroot)) < 0)
         return ns_refuse("template", nsroot, errno);
@@ -445,8 +535,9 @@ static int make_namespaces(int argc, char **argv, int use_template)
         }
         if (net)
             ns_loopback_up();
+        int said[2] = {cpu, pid ? (int)ns_start_init() : 0};
         char ignored;
-        if (write(ready[1], &cpu, sizeof cpu) != sizeof cpu)
+        if (write(ready[1], said, sizeof said) != sizeof said)
             _exit(SETUP_FAILED);
         /* Held until the parent has pinned the namespaces (or died). */
         while (read(done[0], &ignored, 1) < 0 && errno == EINTR)
@@ -455,12 +546,13 @@ static int make_namespaces(int argc, char **argv, int use_template)
     }
     close(ready[1]);
     close(done[0]);
-    int cpu;
+    int said[2];
     ssize_t got;
-    while ((got = read(ready[0], &cpu, sizeof cpu)) < 0 && errno == EINTR)
+    while ((got = read(ready[0], said, sizeof said)) < 0 && errno == EINTR)
         ;
     close(ready[0]);
-    if (got != sizeof cpu) {
+    int cpu = said[0];
+    if (got != sizeof said) {
         close(done[1]);
         waitpid(child, NULL, 0);
         return SETUP_FAILED; /* the child said why */
@@ -471,14 +563,15 @@ static int make_namespaces(int argc, char **argv, int use_template)
         CPU_SET(cpu, &one);
         sched_setaffinity(0, sizeof one, &one);
     }
-    int refused = 0;
-    static const char *const names[] = {"ipc", "mnt", "net"};
-    const int wanted[] = {ipc, mnt, net};
-    for (int k = 0; k < 3; k++) {
+    int refused = pid ? ns_write_init(nsroot, rid, (pid_t)said[1]) : 0;
+    static const char *const names[] = {"ipc", "mnt", "net", "pid"};
+    static const char *const sources[] = {"ipc", "mnt", "net", "pid_for_children"};
+    const int wanted[] = {ipc, mnt, net, pid};
+    for (int k = 0; k < 4 && refused == 0; k++) {
         if (!wanted[k])
             continue;
         char source[64], pin[4096];
-        snprintf(source, sizeof source, "/proc/%d/ns/%s", (int)child, names[k]);
+        snprintf(source, sizeof source, "/proc/%d/ns/%s", (int)child, sources[k]);
         snprintf(pin, sizeof pin, "%s/%s/%s", nsroot, rid, names[k]);
         int fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
         if (fd < 0 || close(fd) != 0 || mount(source, pin, NULL, MS_BIND, NULL) != 0) {
@@ -492,6 +585,8 @@ static int make_namespaces(int argc, char **argv, int use_template)
         ;
     if (refused == 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
         refused = ns_refuse("namespace holder", NULL, ECHILD);
+    if (refused != 0 && pid && said[1] > 0)
+        kill((pid_t)said[1], SIGKILL); /* no sandbox to end it later: its namespace goes now */
     return refused;
 }
 
@@ -508,7 +603,90 @@ static int namespace_type(const char *path)
         return CLONE_NEWNS;
     if (strcmp(name, "net") == 0)
         return CLONE_NEWNET;
+    if (strcmp(name, "pid") == 0)
+        return CLONE_NEWPID;
     return 0;
+}
+
+/* The relay joins the sandbox's cgroups once the command is forked (ARGV: HELPER [--OPTION..]
+ * sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD ..): it is the sandbox's to pay for (memory, a
+ * pid), and ends with it when its cgroup is killed. After the fork, not before: a sandbox at
+ * its pids.max still starts a command, as without the relay (a move into a cgroup is not held
+ * to its pids.max; the command's own join then fails or not as before). Best effort: a join
+ * the relay cannot make, the command's own step refuses. */
+static void relay_join_cgroups(int argc, char **argv)
+{
+    int at = 1;
+    while (at < argc && strncmp(argv[at], "--", 2) == 0)
+        at++;
+    if (at + 5 >= argc || strcmp(argv[at], "sandbox") != 0)
+        return;
+    char *end = NULL;
+    long joins = strtol(argv[at + 4], &end, 10);
+    if (end == argv[at + 4] || *end != '\0' || joins < 0 || joins > argc - at - 6)
+        return; /* the sandbox step refuses it */
+    for (long k = 0; k < joins; k++) {
+        int fd = open(argv[at + 5 + k], O_WRONLY | O_CLOEXEC);
+        if (fd >= 0 && write(fd, "0\n", 2) != 2)
+            dprintf(2, "sandboxd-exec: relay: cannot join cgroup %s\n", argv[at + 5 + k]);
+        if (fd >= 0)
+            close(fd);
+    }
+}
+
+/* After setns into a pid namespace (which moves only the caller's children): lead a new
+ * session (the daemon's killpg of this pid reaches the whole group), fork the command into the
+ * namespace, and in this process, every signal blocked (each one the daemon sends the group
+ * reaches the command too), wait for it and end as it did. A signal that came before the fork
+ * (sent to this process alone, or to a group the command was not in yet) is passed on to the
+ * command: it would be lost otherwise. Before setsid, signals act on this process as they
+ * would on the helper (a TERM then ends it, and no command starts). Returns in the command. */
+static void relay_pid_namespace(int argc, char **argv)
+{
+    if (setsid() < 0)
+        fail(SETUP_FAILED, "setsid", NULL, errno);
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
+    pid_t command = fork();
+    if (command < 0)
+        fail(SETUP_FAILED, "fork", "into the pid namespace", errno);
+    if (command == 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        ns_relayed = 1;
+        return;
+    }
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    relay_join_cgroups(argc, argv);
+    sigset_t early;
+    sigemptyset(&early);
+    sigpending(&early);
+    struct timespec now = {0, 0};
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sigismember(&early, sig) != 1)
+            continue;
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        sigtimedwait(&one, NULL, &now); /* taken: the command gets it instead */
+        kill(command, sig);
+    }
+    int status = 0;
+    while (waitpid(command, &status, 0) < 0)
+        if (errno != EINTR)
+            fail(SETUP_FAILED, "waitpid", "the command", errno);
+    if (WIFEXITED(status))
+        _exit(WEXITSTATUS(status));
+    int sig = WTERMSIG(status);
+    struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none); /* the command dumped its core already, if any */
+    signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    kill(getpid(), sig);
+    sigprocmask(SIG_UNBLOCK, &one, NULL);
+    _exit(128 + sig);
 }
 
 /* "enter N NS.. HELPER MODE ...": setns into each, then the arguments from HELPER on. */
@@ -518,6 +696,7 @@ static char **enter_namespaces(int *argc, char **argv)
     long count = *argc > 2 ? strtol(argv[2], &end, 10) : -1;
     if (end == argv[2] || (end != NULL && *end != '\0') || count < 0 || count > *argc - 4)
         fail(SETUP_FAILED, "bad", "namespace count", EINVAL);
+    int pid = 0;
     for (long i = 0; i < count; i++) {
         const char *path = argv[3 + i];
         int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -525,8 +704,11 @@ static char **enter_namespaces(int *argc, char **argv)
             fail(SETUP_FAILED, "open namespace", path, errno);
         if (setns(fd, namespace_type(path)) != 0)
             fail(SETUP_FAILED, "setns", path, errno);
+        pid |= namespace_type(path) == CLONE_NEWPID;
         close(fd);
     }
+    if (pid)
+        relay_pid_namespace(*argc - 3 - (int)count, argv + 3 + count);
     *argc -= 3 + (int)count;
     return argv + 3 + count;
 }

@@ -358,6 +358,8 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
     creator: Creator
     run: Runner = run_namespace_program
     if helper is None:
+        if "pid" in kinds:  # its init and the relay are the helper's (sandboxd_exec_ns.h)
+            raise IsolationUnavailable("namespaces: pid needs the exec helper (a C compiler)")
         creator = ShellCreator(ShellPrograms.find(host.which))
     else:
         creator = HelperCreator(helper)

@@ -21,8 +21,8 @@ from sandboxd.config import Config, ConfigError
 from sandboxd.isolation.base import Identity, IsolationUnavailable
 from sandboxd.isolation.mounts import MountCalls, is_mount_point, re_octal
 from sandboxd.isolation.namespaces import (
+    ALL,
     HOME_VIEW,
-    KINDS,
     HelperCreator,
     Namespaces,
     home_coverable,
@@ -73,7 +73,7 @@ class Runner:
     def __call__(self, argv: Sequence[str]) -> tuple[int, str]:
         self.argvs.append(list(argv))
         if self.code == 0 and argv[1] == "namespaces":
-            for kind, name in (("i", "ipc"), ("m", "mnt"), ("n", "net")):
+            for kind, name in (("i", "ipc"), ("m", "mnt"), ("n", "net"), ("p", "pid")):
                 if kind in argv[4]:
                     Path(argv[2], argv[3], name).touch()
         return self.code, "sandboxd-exec: unshare: Operation not permitted"
@@ -104,7 +104,7 @@ def namespaces(tmp_path: Path, runner: Runner, egress: Egress | None = None) -> 
         offered["egress"] = egress
     policy = NetworkPolicy.choose(offered, None, None, {})
     return Namespaces(
-        kinds=frozenset(KINDS),
+        kinds=frozenset(ALL),
         nsroot=str(tmp_path / ".ns"),
         network=policy,
         creator=HelperCreator("/h/sandboxd-exec"),
@@ -114,7 +114,7 @@ def namespaces(tmp_path: Path, runner: Runner, egress: Egress | None = None) -> 
 
 
 def test_settings_parse_and_refuse_in_one_line() -> None:
-    assert parse_namespaces("all") == frozenset(KINDS)
+    assert parse_namespaces("all") == frozenset(ALL)
     assert parse_namespaces(" None ") == frozenset()
     assert parse_namespaces("ipc, net") == {"ipc", "net"}
     for bad in ("", "ipc,pid"):
@@ -456,7 +456,7 @@ def test_cgroup_bundles_make_namespaces_with_the_helper_or_the_shell(
     machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
     iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, machine.host(helper=helper))
     ns = iso.namespaces
-    assert ns.kinds == frozenset(KINDS) and isinstance(ns.creator, creator)
+    assert ns.kinds == frozenset(ALL) and isinstance(ns.creator, creator)
     assert ns.nsroot == os.path.join(os.path.realpath(tmp_path / "root"), ".ns")
     assert ns.network.default == "none"
 

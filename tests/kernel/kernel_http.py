@@ -86,6 +86,41 @@ def alive(pid: int) -> bool:
     return proc_uids(pid) is not None
 
 
+def host_pid(inner: int, pin: Path) -> int | None:
+    """The host's number of the process a sandbox numbers ``inner`` (``$!``, ``os.getpid()``)
+    in its PID namespace pinned at ``pin`` (``{root}/.ns/{rid}/pid``); ``inner`` itself where
+    the sandbox has no PID namespace (no such pin); ``None`` once that process is gone."""
+    try:
+        wanted = os.stat(pin)
+    except FileNotFoundError:
+        return inner
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            held = os.stat(f"/proc/{entry}/ns/pid")
+            status = Path(f"/proc/{entry}/status").read_text()
+        except OSError:
+            continue
+        if (held.st_dev, held.st_ino) != (wanted.st_dev, wanted.st_ino):
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and int(line.split()[-1]) == inner:
+                return int(entry)
+    return None
+
+
+def command_pid(pid: int) -> int:
+    """The command behind a pid the API reports: with a PID namespace that pid is the relay's
+    (outside the namespace) and the command its only child (inside); else ``pid`` itself."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        own = os.stat(f"/proc/{pid}/ns/pid").st_ino
+        if len(children) == 1 and os.stat(f"/proc/{children[0]}/ns/pid").st_ino != own:
+            return int(children[0])
+    except OSError:
+        pass
+    return pid
+
+
 def processes_of(uids: Iterable[int]) -> list[int]:
     """Live processes with any of ``uids`` as real, effective, saved or filesystem uid."""
     wanted = set(uids)

@@ -19,6 +19,7 @@ from tests.kernel.kernel_http import (
     SLOW,
     KernelDaemon,
     alive,
+    command_pid,
     isolation_problem,
     proc_uids,
     processes_of,
@@ -37,9 +38,10 @@ def frames(kd: KernelDaemon, path: str) -> "http.client.HTTPResponse":
 
 
 def sandbox_uid(pid: int) -> int:
-    """The uid ``pid`` runs as once the wrapper dropped privilege (it starts as root)."""
-    assert wait_for(lambda: (proc_uids(pid) or (0,))[0] != 0, 10 * SLOW), proc_uids(pid)
-    uids = proc_uids(pid)
+    """The uid ``pid`` (the command behind it: a relay's child with a PID namespace) runs as
+    once the wrapper dropped privilege (it starts as root)."""
+    assert wait_for(lambda: (proc_uids(command_pid(pid)) or (0,))[0] != 0, 10 * SLOW), pid
+    uids = proc_uids(command_pid(pid))
     assert uids is not None and 0 not in uids, uids
     return uids[0]
 

@@ -23,6 +23,7 @@ from tests.kernel.kernel_http import (
     Result,
     alive,
     cgroup_dirs_named,
+    host_pid,
     isolation_problem,
     proc_uids,
     processes_of,
@@ -54,11 +55,15 @@ DOUBLE_FORK = "import os, time; os.fork() or os.setsid(); os.fork() or time.slee
 """Python daemonizing itself: fork, setsid in the child, fork again; the grandchildren sleep."""
 
 
-def background_sleeper(box: Box, seconds: int = 300) -> int:
-    """Start ``sleep`` in the sandbox, outliving its exec; its pid."""
-    pid = int(box.ok(f"sleep {seconds} </dev/null >/dev/null 2>&1 & echo $!"))
-    assert wait_for(lambda: proc_uids(pid) is not None, 5 * SLOW)
-    return pid
+def background_sleeper(box: Box, seconds: int = 300) -> tuple[int, int]:
+    """Start ``sleep`` in the sandbox, outliving its exec: its pid as the host numbers it, and
+    as the sandbox does (the same, unless it has a PID namespace)."""
+    inner = int(box.ok(f"sleep {seconds} </dev/null >/dev/null 2>&1 & echo $!"))
+    pin = box.kd.root / ".ns" / box.rid / "pid"
+    assert wait_for(lambda: host_pid(inner, pin) is not None, 5 * SLOW)
+    pid = host_pid(inner, pin)
+    assert pid is not None and wait_for(lambda: proc_uids(pid) is not None, 5 * SLOW)
+    return pid, inner
 
 
 def test_two_sandboxes_have_distinct_uids_and_private_workspaces(roomy: KernelDaemon) -> None:
@@ -114,14 +119,17 @@ def test_two_sandboxes_have_distinct_uids_and_private_workspaces(roomy: KernelDa
 
 def test_a_sandbox_cannot_signal_or_ptrace_another(roomy: KernelDaemon) -> None:
     a, b = roomy.create(), roomy.create()
-    pid = background_sleeper(b)
+    pid, inner = background_sleeper(b)
     uids = proc_uids(pid)
     assert uids is not None and set(uids) == {b.uid()}
-    assert b.run(f"kill -0 {pid}").exit == 0, "its own sandbox may signal it"
+    assert b.run(f"kill -0 {inner}").exit == 0, "its own sandbox may signal it"
+    # With a PID namespace the other sandbox cannot even name it: no such process.
+    hidden = "isolation.pid" in roomy.call("GET", "/healthz").json()["capabilities"]
+    refused = b"No such process" if hidden else b"not permitted"
 
     for result in a.run_each([f"kill {signal} {pid}" for signal in ("-0", "-9", "-STOP", "-TERM")]):
         assert result.exit != 0, result
-        assert b"not permitted" in result.err, result
+        assert refused in result.err, result
     assert alive(pid)
     state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     assert state == "S", "neither killed nor stopped"
@@ -129,9 +137,9 @@ def test_a_sandbox_cannot_signal_or_ptrace_another(roomy: KernelDaemon) -> None:
     peeks = [f"cat /proc/{pid}/environ", f"ls /proc/{pid}/fd", f"cat /proc/{pid}/maps"]
     for peek, result in zip(peeks, a.run_each(peeks), strict=True):
         assert result.exit != 0, (peek, result)
-        assert b"ermission denied" in result.err, (peek, result)
+        assert (b"No such file" if hidden else b"ermission denied") in result.err, (peek, result)
     traced = a.exec(["python3", "-c", PTRACE_ATTACH, str(pid)])
-    assert traced.exit == 1 and traced.text == "-1 EPERM", traced
+    assert traced.exit == 1 and traced.text == ("-1 ESRCH" if hidden else "-1 EPERM"), traced
     assert alive(pid)
     a.kill()
     b.kill()

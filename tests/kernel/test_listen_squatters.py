@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from sandboxd import port_remnants
+from tests.kernel.kernel_http import host_pid
 from tests.security.live_daemon import new_token, write_token
 from tests.support import daemon as process
 
@@ -239,7 +240,9 @@ def test_a_killed_daemon_restarts_and_serves_while_a_sandbox_squats_its_port(
         out = run_squatter(first, token, rid, 300)
         wait_for(lambda: len({line.split()[1] for line in tried(out)}) == 4, "squatter tries")
         assert all(line.startswith("refused") for line in tried(out)), tried(out)
-        squatter = int((out / "pid").read_text())
+        found = host_pid(int((out / "pid").read_text()), first.root / ".ns" / rid / "pid")
+        assert found is not None, "the squatter runs"
+        squatter = found  # the host's number (the sandbox's differs with a PID namespace)
         first.process.kill()  # SIGKILL: the sandbox and its squatter live on
         first.process.wait(30)
 

@@ -17,7 +17,7 @@ from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespace_server import NamespaceServer
 from sandboxd.isolation.namespaces import (
-    KINDS,
+    ALL,
     PLACES,
     Creator,
     HelperCreator,
@@ -66,7 +66,7 @@ def every_layer(root: Path, which: str) -> Namespaces:
     """Every namespace layer, made the ``which`` way, pinned in ``root/.ns``."""
     policy = NetworkPolicy({"none": NoNetwork(), "host": HostNetwork()}, ("none", "host"), "none")
     ns = Namespaces(
-        kinds=frozenset(KINDS),
+        kinds=frozenset(ALL),
         nsroot=str(root / ".ns"),
         network=policy,
         creator=make_creator(which),

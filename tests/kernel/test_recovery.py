@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernel.kernel_http import host_pid
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
 pytestmark = [
@@ -59,7 +60,10 @@ def test_sigkilled_daemon_leaves_nothing_after_restart(tmp_path: Path) -> None:
         final = run(first, rid, "setsid sh -c 'sleep 1000 & echo $!' </dev/null; id -u")
         out = base64.b64decode(str(final["out"])).split()
         assert len(out) == 2, final
-        sleeper, uid = int(out[0]), int(out[1])
+        # The sandbox's number for it; the host's differs where it has a PID namespace.
+        inner, uid = int(out[0]), int(out[1])
+        sleeper = host_pid(inner, first.root / ".ns" / rid / "pid")
+        assert sleeper is not None, inner
         assert uid != 0 and alive(sleeper)
         assert cgroup_dirs_named(rid), "the sandbox has a cgroup"
         first.process.kill()  # SIGKILL: no drain, no cleanup
