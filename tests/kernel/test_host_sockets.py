@@ -28,7 +28,7 @@ import pytest
 from sandboxd.isolation.helper import HELPER, helper_problem
 from sandboxd.isolation.namespace_server import NamespaceServer
 from sandboxd.isolation.namespaces import (
-    KINDS,
+    ALL,
     PLACES,
     Creator,
     HelperCreator,
@@ -245,7 +245,7 @@ def test_every_way_gives_a_private_run(
     root.chmod(0o711)
     policy = NetworkPolicy({"none": NoNetwork(), "host": HostNetwork()}, ("none", "host"), "none")
     ns = Namespaces(
-        kinds=frozenset(KINDS),
+        kinds=frozenset(ALL),
         nsroot=str(root / ".ns"),
         network=policy,
         creator=make_creator(which),
@@ -317,7 +317,7 @@ def inside_a_linked_resolv(which: str, root: str) -> None:
     (beside its varlink socket), made by :func:`test_a_resolv_conf_linked_into_run`: a
     sandbox's ``/etc/resolv.conf`` reads the stub's text, and the socket stays out of sight."""
     ns = Namespaces(
-        kinds=frozenset(KINDS),
+        kinds=frozenset(ALL),
         nsroot=f"{root}/.ns",
         network=NetworkPolicy({"none": NoNetwork()}, ("none",), "none"),
         creator=make_creator(which),
