@@ -71,6 +71,21 @@ def test_envd_refuses_another_sandboxs_token_itself(memory: Memory) -> None:
     assert memory.rpc(mine, "filesystem.Filesystem/Stat", {"path": "/home/user"}).status == 200
 
 
+def test_envd_answers_a_sandbox_it_does_not_hold_itself(memory: Memory) -> None:
+    """What the gate answers at the headers (tests/unit/test_unit_e2b_admit.py), the routes
+    answer themselves where no gate judged (``SANDBOXD_AUTH_GATE=off``) or the sandbox went
+    between the headers and the route."""
+    gone = {"E2b-Sandbox-Id": "nosuch", "X-Access-Token": "x"}
+    assert rest_error(memory.call("GET", "/health", headers=gone)) == (
+        502,
+        "The sandbox nosuch was not found",
+    )
+    unnamed = memory.call("GET", "/health", headers={})
+    assert rest_error(unnamed) == (400, "the E2b-Sandbox-Id header is required")
+    signed = "/files?path=x&signature=v1_x"
+    assert rest_error(memory.call("GET", signed, headers={"E2b-Sandbox-Id": "nosuch"}))[0] == 502
+
+
 # Control plane
 
 

@@ -117,7 +117,7 @@ def test_settings_parse_and_refuse_in_one_line() -> None:
     assert parse_namespaces("all") == frozenset(ALL)
     assert parse_namespaces(" None ") == frozenset()
     assert parse_namespaces("ipc, net") == {"ipc", "net"}
-    for bad in ("", "ipc,pid"):
+    for bad in ("", "ipc,pid", "ipc,uts"):
         with pytest.raises(ValueError):
             parse_namespaces(bad)
     assert parse_modes("host, none,host") == ("host", "none")
