@@ -79,6 +79,23 @@ async def test_cancelling_a_streamed_exec_kills_the_command(client: HttpSandbox)
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_command_that_ends_before_its_stdin_does_ends_the_exec(
+    client: HttpSandbox,
+) -> None:
+    """A command that never reads its stdin ends: the exec ends with it, its stdin (a pipe
+    that neither sends nor closes) is let go unread, and no error is raised."""
+    handle = (await client.create()).id
+    read, write = os.pipe()
+    try:
+        with open(read, "rb", buffering=0) as pipe:
+            running, out = exec_of(client, pipe, handle, "sh", "-c", "echo done")
+            assert await running == 0
+        assert out.getvalue() == b"done\n"
+    finally:
+        os.close(write)
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_socket_is_streamed_to_its_eof(client: HttpSandbox) -> None:
     handle = (await client.create()).id
     ours, theirs = socket.socketpair()
