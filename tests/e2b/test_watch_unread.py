@@ -12,11 +12,12 @@ import http.client
 import json
 import socket
 import struct
+import time
 
 from e2b import Sandbox
 
 from tests.e2b.conftest import E2BDaemon
-from tests.process.test_watch_unread import CHURN, CHURN_SECONDS, RSS_BOUND
+from tests.process.test_watch_unread import CHURN, CHURN_SECONDS, READ_DEADLINE, RSS_BOUND
 
 
 def envelope(message: object) -> bytes:
@@ -25,13 +26,17 @@ def envelope(message: object) -> bytes:
 
 
 def read_envelopes(response: http.client.HTTPResponse) -> list[tuple[int, dict[str, object]]]:
-    """Every envelope of the stream until its end-of-stream one."""
+    """Every envelope of the stream until its end-of-stream one. Keepalives come at least
+    every few seconds, so the deadline ends the test if the end never does (a hang guard,
+    not a timing)."""
+    deadline = time.monotonic() + READ_DEADLINE
     found = []
     while True:
         flags, length = struct.unpack(">BI", response.read(5))
         found.append((flags, json.loads(response.read(length))))
         if flags & 0x02:
             return found
+        assert time.monotonic() < deadline, "the stream did not end"
 
 
 def test_an_unread_watch_dir_stream_holds_a_bounded_buffer(e2b_daemon: E2BDaemon) -> None:
@@ -49,6 +54,7 @@ def test_an_unread_watch_dir_stream_holds_a_bounded_buffer(e2b_daemon: E2BDaemon
             "E2b-Sandbox-Id": sbx.sandbox_id,
             "X-Access-Token": sbx._envd_access_token or "",
             "Content-Type": "application/connect+json",
+            "Keepalive-Ping-Interval": "1",  # a frame every second at least (read_envelopes)
         }
         body = envelope({"path": "/home/user/d", "recursive": False})
         connection.request("POST", "/filesystem.Filesystem/WatchDir", body, headers)

@@ -27,6 +27,9 @@ CHURN_SECONDS = 8
 RSS_BOUND = 48 * MIB
 """What the daemon's RSS may grow by while the stream is unread."""
 
+READ_DEADLINE = 120
+"""Seconds the stream is read for what the test waits for (a hang guard, not a timing)."""
+
 CHURN = (
     "import os, time\n"
     "end = time.monotonic() + {seconds}\n"
@@ -86,16 +89,21 @@ def test_an_unread_watch_stream_holds_a_bounded_buffer(daemon: Daemon) -> None:
     grown = daemon.rss_kib() - before
     print(f"\nunread watch: daemon RSS grew {grown} KiB while {CHURN_SECONDS} s of changes came")
     assert grown < RSS_BOUND, grown
-    # Read again: what was missed is told as an overflow; a change made after it, as it comes.
-    events = []
-    for line in stream:
-        events.append(json.loads(line).get("event"))
-        if events[-1] == "overflow":
+    # Read again: what was missed is told as an overflow. Once the stream has caught up (a
+    # keepalive: a second with nothing to write), a change is told as it comes. Keepalives
+    # come every second, so the deadline ends the test if a frame never does.
+    deadline = time.monotonic() + READ_DEADLINE
+    frames = (json.loads(line) for line in stream)
+    overflow = False
+    for frame in frames:
+        overflow = overflow or frame.get("event") == "overflow"
+        if overflow and frame == {}:
             break
+        assert time.monotonic() < deadline, "no overflow, then keepalive, was told"
     assert daemon.call("POST", f"/sandboxes/{rid}/exec", {"cmd": ["touch", "d/after"]})[0] == 200
-    for line in stream:
-        frame = json.loads(line)
+    for frame in frames:
         if frame.get("path") == "/d/after":
             break
+        assert time.monotonic() < deadline, "the change after the overflow was not told"
     stream.close()
     sock.close()
