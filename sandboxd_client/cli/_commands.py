@@ -202,10 +202,12 @@ async def _exec_own_failure(
     console: Console,
     code: int,
 ) -> int:
-    """``code``, unless it is exec's own failure: the daemon answers a ``--cwd`` that is no
-    directory of the workspace as the command's exit 2 (a shell's ``cd``); ``exec`` exits 125
-    for it as ``docker exec`` does, with one line naming the option. Asked only after an exit
-    2 with ``--cwd``: a command's own exit 2 costs one look at the workspace, others none."""
+    """``code``, unless it is exec's own failure: the daemon answers a ``--cwd`` it cannot
+    enter as the command's exit 2, as a shell's ``cd`` would (docs/extensions.rst, "Exec
+    fields"); ``exec`` exits 125 for one that is no directory of the workspace, as ``docker
+    exec`` does, with one line naming the option. Asked only after an exit 2 with ``--cwd``: a
+    command's own exit 2 costs one look at the workspace, others none. (A directory closed to
+    the sandbox's uid stays 2: the wire has no sign of which process failed.)"""
     if code != CWD_FAILED or args.cwd is None:
         return code
     if await client.exists(handle, args.cwd) and await client.size(handle, args.cwd) is None:
