@@ -47,19 +47,25 @@ def service() -> Iterator[Service]:
     pytest_twisted.blockon(s.port.stopListening())
 
 
-def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", link: str = "") -> tuple:  # type: ignore[type-arg]
-    return (name, kind, data, link)
+def member(
+    name: str,
+    kind: bytes = tarfile.REGTYPE,
+    data: bytes = b"",
+    link: str = "",
+    mode: int | None = None,
+) -> tuple:  # type: ignore[type-arg]
+    """One member; ``mode`` defaults to 0755 for a directory, 0644 for anything else."""
+    return (name, kind, data, link, mode)
 
 
 def archive(*members: tuple) -> bytes:  # type: ignore[type-arg]
-    """A tar of ``members`` as written, in order (``name, type, data, link name``)."""
+    """A tar of ``members`` as written, in order (``name, type, data, link name, mode``)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, kind, data, link in members:
+        for name, kind, data, link, mode in members:
             info = tarfile.TarInfo(name)
-            info.type, info.size, info.linkname, info.mode = kind, len(data), link, 0o644
-            if kind == tarfile.DIRTYPE:
-                info.mode = 0o755
+            info.type, info.size, info.linkname = kind, len(data), link
+            info.mode = mode if mode is not None else 0o755 if kind == tarfile.DIRTYPE else 0o644
             tar.addfile(info, io.BytesIO(data) if data else None)
     return buffer.getvalue()
 
@@ -133,13 +139,14 @@ async def test_a_directory_listed_after_its_files_keeps_them_and_takes_its_mode(
     service: Service, tmp_path: Path
 ) -> None:
     """A directory member whose directory the way to an earlier member already made (tars
-    written in another order than ours): its files stay, its mode is the member's."""
-    body = archive(member("d/x.txt", data=b"x"), member("d", tarfile.DIRTYPE))
+    written in another order than ours): its files stay, its mode is the member's (0750, not
+    the 0755 the umask gives the directory made on the way)."""
+    body = archive(member("d/x.txt", data=b"x"), member("d", tarfile.DIRTYPE, mode=0o750))
     await service.download(body, tmp_path / "local")
     local = tmp_path / "local"
     assert everything(local) == ["d", "d/x.txt"]
     assert (local / "d" / "x.txt").read_bytes() == b"x"
-    assert stat.S_IMODE((local / "d").stat().st_mode) == 0o755
+    assert stat.S_IMODE((local / "d").stat().st_mode) == 0o750
 
 
 @pytest_twisted.ensureDeferred
