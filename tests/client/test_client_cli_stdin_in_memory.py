@@ -89,7 +89,8 @@ async def test_a_command_that_ends_before_its_stdin_does_ends_the_exec(
     try:
         with open(read, "rb", buffering=0) as pipe:
             running, out = exec_of(client, pipe, handle, "sh", "-c", "echo done")
-            assert await running == 0
+            # A hang guard, not a timing: the pipe never ends, so a regression would wait forever.
+            assert await running.addTimeout(60, reactor) == 0
         assert out.getvalue() == b"done\n"
     finally:
         os.close(write)
