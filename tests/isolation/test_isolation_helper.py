@@ -38,8 +38,11 @@ class Rig:
         env: dict[str, str] | None = None,
         procs: list[str] | None = None,
         cwd: str | None = None,
+        wrap: HelperWrapper | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        wrapped = HelperWrapper(HELPER)(
+        """``argv`` started through ``wrap`` (else the default helper chain) as the sandbox
+        uid, in ``cwd`` (else :attr:`top`), joining ``procs`` (else :attr:`procs`)."""
+        wrapped = (wrap or HelperWrapper(HELPER))(
             SANDBOX, self.procs if procs is None else procs, cwd or str(self.top), argv
         )
         return subprocess.run(
@@ -316,26 +319,17 @@ DUMPABLE = [
 
 
 @root
-@built
 @pytest.mark.parametrize("no_ptrace", [True, False])
 def test_no_ptrace_keeps_the_command_non_dumpable_and_filtered(rig: Rig, no_ptrace: bool) -> None:
     wrap = HelperWrapper(HELPER, no_ptrace=no_ptrace)
-    done = subprocess.run(
-        wrap(SANDBOX, [], str(rig.top), DUMPABLE),
-        env=BASE_ENV,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    done = rig.run(DUMPABLE, procs=[], wrap=wrap)
     # 0: the kernel refuses ptrace and /proc/PID/mem to the uid's other processes; 1: allowed
     assert (done.returncode, done.stdout.strip()) == (0, "0" if no_ptrace else "1"), done.stderr
-    status = wrap(SANDBOX, [], str(rig.top), ["/bin/grep", "^Seccomp:", "/proc/self/status"])
-    done = subprocess.run(status, env=BASE_ENV, capture_output=True, text=True, timeout=30)
+    done = rig.run(["/bin/grep", "^Seccomp:", "/proc/self/status"], procs=[], wrap=wrap)
     assert done.stdout.split() == ["Seccomp:", "2"], done.stderr
 
 
 @root
-@built
 def test_no_ptrace_runs_only_an_absolute_program_its_uid_can_read(rig: Rig) -> None:
     secret = rig.top / "root-only"
     secret.write_bytes(Path("/bin/true").read_bytes())
@@ -347,13 +341,7 @@ def test_no_ptrace_runs_only_an_absolute_program_its_uid_can_read(rig: Rig) -> N
         ([str(secret)], 126, "Permission denied"),
         (["/bin/true"], 0, ""),
     ]:
-        done = subprocess.run(
-            wrap(SANDBOX, [], str(rig.top), argv),
-            env=BASE_ENV,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = rig.run(argv, procs=[], wrap=wrap)
         assert done.returncode == code and said in done.stderr, (argv, done)
 
 

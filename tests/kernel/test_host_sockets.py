@@ -13,31 +13,27 @@ helper, its server, the shell chain).
 """
 
 import os
-import shutil
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.helper import HELPER, helper_problem
-from sandboxd.isolation.namespace_server import NamespaceServer
-from sandboxd.isolation.namespaces import (
-    ALL,
-    PLACES,
-    Creator,
-    HelperCreator,
-    Namespaces,
-    kept_directories,
+from tests.kernel.kernel_http import Box, KernelDaemon
+from tests.kernel.kernel_ns import (
+    CREATORS,
+    RID,
+    create,
+    every_layer,
+    make_creator,
+    on_and_off,
+    run_in,
+    shared_root,
 )
-from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
-from sandboxd.isolation.network import HostNetwork, NetworkPolicy, NoNetwork
-from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem
 
 pytestmark = [pytest.mark.kernel]
 
@@ -126,25 +122,8 @@ def listeners() -> Iterator[tuple[Listeners, dict[str, str]]]:
 
 @pytest.fixture(scope="module")
 def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, KernelDaemon]]:
-    problem = isolation_problem()
-    if problem is not None:
-        pytest.skip(problem)
-    on = KernelDaemon.start(tmp_path_factory.mktemp("run-on"), "--memory-max=128M", uids=2)
-    try:
-        off = KernelDaemon.start(
-            tmp_path_factory.mktemp("run-off"),
-            "--memory-max=128M",
-            "--namespaces=ipc,net",
-            uids=2,
-        )
-    except BaseException:
-        on.stop()
-        raise
-    try:
-        yield {"on": on, "off": off}
-    finally:
-        on.stop()
-        off.stop()
+    with on_and_off(tmp_path_factory, "run", (), ("--namespaces=ipc,net",), uids=2) as pair:
+        yield pair
 
 
 def probe(box: Box, paths: dict[str, str]) -> list[str]:
@@ -219,20 +198,7 @@ def test_abstract_sockets_are_the_network_namespaces(daemons: dict[str, KernelDa
         server.close()
 
 
-SHARED = Path("/tmp/sandboxd-tests")
-RID = "0123456789abcdef"
-
-
-def make_creator(which: str) -> Creator:
-    if which.startswith("helper"):
-        problem = helper_problem(HELPER, as_root=True)
-        if problem is not None:
-            pytest.skip(problem)
-        return HelperCreator(HELPER)
-    return ShellCreator(ShellPrograms.find())
-
-
-@pytest.mark.parametrize("which", ["helper-server", "helper", "shell"])
+@pytest.mark.parametrize("which", CREATORS)
 def test_every_way_gives_a_private_run(
     listeners: tuple[Listeners, dict[str, str]], which: str
 ) -> None:
@@ -240,58 +206,37 @@ def test_every_way_gives_a_private_run(
     its own with only ``lock/`` (mode 1777) and its ``/dev`` one holding the allowed devices
     only (which work), where the test's listeners, made before the sandbox, are absent and
     ``/dev/log`` is no socket; ``/etc/resolv.conf`` reads as the host's."""
-    SHARED.mkdir(mode=0o711, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="run-", dir=SHARED))
-    root.chmod(0o711)
-    policy = NetworkPolicy({"none": NoNetwork(), "host": HostNetwork()}, ("none", "host"), "none")
-    ns = Namespaces(
-        kinds=frozenset(ALL),
-        nsroot=str(root / ".ns"),
-        network=policy,
-        creator=make_creator(which),
-        keep=kept_directories(PLACES, [str(root)]),
-        shm_bytes=8 << 20,
-    )
-    if which == "helper-server":
-        ns.run = NamespaceServer(HELPER)
     _, paths = listeners
-    try:
-        ns.prepare()
-        for name in ("tmp", "workspace"):
-            (root / RID / name).mkdir(parents=True)
-        ns.create(RID, str(root / RID / "tmp"), str(root / RID / "workspace"), NoNetwork())
-        script = (
-            "stat -f -c %T /run; stat -c %a /run /run/lock; ls -A /run | tr '\\n' ,; echo;"
-            " [ -S /dev/log ] && echo log-socket || echo no-log-socket;"
-            " ls -A /dev | tr '\\n' ,; echo; stat -f -c %T /dev;"
-            " echo out > /dev/stdout; head -c 4 /dev/urandom | wc -c;"
-            + "".join(f" [ -S {p} ] && echo socket || echo none;" for p in paths)
-            + " cat /etc/resolv.conf | md5sum"
-        )
-        argv = ["/bin/sh", "-c", script]
-        if which.startswith("helper"):
-            argv = [HELPER, "session", "/", *argv]
-        done = subprocess.run(
-            ns.enter(RID, argv), capture_output=True, text=True, timeout=30, check=False
-        )
-        assert done.returncode == 0, done
-        *lines, resolv = done.stdout.splitlines()
-        # mount(8), which the shell chain runs, keeps its table in /run/mount (empty, root's).
-        listing = "lock,mount," if which == "shell" else "lock,"
-        devices = {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm"}
-        devices |= {"fd", "stdin", "stdout", "stderr"} | ({"mqueue"} & set(os.listdir("/dev")))
-        assert lines[:5] == ["tmpfs", "755", "1777", listing, "no-log-socket"], done
-        assert set(lines[5].rstrip(",").split(",")) == devices, done
-        assert lines[6:] == ["tmpfs", "out", "4", "none", "none"], done
-        host = subprocess.run(
-            "cat /etc/resolv.conf | md5sum", shell=True, capture_output=True, text=True, check=True
-        )
-        assert resolv == host.stdout.strip()
-        assert stat.S_ISDIR(os.lstat("/run/lock").st_mode)  # the host's own, untouched
-    finally:
-        ns.remove(RID)
-        ns.close()
-        shutil.rmtree(root, ignore_errors=True)
+    with shared_root("run-") as root:
+        ns = every_layer(root, which)
+        try:
+            ns.prepare()
+            create(ns, root)
+            script = (
+                "stat -f -c %T /run; stat -c %a /run /run/lock; ls -A /run | tr '\\n' ,; echo;"
+                " [ -S /dev/log ] && echo log-socket || echo no-log-socket;"
+                " ls -A /dev | tr '\\n' ,; echo; stat -f -c %T /dev;"
+                " echo out > /dev/stdout; head -c 4 /dev/urandom | wc -c;"
+                + "".join(f" [ -S {p} ] && echo socket || echo none;" for p in paths)
+                + " cat /etc/resolv.conf | md5sum"
+            )
+            out = run_in(ns, RID, which, script)
+        finally:
+            ns.remove(RID)
+            ns.close()
+    *lines, resolv = out.splitlines()
+    # mount(8), which the shell chain runs, keeps its table in /run/mount (empty, root's).
+    listing = "lock,mount," if which == "shell" else "lock,"
+    devices = {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm"}
+    devices |= {"fd", "stdin", "stdout", "stderr"} | ({"mqueue"} & set(os.listdir("/dev")))
+    assert lines[:5] == ["tmpfs", "755", "1777", listing, "no-log-socket"], out
+    assert set(lines[5].rstrip(",").split(",")) == devices, out
+    assert lines[6:] == ["tmpfs", "out", "4", "none", "none"], out
+    host = subprocess.run(
+        "cat /etc/resolv.conf | md5sum", shell=True, capture_output=True, text=True, check=True
+    )
+    assert resolv == host.stdout.strip()
+    assert stat.S_ISDIR(os.lstat("/run/lock").st_mode)  # the host's own, untouched
 
 
 STUB = "/run/systemd/resolve/stub-resolv.conf"
@@ -316,35 +261,23 @@ def inside_a_linked_resolv(which: str, root: str) -> None:
     """In a mount namespace where ``/etc/resolv.conf`` links to systemd-resolved's stub file
     (beside its varlink socket), made by :func:`test_a_resolv_conf_linked_into_run`: a
     sandbox's ``/etc/resolv.conf`` reads the stub's text, and the socket stays out of sight."""
-    ns = Namespaces(
-        kinds=frozenset(ALL),
-        nsroot=f"{root}/.ns",
-        network=NetworkPolicy({"none": NoNetwork()}, ("none",), "none"),
-        creator=make_creator(which),
-        keep=kept_directories(PLACES, [root]),
-    )
-    if which == "helper-server":
-        ns.run = NamespaceServer(HELPER)
+    ns = every_layer(Path(root), which)
     try:
         ns.prepare()
-        for name in ("tmp", "workspace"):
-            os.makedirs(f"{root}/{RID}/{name}")
-        ns.create(RID, f"{root}/{RID}/tmp", f"{root}/{RID}/workspace", NoNetwork())
-        script = "cat /etc/resolv.conf; ls -A /run/systemd/resolve; stat -c %a /run/systemd"
-        argv = ["/bin/sh", "-c", script]
-        if which.startswith("helper"):
-            argv = [HELPER, "session", "/", *argv]
-        done = subprocess.run(
-            ns.enter(RID, argv), capture_output=True, text=True, timeout=30, check=False
+        create(ns, Path(root))
+        out = run_in(
+            ns,
+            RID,
+            which,
+            "cat /etc/resolv.conf; ls -A /run/systemd/resolve; stat -c %a /run/systemd",
         )
-        assert done.returncode == 0, done
-        assert done.stdout == STUB_TEXT + "stub-resolv.conf\n755\n", done
+        assert out == STUB_TEXT + "stub-resolv.conf\n755\n", out
     finally:
         ns.remove(RID)
         ns.close()
 
 
-@pytest.mark.parametrize("which", ["helper-server", "helper", "shell"])
+@pytest.mark.parametrize("which", CREATORS)
 def test_a_resolv_conf_linked_into_run(which: str) -> None:
     """Where ``/etc/resolv.conf`` links into ``/run`` (systemd-resolved), names still resolve
     in a sandbox: the file is bound at its place in the sandbox's ``/run``, alone (in a
@@ -352,11 +285,8 @@ def test_a_resolv_conf_linked_into_run(which: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root")
     make_creator(which)
-    SHARED.mkdir(mode=0o711, exist_ok=True)
-    root = tempfile.mkdtemp(prefix="resolv-", dir=SHARED)
-    os.chmod(root, 0o711)
-    call = f"from {__name__} import inside_a_linked_resolv as f; f({which!r}, {root!r})"
-    try:
+    with shared_root("resolv-") as root:
+        call = f"from {__name__} import inside_a_linked_resolv as f; f({which!r}, {str(root)!r})"
         done = subprocess.run(
             [
                 # One CPU: the kernel pins a mount namespace numbered above the pinner's only,
@@ -371,7 +301,7 @@ def test_a_resolv_conf_linked_into_run(which: str) -> None:
                 "-c",
                 RESOLV_LINKED,
                 "sh",
-                root,
+                str(root),
                 sys.executable,
                 "-c",
                 call,
@@ -383,6 +313,4 @@ def test_a_resolv_conf_linked_into_run(which: str) -> None:
             env={**os.environ, "STUB_TEXT": STUB_TEXT},
             cwd=Path(__file__).resolve().parents[2],
         )
-        assert done.returncode == 0, done.stderr[-3000:]
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -25,6 +25,7 @@ from tests.kernel.kernel_http import (
     uid_block,
     wait_for,
 )
+from tests.kernel.kernel_ns import on_and_off
 from tests.support.daemon import start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.kernel]
@@ -113,22 +114,8 @@ else:
 
 @pytest.fixture(scope="module")
 def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, KernelDaemon]]:
-    problem = isolation_problem()
-    if problem is not None:
-        pytest.skip(problem)
-    on = KernelDaemon.start(tmp_path_factory.mktemp("ns-on"), "--memory-max=128M", uids=2)
-    try:
-        off = KernelDaemon.start(
-            tmp_path_factory.mktemp("ns-off"), "--memory-max=128M", "--namespaces=none", uids=2
-        )
-    except BaseException:
-        on.stop()
-        raise
-    try:
-        yield {"on": on, "off": off}
-    finally:
-        on.stop()
-        off.stop()
+    with on_and_off(tmp_path_factory, "ns", (), ("--namespaces=none",), uids=2) as pair:
+        yield pair
 
 
 def pair(kd: KernelDaemon, network: str | None = None) -> tuple[Box, Box]:

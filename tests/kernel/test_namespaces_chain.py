@@ -4,93 +4,42 @@ helper was not built). Each must give the same private places, loopback and IPC 
 leave nothing once removed."""
 
 import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandboxd.isolation.base import Identity
-from sandboxd.isolation.helper import HELPER, helper_problem
+from sandboxd.isolation.helper import HELPER
 from sandboxd.isolation.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespace_server import NamespaceServer
-from sandboxd.isolation.namespaces import (
-    ALL,
-    PLACES,
-    Creator,
-    HelperCreator,
-    Namespaces,
-    home_coverable,
-    kept_directories,
+from sandboxd.isolation.namespaces import Namespaces, home_coverable
+from sandboxd.isolation.network import NoNetwork
+from tests.kernel.kernel_ns import (
+    CREATORS,
+    RID,
+    SHARED,
+    every_layer,
+    make_creator,
+    run_in,
+    shared_root,
 )
-from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
-from sandboxd.isolation.network import HostNetwork, NetworkPolicy, NoNetwork
 
 pytestmark = [
     pytest.mark.kernel,
     pytest.mark.skipif(os.geteuid() != 0, reason="namespaces need root"),
 ]
 
-SHARED = Path("/tmp/sandboxd-tests")
-RID = "0123456789abcdef"
-
-
-def creators() -> list[str]:
-    return ["helper-server", "helper", "shell"]
-
-
-def make_creator(which: str) -> Creator:
-    if which.startswith("helper"):
-        problem = helper_problem(HELPER, as_root=True)
-        if problem is not None:
-            pytest.skip(problem)
-        return HelperCreator(HELPER)
-    return ShellCreator(ShellPrograms.find())
-
 
 @pytest.fixture
 def root() -> Iterator[Path]:
     """A state root under /tmp (so the kept directory is bound back, as in the test set-ups)."""
-    SHARED.mkdir(mode=0o711, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="chain-", dir=SHARED))
-    path.chmod(0o711)
-    try:
+    with shared_root("chain-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
-def every_layer(root: Path, which: str) -> Namespaces:
-    """Every namespace layer, made the ``which`` way, pinned in ``root/.ns``."""
-    policy = NetworkPolicy({"none": NoNetwork(), "host": HostNetwork()}, ("none", "host"), "none")
-    ns = Namespaces(
-        kinds=frozenset(ALL),
-        nsroot=str(root / ".ns"),
-        network=policy,
-        creator=make_creator(which),
-        keep=kept_directories(PLACES, [str(root)]),
-        shm_bytes=8 << 20,
-    )
-    if which == "helper-server":
-        ns.run = NamespaceServer(HELPER)
-    return ns
-
-
-def run_in(ns: Namespaces, rid: str, which: str, script: str) -> str:
-    """``sh -c script`` as root in ``rid``'s namespaces, which must succeed; its stdout."""
-    argv = ["/bin/sh", "-c", script]
-    if which.startswith("helper"):
-        argv = [HELPER, "session", "/", *argv]
-    done = subprocess.run(
-        ns.enter(rid, argv), capture_output=True, text=True, timeout=30, check=False
-    )
-    assert done.returncode == 0, done
-    return done.stdout
-
-
-@pytest.mark.parametrize("which", creators())
+@pytest.mark.parametrize("which", CREATORS)
 def test_made_entered_and_removed(root: Path, which: str) -> None:
     ns = every_layer(root, which)
     assert ns.keep == [str(SHARED)]
@@ -128,7 +77,7 @@ def mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True, capture_output=True, timeout=30)
 
 
-@pytest.mark.parametrize("which", creators())
+@pytest.mark.parametrize("which", CREATORS)
 def test_the_hosts_later_mounts_reach_every_sandbox_and_none_goes_back(
     root: Path, which: str
 ) -> None:
@@ -175,7 +124,7 @@ def test_the_hosts_later_mounts_reach_every_sandbox_and_none_goes_back(
         subprocess.run(["umount", "-R", "-l", str(place)], check=False, timeout=30)
 
 
-@pytest.mark.parametrize("which", creators())
+@pytest.mark.parametrize("which", CREATORS)
 def test_a_kernel_refusal_stops_start_up_naming_the_layer(root: Path, which: str) -> None:
     ns = Namespaces(
         kinds=frozenset({"ipc"}),
@@ -228,7 +177,7 @@ def test_the_server_answers_a_refusal_and_serves_on(root: Path) -> None:
         mounts.unmount_all(str(nsroot))
 
 
-@pytest.mark.parametrize("which", creators())
+@pytest.mark.parametrize("which", CREATORS)
 def test_the_sandbox_uid_has_a_name_inside_and_the_host_no_change(root: Path, which: str) -> None:
     ns = every_layer(root, which)
     ns.prepare()

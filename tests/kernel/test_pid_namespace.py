@@ -27,6 +27,7 @@ from tests.kernel.kernel_http import (
     processes_of,
     wait_for,
 )
+from tests.kernel.kernel_ns import on_and_off
 from tests.kernel.test_namespaces import NET
 from tests.support.daemon import start_daemon, stop_daemon
 
@@ -66,22 +67,8 @@ else:
 
 @pytest.fixture(scope="module")
 def daemons(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, KernelDaemon]]:
-    problem = isolation_problem()
-    if problem is not None:
-        pytest.skip(problem)
-    on = KernelDaemon.start(tmp_path_factory.mktemp("pid-on"), "--memory-max=128M", WITH_PID)
-    try:
-        off = KernelDaemon.start(
-            tmp_path_factory.mktemp("pid-off"), "--memory-max=128M", WITHOUT_PID
-        )
-    except BaseException:
-        on.stop()
-        raise
-    try:
-        yield {"on": on, "off": off}
-    finally:
-        on.stop()
-        off.stop()
+    with on_and_off(tmp_path_factory, "pid", (WITH_PID,), (WITHOUT_PID,)) as pair:
+        yield pair
 
 
 def serve(box: Box) -> int:

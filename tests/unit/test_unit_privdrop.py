@@ -15,9 +15,6 @@ from sandboxd.core.archive.rsync import RSH_SCRIPT
 from sandboxd.isolation import privdrop
 from sandboxd.isolation.wrapper import Programs, _root_script
 
-OLD_RSYNC_RULE = f"echo 0 > {privdrop.OOM_SCORE_ADJ} || exit {privdrop.SETUP_FAILED}"
-"""What the rsync side did before the rule was shared: fail on any value it cannot reset."""
-
 
 def test_the_shell_chain_resets_oom_score_adj_by_the_one_rule_and_rsync_adds_no_step() -> None:
     programs = Programs(sh="/bin/sh", setsid="setsid", setpriv="setpriv", env="env")
