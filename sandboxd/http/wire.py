@@ -236,21 +236,25 @@ def walk_entries(where: str, found: Iterable[tuple[str, os.stat_result]]) -> lis
     ]
 
 
+WALK_HEAD, WALK_TAIL = b'{"entries": [', b"]}"
+"""The walk body around its entries, for a walk written a part at a time."""
+
+
+_SEPARATOR = ", "
+"""Between two entries of the walk body."""
+
+
 def walk_body(entries: list[str]) -> bytes:
     """The JSON body of ``GET walk``, ``{"entries": [{path, size, version}...]}``: the very
     bytes ``json.dumps`` gives, made without an object or a dict per entry."""
-    return ('{"entries": [' + ", ".join(entries) + "]}").encode("ascii")
-
-
-WALK_HEAD, WALK_TAIL = b'{"entries": [', b"]}"
-"""The walk body around its entries, for a walk written a part at a time."""
+    return b"".join((WALK_HEAD, walk_part(entries, True), WALK_TAIL))
 
 
 def walk_part(entries: list[str], first: bool) -> bytes:
     """Entries of a walk body written a part at a time: the parts joined are the very bytes of
     :func:`walk_body` (``WALK_HEAD``, the parts, ``WALK_TAIL``)."""
-    joined = ", ".join(entries).encode("ascii")
-    return joined if first or not entries else b", " + joined
+    joined = _SEPARATOR.join(entries)
+    return (joined if first or not entries else _SEPARATOR + joined).encode("ascii")
 
 
 def walk_too_large(most: int) -> TooManyEntries:
@@ -270,10 +274,6 @@ def walk_size(batches: Iterator[list[str]], most: int) -> int:
         if size > most:
             raise walk_too_large(most)
     return max(size, len(WALK_HEAD) + len(WALK_TAIL))
-
-
-_SEPARATOR = ", "
-"""Between two entries of the walk body."""
 
 
 def next_walk_part(batches: Iterator[list[str]], budget: int) -> tuple[list[str], bool]:

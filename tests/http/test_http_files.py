@@ -356,14 +356,30 @@ def test_walk_root_defaults_to_the_workspace(harness: Harness, rid: str) -> None
     assert set(walk(harness, rid)) == set(walk(harness, rid, "/")) == {"/x"}
 
 
+def sandbox_of_files(request: pytest.FixtureRequest, names: tuple[str, ...]) -> tuple[Harness, str]:
+    """A new sandbox of the harness, made under the test's ``settings`` (set before), with a
+    one-byte file at each of ``names``."""
+    harness: Harness = request.getfixturevalue("harness")
+    rid = harness.create()
+    for name in names:
+        put(harness, rid, name, b"x")
+    return harness, rid
+
+
+def assert_walk_cut_short(harness: Harness, rid: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the walk measured as nothing (the tree grew after), a walk the limits refuse is
+    cut short once its status is sent: the answer never ends, so no client takes it whole."""
+    monkeypatch.setattr(file_routes, "measure_walk", lambda ws, parts, limit, most: 0)
+    with pytest.raises(ResponseFailed) as caught:
+        harness.call("GET", f"/sandboxes/{rid}/walk")
+    assert "still expecting more data" in str(caught.value.reasons[-1].value)  # never ended
+
+
 def test_a_walk_past_walk_max_answers_413_naming_it(
     settings: dict[str, str], request: pytest.FixtureRequest
 ) -> None:
     settings["walk-max"] = "3"
-    harness: Harness = request.getfixturevalue("harness")
-    rid = harness.call("POST", "/sandboxes", json_body={}).json()["remote_id"]
-    for name in ("a", "b", "c"):
-        put(harness, rid, name, b"x")
+    harness, rid = sandbox_of_files(request, ("a", "b", "c"))
     assert set(walk(harness, rid)) == {"/a", "/b", "/c"}
     put(harness, rid, "d/e", b"x")
     reply = harness.call("GET", f"/sandboxes/{rid}/walk?root=/")
@@ -391,26 +407,17 @@ def test_a_walk_past_the_limit_while_written_is_cut_short(
     settings: dict[str, str], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings["walk-max"] = "2"
-    harness: Harness = request.getfixturevalue("harness")
-    rid = harness.call("POST", "/sandboxes", json_body={}).json()["remote_id"]
-    for name in ("a/1", "b/2", "c/3"):
-        put(harness, rid, name, b"x")
+    harness, rid = sandbox_of_files(request, ("a/1", "b/2", "c/3"))
     monkeypatch.setattr(file_routes, "WALK_PART", 1)
     # The tree grew between the count and the walk: the answer is cut, never taken whole.
-    monkeypatch.setattr(file_routes, "measure_walk", lambda ws, parts, limit, most: 0)
-    with pytest.raises(ResponseFailed) as caught:
-        harness.call("GET", f"/sandboxes/{rid}/walk")
-    assert "still expecting more data" in str(caught.value.reasons[-1].value)  # never ended
+    assert_walk_cut_short(harness, rid, monkeypatch)
 
 
 def test_a_walk_past_walk_bytes_max_answers_413_naming_it(
     settings: dict[str, str], request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings["walk-bytes-max"] = "200"
-    harness: Harness = request.getfixturevalue("harness")
-    rid = harness.call("POST", "/sandboxes", json_body={}).json()["remote_id"]
-    for name in ("a/1", "b/2"):
-        put(harness, rid, name, b"x")
+    harness, rid = sandbox_of_files(request, ("a/1", "b/2"))
     fits = harness.call("GET", f"/sandboxes/{rid}/walk")
     assert fits.status == 200 and len(fits.body) <= 200
     put(harness, rid, "c/3", b"x")
@@ -420,7 +427,4 @@ def test_a_walk_past_walk_bytes_max_answers_413_naming_it(
         assert reply.status == 413 and reply.json()["error"] == "TooLarge"
         assert "passes 200 bytes (SANDBOXD_WALK_BYTES_MAX)" in reply.json()["detail"]
     # The tree grew between the measure and the walk: the answer is cut, never taken whole.
-    monkeypatch.setattr(file_routes, "measure_walk", lambda ws, parts, limit, most: 0)
-    with pytest.raises(ResponseFailed) as caught:
-        harness.call("GET", f"/sandboxes/{rid}/walk")
-    assert "still expecting more data" in str(caught.value.reasons[-1].value)
+    assert_walk_cut_short(harness, rid, monkeypatch)

@@ -146,6 +146,29 @@ def open_watch(daemon: Daemon, rid: str) -> tuple[int, http.client.HTTPConnectio
     return response.status, connection
 
 
+def sandboxes_with_trees(daemon: Daemon) -> list[str]:
+    """:data:`SANDBOXES` new sandboxes, each with a tree of :data:`DIRS` directories."""
+    rids = [daemon.create() for _ in range(SANDBOXES)]
+    for rid in rids:
+        make_dirs(daemon, rid, f"mkdir tree && cd tree && mkdir $(seq -f d%g {DIRS})")
+    return rids
+
+
+def watch_and_grow(
+    daemon: Daemon, rids: list[str], streams: list[http.client.HTTPConnection]
+) -> list[int]:
+    """A watch stream on each sandbox's tree (its connection added to ``streams``), then
+    :data:`GROWN` more directories in each tree; the streams' statuses."""
+    statuses = []
+    for rid in rids:
+        status, connection = open_watch(daemon, rid)
+        statuses.append(status)
+        streams.append(connection)
+    for rid in rids:
+        make_dirs(daemon, rid, f"mkdir tree/more && cd tree/more && mkdir $(seq {GROWN})")
+    return statuses
+
+
 @pytest.mark.parametrize("isolation", ["auto", "none"])
 def test_sandboxes_watches_leave_root_its_own(tmp_path: Path, isolation: str) -> None:
     if os.geteuid() != 0:
@@ -159,17 +182,9 @@ def test_sandboxes_watches_leave_root_its_own(tmp_path: Path, isolation: str) ->
         pytest.skip(f"the daemon cannot isolate here: {str(e).strip().splitlines()[-1]}")
     streams: list[http.client.HTTPConnection] = []
     try:
-        rids = [daemon.create() for _ in range(SANDBOXES)]
-        for rid in rids:
-            make_dirs(daemon, rid, f"mkdir tree && cd tree && mkdir $(seq -f d%g {DIRS})")
+        rids = sandboxes_with_trees(daemon)
         with watch_limit(root_watches() + HEADROOM):
-            statuses = []
-            for rid in rids:
-                status, connection = open_watch(daemon, rid)
-                statuses.append(status)
-                streams.append(connection)
-            for rid in rids:
-                make_dirs(daemon, rid, f"mkdir tree/more && cd tree/more && mkdir $(seq {GROWN})")
+            statuses = watch_and_grow(daemon, rids, streams)
             held = settled_watches(daemon, SANDBOXES * WATCHES)
             refused = root_can_watch(tmp_path)
         print(f"\nwatch streams {statuses}, the daemon holds {held} watches; root: {refused}")
@@ -215,16 +230,7 @@ def test_a_daemon_started_as_a_user_leaves_that_user_its_own(tmp_path: Path) -> 
         drop = ("setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--")
         daemon = start_daemon(tmp_path, "--isolation=none", wrapper=drop)
         try:
-            rids = [daemon.create() for _ in range(SANDBOXES)]
-            for rid in rids:
-                make_dirs(daemon, rid, f"mkdir tree && cd tree && mkdir $(seq -f d%g {DIRS})")
-            statuses = []
-            for rid in rids:
-                status, connection = open_watch(daemon, rid)
-                statuses.append(status)
-                streams.append(connection)
-            for rid in rids:
-                make_dirs(daemon, rid, f"mkdir tree/more && cd tree/more && mkdir $(seq {GROWN})")
+            statuses = watch_and_grow(daemon, sandboxes_with_trees(daemon), streams)
             held = settled_watches(daemon, SANDBOXES * SHARE)
             refused = user_can_watch(user, root)
             print(f"\nas uid {user}: streams {statuses}, the daemon holds {held}; user: {refused}")

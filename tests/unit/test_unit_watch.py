@@ -28,7 +28,12 @@ class Readers:
         self.readers.discard(reader)
 
 
-def started(tmp_path: Path, root: tuple[str, ...] = (), recursive: bool = True) -> Any:
+def started(
+    tmp_path: Path, root: tuple[str, ...] = (), recursive: bool = True, account: Any = None
+) -> Any:
+    """A watch of ``tmp_path`` (its file work in the test's own thread, taking from
+    ``account`` when given), started: it, its reactor, its events, its start's outcome, and
+    its closes."""
     events: list[WatchEvent] = []
     reactor = Readers()
     closed: list[bool] = []
@@ -46,6 +51,7 @@ def started(tmp_path: Path, root: tuple[str, ...] = (), recursive: bool = True) 
         recursive,
         events.append,
         on_close=lambda: closed.append(True),
+        account=account,
     )
     done: list[object] = []
     Deferred.fromCoroutine(watch.start()).addBoth(done.append)

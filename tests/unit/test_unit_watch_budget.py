@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from sandboxd.core.watch.budget import (
@@ -17,10 +17,10 @@ from sandboxd.core.watch.budget import (
     host_budget,
     kernel_limit,
 )
-from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
+from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.errors import InsufficientStorage, NoCapacity
 from tests.unit.test_unit_manager import World, fired
-from tests.unit.test_unit_watch import Readers
+from tests.unit.test_unit_watch import started
 
 
 def test_the_budget_keeps_a_reserve_and_shares_it_out() -> None:
@@ -60,24 +60,7 @@ def test_watches_are_taken_within_the_total_and_each_sandbox_share() -> None:
 def watch_with(tmp_path: Path, budget: WatchBudget) -> Any:
     account = budget.account("rid")
     assert account is not None
-    events: list[WatchEvent] = []
-
-    def as_sandbox(work: Any) -> "Deferred[Any]":
-        try:
-            return succeed(work(str(tmp_path)))
-        except OSError:
-            return fail(Failure())
-
-    watch = WorkspaceWatch(
-        Readers(),  # type: ignore[arg-type]
-        as_sandbox,
-        (),
-        True,
-        events.append,
-        account=account,
-    )
-    done: list[object] = []
-    Deferred.fromCoroutine(watch.start()).addBoth(done.append)
+    watch, _, events, done, _ = started(tmp_path, account=account)
     return watch, events, done
 
 

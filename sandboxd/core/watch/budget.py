@@ -40,8 +40,13 @@ class WatchBudget:
     watches: int
     per_sandbox: int
     instances_used: int = 0
-    watches_used: int = 0
     by_sandbox: dict[str, int] = field(factory=dict)
+    """The watches each sandbox holds (a sandbox that holds none is not there)."""
+
+    @property
+    def watches_used(self) -> int:
+        """The watches held, every sandbox's."""
+        return sum(self.by_sandbox.values())
 
     @classmethod
     def of_limits(cls, max_instances: int, max_watches: int) -> "WatchBudget":
@@ -62,7 +67,6 @@ class WatchBudget:
         held = self.by_sandbox.get(rid, 0)
         granted = max(0, min(wanted, self.watches - self.watches_used, self.per_sandbox - held))
         if granted:
-            self.watches_used += granted
             self.by_sandbox[rid] = held + granted
         return granted
 
@@ -70,7 +74,6 @@ class WatchBudget:
         """Give back ``count`` watches of sandbox ``rid``."""
         if not count:
             return
-        self.watches_used -= count
         left = self.by_sandbox[rid] - count
         if left:
             self.by_sandbox[rid] = left
