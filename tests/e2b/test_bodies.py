@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from e2b import NotEnoughSpaceException, Sandbox, SandboxException
 
-from tests.e2b.conftest import E2BDaemon, _start, _stop, point_sdk_at
+from tests.e2b.conftest import E2BDaemon, point_sdk_at, running_front
 from tests.support.daemon import SHARED_ROOTS, Daemon
 
 MIB = 1 << 20
@@ -40,11 +40,8 @@ UPLOAD_MIB = 384
 
 @pytest.fixture(scope="module")
 def own_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
-    front = _start(tmp_path_factory.mktemp("e2b-bodies"), "--isolation=none")
-    try:
+    with running_front(tmp_path_factory.mktemp("e2b-bodies"), "--isolation=none") as front:
         yield front
-    finally:
-        _stop(front)
 
 
 @pytest.fixture
@@ -204,11 +201,9 @@ def test_a_large_multipart_upload_arrives_whole_while_a_neighbour_keeps_answerin
 
 @pytest.fixture(scope="module")
 def small_body_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
-    front = _start(tmp_path_factory.mktemp("e2b-max-body"), "--isolation=none", "--max-body=1M")
-    try:
+    tmp = tmp_path_factory.mktemp("e2b-max-body")
+    with running_front(tmp, "--isolation=none", "--max-body=1M") as front:
         yield front
-    finally:
-        _stop(front)
 
 
 @pytest.mark.parametrize("octet_stream", [True, False], ids=["octet-stream", "multipart"])
@@ -256,15 +251,11 @@ def small_state_root(tmp_path: Path, size: str) -> Iterator[Path]:
 def test_a_body_the_state_root_cannot_store_is_refused_not_written_empty(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    with small_state_root(tmp_path, "24m"):
-        front = _start(tmp_path, "--isolation=none")
-        try:
-            point_sdk_at(monkeypatch, front)
-            sbx = Sandbox.create(timeout=120)
-            with pytest.raises(NotEnoughSpaceException) as raised:
-                sbx.files.write("big", b"x" * (32 * MIB), use_octet_stream=True)
-            assert "could not be stored" in str(raised.value), raised.value
-            assert not sbx.files.exists("big")
-            sbx.kill()
-        finally:
-            _stop(front)
+    with small_state_root(tmp_path, "24m"), running_front(tmp_path, "--isolation=none") as front:
+        point_sdk_at(monkeypatch, front)
+        sbx = Sandbox.create(timeout=120)
+        with pytest.raises(NotEnoughSpaceException) as raised:
+            sbx.files.write("big", b"x" * (32 * MIB), use_octet_stream=True)
+        assert "could not be stored" in str(raised.value), raised.value
+        assert not sbx.files.exists("big")
+        sbx.kill()

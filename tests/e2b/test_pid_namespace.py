@@ -6,24 +6,18 @@ As root with the real isolation (skipped as a user); the layer itself is tried f
 ``tests/kernel/test_pid_namespace.py``.
 """
 
-import os
 from collections.abc import Iterator
 
 import pytest
 from e2b import CommandExitException, Sandbox
 
-from tests.e2b.conftest import E2BDaemon, _start, _stop, point_sdk_at
+from tests.e2b.conftest import E2BDaemon, point_sdk_at, running_front
 
 
 @pytest.fixture(scope="module")
 def pid_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
-    if os.geteuid() != 0:
-        pytest.skip("the real isolation needs root")
-    front = _start(tmp_path_factory.mktemp("e2b-pid"), "--namespaces=ipc,mount,net,pid")
-    try:
-        yield front
-    finally:
-        _stop(front)
+    with running_front(tmp_path_factory.mktemp("e2b-pid"), "--namespaces=ipc,mount,net,pid") as f:
+        yield f
 
 
 @pytest.fixture
