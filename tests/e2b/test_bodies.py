@@ -59,37 +59,29 @@ def peak_growth(daemon: Daemon, baseline: int) -> int:
     return daemon.rss_kib("VmHWM") * 1024 - baseline
 
 
-def post_files(front: E2BDaemon, sbx: Sandbox, path: str, body: bytes, **headers: str) -> Any:
+def post(front: E2BDaemon, sbx: Sandbox, target: str, body: bytes, **headers: str) -> Any:
+    """A ``POST`` of ``body`` to ``target`` with the sandbox's access token: its status and
+    JSON answer."""
     port = int(front.url.rsplit(":", 1)[1])
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    given = {
-        "E2b-Sandbox-Id": sbx.sandbox_id,
-        "X-Access-Token": sbx._envd_access_token or "",
-        "Content-Type": "application/octet-stream",
-        **headers,
-    }
-    connection.request("POST", f"/files?path={path}", body, given)
+    given = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token or ""}
+    connection.request("POST", target, body, {**given, **headers})
     response = connection.getresponse()
     answer = response.status, json.loads(response.read())
     connection.close()
     return answer
+
+
+def post_files(front: E2BDaemon, sbx: Sandbox, path: str, body: bytes, **headers: str) -> Any:
+    """An upload of ``body`` as the raw bytes of the file at ``path``."""
+    headers = {"Content-Type": "application/octet-stream", **headers}
+    return post(front, sbx, f"/files?path={path}", body, **headers)
 
 
 def stat_rpc(front: E2BDaemon, sbx: Sandbox, body: bytes, **headers: str) -> Any:
     """A unary ``filesystem.Filesystem/Stat`` call of ``body``: its status and answer."""
-    port = int(front.url.rsplit(":", 1)[1])
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    given = {
-        "E2b-Sandbox-Id": sbx.sandbox_id,
-        "X-Access-Token": sbx._envd_access_token or "",
-        "Content-Type": "application/json",
-        **headers,
-    }
-    connection.request("POST", "/filesystem.Filesystem/Stat", body, given)
-    response = connection.getresponse()
-    answer = response.status, json.loads(response.read())
-    connection.close()
-    return answer
+    headers = {"Content-Type": "application/json", **headers}
+    return post(front, sbx, "/filesystem.Filesystem/Stat", body, **headers)
 
 
 def gzip_of_zeros(size: int) -> bytes:
