@@ -111,11 +111,8 @@ def sandbox(e2b_daemon: E2BDaemon) -> Iterator["object"]:
     """A sandbox made by the SDK's ``Sandbox.create()``, killed after the test."""
     from e2b import Sandbox
 
-    created = Sandbox.create(timeout=120)
-    try:
+    with Sandbox.create(timeout=120) as created:  # killed on leaving
         yield created
-    finally:
-        created.kill()
 
 
 @pytest.fixture
@@ -123,8 +120,5 @@ def any_sandbox(any_daemon: E2BDaemon) -> Iterator["object"]:
     """A sandbox of each daemon."""
     from e2b import Sandbox
 
-    created = Sandbox.create(timeout=120)
-    try:
+    with Sandbox.create(timeout=120) as created:  # killed on leaving
         yield created
-    finally:
-        created.kill()

@@ -23,11 +23,8 @@ def pid_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
 @pytest.fixture
 def pid_sandbox(monkeypatch: pytest.MonkeyPatch, pid_front: E2BDaemon) -> Iterator[Sandbox]:
     point_sdk_at(monkeypatch, pid_front)
-    created = Sandbox.create(timeout=120)
-    try:
+    with Sandbox.create(timeout=120) as created:  # killed on leaving
         yield created
-    finally:
-        created.kill()
 
 
 def test_a_background_command_is_listed_connected_and_killed_by_its_pid(
