@@ -4,9 +4,9 @@
 Against a real daemon of its own (so that its peak RSS is this module's), with the sandboxes
 made by the unmodified ``e2b`` SDK: a gzip bomb (a 1 MiB body of zeros that inflates to a
 gigabyte) is refused with E2B's error once it inflates past its bound; a 384 MiB multipart
-upload by the SDK arrives whole while another sandbox's commands keep answering; and a body
+upload by the SDK arrives whole while another sandbox's commands keep answering; a body
 over ``SANDBOXD_MAX_BODY``, or that the state root has no room to store, is refused rather than
-written empty.
+written empty; and a multipart upload of more files than one may hold is refused past them.
 """
 
 import contextlib
@@ -245,4 +245,23 @@ def test_a_body_the_state_root_cannot_store_is_refused_not_written_empty(
             sbx.files.write("big", b"x" * (32 * MIB), use_octet_stream=True)
         assert "could not be stored" in str(raised.value), raised.value
         assert not sbx.files.exists("big")
+        sbx.kill()
+
+
+def test_a_multipart_upload_of_too_many_files_is_refused_past_them(front: E2BDaemon) -> None:
+    """The SDK's ``write_files`` of one file more than an upload may hold: the first
+    ``FILES_MAX`` are written, the next refused (what the daemon keeps of each is bounded)."""
+    from e2b import InvalidArgumentException
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+    from sandboxd.e2b.upload import FILES_MAX
+
+    sbx = Sandbox.create(timeout=300)
+    try:
+        many = [WriteEntry(path=f"many/f{i}", data=b"") for i in range(FILES_MAX + 1)]
+        with pytest.raises(InvalidArgumentException, match=f"at most {FILES_MAX} files"):
+            sbx.files.write_files(many, request_timeout=240)
+        count = sbx.commands.run("ls many | wc -l", timeout=60).stdout
+        assert int(count) == FILES_MAX
+    finally:
         sbx.kill()
