@@ -32,7 +32,10 @@ def test_a_background_command_is_listed_connected_and_killed_by_its_pid(
 ) -> None:
     handle = pid_sandbox.commands.run("echo $$ > inside; sleep 60", background=True)
     assert handle.pid in [p.pid for p in pid_sandbox.commands.list()]
-    assert int(pid_sandbox.commands.run("cat inside").stdout) < 10  # the namespace's own
+    # the background shell writes its pid when it gets to it: wait for that (30 s at most)
+    wait = "until [ -s inside ]; do sleep 0.05; done; cat inside"
+    inside = pid_sandbox.commands.run(wait, timeout=30)
+    assert int(inside.stdout) < 10  # the namespace's own
     seen = pid_sandbox.commands.run("ps -e -o pid=,comm=").stdout.splitlines()
     assert all(int(line.split()[0]) < 20 for line in seen), seen  # no host process in sight
     again = pid_sandbox.commands.connect(handle.pid)
