@@ -33,9 +33,12 @@ def _sandbox_id(headers: Headers) -> str:
     return (_header(headers, b"e2b-sandbox-id") or b"").decode("utf-8", "replace")
 
 
-def _signed_query(path: bytes) -> dict[str, str] | None:
-    """The query of a signed URL (``None``: not signed)."""
-    text = path.partition(b"?")[2].decode("utf-8", "replace")
+def _signed_files_query(path: bytes) -> dict[str, str] | None:
+    """The query of a signed ``/files`` URL (``None``: another route, or not signed)."""
+    route, _, raw = path.partition(b"?")
+    if route != b"/files":
+        return None
+    text = raw.decode("utf-8", "replace")
     query = dict(parse_qsl(text, keep_blank_values=True))
     return query if signing.is_signed(query) else None
 
@@ -52,8 +55,8 @@ def admission(token: bytes | None, registry: Registry) -> Admit:
             return Admission.REFUSED
         access_header = _header(headers, b"x-access-token")
         sandbox_id = _sandbox_id(headers)
-        query = _signed_query(path)
-        if access_header is None and route == b"/files" and query is not None:
+        query = _signed_files_query(path) if access_header is None else None
+        if query is not None:
             if sandbox_id and not registry.named_or_all(sandbox_id):
                 return Admission.ABSENT
             try:
@@ -76,8 +79,8 @@ def refusal(path: bytes, verdict: Admission, headers: Headers) -> bytes:
     :func:`sandboxd.e2b.wire.absent_answer`)."""
     if verdict is Admission.ABSENT:
         return wire.absent_answer(path, _sandbox_id(headers))
-    query = _signed_query(path)
-    if path.split(b"?", 1)[0] == b"/files" and query is not None:
+    query = _signed_files_query(path)
+    if query is not None:
         try:
             signing.expiration_of(query)
         except RestError as e:

@@ -122,7 +122,7 @@ class E2BFront:
     def error(self, request: IRequest, failure: Failure) -> bytes:
         error = failure.value
         assert isinstance(error, Exception)
-        rpc = (request.path or b"").startswith((b"/process.", b"/filesystem."))
+        rpc = (request.path or b"").startswith(wire.RPC_PREFIXES)
         if isinstance(error, HTTPException):
             status = error.code or 500
             return self._answer(request, status, wire.rest_error_body(status, str(error)))

@@ -201,12 +201,12 @@ async def watch_dir(
     place = _watched(message)
     stream: EnvelopeStream | None = None
 
-    def end(error: ConnectError) -> None:
+    def dropped() -> None:
         assert stream is not None
-        stream.write(wire.end_of_stream(error))
+        stream.write(wire.end_of_stream(wire.events_dropped()))
         stream.end()
 
-    feed = DropWhilePaused(lambda: end(wire.events_dropped()))
+    feed = DropWhilePaused(dropped)
 
     def deliver(event: WatchEvent) -> None:
         if stream is None:

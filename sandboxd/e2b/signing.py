@@ -52,20 +52,29 @@ def expiration_of(query: Mapping[str, str]) -> int | None:
         raise RestError(400, "signature_expiration: must be an integer") from None
 
 
-def signs_any(registry: Registry, sandbox_id: str, query: Mapping[str, str]) -> bool:
-    """Whether a sandbox (``sandbox_id`` only, when given) signed the query, to read or to
-    write: judged at the headers, before a byte of the body is stored. The operation and the
-    expiration are judged by the route (:func:`signed_sandbox`); a malformed expiration is
+def _signer(
+    registry: Registry, sandbox_id: str, query: Mapping[str, str], operations: tuple[str, ...]
+) -> E2BSandbox | None:
+    """The sandbox (``sandbox_id`` only, when given) whose access token signed the query for
+    one of ``operations`` (``None``: none did); a malformed expiration is
     :func:`expiration_of`'s ``RestError``."""
     given = query.get("signature", "").encode()
     path, user = query.get("path", ""), query.get("username", "")
     expiration = expiration_of(query)
     for entry in registry.named_or_all(sandbox_id):
-        for operation in (READ, WRITE):
+        for operation in operations:
             wanted = signature(path, operation, user, entry.token, expiration)
             if hmac.compare_digest(wanted.encode(), given):
-                return True
-    return False
+                return entry
+    return None
+
+
+def signs_any(registry: Registry, sandbox_id: str, query: Mapping[str, str]) -> bool:
+    """Whether a sandbox (``sandbox_id`` only, when given) signed the query, to read or to
+    write: judged at the headers, before a byte of the body is stored. The operation and the
+    expiration are judged by the route (:func:`signed_sandbox`); a malformed expiration is
+    :func:`expiration_of`'s ``RestError``."""
+    return _signer(registry, sandbox_id, query, (READ, WRITE)) is not None
 
 
 def signed_sandbox(
@@ -73,18 +82,12 @@ def signed_sandbox(
 ) -> E2BSandbox:
     """The sandbox whose access token signed the query for ``operation`` (``sandbox_id``
     only, when given); ``RestError(401)`` in envd's words otherwise."""
-    given = query.get("signature", "")
-    expiration = expiration_of(query)
-    path, user = query.get("path", ""), query.get("username", "")
-    candidates = registry.named_or_all(sandbox_id)
-    for entry in candidates:
-        wanted = signature(path, operation, user, entry.token, expiration)
-        if hmac.compare_digest(wanted.encode(), given.encode()):
-            break
-    else:
-        if sandbox_id and not candidates:
+    entry = _signer(registry, sandbox_id, query, (operation,))
+    if entry is None:
+        if sandbox_id and not registry.named_or_all(sandbox_id):
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
         raise RestError(401, "invalid signature")
+    expiration = expiration_of(query)
     if expiration is not None and expiration < now:
         raise RestError(401, "signature is already expired")
     return registry.get(entry.id)

@@ -32,6 +32,9 @@ READ_CHUNK = 1 << 20
 """Bytes of the stored body read at a time (what an upload holds in memory, about)."""
 HEADERS_MAX = 16 << 10
 """Bytes a multipart part's headers may take."""
+FILES_MAX = 10_000
+"""Files one multipart upload may hold: what is kept of each (its place, to refuse a second
+file to it, and its line of the answer) is a few hundred bytes, ~6 times a part's least."""
 INFLATE_RATIO_MAX = 100
 """A gzip body inflates to at most this many times its own size (a zip bomb's is ~1000)..."""
 INFLATE_FLOOR = 16 << 20
@@ -285,6 +288,12 @@ class Upload:
                     400,
                     f"you cannot upload multiple files to the same path '{place.display}' in "
                     "one upload request, only the first specified file was uploaded",
+                )
+            if len(places) == FILES_MAX:
+                raise RestError(
+                    400,
+                    f"an upload holds at most {FILES_MAX} files: the first {FILES_MAX} were "
+                    "uploaded, send the rest in another",
                 )
             places.add(place)
             yield place, part

@@ -51,6 +51,8 @@ STREAM_PATHS = frozenset(
     )
 )
 """The paths of the streaming RPCs: their errors are a stream's end, never an HTTP status."""
+RPC_PREFIXES = (b"/process.", b"/filesystem.")
+"""What the paths of the RPCs begin with: their errors are Connect's, not REST's."""
 
 
 class ConnectError(Exception):
@@ -190,7 +192,7 @@ def absent_answer(path: bytes, sandbox_id: str) -> bytes:
     if route in STREAM_PATHS:
         return _whole_answer(200, CONNECT_JSON, end_of_stream(error))
     status, payload = connect_error_body(error)
-    if route.startswith((b"/process.", b"/filesystem.")):
+    if route.startswith(RPC_PREFIXES):
         return _whole_answer(status, JSON, payload)
     status = 502 if sandbox_id else status
     return _whole_answer(status, JSON, rest_error_body(status, error.message))

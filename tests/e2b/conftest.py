@@ -6,6 +6,7 @@ coverage); the isolation tests, and a few others, also run against a daemon unde
 isolation (its default as root; skipped as a user).
 """
 
+import contextlib
 import os
 import subprocess
 import urllib.request
@@ -52,36 +53,36 @@ def _start(tmp: Path, *args: str) -> E2BDaemon:
     return E2BDaemon(daemon, port, isolated="--isolation=none" not in args)
 
 
-@pytest.fixture(scope="session")
-def unisolated_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
-    front = _start(tmp_path_factory.mktemp("e2b"), "--isolation=none")
+@contextlib.contextmanager
+def running_front(tmp: Path, *args: str) -> Iterator[E2BDaemon]:
+    """A daemon with the E2B front, started in ``tmp`` with ``args`` and stopped on leaving;
+    one under the real isolation (``args`` without ``--isolation=none``) is skipped as a user."""
+    if "--isolation=none" not in args and os.geteuid() != 0:
+        pytest.skip("the real isolation needs root")
+    front = _start(tmp, *args)
     try:
         yield front
     finally:
         _stop(front)
+
+
+@pytest.fixture(scope="session")
+def unisolated_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
+    with running_front(tmp_path_factory.mktemp("e2b"), "--isolation=none") as front:
+        yield front
 
 
 @pytest.fixture(scope="session")
 def isolated_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
-    if os.geteuid() != 0:
-        pytest.skip("the real isolation needs root")
-    front = _start(tmp_path_factory.mktemp("e2b-isolated"))
-    try:
+    with running_front(tmp_path_factory.mktemp("e2b-isolated")) as front:
         yield front
-    finally:
-        _stop(front)
 
 
 @pytest.fixture(scope="session")
 def unnamespaced_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
     """The real isolation with the namespace layers off by name (no mount namespace)."""
-    if os.geteuid() != 0:
-        pytest.skip("the real isolation needs root")
-    front = _start(tmp_path_factory.mktemp("e2b-no-ns"), "--namespaces=none")
-    try:
+    with running_front(tmp_path_factory.mktemp("e2b-no-ns"), "--namespaces=none") as front:
         yield front
-    finally:
-        _stop(front)
 
 
 def point_sdk_at(monkeypatch: pytest.MonkeyPatch, front: E2BDaemon) -> E2BDaemon:
@@ -110,11 +111,8 @@ def sandbox(e2b_daemon: E2BDaemon) -> Iterator["object"]:
     """A sandbox made by the SDK's ``Sandbox.create()``, killed after the test."""
     from e2b import Sandbox
 
-    created = Sandbox.create(timeout=120)
-    try:
+    with Sandbox.create(timeout=120) as created:  # killed on leaving
         yield created
-    finally:
-        created.kill()
 
 
 @pytest.fixture
@@ -122,8 +120,5 @@ def any_sandbox(any_daemon: E2BDaemon) -> Iterator["object"]:
     """A sandbox of each daemon."""
     from e2b import Sandbox
 
-    created = Sandbox.create(timeout=120)
-    try:
+    with Sandbox.create(timeout=120) as created:  # killed on leaving
         yield created
-    finally:
-        created.kill()

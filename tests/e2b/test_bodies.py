@@ -4,9 +4,9 @@
 Against a real daemon of its own (so that its peak RSS is this module's), with the sandboxes
 made by the unmodified ``e2b`` SDK: a gzip bomb (a 1 MiB body of zeros that inflates to a
 gigabyte) is refused with E2B's error once it inflates past its bound; a 384 MiB multipart
-upload by the SDK arrives whole while another sandbox's commands keep answering; and a body
+upload by the SDK arrives whole while another sandbox's commands keep answering; a body
 over ``SANDBOXD_MAX_BODY``, or that the state root has no room to store, is refused rather than
-written empty.
+written empty; and a multipart upload of more files than one may hold is refused past them.
 """
 
 import contextlib
@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from e2b import NotEnoughSpaceException, Sandbox, SandboxException
 
-from tests.e2b.conftest import E2BDaemon, _start, _stop, point_sdk_at
+from tests.e2b.conftest import E2BDaemon, point_sdk_at, running_front
 from tests.support.daemon import SHARED_ROOTS, Daemon
 
 MIB = 1 << 20
@@ -40,11 +40,8 @@ UPLOAD_MIB = 384
 
 @pytest.fixture(scope="module")
 def own_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
-    front = _start(tmp_path_factory.mktemp("e2b-bodies"), "--isolation=none")
-    try:
+    with running_front(tmp_path_factory.mktemp("e2b-bodies"), "--isolation=none") as front:
         yield front
-    finally:
-        _stop(front)
 
 
 @pytest.fixture
@@ -62,37 +59,29 @@ def peak_growth(daemon: Daemon, baseline: int) -> int:
     return daemon.rss_kib("VmHWM") * 1024 - baseline
 
 
-def post_files(front: E2BDaemon, sbx: Sandbox, path: str, body: bytes, **headers: str) -> Any:
+def post(front: E2BDaemon, sbx: Sandbox, target: str, body: bytes, **headers: str) -> Any:
+    """A ``POST`` of ``body`` to ``target`` with the sandbox's access token: its status and
+    JSON answer."""
     port = int(front.url.rsplit(":", 1)[1])
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    given = {
-        "E2b-Sandbox-Id": sbx.sandbox_id,
-        "X-Access-Token": sbx._envd_access_token or "",
-        "Content-Type": "application/octet-stream",
-        **headers,
-    }
-    connection.request("POST", f"/files?path={path}", body, given)
+    given = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token or ""}
+    connection.request("POST", target, body, {**given, **headers})
     response = connection.getresponse()
     answer = response.status, json.loads(response.read())
     connection.close()
     return answer
+
+
+def post_files(front: E2BDaemon, sbx: Sandbox, path: str, body: bytes, **headers: str) -> Any:
+    """An upload of ``body`` as the raw bytes of the file at ``path``."""
+    headers = {"Content-Type": "application/octet-stream", **headers}
+    return post(front, sbx, f"/files?path={path}", body, **headers)
 
 
 def stat_rpc(front: E2BDaemon, sbx: Sandbox, body: bytes, **headers: str) -> Any:
     """A unary ``filesystem.Filesystem/Stat`` call of ``body``: its status and answer."""
-    port = int(front.url.rsplit(":", 1)[1])
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    given = {
-        "E2b-Sandbox-Id": sbx.sandbox_id,
-        "X-Access-Token": sbx._envd_access_token or "",
-        "Content-Type": "application/json",
-        **headers,
-    }
-    connection.request("POST", "/filesystem.Filesystem/Stat", body, given)
-    response = connection.getresponse()
-    answer = response.status, json.loads(response.read())
-    connection.close()
-    return answer
+    headers = {"Content-Type": "application/json", **headers}
+    return post(front, sbx, "/filesystem.Filesystem/Stat", body, **headers)
 
 
 def gzip_of_zeros(size: int) -> bytes:
@@ -115,16 +104,11 @@ def test_a_gzip_bomb_is_refused_with_e2bs_error_and_bounded_memory(front: E2BDae
         assert status == 413 and body["code"] == 413, body
         assert "inflates past" in body["message"] and "times its size" in body["message"]
         assert grown < RSS_BOUND, grown
-        # A gzip body within its bound still inflates whole.
+        # A gzip body within its bound still inflates whole: the SDK's own (envd 0.5.7's
+        # octet-stream upload with Content-Encoding: gzip).
         data = b"sandboxd " * 100_000
-        status, body = post_files(
-            front,
-            sbx,
-            "fine",
-            zlib.compress(data, wbits=16 + zlib.MAX_WBITS),
-            **{"Content-Encoding": "gzip"},
-        )
-        assert status == 200 and sbx.files.read("fine", format="bytes") == data
+        assert sbx.files.write("fine", data, gzip=True).name == "fine"
+        assert sbx.files.read("fine", format="bytes") == data
         # An RPC's body is never inflated: a compressed one is Connect's "unimplemented".
         status, body = stat_rpc(front, sbx, bomb, **{"Content-Encoding": "gzip"})
         assert status == 501 and body["code"] == "unimplemented", body
@@ -204,11 +188,9 @@ def test_a_large_multipart_upload_arrives_whole_while_a_neighbour_keeps_answerin
 
 @pytest.fixture(scope="module")
 def small_body_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
-    front = _start(tmp_path_factory.mktemp("e2b-max-body"), "--isolation=none", "--max-body=1M")
-    try:
+    tmp = tmp_path_factory.mktemp("e2b-max-body")
+    with running_front(tmp, "--isolation=none", "--max-body=1M") as front:
         yield front
-    finally:
-        _stop(front)
 
 
 @pytest.mark.parametrize("octet_stream", [True, False], ids=["octet-stream", "multipart"])
@@ -256,15 +238,30 @@ def small_state_root(tmp_path: Path, size: str) -> Iterator[Path]:
 def test_a_body_the_state_root_cannot_store_is_refused_not_written_empty(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    with small_state_root(tmp_path, "24m"):
-        front = _start(tmp_path, "--isolation=none")
-        try:
-            point_sdk_at(monkeypatch, front)
-            sbx = Sandbox.create(timeout=120)
-            with pytest.raises(NotEnoughSpaceException) as raised:
-                sbx.files.write("big", b"x" * (32 * MIB), use_octet_stream=True)
-            assert "could not be stored" in str(raised.value), raised.value
-            assert not sbx.files.exists("big")
-            sbx.kill()
-        finally:
-            _stop(front)
+    with small_state_root(tmp_path, "24m"), running_front(tmp_path, "--isolation=none") as front:
+        point_sdk_at(monkeypatch, front)
+        sbx = Sandbox.create(timeout=120)
+        with pytest.raises(NotEnoughSpaceException) as raised:
+            sbx.files.write("big", b"x" * (32 * MIB), use_octet_stream=True)
+        assert "could not be stored" in str(raised.value), raised.value
+        assert not sbx.files.exists("big")
+        sbx.kill()
+
+
+def test_a_multipart_upload_of_too_many_files_is_refused_past_them(front: E2BDaemon) -> None:
+    """The SDK's ``write_files`` of one file more than an upload may hold: the first
+    ``FILES_MAX`` are written, the next refused (what the daemon keeps of each is bounded)."""
+    from e2b import InvalidArgumentException
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+    from sandboxd.e2b.upload import FILES_MAX
+
+    sbx = Sandbox.create(timeout=300)
+    try:
+        many = [WriteEntry(path=f"many/f{i}", data=b"") for i in range(FILES_MAX + 1)]
+        with pytest.raises(InvalidArgumentException, match=f"at most {FILES_MAX} files"):
+            sbx.files.write_files(many, request_timeout=240)
+        count = sbx.commands.run("ls many | wc -l", timeout=60).stdout
+        assert int(count) == FILES_MAX
+    finally:
+        sbx.kill()

@@ -28,11 +28,8 @@ def front(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
 
 @pytest.fixture
 def box(front: str) -> Iterator[Sandbox]:
-    created = Sandbox.create(timeout=60)
-    try:
+    with Sandbox.create(timeout=60) as created:  # killed on leaving
         yield created
-    finally:
-        created.kill()
 
 
 def test_the_workspace_is_home_user_in_commands(

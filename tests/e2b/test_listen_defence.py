@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2b.conftest import E2BDaemon, _start, _stop
+from tests.e2b.conftest import E2BDaemon, running_front
 from tests.security.live_daemon import trickle_headers
 from tests.security.test_self_defence import (
     ATTACK_BYTES,
@@ -51,8 +51,7 @@ def ipv6_loopback() -> bool:
 @pytest.mark.skipif(not ipv6_loopback(), reason="this host has no IPv6 loopback")
 @pytest.mark.parametrize("dual_stack", ["on", "off"])
 def test_the_front_claims_both_loopbacks(tmp_path: Path, dual_stack: str) -> None:
-    front = _start(tmp_path, "--isolation=none", f"--dual-stack={dual_stack}")
-    try:
+    with running_front(tmp_path, "--isolation=none", f"--dual-stack={dual_stack}") as front:
         port = port_of(front)
         assert answered("127.0.0.1", port)
         if dual_stack == "on":
@@ -66,44 +65,38 @@ def test_the_front_claims_both_loopbacks(tmp_path: Path, dual_stack: str) -> Non
                 squatter.bind(("::1", port))
         log = front.daemon.log.read_text()
         assert log.index("recovery done") < log.index("also listening on")
-    finally:
-        _stop(front)
 
 
 @pytest.mark.parametrize("timeout", ["2s", "off"])
 def test_a_header_trickle_on_the_front_is_cut(tmp_path: Path, timeout: str) -> None:
-    front = _start(tmp_path, "--isolation=none", f"--header-timeout={timeout}")
-    try:
+    with running_front(tmp_path, "--isolation=none", f"--header-timeout={timeout}") as front:
         s, cut = trickle_headers(port_of(front), b"GET /v2/sandboxes HTTP/1.1", timeout == "off")
         s.close()
         assert cut is (timeout != "off")
         if cut:
             assert "header timeout: closed a connection" in front.daemon.log.read_text()
-    finally:
-        _stop(front)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs as the state root")
 @pytest.mark.parametrize("gate", ["headers", "off"])
 def test_a_keyless_body_on_the_front_is_never_stored(tmp_path: Path, gate: str) -> None:
-    with tmpfs(tmp_path / "root") as root:
-        front = _start(tmp_path, "--isolation=none", f"--auth-gate={gate}")
-        try:
-            before = used_bytes(root)
-            attack, sent = send_unfinished(
-                port_of(front),
-                b"POST /v2/sandboxes HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
-            )
-            stored = used_bytes(root) - before  # the body is unfinished: what was stored stays
-            answer = answer_of(attack)
-            if gate == "off":
-                assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
-                return
-            assert answer.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), answer
-            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["code"] == 401
-            assert stored < STORED_BOUND and sent < ATTACK_BYTES, (stored, sent)
-        finally:
-            _stop(front)
+    with (
+        tmpfs(tmp_path / "root") as root,
+        running_front(tmp_path, "--isolation=none", f"--auth-gate={gate}") as front,
+    ):
+        before = used_bytes(root)
+        attack, sent = send_unfinished(
+            port_of(front),
+            b"POST /v2/sandboxes HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
+        )
+        stored = used_bytes(root) - before  # the body is unfinished: what was stored stays
+        answer = answer_of(attack)
+        if gate == "off":
+            assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
+            return
+        assert answer.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), answer
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["code"] == 401
+        assert stored < STORED_BOUND and sent < ATTACK_BYTES, (stored, sent)
 
 
 UNKNOWN_SANDBOX = (
@@ -131,18 +124,17 @@ def test_an_upload_to_no_sandbox_is_never_stored(
 ) -> None:
     """An envd upload naming a sandbox the front does not hold, or signed by none, is answered
     at its headers as the route would answer it; with the gate off its body is stored first."""
-    with tmpfs(tmp_path / "root") as root:
-        front = _start(tmp_path, "--isolation=none", f"--auth-gate={gate}")
-        try:
-            before = used_bytes(root)
-            attack, sent = send_unfinished(port_of(front), head)
-            stored = used_bytes(root) - before  # the body is unfinished: what was stored stays
-            answer = answer_of(attack)
-            if gate == "off":
-                assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
-                return
-            assert answer.startswith(b"HTTP/1.1 " + status + b"\r\n"), answer
-            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["message"] == message
-            assert stored < STORED_BOUND and sent < ATTACK_BYTES, (stored, sent)
-        finally:
-            _stop(front)
+    with (
+        tmpfs(tmp_path / "root") as root,
+        running_front(tmp_path, "--isolation=none", f"--auth-gate={gate}") as front,
+    ):
+        before = used_bytes(root)
+        attack, sent = send_unfinished(port_of(front), head)
+        stored = used_bytes(root) - before  # the body is unfinished: what was stored stays
+        answer = answer_of(attack)
+        if gate == "off":
+            assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
+            return
+        assert answer.startswith(b"HTTP/1.1 " + status + b"\r\n"), answer
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["message"] == message
+        assert stored < STORED_BOUND and sent < ATTACK_BYTES, (stored, sent)

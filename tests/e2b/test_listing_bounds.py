@@ -6,14 +6,13 @@ the daemon's peak RSS grows by a few MiB only, and a listing within the caps sti
 (docs/e2b.rst, "Coverage").
 """
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from e2b import InvalidArgumentException, Sandbox
 
-from tests.e2b.conftest import E2BDaemon, _start, _stop, point_sdk_at
+from tests.e2b.conftest import E2BDaemon, point_sdk_at, running_front
 from tests.process.test_walk_long_names import DEEP_TREE, RSS_BOUND, WIDE_LEVEL
 
 
@@ -23,13 +22,9 @@ def front(
 ) -> Iterator[E2BDaemon]:
     """A daemon of its own (its peak RSS is this test's alone), with and without the real
     isolation (the sandbox's uid makes the tree; the listing runs as it)."""
-    if request.param == "isolation-real" and os.geteuid() != 0:
-        pytest.skip("the real isolation needs root")
-    running = _start(tmp_path, *(["--isolation=none"] if request.param == "isolation-none" else []))
-    try:
+    args = ["--isolation=none"] if request.param == "isolation-none" else []
+    with running_front(tmp_path, *args) as running:
         yield point_sdk_at(monkeypatch, running)
-    finally:
-        _stop(running)
 
 
 def test_a_listing_of_a_deep_tree_of_long_names_is_refused_past_its_caps(

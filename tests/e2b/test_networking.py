@@ -2,7 +2,7 @@
 
 The front's choice runs on the in-memory harness with the replica's network policy swapped
 for the one under test (the harness has no namespaces, so each sandbox records the mode it
-was given); the real modes, under a daemon as root, are in ``tests/kernel/test_egress_e2b.py``.
+was given); the real modes, under a daemon as root, are in ``tests/kernel/test_egress_default.py``.
 """
 
 from collections.abc import Iterator

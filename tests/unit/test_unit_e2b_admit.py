@@ -10,30 +10,24 @@ from twisted.web.http_headers import Headers
 
 from sandboxd.e2b import signing, wire
 from sandboxd.e2b.admit import admission, refusal
-from sandboxd.e2b.registry import E2BSandbox, Registry
+from sandboxd.e2b.registry import Registry
 from sandboxd.http.guard import Admission
 
 REFUSED = Admission.REFUSED
 
 
 class Held:
+    """The core sandbox of an E2B one: its id, and the end of its life (set by the registry)."""
+
     rid = "s1"
+    lives_until = 0.0
 
 
-class Known(Registry):
+def known() -> Registry:
     """A registry holding one sandbox ``s1`` whose access token is ``good``."""
-
-    def __init__(self) -> None:
-        super().__init__(manager=None, clock=Clock())  # type: ignore[arg-type]
-
-    def holds(self, sandbox_id: str, token: str) -> bool | None:
-        if sandbox_id != "s1":
-            return None
-        return token == "good"
-
-    def named_or_all(self, sandbox_id: str) -> list[E2BSandbox]:
-        held = E2BSandbox(Held(), "good", "base", {}, 0.0, 0.0)  # type: ignore[arg-type]
-        return [held] if sandbox_id in ("", "s1") else []
+    registry = Registry(manager=None, clock=Clock())  # type: ignore[arg-type]
+    registry.add(Held(), "base", {}, 60).token = "good"  # type: ignore[arg-type]
+    return registry
 
 
 def headers(**values: str) -> Headers:
@@ -41,15 +35,15 @@ def headers(**values: str) -> Headers:
 
 
 def test_the_control_plane_needs_the_key() -> None:
-    admit = admission(b"key", Known())
+    admit = admission(b"key", known())
     assert admit(b"/v2/sandboxes", None, headers(x_api_key="key")) is Admission.TRUSTED
     assert admit(b"/v2/sandboxes?limit=1", None, headers(x_api_key="nope")) is Admission.REFUSED
     assert admit(b"/sandboxes/s1", None, Headers()) is Admission.REFUSED
-    assert admission(None, Known())(b"/v2/sandboxes", None, Headers()) is Admission.TRUSTED
+    assert admission(None, known())(b"/v2/sandboxes", None, Headers()) is Admission.TRUSTED
 
 
 def test_envd_needs_the_named_sandboxs_token() -> None:
-    admit = admission(b"key", Known())
+    admit = admission(b"key", known())
     for path in (b"/files?path=x", b"/health", b"/process.Process/Start"):
         named = headers(e2b_sandbox_id="s1", x_access_token="good")
         assert admit(path, None, named) is Admission.TRUSTED
@@ -82,7 +76,7 @@ def signed(operation: str, token: str = "good", expiration: str = "") -> bytes:
 
 
 def test_a_signed_url_is_judged_at_the_headers() -> None:
-    admit = admission(b"key", Known())
+    admit = admission(b"key", known())
     for operation in (signing.READ, signing.WRITE):
         assert admit(signed(operation), None, Headers()) is Admission.OPEN
         named = headers(e2b_sandbox_id="s1")

@@ -10,6 +10,7 @@ import io
 import pytest
 
 from sandboxd.e2b.upload import (
+    FILES_MAX,
     HEADERS_MAX,
     INFLATE_FLOOR,
     INFLATE_RATIO_MAX,
@@ -232,3 +233,20 @@ def test_a_multipart_uploads_parts_go_to_their_names_or_all_to_the_path() -> Non
     assert raised.value.message.startswith(
         "you cannot upload multiple files to the same path '/home/user/c' in one upload request"
     )
+
+
+def test_a_multipart_upload_past_its_files_is_400_after_writing_the_first() -> None:
+    """A body of many tiny parts keeps what the front holds of them (each file's place and
+    line of the answer) to :data:`FILES_MAX` of them, not ~6 bytes per byte of body."""
+    parts = [
+        b"Content-Disposition: form-data; filename=f%d\r\n\r\n" % i for i in range(FILES_MAX + 1)
+    ]
+    upload = Upload(
+        "multipart/form-data; boundary=b0und", False, None, io.BytesIO(multipart(*parts)), 1
+    )
+    for _ in range(FILES_MAX):
+        assert upload.next_file() is not None
+    with pytest.raises(RestError) as raised:
+        upload.next_file()
+    assert raised.value.status == 400
+    assert raised.value.message.startswith(f"an upload holds at most {FILES_MAX} files")
