@@ -39,16 +39,16 @@ from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
-from sandboxd.http import guard
-from sandboxd.http.api import SandboxAPI, admission
-from sandboxd.http.site import SpoolingSite, can_spool, make_site
-from sandboxd.http.spool import SpoolThreads
+from sandboxd.http.api import SandboxAPI, admission, refusal
 from sandboxd.isolation.base import Isolation, IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
 from sandboxd.service import ExitStatus, SandboxdService
 from sandboxd.stop_signals import on_next_stop_signal
 from sandboxd.undo import StartupUndo
+from sandboxd.web import guard
+from sandboxd.web.site import SpoolingSite, can_spool, make_site
+from sandboxd.web.spool import SpoolThreads
 
 log = Logger()
 
@@ -195,6 +195,7 @@ def assemble(
         spool_dir=spool_dir,
         gate=gate,
         admit=admission(token) if auth_gate else None,
+        refusal=refusal,
         spool_threads=spool_threads,
     )
     listeners = Listeners(reactor, config.listen, site, dual_stack=config.dual_stack == "on")

@@ -15,15 +15,15 @@ from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.e2b.admit import admission as e2b_admission
 from sandboxd.e2b.admit import refusal as e2b_refusal
 from sandboxd.e2b.api import E2BFront
-from sandboxd.http import guard
-from sandboxd.http.guard import ConnectionGate
-from sandboxd.http.site import make_site
-from sandboxd.http.spool import SpoolThreads
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
 from sandboxd.listen import Listeners
 from sandboxd.undo import StartupUndo, missing_directories, remove_made
+from sandboxd.web import guard
+from sandboxd.web.guard import ConnectionGate
+from sandboxd.web.site import make_site
+from sandboxd.web.spool import SpoolThreads
 
 log = Logger()
 

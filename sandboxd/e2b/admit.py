@@ -18,7 +18,7 @@ from twisted.web.http_headers import Headers
 from sandboxd.e2b import signing, wire
 from sandboxd.e2b.registry import Registry
 from sandboxd.e2b.wire import RestError
-from sandboxd.http.guard import Admission, Admit
+from sandboxd.web.guard import Admission, Admit
 
 ENVD_ROUTES = (b"/health", b"/files", b"/process.Process/", b"/filesystem.Filesystem/")
 """The paths envd serves (the rest is the control plane, or unsupported)."""

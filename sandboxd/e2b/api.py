@@ -27,9 +27,8 @@ from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
 from sandboxd.errors import InsufficientStorage, PathNotFound, SandboxdError, SandboxNotFound
-from sandboxd.http import parse
-from sandboxd.http.download import send_file
-from sandboxd.http.wire import TooLarge
+from sandboxd.web.body import TooLarge, refuse_too_large
+from sandboxd.web.download import send_file
 
 log = Logger()
 
@@ -101,7 +100,7 @@ def check_rpc_body(request: IRequest, max_body: int) -> None:
             "uncompressed (identity)",
         )
     try:
-        parse.refuse_too_large(request, max_body)
+        refuse_too_large(request, max_body)
     except TooLarge as e:
         raise ConnectError("resource_exhausted", f"{e.detail} (SANDBOXD_MAX_BODY)") from None
 

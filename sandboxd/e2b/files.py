@@ -34,7 +34,7 @@ from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.upload import Upload
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, text_field
 from sandboxd.errors import PathNotFound, SandboxNotFound, TooManyEntries
-from sandboxd.http.follow import DropWhilePaused
+from sandboxd.web.follow import DropWhilePaused
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from sandboxd.e2b.paths import HOME, cwd_of, place_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, object_field, text_field
 from sandboxd.errors import BadRequest, ProcessConflict, ProcessNotFound
-from sandboxd.http.follow import FollowStream
+from sandboxd.web.follow import FollowStream
 
 SIGNAL_NAMES: dict[object, str] = {
     "SIGNAL_SIGKILL": "KILL",
@@ -38,10 +38,6 @@ class EnvelopeStream(FollowStream):
     """A follow stream whose frames are Connect envelopes (keepalive: ``keepalive`` event)."""
 
     keepalive_frame = wire.PROCESS_KEEPALIVE
-
-    def _send_keepalive(self) -> None:
-        self._keepalive = None
-        self.write(self.keepalive_frame)
 
     def cut(self) -> None:
         """The sandbox is gone: drop the response's connection, with no end of stream, as

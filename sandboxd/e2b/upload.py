@@ -6,7 +6,7 @@ from envd 0.5.7, the raw bytes of one file (``application/octet-stream``, option
 ``Content-Encoding: gzip``) named by ``path``.
 
 The body is stored whole before the route runs (past a size, spooled to disk:
-:mod:`sandboxd.http.spool`). An :class:`Upload` reads it from there a chunk at a time, in the
+:mod:`sandboxd.web.spool`). An :class:`Upload` reads it from there a chunk at a time, in the
 file thread that writes each file (never on the reactor, never whole in memory): a multipart
 body's parts one after another (:class:`MultipartReader`), each copied to its target as it is
 read; a gzip body inflated as it is copied (:class:`Inflating`), to at most
@@ -25,8 +25,7 @@ from sandboxd.core.files.in_place import Source
 from sandboxd.e2b import wire
 from sandboxd.e2b.paths import Place, place_of
 from sandboxd.e2b.wire import RestError
-from sandboxd.http import parse
-from sandboxd.http.wire import TooLarge
+from sandboxd.web.body import TooLarge, refuse_too_large
 
 READ_CHUNK = 1 << 20
 """Bytes of the stored body read at a time (what an upload holds in memory, about)."""
@@ -236,7 +235,7 @@ def check_stored(request: IRequest, max_body: int) -> None:
     """Refuse a body that was not stored whole: over ``max_body`` (``413``), or that could
     not be written (``507`` for want of space)."""
     try:
-        parse.refuse_too_large(request, max_body)
+        refuse_too_large(request, max_body)
     except TooLarge as e:
         raise RestError(413, f"{e.detail} (SANDBOXD_MAX_BODY)") from None
 

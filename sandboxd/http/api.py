@@ -15,6 +15,7 @@ from typing import Any, cast
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
@@ -24,10 +25,10 @@ from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
-from sandboxd.http.guard import Admission, Admit
 from sandboxd.http.routes import commands, daemon, files, sandboxes, trees
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
+from sandboxd.web.guard import Admission, Admit
 
 ROUTES = (daemon, sandboxes, commands, files, trees)
 """The route modules: importing them registers their routes on the app."""
@@ -54,6 +55,11 @@ def admission(token: bytes | None) -> Admit:
         return Admission.REFUSED
 
     return admit
+
+
+def refusal(path: bytes, verdict: Admission, headers: Headers) -> bytes:
+    """The whole answer to a request refused at its headers: the native API's ``401``."""
+    return wire.unauthorized_answer()
 
 
 def finished(request: IRequest) -> Deferred[None]:

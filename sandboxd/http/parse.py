@@ -1,13 +1,11 @@
 """Request parsing of the HTTP front: query parameters, JSON bodies and their fields, the
 ``<rid>`` URL converter. Every refusal is a :class:`~sandboxd.errors.BadRequest` naming the
-field (``400``), or :class:`~sandboxd.http.wire.TooLarge` (``413``).
+field (``400``), or :class:`~sandboxd.web.body.TooLarge` (``413``).
 """
 
 import base64
 import binascii
-import errno
 import json
-import os
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -18,8 +16,9 @@ from sandboxd.core.archive.store import RESERVED_PREFIX
 from sandboxd.core.exec.spec import SHA256_HEX, ExecSpec, parse_env
 from sandboxd.core.files.paths import normalise
 from sandboxd.core.layout import RID_PATTERN
-from sandboxd.errors import BadRequest, InsufficientStorage, SandboxdError
-from sandboxd.http.wire import TooLarge
+from sandboxd.errors import BadRequest
+from sandboxd.web.body import TooLarge
+from sandboxd.web.body import refuse_too_large as refuse_too_large
 
 JSON_BODY_LIMIT = 64 << 20
 ITEM_ID_MAX = 255
@@ -77,22 +76,6 @@ def refuse_lone_surrogates(body: dict[str, Any]) -> None:
         except UnicodeEncodeError:
             name = key.encode("utf-8", "backslashreplace").decode()
             raise BadRequest(f"{name}: not valid Unicode (a lone surrogate)") from None
-
-
-def refuse_too_large(request: IRequest, limit: int) -> None:
-    """``413`` when the body was over the site's limit, or is over ``limit``; ``507`` when it
-    could not be stored for want of space (``500`` for any other reason)."""
-    if getattr(request, "too_large", False):
-        raise TooLarge("the request body is over the configured limit")
-    error: OSError | None = getattr(request, "content_error", None)
-    if error is not None:
-        detail = f"the request body could not be stored: {os.strerror(error.errno or 0)}"
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InsufficientStorage(detail)
-        raise SandboxdError(detail)
-    length = request.getHeader(b"content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise TooLarge(f"the request body is over {limit} bytes")
 
 
 def check_item_id(item_id: object) -> str | None:

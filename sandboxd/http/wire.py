@@ -31,6 +31,7 @@ from sandboxd.errors import (
     TooMany,
     TooManyEntries,
 )
+from sandboxd.web.body import TooLarge
 
 JSON = b"application/json"
 NDJSON = b"application/x-ndjson"
@@ -40,10 +41,6 @@ TAR = b"application/x-tar"
 
 class Unauthorized(SandboxdError):
     """Missing or wrong bearer token (a front's own refusal)."""
-
-
-class TooLarge(SandboxdError):
-    """A request body over the configured limit (a front's own refusal)."""
 
 
 INTERNAL = (500, "InternalError")

@@ -17,7 +17,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 
 from sandboxd.e2b import files
-from sandboxd.http.site import make_site
+from sandboxd.web.site import make_site
 from tests.e2b.memory import Memory, memory_front
 
 

@@ -17,8 +17,8 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.http.site import Channel, SpoolingSite, make_site
-from sandboxd.http.spool import AHEAD, SpoolThreads
+from sandboxd.web.site import Channel, SpoolingSite, make_site
+from sandboxd.web.spool import AHEAD, SpoolThreads
 from tests.http.http_harness import Harness
 from tests.http.test_http_web import put, put_chunked, send
 

@@ -1,4 +1,4 @@
-"""The twisted.web site (``sandboxd.http.site``): body limit (413), JSON answers to malformed
+"""The twisted.web site (``sandboxd.web.site``): body limit (413), JSON answers to malformed
 requests.
 
 ``LimitedRequest`` is tested directly (``DummyChannel``) and through a real ``Site`` on a real
@@ -28,7 +28,7 @@ from sandboxd.core.files import workspace
 from sandboxd.core.manager import SandboxManager
 from sandboxd.errors import InsufficientStorage, SandboxdError
 from sandboxd.http import parse, wire
-from sandboxd.http.site import (
+from sandboxd.web.site import (
     READ_SIZE,
     SEND_SIZE,
     SPOOL_MIN,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.http.site import SPOOL_MIN
+from sandboxd.web.site import SPOOL_MIN
 from tests.kernel.kernel_http import (
     IN_VM,
     SLOW,

@@ -243,7 +243,7 @@ def _attack_idle(tmp_path: Path, capped: bool) -> None:
                 s.close()
         log = daemon.log.read_text()
         evictions = log.count("connections: closed the longest-waiting")
-        assert evictions >= 1 and log.count("[sandboxd.http.guard#warn] connections") < 10, log
+        assert evictions >= 1 and log.count("[sandboxd.web.guard#warn] connections") < 10, log
 
 
 def _idle_connections(port: int, count: int) -> list[socket.socket]:

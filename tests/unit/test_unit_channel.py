@@ -9,8 +9,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from sandboxd.http.api import admission
-from sandboxd.http.guard import ConnectionGate, Limits, PeerPace
-from sandboxd.http.site import Channel, make_site
+from sandboxd.web.guard import ConnectionGate, Limits, PeerPace
+from sandboxd.web.site import Channel, make_site
 
 PEER = IPv4Address("TCP", "127.0.0.1", 40000)
 

@@ -11,7 +11,7 @@ from twisted.web.http_headers import Headers
 from sandboxd.e2b import signing, wire
 from sandboxd.e2b.admit import admission, refusal
 from sandboxd.e2b.registry import Registry
-from sandboxd.http.guard import Admission
+from sandboxd.web.guard import Admission
 
 REFUSED = Admission.REFUSED
 

@@ -7,9 +7,9 @@ from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.web.http_headers import Headers
 
-from sandboxd.http import guard
 from sandboxd.http.api import admission
-from sandboxd.http.guard import Admission, BurstLog, ConnectionGate, Limits, PeerPace
+from sandboxd.web import guard
+from sandboxd.web.guard import Admission, BurstLog, ConnectionGate, Limits, PeerPace
 
 
 class Conn:

@@ -1,4 +1,4 @@
-"""``sandboxd.http.follow.FollowStream``: the push producer of a followed stream, on a
+"""``sandboxd.web.follow.FollowStream``: the push producer of a followed stream, on a
 ``Clock`` with a request that records what is written and who produces for it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from sandboxd.http.follow import FollowStream
 from sandboxd.http.wire import STREAM_KEEPALIVE_FRAME
+from sandboxd.web.follow import FollowStream
 
 
 class Request:

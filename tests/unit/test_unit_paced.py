@@ -1,4 +1,4 @@
-"""``sandboxd.http.paced.PacedWriter``: parts wait while the client is behind."""
+"""``sandboxd.web.paced.PacedWriter``: parts wait while the client is behind."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from sandboxd.http.paced import PacedWriter
+from sandboxd.web.paced import PacedWriter
 
 
 class Request:

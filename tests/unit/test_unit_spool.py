@@ -1,4 +1,4 @@
-"""Request bodies written off the reactor thread (``sandboxd.http.spool``): in order, batched,
+"""Request bodies written off the reactor thread (``sandboxd.web.spool``): in order, batched,
 with the connection paused while too much is unwritten, and a request handled only once its
 whole body is written.
 
@@ -25,7 +25,7 @@ from zope.interface import implementer
 
 from sandboxd.errors import InsufficientStorage
 from sandboxd.http import parse
-from sandboxd.http.site import (
+from sandboxd.web.site import (
     SPOOL_MIN,
     LimitedRequest,
     Spool,
@@ -34,7 +34,7 @@ from sandboxd.http.site import (
     _Discard,
     make_site,
 )
-from sandboxd.http.spool import AHEAD, SLACK, SpoolThreads, SpoolWriter
+from sandboxd.web.spool import AHEAD, SLACK, SpoolThreads, SpoolWriter
 
 
 class StepPool(ThreadPool):

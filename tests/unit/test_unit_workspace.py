@@ -26,7 +26,7 @@ from sandboxd.core.files import workspace
 from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, TooManyEntries
 from sandboxd.http import wire
 from sandboxd.http.routes.files import measure_walk
-from sandboxd.http.site import Spool
+from sandboxd.web.site import Spool
 
 OTHER_UID = os.getuid() + 4242
 SECRET = b"outside secret"

@@ -7,9 +7,9 @@ from twisted.web.iweb import IRequest
 
 from sandboxd.core.processes.process import SIGNALS, ReaderEvent
 from sandboxd.http import parse, wire
-from sandboxd.http.follow import FollowStream
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
 from sandboxd.http.stream import ExecStream
+from sandboxd.web.follow import FollowStream
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI

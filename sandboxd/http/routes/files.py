@@ -13,12 +13,12 @@ from sandboxd.core.files.paths import Parts, normalise
 from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.errors import TooManyEntries
 from sandboxd.http import parse, wire
-from sandboxd.http.download import send_file
-from sandboxd.http.follow import DropWhilePaused, FollowStream
-from sandboxd.http.paced import PacedWriter
 from sandboxd.http.parse import query
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
-from sandboxd.http.site import Spool
+from sandboxd.web.download import send_file
+from sandboxd.web.follow import DropWhilePaused, FollowStream
+from sandboxd.web.paced import PacedWriter
+from sandboxd.web.site import Spool
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI

@@ -16,9 +16,9 @@ from sandboxd.core.files import tar_in, tar_out
 from sandboxd.core.files.paths import normalise
 from sandboxd.errors import SandboxdError
 from sandboxd.http import parse, wire
-from sandboxd.http.paced import PacedWriter
 from sandboxd.http.parse import query
 from sandboxd.http.routing import app, authorized, capability, no_content
+from sandboxd.web.paced import PacedWriter
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI

@@ -1,10 +1,10 @@
 """The twisted.web site: its channel (malformed requests answered in JSON, the connection
-gate's defences), its request (:class:`~sandboxd.http.request.LimitedRequest`: bodies over the
+gate's defences), its request (:class:`~sandboxd.web.request.LimitedRequest`: bodies over the
 configured limit refused), and where it stores request bodies.
 
-Bodies of :data:`SPOOL_MIN` bytes or more are stored in a :class:`~sandboxd.http.spool.Spool`
+Bodies of :data:`SPOOL_MIN` bytes or more are stored in a :class:`~sandboxd.web.spool.Spool`
 (an unnamed file on the workspaces' own filesystem), written in a thread pool when the site
-has one (:class:`~sandboxd.http.spool.SpoolThreads`); the request is handled once every byte
+has one (:class:`~sandboxd.web.spool.SpoolThreads`); the request is handled once every byte
 is written.
 """
 
@@ -22,14 +22,14 @@ from twisted.web.server import Site
 from zope.interface import implementer
 
 from sandboxd import _twisted
-from sandboxd.http import wire
-from sandboxd.http.guard import Admission, Admit, ConnectionGate, Refusal
-from sandboxd.http.request import LimitedRequest as LimitedRequest
-from sandboxd.http.request import _Discard as _Discard
-from sandboxd.http.spool import SPOOL_MIN as SPOOL_MIN
-from sandboxd.http.spool import Spool as Spool
-from sandboxd.http.spool import SpoolThreads
-from sandboxd.http.spool import can_spool as can_spool
+from sandboxd.web import answers
+from sandboxd.web.guard import Admission, Admit, ConnectionGate, Refusal
+from sandboxd.web.request import LimitedRequest as LimitedRequest
+from sandboxd.web.request import _Discard as _Discard
+from sandboxd.web.spool import SPOOL_MIN as SPOOL_MIN
+from sandboxd.web.spool import Spool as Spool
+from sandboxd.web.spool import SpoolThreads
+from sandboxd.web.spool import can_spool as can_spool
 
 READ_SIZE = 1 << 20
 """Bytes a connection reads from its socket at a time (Twisted's default is 64 KiB; see
@@ -57,7 +57,7 @@ class Channel(_twisted.BadRequestChannel):
     ``400`` before closing, instead of dropping the connection without a word (a client takes
     a dropped connection for a dead replica: ``SandboxNotFound``).
 
-    With a :class:`~sandboxd.http.guard.ConnectionGate` on its site, it also defends the
+    With a :class:`~sandboxd.web.guard.ConnectionGate` on its site, it also defends the
     daemon (docs/operating.rst, "Connections"): it is counted by the gate (and may be refused
     or evicted by it); its header section must be complete within the header timeout of its opening
     (within the idle timeout of its previous answer, between requests), however slowly its
@@ -184,7 +184,7 @@ class Channel(_twisted.BadRequestChannel):
         transport: Any = self.transport
         refusal: Refusal | None = getattr(self.site, "refusal", None)
         if refusal is None:
-            answer = wire.unauthorized_answer()
+            answer = answers.unauthorized_answer()
         else:
             answer = refusal(self._refused_path, self._verdict, self._refused_headers)
         transport.write(answer)
@@ -228,7 +228,7 @@ class Channel(_twisted.BadRequestChannel):
         self._refuse("malformed HTTP request")
 
     def _refuse(self, detail: str) -> None:
-        body = wire.bad_request_body(detail)
+        body = answers.bad_request_body(detail)
         assert self.transport is not None
         self.transport.write(
             b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
@@ -260,8 +260,8 @@ class Utf8URLs:
                 segment.decode("utf-8")
         except UnicodeDecodeError:
             request.setResponseCode(400)
-            request.setHeader(b"content-type", wire.JSON)
-            return wire.bad_request_body("the URL is not UTF-8")
+            request.setHeader(b"content-type", answers.JSON)
+            return answers.bad_request_body("the URL is not UTF-8")
         return self.inner.render(request)
 
 
@@ -311,7 +311,7 @@ def make_site(
     With a ``gate`` and an ``admit`` rule, its connections defend the daemon (see
     :class:`Channel`); the gate's idle timeout also bounds the silence within a request body.
     ``refusal`` makes the whole answer to a request refused or found absent at its headers
-    (default: the native API's ``401``).
+    (each front passes its own; default: :func:`sandboxd.web.answers.unauthorized_answer`).
     With ``spool_threads``, spooled bodies are written in its threads.
     """
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})

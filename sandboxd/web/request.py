@@ -13,7 +13,7 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from sandboxd.http.spool import SpoolThreads, SpoolWriter
+from sandboxd.web.spool import SpoolThreads, SpoolWriter
 
 
 class _Discard:
@@ -40,7 +40,7 @@ class LimitedRequest(Request):
 
     ``content_error`` is the error that stopped the body from being stored (then discarded).
     On a site with ``spool_threads``, a spooled body is written by a
-    :class:`~sandboxd.http.spool.SpoolWriter`, and the request handled once all of it is
+    :class:`~sandboxd.web.spool.SpoolWriter`, and the request handled once all of it is
     written; a request whose connection is lost before that is never handled.
     """
 

@@ -1,7 +1,7 @@
 """What keeps one peer from starving the daemon: a connection cap with a reserve, deadlines for
 the header section, a per-peer pace for refused tokens, and a log that speaks once per burst.
 
-The HTTP channel (:class:`sandboxd.http.site.Channel`) reports each connection's state here:
+The HTTP channel (:class:`sandboxd.web.site.Channel`) reports each connection's state here:
 
 - *waiting*: connected, or between two requests, and the next header section not yet complete.
   Only waiting connections are ever evicted, the one waiting longest first.

@@ -6,7 +6,7 @@ from typing import BinaryIO
 from twisted.protocols.basic import FileSender
 from twisted.web.iweb import IRequest
 
-from sandboxd.http.wire import OCTETS
+from sandboxd.web.answers import OCTETS
 
 DOWNLOAD_CHUNK = 1 << 18
 """Bytes a download reads and sends at a time (``FileSender`` reads 16 KiB)."""

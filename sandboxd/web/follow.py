@@ -4,7 +4,8 @@
 reads slowly, and it pauses its source (a process :class:`~sandboxd.core.processes.process.
 Reader` reads nothing more from the log meanwhile; the process runs on). A source that cannot
 wait (a workspace watch) is fed through :class:`DropWhilePaused` instead. While nothing is
-written for ``keepalive`` seconds it writes the keepalive frame ``{}``. :meth:`wait` fires
+written for ``keepalive`` seconds it writes its keepalive frame (:attr:`FollowStream.
+keepalive_frame`: the native API's ``{}``, a front's own in a subclass). :meth:`wait` fires
 when the source says it ended, or when the client goes.
 """
 
@@ -16,12 +17,18 @@ from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTim
 from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
-from sandboxd.http import wire
+KEEPALIVE_FRAME = b"{}\n"
+"""The keepalive frame of a stream of NDJSON lines: an empty object (the native API's, see
+docs/extensions.rst, "Background processes")."""
 
 
 @implementer(IPushProducer)
 class FollowStream:
-    """Writes NDJSON lines to ``request`` for a source that is paused and resumed."""
+    """Writes lines to ``request`` for a source that is paused and resumed."""
+
+    keepalive_frame: bytes = KEEPALIVE_FRAME
+    """What is written after ``keepalive`` seconds of silence (a front whose streams are
+    framed otherwise sets its own, as the E2B front's Connect envelopes do)."""
 
     def __init__(
         self,
@@ -84,7 +91,7 @@ class FollowStream:
 
     def _send_keepalive(self) -> None:
         self._keepalive = None
-        self.write(wire.STREAM_KEEPALIVE_FRAME)
+        self.write(self.keepalive_frame)
 
     def _stop_keepalive(self) -> None:
         call, self._keepalive = self._keepalive, None
