@@ -39,7 +39,7 @@ from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
-from sandboxd.http.api import SandboxAPI, admission, refusal
+from sandboxd.http.api import SandboxAPI
 from sandboxd.isolation.base import Isolation, IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
@@ -194,8 +194,8 @@ def assemble(
         config.max_body,
         spool_dir=spool_dir,
         gate=gate,
-        admit=admission(token) if auth_gate else None,
-        refusal=refusal,
+        admit=served.api.authoriser.admit if auth_gate else None,
+        refusal=served.api.authoriser.refusal,
         spool_threads=spool_threads,
     )
     listeners = Listeners(reactor, config.listen, site, dual_stack=config.dual_stack == "on")

@@ -5,17 +5,16 @@ attribute, and its dependencies come in through ``__init__``. The routes live on
 concern in :mod:`sandboxd.http.routes`; each parses its request (:mod:`sandboxd.http.parse`),
 calls the core, and encodes the answer (:mod:`sandboxd.http.wire`). Errors are answered in one
 place (:meth:`SandboxAPI.api_error`, from the wire's error-type table), and the bearer-token
-check is one decorator (:func:`sandboxd.http.routing.authorized`).
+check is one object (:class:`sandboxd.http.auth.BearerAuthoriser`), asked by the channel at
+the headers and by one route decorator (:func:`sandboxd.http.routing.authorized`).
 """
 
-import hmac
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
@@ -25,41 +24,23 @@ from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
+from sandboxd.http.auth import BearerAuthoriser
 from sandboxd.http.routes import commands, daemon, files, sandboxes, trees
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
-from sandboxd.web.guard import Admission, Admit
+from sandboxd.web.guard import Admit
 
 ROUTES = (daemon, sandboxes, commands, files, trees)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()
 
-OPEN_PATHS = frozenset({b"/healthz", b"/readyz"})
-"""The paths served without the token (every other route is authorized)."""
-
 
 def admission(token: bytes | None) -> Admit:
     """How the channel judges a request from its path and ``authorization`` header alone, as
-    soon as its headers are in (the same rule as :func:`sandboxd.http.routing.authorized`,
-    before any body)."""
-    expected = None if token is None else b"Bearer " + token
-
-    def admit(path: bytes, authorization: bytes | None, headers: object = None) -> Admission:
-        if expected is None:
-            return Admission.TRUSTED
-        if hmac.compare_digest(authorization or b"", expected):
-            return Admission.TRUSTED
-        if path.split(b"?", 1)[0] in OPEN_PATHS:
-            return Admission.OPEN
-        return Admission.REFUSED
-
-    return admit
-
-
-def refusal(path: bytes, verdict: Admission, headers: Headers) -> bytes:
-    """The whole answer to a request refused at its headers: the native API's ``401``."""
-    return wire.unauthorized_answer()
+    soon as its headers are in: the rule of :class:`~sandboxd.http.auth.BearerAuthoriser`,
+    the same that :func:`sandboxd.http.routing.authorized` applies."""
+    return BearerAuthoriser(token).admit
 
 
 def finished(request: IRequest) -> Deferred[None]:
@@ -86,6 +67,8 @@ class SandboxAPI:
     ) -> None:
         self.manager = manager
         self.token = token
+        self.authoriser = BearerAuthoriser(token)
+        """The one bearer-token check, of the routes and of the channel at the headers."""
         self.tools = tools
         """Resolves ``POST /tools/resolve`` (``None``: every tool is refused)."""
         self.pod_url = pod_url

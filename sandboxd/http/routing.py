@@ -5,7 +5,6 @@ The route modules (:mod:`sandboxd.http.routes`) register their functions on :dat
 with the :class:`SandboxAPI` serving the request as its first argument.
 """
 
-import hmac
 from collections.abc import Callable
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -14,7 +13,6 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from sandboxd.http import parse, wire
-from sandboxd.http.wire import Unauthorized
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI
@@ -39,15 +37,12 @@ def capability(*names: str) -> Callable[[F], F]:
 
 
 def authorized(route: F) -> F:
-    """Refuse the call with ``401`` unless it carries the configured bearer token."""
+    """Refuse the call with ``401`` unless it carries the configured bearer token (the API's
+    :class:`~sandboxd.http.auth.BearerAuthoriser`)."""
 
     @wraps(route)
     def checked(api: "SandboxAPI", request: IRequest, *args: Any, **kwargs: Any) -> Any:
-        if api.token is not None:
-            header = request.getHeader(b"authorization") or b""
-            expected = b"Bearer " + api.token
-            if not hmac.compare_digest(header, expected):
-                raise Unauthorized(wire.UNAUTHORIZED_DETAIL)
+        api.authoriser.check(request)
         return route(api, request, *args, **kwargs)
 
     return cast(F, checked)
