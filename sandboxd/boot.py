@@ -12,8 +12,6 @@ from twisted.logger import Logger
 
 from sandboxd.config import Config, ConfigError
 from sandboxd.core.layout import Layout, RootInUse
-from sandboxd.e2b.admit import admission as e2b_admission
-from sandboxd.e2b.admit import refusal as e2b_refusal
 from sandboxd.e2b.api import E2BFront
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
@@ -184,8 +182,8 @@ def start_e2b(
         spool_dir=spool[0],
         spool_threads=spool[1],
         gate=gate,
-        admit=e2b_admission(token, front.registry) if auth_gate else None,
-        refusal=e2b_refusal,
+        admit=front.authoriser.admit if auth_gate else None,
+        refusal=front.authoriser.refusal,
     )
     if token is None:
         log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")

@@ -1,5 +1,6 @@
-"""The E2B front's rule at the headers (docs/operating.rst, "Connections"): what a request's
-headers earn it before one byte of its body is read.
+"""The E2B front's authorisation, in one object (:class:`Authoriser`), asked twice: by its rule
+at the headers (docs/operating.rst, "Connections"), what a request's headers earn it before one
+byte of its body is read; and by its routes, which find the sandbox a call is for.
 
 The control plane and every route that is not envd's need ``X-API-Key`` = the daemon's token
 (any key when it has none). envd's routes need the access token of the sandbox that
@@ -13,10 +14,12 @@ gets a byte of a body stored. Keys and signatures are compared in constant time.
 import hmac
 from urllib.parse import parse_qsl
 
+from attrs import frozen
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IRequest
 
 from sandboxd.e2b import signing, wire
-from sandboxd.e2b.registry import Registry
+from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import RestError
 from sandboxd.web.guard import Admission, Admit
 
@@ -33,6 +36,11 @@ def _sandbox_id(headers: Headers) -> str:
     return (_header(headers, b"e2b-sandbox-id") or b"").decode("utf-8", "replace")
 
 
+def sandbox_id_of(request: IRequest) -> str:
+    """The sandbox a request names (``E2b-Sandbox-Id``; ``""``: none), as its route reads it."""
+    return (request.getHeader(b"e2b-sandbox-id") or b"").decode("utf-8", "replace")
+
+
 def _signed_files_query(path: bytes) -> dict[str, str] | None:
     """The query of a signed ``/files`` URL (``None``: another route, or not signed)."""
     route, _, raw = path.partition(b"?")
@@ -43,34 +51,90 @@ def _signed_files_query(path: bytes) -> dict[str, str] | None:
     return query if signing.is_signed(query) else None
 
 
-def admission(token: bytes | None, registry: Registry) -> Admit:
-    """The rule of a front whose API key is ``token`` and whose sandboxes ``registry`` holds."""
+@frozen
+class Authoriser:
+    """Every check of the E2B front's keys, access tokens and signatures: the API key
+    ``token`` of the control plane (``None``: any key), and the sandboxes ``registry`` holds,
+    each with its access token.
 
-    def admit(path: bytes, authorization: bytes | None, headers: Headers) -> Admission:
+    :meth:`admit` is the site's rule at the headers; the routes ask :meth:`control_plane`,
+    :meth:`envd` and :meth:`files` (through the decorators of :mod:`sandboxd.e2b.api`), the
+    same questions with the sandbox found, its operation and its expiration judged too."""
+
+    token: bytes | None
+    registry: Registry
+
+    def key_valid(self, key: bytes | None) -> bool:
+        """Whether ``key`` (an ``X-API-Key``) is the daemon's token (any, without one)."""
+        return self.token is None or (key is not None and hmac.compare_digest(key, self.token))
+
+    # At the headers
+
+    def admit(self, path: bytes, authorization: bytes | None, headers: Headers) -> Admission:
+        """What a request's headers earn it (see the module's doc)."""
         route = path.split(b"?", 1)[0]
         if not route.startswith(ENVD_ROUTES):
             key = _header(headers, b"x-api-key")
-            if token is None or (key is not None and hmac.compare_digest(key, token)):
-                return Admission.TRUSTED
-            return Admission.REFUSED
+            return Admission.TRUSTED if self.key_valid(key) else Admission.REFUSED
         access_header = _header(headers, b"x-access-token")
         sandbox_id = _sandbox_id(headers)
         query = _signed_files_query(path) if access_header is None else None
         if query is not None:
-            if sandbox_id and not registry.named_or_all(sandbox_id):
+            if sandbox_id and not self.registry.named_or_all(sandbox_id):
                 return Admission.ABSENT
             try:
-                signed = signing.signs_any(registry, sandbox_id, query)
+                signed = signing.signs_any(self.registry, sandbox_id, query)
             except RestError:
                 signed = False  # a malformed expiration: answered by refusal()
             return Admission.OPEN if signed else Admission.REFUSED
         access = (access_header or b"").decode("utf-8", "replace")
-        held = registry.holds(sandbox_id, access)
+        held = self.registry.holds(sandbox_id, access)
         if held is None:
             return Admission.ABSENT
         return Admission.TRUSTED if held else Admission.REFUSED
 
-    return admit
+    @staticmethod
+    def refusal(path: bytes, verdict: Admission, headers: Headers) -> bytes:
+        """The whole answer to a request :meth:`admit` refused or found absent (see
+        :func:`refusal`)."""
+        return refusal(path, verdict, headers)
+
+    # In the routes
+
+    def control_plane(self, request: IRequest) -> None:
+        """The control plane's key is the daemon's token (any key when it has none)."""
+        if not self.key_valid(request.getHeader(b"x-api-key")):
+            raise RestError(401, "Invalid API key: X-API-Key must be the daemon's token")
+
+    def envd(self, request: IRequest) -> E2BSandbox:
+        """The sandbox an envd call is for, checked against its access token."""
+        sandbox_id = sandbox_id_of(request)
+        if not sandbox_id:
+            raise wire.no_sandbox_named()
+        token = (request.getHeader(b"x-access-token") or b"").decode("utf-8", "replace")
+        return self.registry.authorised(sandbox_id, token)
+
+    def files(self, request: IRequest, operation: str) -> E2BSandbox:
+        """The sandbox a ``/files`` call to ``operation`` (:data:`~sandboxd.e2b.signing.READ`
+        or :data:`~sandboxd.e2b.signing.WRITE`) is for: by its access token, else (no token)
+        by the URL's signature (:mod:`sandboxd.e2b.signing`), on the registry's clock."""
+        args = request.args or {}
+        query = {
+            k.decode("utf-8", "replace"): v[0].decode("utf-8", "replace")
+            for k, v in args.items()
+            if v
+        }
+        if request.getHeader(b"x-access-token") is None and signing.is_signed(query):
+            now = self.registry.clock.seconds()
+            sandbox_id = sandbox_id_of(request)
+            return signing.signed_sandbox(self.registry, sandbox_id, query, operation, now)
+        return self.envd(request)
+
+
+def admission(token: bytes | None, registry: Registry) -> Admit:
+    """The rule of a front whose API key is ``token`` and whose sandboxes ``registry`` holds
+    (:meth:`Authoriser.admit`)."""
+    return Authoriser(token, registry).admit
 
 
 def refusal(path: bytes, verdict: Admission, headers: Headers) -> bytes:

@@ -11,9 +11,9 @@ such as e2b 2.45). envd (routed by ``E2b-Sandbox-Id``, authorised by that sandbo
 
 import base64
 import binascii
-import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any
+from functools import wraps
+from typing import Any, TypeVar, cast
 
 from klein import Klein
 from twisted.logger import Logger
@@ -23,6 +23,7 @@ from werkzeug.exceptions import HTTPException
 
 from sandboxd.core.manager import SandboxManager
 from sandboxd.e2b import control, files, process, signing, upload, wire
+from sandboxd.e2b.admit import Authoriser, sandbox_id_of
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
@@ -105,6 +106,41 @@ def check_rpc_body(request: IRequest, max_body: int) -> None:
         raise ConnectError("resource_exhausted", f"{e.detail} (SANDBOXD_MAX_BODY)") from None
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def control_plane(route: F) -> F:
+    """A route of the control plane: ``401`` unless the call carries the daemon's key
+    (:meth:`Authoriser.control_plane`)."""
+
+    @wraps(route)
+    def checked(front: "E2BFront", request: IRequest, *args: Any, **kwargs: Any) -> Any:
+        front.authoriser.control_plane(request)
+        return route(front, request, *args, **kwargs)
+
+    return cast(F, checked)
+
+
+def envd(operation: str | None = None) -> Callable[[F], F]:
+    """A route of envd, called with the sandbox the call is for after its request: found by
+    the access token (:meth:`Authoriser.envd`), or for ``/files``'s ``operation`` by the
+    token or the URL's signature (:meth:`Authoriser.files`)."""
+
+    def route_of(route: F) -> F:
+        @wraps(route)
+        def found(front: "E2BFront", request: IRequest, *args: Any, **kwargs: Any) -> Any:
+            authoriser = front.authoriser
+            if operation is None:
+                entry = authoriser.envd(request)
+            else:
+                entry = authoriser.files(request, operation)
+            return route(front, request, entry, *args, **kwargs)
+
+        return cast(F, found)
+
+    return route_of
+
+
 class E2BFront:
     """The Klein application of the E2B front, on one :class:`SandboxManager`."""
 
@@ -114,6 +150,9 @@ class E2BFront:
         self.manager = manager
         self.token = token
         self.registry = registry
+        self.authoriser = Authoriser(token, registry)
+        """Every key, access-token and signature check, of the routes (:func:`control_plane`,
+        :func:`envd`) and of the site's rule at the headers."""
 
     # Errors, in one place
 
@@ -172,86 +211,52 @@ class E2BFront:
         request.setHeader(b"content-type", wire.JSON)
         return body
 
-    # Authorisation
-
-    def check_api_key(self, request: IRequest) -> None:
-        """The control plane's key is the daemon's token (any key when it has none)."""
-        if self.token is None:
-            return
-        given = request.getHeader(b"x-api-key") or b""
-        if not hmac.compare_digest(given, self.token):
-            raise RestError(401, "Invalid API key: X-API-Key must be the daemon's token")
-
     @staticmethod
     def _sandbox_id(request: IRequest) -> str:
-        return (request.getHeader(b"e2b-sandbox-id") or b"").decode("utf-8", "replace")
-
-    def envd_sandbox(self, request: IRequest) -> E2BSandbox:
-        """The sandbox an envd call is for, checked against its access token."""
-        sandbox_id = self._sandbox_id(request)
-        if not sandbox_id:
-            raise wire.no_sandbox_named()
-        token = (request.getHeader(b"x-access-token") or b"").decode("utf-8", "replace")
-        return self.registry.authorised(sandbox_id, token)
-
-    def files_sandbox(self, request: IRequest, operation: str) -> E2BSandbox:
-        """The sandbox a ``/files`` call is for: by its access token, else (no token) by the
-        URL's signature (:mod:`sandboxd.e2b.signing`)."""
-        args = request.args or {}
-        query = {
-            k.decode("utf-8", "replace"): v[0].decode("utf-8", "replace")
-            for k, v in args.items()
-            if v
-        }
-        if request.getHeader(b"x-access-token") is None and signing.is_signed(query):
-            now = self.manager.clock.seconds()
-            return signing.signed_sandbox(
-                self.registry, self._sandbox_id(request), query, operation, now
-            )
-        return self.envd_sandbox(request)
+        return sandbox_id_of(request)
 
     # Control plane
 
     @app.route("/v2/sandboxes", methods=["POST"])
     @app.route("/sandboxes", methods=["POST"])
+    @control_plane
     async def create(self, request: IRequest) -> bytes:
-        self.check_api_key(request)
         return await control.create(self, request)
 
     @app.route("/v2/sandboxes", methods=["GET"])
     @app.route("/sandboxes", methods=["GET"])
+    @control_plane
     def listing(self, request: IRequest) -> bytes:
-        self.check_api_key(request)
         return control.listing(self, request)
 
     @app.route("/v2/sandboxes/<sandbox_id>/connect", methods=["POST"])
     @app.route("/sandboxes/<sandbox_id>/connect", methods=["POST"])
+    @control_plane
     def connect(self, request: IRequest, sandbox_id: str) -> bytes:
-        self.check_api_key(request)
         return control.connect(self, request, sandbox_id)
 
     @app.route("/sandboxes/<sandbox_id>", methods=["GET"])
+    @control_plane
     def get_info(self, request: IRequest, sandbox_id: str) -> bytes:
-        self.check_api_key(request)
         return control.get_info(self, request, sandbox_id)
 
     @app.route("/sandboxes/<sandbox_id>", methods=["DELETE"])
+    @control_plane
     async def kill(self, request: IRequest, sandbox_id: str) -> bytes:
-        self.check_api_key(request)
         await self.registry.kill(self.registry.get(sandbox_id))
         request.setResponseCode(204)
         return b""
 
     @app.route("/sandboxes/<sandbox_id>/timeout", methods=["POST"])
+    @control_plane
     def set_timeout(self, request: IRequest, sandbox_id: str) -> bytes:
-        self.check_api_key(request)
         return control.set_timeout(self, request, sandbox_id)
 
     @app.route("/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
     @app.route("/v2/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
     @app.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
+    @control_plane
     def unsupported(self, request: IRequest, rest: str = "") -> bytes:
-        self.check_api_key(request)
         raise RestError(
             501,
             f"{request.method.decode()} {request.path.decode('utf-8', 'replace')} is not "
@@ -261,14 +266,14 @@ class E2BFront:
     # envd
 
     @app.route("/health", methods=["GET"])
-    def health(self, request: IRequest) -> bytes:
-        self.envd_sandbox(request)
+    @envd()
+    def health(self, request: IRequest, entry: E2BSandbox) -> bytes:
         request.setResponseCode(204)
         return b""
 
     @app.route("/files", methods=["GET"])
-    async def download(self, request: IRequest) -> bytes | None:
-        entry = self.files_sandbox(request, signing.READ)
+    @envd(signing.READ)
+    async def download(self, request: IRequest, entry: E2BSandbox) -> bytes | None:
         check_user(upload.query(request, "username"))
         place = place_of(upload.query(request, "path") or "", "path")
         source, size = await files.read_file(self.manager, entry, place)
@@ -279,8 +284,8 @@ class E2BFront:
         return None
 
     @app.route("/files", methods=["POST"])
-    async def upload(self, request: IRequest) -> bytes:
-        entry = self.files_sandbox(request, signing.WRITE)
+    @envd(signing.WRITE)
+    async def upload(self, request: IRequest, entry: E2BSandbox) -> bytes:
         check_user(upload.query(request, "username"))
         config = self.manager.config
         upload.check_stored(request, config.max_body)
@@ -290,15 +295,16 @@ class E2BFront:
         return wire.body(written)
 
     @app.route("/process.Process/<method>", methods=["POST"])
-    async def process_rpc(self, request: IRequest, method: str) -> bytes:
-        return await self._rpc(request, f"process.Process/{method}")
+    @envd()
+    async def process_rpc(self, request: IRequest, entry: E2BSandbox, method: str) -> bytes:
+        return await self._rpc(request, entry, f"process.Process/{method}")
 
     @app.route("/filesystem.Filesystem/<method>", methods=["POST"])
-    async def filesystem_rpc(self, request: IRequest, method: str) -> bytes:
-        return await self._rpc(request, f"filesystem.Filesystem/{method}")
+    @envd()
+    async def filesystem_rpc(self, request: IRequest, entry: E2BSandbox, method: str) -> bytes:
+        return await self._rpc(request, entry, f"filesystem.Filesystem/{method}")
 
-    async def _rpc(self, request: IRequest, name: str) -> bytes:
-        entry = self.envd_sandbox(request)
+    async def _rpc(self, request: IRequest, entry: E2BSandbox, name: str) -> bytes:
         check_user(user_of(request))
         check_rpc_body(request, self.manager.config.max_body)
         content = request.content
