@@ -27,7 +27,7 @@ from sandboxd.e2b.admit import Authoriser, sandbox_id_of
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
-from sandboxd.errors import InsufficientStorage, PathNotFound, SandboxdError, SandboxNotFound
+from sandboxd.errors import SandboxdError
 from sandboxd.web.body import TooLarge, refuse_too_large
 from sandboxd.web.download import send_file
 
@@ -179,7 +179,7 @@ class E2BFront:
         return self._answer(request, status, wire.rest_error_body(status, message))
 
     def _connect_error(self, error: Exception, request: IRequest, failure: Failure) -> ConnectError:
-        if isinstance(error, SandboxNotFound):
+        if isinstance(error, SandboxdError) and wire.answer_of(error).gone:
             return wire.not_running(self._sandbox_id(request))
         if not isinstance(error, SandboxdError | ConnectError):
             log.failure("unexpected error answering {uri}", failure, uri=request.uri)
@@ -188,20 +188,13 @@ class E2BFront:
     def _rest_error(self, error: Exception, request: IRequest, failure: Failure) -> tuple[int, str]:
         if isinstance(error, RestError):
             return error.status, error.message
-        envd = (request.path or b"").startswith((b"/files", b"/health"))
-        if isinstance(error, SandboxNotFound):
-            if envd:
-                return 502, wire.not_running(self._sandbox_id(request)).message
-            return 404, error.detail
         if isinstance(error, ConnectError):
             return wire.STATUS_OF_CODE.get(error.code, 500), error.message
-        if isinstance(error, PathNotFound):
-            return 404, error.detail
-        if isinstance(error, InsufficientStorage):
-            return 507, error.detail  # the SDK's NotEnoughSpaceException
         if isinstance(error, SandboxdError):
-            status, _ = wire.connect_error_body(wire.connect_error_of(error))
-            return status, error.detail
+            answer = wire.answer_of(error)
+            if answer.gone and (request.path or b"").startswith((b"/files", b"/health")):
+                return 502, wire.not_running(self._sandbox_id(request)).message
+            return answer.status, error.detail
         log.failure("unexpected error answering {uri}", failure, uri=request.uri)
         return 500, str(error)
 

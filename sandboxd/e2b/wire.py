@@ -7,16 +7,19 @@ length, that many bytes of JSON), the last one flagged end-of-stream (``0x02``) 
 body ``{"code": "<code>", "message": "..."}``. The control plane (REST) answers errors as
 ``{"code": <int status>, "message": "..."}``, which is what the SDK's generated client needs.
 
-Core errors become Connect codes (and REST statuses) in one table, :data:`CONNECT_CODES`.
+Core errors become Connect codes and REST statuses in one table searched along the class
+hierarchy, :data:`ERROR_ANSWERS`.
 """
 
 import base64
 import binascii
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from http import HTTPStatus
 from typing import Any
+
+from attrs import frozen
 
 from sandboxd.errors import (
     BadRequest,
@@ -93,18 +96,40 @@ STATUS_OF_CODE = {
 }
 """The HTTP status of each Connect code (the Connect protocol's table)."""
 
-CONNECT_CODES: dict[type[SandboxdError], str] = {
-    BadRequest: "invalid_argument",
-    PathNotFound: "not_found",
-    ProcessNotFound: "not_found",
-    ProcessConflict: "failed_precondition",
-    InsufficientStorage: "resource_exhausted",
-    TooMany: "resource_exhausted",
-    NoCapacity: "unavailable",
-    Draining: "unavailable",
-    SandboxNotFound: "unavailable",
+
+@frozen
+class ErrorAnswer:
+    """How the front answers one kind of core error."""
+
+    code: str
+    """Its Connect code (the RPC routes; its HTTP status: :data:`STATUS_OF_CODE`)."""
+    status: int
+    """Its HTTP status on the REST routes (the control plane, ``/files``, ``/health``)."""
+    gone: bool = False
+    """It means the sandbox is not running: envd's routes say so in the SDK's words
+    (:func:`not_running`; ``502`` on ``/files`` and ``/health``)."""
+
+
+ERROR_ANSWERS: Mapping[type[SandboxdError], ErrorAnswer] = {
+    BadRequest: ErrorAnswer("invalid_argument", 400),
+    PathNotFound: ErrorAnswer("not_found", 404),
+    ProcessNotFound: ErrorAnswer("not_found", 404),
+    ProcessConflict: ErrorAnswer("failed_precondition", 400),
+    InsufficientStorage: ErrorAnswer("resource_exhausted", 507),  # NotEnoughSpaceException
+    TooMany: ErrorAnswer("resource_exhausted", 429),
+    NoCapacity: ErrorAnswer("unavailable", 503),
+    Draining: ErrorAnswer("unavailable", 503),
+    SandboxNotFound: ErrorAnswer("unavailable", 404, gone=True),
+    SandboxdError: ErrorAnswer("internal", 500),
 }
-"""The Connect code each core error is answered with (anything else: ``internal``)."""
+"""Core error → how it is answered; a subclass answers as its nearest base (any other core
+error as :class:`~sandboxd.errors.SandboxdError`: ``internal``, ``500``)."""
+
+
+def answer_of(error: SandboxdError) -> ErrorAnswer:
+    """How ``error`` is answered: the entry of its class, or of its nearest base, in
+    :data:`ERROR_ANSWERS`."""
+    return next(ERROR_ANSWERS[kind] for kind in type(error).__mro__ if kind in ERROR_ANSWERS)
 
 
 def connect_error_of(error: Exception) -> ConnectError:
@@ -112,8 +137,7 @@ def connect_error_of(error: Exception) -> ConnectError:
     if isinstance(error, ConnectError):
         return error
     if isinstance(error, SandboxdError):
-        code = CONNECT_CODES.get(type(error), "internal")
-        return ConnectError(code, error.detail)
+        return ConnectError(answer_of(error).code, error.detail)
     return ConnectError("internal", str(error) or type(error).__name__)
 
 

@@ -8,7 +8,14 @@ import pytest
 from sandboxd.e2b import wire
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.wire import ConnectError
-from sandboxd.errors import BadRequest, PathNotFound, ProcessConflict
+from sandboxd.errors import (
+    ArchiveFailed,
+    BadRequest,
+    InsufficientStorage,
+    PathNotFound,
+    ProcessConflict,
+    SandboxNotFound,
+)
 
 
 def frame(flags: int, payload: bytes) -> bytes:
@@ -100,3 +107,19 @@ def test_paths() -> None:
         with pytest.raises(ConnectError) as caught:
             place_of(outside)
         assert caught.value.code == "invalid_argument"
+
+
+def test_core_errors_answer_as_their_nearest_base() -> None:
+    class Narrower(PathNotFound):
+        """A core error of a kind the table does not name."""
+
+    assert wire.answer_of(Narrower("n")) is wire.ERROR_ANSWERS[PathNotFound]
+    assert wire.connect_error_of(Narrower("n")).code == "not_found"
+    assert wire.answer_of(ArchiveFailed("a")) == wire.ErrorAnswer("internal", 500)
+    assert wire.answer_of(InsufficientStorage("s")) == wire.ErrorAnswer("resource_exhausted", 507)
+    assert wire.answer_of(SandboxNotFound("s")).gone
+    assert not any(
+        answer.gone for kind, answer in wire.ERROR_ANSWERS.items() if kind is not SandboxNotFound
+    )
+    for kind, answer in wire.ERROR_ANSWERS.items():
+        assert answer.code in wire.STATUS_OF_CODE, kind
