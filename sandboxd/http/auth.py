@@ -1,4 +1,4 @@
-"""The native API's one authorisation: the bearer token (docs/contract.rst, "Authentication").
+"""The native API's one authorisation: the bearer token (docs/extensions.rst, "Auth").
 
 :class:`BearerAuthoriser` is asked twice per request, the same question each time: by the
 channel as soon as the headers are in (:meth:`~BearerAuthoriser.admit`, the site's rule at

@@ -12,7 +12,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.test.requesthelper import DummyRequest
 
 from sandboxd.e2b import signing
-from sandboxd.e2b.admit import Authoriser
+from sandboxd.e2b.admit import Authoriser, refusal
 from sandboxd.e2b.registry import Registry
 from sandboxd.e2b.wire import ConnectError, RestError
 from sandboxd.errors import SandboxNotFound
@@ -146,3 +146,11 @@ def test_a_signed_url_is_one_check_and_the_route_judges_its_operation() -> None:
         signed(signing.READ, token="guess"), x_access_token="good", e2b_sandbox_id="s1"
     )
     assert auth.files(with_token, signing.READ).id == "s1"  # the token wins over the URL
+
+
+def test_the_refusal_at_the_headers_is_the_gates() -> None:
+    auth = authoriser()
+    for path in (b"/v2/sandboxes", b"/health", b"/process.Process/Start", signed(signing.READ)):
+        for verdict in (Admission.REFUSED, Admission.ABSENT):
+            named = Headers({b"e2b-sandbox-id": [b"gone"]})
+            assert auth.refusal(path, verdict, named) == refusal(path, verdict, named)
