@@ -92,11 +92,6 @@ def core_error_body(error: SandboxdError) -> tuple[int, bytes]:
     return status, error_body(kind, detail_of(error))
 
 
-def bad_request_body(detail: str) -> bytes:
-    """A ``400 BadRequest`` body."""
-    return error_body("BadRequest", detail)
-
-
 UNAUTHORIZED_DETAIL = "a valid 'Authorization: Bearer <token>' header is required"
 """The ``detail`` of every ``401``."""
 
