@@ -29,7 +29,7 @@ from sandboxd.core.watch.charge import thread_euid
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
 from sandboxd.errors import BadRequest, NoCapacity, TooMany
 from sandboxd.isolation.base import Isolation
-from sandboxd.isolation.spawn_server import Spawner
+from sandboxd.isolation.exec.spawn_server import Spawner
 from sandboxd.metrics import Metrics
 from sandboxd.units import format_size
 

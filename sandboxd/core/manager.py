@@ -34,7 +34,7 @@ from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
-from sandboxd.isolation.network import NetworkUnavailable
+from sandboxd.isolation.network.modes import NetworkUnavailable
 from sandboxd.metrics import Metrics
 from sandboxd.units import format_duration
 

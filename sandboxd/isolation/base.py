@@ -12,8 +12,8 @@ from attrs import field, frozen
 from twisted.internet.defer import Deferred
 
 if TYPE_CHECKING:
-    from sandboxd.isolation.namespaces import Namespaces
-    from sandboxd.isolation.spawn_server import SpawnServer
+    from sandboxd.isolation.exec.spawn_server import SpawnServer
+    from sandboxd.isolation.namespaces.pins import Namespaces
 
 T = TypeVar("T")
 
@@ -141,7 +141,7 @@ def require_command(argv: Sequence[str], identity: Identity | None = None) -> No
 
 def no_namespaces() -> "Namespaces":
     """No namespace layer in force (every sandbox shares the host's IPC, mounts, network)."""
-    from sandboxd.isolation.namespaces import Namespaces
+    from sandboxd.isolation.namespaces.pins import Namespaces
 
     return Namespaces()
 
@@ -179,13 +179,13 @@ class Isolation:
     """
     namespaces: "Namespaces" = field(factory=no_namespaces)
     """The sandboxes' IPC, mount and network namespaces and network modes
-    (:mod:`sandboxd.isolation.namespaces`)."""
+    (:mod:`sandboxd.isolation.namespaces.pins`)."""
     exec_chain: str = "shell"
     """How commands start, for the start-up log: ``helper PATH`` or ``shell`` (the chain of
-    :mod:`sandboxd.isolation.wrapper`)."""
+    :mod:`sandboxd.isolation.exec.wrapper`)."""
     spawn_server: "SpawnServer | None" = None
     """Starts the execs' helper argv without spawning it (``SANDBOXD_SPAWNER=server``;
-    :mod:`sandboxd.isolation.spawn_server`); ``None``: every command is spawned."""
+    :mod:`sandboxd.isolation.exec.spawn_server`); ``None``: every command is spawned."""
     layers: tuple[str, ...] = ()
     """The capability names of the layers in force beyond uid + cgroup
     (:mod:`sandboxd.isolation.layers`), for ``/healthz``."""

@@ -1,4 +1,4 @@
-"""The host side of the ``egress`` network mode (:mod:`sandboxd.isolation.egress`).
+"""The host side of the ``egress`` network mode (:mod:`sandboxd.isolation.network.egress`).
 
 :class:`Egress` owns it for one daemon:
 
@@ -12,7 +12,7 @@
   host end, and returns once the link is up.
 - :meth:`Egress.detach`: deletes a slot's veth (the kernel deletes both ends). A killed
   sandbox needs none: its veth goes with its namespace (see
-  :class:`sandboxd.isolation.egress.EgressNetwork`).
+  :class:`sandboxd.isolation.network.egress.EgressNetwork`).
 - :meth:`Egress.stop` (stop): deletes every veth of ours and the table, and puts the sysctls back
   to what was found before the first daemon turned them on.
 
@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from attrs import define, field
 from twisted.logger import Logger
 
-from sandboxd.isolation import rtnl
-from sandboxd.isolation.egress_plan import SANDBOX_IFNAME, EgressPlan
+from sandboxd.isolation.network import rtnl
+from sandboxd.isolation.network.egress_plan import SANDBOX_IFNAME, EgressPlan
 
 log = Logger()
 

@@ -5,7 +5,7 @@ command costs four program starts before the command's own (see docs/performance
 helper, a small static C program built with the package
 (``sandboxd_exec.c``, ``helper_build.py``), does the same steps in the same order in one
 (``sandboxd_exec.c`` says which, and the exit codes). Without it (no C compiler where the
-package was built) the daemon keeps the shell chain of :mod:`sandboxd.isolation.wrapper`.
+package was built) the daemon keeps the shell chain of :mod:`sandboxd.isolation.exec.wrapper`.
 
 The helper runs as root in the isolated modes, so it is only used when nobody but root can
 change it: a regular executable file owned by root, writable neither by group nor others, in a
@@ -21,7 +21,7 @@ from pathlib import Path
 from attrs import frozen
 
 from sandboxd.isolation.base import Identity, require_command
-from sandboxd.isolation.helper_build import HELPER_NAME
+from sandboxd.isolation.exec.helper_build import HELPER_NAME
 
 HELPER = str(Path(__file__).with_name(HELPER_NAME))
 """Where the build puts the helper: beside this module."""

@@ -2,7 +2,7 @@
 
 At create, the sandbox's namespaces are made once and **pinned**: the exec helper's
 ``namespaces`` mode (``sandboxd_exec_ns.h``; without the helper, ``unshare(1)`` and a short
-script, see :mod:`sandboxd.isolation.namespaces_shell`) unshares them in a child and
+script, see :mod:`sandboxd.isolation.namespaces.shell`) unshares them in a child and
 bind-mounts its ``/proc/PID/ns/{ipc,mnt,net}`` onto files in ``{root}/.ns/{rid}/`` (a root-only
 directory, bound onto itself with private propagation at start-up, as ``ip netns`` does for
 ``/run/netns``). In the new mount namespace ``/tmp`` and ``/var/tmp`` are the sandbox's own
@@ -29,8 +29,8 @@ removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
 The PID namespace (``pid``, opt-in: not part of ``all`` yet, and only with ``mount`` and the
 helper) has an init of its own that mounts the namespace's ``/proc``; entering it makes the
 helper a relay that forks the command inside (``sandboxd_exec_ns.h``), and the sandbox's end
-kills that init (:mod:`sandboxd.isolation.pidns`). The pids the API reports are the relays',
-as the host numbers them: the daemon signals their process group, which holds the command.
+kills that init (:mod:`sandboxd.isolation.namespaces.pidns`). The pids the API reports are the
+relays', as the host numbers them: the daemon signals their process group, which holds the command.
 """
 
 import errno
@@ -44,11 +44,11 @@ from attrs import define, field
 from twisted.logger import Logger
 
 from sandboxd.isolation.base import Identity, IsolationUnavailable
-from sandboxd.isolation.identity_files import write_identity_files
-from sandboxd.isolation.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.namespaces.identity_files import write_identity_files
+from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.namespaces.pidns import kill_init
 from sandboxd.isolation.naming import is_rid
-from sandboxd.isolation.network import NetworkMode, NetworkPolicy, host_only
-from sandboxd.isolation.pidns import kill_init
+from sandboxd.isolation.network.modes import NetworkMode, NetworkPolicy, host_only
 
 KINDS = ("ipc", "mount", "net", "pid")
 """The namespace layers, by the name ``SANDBOXD_NAMESPACES`` and ``/healthz`` use."""

@@ -6,7 +6,7 @@ loader runs in the root part of an exec), else dynamically. Without a C compiler
 built and the daemon uses its shell chain (``sh``, ``setsid``, ``setpriv``) instead: slower,
 equally isolated.
 
-    python -m sandboxd.isolation.helper_build     # build it next to the source (a work tree)
+    python -m sandboxd.isolation.exec.helper_build     # build it next to the source (a work tree)
 """
 
 import os

@@ -15,15 +15,15 @@ from collections.abc import Callable, Sequence
 
 from attrs import define, field
 
-from sandboxd.isolation.namespaces import run_program
+from sandboxd.isolation.namespaces.pins import run_program
 
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
 @define
 class NamespaceServer:
-    """A :data:`~sandboxd.isolation.namespaces.Runner`: ``sandboxd-exec namespaces ...`` goes to
-    the server, any other argv runs as a program."""
+    """A :data:`~sandboxd.isolation.namespaces.pins.Runner`: ``sandboxd-exec namespaces ...``
+    goes to the server, any other argv runs as a program."""
 
     helper: str
     fallback: Callable[[Sequence[str]], tuple[int, str]] = run_program
