@@ -17,6 +17,14 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+RunProgram = Callable[[Sequence[str]], tuple[int, str]]
+"""Runs an argv to its end, blocking: its exit code and the text it wrote (which streams, each
+implementation says). The daemon's own programs, run as root: never a sandbox's."""
+
+PLAIN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+"""The environment of a program the daemon starts as root for itself (the helper's servers,
+``unshare``): the system's directories, the C locale, nothing of the daemon's own."""
+
 
 class IsolationUnavailable(Exception):
     """The configured isolation cannot be provided; the message is one line naming the cause."""

@@ -14,7 +14,7 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
-from sandboxd.isolation.base import Isolation, IsolationUnavailable
+from sandboxd.isolation.base import Isolation, IsolationUnavailable, RunProgram
 from sandboxd.isolation.cgroups.cgfiles import Kernel, read_text, write_text
 from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroups.cgroup2 import Cgroup2Driver
@@ -22,7 +22,6 @@ from sandboxd.isolation.cgroups.hierarchy import parse_mountinfo, parse_proc_cgr
 from sandboxd.isolation.exec.chains import wraps
 from sandboxd.isolation.exec.helper import (
     HELPER,
-    Run,
     helper_problem,
     run_program,
     seccomp_problem,
@@ -50,7 +49,6 @@ from sandboxd.isolation.namespaces.pins import (
     Creator,
     HelperCreator,
     Namespaces,
-    Runner,
     kept_directories,
 )
 from sandboxd.isolation.namespaces.pins import run_program as run_namespace_program
@@ -109,7 +107,7 @@ class Host:
     helper: str = HELPER
     lstat: Callable[[str], os.stat_result] = os.lstat
     egress: Callable[[Config], NetworkMode | None] = find_egress
-    run: Run = run_program
+    run: RunProgram = run_program
 
 
 def find_helper(host: Host, as_root: bool) -> str | None:
@@ -142,7 +140,7 @@ def warn_unprotected(host: Host) -> None:
         )
 
 
-def require_seccomp(helper: str | None, run: Run) -> None:
+def require_seccomp(helper: str | None, run: RunProgram) -> None:
     """``IsolationUnavailable`` unless ``helper`` applies the filter and the kernel enforces it."""
     off = "SANDBOXD_SECCOMP=off runs commands unfiltered"
     if helper is None:
@@ -356,7 +354,7 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
         return Namespaces(network=policy)
     root = os.path.realpath(config.root)
     creator: Creator
-    run: Runner = run_namespace_program
+    run: RunProgram = run_namespace_program
     if helper is None:
         if "pid" in kinds:  # its init and the relay are the helper's (sandboxd_exec_ns.h)
             raise IsolationUnavailable("namespaces: pid needs the exec helper (a C compiler)")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from attrs import frozen
 
-from sandboxd.isolation.base import Identity, require_command
+from sandboxd.isolation.base import Identity, RunProgram, require_command
 from sandboxd.isolation.exec.helper_build import HELPER_NAME
 
 HELPER = str(Path(__file__).with_name(HELPER_NAME))
@@ -28,19 +28,17 @@ HELPER = str(Path(__file__).with_name(HELPER_NAME))
 
 DEFAULT_UMASK = 0o077
 
-Run = Callable[[Sequence[str]], tuple[int, str]]
-"""Run an argv to completion: its exit code and its stdout and stderr together."""
-
 
 def run_program(argv: Sequence[str]) -> tuple[int, str]:
-    """:data:`Run` with :mod:`subprocess` (start-up only: it blocks)."""
+    """A :data:`~sandboxd.isolation.base.RunProgram` with :mod:`subprocess` (start-up only: it
+    blocks): its stdout and stderr together."""
     done = subprocess.run(
         list(argv), capture_output=True, text=True, timeout=30, check=False, env={}
     )
     return done.returncode, (done.stdout + done.stderr).strip()
 
 
-def seccomp_problem(helper: str, run: Run = run_program) -> str | None:
+def seccomp_problem(helper: str, run: RunProgram = run_program) -> str | None:
     """Why the helper's seccomp filter is not enforced here (``None``: it is).
 
     ``sandboxd-exec seccomp-check`` applies the filter to itself and tries what it must refuse.

@@ -43,7 +43,7 @@ from contextlib import suppress
 from attrs import define, field
 from twisted.logger import Logger
 
-from sandboxd.isolation.base import Identity, IsolationUnavailable
+from sandboxd.isolation.base import PLAIN_ENV, Identity, IsolationUnavailable, RunProgram
 from sandboxd.isolation.namespaces.identity_files import write_identity_files
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespaces.pidns import kill_init
@@ -84,18 +84,16 @@ PROBE_IDENTITY = Identity(65534, 65534)
 
 log = Logger()
 
-Runner = Callable[[Sequence[str]], tuple[int, str]]
-"""Runs an argv to its end: exit code and stderr text."""
-
 
 def run_program(argv: Sequence[str]) -> tuple[int, str]:
-    """Run ``argv`` to its end with a plain environment: its exit code and stderr text."""
+    """A :data:`~sandboxd.isolation.base.RunProgram`: ``argv`` run to its end in
+    :data:`~sandboxd.isolation.base.PLAIN_ENV`; its exit code and stderr text."""
     done = subprocess.run(
         list(argv),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        env=PLAIN_ENV,
         timeout=30,
         check=False,
     )
@@ -194,7 +192,7 @@ class Namespaces:
     creator: Creator | None = None
     keep: list[str] = field(factory=list)
     shm_bytes: int = 64 << 20
-    run: Runner = run_program
+    run: RunProgram = run_program
     mounts: MountCalls = field(factory=MountCalls)
     home_covered: Callable[[], bool] = home_coverable
     """Whether the host's ``/home`` is a directory the mount namespace covers."""
