@@ -45,7 +45,7 @@ PROGRAM_TIMEOUT = 300
 """Longest an ``nft`` or ``ip`` run may take before it counts as hung (seconds): generous, as
 the first ruleset load pulls in kernel modules (over 30 s in an emulated VM on a busy host)."""
 
-Runner = Callable[[Sequence[str], str], str]
+RunWithInput = Callable[[Sequence[str], str], str]
 """``run(argv, stdin_text)``: run a program, return its stdout; :class:`EgressError` if it fails."""
 
 
@@ -126,7 +126,7 @@ class Egress:
     state_file: str
     """Where the forwarding values found at the first start are kept until the last stop."""
     lock_file: str = "/run/sandboxd-egress.lock"
-    run: Runner = run_program
+    run: RunWithInput = run_program
     read: Callable[[str], str] = read_sysctl
     write: Callable[[str, str], None] = write_sysctl
     clock: Callable[[], float] = time.monotonic
