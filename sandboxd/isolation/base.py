@@ -6,10 +6,11 @@ development bundle of ``sandboxd.isolation.none``; the cgroup drivers give real 
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from attrs import field, frozen
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorProcess
 
 if TYPE_CHECKING:
     from sandboxd.isolation.exec.spawn_server import SpawnServer
@@ -214,3 +215,13 @@ class Isolation:
         wrap = self.own_work_wrap if own_work and self.own_work_wrap is not None else self.wrap
         wrapped = wrap(identity, self.cgroups.join_files(rid), cwd, argv)
         return self.namespaces.enter(rid, wrapped)
+
+    def spawner(self, reactor: IReactorProcess) -> IReactorProcess:
+        """What spawns an argv of :meth:`start_argv`: ``reactor`` itself, or where the spawn
+        server runs (:attr:`spawn_server`), its :class:`~sandboxd.isolation.exec.spawn_server.
+        Spawner`, which hands the helper's argv to the server and spawns any other."""
+        if self.spawn_server is None:
+            return reactor
+        from sandboxd.isolation.exec.spawn_server import Spawner
+
+        return cast(IReactorProcess, Spawner(reactor, self.spawn_server))
