@@ -81,11 +81,7 @@ class SandboxManager(Commands):
 
     def recover(self) -> Deferred[None]:
         """Kill and remove every sandbox (cgroup, processes, files) found from a predecessor."""
-        rids = sorted(
-            set(self.layout.leftovers())
-            | set(self.isolation.cgroups.leftovers())
-            | set(self.isolation.namespaces.leftovers())  # namespaces: a predecessor's pins
-        )
+        rids = sorted(set(self.layout.leftovers()) | self.isolation.leftovers())
         rids = [rid for rid in rids if rid not in self.sandboxes]
         self.recovering = True
         kills = [Deferred.fromCoroutine(self._dispose(rid)) for rid in rids]
@@ -130,20 +126,8 @@ class SandboxManager(Commands):
             raise NoCapacity(str(e)) from None
         rid = secrets.token_hex(8)
         try:
-            self.isolation.cgroups.create(rid, self.limits)
-            self.layout.create(rid, identity)
-            # namespaces: made and pinned once, entered by every process of the sandbox
-            self.isolation.namespaces.create(
-                rid,
-                self.layout.tmp(rid),
-                self.layout.workspace(rid),
-                mode,
-                (identity, self.layout.home(rid)),
-            )
+            self.isolation.create(rid, identity, self.limits, self.layout, mode)
         except BaseException as e:
-            self.isolation.namespaces.remove(rid)
-            self.isolation.cgroups.remove(rid)
-            self.layout.destroy(rid)
             self.isolation.uids.release(identity)
             if isinstance(e, NetworkUnavailable):
                 raise NoCapacity(f"network: {e}") from None
@@ -309,15 +293,15 @@ class SandboxManager(Commands):
             waiter.callback(None)
 
     async def _dispose(self, rid: str) -> None:
-        await self.isolation.cgroups.kill(rid)
-        self.isolation.namespaces.remove(rid)  # namespaces: unpinned once nothing runs inside
-        self.isolation.cgroups.remove(rid)
-        await deferToThreadPool(
-            self.reactor,  # type: ignore[arg-type]
-            self.admin_pool,
-            self.layout.destroy,
-            rid,
-        )
+        def in_thread(work: Callable[[str], None], rid: str) -> Deferred[None]:
+            return deferToThreadPool(
+                self.reactor,  # type: ignore[arg-type]
+                self.admin_pool,
+                work,
+                rid,
+            )
+
+        await self.isolation.dispose(rid, self.layout, in_thread)
 
     # Files, each in a worker thread with the sandbox's filesystem credentials
 

@@ -15,6 +15,7 @@ from twisted.internet.interfaces import IReactorProcess
 if TYPE_CHECKING:
     from sandboxd.isolation.exec.spawn_server import SpawnServer
     from sandboxd.isolation.namespaces.pins import Namespaces
+    from sandboxd.isolation.network.modes import NetworkMode
 
 T = TypeVar("T")
 
@@ -130,6 +131,27 @@ class FsCredentials(Protocol):
         """Call ``work()`` in a worker thread whose fsuid/fsgid are the identity's."""
 
 
+class SandboxDirectories(Protocol):
+    """A sandbox's directory tree (``sandboxd.core.layout.Layout``): made under its top
+    directory, which a disk limit in force charges to the sandbox."""
+
+    def create(self, rid: str, identity: Identity) -> None:
+        """Make the sandbox's tree, owned by ``identity``."""
+
+    def destroy(self, rid: str) -> None:
+        """Remove the sandbox's tree, whatever is in it; a missing tree is not an error."""
+
+    def workspace(self, rid: str) -> str: ...
+
+    def home(self, rid: str) -> str: ...
+
+    def tmp(self, rid: str) -> str: ...
+
+
+InThread = Callable[[Callable[[str], None], str], Deferred[None]]
+"""``in_thread(work, rid)``: calls ``work(rid)`` off the reactor thread; fires when it ends."""
+
+
 CD_AND_EXEC = 'cd -- "$1" && shift && unset OLDPWD && exec "$@"'
 """The shell chains' last step, run after privilege is dropped, so a ``cwd`` the sandbox
 swapped for a symlink gets it nothing its uid could not reach anyway."""
@@ -215,6 +237,49 @@ class Isolation:
         wrap = self.own_work_wrap if own_work and self.own_work_wrap is not None else self.wrap
         wrapped = wrap(identity, self.cgroups.join_files(rid), cwd, argv)
         return self.namespaces.enter(rid, wrapped)
+
+    def create(
+        self,
+        rid: str,
+        identity: Identity,
+        limits: Limits,
+        directories: SandboxDirectories,
+        network: "NetworkMode",
+    ) -> None:
+        """Make sandbox ``rid``'s layers, in their order: its cgroup with ``limits``, its
+        directories (``directories``: the disk limit comes with them), then its namespaces,
+        made and pinned once with ``network`` wired in, and entered by every process of the
+        sandbox (:meth:`start_argv`). Where one fails, every layer is undone, the last first,
+        and the error raised: nothing of the sandbox is left but ``identity``, still the
+        caller's to release."""
+        try:
+            self.cgroups.create(rid, limits)
+            directories.create(rid, identity)
+            self.namespaces.create(
+                rid,
+                directories.tmp(rid),
+                directories.workspace(rid),
+                network,
+                (identity, directories.home(rid)),
+            )
+        except BaseException:
+            self.namespaces.remove(rid)
+            self.cgroups.remove(rid)
+            directories.destroy(rid)
+            raise
+
+    async def dispose(self, rid: str, directories: SandboxDirectories, in_thread: InThread) -> None:
+        """End sandbox ``rid``'s layers, a live one's or a predecessor's leftover: kill every
+        process in its cgroup; once nothing runs inside, unpin its namespaces; remove the
+        (empty) cgroup; last, remove its directories (``in_thread``: a tree can be large)."""
+        await self.cgroups.kill(rid)
+        self.namespaces.remove(rid)
+        self.cgroups.remove(rid)
+        await in_thread(directories.destroy, rid)
+
+    def leftovers(self) -> set[str]:
+        """The sandbox ids a predecessor left layers of: cgroups, and namespace pins."""
+        return set(self.cgroups.leftovers()) | set(self.namespaces.leftovers())
 
     def spawner(self, reactor: IReactorProcess) -> IReactorProcess:
         """What spawns an argv of :meth:`start_argv`: ``reactor`` itself, or where the spawn
