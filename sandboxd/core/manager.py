@@ -76,7 +76,7 @@ class SandboxManager(Commands):
         :meth:`Layout.prepare_root`)."""
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.metrics.watch(lambda: self.isolation.uids.free, lambda: float(self.draining))
-        self.isolation.namespaces.prepare()  # namespaces: done already when start-up checked it
+        self.isolation.prepare()
         return self.recover()
 
     def recover(self) -> Deferred[None]:
@@ -279,9 +279,7 @@ class SandboxManager(Commands):
             self.isolation.cgroups.remove_instance()
         except OSError as e:
             log.warn("cannot remove the instance cgroups: {why}", why=e)
-        self.isolation.namespaces.close()  # namespaces: the pins' directory
-        if self.isolation.spawn_server is not None:
-            self.isolation.spawn_server.close()
+        self.isolation.close()
 
     async def _kill_all(self, rids: list[str]) -> None:
         kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in rids]

@@ -281,6 +281,18 @@ class Isolation:
         """The sandbox ids a predecessor left layers of: cgroups, and namespace pins."""
         return set(self.cgroups.leftovers()) | set(self.namespaces.leftovers())
 
+    def prepare(self) -> None:
+        """Make what every sandbox's layers share: the namespaces' pins directory (start-up
+        checked it already: then this does nothing)."""
+        self.namespaces.prepare()
+
+    def close(self) -> None:
+        """The daemon stops, its sandboxes gone: unmount the pins directory, close the network
+        modes, stop the spawn server."""
+        self.namespaces.close()
+        if self.spawn_server is not None:
+            self.spawn_server.close()
+
     def spawner(self, reactor: IReactorProcess) -> IReactorProcess:
         """What spawns an argv of :meth:`start_argv`: ``reactor`` itself, or where the spawn
         server runs (:attr:`spawn_server`), its :class:`~sandboxd.isolation.exec.spawn_server.
