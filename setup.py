@@ -15,9 +15,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def _helper_build():  # type: ignore[no-untyped-def]
-    """``sandboxd/isolation/helper_build.py``, loaded by path (the dependencies may be absent)."""
+    """``sandboxd/isolation/exec/helper_build.py``, loaded by path (the dependencies may be
+    absent)."""
     spec = importlib.util.spec_from_file_location(
-        "sandboxd_helper_build", HERE / "sandboxd" / "isolation" / "helper_build.py"
+        "sandboxd_helper_build", HERE / "sandboxd" / "isolation" / "exec" / "helper_build.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -33,7 +34,7 @@ class BuildWithHelper(build_py):  # type: ignore[misc]
         super().run()
         helper = _helper_build()
         base = HERE if getattr(self, "editable_mode", False) else Path(self.build_lib)
-        helper.build(base / "sandboxd" / "isolation" / helper.HELPER_NAME)
+        helper.build(base / "sandboxd" / "isolation" / "exec" / helper.HELPER_NAME)
 
 
 class HelperWheel(bdist_wheel):  # type: ignore[misc]
@@ -72,7 +73,7 @@ setup(
     ],
     package_data={
         "twisted": ["plugins/sandboxd_plugin.py"],
-        "sandboxd.isolation": [
+        "sandboxd.isolation.exec": [
             "sandboxd_exec.c",
             "sandboxd_exec_ns.h",
             "sandboxd_exec_noptrace.h",

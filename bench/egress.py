@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sandboxd.isolation.egress_host import Egress
-from sandboxd.isolation.egress_plan import EgressPlan
+from sandboxd.isolation.network.egress_host import Egress
+from sandboxd.isolation.network.egress_plan import EgressPlan
 from tests.kernel.netns_helpers import connect, scene
 
 

@@ -24,16 +24,16 @@ sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 
 from sbench.stats import pct  # noqa: E402
 
-from sandboxd.isolation.helper import HELPER  # noqa: E402
-from sandboxd.isolation.namespace_server import NamespaceServer  # noqa: E402
-from sandboxd.isolation.namespaces import (  # noqa: E402
+from sandboxd.isolation.exec.helper import HELPER  # noqa: E402
+from sandboxd.isolation.namespaces.pins import (  # noqa: E402
     ALL,
     PLACES,
     HelperCreator,
     Namespaces,
     kept_directories,
 )
-from sandboxd.isolation.network import NetworkPolicy, NoNetwork  # noqa: E402
+from sandboxd.isolation.namespaces.server import NamespaceServer  # noqa: E402
+from sandboxd.isolation.network.modes import NetworkPolicy, NoNetwork  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -11,15 +11,15 @@ from typing import Any
 
 from attrs import fields, frozen
 
-from sandboxd.isolation.egress_plan import (
+from sandboxd.isolation.namespaces.pins import parse_namespaces
+from sandboxd.isolation.network.egress_plan import (
     DEFAULT_POOL6,
     PRIVATE_RANGES,
     parse_networks,
     parse_pool4,
     parse_pool6,
 )
-from sandboxd.isolation.namespaces import parse_namespaces
-from sandboxd.isolation.network import parse_mode, parse_modes
+from sandboxd.isolation.network.modes import parse_mode, parse_modes
 from sandboxd.listen import DUAL_STACK_MODES
 from sandboxd.settings import (
     choice,

@@ -2,7 +2,7 @@
 
 Each spawn goes through ``posix_spawn`` (the path ``reactor.spawnProcess`` takes), with stdin
 from ``/dev/null`` and stdout/stderr on pipes read to their end, as the daemon does, then
-``waitpid``. The wrapper floor spawns the very argv :mod:`sandboxd.isolation.wrapper` builds
+``waitpid``. The wrapper floor spawns the very argv :mod:`sandboxd.isolation.exec.wrapper` builds
 for the daemon (join the cgroup as root, ``setsid``, ``setpriv``), around ``/bin/true``, in a
 real cgroup made by the daemon's own cgroup driver.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 from sandboxd.core.manager import BASE_PATH
 from sandboxd.isolation.base import Identity, Limits
-from sandboxd.isolation.helper import HELPER, HelperSession, HelperWrapper, helper_problem
+from sandboxd.isolation.exec.helper import HELPER, HelperSession, HelperWrapper, helper_problem
+from sandboxd.isolation.exec.wrapper import Programs, Wrapper, spawn_env
 from sandboxd.isolation.none import find_program, session_wrapper
-from sandboxd.isolation.wrapper import Programs, Wrapper, spawn_env
 
 READ_SIZE = 1 << 20
 

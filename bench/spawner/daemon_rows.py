@@ -68,7 +68,7 @@ def stop_traced(server: procs.Server) -> None:
     server.process.wait(60)
 
 
-HELPER = REPO / "sandboxd" / "isolation" / "sandboxd-exec"
+HELPER = REPO / "sandboxd" / "isolation" / "exec" / "sandboxd-exec"
 REAL = HELPER.with_name("sandboxd-exec.real")
 SHIM_LOG = Path("/tmp/spawnbench-shim.log")
 SHIM_SOURCE = r"""

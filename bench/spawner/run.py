@@ -39,7 +39,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-HELPER_SOURCE = REPO / "sandboxd" / "isolation" / "sandboxd_exec.c"
+HELPER_SOURCE = REPO / "sandboxd" / "isolation" / "exec" / "sandboxd_exec.c"
 UID = 612998
 """Outside every bench daemon's pool (bench/sbench/procs.py) and the default one."""
 HIERARCHIES = ("memory", "cpu", "cpuacct", "pids", "freezer")

@@ -3,7 +3,7 @@
  *
  * Measures where the time of one isolated "exec true" goes in the helper's steps, and the floor
  * of the two pre-forked spawners the design weighs against today's one-exec-per-command helper
- * (sandboxd/isolation/sandboxd_exec.c). Built and driven by bench/spawner/run.py.
+ * (sandboxd/isolation/exec/sandboxd_exec.c). Built and driven by bench/spawner/run.py.
  *
  *   spawner steps ROUNDS UID GID CWD NJOIN JOIN.. NNS NS..
  *       fork from this small process, do the helper's steps one by one in the child (join each
@@ -55,7 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../sandboxd/isolation/sandboxd_seccomp.h"
+#include "../../sandboxd/isolation/exec/sandboxd_seccomp.h"
 
 #define SETUP_FAILED 125
 #define MAX_STEPS 24

@@ -9,7 +9,7 @@ a bounded log that readers come and go on.
 
 import os
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -29,7 +29,6 @@ from sandboxd.core.watch.charge import thread_euid
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
 from sandboxd.errors import BadRequest, NoCapacity, TooMany
 from sandboxd.isolation.base import Isolation
-from sandboxd.isolation.spawn_server import Spawner
 from sandboxd.metrics import Metrics
 from sandboxd.units import format_size
 
@@ -135,10 +134,7 @@ class Commands:
         sandbox.execs += 1
         sandbox.running.add(run)
         self.metrics.execs_in_flight.inc()
-        server = self.isolation.spawn_server
-        spawner = (
-            self.reactor if server is None else cast(IReactorProcess, Spawner(self.reactor, server))
-        )
+        spawner = self.isolation.spawner(self.reactor)
         try:
             run.start(spawner, run.argv, run.env, request.stdin, self._devnull)
         except BaseException:

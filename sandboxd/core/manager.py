@@ -34,7 +34,7 @@ from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
-from sandboxd.isolation.network import NetworkUnavailable
+from sandboxd.isolation.network.modes import NetworkUnavailable
 from sandboxd.metrics import Metrics
 from sandboxd.units import format_duration
 
@@ -76,16 +76,12 @@ class SandboxManager(Commands):
         :meth:`Layout.prepare_root`)."""
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.metrics.watch(lambda: self.isolation.uids.free, lambda: float(self.draining))
-        self.isolation.namespaces.prepare()  # namespaces: done already when start-up checked it
+        self.isolation.prepare()
         return self.recover()
 
     def recover(self) -> Deferred[None]:
         """Kill and remove every sandbox (cgroup, processes, files) found from a predecessor."""
-        rids = sorted(
-            set(self.layout.leftovers())
-            | set(self.isolation.cgroups.leftovers())
-            | set(self.isolation.namespaces.leftovers())  # namespaces: a predecessor's pins
-        )
+        rids = sorted(set(self.layout.leftovers()) | self.isolation.leftovers())
         rids = [rid for rid in rids if rid not in self.sandboxes]
         self.recovering = True
         kills = [Deferred.fromCoroutine(self._dispose(rid)) for rid in rids]
@@ -130,20 +126,8 @@ class SandboxManager(Commands):
             raise NoCapacity(str(e)) from None
         rid = secrets.token_hex(8)
         try:
-            self.isolation.cgroups.create(rid, self.limits)
-            self.layout.create(rid, identity)
-            # namespaces: made and pinned once, entered by every process of the sandbox
-            self.isolation.namespaces.create(
-                rid,
-                self.layout.tmp(rid),
-                self.layout.workspace(rid),
-                mode,
-                (identity, self.layout.home(rid)),
-            )
+            self.isolation.create(rid, identity, self.limits, self.layout, mode)
         except BaseException as e:
-            self.isolation.namespaces.remove(rid)
-            self.isolation.cgroups.remove(rid)
-            self.layout.destroy(rid)
             self.isolation.uids.release(identity)
             if isinstance(e, NetworkUnavailable):
                 raise NoCapacity(f"network: {e}") from None
@@ -295,9 +279,7 @@ class SandboxManager(Commands):
             self.isolation.cgroups.remove_instance()
         except OSError as e:
             log.warn("cannot remove the instance cgroups: {why}", why=e)
-        self.isolation.namespaces.close()  # namespaces: the pins' directory
-        if self.isolation.spawn_server is not None:
-            self.isolation.spawn_server.close()
+        self.isolation.close()
 
     async def _kill_all(self, rids: list[str]) -> None:
         kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in rids]
@@ -309,15 +291,15 @@ class SandboxManager(Commands):
             waiter.callback(None)
 
     async def _dispose(self, rid: str) -> None:
-        await self.isolation.cgroups.kill(rid)
-        self.isolation.namespaces.remove(rid)  # namespaces: unpinned once nothing runs inside
-        self.isolation.cgroups.remove(rid)
-        await deferToThreadPool(
-            self.reactor,  # type: ignore[arg-type]
-            self.admin_pool,
-            self.layout.destroy,
-            rid,
-        )
+        def in_thread(work: Callable[[str], None], rid: str) -> Deferred[None]:
+            return deferToThreadPool(
+                self.reactor,  # type: ignore[arg-type]
+                self.admin_pool,
+                work,
+                rid,
+            )
+
+        await self.isolation.dispose(rid, self.layout, in_thread)
 
     # Files, each in a worker thread with the sandbox's filesystem credentials
 

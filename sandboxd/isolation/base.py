@@ -6,16 +6,26 @@ development bundle of ``sandboxd.isolation.none``; the cgroup drivers give real 
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from attrs import field, frozen
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorProcess
 
 if TYPE_CHECKING:
-    from sandboxd.isolation.namespaces import Namespaces
-    from sandboxd.isolation.spawn_server import SpawnServer
+    from sandboxd.isolation.exec.spawn_server import SpawnServer
+    from sandboxd.isolation.namespaces.pins import Namespaces
+    from sandboxd.isolation.network.modes import NetworkMode
 
 T = TypeVar("T")
+
+RunProgram = Callable[[Sequence[str]], tuple[int, str]]
+"""Runs an argv to its end, blocking: its exit code and the text it wrote (which streams, each
+implementation says). The daemon's own programs, run as root: never a sandbox's."""
+
+PLAIN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+"""The environment of a program the daemon starts as root for itself (the helper's servers,
+``unshare``): the system's directories, the C locale, nothing of the daemon's own."""
 
 
 class IsolationUnavailable(Exception):
@@ -121,6 +131,27 @@ class FsCredentials(Protocol):
         """Call ``work()`` in a worker thread whose fsuid/fsgid are the identity's."""
 
 
+class SandboxDirectories(Protocol):
+    """A sandbox's directory tree (``sandboxd.core.layout.Layout``): made under its top
+    directory, which a disk limit in force charges to the sandbox."""
+
+    def create(self, rid: str, identity: Identity) -> None:
+        """Make the sandbox's tree, owned by ``identity``."""
+
+    def destroy(self, rid: str) -> None:
+        """Remove the sandbox's tree, whatever is in it; a missing tree is not an error."""
+
+    def workspace(self, rid: str) -> str: ...
+
+    def home(self, rid: str) -> str: ...
+
+    def tmp(self, rid: str) -> str: ...
+
+
+InThread = Callable[[Callable[[str], None], str], Deferred[None]]
+"""``in_thread(work, rid)``: calls ``work(rid)`` off the reactor thread; fires when it ends."""
+
+
 CD_AND_EXEC = 'cd -- "$1" && shift && unset OLDPWD && exec "$@"'
 """The shell chains' last step, run after privilege is dropped, so a ``cwd`` the sandbox
 swapped for a symlink gets it nothing its uid could not reach anyway."""
@@ -141,7 +172,7 @@ def require_command(argv: Sequence[str], identity: Identity | None = None) -> No
 
 def no_namespaces() -> "Namespaces":
     """No namespace layer in force (every sandbox shares the host's IPC, mounts, network)."""
-    from sandboxd.isolation.namespaces import Namespaces
+    from sandboxd.isolation.namespaces.pins import Namespaces
 
     return Namespaces()
 
@@ -179,13 +210,13 @@ class Isolation:
     """
     namespaces: "Namespaces" = field(factory=no_namespaces)
     """The sandboxes' IPC, mount and network namespaces and network modes
-    (:mod:`sandboxd.isolation.namespaces`)."""
+    (:mod:`sandboxd.isolation.namespaces.pins`)."""
     exec_chain: str = "shell"
     """How commands start, for the start-up log: ``helper PATH`` or ``shell`` (the chain of
-    :mod:`sandboxd.isolation.wrapper`)."""
+    :mod:`sandboxd.isolation.exec.wrapper`)."""
     spawn_server: "SpawnServer | None" = None
     """Starts the execs' helper argv without spawning it (``SANDBOXD_SPAWNER=server``;
-    :mod:`sandboxd.isolation.spawn_server`); ``None``: every command is spawned."""
+    :mod:`sandboxd.isolation.exec.spawn_server`); ``None``: every command is spawned."""
     layers: tuple[str, ...] = ()
     """The capability names of the layers in force beyond uid + cgroup
     (:mod:`sandboxd.isolation.layers`), for ``/healthz``."""
@@ -206,3 +237,68 @@ class Isolation:
         wrap = self.own_work_wrap if own_work and self.own_work_wrap is not None else self.wrap
         wrapped = wrap(identity, self.cgroups.join_files(rid), cwd, argv)
         return self.namespaces.enter(rid, wrapped)
+
+    def create(
+        self,
+        rid: str,
+        identity: Identity,
+        limits: Limits,
+        directories: SandboxDirectories,
+        network: "NetworkMode",
+    ) -> None:
+        """Make sandbox ``rid``'s layers, in their order: its cgroup with ``limits``, its
+        directories (``directories``: the disk limit comes with them), then its namespaces,
+        made and pinned once with ``network`` wired in, and entered by every process of the
+        sandbox (:meth:`start_argv`). Where one fails, every layer is undone, the last first,
+        and the error raised: nothing of the sandbox is left but ``identity``, still the
+        caller's to release."""
+        try:
+            self.cgroups.create(rid, limits)
+            directories.create(rid, identity)
+            self.namespaces.create(
+                rid,
+                directories.tmp(rid),
+                directories.workspace(rid),
+                network,
+                (identity, directories.home(rid)),
+            )
+        except BaseException:
+            self.namespaces.remove(rid)
+            self.cgroups.remove(rid)
+            directories.destroy(rid)
+            raise
+
+    async def dispose(self, rid: str, directories: SandboxDirectories, in_thread: InThread) -> None:
+        """End sandbox ``rid``'s layers, a live one's or a predecessor's leftover: kill every
+        process in its cgroup; once nothing runs inside, unpin its namespaces; remove the
+        (empty) cgroup; last, remove its directories (``in_thread``: a tree can be large)."""
+        await self.cgroups.kill(rid)
+        self.namespaces.remove(rid)
+        self.cgroups.remove(rid)
+        await in_thread(directories.destroy, rid)
+
+    def leftovers(self) -> set[str]:
+        """The sandbox ids a predecessor left layers of: cgroups, and namespace pins."""
+        return set(self.cgroups.leftovers()) | set(self.namespaces.leftovers())
+
+    def prepare(self) -> None:
+        """Make what every sandbox's layers share: the namespaces' pins directory (start-up
+        checked it already: then this does nothing)."""
+        self.namespaces.prepare()
+
+    def close(self) -> None:
+        """The daemon stops, its sandboxes gone: unmount the pins directory, close the network
+        modes, stop the spawn server."""
+        self.namespaces.close()
+        if self.spawn_server is not None:
+            self.spawn_server.close()
+
+    def spawner(self, reactor: IReactorProcess) -> IReactorProcess:
+        """What spawns an argv of :meth:`start_argv`: ``reactor`` itself, or where the spawn
+        server runs (:attr:`spawn_server`), its :class:`~sandboxd.isolation.exec.spawn_server.
+        Spawner`, which hands the helper's argv to the server and spawns any other."""
+        if self.spawn_server is None:
+            return reactor
+        from sandboxd.isolation.exec.spawn_server import Spawner
+
+        return cast(IReactorProcess, Spawner(reactor, self.spawn_server))

@@ -29,7 +29,7 @@ from sandboxd.isolation.base import (
     NoFreeUid,
     Wrap,
 )
-from sandboxd.isolation.helper import DEFAULT_UMASK, HelperSession
+from sandboxd.isolation.exec.helper import DEFAULT_UMASK, HelperSession
 from sandboxd.isolation.layers import UMASK, umask_isolates
 from sandboxd.isolation.uids import NumericUidPool
 

@@ -14,25 +14,26 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
-from sandboxd.isolation.base import Isolation, IsolationUnavailable
-from sandboxd.isolation.cgfiles import Kernel, read_text, write_text
-from sandboxd.isolation.cgroup1 import Cgroup1Driver
-from sandboxd.isolation.cgroup2 import Cgroup2Driver
-from sandboxd.isolation.chains import wraps
+from sandboxd.isolation.base import Isolation, IsolationUnavailable, RunProgram
+from sandboxd.isolation.cgroups.cgfiles import Kernel, read_text, write_text
+from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.cgroups.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.cgroups.hierarchy import parse_mountinfo, parse_proc_cgroup
+from sandboxd.isolation.exec.chains import wraps
+from sandboxd.isolation.exec.helper import (
+    HELPER,
+    helper_problem,
+    run_program,
+    seccomp_problem,
+)
+from sandboxd.isolation.exec.spawn_server import SpawnServer
+from sandboxd.isolation.exec.wrapper import spawn_env
 from sandboxd.isolation.fscreds import (
     FsCredentialThreads,
     FsIds,
     LibcFsIds,
     drop_supplementary_groups,
 )
-from sandboxd.isolation.helper import (
-    HELPER,
-    Run,
-    helper_problem,
-    run_program,
-    seccomp_problem,
-)
-from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
 from sandboxd.isolation.layers import (
     SECCOMP,
     SOCKET_BUFFERS,
@@ -42,19 +43,18 @@ from sandboxd.isolation.layers import (
     unprotected,
     v2_sockets_uncharged,
 )
-from sandboxd.isolation.namespace_server import NamespaceServer
-from sandboxd.isolation.namespaces import (
+from sandboxd.isolation.namespaces.pins import (
     NS_DIR,
     PLACES,
     Creator,
     HelperCreator,
     Namespaces,
-    Runner,
     kept_directories,
 )
-from sandboxd.isolation.namespaces import run_program as run_namespace_program
-from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
-from sandboxd.isolation.network import (
+from sandboxd.isolation.namespaces.pins import run_program as run_namespace_program
+from sandboxd.isolation.namespaces.server import NamespaceServer
+from sandboxd.isolation.namespaces.shell import ShellCreator, ShellPrograms
+from sandboxd.isolation.network.modes import (
     HostNetwork,
     NetworkMode,
     NetworkPolicy,
@@ -63,9 +63,7 @@ from sandboxd.isolation.network import (
     find_egress,
 )
 from sandboxd.isolation.none import NoCgroups, SweptUidPool, find_program, no_isolation
-from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
-from sandboxd.isolation.wrapper import spawn_env
 
 log = Logger()
 
@@ -109,7 +107,7 @@ class Host:
     helper: str = HELPER
     lstat: Callable[[str], os.stat_result] = os.lstat
     egress: Callable[[Config], NetworkMode | None] = find_egress
-    run: Run = run_program
+    run: RunProgram = run_program
 
 
 def find_helper(host: Host, as_root: bool) -> str | None:
@@ -121,7 +119,7 @@ def find_helper(host: Host, as_root: bool) -> str | None:
     log.warn(
         "exec: helper unusable ({problem}): commands start through sh, setsid and setpriv,"
         " several milliseconds slower; build it with a C compiler (pip install . or"
-        " python -m sandboxd.isolation.helper_build)",
+        " python -m sandboxd.isolation.exec.helper_build)",
         problem=problem,
     )
     return None
@@ -142,7 +140,7 @@ def warn_unprotected(host: Host) -> None:
         )
 
 
-def require_seccomp(helper: str | None, run: Run) -> None:
+def require_seccomp(helper: str | None, run: RunProgram) -> None:
     """``IsolationUnavailable`` unless ``helper`` applies the filter and the kernel enforces it."""
     off = "SANDBOXD_SECCOMP=off runs commands unfiltered"
     if helper is None:
@@ -356,7 +354,7 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
         return Namespaces(network=policy)
     root = os.path.realpath(config.root)
     creator: Creator
-    run: Runner = run_namespace_program
+    run: RunProgram = run_namespace_program
     if helper is None:
         if "pid" in kinds:  # its init and the relay are the helper's (sandboxd_exec_ns.h)
             raise IsolationUnavailable("namespaces: pid needs the exec helper (a C compiler)")

@@ -23,9 +23,9 @@ from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive, build_archive
 from sandboxd.core.layout import Layout
 from sandboxd.isolation.base import Identity, Wrap
-from sandboxd.isolation.helper import HELPER, HelperWrapper
+from sandboxd.isolation.exec.helper import HELPER, HelperWrapper
+from sandboxd.isolation.exec.wrapper import Programs, Wrapper
 from sandboxd.isolation.none import find_program, session_wrapper
-from sandboxd.isolation.wrapper import Programs, Wrapper
 
 ROOT = os.geteuid() == 0
 SANDBOX_UID = 236200

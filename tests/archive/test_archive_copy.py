@@ -23,7 +23,7 @@ from sandboxd.core.archive.store import (
 )
 from sandboxd.errors import ArchiveFailed
 from sandboxd.http import wire
-from sandboxd.isolation.wrapper import Programs, Wrapper
+from sandboxd.isolation.exec.wrapper import Programs, Wrapper
 from tests.archive.archive_helpers import ROOT, Workspaces, all_bytes, as_root, reactor, tree
 
 SECRET = b"host-secret-6f1c2a"

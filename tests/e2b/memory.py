@@ -28,7 +28,7 @@ from sandboxd.core.manager import SandboxManager
 from sandboxd.e2b import wire
 from sandboxd.e2b.api import E2BFront
 from sandboxd.e2b.registry import E2BSandbox
-from sandboxd.isolation.helper import HELPER, helper_problem
+from sandboxd.isolation.exec.helper import HELPER, helper_problem
 from sandboxd.isolation.none import no_isolation
 from tests.http.http_harness import ProcessReactor, Reply, SyncFiles, SyncPool, pump, result_of
 

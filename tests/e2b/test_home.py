@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from e2b import Sandbox
 
-from sandboxd.isolation.namespaces import home_coverable
+from sandboxd.isolation.namespaces.pins import home_coverable
 from tests.e2b.conftest import E2BDaemon, point_sdk_at
 
 FRONTS = {

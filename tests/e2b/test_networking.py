@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from sandboxd.isolation.network import HostNetwork, NetworkMode, NetworkPolicy, NoNetwork
+from sandboxd.isolation.network.modes import HostNetwork, NetworkMode, NetworkPolicy, NoNetwork
 from tests.e2b.memory import Memory, memory_front
 
 LEFT_OUT = {"egress": "SANDBOXD_NETWORK_ALLOW=none,host leaves it out"}

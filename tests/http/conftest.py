@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 
 from sandboxd.assemble import in_process
 from sandboxd.config import Config
-from sandboxd.isolation.helper import HELPER, helper_problem
+from sandboxd.isolation.exec.helper import HELPER, helper_problem
 from sandboxd.isolation.none import no_isolation
 from tests.http.http_harness import Harness, ProcessReactor, SyncFiles, SyncPool, result_of
 

@@ -12,8 +12,8 @@ import pytest
 import pytest_twisted
 
 from sandboxd._twisted import ServedProcess
-from sandboxd.isolation.helper import HELPER
-from sandboxd.isolation.spawn_server import SpawnServer
+from sandboxd.isolation.exec.helper import HELPER
+from sandboxd.isolation.exec.spawn_server import SpawnServer
 from tests.http.http_harness import Harness
 from tests.http.test_http_exec import *  # noqa: F403 (the same tests, the server on)
 from tests.http.test_http_exec import started

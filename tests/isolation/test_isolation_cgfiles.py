@@ -9,7 +9,7 @@ import pytest
 from attrs import evolve
 
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.cgfiles import (
+from sandboxd.isolation.cgroups.cgfiles import (
     Kernel,
     make_dirs,
     read_int,

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
-from sandboxd.isolation.cgroup1 import Cgroup1Driver
-from sandboxd.isolation.hierarchy import Mount
+from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.cgroups.hierarchy import Mount
+from sandboxd.isolation.cgroups.polling import StillPopulated
 from sandboxd.isolation.naming import instance_name
-from sandboxd.isolation.polling import StillPopulated
 from tests.support.kernel_fakes import FakeKernel, settle, write
 
 RID = "0123456789abcdef"

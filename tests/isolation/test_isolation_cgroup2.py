@@ -8,10 +8,10 @@ import pytest
 from attrs import evolve
 
 from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
-from sandboxd.isolation.cgroup2 import SUPERVISOR, Cgroup2Driver
-from sandboxd.isolation.hierarchy import UNIFIED, Mount
+from sandboxd.isolation.cgroups.cgroup2 import SUPERVISOR, Cgroup2Driver
+from sandboxd.isolation.cgroups.hierarchy import UNIFIED, Mount
+from sandboxd.isolation.cgroups.polling import StillPopulated
 from sandboxd.isolation.naming import instance_name
-from sandboxd.isolation.polling import StillPopulated
 from tests.support.kernel_fakes import FakeKernel, settle, write
 
 RID = "0123456789abcdef"

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from sandboxd.isolation import egress as egress_module
-from sandboxd.isolation import egress_host
-from sandboxd.isolation.egress_host import (
+from sandboxd.isolation.network import egress as egress_module
+from sandboxd.isolation.network import egress_host
+from sandboxd.isolation.network.egress_host import (
     FORWARDING_V4,
     FORWARDING_V6,
     Egress,
     EgressError,
     run_program,
 )
-from sandboxd.isolation.egress_plan import (
+from sandboxd.isolation.network.egress_plan import (
     EgressConfigError,
     EgressPlan,
     parse_networks,

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from sandboxd.config import Config, ConfigError
-from sandboxd.isolation import egress as egress_module
-from sandboxd.isolation import egress_host
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.egress import EgressNetwork, network_mode, unreachable_nameservers
-from sandboxd.isolation.egress_host import FORWARDING_V4, FORWARDING_V6
-from sandboxd.isolation.network import NetworkUnavailable
+from sandboxd.isolation.network import egress as egress_module
+from sandboxd.isolation.network import egress_host
+from sandboxd.isolation.network.egress import EgressNetwork, network_mode, unreachable_nameservers
+from sandboxd.isolation.network.egress_host import FORWARDING_V4, FORWARDING_V6
+from sandboxd.isolation.network.modes import NetworkUnavailable
 from tests.isolation.test_isolation_egress import Host, plan
 
 

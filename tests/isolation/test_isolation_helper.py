@@ -16,8 +16,8 @@ import pytest
 from attrs import frozen
 
 from sandboxd.isolation.base import Identity
-from sandboxd.isolation.helper import HELPER, HelperSession, HelperWrapper, helper_problem
-from sandboxd.isolation.wrapper import JOIN_FAILED, PREFIX, spawn_env
+from sandboxd.isolation.exec.helper import HELPER, HelperSession, HelperWrapper, helper_problem
+from sandboxd.isolation.exec.wrapper import JOIN_FAILED, PREFIX, spawn_env
 
 SANDBOX = Identity(612101, 612102)
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/h", "LANG": "C.UTF-8", "TERM": "dumb"}

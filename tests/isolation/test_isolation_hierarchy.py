@@ -6,7 +6,7 @@ from werkzeug.routing import Map
 from sandboxd.core.layout import RID_PATTERN
 from sandboxd.http.parse import RidConverter
 from sandboxd.isolation.base import Limits
-from sandboxd.isolation.hierarchy import (
+from sandboxd.isolation.cgroups.hierarchy import (
     UNIFIED,
     Mount,
     directory,
@@ -16,7 +16,13 @@ from sandboxd.isolation.hierarchy import (
     v1_mount,
     v2_mount,
 )
-from sandboxd.isolation.limits import cpu_quota_us, v1_cpu_quota, v1_memory, v1_pids, v2_values
+from sandboxd.isolation.cgroups.limits import (
+    cpu_quota_us,
+    v1_cpu_quota,
+    v1_memory,
+    v1_pids,
+    v2_values,
+)
 from sandboxd.isolation.naming import check_rid, instance_name, is_rid
 
 HYBRID = """\

@@ -17,10 +17,10 @@ from zope.interface import provider
 
 from sandboxd.isolation import layers
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.cgroup1 import Cgroup1Driver
-from sandboxd.isolation.helper import HELPER, HelperWrapper, run_program, seccomp_problem
+from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.exec.helper import HELPER, HelperWrapper, run_program, seccomp_problem
+from sandboxd.isolation.exec.wrapper import Wrapper
 from sandboxd.isolation.select import build_isolation
-from sandboxd.isolation.wrapper import Wrapper
 from tests.isolation.test_isolation_select import POOL, Machine, config
 
 HELPER_PATH = "/opt/sd/sandboxd-exec"  # root's own in test_isolation_select's fake lstat

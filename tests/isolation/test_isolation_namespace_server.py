@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from sandboxd.isolation.namespace_server import NamespaceServer
+from sandboxd.isolation.namespaces.server import NamespaceServer
 
 SERVER = """#!/bin/sh
 [ "$1" = namespace-server ] || exit 3

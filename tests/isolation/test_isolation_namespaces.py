@@ -19,8 +19,8 @@ from twisted.internet.task import Clock
 
 from sandboxd.config import Config, ConfigError
 from sandboxd.isolation.base import Identity, IsolationUnavailable
-from sandboxd.isolation.mounts import MountCalls, is_mount_point, re_octal
-from sandboxd.isolation.namespaces import (
+from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point, re_octal
+from sandboxd.isolation.namespaces.pins import (
     ALL,
     HOME_VIEW,
     HelperCreator,
@@ -29,8 +29,8 @@ from sandboxd.isolation.namespaces import (
     kept_directories,
     parse_namespaces,
 )
-from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
-from sandboxd.isolation.network import (
+from sandboxd.isolation.namespaces.shell import ShellCreator, ShellPrograms
+from sandboxd.isolation.network.modes import (
     HostNetwork,
     NetworkPolicy,
     NoNetwork,

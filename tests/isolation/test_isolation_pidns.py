@@ -12,9 +12,9 @@ import pytest
 from twisted.internet.task import Clock
 
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.namespaces import ALL, KINDS, parse_namespaces
-from sandboxd.isolation.network import HostNetwork, NoNetwork
-from sandboxd.isolation.pidns import INIT_FILE, kill_init
+from sandboxd.isolation.namespaces.pidns import INIT_FILE, kill_init
+from sandboxd.isolation.namespaces.pins import ALL, KINDS, parse_namespaces
+from sandboxd.isolation.network.modes import HostNetwork, NoNetwork
 from sandboxd.isolation.select import build_isolation
 from tests.isolation.test_isolation_namespaces import RID, Runner, namespaces
 from tests.isolation.test_isolation_select import POOL, Machine, config

@@ -5,7 +5,7 @@ import itertools
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from sandboxd.isolation.polling import MAX_DELAY, wait_until
+from sandboxd.isolation.cgroups.polling import MAX_DELAY, wait_until
 from tests.support.kernel_fakes import settle
 
 

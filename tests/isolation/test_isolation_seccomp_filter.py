@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from attrs import frozen
 
-from sandboxd.isolation.helper import HELPER
+from sandboxd.isolation.exec.helper import HELPER
 
 pytestmark = pytest.mark.skipif(not Path(HELPER).exists(), reason="the helper is not built")
 

@@ -14,15 +14,15 @@ from twisted.python.threadpool import ThreadPool
 from sandboxd.config import Config
 from sandboxd.isolation import layers
 from sandboxd.isolation.base import Identity, IsolationUnavailable, plain_env
-from sandboxd.isolation.cgroup1 import Cgroup1Driver
-from sandboxd.isolation.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.cgroups.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.exec.helper import HelperSession, HelperWrapper
+from sandboxd.isolation.exec.spawn_server import SpawnServer
+from sandboxd.isolation.exec.wrapper import Wrapper, spawn_env
 from sandboxd.isolation.fscreds import FsCredentialThreads
-from sandboxd.isolation.helper import HelperSession, HelperWrapper
 from sandboxd.isolation.none import CountingPool, SweptUidPool, live_processes_of
 from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation, protect_daemon
-from sandboxd.isolation.spawn_server import SpawnServer
 from sandboxd.isolation.uids import NumericUidPool
-from sandboxd.isolation.wrapper import Wrapper, spawn_env
 from tests.support.kernel_fakes import FakeKernel, write
 
 

@@ -22,8 +22,8 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import Clock
 
 from sandboxd.core.exec.run import ExecRun, Exited, Outcome, SpawnFailed
-from sandboxd.isolation.helper import HELPER
-from sandboxd.isolation.spawn_server import (
+from sandboxd.isolation.exec.helper import HELPER
+from sandboxd.isolation.exec.spawn_server import (
     MESSAGE_MAX,
     Spawner,
     SpawnServer,

@@ -14,8 +14,8 @@ import pytest
 from attrs import frozen
 
 from sandboxd.isolation.base import CD_AND_EXEC, Identity
+from sandboxd.isolation.exec.wrapper import JOIN_FAILED, PREFIX, Programs, Wrapper, spawn_env
 from sandboxd.isolation.none import find_program
-from sandboxd.isolation.wrapper import JOIN_FAILED, PREFIX, Programs, Wrapper, spawn_env
 
 SANDBOX = Identity(200007, 200008)
 BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/h", "LANG": "C.UTF-8", "TERM": "dumb"}

@@ -24,9 +24,9 @@ from typing import Any
 
 from attrs import define, field, frozen
 
-from sandboxd.isolation.cgroup1 import Cgroup1Driver
-from sandboxd.isolation.cgroup2 import Cgroup2Driver
-from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
+from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.cgroups.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.cgroups.hierarchy import parse_mountinfo, parse_proc_cgroup
 from sandboxd.isolation.naming import instance_name
 from tests.support.daemon import SHARED_ROOTS, Daemon, start_daemon, stop_daemon
 from tests.support.uids import UID_BLOCK, uid_block

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.helper import HELPER, helper_problem
-from sandboxd.isolation.namespace_server import NamespaceServer
-from sandboxd.isolation.namespaces import (
+from sandboxd.isolation.exec.helper import HELPER, helper_problem
+from sandboxd.isolation.namespaces.pins import (
     ALL,
     PLACES,
     Creator,
@@ -25,8 +24,9 @@ from sandboxd.isolation.namespaces import (
     Namespaces,
     kept_directories,
 )
-from sandboxd.isolation.namespaces_shell import ShellCreator, ShellPrograms
-from sandboxd.isolation.network import HostNetwork, NetworkPolicy, NoNetwork
+from sandboxd.isolation.namespaces.server import NamespaceServer
+from sandboxd.isolation.namespaces.shell import ShellCreator, ShellPrograms
+from sandboxd.isolation.network.modes import HostNetwork, NetworkPolicy, NoNetwork
 from tests.kernel.kernel_http import KernelDaemon, isolation_problem
 from tests.support.uids import UID_BLOCK
 

@@ -27,7 +27,7 @@ from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk import btrfs_ioctl
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable, DiskUsage
 from sandboxd.isolation.disk.btrfs import PROBE, BtrfsQuotas
-from sandboxd.isolation.namespaces import NS_DIR
+from sandboxd.isolation.namespaces.pins import NS_DIR
 from tests.kernel.disk_fs import loop_filesystem, root_on, sh, stats, upload
 from tests.support.daemon import SHARED_ROOTS, start_daemon, stop_daemon
 

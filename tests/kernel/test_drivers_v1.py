@@ -29,12 +29,12 @@ from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
 from sandboxd.isolation.base import Identity, Isolation, Limits
-from sandboxd.isolation.cgfiles import read_pids
-from sandboxd.isolation.cgroup1 import Cgroup1Driver
-from sandboxd.isolation.cgroup2 import Cgroup2Driver
-from sandboxd.isolation.hierarchy import parse_mountinfo, parse_proc_cgroup
+from sandboxd.isolation.cgroups.cgfiles import read_pids
+from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
+from sandboxd.isolation.cgroups.cgroup2 import Cgroup2Driver
+from sandboxd.isolation.cgroups.hierarchy import parse_mountinfo, parse_proc_cgroup
+from sandboxd.isolation.exec.wrapper import JOIN_FAILED
 from sandboxd.isolation.select import Host, build_isolation
-from sandboxd.isolation.wrapper import JOIN_FAILED
 
 pytestmark = pytest.mark.kernel
 

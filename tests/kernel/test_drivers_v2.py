@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.cgroup2 import SUPERVISOR, Cgroup2Driver
+from sandboxd.isolation.cgroups.cgroup2 import SUPERVISOR, Cgroup2Driver
 from tests.kernel.test_drivers_v1 import LIMITS, Bundle, DriverBehaviour, make_bundle
 
 pytestmark = pytest.mark.kernel

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from attrs import define, evolve
 
-from sandboxd.isolation import rtnl
-from sandboxd.isolation.egress_host import FORWARDING_V4, FORWARDING_V6, Egress, EgressError
-from sandboxd.isolation.egress_plan import EgressPlan, parse_networks
+from sandboxd.isolation.network import rtnl
+from sandboxd.isolation.network.egress_host import FORWARDING_V4, FORWARDING_V6, Egress, EgressError
+from sandboxd.isolation.network.egress_plan import EgressPlan, parse_networks
 from tests.kernel.netns_helpers import Scene, Server, connect, scene, sh
 
 pytestmark = [

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.egress_host import FORWARDING_V4, FORWARDING_V6
+from sandboxd.isolation.network.egress_host import FORWARDING_V4, FORWARDING_V6
 from tests.kernel.netns_helpers import Scene, scene
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from sandboxd.isolation.egress_host import Egress
+from sandboxd.isolation.network.egress_host import Egress
 from tests.kernel.netns_helpers import Scene, in_netns, scene
 from tests.kernel.test_egress_daemon import (
     INET4,

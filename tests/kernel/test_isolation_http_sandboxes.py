@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.namespaces import PLACES, kept_directories
+from sandboxd.isolation.namespaces.pins import PLACES, kept_directories
 from tests.kernel.conftest import CANARY_NAME, CANARY_VALUE, OTHER_CANARY_NAME
 from tests.kernel.kernel_http import (
     SLOW,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.mounts import re_octal
+from sandboxd.isolation.namespaces.mounts import re_octal
 from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem
 
 WHY_NOT = isolation_problem()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.namespaces import home_coverable
+from sandboxd.isolation.namespaces.pins import home_coverable
 from tests.kernel.kernel_http import (
     SLOW,
     Box,

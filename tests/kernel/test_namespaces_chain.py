@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.base import Identity
-from sandboxd.isolation.helper import HELPER
-from sandboxd.isolation.mounts import MountCalls, is_mount_point
-from sandboxd.isolation.namespace_server import NamespaceServer
-from sandboxd.isolation.namespaces import Namespaces, home_coverable
-from sandboxd.isolation.network import NoNetwork
+from sandboxd.isolation.exec.helper import HELPER
+from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.namespaces.pins import Namespaces, home_coverable
+from sandboxd.isolation.namespaces.server import NamespaceServer
+from sandboxd.isolation.network.modes import NoNetwork
 from tests.kernel.kernel_ns import (
     CREATORS,
     RID,

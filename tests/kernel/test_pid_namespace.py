@@ -270,7 +270,7 @@ def test_a_refused_create_leaves_no_init_behind(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("namespaces need root")
     helper = tmp_path / "sandboxd-exec"
-    helper.write_bytes(Path("sandboxd/isolation/sandboxd-exec").read_bytes())
+    helper.write_bytes(Path("sandboxd/isolation/exec/sandboxd-exec").read_bytes())
     helper.chmod(0o755)
     nsroot, rid = tmp_path / "ns", "0123456789abcdef"
     (nsroot / rid).mkdir(parents=True)

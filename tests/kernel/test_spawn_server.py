@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.helper import HELPER
+from sandboxd.isolation.exec.helper import HELPER
 from tests.kernel.kernel_http import (
     SLOW,
     Box,

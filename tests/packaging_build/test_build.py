@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation.helper_build import find_compiler
+from sandboxd.isolation.exec.helper_build import find_compiler
 from tests.support.daemon import REPO, Daemon, free_port, stop_daemon
 
 pytestmark = pytest.mark.slow
@@ -98,7 +98,7 @@ def test_sdist_and_wheel(dist: Path) -> None:
     assert "sandboxd/notify.py" in files
     assert "sandboxd_client/cli/__init__.py" in files
     assert "sandboxd_client/py.typed" in files
-    assert "sandboxd/isolation/sandboxd_exec.c" in files
+    assert "sandboxd/isolation/exec/sandboxd_exec.c" in files
     # Every package of the tree is shipped (one missing from setup.py fails only installed).
     for top in ("sandboxd", "sandboxd_client"):
         for source in sorted((REPO / top).rglob("*.py")):
@@ -106,9 +106,9 @@ def test_sdist_and_wheel(dist: Path) -> None:
             assert shipped in files, f"{shipped} is not in the wheel: add its package to setup.py"
     if find_compiler() is not None:
         assert wheel.name.endswith("-py3-none-linux_x86_64.whl")
-        assert "sandboxd/isolation/sandboxd-exec" in files
+        assert "sandboxd/isolation/exec/sandboxd-exec" in files
         with zipfile.ZipFile(wheel) as whl:
-            mode = whl.getinfo("sandboxd/isolation/sandboxd-exec").external_attr >> 16
+            mode = whl.getinfo("sandboxd/isolation/exec/sandboxd-exec").external_attr >> 16
         assert mode & 0o777 == 0o755
     # Never shipped: it would shadow every other package's twisted plugins.
     assert "twisted/__init__.py" not in files

@@ -2,7 +2,7 @@
 
 Directories and files are real (the drivers read them with ordinary file calls); what the
 kernel would do on a write, ``mkdir`` or signal goes through :class:`FakeKernel`, whose methods
-are injected as the drivers' :class:`~sandboxd.isolation.cgfiles.Kernel`:
+are injected as the drivers' :class:`~sandboxd.isolation.cgroups.cgfiles.Kernel`:
 
 - ``mkdir`` creates a cgroup's control files (v2: depending on the parent's
   ``cgroup.subtree_control``; v1: depending on the hierarchy's controllers);
@@ -25,7 +25,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from sandboxd.isolation.cgfiles import Kernel
+from sandboxd.isolation.cgroups.cgfiles import Kernel
 
 T = TypeVar("T")
 

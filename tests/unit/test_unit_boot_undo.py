@@ -20,7 +20,7 @@ from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
 
 from sandboxd import assemble, boot
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.namespaces import HOME_VIEW, Namespaces
+from sandboxd.isolation.namespaces.pins import HOME_VIEW, Namespaces
 from sandboxd.undo import StartupUndo, missing_directories, remove_made
 from tests.support.fakes import fake_isolation
 from tests.unit.test_unit_tap import build, refused

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxd.isolation import helper_build
-from sandboxd.isolation.helper_build import SOURCE, build, find_compiler
+from sandboxd.isolation.exec import helper_build
+from sandboxd.isolation.exec.helper_build import SOURCE, build, find_compiler
 
 has_cc = pytest.mark.skipif(find_compiler() is None, reason="no C compiler here")
 
@@ -86,7 +86,7 @@ def test_main_builds_beside_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_file_the_helper_includes_is_shipped() -> None:
     """A header left out of ``package_data`` makes a wheel built from an sdist fail to compile
     the helper, which then silently falls back to the shell chain."""
-    setup = (SOURCE.parents[2] / "setup.py").read_text()
+    setup = (SOURCE.parents[3] / "setup.py").read_text()
     included = {
         name
         for path in SOURCE.parent.glob("sandboxd_*.[ch]")

@@ -1,5 +1,5 @@
-"""The privilege-drop steps are specified once (``sandboxd.isolation.privdrop``) and every chain
-uses them: the oom_score_adj rule, tried for real as an unprivileged process."""
+"""The privilege-drop steps are specified once (``sandboxd.isolation.exec.privdrop``) and every
+chain uses them: the oom_score_adj rule, tried for real as an unprivileged process."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sandboxd.core.archive.rsync import RSH_SCRIPT
-from sandboxd.isolation import privdrop
-from sandboxd.isolation.wrapper import Programs, _root_script
+from sandboxd.isolation.exec import privdrop
+from sandboxd.isolation.exec.wrapper import Programs, _root_script
 
 
 def test_the_shell_chain_resets_oom_score_adj_by_the_one_rule_and_rsync_adds_no_step() -> None:

@@ -33,18 +33,20 @@ SUBPROCESS = re.compile(r"^(run|call|check_call|check_output|create_subprocess_\
 AS_SANDBOX = "as a sandbox, argv from Isolation.start_argv"
 SITES = {
     ("sandboxd/core/exec/run.py", "ExecRun.start"): AS_SANDBOX + " (commands: Commands._launch)",
-    ("sandboxd/isolation/spawn_server.py", "Spawner.spawnProcess"): AS_SANDBOX
+    ("sandboxd/isolation/exec/spawn_server.py", "Spawner.spawnProcess"): AS_SANDBOX
     + " (the same argv, handed to the spawn server, which runs the helper's main path on it)",
     ("sandboxd/core/archive/rsync.py", "Rsync._spawn"): "root: the archive end; the workspace end"
     " is started by its remote shell, " + AS_SANDBOX + " (SandboxManager._workspace_end)",
-    ("sandboxd/isolation/spawn_server.py", "SpawnServer._running"): "root: the spawn server",
-    ("sandboxd/isolation/namespace_server.py", "NamespaceServer._started"): "root: makes"
+    ("sandboxd/isolation/exec/spawn_server.py", "SpawnServer._running"): "root: the spawn server",
+    ("sandboxd/isolation/namespaces/server.py", "NamespaceServer._started"): "root: makes"
     " namespaces, runs nothing of a sandbox's",
-    ("sandboxd/isolation/namespaces.py", "run_program"): "root: makes namespaces (the shell"
+    ("sandboxd/isolation/namespaces/pins.py", "run_program"): "root: makes namespaces (the shell"
     " chain's unshare), runs nothing of a sandbox's",
-    ("sandboxd/isolation/egress_host.py", "run_program"): "root: ip and nft on the host side",
-    ("sandboxd/isolation/helper.py", "run_program"): "root: the helper's seccomp-check at start-up",
-    ("sandboxd/isolation/helper_build.py", "_run"): "the build: the C compiler",
+    ("sandboxd/isolation/network/egress_host.py", "run_program"): "root: ip and nft on the"
+    " host side",
+    ("sandboxd/isolation/exec/helper.py", "run_program"): "root: the helper's seccomp-check at"
+    " start-up",
+    ("sandboxd/isolation/exec/helper_build.py", "_run"): "the build: the C compiler",
     ("sandboxd/core/archive/store.py", "rsync_version"): "root: rsync --version at start-up",
 }
 """Every place that starts a process: what it starts, and as whom."""
@@ -146,9 +148,9 @@ def test_argvs_to_run_as_a_sandbox_are_made_by_the_one_chain_alone() -> None:
 
 DROPS = re.compile(r"setpriv|nsenter|setres[ug]id|\bset[ug]id\(|--reuid|no.new.privs", re.I)
 DROPPING_MODULES = {
-    "sandboxd/isolation/wrapper.py",  # the shell chain (where the helper was not built)
-    "sandboxd/isolation/privdrop.py",  # its steps, specified once
-    "sandboxd/isolation/namespaces_shell.py",  # the shell chain's nsenter
+    "sandboxd/isolation/exec/wrapper.py",  # the shell chain (where the helper was not built)
+    "sandboxd/isolation/exec/privdrop.py",  # its steps, specified once
+    "sandboxd/isolation/namespaces/shell.py",  # the shell chain's nsenter
     "sandboxd/isolation/select.py",  # finds the programs; no drop of its own
     # A thread of the daemon takes a sandbox's effective uid for one inotify_init1, so that the
     # sandbox's uid pays for its watches; no process starts, real and saved uids stay root's.
@@ -179,7 +181,7 @@ def _code_only(text: str) -> str:
     return ast.unparse(tree)
 
 
-HELPER_SOURCES = sorted((PACKAGE / "isolation").glob("sandboxd_*.[ch]"))
+HELPER_SOURCES = sorted((PACKAGE / "isolation" / "exec").glob("sandboxd_*.[ch]"))
 
 
 def test_the_helper_drops_privilege_once_and_filters_right_after() -> None:

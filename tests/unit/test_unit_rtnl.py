@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from sandboxd.isolation.rtnl import NLMSG_ERROR, Rtnl
+from sandboxd.isolation.network.rtnl import NLMSG_ERROR, Rtnl
 
 
 def ack(seq: int, code: int = 0) -> bytes:

@@ -26,7 +26,7 @@ from sandboxd import assemble, boot, tap
 from sandboxd.config import ConfigError
 from sandboxd.core.manager import SandboxManager
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.namespaces import HOME_VIEW, Namespaces
+from sandboxd.isolation.namespaces.pins import HOME_VIEW, Namespaces
 from sandboxd.listen import Listeners
 from sandboxd.options import option_table
 from sandboxd.service import ExitStatus, SandboxdService

@@ -237,7 +237,7 @@ class ExecRun(ProcessProtocol):
                 self._schedule("linger", LINGER_AFTER_EXIT, self._drain_and_close_pipes)
             self.transport.resumeProducing()  # type: ignore[attr-defined]
 
-    # A spawn server's child (sandboxd.isolation.spawn_server.Served)
+    # A spawn server's child (sandboxd.isolation.exec.spawn_server.Served)
 
     def spawned(self, pid: int) -> None:
         """The server started the command as ``pid``: the signals sent meanwhile go to it."""

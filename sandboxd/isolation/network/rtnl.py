@@ -8,11 +8,12 @@ kernel's acknowledgement; a refusal raises ``OSError`` with the kernel's errno.
 """
 
 import ctypes
-import ipaddress
 import os
 import socket
 import struct
 import threading
+
+from sandboxd.isolation.network.egress_plan import Address
 
 NETLINK_ROUTE = 0
 RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 20, 24
@@ -30,8 +31,6 @@ NLA_F_NESTED = 0x8000
 CLONE_NEWNET = 0x40000000
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def _attr(kind: int, payload: bytes) -> bytes:

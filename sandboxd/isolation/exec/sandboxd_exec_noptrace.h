@@ -1,5 +1,5 @@
 /*
- * sandboxd-exec's --no-ptrace (included by sandboxd_exec.c; see sandboxd/isolation/privdrop.py).
+ * sandboxd-exec's --no-ptrace (included by sandboxd_exec.c; see sandboxd/isolation/exec/privdrop.py).
  *
  *   sandboxd-exec --no-ptrace sandbox UID GID CWD N JOIN.. /ABSOLUTE/PROGRAM [ARG..]
  *

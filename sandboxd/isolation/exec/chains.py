@@ -6,7 +6,7 @@ archive's rsync end) with ``--no-ptrace`` as well: its program runs from an exec
 copy, so the sandbox's processes cannot ptrace it. A kernel that refuses executable memfds
 (``vm.memfd_noexec = 2``) cannot give that step: the daemon's own work then runs without it
 (still filtered), and start-up says so. Without the helper both are the shell chain of
-:mod:`sandboxd.isolation.wrapper`, which has neither the filter nor that step.
+:mod:`sandboxd.isolation.exec.wrapper`, which has neither the filter nor that step.
 """
 
 from collections.abc import Callable
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from twisted.logger import Logger
 
 from sandboxd.isolation.base import Wrap
-from sandboxd.isolation.helper import HelperWrapper
-from sandboxd.isolation.wrapper import Programs, Wrapper
+from sandboxd.isolation.exec.helper import HelperWrapper
+from sandboxd.isolation.exec.wrapper import Programs, Wrapper
 
 MEMFD_NOEXEC = "/proc/sys/vm/memfd_noexec"
 """Linux 6.3+: ``2`` refuses every executable memfd (``--no-ptrace`` needs one)."""

@@ -38,7 +38,7 @@
  *
  * The command's environment must not act on this root process: it arrives either made only of
  * names no program here acts on, or carried as __SANDBOXD_N=count and __SANDBOXD_<i>=NAME=VALUE
- * entries (see sandboxd/isolation/wrapper.py), which are unpacked here for the command alone.
+ * entries (see sandboxd/isolation/exec/wrapper.py), which are unpacked here for the command alone.
  *
  * Exit codes are the shell's: 2 when CWD cannot be entered, 127 when CMD is not found, 126
  * when it cannot be executed.

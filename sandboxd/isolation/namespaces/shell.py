@@ -1,6 +1,6 @@
 """The namespace steps without the exec helper: ``unshare(1)`` at create, ``nsenter`` at exec.
 
-Used where the helper was not built (the shell chain of :mod:`sandboxd.isolation.wrapper`).
+Used where the helper was not built (the shell chain of :mod:`sandboxd.isolation.exec.wrapper`).
 ``unshare --ipc=PIN --mount=PIN --net=PIN --propagation=slave`` makes and pins the namespaces
 (its own child binds ``/proc/PID/ns/*`` from the host's side); inside, :data:`SETUP` does what
 the helper's ``namespaces`` mode does (``sandboxd_exec_ns.h``): detach the copy of the pins'
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from attrs import frozen
 
-from sandboxd.isolation.namespaces import KINDS, PIN, Creator
+from sandboxd.isolation.namespaces.pins import KINDS, PIN, Creator
 from sandboxd.isolation.none import find_program
 
 SETUP = r"""

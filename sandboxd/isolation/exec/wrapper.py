@@ -1,6 +1,6 @@
 """The privileged exec wrapper: join the cgroup as root, then drop to the sandbox's identity.
 
-The fallback of :mod:`sandboxd.isolation.helper` (used where the helper was not built).
+The fallback of :mod:`sandboxd.isolation.exec.helper` (used where the helper was not built).
 ``wrap(identity, join_files, cwd, argv)`` gives the argv the daemon spawns (as root)::
 
     sh -c ROOT sandboxd-exec UID GID N JOIN_1 .. JOIN_N sh -c CD_AND_EXEC sh CWD ARGV..
@@ -32,9 +32,9 @@ from collections.abc import Callable, Mapping, Sequence
 from attrs import field, frozen
 
 from sandboxd.isolation.base import CD_AND_EXEC, Identity, require_command
-from sandboxd.isolation.helper import DEFAULT_UMASK
+from sandboxd.isolation.exec.helper import DEFAULT_UMASK
+from sandboxd.isolation.exec.privdrop import SETUP_FAILED, oom_reset_sh, setpriv_args
 from sandboxd.isolation.none import find_program
-from sandboxd.isolation.privdrop import SETUP_FAILED, oom_reset_sh, setpriv_args
 
 JOIN_FAILED = SETUP_FAILED
 """Exit code of a wrapper that could not put the command in its cgroup (``sandboxd-exec:``)."""

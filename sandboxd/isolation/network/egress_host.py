@@ -1,4 +1,4 @@
-"""The host side of the ``egress`` network mode (:mod:`sandboxd.isolation.egress`).
+"""The host side of the ``egress`` network mode (:mod:`sandboxd.isolation.network.egress`).
 
 :class:`Egress` owns it for one daemon:
 
@@ -12,7 +12,7 @@
   host end, and returns once the link is up.
 - :meth:`Egress.detach`: deletes a slot's veth (the kernel deletes both ends). A killed
   sandbox needs none: its veth goes with its namespace (see
-  :class:`sandboxd.isolation.egress.EgressNetwork`).
+  :class:`sandboxd.isolation.network.egress.EgressNetwork`).
 - :meth:`Egress.stop` (stop): deletes every veth of ours and the table, and puts the sysctls back
   to what was found before the first daemon turned them on.
 
@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from attrs import define, field
 from twisted.logger import Logger
 
-from sandboxd.isolation import rtnl
-from sandboxd.isolation.egress_plan import SANDBOX_IFNAME, EgressPlan
+from sandboxd.isolation.network import rtnl
+from sandboxd.isolation.network.egress_plan import SANDBOX_IFNAME, EgressPlan
 
 log = Logger()
 
@@ -45,7 +45,7 @@ PROGRAM_TIMEOUT = 300
 """Longest an ``nft`` or ``ip`` run may take before it counts as hung (seconds): generous, as
 the first ruleset load pulls in kernel modules (over 30 s in an emulated VM on a busy host)."""
 
-Runner = Callable[[Sequence[str], str], str]
+RunWithInput = Callable[[Sequence[str], str], str]
 """``run(argv, stdin_text)``: run a program, return its stdout; :class:`EgressError` if it fails."""
 
 
@@ -126,7 +126,7 @@ class Egress:
     state_file: str
     """Where the forwarding values found at the first start are kept until the last stop."""
     lock_file: str = "/run/sandboxd-egress.lock"
-    run: Runner = run_program
+    run: RunWithInput = run_program
     read: Callable[[str], str] = read_sysctl
     write: Callable[[str, str], None] = write_sysctl
     clock: Callable[[], float] = time.monotonic

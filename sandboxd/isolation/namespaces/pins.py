@@ -2,7 +2,7 @@
 
 At create, the sandbox's namespaces are made once and **pinned**: the exec helper's
 ``namespaces`` mode (``sandboxd_exec_ns.h``; without the helper, ``unshare(1)`` and a short
-script, see :mod:`sandboxd.isolation.namespaces_shell`) unshares them in a child and
+script, see :mod:`sandboxd.isolation.namespaces.shell`) unshares them in a child and
 bind-mounts its ``/proc/PID/ns/{ipc,mnt,net}`` onto files in ``{root}/.ns/{rid}/`` (a root-only
 directory, bound onto itself with private propagation at start-up, as ``ip netns`` does for
 ``/run/netns``). In the new mount namespace ``/tmp`` and ``/var/tmp`` are the sandbox's own
@@ -29,8 +29,8 @@ removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
 The PID namespace (``pid``, opt-in: not part of ``all`` yet, and only with ``mount`` and the
 helper) has an init of its own that mounts the namespace's ``/proc``; entering it makes the
 helper a relay that forks the command inside (``sandboxd_exec_ns.h``), and the sandbox's end
-kills that init (:mod:`sandboxd.isolation.pidns`). The pids the API reports are the relays',
-as the host numbers them: the daemon signals their process group, which holds the command.
+kills that init (:mod:`sandboxd.isolation.namespaces.pidns`). The pids the API reports are the
+relays', as the host numbers them: the daemon signals their process group, which holds the command.
 """
 
 import errno
@@ -43,12 +43,12 @@ from contextlib import suppress
 from attrs import define, field
 from twisted.logger import Logger
 
-from sandboxd.isolation.base import Identity, IsolationUnavailable
-from sandboxd.isolation.identity_files import write_identity_files
-from sandboxd.isolation.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.base import PLAIN_ENV, Identity, IsolationUnavailable, RunProgram
+from sandboxd.isolation.namespaces.identity_files import write_identity_files
+from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.namespaces.pidns import kill_init
 from sandboxd.isolation.naming import is_rid
-from sandboxd.isolation.network import NetworkMode, NetworkPolicy, host_only
-from sandboxd.isolation.pidns import kill_init
+from sandboxd.isolation.network.modes import NetworkMode, NetworkPolicy, host_only
 
 KINDS = ("ipc", "mount", "net", "pid")
 """The namespace layers, by the name ``SANDBOXD_NAMESPACES`` and ``/healthz`` use."""
@@ -84,18 +84,16 @@ PROBE_IDENTITY = Identity(65534, 65534)
 
 log = Logger()
 
-Runner = Callable[[Sequence[str]], tuple[int, str]]
-"""Runs an argv to its end: exit code and stderr text."""
-
 
 def run_program(argv: Sequence[str]) -> tuple[int, str]:
-    """Run ``argv`` to its end with a plain environment: its exit code and stderr text."""
+    """A :data:`~sandboxd.isolation.base.RunProgram`: ``argv`` run to its end in
+    :data:`~sandboxd.isolation.base.PLAIN_ENV`; its exit code and stderr text."""
     done = subprocess.run(
         list(argv),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        env=PLAIN_ENV,
         timeout=30,
         check=False,
     )
@@ -194,7 +192,7 @@ class Namespaces:
     creator: Creator | None = None
     keep: list[str] = field(factory=list)
     shm_bytes: int = 64 << 20
-    run: Runner = run_program
+    run: RunProgram = run_program
     mounts: MountCalls = field(factory=MountCalls)
     home_covered: Callable[[], bool] = home_coverable
     """Whether the host's ``/home`` is a directory the mount namespace covers."""

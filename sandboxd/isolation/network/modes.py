@@ -24,7 +24,7 @@ from sandboxd.isolation.base import IsolationUnavailable
 MODES = ("none", "egress", "host")
 """Every mode's name, strongest first."""
 
-EGRESS_MODULE = "sandboxd.isolation.egress"
+EGRESS_MODULE = "sandboxd.isolation.network.egress"
 
 
 class NetworkUnavailable(Exception):

@@ -1,5 +1,5 @@
 /*
- * sandboxd-exec's namespace steps (included by sandboxd_exec.c; see sandboxd/isolation/namespaces.py).
+ * sandboxd-exec's namespace steps (included by sandboxd_exec.c; see sandboxd/isolation/namespaces/pins.py).
  *
  *   sandboxd-exec namespaces NSROOT RID KINDS TMP WORKSPACE SHM_BYTES [KEEP..]
  *   sandboxd-exec namespace-server

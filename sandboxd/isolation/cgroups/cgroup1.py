@@ -18,7 +18,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
-from sandboxd.isolation.cgfiles import (
+from sandboxd.isolation.cgroups.cgfiles import (
     Kernel,
     make_new_dir,
     read_int,
@@ -30,10 +30,10 @@ from sandboxd.isolation.cgfiles import (
     require_root,
     sweep,
 )
-from sandboxd.isolation.hierarchy import Mount, directory, override_path, v1_mount
-from sandboxd.isolation.limits import CPU_PERIOD_US, v1_cpu_quota, v1_memory, v1_pids
+from sandboxd.isolation.cgroups.hierarchy import Mount, directory, override_path, v1_mount
+from sandboxd.isolation.cgroups.limits import CPU_PERIOD_US, v1_cpu_quota, v1_memory, v1_pids
+from sandboxd.isolation.cgroups.polling import StillPopulated, wait_until
 from sandboxd.isolation.naming import check_rid, instance_name, is_rid
-from sandboxd.isolation.polling import StillPopulated, wait_until
 
 REQUIRED = ("memory", "cpu", "pids")
 OPTIONAL = ("cpuacct", "freezer")

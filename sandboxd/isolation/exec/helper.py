@@ -5,7 +5,7 @@ command costs four program starts before the command's own (see docs/performance
 helper, a small static C program built with the package
 (``sandboxd_exec.c``, ``helper_build.py``), does the same steps in the same order in one
 (``sandboxd_exec.c`` says which, and the exit codes). Without it (no C compiler where the
-package was built) the daemon keeps the shell chain of :mod:`sandboxd.isolation.wrapper`.
+package was built) the daemon keeps the shell chain of :mod:`sandboxd.isolation.exec.wrapper`.
 
 The helper runs as root in the isolated modes, so it is only used when nobody but root can
 change it: a regular executable file owned by root, writable neither by group nor others, in a
@@ -20,27 +20,25 @@ from pathlib import Path
 
 from attrs import frozen
 
-from sandboxd.isolation.base import Identity, require_command
-from sandboxd.isolation.helper_build import HELPER_NAME
+from sandboxd.isolation.base import Identity, RunProgram, require_command
+from sandboxd.isolation.exec.helper_build import HELPER_NAME
 
 HELPER = str(Path(__file__).with_name(HELPER_NAME))
 """Where the build puts the helper: beside this module."""
 
 DEFAULT_UMASK = 0o077
 
-Run = Callable[[Sequence[str]], tuple[int, str]]
-"""Run an argv to completion: its exit code and its stdout and stderr together."""
-
 
 def run_program(argv: Sequence[str]) -> tuple[int, str]:
-    """:data:`Run` with :mod:`subprocess` (start-up only: it blocks)."""
+    """A :data:`~sandboxd.isolation.base.RunProgram` with :mod:`subprocess` (start-up only: it
+    blocks): its stdout and stderr together."""
     done = subprocess.run(
         list(argv), capture_output=True, text=True, timeout=30, check=False, env={}
     )
     return done.returncode, (done.stdout + done.stderr).strip()
 
 
-def seccomp_problem(helper: str, run: Run = run_program) -> str | None:
+def seccomp_problem(helper: str, run: RunProgram = run_program) -> str | None:
     """Why the helper's seccomp filter is not enforced here (``None``: it is).
 
     ``sandboxd-exec seccomp-check`` applies the filter to itself and tries what it must refuse.

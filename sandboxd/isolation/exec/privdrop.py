@@ -7,7 +7,7 @@ copy (:mod:`sandboxd.core.archive.rsync`), which is the daemon's own work and so
 the helper's ``--no-ptrace`` as well. ``tests/unit/test_unit_privdrop_sites.py`` lists every
 place the daemon starts a process and holds each to it. The chain is the C helper
 (``sandboxd_exec.c``: ``enter``, then ``sandbox`` mode) or, where it was not built, its shell
-fallback (``nsenter``, then :mod:`sandboxd.isolation.wrapper`). After entering the sandbox's
+fallback (``nsenter``, then :mod:`sandboxd.isolation.exec.wrapper`). After entering the sandbox's
 namespaces, it follows these steps, in this order, with these rules:
 
 1. **join**: write ``0`` (itself) into every join file of the sandbox's cgroups, so everything

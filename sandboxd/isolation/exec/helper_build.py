@@ -6,7 +6,7 @@ loader runs in the root part of an exec), else dynamically. Without a C compiler
 built and the daemon uses its shell chain (``sh``, ``setsid``, ``setpriv``) instead: slower,
 equally isolated.
 
-    python -m sandboxd.isolation.helper_build     # build it next to the source (a work tree)
+    python -m sandboxd.isolation.exec.helper_build     # build it next to the source (a work tree)
 """
 
 import os
@@ -20,7 +20,9 @@ SOURCE = Path(__file__).with_name("sandboxd_exec.c")
 HELPER_NAME = "sandboxd-exec"
 FLAGS = ("-O2", "-s", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2")
 
-Runner = Callable[[Sequence[str]], int]
+RunCompiler = Callable[[Sequence[str]], int]
+"""Runs the C compiler's argv to its end: its exit code (standard library only, unlike
+:data:`~sandboxd.isolation.base.RunProgram`: this file is loaded by path)."""
 
 
 def _run(argv: Sequence[str]) -> int:
@@ -37,7 +39,7 @@ def find_compiler(which: Callable[[str], str | None] = shutil.which) -> str | No
     return None
 
 
-def build(target: Path, compiler: str | None = None, run: Runner = _run) -> bool:
+def build(target: Path, compiler: str | None = None, run: RunCompiler = _run) -> bool:
     """Compile the helper to ``target`` (mode 0755); ``False`` when it could not be built."""
     compiler = compiler or find_compiler()
     if compiler is None:

@@ -4,7 +4,7 @@
 give it, unless ``SANDBOXD_NETWORK_ALLOW`` leaves it out (docs/operating.rst, "The egress
 network mode");
 :class:`EgressNetwork` gives each sandbox a slot of the pool and wires it through
-:class:`sandboxd.isolation.egress_host.Egress`, the host side (forwarding, the table, the
+:class:`sandboxd.isolation.network.egress_host.Egress`, the host side (forwarding, the table, the
 veths).
 """
 
@@ -19,9 +19,14 @@ from attrs import define, field
 from twisted.logger import Logger
 
 from sandboxd.isolation.base import IsolationUnavailable
-from sandboxd.isolation.egress_host import Egress, EgressError
-from sandboxd.isolation.egress_plan import DEFAULT_POOL6, EgressPlan, nameservers, parse_pool6
-from sandboxd.isolation.network import NetworkUnavailable, egress_named
+from sandboxd.isolation.network.egress_host import Egress, EgressError
+from sandboxd.isolation.network.egress_plan import (
+    DEFAULT_POOL6,
+    EgressPlan,
+    nameservers,
+    parse_pool6,
+)
+from sandboxd.isolation.network.modes import NetworkUnavailable, egress_named
 
 log = Logger()
 
@@ -45,7 +50,7 @@ def read_text(path: str) -> str:
 
 @define
 class EgressNetwork:
-    """The ``egress`` network mode (:class:`sandboxd.isolation.network.NetworkMode`).
+    """The ``egress`` network mode (:class:`sandboxd.isolation.network.modes.NetworkMode`).
 
     Each attached sandbox takes the slot freed longest ago. Detach only gives the slot back:
     the sandbox's veth goes with its network namespace when the pin is removed (the kernel

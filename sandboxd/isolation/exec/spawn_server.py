@@ -32,11 +32,10 @@ from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from zope.interface import implementer
 
 from sandboxd._twisted import ServedProcess
+from sandboxd.isolation.base import PLAIN_ENV
 
 MESSAGE_MAX = 256 << 10
 """The largest request the server reads (``SPAWN_MESSAGE_MAX``); a larger one is spawned."""
-
-ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 SPAWNERS = ("helper", "server")
 
@@ -155,7 +154,7 @@ class SpawnServer:
                     [self.helper, "spawn-server"],
                     stdin=theirs.fileno(),
                     stdout=subprocess.DEVNULL,
-                    env=ENV,
+                    env=PLAIN_ENV,
                 )
             except OSError:
                 ours.close()

@@ -20,7 +20,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from sandboxd.isolation.base import CgroupStats, IsolationUnavailable, Limits
-from sandboxd.isolation.cgfiles import (
+from sandboxd.isolation.cgroups.cgfiles import (
     Kernel,
     make_dirs,
     make_new_dir,
@@ -34,10 +34,10 @@ from sandboxd.isolation.cgfiles import (
     require_root,
     sweep,
 )
-from sandboxd.isolation.hierarchy import UNIFIED, Mount, directory, override_path, v2_mount
-from sandboxd.isolation.limits import v2_values
+from sandboxd.isolation.cgroups.hierarchy import UNIFIED, Mount, directory, override_path, v2_mount
+from sandboxd.isolation.cgroups.limits import v2_values
+from sandboxd.isolation.cgroups.polling import StillPopulated, wait_until
 from sandboxd.isolation.naming import check_rid, instance_name, is_rid
-from sandboxd.isolation.polling import StillPopulated, wait_until
 
 CONTROLLERS = ("memory", "cpu", "pids")
 SUPERVISOR = "sandboxd-supervisor"

@@ -1,6 +1,6 @@
 """The egress network's plan: address pool, denied ranges, interface names and the nft ruleset.
 
-Pure values only (nothing here touches the machine; :mod:`sandboxd.isolation.egress` applies
+Pure values only (nothing here touches the machine; :mod:`sandboxd.isolation.network.egress` applies
 them). Each sandbox in ``egress`` mode gets a *slot*: a veth pair whose host end is
 ``{prefix}{slot}`` and whose sandbox end is ``eth0`` inside the sandbox's network namespace, a
 ``/31`` of the IPv4 pool (host end even, sandbox end odd) and, when an IPv6 pool is set, a

@@ -11,22 +11,21 @@ per live sandbox: so a create costs the same however many sandboxes live.
 
 import contextlib
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from attrs import define, field
 
-from sandboxd.isolation.namespaces import run_program
-
-ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+from sandboxd.isolation.base import PLAIN_ENV, RunProgram
+from sandboxd.isolation.namespaces.pins import run_program
 
 
 @define
 class NamespaceServer:
-    """A :data:`~sandboxd.isolation.namespaces.Runner`: ``sandboxd-exec namespaces ...`` goes to
-    the server, any other argv runs as a program."""
+    """A :data:`~sandboxd.isolation.base.RunProgram`: ``sandboxd-exec namespaces ...``
+    goes to the server, any other argv runs as a program."""
 
     helper: str
-    fallback: Callable[[Sequence[str]], tuple[int, str]] = run_program
+    fallback: RunProgram = run_program
     _process: "subprocess.Popen[bytes] | None" = field(default=None, init=False)
 
     def __call__(self, argv: Sequence[str]) -> tuple[int, str]:
@@ -55,7 +54,7 @@ class NamespaceServer:
                 [self.helper, "namespace-server"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                env=ENV,
+                env=PLAIN_ENV,
             )
         return self._process
 
