@@ -1,0 +1,259 @@
+"""Imports of archives made here into a template's directory (``import_archive``): root
+filesystem tarballs in every compression, OCI layouts with layers and whiteouts, ``docker
+save`` archives, and what each kind of damaged archive is refused with."""
+
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sandboxd.core.templates.sources import ImageConfig
+from sandboxd.core.templates.store import ROOTFS, import_archive
+from sandboxd.errors import BadArchive, TemplateTooLarge
+from tests.templates.archives import (
+    digest,
+    directory,
+    docker_archive,
+    file,
+    link,
+    oci_archive,
+    special,
+    tar,
+)
+
+LIMIT = 1 << 20
+AS_ROOT = os.geteuid() == 0
+
+
+def imported(tmp_path: Path, archive: bytes, limit: int = LIMIT) -> tuple[Path, tuple]:
+    target = tmp_path / "template"
+    result = import_archive(str(target), io.BytesIO(archive), limit, AS_ROOT)
+    return target / ROOTFS, result
+
+
+ROOTFS_ENTRIES = [
+    directory("./"),
+    directory("./etc"),
+    file("./etc/os-release", b"ID=test\n"),
+    directory("./usr/bin", 0o755),
+    file("./usr/bin/tool", b"#!/bin/sh\n", 0o4755),
+    link("./bin", "usr/bin"),
+    link("./usr/bin/same", "usr/bin/tool", hard=True),
+    link("./etc/absolute", "/etc/os-release"),
+    directory("./readonly", 0o555),
+    file("./readonly/inside", b"x", 0o444),
+]
+
+
+@pytest.mark.parametrize("compression", ["", "gz", "zst"])
+def test_a_rootfs_tarball_is_written_whole(tmp_path: Path, compression: str) -> None:
+    archive = tar(ROOTFS_ENTRIES, compression)
+    root, (found_digest, size, env, workdir) = imported(tmp_path, archive)
+    assert found_digest == digest(archive)
+    assert size == len(b"ID=test\n") + len(b"#!/bin/sh\n") + 1
+    assert (env, workdir) == ({}, "/")
+    assert (root / "etc/os-release").read_bytes() == b"ID=test\n"
+    # setuid kept (a template is only ever mounted nosuid), hard link shares the inode
+    assert stat.S_IMODE((root / "usr/bin/tool").stat().st_mode) == 0o4755
+    assert (root / "usr/bin/same").stat().st_ino == (root / "usr/bin/tool").stat().st_ino
+    assert os.readlink(root / "bin") == "usr/bin"
+    assert os.readlink(root / "etc/absolute") == "/etc/os-release"  # kept, never followed
+    assert stat.S_IMODE((root / "readonly").stat().st_mode) == 0o555
+    assert (root / "readonly/inside").read_bytes() == b"x"
+    assert sorted(os.listdir(root.parent)) == [ROOTFS]  # no scratch left
+
+
+def test_device_nodes_are_skipped_and_fifos_made(tmp_path: Path) -> None:
+    archive = tar([special("dev-null", tarfile.CHRTYPE), special("disk", tarfile.BLKTYPE),
+                   special("pipe", tarfile.FIFOTYPE), file("kept", b"k")])
+    root, _ = imported(tmp_path, archive)
+    assert sorted(os.listdir(root)) == ["kept", "pipe"]
+    assert stat.S_ISFIFO((root / "pipe").lstat().st_mode)
+
+
+def test_a_path_with_dot_dot_is_refused_and_nothing_lands_outside(tmp_path: Path) -> None:
+    archive = tar([file("ok", b"1"), file("a/../../escaped", b"evil")])
+    with pytest.raises(BadArchive, match=r"member 'a/../../escaped': its path holds '\.\.'"):
+        imported(tmp_path, archive)
+    assert not (tmp_path / "escaped").exists()
+    assert not (tmp_path / "template/escaped").exists()
+
+
+def test_an_absolute_path_is_made_relative_to_the_template(tmp_path: Path) -> None:
+    outside = tmp_path / "host"
+    outside.mkdir()
+    root, _ = imported(tmp_path, tar([file(str(outside / "planted"), b"evil")]))
+    assert not (outside / "planted").exists()
+    assert (root / str(outside).lstrip("/") / "planted").read_bytes() == b"evil"
+
+
+def test_a_member_through_a_symlink_pointing_out_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "host"
+    outside.mkdir()
+    archive = tar([link("escape", str(outside)), file("escape/planted", b"evil")])
+    with pytest.raises(BadArchive, match="member 'escape/planted': its path goes through a link"):
+        imported(tmp_path, archive)
+    assert os.listdir(outside) == []
+
+
+def test_a_relative_symlink_out_is_never_followed(tmp_path: Path) -> None:
+    (tmp_path / "victim").write_bytes(b"host's")
+    archive = tar([link("up", "../../victim"), file("up", b"replaced")])
+    root, _ = imported(tmp_path, archive)
+    assert (tmp_path / "victim").read_bytes() == b"host's"
+    assert (root / "up").read_bytes() == b"replaced"
+    assert not (root / "up").is_symlink()
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "../outside", "elsewhere"])
+def test_a_hard_link_to_a_file_not_in_the_layer_is_refused(tmp_path: Path, target: str) -> None:
+    archive = tar([file("elsewhere-not", b"x"), link("stolen", target, hard=True)])
+    with pytest.raises(BadArchive, match="member 'stolen': a hard link to a file outside"):
+        imported(tmp_path, archive)
+
+
+def test_a_hard_link_to_a_directory_or_link_is_refused(tmp_path: Path) -> None:
+    archive = tar([directory("d"), link("linked", "d", hard=True)])
+    with pytest.raises(BadArchive, match="member 'linked': a hard link to something other"):
+        imported(tmp_path, archive)
+
+
+def test_an_archive_past_the_limit_is_refused_before_the_member_is_written(tmp_path: Path) -> None:
+    archive = tar([file("small", b"s"), file("big", b"b" * 4096)])
+    with pytest.raises(TemplateTooLarge, match="member 'big': the template passes 4000 bytes"):
+        imported(tmp_path, archive, limit=4000)
+    assert not (tmp_path / "template" / ROOTFS / "big").exists()
+
+
+def test_millions_of_empty_members_count_too(tmp_path: Path) -> None:
+    archive = tar([file(f"f{n}") for n in range(20)])
+    with pytest.raises(TemplateTooLarge, match="member 'f7'"):
+        imported(tmp_path, archive, limit=4000)
+
+
+@pytest.mark.parametrize("data", [b"", b"not a tar at all, not even close" * 40])
+def test_what_is_not_a_tar_is_refused(tmp_path: Path, data: bytes) -> None:
+    with pytest.raises(BadArchive, match="the archive"):
+        imported(tmp_path, data)
+
+
+def test_a_truncated_tar_is_refused(tmp_path: Path) -> None:
+    archive = tar([file("a", b"a" * 5000), file("b", b"b" * 5000)], "gz")
+    with pytest.raises(BadArchive, match="the archive"):
+        imported(tmp_path, archive[: len(archive) // 2])
+
+
+LOWER = tar(
+    [
+        directory("etc"),
+        file("etc/keep", b"kept"),
+        file("etc/gone", b"whited out"),
+        directory("opaque"),
+        file("opaque/old", b"hidden by the opaque whiteout"),
+        directory("dir-gone"),
+        file("dir-gone/inside", b"x"),
+    ]
+)
+UPPER = tar(
+    [
+        file("etc/.wh.gone"),
+        file("opaque/new", b"this layer's"),
+        file("opaque/.wh..wh..opq"),
+        file(".wh.dir-gone"),
+        file("etc/keep", b"replaced by the upper layer"),
+        file(".wh.never-was"),
+    ],
+    "gz",
+)
+CONFIG = {"config": {"Env": ["PATH=/usr/bin:/bin", "LANG=C.UTF-8", "junk"], "WorkingDir": "/app"}}
+
+
+def check_layers_applied(root: Path) -> None:
+    assert sorted(os.listdir(root)) == ["etc", "opaque"]
+    assert sorted(os.listdir(root / "etc")) == ["keep"]
+    assert (root / "etc/keep").read_bytes() == b"replaced by the upper layer"
+    assert sorted(os.listdir(root / "opaque")) == ["new"]
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_an_oci_layout_gives_its_layers_in_order_with_whiteouts(
+    tmp_path: Path, nested: bool
+) -> None:
+    archive = oci_archive([LOWER, UPPER], CONFIG, nested_index=nested)
+    root, (found_digest, _, env, workdir) = imported(tmp_path, archive)
+    check_layers_applied(root)
+    assert found_digest == digest(archive)
+    assert env == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    assert workdir == "/app"
+
+
+def test_a_docker_save_archive_gives_its_layers_and_config(tmp_path: Path) -> None:
+    root, (_, _, env, workdir) = imported(tmp_path, docker_archive([LOWER, UPPER], CONFIG))
+    check_layers_applied(root)
+    assert (env, workdir) == ({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, "/app")
+
+
+def test_a_hard_link_across_layers_is_refused(tmp_path: Path) -> None:
+    upper = tar([link("stolen", "etc/keep", hard=True)])
+    with pytest.raises(BadArchive, match="member 'stolen': a hard link to a file outside"):
+        imported(tmp_path, oci_archive([LOWER, upper]))
+
+
+def test_a_layer_whose_content_does_not_match_its_digest_is_refused(tmp_path: Path) -> None:
+    archive = oci_archive([LOWER], layer_digests=[digest(UPPER)])
+    # the blob is looked up by the digest the manifest gives: absent
+    with pytest.raises(BadArchive, match="missing from the archive"):
+        imported(tmp_path, archive)
+
+
+def test_a_tampered_blob_is_refused(tmp_path: Path) -> None:
+    archive = oci_archive([LOWER])
+    name = "blobs/sha256/" + digest(LOWER)[7:]
+    with tarfile.open(fileobj=io.BytesIO(archive)) as source:
+        entries = []
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isreg() else b""  # type: ignore[union-attr]
+            if member.name == name:
+                data = tar([file("etc/other", b"not the layer the digest names")])
+                member.size = len(data)
+            entries.append((member, data))
+    with pytest.raises(BadArchive, match=f"member '{name}': its content does not match"):
+        imported(tmp_path, tar(entries))
+
+
+@pytest.mark.parametrize(
+    ("index", "expected"),
+    [
+        (b"[]", "index.json"),
+        (b"{not json", "not JSON"),
+        (b'{"manifests": []}', "lists no image"),
+        (b'{"manifests": [{"digest": "md5:abc"}]}', "without a sha256 digest"),
+    ],
+)
+def test_a_broken_index_is_refused(tmp_path: Path, index: bytes, expected: str) -> None:
+    archive = tar([file("oci-layout", b"{}"), file("index.json", index)])
+    with pytest.raises(BadArchive, match=expected):
+        imported(tmp_path, archive)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "expected"),
+    [
+        (b"[]", "exactly one image"),
+        (b'[{"Config": 1}]', "without Config or Layers"),
+        (b'[{"Config": "c", "Layers": [1]}]', "not a member name"),
+        (b'[{"Config": "c", "Layers": []}]', "'c': missing"),
+    ],
+)
+def test_a_broken_docker_manifest_is_refused(tmp_path: Path, manifest: bytes, expected: str) -> None:
+    with pytest.raises(BadArchive, match=expected):
+        imported(tmp_path, tar([file("manifest.json", manifest)]))
+
+
+def test_an_image_config_without_env_or_workdir_is_empty() -> None:
+    assert ImageConfig.of({"config": None}) == ImageConfig({}, "/")
+    assert ImageConfig.of([]) == ImageConfig({}, "/")
+    assert ImageConfig.of({"config": {"Env": None, "WorkingDir": ""}}) == ImageConfig({}, "/")
