@@ -21,15 +21,16 @@ from werkzeug.exceptions import HTTPException
 from sandboxd.core.exec import run as exec_run
 from sandboxd.core.exec import spec as exec_spec
 from sandboxd.core.manager import SandboxManager
+from sandboxd.core.templates.store import TemplateStore
 from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.guard import Admission, Admit
-from sandboxd.http.routes import commands, daemon, files, sandboxes, trees
+from sandboxd.http.routes import commands, daemon, files, sandboxes, templates, trees
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 
-ROUTES = (daemon, sandboxes, commands, files, trees)
+ROUTES = (daemon, sandboxes, commands, files, trees, templates)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()
@@ -71,6 +72,7 @@ class SandboxAPI:
         self,
         manager: SandboxManager,
         *,
+        templates: TemplateStore | None = None,
         token: bytes | None = None,
         pod_url: str | None = None,
         pod_ip: str | None = None,
@@ -81,6 +83,8 @@ class SandboxAPI:
         self.manager = manager
         self.token = token
         self.tools = tools
+        self.templates = templates
+        """The template store (``None``: the template routes answer ``503``)."""
         """Resolves ``POST /tools/resolve`` (``None``: every tool is refused)."""
         self.pod_url = pod_url
         self.pod_ip = pod_ip
@@ -104,6 +108,8 @@ class SandboxAPI:
         names.update(self.manager.isolation.namespaces.capabilities())
         if self.manager.archive is not None:
             names.add("archive")
+        if self.templates is not None:
+            names.add("templates")
         if self.manager.layout.disk.enforcing:
             names.add("isolation.disk")
         names.update(routing.ROUTE_CAPABILITIES)

@@ -48,7 +48,9 @@ def tar(entries: Iterable[Entry], compression: str = "") -> bytes:
     if compression == "gz":
         return gzip.compress(raw)
     if compression == "zst":
-        return subprocess.run(["zstd", "-q", "-c"], input=raw, capture_output=True, check=True).stdout
+        return subprocess.run(
+            ["zstd", "-q", "-c"], input=raw, capture_output=True, check=True
+        ).stdout
     return raw
 
 
@@ -98,8 +100,13 @@ def oci_archive(
         "manifests": [descriptor("application/vnd.oci.image.manifest.v1+json", manifest)],
     }
     if nested_index:
-        inner = add(json.dumps({**top, "mediaType": "application/vnd.oci.image.index.v1+json"}).encode())
-        top = {"schemaVersion": 2, "manifests": [descriptor("application/vnd.oci.image.index.v1+json", inner)]}
+        inner = add(
+            json.dumps({**top, "mediaType": "application/vnd.oci.image.index.v1+json"}).encode()
+        )
+        top = {
+            "schemaVersion": 2,
+            "manifests": [descriptor("application/vnd.oci.image.index.v1+json", inner)],
+        }
     entries = [
         file("oci-layout", b'{"imageLayoutVersion": "1.0.0"}'),
         file("index.json", json.dumps(top).encode()),
@@ -115,6 +122,9 @@ def docker_archive(layers: list[bytes], config: dict[str, Any]) -> bytes:
     config_data = json.dumps(config).encode()
     names = [f"{number}/layer.tar" for number in range(len(layers))]
     manifest = [{"Config": "config.json", "RepoTags": ["test:latest"], "Layers": names}]
-    entries = [file("manifest.json", json.dumps(manifest).encode()), file("config.json", config_data)]
+    entries = [
+        file("manifest.json", json.dumps(manifest).encode()),
+        file("config.json", config_data),
+    ]
     entries += [file(name, layer) for name, layer in zip(names, layers, strict=True)]
     return tar(entries)

@@ -67,8 +67,14 @@ def test_a_rootfs_tarball_is_written_whole(tmp_path: Path, compression: str) -> 
 
 
 def test_device_nodes_are_skipped_and_fifos_made(tmp_path: Path) -> None:
-    archive = tar([special("dev-null", tarfile.CHRTYPE), special("disk", tarfile.BLKTYPE),
-                   special("pipe", tarfile.FIFOTYPE), file("kept", b"k")])
+    archive = tar(
+        [
+            special("dev-null", tarfile.CHRTYPE),
+            special("disk", tarfile.BLKTYPE),
+            special("pipe", tarfile.FIFOTYPE),
+            file("kept", b"k"),
+        ]
+    )
     root, _ = imported(tmp_path, archive)
     assert sorted(os.listdir(root)) == ["kept", "pipe"]
     assert stat.S_ISFIFO((root / "pipe").lstat().st_mode)
@@ -248,7 +254,9 @@ def test_a_broken_index_is_refused(tmp_path: Path, index: bytes, expected: str) 
         (b'[{"Config": "c", "Layers": []}]', "'c': missing"),
     ],
 )
-def test_a_broken_docker_manifest_is_refused(tmp_path: Path, manifest: bytes, expected: str) -> None:
+def test_a_broken_docker_manifest_is_refused(
+    tmp_path: Path, manifest: bytes, expected: str
+) -> None:
     with pytest.raises(BadArchive, match=expected):
         imported(tmp_path, tar([file("manifest.json", manifest)]))
 

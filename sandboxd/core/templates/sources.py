@@ -90,6 +90,17 @@ def _zstd(source: IO[bytes], scratch: str) -> subprocess.Popen[bytes]:
         )
 
 
+def open_tar(source: Any, in_order: bool, what: str) -> tarfile.TarFile:
+    """``tarfile.open`` of ``source`` read ``in_order`` (a stream) or not, any compression
+    ``tarfile`` reads; ``BadArchive`` naming ``what`` when it is no tar."""
+    try:
+        if in_order:
+            return tarfile.open(fileobj=source, mode="r|*")
+        return tarfile.open(fileobj=source, mode="r:*")
+    except DAMAGED as e:
+        raise BadArchive(f"{what}: not a tar archive ({e})") from None
+
+
 @contextmanager
 def stream(source: IO[bytes], scratch: str, what: str) -> Iterator[tarfile.TarFile]:
     """The tar in ``source`` read in order, whatever its compression (``what`` names it in
@@ -98,11 +109,7 @@ def stream(source: IO[bytes], scratch: str, what: str) -> Iterator[tarfile.TarFi
     source.seek(0)
     process = _zstd(source, scratch) if head == ZSTD_MAGIC else None
     try:
-        try:
-            tar = tarfile.open(fileobj=process.stdout if process else source, mode="r|*")
-        except DAMAGED as e:
-            raise BadArchive(f"{what}: not a tar archive ({e})") from None
-        with tar:
+        with open_tar(process.stdout if process else source, True, what) as tar:
             yield tar
     finally:
         if process is not None:
@@ -269,11 +276,7 @@ def read_image(source: IO[bytes], scratch: str) -> Iterator[Image]:
         yield rootfs_image(source, scratch)
         return
     source.seek(0)
-    try:
-        tar = tarfile.open(fileobj=source, mode="r:*")
-    except DAMAGED as e:
-        raise BadArchive(f"the archive: not a tar archive ({e})") from None
-    with tar:
+    with open_tar(source, False, "the archive") as tar:
         try:
             archive = Archive(tar, scratch)
         except DAMAGED as e:

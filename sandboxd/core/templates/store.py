@@ -114,7 +114,9 @@ class TemplateStore:
     """Names being imported now."""
 
     @classmethod
-    def open(cls, state_root: str, limit: int, keep_owners: bool, reactor: Any, pool: Any) -> Any:
+    def open(
+        cls, state_root: str, limit: int, keep_owners: bool, reactor: Any, pool: Any
+    ) -> "TemplateStore":
         """The store under ``state_root`` (made if missing), what an import or delete cut
         short left removed, and every template's record read."""
         directory = os.path.join(state_root, DIRECTORY)

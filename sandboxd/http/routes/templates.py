@@ -1,0 +1,53 @@
+"""The routes of templates (docs/extensions.rst, "Templates"): list, show, import (an archive
+body) and delete."""
+
+from typing import TYPE_CHECKING
+
+from twisted.web.iweb import IRequest
+
+from sandboxd.core.templates.store import TemplateStore, check_name
+from sandboxd.http import parse, wire
+from sandboxd.http.routing import app, authorized, json_response, no_content
+
+if TYPE_CHECKING:
+    from sandboxd.http.api import SandboxAPI
+
+
+def store(api: "SandboxAPI") -> TemplateStore:
+    """The replica's template store (``503`` when it has none)."""
+    if api.templates is None:
+        raise wire.TemplatesUnavailable("templates are not available on this replica")
+    return api.templates
+
+
+@app.route("/templates", methods=["GET"])
+@authorized
+def listing(api: "SandboxAPI", request: IRequest) -> bytes:
+    return json_response(request, wire.templates_body(store(api).listing()))
+
+
+@app.route("/templates/<name>", methods=["GET"])
+@authorized
+def show(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+    return json_response(request, wire.template_body(store(api).get(name)))
+
+
+@app.route("/templates/<name>", methods=["PUT"])
+@authorized
+async def put(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+    """The body is the archive, stored like any upload's (``SANDBOXD_MAX_BODY``); its kind is
+    read from its content, whatever its content type says."""
+    templates = store(api)
+    check_name(name)
+    parse.refuse_too_large(request, api.manager.config.max_body)
+    content = request.content
+    content.seek(0)
+    template = await templates.put(name, content)
+    return json_response(request, wire.template_body(template), 201)
+
+
+@app.route("/templates/<name>", methods=["DELETE"])
+@authorized
+async def delete(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+    await store(api).delete(name)
+    return no_content(request)
