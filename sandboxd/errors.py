@@ -75,3 +75,7 @@ class BadArchive(BadRequest):
 
 class TemplateTooLarge(SandboxdError):
     """An archive whose files pass ``SANDBOXD_TEMPLATE_MAX``; the message names the member."""
+
+
+class TemplatesUnavailable(SandboxdError):
+    """The replica has no template store (its state root could not hold one)."""

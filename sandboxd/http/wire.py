@@ -31,6 +31,7 @@ from sandboxd.errors import (
     SandboxNotFound,
     TemplateConflict,
     TemplateNotFound,
+    TemplatesUnavailable,
     TemplateTooLarge,
     TooMany,
     TooManyEntries,
@@ -70,6 +71,7 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     TemplateNotFound: (404, "TemplateNotFound"),
     TemplateConflict: (409, "Conflict"),
     TemplateTooLarge: (413, "TooLarge"),
+    TemplatesUnavailable: (503, "TemplatesUnavailable"),
 }
 """Core error → (HTTP status, wire ``error`` type); a subclass answers as its nearest base."""
 
@@ -343,10 +345,6 @@ def watch_frame(event: str, path: str | None = None, is_dir: bool = False) -> by
 
 
 # Templates (docs/extensions.rst, "Templates")
-
-
-class TemplatesUnavailable(Draining):
-    """The replica has no template store (its state root could not hold one): ``503``."""
 
 
 def template_body(template: Template) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 from twisted.web.iweb import IRequest
 
 from sandboxd.core.templates.store import TemplateStore, check_name
+from sandboxd.errors import TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 def store(api: "SandboxAPI") -> TemplateStore:
     """The replica's template store (``503`` when it has none)."""
     if api.templates is None:
-        raise wire.TemplatesUnavailable("templates are not available on this replica")
+        raise TemplatesUnavailable("templates are not available on this replica")
     return api.templates
 
 
