@@ -2,17 +2,21 @@
 filesystem tarballs in every compression, OCI layouts with layers and whiteouts, ``docker
 save`` archives, and what each kind of damaged archive is refused with."""
 
+import errno
 import io
+import json
 import os
+import platform
 import stat
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from sandboxd.core.templates import extract
 from sandboxd.core.templates.sources import ImageConfig
 from sandboxd.core.templates.store import ROOTFS, import_archive
-from sandboxd.errors import BadArchive, TemplateTooLarge
+from sandboxd.errors import BadArchive, InsufficientStorage, TemplateTooLarge
 from tests.templates.archives import (
     digest,
     directory,
@@ -30,6 +34,7 @@ AS_ROOT = os.geteuid() == 0
 
 def imported(tmp_path: Path, archive: bytes, limit: int = LIMIT) -> tuple[Path, tuple]:
     target = tmp_path / "template"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     result = import_archive(str(target), io.BytesIO(archive), limit, AS_ROOT)
     return target / ROOTFS, result
 
@@ -171,6 +176,8 @@ UPPER = tar(
         file(".wh.dir-gone"),
         file("etc/keep", b"replaced by the upper layer"),
         file(".wh.never-was"),
+        file("nowhere/.wh.never-was"),
+        directory("etc", 0o750),
     ],
     "gz",
 )
@@ -178,8 +185,9 @@ CONFIG = {"config": {"Env": ["PATH=/usr/bin:/bin", "LANG=C.UTF-8", "junk"], "Wor
 
 
 def check_layers_applied(root: Path) -> None:
-    assert sorted(os.listdir(root)) == ["etc", "opaque"]
+    assert sorted(os.listdir(root)) == ["etc", "opaque"]  # a whiteout makes no directory
     assert sorted(os.listdir(root / "etc")) == ["keep"]
+    assert stat.S_IMODE((root / "etc").stat().st_mode) == 0o750  # the upper layer's mode
     assert (root / "etc/keep").read_bytes() == b"replaced by the upper layer"
     assert sorted(os.listdir(root / "opaque")) == ["new"]
 
@@ -265,3 +273,152 @@ def test_an_image_config_without_env_or_workdir_is_empty() -> None:
     assert ImageConfig.of({"config": None}) == ImageConfig({}, "/")
     assert ImageConfig.of([]) == ImageConfig({}, "/")
     assert ImageConfig.of({"config": {"Env": None, "WorkingDir": ""}}) == ImageConfig({}, "/")
+
+
+def replaced(archive: bytes, name: str, data: bytes) -> bytes:
+    """``archive`` with the content of member ``name`` replaced by ``data``."""
+    entries = []
+    with tarfile.open(fileobj=io.BytesIO(archive)) as source:
+        for member in source.getmembers():
+            content = source.extractfile(member) if member.isreg() else None
+            body = content.read() if content is not None else b""
+            if member.name == name:
+                body, member.size = data, len(data)
+            entries.append((member, body))
+    return tar(entries)
+
+
+def oci_blob(data: bytes) -> str:
+    return "blobs/sha256/" + digest(data)[7:]
+
+
+def test_a_tampered_config_is_refused(tmp_path: Path) -> None:
+    archive = oci_archive([LOWER], CONFIG)
+    config = json.dumps(CONFIG).encode()
+    tampered = replaced(
+        archive, oci_blob(config), json.dumps({"config": {"Env": ["X=1"]}}).encode()
+    )
+    with pytest.raises(BadArchive, match=f"member '{oci_blob(config)}': its content does not"):
+        imported(tmp_path, tampered)
+
+
+def test_an_oversized_index_is_refused_unread(tmp_path: Path) -> None:
+    archive = tar([file("oci-layout", b"{}"), file("index.json", b" " * (4 << 20) + b"{}")])
+    with pytest.raises(BadArchive, match=r"member 'index\.json': larger than"):
+        imported(tmp_path, archive)
+
+
+def test_trailing_bytes_after_a_layer_are_hashed_too(tmp_path: Path) -> None:
+    root, _ = imported(tmp_path, oci_archive([LOWER + b"\0" * (3 << 20)]))
+    assert (root / "etc/keep").read_bytes() == b"kept"
+
+
+def index_of(manifests: list[dict[str, object]], blobs: dict[str, bytes]) -> bytes:
+    """An OCI layout whose index lists ``manifests`` and holds ``blobs``."""
+    entries = [
+        file("oci-layout", b"{}"),
+        file("index.json", json.dumps({"manifests": manifests}).encode()),
+    ]
+    entries += [file(oci_blob(data), data) for data in blobs.values()]
+    return tar(entries)
+
+
+def manifest_for(layer_file: str) -> tuple[dict[str, bytes], bytes]:
+    """The blobs of an image whose one layer holds ``layer_file``, and its manifest."""
+    layer = tar([file(layer_file, b"x")])
+    config = b"{}"
+    manifest = json.dumps(
+        {
+            "config": {"digest": digest(config)},
+            "layers": [{"digest": digest(layer)}],
+        }
+    ).encode()
+    return {"layer": layer, "config": config, "manifest": manifest}, manifest
+
+
+def test_the_image_for_this_host_is_picked_from_several(tmp_path: Path) -> None:
+    here = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    mine, mine_manifest = manifest_for("mine")
+    other, other_manifest = manifest_for("other")
+    manifests = [
+        {"digest": digest(other_manifest), "platform": {"architecture": "s390x-not-here"}},
+        {"digest": digest(mine_manifest), "platform": {"architecture": here}},
+    ]
+    root, _ = imported(
+        tmp_path, index_of(manifests, {**{"o" + k: v for k, v in other.items()}, **mine})
+    )
+    assert os.listdir(root) == ["mine"]
+    with pytest.raises(BadArchive, match=f"lists 2 images, none for {here}"):
+        imported(tmp_path / "again", index_of(manifests[:1] * 2, other))
+
+
+def test_an_index_too_deep_or_a_manifest_without_layers_is_refused(tmp_path: Path) -> None:
+    blobs: dict[str, bytes] = {}
+    document = json.dumps({"schemaVersion": 2}).encode()
+    blobs["bottom"] = document
+    with pytest.raises(BadArchive, match="a manifest without layers"):
+        imported(tmp_path, index_of([{"digest": digest(document)}], blobs))
+    for level in range(5):
+        document = json.dumps({"manifests": [{"digest": digest(document)}]}).encode()
+        blobs[str(level)] = document
+    with pytest.raises(BadArchive, match="a manifest without layers"):
+        imported(tmp_path / "deep", index_of([{"digest": digest(document)}], blobs))
+
+
+def test_a_tar_cut_after_its_first_member_is_refused(tmp_path: Path) -> None:
+    archive = tar([file("a", b"a"), file("b", b"b" * 3000)])
+    with pytest.raises(BadArchive, match="the archive: a damaged tar"):
+        imported(tmp_path, archive[:1600])
+
+
+@pytest.mark.parametrize("cut", [700, 5000])
+def test_a_cut_zstd_stream_is_refused(tmp_path: Path, cut: int) -> None:
+    archive = tar([file("a", b"a" * 4000), file("b", os.urandom(20000))], "zst")
+    with pytest.raises(BadArchive, match=r"damaged|not a tar archive"):
+        imported(tmp_path, archive[:cut])
+
+
+def test_a_cut_layer_is_refused_naming_the_member(tmp_path: Path) -> None:
+    layer = tar([file("big", os.urandom(200_000))], "gz")
+    with pytest.raises(BadArchive, match="member 'big': its content is damaged"):
+        imported(tmp_path, oci_archive([layer[: len(layer) // 2]]))
+
+
+def test_a_name_the_filesystem_cannot_hold_is_refused(tmp_path: Path) -> None:
+    long_name = "n" * 300
+    with pytest.raises(BadArchive, match=f"member '{long_name}/f': File name too long"):
+        imported(tmp_path, tar([file(f"{long_name}/f")]))
+    with pytest.raises(BadArchive, match="member 'link': File name too long"):
+        imported(tmp_path / "again", tar([link("link", "t" * 5000)]))
+
+
+def test_a_full_disk_is_insufficient_storage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(extract.os, "write", full)
+    with pytest.raises(InsufficientStorage, match="member 'a': No space left on device"):
+        imported(tmp_path, tar([file("a", b"a")]))
+
+
+def test_the_root_member_other_than_a_directory_is_passed_over(tmp_path: Path) -> None:
+    root, _ = imported(tmp_path, tar([link(".", "/elsewhere"), file("a", b"a")]))
+    assert os.listdir(root) == ["a"]
+
+
+def test_without_owners_links_and_files_are_the_daemons(tmp_path: Path) -> None:
+    target = tmp_path / "template"
+    entries = [file("a", b"a"), link("l", "a")]
+    entries[0][0].uid = entries[1][0].uid = 4242
+    import_archive(str(target), io.BytesIO(tar(entries)), LIMIT, False)
+    assert (target / ROOTFS / "a").stat().st_uid == os.geteuid()
+    assert (target / ROOTFS / "l").lstat().st_uid == os.geteuid()
+
+
+def test_a_layer_cut_between_members_is_refused(tmp_path: Path) -> None:
+    # cut after the header of a whiteout: its content is never read, only skipped
+    layer = tar([file("a", b"a"), file(".wh.b", b"b" * 3000), file("c")])[:1536]
+    with pytest.raises(BadArchive, match=r"layer 'blobs/sha256/[0-9a-f]+': a damaged tar"):
+        imported(tmp_path, oci_archive([layer]))

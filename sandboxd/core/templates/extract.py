@@ -147,15 +147,15 @@ class Extraction:
         fd = os.dup(self.root_fd)
         try:
             for depth, part in enumerate(parts[:-1], 1):
-                with suppress(FileExistsError):
-                    os.mkdir(part, 0o700, dir_fd=fd)
-                    self._directories.setdefault(parts[:depth], (0o755, 0, 0))
                 try:
+                    with suppress(FileExistsError):
+                        os.mkdir(part, 0o700, dir_fd=fd)
+                        self._directories.setdefault(parts[:depth], (0o755, 0, 0))
                     below = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as e:
                     if e.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise _refuse(member, "its path goes through a link or a file") from None
-                    raise
+                    raise _refuse(member, e.strerror or "its directory cannot be made") from None
                 os.close(fd)
                 fd = below
         except BaseException:
