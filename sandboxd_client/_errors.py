@@ -31,6 +31,7 @@ from ._types import (
     SandboxError,
     SandboxNotFound,
     SandboxUnavailable,
+    TemplateNotFound,
     TooLarge,
 )
 
@@ -42,6 +43,7 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "FileNotFoundError": 404,
         "NotFound": 404,
         "ProcessNotFound": 404,
+        "TemplateNotFound": 404,
         "MethodNotAllowed": 405,
         "Conflict": 409,
         "TooLarge": 413,
@@ -50,6 +52,7 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "ArchiveError": 500,
         "Draining": 503,
         "NoCapacity": 503,
+        "TemplatesUnavailable": 503,
         "InsufficientStorage": 507,
     }
 )
@@ -87,6 +90,8 @@ def error_for(status: int, error: str | None, detail: str) -> Exception:
             return FileNotFoundError(errno.ENOENT, detail)
         if error == "ProcessNotFound":
             return ProcessNotFound(detail, status=status, error=error)
+        if error == "TemplateNotFound":
+            return TemplateNotFound(detail, status=status, error=error)
         return SandboxNotFound(detail, status=status, error=error)
     if status == 400:
         return ValueError(detail)

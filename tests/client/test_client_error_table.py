@@ -20,6 +20,7 @@ from sandboxd_client import (
     SandboxError,
     SandboxNotFound,
     SandboxUnavailable,
+    TemplateNotFound,
     TooLarge,
 )
 from sandboxd_client._errors import FOREIGN_ERRORS, WIRE_ERRORS, error_for, error_from_frame
@@ -47,6 +48,7 @@ EXPECTED: dict[str, type[BaseException]] = {
     "FileNotFoundError": FileNotFoundError,
     "NotFound": SandboxNotFound,
     "ProcessNotFound": ProcessNotFound,
+    "TemplateNotFound": TemplateNotFound,
     "MethodNotAllowed": SandboxError,
     "Conflict": SandboxError,
     "TooMany": SandboxError,
@@ -55,6 +57,7 @@ EXPECTED: dict[str, type[BaseException]] = {
     "ArchiveError": SandboxError,
     "Draining": SandboxUnavailable,
     "NoCapacity": SandboxUnavailable,
+    "TemplatesUnavailable": SandboxUnavailable,
     "InsufficientStorage": OSError,
 }
 """What docs/client.rst, "Errors and retries", says an application gets for each type."""

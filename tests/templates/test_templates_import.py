@@ -10,10 +10,10 @@ import platform
 import stat
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sandboxd.core.templates import extract
 from sandboxd.core.templates.sources import ImageConfig
 from sandboxd.core.templates.store import ROOTFS, import_archive
 from sandboxd.errors import BadArchive, InsufficientStorage, TemplateTooLarge
@@ -313,7 +313,7 @@ def test_trailing_bytes_after_a_layer_are_hashed_too(tmp_path: Path) -> None:
     assert (root / "etc/keep").read_bytes() == b"kept"
 
 
-def index_of(manifests: list[dict[str, object]], blobs: dict[str, bytes]) -> bytes:
+def index_of(manifests: list[dict[str, Any]], blobs: dict[str, bytes]) -> bytes:
     """An OCI layout whose index lists ``manifests`` and holds ``blobs``."""
     entries = [
         file("oci-layout", b"{}"),
@@ -398,7 +398,7 @@ def test_a_full_disk_is_insufficient_storage(
     def full(fd: int, data: bytes) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(extract.os, "write", full)
+    monkeypatch.setattr(os, "write", full)
     with pytest.raises(InsufficientStorage, match="member 'a': No space left on device"):
         imported(tmp_path, tar([file("a", b"a")]))
 
