@@ -15,8 +15,6 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any
 
-from attrs import asdict
-
 if TYPE_CHECKING:
     from .. import HttpSandbox
     from .._types import TemplateInfo
@@ -47,6 +45,8 @@ def line(template: TemplateInfo, now: float) -> str:
 
 async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> int:
     """Carry out one ``template`` sub-command; return the exit code."""
+    from attrs import asdict  # not at the top: ``sandboxctl --help`` imports no attrs
+
     if args.template_command == "import":
         from ._commands import _transfer
 
