@@ -36,3 +36,11 @@ def test_without_a_store_every_route_is_a_503(
     assert reply.error() == (503, "TemplatesUnavailable")
     assert reply.json()["detail"] == "templates are not available on this replica"
     assert "templates" not in SandboxAPI(harness.manager).capabilities
+
+
+def test_each_route_has_an_endpoint_of_its_own() -> None:
+    """Klein names a route's endpoint after its function: two route functions of one name
+    (a ``delete`` of templates beside the files' ``delete``) would serve one route with the
+    other's function."""
+    rules = list(SandboxAPI.app.url_map.iter_rules())
+    assert len({rule.endpoint for rule in rules}) == len(rules)

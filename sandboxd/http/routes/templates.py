@@ -1,5 +1,6 @@
 """The routes of templates (docs/extensions.rst, "Templates"): list, show, import (an archive
-body) and delete."""
+body) and delete. Klein names each route after its function: these names are the module's own
+(a ``delete`` here would replace the files' ``delete``)."""
 
 from typing import TYPE_CHECKING
 
@@ -23,19 +24,19 @@ def store(api: "SandboxAPI") -> TemplateStore:
 
 @app.route("/templates", methods=["GET"])
 @authorized
-def listing(api: "SandboxAPI", request: IRequest) -> bytes:
+def list_templates(api: "SandboxAPI", request: IRequest) -> bytes:
     return json_response(request, wire.templates_body(store(api).listing()))
 
 
 @app.route("/templates/<name>", methods=["GET"])
 @authorized
-def show(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+def show_template(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
     return json_response(request, wire.template_body(store(api).get(name)))
 
 
 @app.route("/templates/<name>", methods=["PUT"])
 @authorized
-async def put(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+async def import_template(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
     """The body is the archive, stored like any upload's (``SANDBOXD_MAX_BODY``); its kind is
     read from its content, whatever its content type says."""
     templates = store(api)
@@ -49,6 +50,6 @@ async def put(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
 
 @app.route("/templates/<name>", methods=["DELETE"])
 @authorized
-async def delete(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+async def delete_template(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
     await store(api).delete(name)
     return no_content(request)
