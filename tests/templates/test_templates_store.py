@@ -134,3 +134,15 @@ def test_no_store_where_the_state_root_cannot_hold_one(tmp_path: Path) -> None:
             _templates(config, Clock(), SyncPool(), Layout(str(tmp_path / "file"), False)) is None
         )
     assert any("templates: unavailable" in str(e["log_format"]) for e in events)
+
+
+def test_the_store_directory_is_made_by_the_first_import_only(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    assert not (tmp_path / DIRECTORY).exists()
+    assert store.listing() == []
+    old = os.umask(0o022)  # a umask that would leave it readable by others
+    try:
+        put(store, "first")
+    finally:
+        os.umask(old)
+    assert (tmp_path / DIRECTORY).stat().st_mode & 0o777 == 0o700

@@ -2,11 +2,11 @@
 (docs/extensions.rst, "Templates").
 
 ``{root}/.templates/`` (root's alone, 0700: no sandbox uid reaches a template's files on the
-host) holds one directory per template, ``{name}/``, with its tree in ``rootfs/`` and its
-record in ``template.json``. An import writes into ``.import-{random}/`` and renames it into
-place once complete; a delete renames the template to ``.delete-{random}/`` before removing
-it. A daemon killed in the middle leaves only such dot-directories, which :meth:`open` removes
-at start-up: a template is either whole or absent.
+host; made by the first import) holds one directory per template, ``{name}/``, with its tree
+in ``rootfs/`` and its record in ``template.json``. An import writes into
+``.import-{random}/`` and renames it into place once complete; a delete renames the template
+to ``.delete-{random}/`` before removing it. A daemon killed in the middle leaves only such
+dot-directories, which :meth:`open` removes at start-up: a template is either whole or absent.
 """
 
 import json
@@ -117,13 +117,19 @@ class TemplateStore:
     def open(
         cls, state_root: str, limit: int, keep_owners: bool, reactor: Any, pool: Any
     ) -> "TemplateStore":
-        """The store under ``state_root`` (made if missing), what an import or delete cut
-        short left removed, and every template's record read."""
+        """The store under ``state_root``, what an import or delete cut short left removed,
+        and every template's record read. Its directory is made by the first import (a start
+        that fails leaves nothing of it behind); ``OSError`` when the root cannot hold it."""
         directory = os.path.join(state_root, DIRECTORY)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)
         store = cls(directory, limit, keep_owners, reactor, pool)
-        for name in sorted(os.listdir(directory)):
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            if not os.path.isdir(state_root):
+                raise
+            return store
+        os.chmod(directory, 0o700)
+        for name in names:
             path = os.path.join(directory, name)
             if name.startswith((IMPORTING, DELETING)):
                 log.info("templates: removing {path}, left by a stopped daemon", path=path)
@@ -155,6 +161,8 @@ class TemplateStore:
         if name in self.templates or name in self._busy:
             raise TemplateConflict(f"template {name!r} exists (delete it first)")
         created = self.reactor.seconds()
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        os.chmod(self.directory, 0o700)  # whatever the umask: root's alone
         temporary = os.path.join(self.directory, IMPORTING + secrets.token_hex(8))
         self._busy.add(name)
         try:
