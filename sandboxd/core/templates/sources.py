@@ -19,6 +19,7 @@ on the host). Each blob's sha256 is checked against the digest that names it.
 import hashlib
 import json
 import lzma
+import os
 import platform
 import re
 import shutil
@@ -33,6 +34,8 @@ from attrs import frozen
 
 from sandboxd.errors import BadArchive
 
+NOBODY = 65534
+"""The uid and gid ``zstd`` runs as under a root daemon."""
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 JSON_MAX = 4 << 20
 """Largest index, manifest or config read (they are a few kilobytes)."""
@@ -81,12 +84,22 @@ def hash_file(source: IO[bytes]) -> str:
 
 
 def _zstd(source: IO[bytes], scratch: str) -> subprocess.Popen[bytes]:
-    """``zstd -dc`` of ``source`` (copied into ``scratch`` first), reading from its stdout."""
+    """``zstd -dc`` of ``source`` (copied into ``scratch`` first), reading from its stdout.
+
+    A daemon running as root runs it as ``nobody``: it parses bytes from the network, and
+    needs nothing but the descriptors it is given (its input open, its output a pipe)."""
     with open(scratch, "wb") as copy:
         shutil.copyfileobj(source, copy, 1 << 20)
+    unprivileged: dict[str, Any] = (
+        {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+    )
     with open(scratch, "rb") as compressed:
         return subprocess.Popen(
-            ["zstd", "-dcq"], stdin=compressed, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            ["zstd", "-dcq"],
+            stdin=compressed,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            **unprivileged,
         )
 
 
