@@ -9,11 +9,13 @@ import json
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.task import Clock
+from twisted.web.resource import Resource
 
 from sandboxd_client import HttpSandbox, SandboxError, TemplateInfo, TemplateNotFound
 from sandboxd_client._templates import decode_template, decode_templates
@@ -21,6 +23,7 @@ from sandboxd_client._types import ProtocolError
 from sandboxd_client.cli import Console, parse_args, run
 
 from .daemon_in_memory import POD_URL, InMemoryDaemon, serve_in_memory
+from .servers import listen, url_of
 
 TOKEN = "templates-token"
 
@@ -132,3 +135,25 @@ async def test_sandboxctl_template_import_ls_rm(client: HttpSandbox, tmp_path: P
     code, removed = await ctl(client, "template", "rm", "other", "--json")
     assert json.loads(removed.out.getvalue()) == {"ok": True}
     assert await client.list_templates() == []
+
+
+class NotJson(Resource):
+    """Answers every request ``201`` with a body that is not JSON (a broken proxy)."""
+
+    isLeaf = True
+
+    def render(self, request: Any) -> bytes:
+        request.setResponseCode(201)
+        return b"<html>imported?</html>"
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_import_answered_with_garbage_is_a_protocol_error(tmp_path: Path) -> None:
+    port = listen(NotJson())
+    client = HttpSandbox(url_of(port), reactor=reactor)
+    try:
+        with pytest.raises(ProtocolError, match="template: reply is not JSON"):
+            await client.import_template("x", rootfs(tmp_path / "x.tar", {"a": b"a"}))
+    finally:
+        await client.close()
+        await port.stopListening()

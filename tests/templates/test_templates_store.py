@@ -146,3 +146,8 @@ def test_the_store_directory_is_made_by_the_first_import_only(tmp_path: Path) ->
     finally:
         os.umask(old)
     assert (tmp_path / DIRECTORY).stat().st_mode & 0o777 == 0o700
+
+
+def test_a_missing_state_root_cannot_hold_a_store(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        store_at(tmp_path / "missing")
