@@ -79,3 +79,7 @@ class TemplateTooLarge(SandboxdError):
 
 class TemplatesUnavailable(SandboxdError):
     """The replica has no template store (its state root could not hold one)."""
+
+
+class TemplateCannotRun(SandboxdError):
+    """A create names a template, and sandboxes cannot run in templates on this replica yet."""

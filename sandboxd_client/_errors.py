@@ -50,6 +50,7 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "TooMany": 429,
         "InternalError": 500,
         "ArchiveError": 500,
+        "NotImplemented": 501,
         "Draining": 503,
         "NoCapacity": 503,
         "TemplatesUnavailable": 503,

@@ -29,6 +29,7 @@ from sandboxd.errors import (
     ProcessNotFound,
     SandboxdError,
     SandboxNotFound,
+    TemplateCannotRun,
     TemplateConflict,
     TemplateNotFound,
     TemplatesUnavailable,
@@ -72,6 +73,7 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     TemplateConflict: (409, "Conflict"),
     TemplateTooLarge: (413, "TooLarge"),
     TemplatesUnavailable: (503, "TemplatesUnavailable"),
+    TemplateCannotRun: (501, "NotImplemented"),
 }
 """Core error → (HTTP status, wire ``error`` type); a subclass answers as its nearest base."""
 

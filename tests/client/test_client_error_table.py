@@ -55,6 +55,7 @@ EXPECTED: dict[str, type[BaseException]] = {
     "TooLarge": TooLarge,
     "InternalError": SandboxError,
     "ArchiveError": SandboxError,
+    "NotImplemented": SandboxError,
     "Draining": SandboxUnavailable,
     "NoCapacity": SandboxUnavailable,
     "TemplatesUnavailable": SandboxUnavailable,

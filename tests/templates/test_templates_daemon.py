@@ -55,6 +55,21 @@ def test_a_template_is_imported_listed_shown_and_deleted(daemon: Daemon) -> None
     assert daemon.json("GET", "/templates") == {"templates": []}
 
 
+def test_a_create_in_a_template_is_refused_until_templates_can_run(daemon: Daemon) -> None:
+    assert error_of(daemon, "POST", "/sandboxes", b'{"template": "nope"}') == (
+        404,
+        "TemplateNotFound",
+        "no template named 'nope'",
+    )
+    assert error_of(daemon, "POST", "/sandboxes", b'{"template": 7}')[:2] == (400, "BadRequest")
+    assert daemon.call("PUT", "/templates/base", raw=ROOTFS)[0] == 201
+    status, kind, detail = error_of(daemon, "POST", "/sandboxes", b'{"template": "base"}')
+    assert (status, kind) == (501, "NotImplemented")
+    assert "cannot run in templates yet" in detail
+    assert daemon.json("GET", "/sandboxes") == {"sandboxes": []}
+    assert daemon.call("POST", "/sandboxes", raw=b'{"template": null}')[0] == 200
+
+
 def test_an_oci_image_keeps_its_env_and_workdir(daemon: Daemon) -> None:
     layer = tar([file("app/main.py", b"print('hi')\n")], "gz")
     config = {"config": {"Env": ["PATH=/usr/bin", "MODE=test"], "WorkingDir": "/app"}}

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from twisted.web.iweb import IRequest
 
 from sandboxd.core.templates.store import TemplateStore, check_name
-from sandboxd.errors import TemplatesUnavailable
+from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
 
@@ -20,6 +20,16 @@ def store(api: "SandboxAPI") -> TemplateStore:
     if api.templates is None:
         raise TemplatesUnavailable("templates are not available on this replica")
     return api.templates
+
+
+def refuse_template(api: "SandboxAPI", name: object) -> None:
+    """A create's ``template``: ``400`` unless a name, ``404`` unless a template of this
+    replica, else ``501``: sandboxes cannot run in templates yet, and a create that names one
+    must not give a sandbox that silently runs on the host's root instead."""
+    if not isinstance(name, str):
+        raise BadRequest("template: must be a template's name")
+    store(api).get(name)
+    raise TemplateCannotRun(f"template {name!r}: sandboxes cannot run in templates yet")
 
 
 @app.route("/templates", methods=["GET"])
