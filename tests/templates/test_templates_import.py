@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from sandboxd.core.templates import sources
 from sandboxd.core.templates.sources import ImageConfig
 from sandboxd.core.templates.store import ROOTFS, import_archive
 from sandboxd.errors import BadArchive, InsufficientStorage, TemplateTooLarge
@@ -422,3 +423,15 @@ def test_a_layer_cut_between_members_is_refused(tmp_path: Path) -> None:
     layer = tar([file("a", b"a"), file(".wh.b", b"b" * 3000), file("c")])[:1536]
     with pytest.raises(BadArchive, match=r"layer 'blobs/sha256/[0-9a-f]+': a damaged tar"):
         imported(tmp_path, oci_archive([layer]))
+
+
+def test_reading_a_deep_tree_keeps_no_record_of_its_members() -> None:
+    deep = tar([file(f"usr/share/doc/p{n}/f", b"x") for n in range(50)] + [file("top.json")])
+    with tarfile.open(fileobj=io.BytesIO(deep)) as opened:
+        archive = sources.Archive(opened, "unused")
+        assert list(archive.index) == ["top.json"]
+        assert opened.members == []  # type: ignore[attr-defined]
+    with tarfile.open(fileobj=io.BytesIO(deep), mode="r|") as streamed:
+        names = [member.name for member, _ in sources.members(streamed, "deep")]
+        assert len(names) == 51
+        assert len(streamed.members) <= 1  # type: ignore[attr-defined]

@@ -28,7 +28,7 @@ import tarfile
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from attrs import frozen
 
@@ -37,6 +37,8 @@ from sandboxd.errors import BadArchive
 NOBODY = 65534
 """The uid and gid ``zstd`` runs as under a root daemon."""
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+INDEX_DEPTH = 3
+"""Components of the deepest member an image layout names (``blobs/sha256/<hex>``)."""
 JSON_MAX = 4 << 20
 """Largest index, manifest or config read (they are a few kilobytes)."""
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
@@ -130,11 +132,18 @@ def stream(source: IO[bytes], scratch: str, what: str) -> Iterator[tarfile.TarFi
             process.wait()
 
 
+def forget_members(tar: tarfile.TarFile) -> None:
+    """Drop the record ``tarfile`` keeps of every member it has read (millions, for a root
+    filesystem); reading on is unaffected (its iterator asks for the next member)."""
+    cast(Any, tar).members.clear()
+
+
 def members(tar: tarfile.TarFile, what: str) -> Iterator[tuple[tarfile.TarInfo, tarfile.TarFile]]:
     """Each member of a tar read in order, with the tar; a damaged one is ``BadArchive``."""
     try:
         for member in tar:
             yield member, tar
+            forget_members(tar)
     except DAMAGED as e:
         raise BadArchive(f"{what}: a damaged tar ({e})") from None
 
@@ -177,8 +186,16 @@ class Archive:
     """An outer archive opened for random access (OCI layout and docker save alike)."""
 
     def __init__(self, tar: tarfile.TarFile, scratch: str) -> None:
+        """Index the regular members of at most :data:`INDEX_DEPTH` components, the only
+        ones an image layout names (``index.json``, ``blobs/sha256/…``, ``…/layer.tar``): a
+        root filesystem's deep tree is read once and forgotten."""
         self.tar, self.scratch = tar, scratch
-        self.index = {_normal(m.name): m for m in tar.getmembers() if m.isreg()}
+        self.index: dict[str, tarfile.TarInfo] = {}
+        for member in tar:
+            name = _normal(member.name)
+            if member.isreg() and name.count("/") < INDEX_DEPTH:
+                self.index[name] = member
+            forget_members(tar)
 
     def file(self, name: str) -> IO[bytes]:
         member = self.index.get(name)
