@@ -435,3 +435,11 @@ def test_reading_a_deep_tree_keeps_no_record_of_its_members() -> None:
         names = [member.name for member, _ in sources.members(streamed, "deep")]
         assert len(names) == 51
         assert len(streamed.members) <= 1  # type: ignore[attr-defined]
+
+
+def test_a_compression_bomb_is_refused_before_its_content_is_written(tmp_path: Path) -> None:
+    bomb = tar([file("zeros", bytes(64 << 20))], "gz")
+    assert len(bomb) < 1 << 20  # 64 MiB of zeros in well under one
+    with pytest.raises(TemplateTooLarge, match="member 'zeros'"):
+        imported(tmp_path, bomb, limit=1 << 20)
+    assert os.listdir(tmp_path / "template" / ROOTFS) == []
