@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -133,6 +134,33 @@ def test_the_template_routes_need_the_token(tmp_path: Path) -> None:
             assert json.loads(answer.read()) == {"templates": []}
     finally:
         stop_daemon(running)
+
+
+def test_an_import_goes_on_after_its_client_left(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path, "--isolation=none")
+    try:
+        import_and_leave(daemon)
+    finally:
+        stop_daemon(daemon)
+
+
+def import_and_leave(daemon: Daemon) -> None:
+    many = tar([file(f"d{n // 1000}/f{n}", b"x" * 10) for n in range(20000)])
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=30) as client:
+        head = f"PUT /templates/left HTTP/1.1\r\nHost: x\r\nContent-Length: {len(many)}\r\n\r\n"
+        client.sendall(head.encode() + many)
+        deadline = time.monotonic() + 30
+        store = daemon.root / ".templates"
+        while not store.is_dir() or not any(n.startswith(".import-") for n in os.listdir(store)):
+            assert time.monotonic() < deadline, "the import never started"
+            time.sleep(0.005)
+    # the client is gone (its request's content closed); the import still completes
+    deadline = time.monotonic() + 60
+    while daemon.call("GET", "/templates/left")[0] != 200:
+        assert time.monotonic() < deadline, daemon.log.read_text()[-2000:]
+        time.sleep(0.05)
+    assert daemon.json("GET", "/templates/left")["size"] == 200000
+    assert "Unhandled" not in daemon.log.read_text()
 
 
 def send_until_killed(daemon: Daemon, archive: bytes) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
@@ -151,3 +151,45 @@ def test_the_store_directory_is_made_by_the_first_import_only(tmp_path: Path) ->
 def test_a_missing_state_root_cannot_hold_a_store(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         store_at(tmp_path / "missing")
+
+
+class HeldPool:
+    """A pool whose work waits until :meth:`run_all` (an import still running)."""
+
+    def __init__(self) -> None:
+        self.held: list[Any] = []
+
+    def callInThreadWithCallback(self, on_result: Any, f: Any, *a: Any, **kw: Any) -> None:
+        self.held.append((on_result, f, a, kw))
+
+    def run_all(self) -> None:
+        while self.held:
+            on_result, f, a, kw = self.held.pop(0)
+            SyncPool().callInThreadWithCallback(on_result, f, *a, **kw)
+
+
+def test_an_import_whose_caller_left_goes_on_whole(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    store.pool = HeldPool()
+    source = io.BytesIO(ARCHIVE)
+    answer = store.put("left", source)
+    answer.cancel()  # the HTTP client went
+    with pytest.raises(CancelledError):
+        result(answer)
+    store.pool.run_all()
+    assert store.get("left").size == len(b"world")
+    assert source.closed
+    assert sorted(os.listdir(tmp_path / DIRECTORY)) == ["left"]
+
+
+def test_a_failed_import_no_one_waits_for_is_logged(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    store.pool = HeldPool()
+    answer = store.put("bad", io.BytesIO(tar([file("../x")])))
+    answer.cancel()
+    with pytest.raises(CancelledError):
+        result(answer)
+    with capturedLogs() as events:
+        store.pool.run_all()
+    assert any("import of {name} failed" in str(e["log_format"]) for e in events)
+    assert os.listdir(tmp_path / DIRECTORY) == []

@@ -20,6 +20,7 @@ from attrs import define, field, frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from sandboxd.core.files.tree import remove_tree
 from sandboxd.core.templates.extract import Extraction
@@ -155,8 +156,35 @@ class TemplateStore:
         """The directory of ``template``'s files."""
         return os.path.join(self.directory, template.name, ROOTFS)
 
-    async def put(self, name: str, source: IO[bytes]) -> Template:
-        """Import archive ``source`` as template ``name`` (``TemplateConflict`` if taken)."""
+    def put(self, name: str, source: IO[bytes]) -> Deferred[Template]:
+        """Import archive ``source`` (closed once read) as template ``name``
+        (``TemplateConflict`` if taken).
+
+        The import goes on when its caller stops waiting (the answer cancelled: an HTTP client
+        gone): cancelling it midway would remove the directory its thread is still writing.
+        It ends whole or absent all the same, and a failure no one waits for is logged."""
+        work = Deferred.fromCoroutine(self._put(name, source))
+        answer: Deferred[Template] = Deferred()
+
+        def forward(result: Template | Failure) -> None:
+            if not answer.called:
+                if isinstance(result, Failure):
+                    answer.errback(result)
+                else:
+                    answer.callback(result)
+            elif isinstance(result, Failure):
+                log.failure("templates: import of {name} failed", result, name=name)
+
+        work.addBoth(forward)
+        return answer
+
+    async def _put(self, name: str, source: IO[bytes]) -> Template:
+        try:
+            return await self._import(name, source)
+        finally:
+            source.close()
+
+    async def _import(self, name: str, source: IO[bytes]) -> Template:
         check_name(name)
         if name in self.templates or name in self._busy:
             raise TemplateConflict(f"template {name!r} exists (delete it first)")

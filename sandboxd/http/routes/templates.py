@@ -2,7 +2,9 @@
 body) and delete. Klein names each route after its function: these names are the module's own
 (a ``delete`` here would replace the files' ``delete``)."""
 
-from typing import TYPE_CHECKING
+import io
+import os
+from typing import IO, TYPE_CHECKING
 
 from twisted.web.iweb import IRequest
 
@@ -10,6 +12,7 @@ from sandboxd.core.templates.store import TemplateStore, check_name
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
+from sandboxd.http.site import Spool
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI
@@ -52,10 +55,20 @@ async def import_template(api: "SandboxAPI", request: IRequest, name: str) -> by
     templates = store(api)
     check_name(name)
     parse.refuse_too_large(request, api.manager.config.max_body)
-    content = request.content
-    content.seek(0)
-    template = await templates.put(name, content)
+    template = await templates.put(name, own_copy(request.content))
     return json_response(request, wire.template_body(template), 201)
+
+
+def own_copy(content: IO[bytes]) -> IO[bytes]:
+    """The body as a file of the import's own, at its start: the request closes its content
+    when its client goes, and the import goes on without it (a spooled body is the same file
+    through a descriptor of its own; one held in memory is copied, being small). The store
+    closes it."""
+    if isinstance(content, Spool):
+        copy = os.fdopen(os.dup(content.fileno()), "rb")
+        copy.seek(0)
+        return copy
+    return io.BytesIO(content.getvalue())  # type: ignore[attr-defined]
 
 
 @app.route("/templates/<name>", methods=["DELETE"])
