@@ -443,3 +443,16 @@ def test_a_compression_bomb_is_refused_before_its_content_is_written(tmp_path: P
     with pytest.raises(TemplateTooLarge, match="member 'zeros'"):
         imported(tmp_path, bomb, limit=1 << 20)
     assert os.listdir(tmp_path / "template" / ROOTFS) == []
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="only root gives files away")
+def test_as_root_owners_are_kept_and_setuid_survives_the_chown(tmp_path: Path) -> None:
+    entries = [directory("home", 0o750), file("home/tool", b"t", 0o4750), link("home/l", "tool")]
+    for info, _ in entries:
+        info.uid, info.gid = 4242, 4343
+    root, _ = imported(tmp_path, tar(entries))
+    for name in ("home", "home/tool", "home/l"):
+        found = (root / name).lstat()
+        assert (found.st_uid, found.st_gid) == (4242, 4343), name
+    assert stat.S_IMODE((root / "home/tool").stat().st_mode) == 0o4750
+    assert stat.S_IMODE((root / "home").stat().st_mode) == 0o750
