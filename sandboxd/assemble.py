@@ -37,6 +37,7 @@ from sandboxd.config import Config, ConfigError
 from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
+from sandboxd.core.templates.store import TemplateStore
 from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
 from sandboxd.http.api import SandboxAPI
@@ -116,6 +117,7 @@ def fronts(
     manager = SandboxManager(config, reactor, clock, isolation, admin_pool, layout, archive=archive)
     api = SandboxAPI(
         manager,
+        templates=_templates(config, reactor, admin_pool, layout),
         token=token,
         pod_url=config.pod_url,
         pod_ip=pod_ip,
@@ -124,6 +126,18 @@ def fronts(
         on_drain=on_drain,
     )
     return Fronts(manager, api, make_front(manager, token))
+
+
+def _templates(config: Config, reactor: Any, pool: Any, layout: Layout) -> TemplateStore | None:
+    """The template store under the state root, what a stopped daemon's import left removed;
+    ``None`` (no ``templates`` capability) when it cannot be made there."""
+    try:
+        return TemplateStore.open(
+            layout.root, config.template_max, layout.owns_files, reactor, pool
+        )
+    except OSError as e:
+        log.warn("templates: unavailable: {error}", error=e)
+        return None
 
 
 def in_process(

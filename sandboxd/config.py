@@ -154,6 +154,12 @@ class Config:
         optional_text,
         "Archive directory for persist/restore (default: none)",
     )
+    template_max: int = setting_field(
+        "SANDBOXD_TEMPLATE_MAX",
+        "4G",
+        parse_size,
+        "Most bytes of one template's files (an import past it is refused)",
+    )
     tools_dir: str = setting_field(
         "SANDBOXD_TOOLS_DIR",
         "/var/lib/sandboxd/tools",
@@ -360,7 +366,14 @@ class Config:
         for name in ("disk_max", "files_max"):
             if getattr(self, name) == 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero (unset: no limit)")
-        for name in ("process_log_max", "processes_max", "watch_max", "walk_max", "walk_bytes_max"):
+        for name in (
+            "process_log_max",
+            "processes_max",
+            "watch_max",
+            "walk_max",
+            "walk_bytes_max",
+            "template_max",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{env_name(name)}: must be at least 1")
         for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):

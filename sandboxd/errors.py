@@ -59,3 +59,27 @@ class TooMany(SandboxdError):
 class TooManyEntries(SandboxdError):
     """An answer would list more entries than the configured limit (a walk past
     ``SANDBOXD_WALK_MAX``); the message names the limit."""
+
+
+class TemplateNotFound(SandboxdError):
+    """Unknown template name (the message names it)."""
+
+
+class TemplateConflict(SandboxdError):
+    """The template cannot be changed now: its name is taken, or sandboxes use it."""
+
+
+class BadArchive(BadRequest):
+    """An archive that cannot become a template; the message names the member and why."""
+
+
+class TemplateTooLarge(SandboxdError):
+    """An archive whose files pass ``SANDBOXD_TEMPLATE_MAX``; the message names the member."""
+
+
+class TemplatesUnavailable(SandboxdError):
+    """The replica has no template store (its state root could not hold one)."""
+
+
+class TemplateCannotRun(SandboxdError):
+    """A create names a template, and sandboxes cannot run in templates on this replica yet."""

@@ -73,6 +73,7 @@ from ._execstream import ExecStreamDecoder, OutputCallback
 from ._files import Files
 from ._handles import check_base_url, decode_handle
 from ._processes import Processes
+from ._templates import Templates
 from ._transfers import Transfers
 from ._trees import Trees
 from ._types import (
@@ -87,7 +88,7 @@ from ._types import (
 )
 
 
-class HttpSandbox(Processes, Files, Transfers, Trees):
+class HttpSandbox(Processes, Files, Transfers, Trees, Templates):
     """
     A client for one sandboxd service.
 

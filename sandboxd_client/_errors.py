@@ -31,6 +31,7 @@ from ._types import (
     SandboxError,
     SandboxNotFound,
     SandboxUnavailable,
+    TemplateNotFound,
     TooLarge,
 )
 
@@ -42,14 +43,17 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "FileNotFoundError": 404,
         "NotFound": 404,
         "ProcessNotFound": 404,
+        "TemplateNotFound": 404,
         "MethodNotAllowed": 405,
         "Conflict": 409,
         "TooLarge": 413,
         "TooMany": 429,
         "InternalError": 500,
         "ArchiveError": 500,
+        "NotImplemented": 501,
         "Draining": 503,
         "NoCapacity": 503,
+        "TemplatesUnavailable": 503,
         "InsufficientStorage": 507,
     }
 )
@@ -87,6 +91,8 @@ def error_for(status: int, error: str | None, detail: str) -> Exception:
             return FileNotFoundError(errno.ENOENT, detail)
         if error == "ProcessNotFound":
             return ProcessNotFound(detail, status=status, error=error)
+        if error == "TemplateNotFound":
+            return TemplateNotFound(detail, status=status, error=error)
         return SandboxNotFound(detail, status=status, error=error)
     if status == 400:
         return ValueError(detail)

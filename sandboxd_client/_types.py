@@ -240,3 +240,23 @@ class WatchEvent:
     event: str
     path: str | None
     dir: bool
+
+
+class TemplateNotFound(SandboxError, LookupError):
+    """404 ``TemplateNotFound``: no template of that name on the replica. Also a
+    ``LookupError``."""
+
+
+@frozen
+class TemplateInfo:
+    """One template of a replica (docs/extensions.rst, "Templates")."""
+
+    name: str
+    digest: str
+    """``sha256:<hex>`` of the archive it was imported from."""
+    size: int
+    """Bytes of its files."""
+    env: Mapping[str, str]
+    workdir: str
+    created: float
+    """When its import started (seconds since the epoch)."""

@@ -21,16 +21,17 @@ from werkzeug.exceptions import HTTPException
 from sandboxd.core.exec import run as exec_run
 from sandboxd.core.exec import spec as exec_spec
 from sandboxd.core.manager import SandboxManager
+from sandboxd.core.templates.store import TemplateStore
 from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.auth import BearerAuthoriser
-from sandboxd.http.routes import commands, daemon, files, sandboxes, trees
+from sandboxd.http.routes import commands, daemon, files, sandboxes, templates, trees
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 from sandboxd.web.guard import Admit
 
-ROUTES = (daemon, sandboxes, commands, files, trees)
+ROUTES = (daemon, sandboxes, commands, files, trees, templates)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()
@@ -58,6 +59,7 @@ class SandboxAPI:
         self,
         manager: SandboxManager,
         *,
+        templates: TemplateStore | None = None,
         token: bytes | None = None,
         pod_url: str | None = None,
         pod_ip: str | None = None,
@@ -71,6 +73,8 @@ class SandboxAPI:
         """The one bearer-token check, of the routes and of the channel at the headers."""
         self.tools = tools
         """Resolves ``POST /tools/resolve`` (``None``: every tool is refused)."""
+        self.templates = templates
+        """The template store (``None``: the template routes answer ``503``)."""
         self.pod_url = pod_url
         self.pod_ip = pod_ip
         self.on_drain: Callable[[], None] = on_drain or self._refuse_creates
@@ -93,6 +97,8 @@ class SandboxAPI:
         names.update(self.manager.isolation.namespaces.capabilities())
         if self.manager.archive is not None:
             names.add("archive")
+        if self.templates is not None:
+            names.add("templates")
         if self.manager.layout.disk.enforcing:
             names.add("isolation.disk")
         names.update(routing.ROUTE_CAPABILITIES)

@@ -17,6 +17,7 @@ import pybase64
 from sandboxd.core.exec.run import Outcome, SpawnFailed
 from sandboxd.core.processes.log import STDERR, Chunk
 from sandboxd.core.processes.process import Dropped, Ended, Process, ReaderEvent, SandboxGone
+from sandboxd.core.templates.store import Template
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,
@@ -28,6 +29,11 @@ from sandboxd.errors import (
     ProcessNotFound,
     SandboxdError,
     SandboxNotFound,
+    TemplateCannotRun,
+    TemplateConflict,
+    TemplateNotFound,
+    TemplatesUnavailable,
+    TemplateTooLarge,
     TooMany,
     TooManyEntries,
 )
@@ -59,6 +65,12 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     Draining: (503, "Draining"),
     NoCapacity: (503, "NoCapacity"),
     InsufficientStorage: (507, "InsufficientStorage"),
+    # Templates (docs/extensions.rst, "Templates"); BadArchive is a BadRequest
+    TemplateNotFound: (404, "TemplateNotFound"),
+    TemplateConflict: (409, "Conflict"),
+    TemplateTooLarge: (413, "TooLarge"),
+    TemplatesUnavailable: (503, "TemplatesUnavailable"),
+    TemplateCannotRun: (501, "NotImplemented"),
 }
 """Core error → (HTTP status, wire ``error`` type); a subclass answers as its nearest base."""
 
@@ -324,3 +336,23 @@ def watch_frame(event: str, path: str | None = None, is_dir: bool = False) -> by
     if path is None:
         return frame_line({"event": event})
     return frame_line({"event": event, "path": path, "dir": is_dir})
+
+
+# Templates (docs/extensions.rst, "Templates")
+
+
+def template_body(template: Template) -> dict[str, Any]:
+    """One template: ``{name, digest, size, env, workdir, created}``."""
+    return {
+        "name": template.name,
+        "digest": template.digest,
+        "size": template.size,
+        "env": template.env,
+        "workdir": template.workdir,
+        "created": template.created,
+    }
+
+
+def templates_body(templates: Iterable[Template]) -> dict[str, Any]:
+    """``GET /templates``: every template, by name."""
+    return {"templates": [template_body(template) for template in templates]}

@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from ._templates import add_parsers as add_template_parsers
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 COMMAND_TAKERS = ("exec", "run")
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("-r", "--recursive", action="store_true")
     _add_process_parsers(add)
+    add_template_parsers(add, common)
     add("list", "list live sandboxes").add_argument("--pod")
     add("health", "show service health").add_argument("--pod")
     p = add("mcp", "serve the sandboxes to an MCP client (stdio, or streamable HTTP)")

@@ -20,6 +20,7 @@ from sandboxd_client import (
     SandboxError,
     SandboxNotFound,
     SandboxUnavailable,
+    TemplateNotFound,
     TooLarge,
 )
 from sandboxd_client._errors import FOREIGN_ERRORS, WIRE_ERRORS, error_for, error_from_frame
@@ -47,14 +48,17 @@ EXPECTED: dict[str, type[BaseException]] = {
     "FileNotFoundError": FileNotFoundError,
     "NotFound": SandboxNotFound,
     "ProcessNotFound": ProcessNotFound,
+    "TemplateNotFound": TemplateNotFound,
     "MethodNotAllowed": SandboxError,
     "Conflict": SandboxError,
     "TooMany": SandboxError,
     "TooLarge": TooLarge,
     "InternalError": SandboxError,
     "ArchiveError": SandboxError,
+    "NotImplemented": SandboxError,
     "Draining": SandboxUnavailable,
     "NoCapacity": SandboxUnavailable,
+    "TemplatesUnavailable": SandboxUnavailable,
     "InsufficientStorage": OSError,
 }
 """What docs/client.rst, "Errors and retries", says an application gets for each type."""

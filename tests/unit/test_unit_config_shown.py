@@ -31,6 +31,7 @@ MORE: dict[str, str] = {
     "SANDBOXD_PROCESSES_MAX": "3",
     "SANDBOXD_WALK_MAX": "50",
     "SANDBOXD_WALK_BYTES_MAX": "2M",
+    "SANDBOXD_TEMPLATE_MAX": "2G",
     "SANDBOXD_WATCH_MAX": "2",
 }
 

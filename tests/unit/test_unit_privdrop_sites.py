@@ -48,6 +48,8 @@ SITES = {
     " start-up",
     ("sandboxd/isolation/exec/helper_build.py", "_run"): "the build: the C compiler",
     ("sandboxd/core/archive/store.py", "rsync_version"): "root: rsync --version at start-up",
+    ("sandboxd/core/templates/sources.py", "_zstd"): "nobody under a root daemon: zstd -dc of"
+    " an imported template archive (a decompressor on descriptors; nothing of the archive runs)",
 }
 """Every place that starts a process: what it starts, and as whom."""
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 from twisted.web.iweb import IRequest
 
 from sandboxd.http import parse
+from sandboxd.http.routes import templates
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
 
 if TYPE_CHECKING:
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
 async def create(api: "SandboxAPI", request: IRequest) -> bytes:
     body = parse.json_body(request)
     env, item_id = parse.create_body(body)
+    if body.get("template") is not None:
+        templates.refuse_template(api, body["template"])
     # The network mode is the core's to check (which modes this replica offers and allows).
     sandbox = await api.manager.create_restored(
         env=env, item_id=item_id, network=body.get("network")

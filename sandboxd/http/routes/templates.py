@@ -1,0 +1,78 @@
+"""The routes of templates (docs/extensions.rst, "Templates"): list, show, import (an archive
+body) and delete. Klein names each route after its function: these names are the module's own
+(a ``delete`` here would replace the files' ``delete``)."""
+
+import io
+import os
+from typing import IO, TYPE_CHECKING
+
+from twisted.web.iweb import IRequest
+
+from sandboxd.core.templates.store import TemplateStore, check_name
+from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
+from sandboxd.http import parse, wire
+from sandboxd.http.routing import app, authorized, json_response, no_content
+from sandboxd.web.site import Spool
+
+if TYPE_CHECKING:
+    from sandboxd.http.api import SandboxAPI
+
+
+def store(api: "SandboxAPI") -> TemplateStore:
+    """The replica's template store (``503`` when it has none)."""
+    if api.templates is None:
+        raise TemplatesUnavailable("templates are not available on this replica")
+    return api.templates
+
+
+def refuse_template(api: "SandboxAPI", name: object) -> None:
+    """A create's ``template``: ``400`` unless a name, ``404`` unless a template of this
+    replica, else ``501``: sandboxes cannot run in templates yet, and a create that names one
+    must not give a sandbox that silently runs on the host's root instead."""
+    if not isinstance(name, str):
+        raise BadRequest("template: must be a template's name")
+    store(api).get(name)
+    raise TemplateCannotRun(f"template {name!r}: sandboxes cannot run in templates yet")
+
+
+@app.route("/templates", methods=["GET"])
+@authorized
+def list_templates(api: "SandboxAPI", request: IRequest) -> bytes:
+    return json_response(request, wire.templates_body(store(api).listing()))
+
+
+@app.route("/templates/<name>", methods=["GET"])
+@authorized
+def show_template(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+    return json_response(request, wire.template_body(store(api).get(name)))
+
+
+@app.route("/templates/<name>", methods=["PUT"])
+@authorized
+async def import_template(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+    """The body is the archive, stored like any upload's (``SANDBOXD_MAX_BODY``); its kind is
+    read from its content, whatever its content type says."""
+    templates = store(api)
+    check_name(name)
+    parse.refuse_too_large(request, api.manager.config.max_body)
+    template = await templates.put(name, own_copy(request.content))
+    return json_response(request, wire.template_body(template), 201)
+
+
+def own_copy(content: IO[bytes]) -> IO[bytes]:
+    """The body as a file of the import's own, at its start: the request closes its content
+    when its client goes, and the import goes on without it (a spooled body is the same file
+    through a descriptor of its own; one held in memory is copied, being small). The store
+    closes it."""
+    if isinstance(content, Spool):
+        copy = os.fdopen(os.dup(content.fileno()), "rb")
+        copy.seek(0)
+        return copy
+    return io.BytesIO(content.getvalue())  # type: ignore[attr-defined]
+
+
+@app.route("/templates/<name>", methods=["DELETE"])
+@authorized
+async def delete_template(api: "SandboxAPI", request: IRequest, name: str) -> bytes:
+    await store(api).delete(name)
+    return no_content(request)

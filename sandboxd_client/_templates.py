@@ -1,0 +1,121 @@
+"""
+Templates of ``HttpSandbox`` (a base class of it): list, show, import and delete the root
+filesystems a replica keeps (docs/extensions.rst, "Templates").
+
+Templates belong to one replica: each call goes to ``base_url``, or to the replica whose
+``pod_url`` is given (import a template on every replica that is to run it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from hyperlink import DecodedURL
+
+from . import _wire as wire
+from ._base import OCTETS, ClientBase
+from ._deferreds import async_to_deferred
+from ._handles import check_base_url
+from ._transfers import Progress
+from ._types import ProtocolError, TemplateInfo, TemplateNotFound
+
+REPLY_LIMIT = 1 << 20
+"""Largest template record read (a few hundred bytes, its environment included)."""
+
+
+def decode_template(reply: object) -> TemplateInfo:
+    """One template record → ``TemplateInfo`` (``ProtocolError`` when malformed)."""
+    what = "template"
+    obj = wire._obj(reply, what)
+    env = wire._get(obj, "env", dict, what)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ProtocolError("template: env must map strings to strings")
+    return TemplateInfo(
+        name=wire._get(obj, "name", str, what),
+        digest=wire._get(obj, "digest", str, what),
+        size=wire._get(obj, "size", int, what),
+        env=dict(env),
+        workdir=wire._get(obj, "workdir", str, what),
+        created=float(wire._get(obj, "created", (int, float), what)),
+    )
+
+
+def decode_templates(reply: object) -> list[TemplateInfo]:
+    """``GET /templates`` → one ``TemplateInfo`` per template, by name."""
+    return [
+        decode_template(t)
+        for t in wire._get(wire._obj(reply, "templates"), "templates", list, "templates")
+    ]
+
+
+class Templates(ClientBase):
+    """The template routes of one replica."""
+
+    def _templates_url(self, pod_url: str | None, *segments: str) -> DecodedURL:
+        base = self._base if pod_url is None else check_base_url(pod_url)
+        return base.child("templates", *segments)
+
+    @async_to_deferred
+    async def list_templates(self, pod_url: str | None = None) -> list[TemplateInfo]:
+        """The templates of the replica at ``base_url`` (or at ``pod_url``)."""
+        url = self._templates_url(pod_url)
+        return decode_templates(await self._idempotent("GET", url, service=True))
+
+    @async_to_deferred
+    async def get_template(self, name: str, pod_url: str | None = None) -> TemplateInfo:
+        """One template's record; ``TemplateNotFound`` when the replica has none of ``name``."""
+        url = self._templates_url(pod_url, name)
+        return decode_template(await self._idempotent("GET", url, service=True))
+
+    @async_to_deferred
+    async def delete_template(self, name: str, pod_url: str | None = None) -> None:
+        """Delete a template; a retry that finds it already gone counts as done."""
+        url = self._templates_url(pod_url, name)
+        await self._idempotent("DELETE", url, service=True, gone_ok=TemplateNotFound)
+
+    @async_to_deferred
+    async def import_template(
+        self,
+        name: str,
+        local_path: str,
+        *,
+        pod_url: str | None = None,
+        on_progress: Progress | None = None,
+        timeout: float = 3600.0,
+    ) -> TemplateInfo:
+        """
+        Import the archive ``local_path`` (a root filesystem tarball, an OCI image layout in
+        a tar, or a ``docker save`` archive) as template ``name``, streamed without reading it
+        into memory. Sent once (a second attempt would find the name taken): ``timeout`` is
+        the longest the upload and the import may take.
+        """
+        url = self._templates_url(pod_url, name)
+        with open(local_path, "rb") as source:
+            total = os.fstat(source.fileno()).st_size
+            sent = [0]
+
+            def progress(n: int) -> None:
+                sent[0] += n
+                if on_progress is not None:
+                    on_progress(sent[0], total)
+
+            response = await self._http.send(
+                "PUT",
+                url,
+                timeout=timeout,
+                service=True,
+                body=self._http.producer(source),
+                content_type=OCTETS,
+                on_sent=progress,
+            )
+            await self._http.check(response, timeout=timeout, service=True)
+        chunks: list[bytes] = []
+        await self._http.read(response, chunks.append, timeout=timeout, service=True)
+        data = b"".join(chunks)
+        try:
+            reply: Any = json.loads(data[:REPLY_LIMIT])
+        except (ValueError, UnicodeDecodeError):
+            raise ProtocolError(f"template: reply is not JSON: {data[:80]!r}") from None
+        return decode_template(reply)
