@@ -7,7 +7,7 @@ kernel. Time comes from the injected clock; processes from the injected reactor.
 
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any, BinaryIO, TypeVar
 
@@ -29,7 +29,7 @@ from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
-from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.sandbox import Sandbox, SandboxListing
 from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
@@ -401,15 +401,15 @@ class SandboxManager(Commands):
         """What the disk layer counts for the sandbox (all ``None`` without disk limits)."""
         return self.layout.disk_usage(sandbox.rid)
 
-    def listing(self) -> list[Mapping[str, Any]]:
-        """``GET /sandboxes``: every live sandbox, for operators."""
+    def listing(self) -> list[SandboxListing]:
+        """Every live sandbox, for operators."""
         return [
-            {
-                "remote_id": s.rid,
-                "created": s.created,
-                "last_active": s.last_active,
-                "ready": self.layout.is_ready(s.rid),
-                "execs": s.execs,
-            }
+            SandboxListing(
+                rid=s.rid,
+                created=s.created,
+                last_active=s.last_active,
+                ready=self.layout.is_ready(s.rid),
+                execs=s.execs,
+            )
             for s in self.sandboxes.values()
         ]

@@ -1,6 +1,6 @@
 """One live sandbox, as the manager keeps it: identity, environment, activity, and what runs."""
 
-from attrs import define, field
+from attrs import define, field, frozen
 from twisted.internet.defer import Deferred
 
 from sandboxd.core.exec.run import ExecRun
@@ -35,3 +35,15 @@ class Sandbox:
     """When a front bounds this sandbox's life itself (the E2B front's ``timeout``), the time
     it ends: the idle reaper leaves it alone until then. ``None``: ``SANDBOXD_IDLE_TTL``
     applies."""
+
+
+@frozen
+class SandboxListing:
+    """What the operators' list shows of one live sandbox."""
+
+    rid: str
+    created: float
+    last_active: float
+    ready: bool
+    """Its ready marker is set (docs/contract.rst, "Ready marker")."""
+    execs: int

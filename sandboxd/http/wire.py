@@ -16,7 +16,15 @@ import pybase64
 
 from sandboxd.core.exec.run import Outcome, SpawnFailed
 from sandboxd.core.processes.log import STDERR, Chunk
-from sandboxd.core.processes.process import Dropped, Ended, Process, ReaderEvent, SandboxGone
+from sandboxd.core.processes.process import (
+    Dropped,
+    Ended,
+    Process,
+    ProcessListing,
+    ReaderEvent,
+    SandboxGone,
+)
+from sandboxd.core.sandbox import SandboxListing
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,
@@ -116,6 +124,25 @@ def unauthorized_answer() -> bytes:
         b"www-authenticate: %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
         % (BEARER_CHALLENGE, len(body), body)
     )
+
+
+# Lifecycle bodies
+
+
+def sandboxes_body(listing: Iterable[SandboxListing]) -> dict[str, Any]:
+    """``GET /sandboxes``: every live sandbox, for operators (its id as ``remote_id``)."""
+    return {
+        "sandboxes": [
+            {
+                "remote_id": s.rid,
+                "created": s.created,
+                "last_active": s.last_active,
+                "ready": s.ready,
+                "execs": s.execs,
+            }
+            for s in listing
+        ]
+    }
 
 
 # NDJSON frames of the exec stream
@@ -302,7 +329,20 @@ def process_started_body(process: Process) -> dict[str, Any]:
 
 def processes_body(processes: Iterable[Process]) -> dict[str, Any]:
     """``GET processes``: every record of the sandbox, oldest first."""
-    return {"processes": [p.listing() for p in processes]}
+    return {"processes": [process_json(p.listing()) for p in processes]}
+
+
+def process_json(listed: ProcessListing) -> dict[str, Any]:
+    """One record of ``GET processes``."""
+    return {
+        "id": listed.id,
+        "pid": listed.pid,
+        "tag": listed.tag,
+        "cmd": list(listed.cmd),
+        "started": listed.started,
+        "running": listed.running,
+        "exit": listed.exit,
+    }
 
 
 def reader_frame(event: ReaderEvent) -> bytes:

@@ -18,6 +18,7 @@ from sandboxd.config import Config
 from sandboxd.core.exec.spec import ExecSpec
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import BASE_PATH, SandboxManager
+from sandboxd.core.sandbox import SandboxListing
 from sandboxd.e2b.registry import Registry
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.http import parse, wire
@@ -558,13 +559,7 @@ def test_stats_and_listing(world: World) -> None:
     assert world.manager.stats(sandbox) == world.cgroups.stats_value
     world.manager.mark_ready(sandbox)
     assert world.manager.listing() == [
-        {
-            "remote_id": sandbox.rid,
-            "created": 0.0,
-            "last_active": 0.0,
-            "ready": True,
-            "execs": 0,
-        }
+        SandboxListing(rid=sandbox.rid, created=0.0, last_active=0.0, ready=True, execs=0)
     ]
 
 

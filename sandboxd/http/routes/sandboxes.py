@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.http import parse
+from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def own_url(api: "SandboxAPI", request: IRequest) -> str:
 @authorized
 @capability("sandboxes.list")
 def listing(api: "SandboxAPI", request: IRequest) -> bytes:
-    return json_response(request, {"sandboxes": api.manager.listing()})
+    return json_response(request, wire.sandboxes_body(api.manager.listing()))
 
 
 @app.route("/sandboxes/<rid:rid>", methods=["DELETE"])
