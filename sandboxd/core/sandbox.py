@@ -1,5 +1,7 @@
 """One live sandbox, as the manager keeps it: identity, environment, activity, and what runs."""
 
+from collections.abc import Mapping
+
 from attrs import define, field, frozen
 from twisted.internet.defer import Deferred
 
@@ -7,6 +9,21 @@ from sandboxd.core.exec.run import ExecRun
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.watch.watch import WorkspaceWatch
 from sandboxd.isolation.base import Identity
+
+
+@frozen
+class CreateRequest:
+    """What a front asks of a new sandbox, parsed: its create-time environment (names and
+    values already checked), the archive entry it restores from, and its network mode by name
+    (``None``: the replica's default; the core checks it is offered and allowed)."""
+
+    env: Mapping[str, str] = field(factory=dict)
+    item_id: str | None = None
+    network: str | None = None
+
+
+PLAIN = CreateRequest()
+"""A sandbox with no environment, no archive entry, and the default network."""
 
 
 @define

@@ -14,6 +14,8 @@ from urllib.parse import parse_qsl, unquote
 
 from twisted.web.iweb import IRequest
 
+from sandboxd.core.exec.spec import parse_env
+from sandboxd.core.sandbox import CreateRequest
 from sandboxd.e2b import wire
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
@@ -133,7 +135,8 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     timeout = _timeout(body, TIMEOUT_DEFAULT)
     network = internet_mode(front, body.get("allow_internet_access"))
     try:
-        sandbox = await front.manager.create_restored(env=body.get("envVars"), network=network)
+        env = parse_env(body.get("envVars"), "env")
+        sandbox = await front.manager.create_restored(CreateRequest(env=env, network=network))
     except BadRequest as e:
         raise RestError(400, e.detail) from None
     entry = front.registry.add(sandbox, template, dict(metadata), timeout or TIMEOUT_DEFAULT)

@@ -15,12 +15,8 @@ if TYPE_CHECKING:
 @app.route("/sandboxes", methods=["POST"])
 @authorized
 async def create(api: "SandboxAPI", request: IRequest) -> bytes:
-    body = parse.json_body(request)
-    env, item_id = parse.create_body(body)
-    # The network mode is the core's to check (which modes this replica offers and allows).
-    sandbox = await api.manager.create_restored(
-        env=env, item_id=item_id, network=body.get("network")
-    )
+    wanted = parse.create_request(parse.json_body(request))
+    sandbox = await api.manager.create_restored(wanted)
     return json_response(request, {"pod_url": own_url(api, request), "remote_id": sandbox.rid})
 
 
