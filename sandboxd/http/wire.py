@@ -14,6 +14,7 @@ from typing import Any
 
 import pybase64
 
+import sandboxd
 from sandboxd.core.exec.run import Outcome, SpawnFailed
 from sandboxd.core.processes.log import STDERR, Chunk
 from sandboxd.core.processes.process import (
@@ -24,7 +25,7 @@ from sandboxd.core.processes.process import (
     ReaderEvent,
     SandboxGone,
 )
-from sandboxd.core.sandbox import SandboxListing
+from sandboxd.core.sandbox import Sandbox, SandboxListing
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,
@@ -39,6 +40,8 @@ from sandboxd.errors import (
     TooMany,
     TooManyEntries,
 )
+from sandboxd.isolation.base import CgroupStats
+from sandboxd.isolation.disk.base import DiskUsage
 
 JSON = b"application/json"
 NDJSON = b"application/x-ndjson"
@@ -129,6 +132,26 @@ def unauthorized_answer() -> bytes:
 # Lifecycle bodies
 
 
+def created_body(pod_url: str, sandbox: Sandbox) -> dict[str, Any]:
+    """``POST /sandboxes``: where the new sandbox is served, and its id."""
+    return {"pod_url": pod_url, "remote_id": sandbox.rid}
+
+
+def stats_body(usage: CgroupStats, disk: DiskUsage) -> dict[str, Any]:
+    """``GET stats``: what the cgroup and the disk layer count of the sandbox."""
+    return {
+        "memory_bytes": usage.memory_bytes,
+        "memory_peak_bytes": usage.memory_peak_bytes,
+        "cpu_usec": usage.cpu_usec,
+        "pids": usage.pids,
+        "oom_kills": usage.oom_kills,
+        "disk_bytes": disk.bytes,
+        "disk_limit_bytes": disk.bytes_limit,
+        "files": disk.files,
+        "files_limit": disk.files_limit,
+    }
+
+
 def sandboxes_body(listing: Iterable[SandboxListing]) -> dict[str, Any]:
     """``GET /sandboxes``: every live sandbox, for operators (its id as ``remote_id``)."""
     return {
@@ -143,6 +166,36 @@ def sandboxes_body(listing: Iterable[SandboxListing]) -> dict[str, Any]:
             for s in listing
         ]
     }
+
+
+# The replica's own bodies
+
+
+def health_body(draining: bool, capabilities: list[str]) -> dict[str, Any]:
+    """``GET /healthz``: alive (``ok``, or ``draining``), its version and capabilities."""
+    return {
+        "status": "draining" if draining else "ok",
+        "version": sandboxd.__version__,
+        "capabilities": capabilities,
+    }
+
+
+def readiness_body(reason: str | None, isolation: str) -> tuple[int, dict[str, Any]]:
+    """``GET /readyz``: ``503`` with the ``reason`` it takes no sandbox, else ``200`` naming
+    its isolation."""
+    if reason is not None:
+        return 503, {"ready": False, "reason": reason}
+    return 200, {"ready": True, "isolation": isolation}
+
+
+def tools_refused_body(wanted: Iterable[str], reason: str) -> dict[str, Any]:
+    """``POST /tools/resolve`` on a replica that cannot resolve: every tool refused."""
+    return {"tools": {}, "refused": dict.fromkeys(wanted, reason)}
+
+
+def field_body(name: str, value: object) -> dict[str, Any]:
+    """A body of one field: ``{"ready": ...}``, ``{"exists": ...}``, ``{"size": ...}``..."""
+    return {name: value}
 
 
 # NDJSON frames of the exec stream

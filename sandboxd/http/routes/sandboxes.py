@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 async def create(api: "SandboxAPI", request: IRequest) -> bytes:
     wanted = parse.create_request(parse.json_body(request))
     sandbox = await api.manager.create_restored(wanted)
-    return json_response(request, {"pod_url": own_url(api, request), "remote_id": sandbox.rid})
+    return json_response(request, wire.created_body(own_url(api, request), sandbox))
 
 
 def own_url(api: "SandboxAPI", request: IRequest) -> str:
@@ -58,20 +58,7 @@ def stats(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     sandbox = api.manager.get(rid)
     usage = api.manager.stats(sandbox)
     disk = api.manager.disk_usage(sandbox)
-    return json_response(
-        request,
-        {
-            "memory_bytes": usage.memory_bytes,
-            "memory_peak_bytes": usage.memory_peak_bytes,
-            "cpu_usec": usage.cpu_usec,
-            "pids": usage.pids,
-            "oom_kills": usage.oom_kills,
-            "disk_bytes": disk.bytes,
-            "disk_limit_bytes": disk.bytes_limit,
-            "files": disk.files,
-            "files_limit": disk.files_limit,
-        },
-    )
+    return json_response(request, wire.stats_body(usage, disk))
 
 
 # Ready marker and archive
@@ -87,7 +74,8 @@ def mark_ready(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
 @app.route("/sandboxes/<rid:rid>/ready", methods=["GET"])
 @authorized
 def ready(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
-    return json_response(request, {"ready": api.manager.is_ready(api.manager.get(rid))})
+    ready = api.manager.is_ready(api.manager.get(rid))
+    return json_response(request, wire.field_body("ready", ready))
 
 
 @app.route("/sandboxes/<rid:rid>/persist", methods=["POST"])
