@@ -26,6 +26,7 @@ from sandboxd.core.processes.process import (
     SandboxGone,
 )
 from sandboxd.core.sandbox import Sandbox, SandboxListing
+from sandboxd.core.tools.resolver import Resolution
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,
@@ -188,9 +189,14 @@ def readiness_body(reason: str | None, isolation: str) -> tuple[int, dict[str, A
     return 200, {"ready": True, "isolation": isolation}
 
 
-def tools_refused_body(wanted: Iterable[str], reason: str) -> dict[str, Any]:
-    """``POST /tools/resolve`` on a replica that cannot resolve: every tool refused."""
-    return {"tools": {}, "refused": dict.fromkeys(wanted, reason)}
+def tools_body(answer: Resolution) -> dict[str, Any]:
+    """``POST /tools/resolve``: ``{tools: {name: {sha, version, stale, commands}}, refused:
+    {name: reason}}``."""
+    tools = {
+        name: {"sha": t.sha, "version": t.version, "stale": t.stale, "commands": t.commands}
+        for name, t in answer.tools.items()
+    }
+    return {"tools": tools, "refused": answer.refused}
 
 
 def field_body(name: str, value: object) -> dict[str, Any]:

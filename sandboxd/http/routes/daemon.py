@@ -7,6 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
+from sandboxd.core.tools.resolver import Resolution
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
 
@@ -61,5 +62,7 @@ async def resolve_tools(api: "SandboxAPI", request: IRequest) -> bytes:
     wanted = parse.tools_body(parse.json_body(request))
     if api.tools is None:
         reason = "tool resolution is not available on this replica"
-        return json_response(request, wire.tools_refused_body(wanted, reason))
-    return json_response(request, await api.tools.resolve(wanted))
+        return json_response(
+            request, wire.tools_body(Resolution({}, dict.fromkeys(wanted, reason)))
+        )
+    return json_response(request, wire.tools_body(await api.tools.resolve(wanted)))
