@@ -13,8 +13,7 @@ from urllib.parse import parse_qsl, unquote
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.exec.spec import parse_env
-from sandboxd.core.sandbox import CreateRequest
+from sandboxd.core import CreateRequest, parse_env
 from sandboxd.e2b import wire
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError

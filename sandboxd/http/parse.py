@@ -14,11 +14,15 @@ from typing import Any, cast
 from twisted.web.iweb import IRequest
 from werkzeug.routing import BaseConverter
 
-from sandboxd.core.archive.store import RESERVED_PREFIX
-from sandboxd.core.exec.spec import SHA256_HEX, ExecSpec, parse_env
-from sandboxd.core.files.paths import normalise
-from sandboxd.core.layout import RID_PATTERN
-from sandboxd.core.sandbox import CreateRequest
+from sandboxd.core import (
+    RESERVED_PREFIX,
+    RID_PATTERN,
+    SHA256_HEX,
+    CreateRequest,
+    ExecSpec,
+    normalise,
+    parse_env,
+)
 from sandboxd.errors import BadRequest, InsufficientStorage, SandboxdError
 from sandboxd.http.wire import TooLarge
 

@@ -15,18 +15,21 @@ from typing import Any
 import pybase64
 
 import sandboxd
-from sandboxd.core.exec.run import Outcome, SpawnFailed
-from sandboxd.core.processes.log import STDERR, Chunk
-from sandboxd.core.processes.process import (
+from sandboxd.core import (
+    STDERR,
+    Chunk,
     Dropped,
     Ended,
+    Outcome,
     Process,
     ProcessListing,
     ReaderEvent,
+    Resolution,
+    Sandbox,
     SandboxGone,
+    SandboxListing,
+    SpawnFailed,
 )
-from sandboxd.core.sandbox import Sandbox, SandboxListing
-from sandboxd.core.tools.resolver import Resolution
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,

@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.tools.resolver import Resolution
+from sandboxd.core import Resolution
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
 

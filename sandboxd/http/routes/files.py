@@ -8,9 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.files import workspace
-from sandboxd.core.files.paths import Parts, normalise
-from sandboxd.core.watch.watch import WatchEvent
+from sandboxd.core import Parts, WatchEvent, normalise, workspace
 from sandboxd.errors import TooManyEntries
 from sandboxd.http import parse, wire
 from sandboxd.http.download import send_file
