@@ -3,7 +3,8 @@
 Nothing here sees a request, a status code or a wire frame; the fronts (:mod:`sandboxd.http`,
 :mod:`sandboxd.e2b`) parse, call the core, and encode. What they use is exported here, and
 only here (``tests/unit/test_unit_core_boundary.py`` checks both directions): the manager
-and its entry points, the values it takes and returns, and the file operations a front runs
+and its entry points, the values it takes and returns (with the isolation's counts the
+manager hands on: ``CgroupStats``, ``DiskUsage``), and the file operations a front runs
 in a file thread (:mod:`~sandboxd.core.files.workspace`, ``entries``, ``tar_in``, ``tar_out``).
 """
 
@@ -32,6 +33,8 @@ from sandboxd.core.processes.process import (
 from sandboxd.core.sandbox import CreateRequest, Sandbox, SandboxListing
 from sandboxd.core.tools.resolver import Resolution, Resolved, ToolResolver
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
+from sandboxd.isolation.base import CgroupStats
+from sandboxd.isolation.disk.base import DiskUsage
 
 EXEC_CAPABILITIES = (*_spec.CAPABILITIES, *_run.CAPABILITIES)
 """The ``exec`` extensions the core implements (listed by ``/healthz``)."""
@@ -44,8 +47,10 @@ __all__ = [
     "SIGNALS",
     "STDERR",
     "UPLOAD_PREFIX",
+    "CgroupStats",
     "Chunk",
     "CreateRequest",
+    "DiskUsage",
     "Dropped",
     "Ended",
     "Entry",

@@ -17,7 +17,9 @@ import pybase64
 import sandboxd
 from sandboxd.core import (
     STDERR,
+    CgroupStats,
     Chunk,
+    DiskUsage,
     Dropped,
     Ended,
     Outcome,
@@ -44,8 +46,6 @@ from sandboxd.errors import (
     TooMany,
     TooManyEntries,
 )
-from sandboxd.isolation.base import CgroupStats
-from sandboxd.isolation.disk.base import DiskUsage
 
 JSON = b"application/json"
 NDJSON = b"application/x-ndjson"
