@@ -24,6 +24,7 @@ from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
 from sandboxd.core.commands import BASE_PATH, Commands
 from sandboxd.core.drain import DrainLoop
+from sandboxd.core.exec.spec import check_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
@@ -111,11 +112,13 @@ class SandboxManager(Commands):
 
     def create(self, request: CreateRequest = PLAIN) -> Sandbox:
         """A new sandbox with its own identity, cgroup, directories and namespaces (not
-        restored); ``400`` when the replica does not offer or allow its network mode."""
+        restored); ``400`` when its environment cannot be one, or when the replica does not
+        offer or allow its network mode."""
         if self.draining:
             raise Draining("the daemon is draining and accepts no new sandboxes")
         if self.recovering:
             raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
+        check_env(request.env, "env")
         try:
             mode = self.isolation.namespaces.network.mode(request.network)
         except ValueError as e:

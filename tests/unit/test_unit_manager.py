@@ -169,7 +169,7 @@ def test_create(world: World) -> None:
 
 def test_create_refusals(world: World) -> None:
     with pytest.raises(BadRequest, match=r"^env:"):
-        parse.create_request({"env": {"A=B": "x"}})
+        world.manager.create(CreateRequest(env={"A=B": "x"}))
     assert world.isolation.uids.free == 4
     for _ in range(4):
         world.manager.create()
