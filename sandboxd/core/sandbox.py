@@ -13,9 +13,10 @@ from sandboxd.isolation.base import Identity
 
 @frozen
 class CreateRequest:
-    """What a front asks of a new sandbox, parsed: its create-time environment (names and
-    values already checked), the archive entry it restores from, and its network mode by name
-    (``None``: the replica's default; the core checks it is offered and allowed)."""
+    """What a front asks of a new sandbox, parsed from its body: its create-time environment,
+    the archive entry it restores from, and its network mode by name (``None``: the replica's
+    default). The core checks what they mean: that each entry can be an environment entry,
+    and that the mode is offered and allowed here."""
 
     env: Mapping[str, str] = field(factory=dict)
     item_id: str | None = None
