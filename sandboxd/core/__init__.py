@@ -1,5 +1,86 @@
 """The core: sandboxes, their commands, files, archive and tools, as plain values and events.
 
-Nothing here sees a request, a status code or a wire frame; the fronts (:mod:`sandboxd.http`)
-parse, call the core, and encode.
+Nothing here sees a request, a status code or a wire frame; the fronts (:mod:`sandboxd.http`,
+:mod:`sandboxd.e2b`) parse, call the core, and encode. What they use is exported here, and
+only here (``tests/unit/test_unit_core_boundary.py`` checks both directions): the manager
+and its entry points, the values it takes and returns (with the isolation's counts the
+manager hands on: ``CgroupStats``, ``DiskUsage``), and the file operations a front runs
+in a file thread (:mod:`~sandboxd.core.files.workspace`, ``entries``, ``tar_in``, ``tar_out``).
 """
+
+from sandboxd.core.archive.store import RESERVED_PREFIX
+from sandboxd.core.exec import run as _run
+from sandboxd.core.exec import spec as _spec
+from sandboxd.core.exec.run import ExecRun, Outcome, SpawnFailed
+from sandboxd.core.exec.spec import SHA256_HEX, ExecSpec, parse_env
+from sandboxd.core.files import entries, tar_in, tar_out, workspace
+from sandboxd.core.files.entries import Entry
+from sandboxd.core.files.in_place import Source, write_in_place
+from sandboxd.core.files.paths import Parts, normalise
+from sandboxd.core.files.tree import UPLOAD_PREFIX
+from sandboxd.core.layout import RID_PATTERN
+from sandboxd.core.manager import SandboxManager
+from sandboxd.core.processes.log import STDERR, Chunk
+from sandboxd.core.processes.process import (
+    SIGNALS,
+    Dropped,
+    Ended,
+    Process,
+    ProcessListing,
+    ReaderEvent,
+    SandboxGone,
+)
+from sandboxd.core.sandbox import CreateRequest, Sandbox, SandboxListing
+from sandboxd.core.templates.store import Template, TemplateStore, check_name
+from sandboxd.core.tools.resolver import Resolution, Resolved, ToolResolver
+from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
+from sandboxd.isolation.base import CgroupStats
+from sandboxd.isolation.disk.base import DiskUsage
+
+EXEC_CAPABILITIES = (*_spec.CAPABILITIES, *_run.CAPABILITIES)
+"""The ``exec`` extensions the core implements (listed by ``/healthz``)."""
+
+__all__ = [
+    "EXEC_CAPABILITIES",
+    "RESERVED_PREFIX",
+    "RID_PATTERN",
+    "SHA256_HEX",
+    "SIGNALS",
+    "STDERR",
+    "UPLOAD_PREFIX",
+    "CgroupStats",
+    "Chunk",
+    "CreateRequest",
+    "DiskUsage",
+    "Dropped",
+    "Ended",
+    "Entry",
+    "ExecRun",
+    "ExecSpec",
+    "Outcome",
+    "Parts",
+    "Process",
+    "ProcessListing",
+    "ReaderEvent",
+    "Resolution",
+    "Resolved",
+    "Sandbox",
+    "SandboxGone",
+    "SandboxListing",
+    "SandboxManager",
+    "Source",
+    "SpawnFailed",
+    "Template",
+    "TemplateStore",
+    "ToolResolver",
+    "WatchEvent",
+    "WorkspaceWatch",
+    "check_name",
+    "entries",
+    "normalise",
+    "parse_env",
+    "tar_in",
+    "tar_out",
+    "workspace",
+    "write_in_place",
+]

@@ -7,7 +7,7 @@ kernel. Time comes from the injected clock; processes from the injected reactor.
 
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any, BinaryIO, TypeVar
 
@@ -24,12 +24,12 @@ from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
 from sandboxd.core.commands import BASE_PATH, Commands
 from sandboxd.core.drain import DrainLoop
-from sandboxd.core.exec.spec import parse_env
+from sandboxd.core.exec.spec import check_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
-from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.sandbox import PLAIN, CreateRequest, Sandbox, SandboxListing
 from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
@@ -106,18 +106,17 @@ class SandboxManager(Commands):
 
     # Lifecycle
 
-    def create(
-        self, env: object = None, item_id: str | None = None, network: object = None
-    ) -> Sandbox:
+    def create(self, request: CreateRequest = PLAIN) -> Sandbox:
         """A new sandbox with its own identity, cgroup, directories and namespaces (not
-        restored); ``network`` names its network mode (``None``: the replica's default)."""
+        restored); ``400`` when its environment cannot be one, or when the replica does not
+        offer or allow its network mode."""
         if self.draining:
             raise Draining("the daemon is draining and accepts no new sandboxes")
         if self.recovering:
             raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
-        create_env = parse_env(env, "env")
+        check_env(request.env, "env")
         try:
-            mode = self.isolation.namespaces.network.mode(network)
+            mode = self.isolation.namespaces.network.mode(request.network)
         except ValueError as e:
             raise BadRequest(f"network: {e}") from None
         try:
@@ -136,10 +135,10 @@ class SandboxManager(Commands):
         sandbox = Sandbox(
             rid,
             identity,
-            create_env,
+            dict(request.env),
             created=now,
             last_active=now,
-            item_id=item_id,
+            item_id=request.item_id,
             network=mode.name,
         )
         sandbox.processes = ProcessTable(self.config.processes_max)
@@ -325,14 +324,13 @@ class SandboxManager(Commands):
 
     # Archive
 
-    async def create_restored(
-        self, env: object = None, item_id: str | None = None, network: object = None
-    ) -> Sandbox:
-        """``POST /sandboxes``: a new sandbox; with an archive and ``item_id``, the item is
-        restored into it (as its uid) and only then marked ready. A missing archive entry gives an
-        empty, ready workspace; a failed restore kills the sandbox and raises.
+    async def create_restored(self, request: CreateRequest = PLAIN) -> Sandbox:
+        """A new sandbox; with an archive and an ``item_id``, the item is restored into it (as
+        its uid) and only then marked ready. A missing archive entry gives an empty, ready
+        workspace; a failed restore kills the sandbox and raises.
         """
-        sandbox = self.create(env, item_id=item_id, network=network)
+        sandbox = self.create(request)
+        item_id = request.item_id
         if self.archive is None or item_id is None:
             return sandbox
         try:
@@ -383,15 +381,15 @@ class SandboxManager(Commands):
         """What the disk layer counts for the sandbox (all ``None`` without disk limits)."""
         return self.layout.disk_usage(sandbox.rid)
 
-    def listing(self) -> list[Mapping[str, Any]]:
-        """``GET /sandboxes``: every live sandbox, for operators."""
+    def listing(self) -> list[SandboxListing]:
+        """Every live sandbox, for operators."""
         return [
-            {
-                "remote_id": s.rid,
-                "created": s.created,
-                "last_active": s.last_active,
-                "ready": self.layout.is_ready(s.rid),
-                "execs": s.execs,
-            }
+            SandboxListing(
+                rid=s.rid,
+                created=s.created,
+                last_active=s.last_active,
+                ready=self.layout.is_ready(s.rid),
+                execs=s.execs,
+            )
             for s in self.sandboxes.values()
         ]

@@ -1,12 +1,30 @@
 """One live sandbox, as the manager keeps it: identity, environment, activity, and what runs."""
 
-from attrs import define, field
+from collections.abc import Mapping
+
+from attrs import define, field, frozen
 from twisted.internet.defer import Deferred
 
 from sandboxd.core.exec.run import ExecRun
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.watch.watch import WorkspaceWatch
 from sandboxd.isolation.base import Identity
+
+
+@frozen
+class CreateRequest:
+    """What a front asks of a new sandbox, parsed from its body: its create-time environment,
+    the archive entry it restores from, and its network mode by name (``None``: the replica's
+    default). The core checks what they mean: that each entry can be an environment entry,
+    and that the mode is offered and allowed here."""
+
+    env: Mapping[str, str] = field(factory=dict)
+    item_id: str | None = None
+    network: str | None = None
+
+
+PLAIN = CreateRequest()
+"""A sandbox with no environment, no archive entry, and the default network."""
 
 
 @define
@@ -35,3 +53,15 @@ class Sandbox:
     """When a front bounds this sandbox's life itself (the E2B front's ``timeout``), the time
     it ends: the idle reaper leaves it alone until then. ``None``: ``SANDBOXD_IDLE_TTL``
     applies."""
+
+
+@frozen
+class SandboxListing:
+    """What the operators' list shows of one live sandbox."""
+
+    rid: str
+    created: float
+    last_active: float
+    ready: bool
+    """Its ready marker is set (docs/contract.rst, "Ready marker")."""
+    execs: int

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
-from sandboxd.core.manager import SandboxManager
+from sandboxd.core import SandboxManager
 from sandboxd.e2b import control, files, process, signing, upload, wire
 from sandboxd.e2b.admit import Authoriser, sandbox_id_of
 from sandboxd.e2b.paths import place_of

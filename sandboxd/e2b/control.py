@@ -6,7 +6,6 @@ features that have no meaning here (auto-pause, volumes, MCP gateway) are refuse
 ignored.
 """
 
-import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ from urllib.parse import parse_qsl, unquote
 
 from twisted.web.iweb import IRequest
 
+from sandboxd.core import CreateRequest, parse_env
 from sandboxd.e2b import wire
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
@@ -22,11 +22,7 @@ from sandboxd.errors import BadRequest
 if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
 
-ENVD_VERSION = "0.5.7"
-"""The envd version the front advertises: commands with stdin and ``close_stdin``,
-octet-stream and gzip uploads; not write metadata (0.6.2) nor watch entries (0.6.3)."""
 TEMPLATES = ("base",)
-CLIENT_ID = "sandboxd"
 REFUSED_FIELDS = ("autoPause", "autoResume", "mcp", "volumeMounts", "network", "iam")
 LIST_LIMIT_MAX = 1000
 
@@ -47,42 +43,6 @@ def _timeout(body: dict[str, Any], default: float | None) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise RestError(400, "timeout: must be a number of seconds")
     return float(value)
-
-
-def _when(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
-
-
-def sandbox_json(entry: E2BSandbox) -> dict[str, Any]:
-    """The ``Sandbox`` a create or connect answers."""
-    return {
-        "templateID": entry.template,
-        "sandboxID": entry.id,
-        "clientID": CLIENT_ID,
-        "envdVersion": ENVD_VERSION,
-        "envdAccessToken": entry.token,
-        "domain": None,
-    }
-
-
-def detail_json(front: "E2BFront", entry: E2BSandbox) -> dict[str, Any]:
-    """The ``SandboxDetail`` (and ``ListedSandbox``) of a sandbox; ``allowInternetAccess`` says
-    whether its network mode reaches beyond its loopback (``egress``, ``host``)."""
-    config = front.manager.config
-    return {
-        "templateID": entry.template,
-        "sandboxID": entry.id,
-        "clientID": CLIENT_ID,
-        "startedAt": _when(entry.started_at),
-        "endAt": _when(entry.end_at),
-        "envdVersion": ENVD_VERSION,
-        "cpuCount": max(1, math.ceil(config.cpu_cores)),
-        "memoryMB": config.memory_max >> 20,
-        "diskSizeMB": (config.disk_max or 0) >> 20,
-        "state": "running",
-        "metadata": entry.metadata,
-        "allowInternetAccess": entry.sandbox.network != "none",
-    }
 
 
 def internet_mode(front: "E2BFront", internet: object) -> str:
@@ -133,11 +93,12 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     timeout = _timeout(body, TIMEOUT_DEFAULT)
     network = internet_mode(front, body.get("allow_internet_access"))
     try:
-        sandbox = await front.manager.create_restored(env=body.get("envVars"), network=network)
+        env = parse_env(body.get("envVars"), "env")
+        sandbox = await front.manager.create_restored(CreateRequest(env=env, network=network))
     except BadRequest as e:
         raise RestError(400, e.detail) from None
     entry = front.registry.add(sandbox, template, dict(metadata), timeout or TIMEOUT_DEFAULT)
-    return _answer(request, 201, sandbox_json(entry))
+    return _answer(request, 201, wire.sandbox_json(entry))
 
 
 def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
@@ -145,11 +106,13 @@ def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
     timeout = _timeout(_json_body(request), None)
     if timeout is not None:
         front.registry.extend(entry, timeout)
-    return _answer(request, 200, sandbox_json(entry))
+    return _answer(request, 200, wire.sandbox_json(entry))
 
 
 def get_info(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
-    return _answer(request, 200, detail_json(front, front.registry.get(sandbox_id)))
+    return _answer(
+        request, 200, wire.detail_json(front.manager.config, front.registry.get(sandbox_id))
+    )
 
 
 def set_timeout(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
@@ -231,4 +194,4 @@ def listing(front: "E2BFront", request: IRequest) -> bytes:
     page = found[: max(limit, 1)]
     if len(page) < len(found):
         request.setHeader(b"x-next-token", str(page[-1].serial).encode())
-    return _answer(request, 200, [detail_json(front, entry) for entry in page])
+    return _answer(request, 200, [wire.detail_json(front.manager.config, e) for e in page])

@@ -19,13 +19,18 @@ from typing import Any, BinaryIO, TypeVar
 from attrs import frozen
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.files import entries, workspace
-from sandboxd.core.files.entries import Entry
-from sandboxd.core.files.in_place import Source, write_in_place
-from sandboxd.core.files.paths import Parts
-from sandboxd.core.files.tree import UPLOAD_PREFIX
-from sandboxd.core.manager import SandboxManager
-from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
+from sandboxd.core import (
+    UPLOAD_PREFIX,
+    Entry,
+    Parts,
+    SandboxManager,
+    Source,
+    WatchEvent,
+    WorkspaceWatch,
+    entries,
+    workspace,
+    write_in_place,
+)
 from sandboxd.e2b import links, wire
 from sandboxd.e2b.links import Resolved
 from sandboxd.e2b.paths import HOME, TMP, WORKSPACE, Place, place_of

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from attrs import frozen
 
-from sandboxd.core.files.entries import Entry
+from sandboxd.core import Entry
 from sandboxd.e2b.paths import Place, place_of
 from sandboxd.e2b.wire import ConnectError
 from sandboxd.errors import SandboxdError

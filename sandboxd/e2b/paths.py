@@ -7,7 +7,7 @@ is split by the core's :func:`~sandboxd.core.files.paths.normalise` (``..`` may 
 
 from attrs import frozen
 
-from sandboxd.core.files.paths import Parts, normalise
+from sandboxd.core import Parts, normalise
 from sandboxd.e2b.wire import ConnectError
 from sandboxd.errors import BadRequest
 

@@ -13,10 +13,16 @@ from typing import Any, cast
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.exec.spec import ExecSpec, parse_env
-from sandboxd.core.manager import SandboxManager
-from sandboxd.core.processes.log import Chunk
-from sandboxd.core.processes.process import Ended, Process, ReaderEvent, SandboxGone
+from sandboxd.core import (
+    Chunk,
+    Ended,
+    ExecSpec,
+    Process,
+    ReaderEvent,
+    SandboxGone,
+    SandboxManager,
+    parse_env,
+)
 from sandboxd.e2b import wire
 from sandboxd.e2b.paths import HOME, cwd_of, place_of
 from sandboxd.e2b.registry import E2BSandbox

@@ -19,8 +19,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
-from sandboxd.core.manager import SandboxManager
-from sandboxd.core.sandbox import Sandbox
+from sandboxd.core import Sandbox, SandboxManager
 from sandboxd.e2b.wire import ConnectError
 from sandboxd.errors import SandboxNotFound
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from attrs import define, frozen
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.files.in_place import Source
+from sandboxd.core import Source
 from sandboxd.e2b import wire
 from sandboxd.e2b.paths import Place, place_of
 from sandboxd.e2b.wire import RestError

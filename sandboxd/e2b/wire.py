@@ -14,13 +14,16 @@ hierarchy, :data:`ERROR_ANSWERS`.
 import base64
 import binascii
 import json
+import math
 import struct
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
+from sandboxd.config import Config
 from sandboxd.errors import (
     BadRequest,
     Draining,
@@ -33,6 +36,9 @@ from sandboxd.errors import (
     SandboxNotFound,
     TooMany,
 )
+
+if TYPE_CHECKING:
+    from sandboxd.e2b.registry import E2BSandbox
 
 JSON = b"application/json"
 CONNECT_JSON = b"application/connect+json"
@@ -348,3 +354,47 @@ def end_event(exit_code: int, exited: bool, status: str, error: str | None) -> b
 PROCESS_KEEPALIVE = envelope({"event": {"keepalive": {}}})
 WATCH_KEEPALIVE = envelope({"keepalive": {}})
 WATCH_START = envelope({"start": {}})
+
+
+# Control-plane bodies (REST)
+
+ENVD_VERSION = "0.5.7"
+"""The envd version the front advertises: commands with stdin and ``close_stdin``,
+octet-stream and gzip uploads; not write metadata (0.6.2) nor watch entries (0.6.3)."""
+CLIENT_ID = "sandboxd"
+
+
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
+
+
+def sandbox_json(entry: "E2BSandbox") -> dict[str, Any]:
+    """The ``Sandbox`` a create or connect answers."""
+    return {
+        "templateID": entry.template,
+        "sandboxID": entry.id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": entry.token,
+        "domain": None,
+    }
+
+
+def detail_json(config: Config, entry: "E2BSandbox") -> dict[str, Any]:
+    """The ``SandboxDetail`` (and ``ListedSandbox``) of a sandbox under the replica's
+    ``config`` (its limits); ``allowInternetAccess`` says whether its network mode reaches
+    beyond its loopback (``egress``, ``host``)."""
+    return {
+        "templateID": entry.template,
+        "sandboxID": entry.id,
+        "clientID": CLIENT_ID,
+        "startedAt": _when(entry.started_at),
+        "endAt": _when(entry.end_at),
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": max(1, math.ceil(config.cpu_cores)),
+        "memoryMB": config.memory_max >> 20,
+        "diskSizeMB": (config.disk_max or 0) >> 20,
+        "state": "running",
+        "metadata": entry.metadata,
+        "allowInternetAccess": entry.sandbox.network != "none",
+    }

@@ -18,11 +18,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
-from sandboxd.core.exec import run as exec_run
-from sandboxd.core.exec import spec as exec_spec
-from sandboxd.core.manager import SandboxManager
-from sandboxd.core.templates.store import TemplateStore
-from sandboxd.core.tools.resolver import ToolResolver
+from sandboxd.core import EXEC_CAPABILITIES, SandboxManager, TemplateStore, ToolResolver
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.auth import BearerAuthoriser
@@ -90,7 +86,7 @@ class SandboxAPI:
         self.manager.draining = True
 
     def _collect_capabilities(self) -> list[str]:
-        names = {*exec_spec.CAPABILITIES, *exec_run.CAPABILITIES, "exec.split"}
+        names = {*EXEC_CAPABILITIES, "exec.split"}
         names.add(f"isolation.{self.manager.isolation.name}")
         names.update(self.manager.isolation.layers)
         names.add("auth.bearer" if self.token is not None else "auth.none")

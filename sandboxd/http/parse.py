@@ -12,10 +12,15 @@ from typing import Any, cast
 from twisted.web.iweb import IRequest
 from werkzeug.routing import BaseConverter
 
-from sandboxd.core.archive.store import RESERVED_PREFIX
-from sandboxd.core.exec.spec import SHA256_HEX, ExecSpec, parse_env
-from sandboxd.core.files.paths import normalise
-from sandboxd.core.layout import RID_PATTERN
+from sandboxd.core import (
+    RESERVED_PREFIX,
+    RID_PATTERN,
+    SHA256_HEX,
+    CreateRequest,
+    ExecSpec,
+    normalise,
+    parse_env,
+)
 from sandboxd.errors import BadRequest
 from sandboxd.web.body import TooLarge
 from sandboxd.web.body import refuse_too_large as refuse_too_large
@@ -98,15 +103,21 @@ def check_item_id(item_id: object) -> str | None:
     return item_id
 
 
-def create_body(body: dict[str, Any]) -> tuple[object, str | None]:
-    """``POST /sandboxes``: the create-time ``env`` (checked by the core) and the ``item_id``."""
+def create_request(body: dict[str, Any]) -> CreateRequest:
+    """``POST /sandboxes``: the create-time ``env``, the ``item_id`` and the ``network`` mode's
+    name (which modes this replica offers and allows is the core's to check)."""
     image = body.get("image")
     if image is not None and not isinstance(image, str):
         raise BadRequest("image: must be a string")
     ports = body.get("exposed_ports")
     if ports is not None and not (isinstance(ports, list) and all(type(p) is int for p in ports)):
         raise BadRequest("exposed_ports: must be a list of port numbers")
-    return body.get("env"), check_item_id(body.get("item_id"))
+    item_id = check_item_id(body.get("item_id"))
+    env = parse_env(body.get("env"), "env")
+    network = body.get("network")
+    if network is not None and not isinstance(network, str):
+        raise BadRequest("network: must be a string naming a network mode")
+    return CreateRequest(env=env, item_id=item_id, network=network)
 
 
 def exec_spec(body: dict[str, Any]) -> ExecSpec:

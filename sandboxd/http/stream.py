@@ -17,8 +17,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from zope.interface import implementer
 
-from sandboxd.core.exec.run import ExecRun
-from sandboxd.core.processes.log import STDERR
+from sandboxd.core import STDERR, ExecRun
 from sandboxd.http import wire
 
 log = Logger()

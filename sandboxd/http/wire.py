@@ -14,10 +14,25 @@ from typing import Any
 
 import pybase64
 
-from sandboxd.core.exec.run import Outcome, SpawnFailed
-from sandboxd.core.processes.log import STDERR, Chunk
-from sandboxd.core.processes.process import Dropped, Ended, Process, ReaderEvent, SandboxGone
-from sandboxd.core.templates.store import Template
+import sandboxd
+from sandboxd.core import (
+    STDERR,
+    CgroupStats,
+    Chunk,
+    DiskUsage,
+    Dropped,
+    Ended,
+    Outcome,
+    Process,
+    ProcessListing,
+    ReaderEvent,
+    Resolution,
+    Sandbox,
+    SandboxGone,
+    SandboxListing,
+    SpawnFailed,
+    Template,
+)
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,
@@ -120,6 +135,80 @@ def unauthorized_answer() -> bytes:
         b"www-authenticate: %s\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s"
         % (BEARER_CHALLENGE, len(body), body)
     )
+
+
+# Lifecycle bodies
+
+
+def created_body(pod_url: str, sandbox: Sandbox) -> dict[str, Any]:
+    """``POST /sandboxes``: where the new sandbox is served, and its id."""
+    return {"pod_url": pod_url, "remote_id": sandbox.rid}
+
+
+def stats_body(usage: CgroupStats, disk: DiskUsage) -> dict[str, Any]:
+    """``GET stats``: what the cgroup and the disk layer count of the sandbox."""
+    return {
+        "memory_bytes": usage.memory_bytes,
+        "memory_peak_bytes": usage.memory_peak_bytes,
+        "cpu_usec": usage.cpu_usec,
+        "pids": usage.pids,
+        "oom_kills": usage.oom_kills,
+        "disk_bytes": disk.bytes,
+        "disk_limit_bytes": disk.bytes_limit,
+        "files": disk.files,
+        "files_limit": disk.files_limit,
+    }
+
+
+def sandboxes_body(listing: Iterable[SandboxListing]) -> dict[str, Any]:
+    """``GET /sandboxes``: every live sandbox, for operators (its id as ``remote_id``)."""
+    return {
+        "sandboxes": [
+            {
+                "remote_id": s.rid,
+                "created": s.created,
+                "last_active": s.last_active,
+                "ready": s.ready,
+                "execs": s.execs,
+            }
+            for s in listing
+        ]
+    }
+
+
+# The replica's own bodies
+
+
+def health_body(draining: bool, capabilities: list[str]) -> dict[str, Any]:
+    """``GET /healthz``: alive (``ok``, or ``draining``), its version and capabilities."""
+    return {
+        "status": "draining" if draining else "ok",
+        "version": sandboxd.__version__,
+        "capabilities": capabilities,
+    }
+
+
+def readiness_body(reason: str | None, isolation: str) -> tuple[int, dict[str, Any]]:
+    """``GET /readyz``: ``503`` with the ``reason`` it takes no sandbox, else ``200`` naming
+    its isolation."""
+    if reason is not None:
+        return 503, {"ready": False, "reason": reason}
+    return 200, {"ready": True, "isolation": isolation}
+
+
+def tools_body(answer: Resolution) -> dict[str, Any]:
+    """``POST /tools/resolve``: ``{tools: {name: {sha, version, stale, commands}}, refused:
+    {name: reason}}``."""
+    tools = {
+        name: {"sha": t.sha, "version": t.version, "stale": t.stale, "commands": t.commands}
+        for name, t in answer.tools.items()
+    }
+    return {"tools": tools, "refused": answer.refused}
+
+
+def field_body(name: str, value: object) -> dict[str, Any]:
+    """A body of one field: ``{"ready": ...}``, ``{"exists": ...}``, ``{"size": ...}``..."""
+    return {name: value}
 
 
 # NDJSON frames of the exec stream
@@ -306,7 +395,20 @@ def process_started_body(process: Process) -> dict[str, Any]:
 
 def processes_body(processes: Iterable[Process]) -> dict[str, Any]:
     """``GET processes``: every record of the sandbox, oldest first."""
-    return {"processes": [p.listing() for p in processes]}
+    return {"processes": [process_json(p.listing()) for p in processes]}
+
+
+def process_json(listed: ProcessListing) -> dict[str, Any]:
+    """One record of ``GET processes``."""
+    return {
+        "id": listed.id,
+        "pid": listed.pid,
+        "tag": listed.tag,
+        "cmd": list(listed.cmd),
+        "started": listed.started,
+        "running": listed.running,
+        "exit": listed.exit,
+    }
 
 
 def reader_frame(event: ReaderEvent) -> bytes:

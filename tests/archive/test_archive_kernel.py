@@ -16,6 +16,7 @@ from sandboxd.config import Config
 from sandboxd.core.archive.store import Archive, build_archive
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import Sandbox, SandboxManager
+from sandboxd.core.sandbox import CreateRequest
 from sandboxd.http import parse, wire
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.select import Host, build_isolation
@@ -98,7 +99,7 @@ async def test_restored_files_belong_to_the_sandbox_and_persist_reads_as_it(
     (item / "notes").write_bytes(b"notes")
     (item / "shadow").symlink_to("/etc/shadow")
 
-    sandbox = await manager.create_restored(item_id="item")
+    sandbox = await manager.create_restored(CreateRequest(item_id="item"))
 
     uid, gid = sandbox.identity.uid, sandbox.identity.gid
     assert uid >= 236300

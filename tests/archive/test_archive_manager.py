@@ -17,6 +17,7 @@ from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
+from sandboxd.core.sandbox import CreateRequest
 from sandboxd.errors import ArchiveFailed
 from sandboxd.isolation.none import no_isolation
 from tests.archive.archive_helpers import reactor
@@ -58,7 +59,7 @@ async def test_the_sandbox_is_ready_only_once_the_restore_is_complete(
     item = Path(archive.item("item"))
     item.mkdir()
     (item / "f").write_bytes(b"restored")
-    creating = Deferred.fromCoroutine(manager.create_restored(item_id="item"))
+    creating = Deferred.fromCoroutine(manager.create_restored(CreateRequest(item_id="item")))
     assert not creating.called
     (sandbox,) = manager.sandboxes.values()
     assert not manager.is_ready(sandbox)
@@ -81,7 +82,7 @@ async def test_a_failed_restore_kills_the_sandbox(
     Path(archive.item("item")).write_bytes(b"a file where a directory belongs")
     manager.archive.gate.callback(None)  # type: ignore[union-attr]
     with pytest.raises(ArchiveFailed):
-        await manager.create_restored(item_id="item")
+        await manager.create_restored(CreateRequest(item_id="item"))
     assert manager.sandboxes == {}
     assert manager.isolation.uids.free == 4
     assert os.listdir(manager.layout.root) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import sandboxd
+from sandboxd.core.tools.resolver import Resolution, Resolved
 from tests.http.http_harness import TOKEN, Harness
 
 
@@ -202,12 +203,11 @@ class FakeTools:
     def __init__(self) -> None:
         self.asked: list[dict[str, str]] = []
 
-    async def resolve(self, wanted: dict[str, str]) -> dict[str, object]:
+    async def resolve(self, wanted: dict[str, str]) -> Resolution:
         self.asked.append(wanted)
-        return {
-            "tools": {"jq": {"sha": "ab" * 32, "version": "1", "stale": False, "commands": []}},
-            "refused": {},
-        }
+        return Resolution(
+            tools={"jq": Resolved(sha="ab" * 32, version="1", commands=[])}, refused={}
+        )
 
 
 def test_tools_resolve_answers_per_tool(harness: Harness) -> None:

@@ -59,8 +59,8 @@ async def test_remembered_resolutions_that_make_no_sense_are_forgotten(
 
     answer = await make_resolver().resolve({"g": url})
 
-    assert answer["tools"] == {}
-    assert "no earlier resolution" in answer["refused"]["g"]
+    assert answer.tools == {}
+    assert "no earlier resolution" in answer.refused["g"]
 
 
 @pytest_twisted.ensureDeferred
@@ -73,8 +73,8 @@ async def test_resolutions_that_cannot_be_read_or_saved_still_resolve(
 
     answer = await resolver.resolve({"g": url})
 
-    assert answer["refused"] == {}
-    assert answer["tools"]["g"]["sha"] == sha256(GOOD)
+    assert answer.refused == {}
+    assert answer.tools["g"].sha == sha256(GOOD)
     assert (scratch / "tools" / MEMORY).is_dir()
     assert os.listdir(scratch / "tools" / TEMP) == []  # the unsaved copy is not left behind
 
@@ -90,9 +90,9 @@ async def test_a_remembered_tool_since_removed_is_not_answered_as_stale(
 
     answer = await resolver.resolve({"g": url})
 
-    assert answer["tools"] == {}
-    assert "HTTP 503" in answer["refused"]["g"]
-    assert "no longer installed" in answer["refused"]["g"]
+    assert answer.tools == {}
+    assert "HTTP 503" in answer.refused["g"]
+    assert "no longer installed" in answer.refused["g"]
 
 
 @pytest_twisted.ensureDeferred
@@ -103,7 +103,7 @@ async def test_an_install_the_host_breaks_is_refused_as_an_internal_error(
 
     answer = await resolver.resolve({"g": server.publish("good", GOOD), "other": "ftp://x"})
 
-    assert answer["tools"] == {}
-    assert answer["refused"]["g"].startswith("internal error: ")
-    assert "No such file or directory" in answer["refused"]["g"]
-    assert "not an http or https URL" in answer["refused"]["other"]
+    assert answer.tools == {}
+    assert answer.refused["g"].startswith("internal error: ")
+    assert "No such file or directory" in answer.refused["g"]
+    assert "not an http or https URL" in answer.refused["other"]

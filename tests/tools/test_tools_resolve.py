@@ -9,11 +9,12 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
 import pytest_twisted
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 
-from sandboxd.core.tools.resolver import MEMORY, ToolResolver
+from sandboxd.core.tools.resolver import MEMORY, Resolution, Resolved, ToolResolver
 from sandboxd.core.tools.unpack import UnpackLimits
 from tests.tools.tools_helpers import (
     COMMANDS,
@@ -40,12 +41,10 @@ async def test_a_good_tool_is_installed_read_only_and_answered(
     answer = await resolver.resolve({"greeter": url})
 
     sha = sha256(GOOD)
-    assert answer == {
-        "tools": {
-            "greeter": {"sha": sha, "version": "1.0.0", "stale": False, "commands": COMMANDS}
-        },
-        "refused": {},
-    }
+    assert answer == Resolution(
+        tools={"greeter": Resolved(sha=sha, version="1.0.0", commands=COMMANDS, stale=False)},
+        refused={},
+    )
     tools = Path(resolver.tools_dir)
     installed = tools / sha
     assert (installed / "bin" / "greet").read_bytes() == TOOL_SCRIPT
@@ -86,9 +85,9 @@ async def test_a_digest_mismatch_is_refused_and_nothing_installed(
     wrong = "0" * 64
     url = server.publish("tampered", GOOD, digest=wrong)
     answer = await resolver.resolve({"t": url})
-    assert answer["tools"] == {}
-    assert "does not match" in answer["refused"]["t"]
-    assert sha256(GOOD) in answer["refused"]["t"]
+    assert answer.tools == {}
+    assert "does not match" in answer.refused["t"]
+    assert sha256(GOOD) in answer.refused["t"]
     assert sorted(os.listdir(resolver.tools_dir)) == [".tmp"]
     assert os.listdir(Path(resolver.tools_dir) / ".tmp") == []
 
@@ -96,8 +95,8 @@ async def test_a_digest_mismatch_is_refused_and_nothing_installed(
 @pytest_twisted.ensureDeferred
 async def test_a_missing_manifest_is_refused(resolver: ToolResolver, server: Server) -> None:
     answer = await resolver.resolve({"m": server.url("/nowhere/manifest.json")})
-    assert answer == {"tools": {}, "refused": {"m": answer["refused"]["m"]}}
-    assert "HTTP 404" in answer["refused"]["m"]
+    assert answer == Resolution(tools={}, refused={"m": answer.refused["m"]})
+    assert "HTTP 404" in answer.refused["m"]
 
 
 MALFORMED = {
@@ -129,8 +128,8 @@ async def test_malformed_manifests_are_refused_each_with_a_reason(
         server.store.files[path] = body
         wanted[label] = server.url(path)
     answer = await resolver.resolve(wanted)
-    assert answer["tools"] == {}
-    reasons = answer["refused"]
+    assert answer.tools == {}
+    reasons = answer.refused
     assert set(reasons) == set(MALFORMED)
     assert "not valid JSON" in reasons["not json"]
     assert "not a JSON object" in reasons["not an object"]
@@ -203,15 +202,15 @@ async def test_unsafe_archives_are_refused_and_nothing_lands_anywhere(
 
     answer = await resolver.resolve(wanted)
 
-    assert list(answer["tools"]) == ["good"], answer["refused"]
-    assert set(answer["refused"]) == set(EVIL)
-    for name, reason in answer["refused"].items():
+    assert list(answer.tools) == ["good"], answer.refused
+    assert set(answer.refused) == set(EVIL)
+    for name, reason in answer.refused.items():
         assert reason.startswith("artifact:"), (name, reason)
         assert not (Path(resolver.tools_dir) / sha256(artifacts[name])).exists()
-    assert "absolute path" in answer["refused"]["absolute"]
-    assert "'..'" in answer["refused"]["dotdot"]
-    assert "leaves the tree" in answer["refused"]["link-chain"]
-    assert "device file" in answer["refused"]["char-device"]
+    assert "absolute path" in answer.refused["absolute"]
+    assert "'..'" in answer.refused["dotdot"]
+    assert "leaves the tree" in answer.refused["link-chain"]
+    assert "device file" in answer.refused["char-device"]
     assert not (scratch / "escaped").exists()
     assert not (scratch / "tools" / "escaped").exists()
     assert not Path("/tmp/sandboxd-tools-absolute").exists()
@@ -223,9 +222,9 @@ async def test_a_store_that_is_down_with_nothing_remembered_is_refused(
     resolver: ToolResolver,
 ) -> None:
     answer = await resolver.resolve({"down": dead_url()})
-    assert answer["tools"] == {}
-    assert "unreachable" in answer["refused"]["down"]
-    assert "no earlier resolution" in answer["refused"]["down"]
+    assert answer.tools == {}
+    assert "unreachable" in answer.refused["down"]
+    assert "no earlier resolution" in answer.refused["down"]
 
 
 @pytest_twisted.ensureDeferred
@@ -235,17 +234,17 @@ async def test_a_store_that_is_down_answers_the_last_resolution_as_stale_even_af
     url = server.publish("good", GOOD)
     first = make_resolver()
     fresh = await first.resolve({"g": url})
-    assert fresh["tools"]["g"]["stale"] is False
+    assert fresh.tools["g"].stale is False
 
     server.store.statuses["/good/manifest.json"] = 503
     during_outage = await first.resolve({"g": url})
-    assert during_outage["tools"]["g"] == {**fresh["tools"]["g"], "stale": True}
+    assert during_outage.tools["g"] == attrs.evolve(fresh.tools["g"], stale=True)
 
     await server.stop()
     after_restart = make_resolver()  # a new daemon: only the disk remembers
     answer = await after_restart.resolve({"g": url, "never-seen": server.url("/x/manifest.json")})
-    assert answer["tools"] == {"g": {**fresh["tools"]["g"], "stale": True}}
-    assert "no earlier resolution" in answer["refused"]["never-seen"]
+    assert answer.tools == {"g": attrs.evolve(fresh.tools["g"], stale=True)}
+    assert "no earlier resolution" in answer.refused["never-seen"]
 
 
 @pytest_twisted.ensureDeferred
@@ -256,7 +255,7 @@ async def test_wrong_answers_are_refused_even_with_a_remembered_resolution(
     await resolver.resolve({"g": url})
     server.store.statuses["/good/manifest.json"] = 404
     answer = await resolver.resolve({"g": url})
-    assert "HTTP 404" in answer["refused"]["g"]
+    assert "HTTP 404" in answer.refused["g"]
 
 
 @pytest_twisted.ensureDeferred
@@ -264,8 +263,8 @@ async def test_two_tools_where_one_fails(resolver: ToolResolver, server: Server)
     answer = await resolver.resolve(
         {"ok": server.publish("good", GOOD), "bad": server.url("/missing/manifest.json")}
     )
-    assert list(answer["tools"]) == ["ok"]
-    assert list(answer["refused"]) == ["bad"]
+    assert list(answer.tools) == ["ok"]
+    assert list(answer.refused) == ["bad"]
 
 
 @pytest_twisted.ensureDeferred
@@ -288,9 +287,9 @@ async def test_concurrent_resolutions_of_one_artifact_install_it_once(
     answers = await gatherResults([first, second])
     assert server.store.hits["/good/tool.tar.gz"] == 1
     assert server.store.hits["/good/manifest.json"] == 3
-    shas = {tool["sha"] for answer in answers for tool in answer["tools"].values()}
+    shas = {tool.sha for answer in answers for tool in answer.tools.values()}
     assert shas == {sha256(GOOD)}
-    assert sum(len(answer["tools"]) for answer in answers) == 3
+    assert sum(len(answer.tools) for answer in answers) == 3
 
 
 @pytest_twisted.ensureDeferred
@@ -300,9 +299,9 @@ async def test_urls_that_are_not_http_are_refused_per_tool(
     answer = await resolver.resolve(
         {"file": "file:///etc/passwd", "number": 42, "ok": server.publish("good", GOOD)}
     )
-    assert list(answer["tools"]) == ["ok"]
-    assert "not an http or https URL" in answer["refused"]["file"]
-    assert "not an http or https URL" in answer["refused"]["number"]
+    assert list(answer.tools) == ["ok"]
+    assert "not an http or https URL" in answer.refused["file"]
+    assert "not an http or https URL" in answer.refused["number"]
 
 
 @pytest_twisted.ensureDeferred
@@ -332,8 +331,8 @@ async def test_sizes_and_time_are_bounded(
             "stall": server.url("/stall/manifest.json"),
         }
     )
-    refused = answer["refused"]
-    assert answer["tools"] == {}
+    refused = answer.refused
+    assert answer.tools == {}
     assert "over 2000" in refused["huge"]
     assert f"over {len(GOOD) - 1}" in refused["big"]
     assert "unpacks to over 10" in refused["bomb"]
@@ -351,4 +350,4 @@ async def test_an_unusable_tools_directory_refuses_every_tool(
     broken = ToolResolver(str(scratch / "file" / "tools"), fetcher, reactor(), pool)  # type: ignore[arg-type]
     broken.prepare()
     answer = await broken.resolve({"g": server.publish("good", GOOD)})
-    assert "tools directory" in answer["refused"]["g"]
+    assert "tools directory" in answer.refused["g"]

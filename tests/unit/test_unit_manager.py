@@ -18,6 +18,7 @@ from sandboxd.config import Config
 from sandboxd.core.exec.spec import ExecSpec
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import BASE_PATH, SandboxManager
+from sandboxd.core.sandbox import CreateRequest, SandboxListing
 from sandboxd.e2b.registry import Registry
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.http import parse, wire
@@ -155,7 +156,7 @@ def test_recover_skips_live_sandboxes(world: World) -> None:
 
 def test_create(world: World) -> None:
     world.clock.advance(7)
-    sandbox = world.manager.create(env={"A": "1"})
+    sandbox = world.manager.create(CreateRequest(env={"A": "1"}))
     assert world.manager.sandboxes == {sandbox.rid: sandbox}
     assert (sandbox.created, sandbox.last_active, sandbox.env) == (7, 7, {"A": "1"})
     assert world.cgroups.created == [(sandbox.rid, world.manager.limits)]
@@ -168,7 +169,7 @@ def test_create(world: World) -> None:
 
 def test_create_refusals(world: World) -> None:
     with pytest.raises(BadRequest, match=r"^env:"):
-        world.manager.create(env={"A=B": "x"})
+        world.manager.create(CreateRequest(env={"A=B": "x"}))
     assert world.isolation.uids.free == 4
     for _ in range(4):
         world.manager.create()
@@ -354,7 +355,7 @@ def test_drain_deadline_kills_busy_sandboxes(world: World) -> None:
 
 
 def test_command_env(world: World) -> None:
-    sandbox = world.manager.create(env={"TERM": "xterm", "A": "create"})
+    sandbox = world.manager.create(CreateRequest(env={"TERM": "xterm", "A": "create"}))
     request = exec_request(env={"A": "exec"}, tools=[SHA, "cd" * 32])
     env = world.manager.command_env(sandbox, request)
     tools = world.config.tools_dir
@@ -369,7 +370,7 @@ def test_command_env(world: World) -> None:
 
 
 def test_a_command_run_as_home_starts_in_the_workspaces_view(world: World) -> None:
-    sandbox = world.manager.create(env={"USER": "create"})
+    sandbox = world.manager.create(CreateRequest(env={"USER": "create"}))
     request = attrs.evolve(exec_request(cwd="sub"), as_home=True)
     env = world.manager.command_env(sandbox, request)
     workspace = world.layout.workspace(sandbox.rid)  # no mount namespace: the real path
@@ -500,7 +501,9 @@ class FakeArchive:
 
 
 def test_create_restored_without_archive_is_a_plain_create(world: World) -> None:
-    sandbox = fired(Deferred.fromCoroutine(world.manager.create_restored({}, "item")))
+    sandbox = fired(
+        Deferred.fromCoroutine(world.manager.create_restored(CreateRequest(item_id="item")))
+    )
     assert sandbox.item_id == "item"
     assert not world.manager.is_ready(sandbox)
     assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, True))) is False
@@ -509,9 +512,11 @@ def test_create_restored_without_archive_is_a_plain_create(world: World) -> None
 def test_create_restored_restores_then_marks_ready(world: World) -> None:
     archive = FakeArchive()
     world.manager.archive = archive  # type: ignore[assignment]
-    plain = fired(Deferred.fromCoroutine(world.manager.create_restored(None, None)))
+    plain = fired(Deferred.fromCoroutine(world.manager.create_restored(CreateRequest())))
     assert archive.restored == [] and not world.manager.is_ready(plain)
-    sandbox = fired(Deferred.fromCoroutine(world.manager.create_restored(None, "item-1")))
+    sandbox = fired(
+        Deferred.fromCoroutine(world.manager.create_restored(CreateRequest(item_id="item-1")))
+    )
     ((item, end),) = archive.restored
     assert item == "item-1"
     workspace = world.layout.workspace(sandbox.rid)
@@ -536,7 +541,7 @@ def test_create_restored_restores_then_marks_ready(world: World) -> None:
 def test_persist_needs_ready(world: World) -> None:
     archive = FakeArchive()
     world.manager.archive = archive  # type: ignore[assignment]
-    sandbox = world.manager.create(item_id="item")
+    sandbox = world.manager.create(CreateRequest(item_id="item"))
     assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, True))) is False
     world.manager.mark_ready(sandbox)
     assert fired(Deferred.fromCoroutine(world.manager.persist(sandbox, True))) is True
@@ -545,7 +550,7 @@ def test_persist_needs_ready(world: World) -> None:
 def test_a_failed_restore_kills_the_sandbox(world: World) -> None:
     world.manager.archive = FakeArchive(error=RuntimeError("rsync failed"))  # type: ignore[assignment]
     with pytest.raises(RuntimeError, match="rsync failed"):
-        fired(Deferred.fromCoroutine(world.manager.create_restored(None, "item")))
+        fired(Deferred.fromCoroutine(world.manager.create_restored(CreateRequest(item_id="item"))))
     assert world.manager.sandboxes == {}
     assert world.isolation.uids.free == 4
 
@@ -558,13 +563,7 @@ def test_stats_and_listing(world: World) -> None:
     assert world.manager.stats(sandbox) == world.cgroups.stats_value
     world.manager.mark_ready(sandbox)
     assert world.manager.listing() == [
-        {
-            "remote_id": sandbox.rid,
-            "created": 0.0,
-            "last_active": 0.0,
-            "ready": True,
-            "execs": 0,
-        }
+        SandboxListing(rid=sandbox.rid, created=0.0, last_active=0.0, ready=True, execs=0)
     ]
 
 

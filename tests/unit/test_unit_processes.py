@@ -182,7 +182,7 @@ def test_a_follower_gets_everything_then_the_exit() -> None:
     run.childDataReceived(2, b"oops")
     run.processEnded(Failure(ProcessTerminated(3)))
     assert events == [Chunk(1, 0, b"hi"), Chunk(2, 2, b"oops"), Ended(3)]
-    assert reader.done and process.listing()["exit"] == 3 and not process.running
+    assert reader.done and process.listing().exit == 3 and not process.running
 
 
 def test_a_paused_follower_holds_nothing_and_is_told_what_it_missed() -> None:

@@ -72,7 +72,8 @@ class ExecSpec:
 
 
 def parse_env(value: object, field: str) -> dict[str, str]:
-    """An environment mapping: names without ``=`` or NUL, values without NUL."""
+    """An environment mapping, as a front receives it (``None``: empty): an object of strings
+    whose every entry :func:`check_env_entry` takes."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -80,10 +81,22 @@ def parse_env(value: object, field: str) -> dict[str, str]:
     for key, item in value.items():
         if not isinstance(item, str):
             raise BadRequest(f"{field}: the value of {key!r} must be a string")
-        if not key or "=" in key or "\0" in key:
-            raise BadRequest(f"{field}: {key!r} is not a valid variable name")
-        if "\0" in item:
-            raise BadRequest(f"{field}: the value of {key!r} contains a NUL byte")
-        if len(key.encode()) + len(item.encode()) + 2 + CARRIER_SIZE > ARG_STRLEN_MAX:
-            raise BadRequest(f"{field}: the entry {key!r} is over the limit of one entry")
+        check_env_entry(key, item, field)
     return dict(value)
+
+
+def check_env(env: Mapping[str, str], field: str) -> None:
+    """``400`` naming the first entry of ``env`` a process environment cannot hold."""
+    for key, item in env.items():
+        check_env_entry(key, item, field)
+
+
+def check_env_entry(key: str, item: str, field: str) -> None:
+    """``400`` unless ``key=item`` can be an environment entry: a name without ``=`` or NUL,
+    a value without NUL, the whole within the kernel's limit of one entry."""
+    if not key or "=" in key or "\0" in key:
+        raise BadRequest(f"{field}: {key!r} is not a valid variable name")
+    if "\0" in item:
+        raise BadRequest(f"{field}: the value of {key!r} contains a NUL byte")
+    if len(key.encode()) + len(item.encode()) + 2 + CARRIER_SIZE > ARG_STRLEN_MAX:
+        raise BadRequest(f"{field}: the entry {key!r} is over the limit of one entry")

@@ -11,7 +11,7 @@ process.
 
 import signal as signals
 from collections.abc import Callable, Mapping
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from attrs import define, field, frozen
 from twisted.internet.defer import Deferred, DeferredLock
@@ -61,6 +61,20 @@ class CaughtUp:
 ReaderEvent = Chunk | Dropped | Ended | SandboxGone | CaughtUp
 
 
+@frozen
+class ProcessListing:
+    """What a list of processes shows of one: its ids, command, start, and whether (and how)
+    it ended (``exit``: its shell exit code, ``None`` while it runs or if it never started)."""
+
+    id: str
+    pid: int | None
+    tag: str | None
+    cmd: tuple[str, ...]
+    started: float
+    running: bool
+    exit: int | None
+
+
 @define(eq=False)
 class Process:
     """A command running (or ended) in the background of a sandbox."""
@@ -91,18 +105,18 @@ class Process:
         """How it ended, once it has."""
         return ended_of(self.run.outcome)
 
-    def listing(self) -> dict[str, Any]:
-        """The plain values a list of processes shows of it."""
+    def listing(self) -> ProcessListing:
+        """What a list of processes shows of it, now."""
         end = self.end
-        return {
-            "id": self.id,
-            "pid": self.pid,
-            "tag": self.tag,
-            "cmd": list(self.cmd),
-            "started": self.started,
-            "running": self.running,
-            "exit": None if end is None else end.code,
-        }
+        return ProcessListing(
+            id=self.id,
+            pid=self.pid,
+            tag=self.tag,
+            cmd=self.cmd,
+            started=self.started,
+            running=self.running,
+            exit=None if end is None else end.code,
+        )
 
     # Called by the run (its output goes straight into the log)
 

@@ -48,14 +48,15 @@ class Resolved:
     version: str
     commands: list[dict[str, Any]]
     stale: bool = False
+    """Answered from memory while the store is unreachable."""
 
-    def wire(self) -> dict[str, Any]:
-        return {
-            "sha": self.sha,
-            "version": self.version,
-            "stale": self.stale,
-            "commands": self.commands,
-        }
+
+@frozen
+class Resolution:
+    """The answer to one request: each tool resolved, or refused with its reason."""
+
+    tools: dict[str, Resolved]
+    refused: dict[str, str]
 
 
 @define
@@ -115,18 +116,18 @@ class ToolResolver:
     def installed(self, sha: str) -> bool:
         return os.path.isdir(os.path.join(self.tools_dir, sha))
 
-    async def resolve(self, tools: Mapping[str, object]) -> dict[str, Any]:
-        """``{tools: {name: {sha, version, stale, commands}}, refused: {name: reason}}``."""
+    async def resolve(self, tools: Mapping[str, object]) -> Resolution:
+        """Each tool of ``{name: manifest_url}`` resolved, or refused with its reason."""
         names = list(tools)
         work = [Deferred.fromCoroutine(self._one(tools[name])) for name in names]
         outcomes = await gatherResults(work)
-        answer: dict[str, Any] = {"tools": {}, "refused": {}}
+        answer = Resolution({}, {})
         for name, outcome in zip(names, outcomes, strict=True):
             if isinstance(outcome, Resolved):
-                answer["tools"][name] = outcome.wire()
+                answer.tools[name] = outcome
             else:
                 log.info("tools: {name} refused: {reason}", name=name, reason=outcome)
-                answer["refused"][name] = outcome
+                answer.refused[name] = outcome
         return answer
 
     async def _one(self, url: object) -> Resolved | str:

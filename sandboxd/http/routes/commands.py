@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.processes.process import SIGNALS, ReaderEvent
+from sandboxd.core import SIGNALS, ReaderEvent
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
 from sandboxd.http.stream import ExecStream

@@ -7,8 +7,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-import sandboxd
-from sandboxd.http import parse
+from sandboxd.core import Resolution
+from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
 
 if TYPE_CHECKING:
@@ -19,12 +19,7 @@ log = Logger()
 
 @app.route("/healthz", methods=["GET"])
 def healthz(api: "SandboxAPI", request: IRequest) -> bytes:
-    body = {
-        "status": "draining" if api.manager.draining else "ok",
-        "version": sandboxd.__version__,
-        "capabilities": api.capabilities,
-    }
-    return json_response(request, body)
+    return json_response(request, wire.health_body(api.manager.draining, api.capabilities))
 
 
 @app.route("/readyz", methods=["GET"])
@@ -36,9 +31,8 @@ def readyz(api: "SandboxAPI", request: IRequest) -> bytes:
         reason = "reclaiming a predecessor's sandboxes"
     elif api.manager.isolation.uids.free == 0:
         reason = "no free uid"
-    if reason is not None:
-        return json_response(request, {"ready": False, "reason": reason}, 503)
-    return json_response(request, {"ready": True, "isolation": api.manager.isolation.name})
+    status, body = wire.readiness_body(reason, api.manager.isolation.name)
+    return json_response(request, body, status)
 
 
 @app.route("/drain", methods=["POST"])
@@ -68,5 +62,7 @@ async def resolve_tools(api: "SandboxAPI", request: IRequest) -> bytes:
     wanted = parse.tools_body(parse.json_body(request))
     if api.tools is None:
         reason = "tool resolution is not available on this replica"
-        return json_response(request, {"tools": {}, "refused": dict.fromkeys(wanted, reason)})
-    return json_response(request, await api.tools.resolve(wanted))
+        return json_response(
+            request, wire.tools_body(Resolution({}, dict.fromkeys(wanted, reason)))
+        )
+    return json_response(request, wire.tools_body(await api.tools.resolve(wanted)))

@@ -8,9 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.files import workspace
-from sandboxd.core.files.paths import Parts, normalise
-from sandboxd.core.watch.watch import WatchEvent
+from sandboxd.core import Parts, WatchEvent, normalise, workspace
 from sandboxd.errors import TooManyEntries
 from sandboxd.http import parse, wire
 from sandboxd.http.parse import query
@@ -83,14 +81,14 @@ async def delete(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
 @authorized
 async def exists(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     found = await at_path(api, request, rid, workspace.exists)
-    return json_response(request, {"exists": found})
+    return json_response(request, wire.field_body("exists", found))
 
 
 @app.route("/sandboxes/<rid:rid>/size", methods=["GET"])
 @authorized
 async def size(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     found = await at_path(api, request, rid, workspace.size)
-    return json_response(request, {"size": found})
+    return json_response(request, wire.field_body("size", found))
 
 
 @app.route("/sandboxes/<rid:rid>/disk-usage", methods=["GET"])
@@ -98,7 +96,7 @@ async def size(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
 async def disk_usage(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     sandbox = api.manager.get(rid)
     total = await api.manager.files(sandbox, workspace.disk_usage)
-    return json_response(request, {"bytes": total})
+    return json_response(request, wire.field_body("bytes", total))
 
 
 def measure_walk(ws: str, parts: Parts, limit: int, most: int) -> int:

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.http import parse
+from sandboxd.http import parse, wire
 from sandboxd.http.routes import templates
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
 
@@ -17,14 +17,11 @@ if TYPE_CHECKING:
 @authorized
 async def create(api: "SandboxAPI", request: IRequest) -> bytes:
     body = parse.json_body(request)
-    env, item_id = parse.create_body(body)
+    wanted = parse.create_request(body)
     if body.get("template") is not None:
         templates.refuse_template(api, body["template"])
-    # The network mode is the core's to check (which modes this replica offers and allows).
-    sandbox = await api.manager.create_restored(
-        env=env, item_id=item_id, network=body.get("network")
-    )
-    return json_response(request, {"pod_url": own_url(api, request), "remote_id": sandbox.rid})
+    sandbox = await api.manager.create_restored(wanted)
+    return json_response(request, wire.created_body(own_url(api, request), sandbox))
 
 
 def own_url(api: "SandboxAPI", request: IRequest) -> str:
@@ -47,7 +44,7 @@ def own_url(api: "SandboxAPI", request: IRequest) -> str:
 @authorized
 @capability("sandboxes.list")
 def listing(api: "SandboxAPI", request: IRequest) -> bytes:
-    return json_response(request, {"sandboxes": api.manager.listing()})
+    return json_response(request, wire.sandboxes_body(api.manager.listing()))
 
 
 @app.route("/sandboxes/<rid:rid>", methods=["DELETE"])
@@ -65,20 +62,7 @@ def stats(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     sandbox = api.manager.get(rid)
     usage = api.manager.stats(sandbox)
     disk = api.manager.disk_usage(sandbox)
-    return json_response(
-        request,
-        {
-            "memory_bytes": usage.memory_bytes,
-            "memory_peak_bytes": usage.memory_peak_bytes,
-            "cpu_usec": usage.cpu_usec,
-            "pids": usage.pids,
-            "oom_kills": usage.oom_kills,
-            "disk_bytes": disk.bytes,
-            "disk_limit_bytes": disk.bytes_limit,
-            "files": disk.files,
-            "files_limit": disk.files_limit,
-        },
-    )
+    return json_response(request, wire.stats_body(usage, disk))
 
 
 # Ready marker and archive
@@ -94,7 +78,8 @@ def mark_ready(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
 @app.route("/sandboxes/<rid:rid>/ready", methods=["GET"])
 @authorized
 def ready(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
-    return json_response(request, {"ready": api.manager.is_ready(api.manager.get(rid))})
+    ready = api.manager.is_ready(api.manager.get(rid))
+    return json_response(request, wire.field_body("ready", ready))
 
 
 @app.route("/sandboxes/<rid:rid>/persist", methods=["POST"])

@@ -8,7 +8,7 @@ from typing import IO, TYPE_CHECKING
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.templates.store import TemplateStore, check_name
+from sandboxd.core import TemplateStore, check_name
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content

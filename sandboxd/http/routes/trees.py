@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from sandboxd.core.files import tar_in, tar_out
-from sandboxd.core.files.paths import normalise
+from sandboxd.core import normalise, tar_in, tar_out
 from sandboxd.errors import SandboxdError
 from sandboxd.http import parse, wire
 from sandboxd.http.parse import query
