@@ -40,7 +40,7 @@ from sandboxd.core.manager import SandboxManager
 from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
 from sandboxd.http import guard
-from sandboxd.http.api import SandboxAPI, admission
+from sandboxd.http.api import SandboxAPI, admission, spool_places
 from sandboxd.http.site import SpoolingSite, can_spool, make_site
 from sandboxd.http.spool import SpoolThreads
 from sandboxd.isolation.base import Isolation, IsolationUnavailable
@@ -196,6 +196,7 @@ def assemble(
         gate=gate,
         admit=admission(token) if auth_gate else None,
         spool_threads=spool_threads,
+        spool_place=spool_places(served.manager),
     )
     listeners = Listeners(reactor, config.listen, site, dual_stack=config.dual_stack == "on")
     _log_listen(config, listen_capabilities)

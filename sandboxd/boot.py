@@ -14,6 +14,7 @@ from sandboxd.config import Config, ConfigError
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.e2b.admit import admission as e2b_admission
 from sandboxd.e2b.admit import refusal as e2b_refusal
+from sandboxd.e2b.admit import spool_places as e2b_spool_places
 from sandboxd.e2b.api import E2BFront
 from sandboxd.http import guard
 from sandboxd.http.guard import ConnectionGate
@@ -186,6 +187,7 @@ def start_e2b(
         gate=gate,
         admit=e2b_admission(token, front.registry) if auth_gate else None,
         refusal=e2b_refusal,
+        spool_place=e2b_spool_places(front.registry),
     )
     if token is None:
         log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")
