@@ -236,3 +236,15 @@ def test_a_sandbox_killed_while_a_body_arrives_is_removed_and_the_upload_cut(
         assert not (mount / rid).exists()
         with pytest.raises(OSError):  # its connection was closed with the sandbox
             upload.answer()
+
+
+@FILESYSTEMS
+def test_a_native_upload_of_most_of_the_quota_is_linked_not_charged_twice(
+    tmp_path: Path, kind: str
+) -> None:
+    """The spool is in the sandbox's subvolume or project: linked into the workspace, so an
+    upload of three quarters of the quota fits (copied, it would take one and a half)."""
+    with daemon_on(kind, tmp_path, free_port()) as (daemon, _):
+        rid = daemon_create(daemon)
+        status, body = native_upload(daemon, rid, "most", LIMIT * 3 // 4).answer()
+        assert status == 204, body
