@@ -62,6 +62,9 @@ class AllLayers(frozenset[str]):
     """The layers of ``SANDBOXD_NAMESPACES=all``: every layer the chain can make, where a layer
     asked for by name that the chain cannot make stops start-up."""
 
+    setting_text = "all"
+    """How the start-up log writes it (read back as it was meant, not as named layers)."""
+
 
 PIN = {"ipc": "ipc", "mount": "mnt", "net": "net", "pid": "pid"}
 """Each layer's pin file name (as in ``/proc/PID/ns``)."""
