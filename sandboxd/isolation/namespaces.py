@@ -27,10 +27,11 @@ namespaces, their IPC objects, tmpfs and sockets go once the last process has); 
 removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
 
 The PID namespace (``pid``, only with ``mount`` and the helper: ``all`` leaves it out, saying
-why, on the shell chain or where the kernel refuses it) has an init of its own that mounts the namespace's ``/proc``; entering it makes the
-helper a relay that forks the command inside (``sandboxd_exec_ns.h``), and the sandbox's end
-kills that init (:mod:`sandboxd.isolation.pidns`). The pids the API reports are the relays',
-as the host numbers them: the daemon signals their process group, which holds the command.
+why, on the shell chain or where the kernel refuses it) has an init of its own that mounts the
+namespace's ``/proc``; entering it makes the helper a relay that forks the command inside
+(``sandboxd_exec_ns.h``), and the sandbox's end kills that init
+(:mod:`sandboxd.isolation.pidns`). The pids the API reports are the relays', as the host
+numbers them: the daemon signals their process group, which holds the command.
 """
 
 import errno
