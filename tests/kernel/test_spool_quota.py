@@ -26,7 +26,7 @@ import pytest
 
 from tests.kernel.disk_fs import loop_filesystem, root_on
 from tests.kernel.test_disk_project_quota import project_quota_problem
-from tests.support.daemon import Daemon, free_port, start_daemon, stop_daemon
+from tests.support.daemon import SLOW, Daemon, free_port, start_daemon, stop_daemon
 
 pytestmark = [
     pytest.mark.kernel,
@@ -155,16 +155,24 @@ def charged(daemon: Daemon, rid: str, mount: Path) -> int:
     return int(json.loads(body)["disk_bytes"])
 
 
+def charged_at_least(daemon: Daemon, rid: str, mount: Path, least: int) -> int:
+    """The sandbox's usage once it reaches ``least`` bytes (what the daemon read is written
+    meanwhile), or as it stands after 30 s."""
+    deadline = time.monotonic() + 30 * SLOW
+    while (usage := charged(daemon, rid, mount)) < least and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return usage
+
+
 def midway(upload: SlowUpload, daemon: Daemon, rid: str, mount: Path, before: int) -> int:
     """Send half the quota: it is charged to the sandbox ``rid``; then the body up to
     :data:`MEASURED_AT`, and let the daemon write what it received: the bytes the filesystem
     lost since ``before``."""
     upload.send_until(CHARGED_AT)
-    time.sleep(1.0)  # what the daemon read (socket buffers, a write in flight) is written
-    usage = charged(daemon, rid, mount)
+    usage = charged_at_least(daemon, rid, mount, CHARGED_AT // 2)
     assert usage >= CHARGED_AT // 2, f"{usage / MiB:.1f} MiB charged to the sandbox"
     upload.send_until(MEASURED_AT)
-    time.sleep(1.0)
+    time.sleep(1.0 * SLOW)  # what the daemon read (socket buffers, a write in flight) is written
     lost = before - free_bytes(mount)
     print(f"{upload.sent / MiB:.0f} MiB sent, {lost / MiB:.1f} MiB of the state root taken")
     return lost
@@ -229,8 +237,7 @@ def test_a_sandbox_killed_while_a_body_arrives_is_removed_and_the_upload_cut(
         rid = daemon_create(daemon)
         upload = native_upload(daemon, rid, "big", LIMIT // 2)
         upload.send_until(CHARGED_AT // 2)
-        time.sleep(0.5)
-        assert charged(daemon, rid, mount) >= CHARGED_AT // 4
+        assert charged_at_least(daemon, rid, mount, CHARGED_AT // 4) >= CHARGED_AT // 4
         status, body = native_call(daemon, "DELETE", f"/sandboxes/{rid}")
         assert status == 204, body
         assert not (mount / rid).exists()
