@@ -40,7 +40,7 @@ from sandboxd.core.manager import SandboxManager
 from sandboxd.core.templates.store import TemplateStore
 from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
-from sandboxd.http.api import SandboxAPI
+from sandboxd.http.api import SandboxAPI, spool_places
 from sandboxd.isolation.base import Isolation, IsolationUnavailable
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
@@ -211,6 +211,7 @@ def assemble(
         admit=served.api.authoriser.admit if auth_gate else None,
         refusal=served.api.authoriser.refusal,
         spool_threads=spool_threads,
+        spool_place=spool_places(served.manager),
     )
     listeners = Listeners(reactor, config.listen, site, dual_stack=config.dual_stack == "on")
     _log_listen(config, listen_capabilities)

@@ -12,6 +12,7 @@ from twisted.logger import Logger
 
 from sandboxd.config import Config, ConfigError
 from sandboxd.core.layout import Layout, RootInUse
+from sandboxd.e2b.admit import spool_places as e2b_spool_places
 from sandboxd.e2b.api import E2BFront
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
@@ -184,6 +185,7 @@ def start_e2b(
         gate=gate,
         admit=front.authoriser.admit if auth_gate else None,
         refusal=front.authoriser.refusal,
+        spool_place=e2b_spool_places(front.registry),
     )
     if token is None:
         log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")

@@ -129,6 +129,9 @@ def setting_text(metadata: Mapping[str, Any], value: Any) -> str:
         return f"{value:03o}"
     if parse is connections and value == 0:
         return "off"
+    written = getattr(value, "setting_text", None)  # a value that knows its own word
+    if written is not None:
+        return str(written)
     if isinstance(value, frozenset):
         return ",".join(sorted(value)) or "none"
     if isinstance(value, tuple):

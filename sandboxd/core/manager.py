@@ -29,7 +29,7 @@ from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
-from sandboxd.core.sandbox import PLAIN, CreateRequest, Sandbox, SandboxListing
+from sandboxd.core.sandbox import PLAIN, BodyPlace, CreateRequest, Sandbox, SandboxListing
 from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
@@ -156,6 +156,14 @@ class SandboxManager(Commands):
         sandbox.last_active = self.clock.seconds()
         return sandbox
 
+    def body_place(self, rid: str) -> BodyPlace | None:
+        """Where a request body naming the live sandbox ``rid`` is spooled as it arrives
+        (``None``: no such sandbox); its activity is not touched."""
+        sandbox = self.sandboxes.get(rid)
+        if sandbox is None:
+            return None
+        return BodyPlace(self.layout.directory(rid), self.layout.disk, sandbox.bodies)
+
     async def kill(self, rid: str) -> None:
         """Stop every process of the sandbox, then release its cgroup, files and uid."""
         sandbox = self.sandboxes.pop(rid, None)
@@ -163,6 +171,8 @@ class SandboxManager(Commands):
             raise SandboxNotFound(f"no sandbox {rid!r}")
         self.metrics.sandboxes.set(len(self.sandboxes))
         sandbox.processes.close()
+        for abort in list(sandbox.bodies):
+            abort()  # bodies arriving in its directory: spools closed before it is removed
         for watch in list(sandbox.watches):
             watch.close(gone=True)
         for run in list(sandbox.running):

@@ -1,6 +1,7 @@
 """One live sandbox, as the manager keeps it: identity, environment, activity, and what runs."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from attrs import define, field, frozen
 from twisted.internet.defer import Deferred
@@ -9,6 +10,9 @@ from sandboxd.core.exec.run import ExecRun
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.watch.watch import WorkspaceWatch
 from sandboxd.isolation.base import Identity
+from sandboxd.isolation.disk.base import DiskDriver
+
+T = TypeVar("T")
 
 
 @frozen
@@ -43,6 +47,9 @@ class Sandbox:
     processes: ProcessTable = field(factory=lambda: ProcessTable(1))
     """Its background processes (docs/extensions.rst, "Background processes"); a silent one
     does not count as running."""
+    bodies: set[Callable[[], object]] = field(factory=set)
+    """An abort for each request body being spooled in its top directory (its end calls
+    them: their connections close, their spools are given back)."""
     watches: set[WorkspaceWatch] = field(factory=set)
     """Its open workspace watches (docs/extensions.rst, "Workspace watch")."""
     item_id: str | None = None
@@ -65,3 +72,18 @@ class SandboxListing:
     ready: bool
     """Its ready marker is set (docs/contract.rst, "Ready marker")."""
     execs: int
+
+
+@frozen
+class BodyPlace:
+    """Where request bodies naming a sandbox are spooled as they arrive: its top
+    ``directory`` (under its disk limits, out of its sight: unnamed files), written through
+    ``disk``'s charge; ``bodies`` is the sandbox's (see :attr:`Sandbox.bodies`)."""
+
+    directory: str
+    disk: DiskDriver
+    bodies: set[Callable[[], object]]
+
+    def charged(self, work: Callable[[], T]) -> Callable[[], T]:
+        """``work`` held to the sandbox's disk limits (the disk driver's ``charged``)."""
+        return self.disk.charged(work)

@@ -9,6 +9,9 @@ the signature of a sandbox this front holds (the route judges its operation and 
 A request naming a sandbox this front does not hold is answered at once with what the route
 answers for it (:func:`refusal`), so that neither a missing key nor a made-up sandbox id
 gets a byte of a body stored. Keys and signatures are compared in constant time.
+
+The body of an admitted request to one of envd's routes is spooled in its sandbox's place, under
+that sandbox's disk limits (:func:`spool_places`).
 """
 
 import hmac
@@ -22,6 +25,7 @@ from sandboxd.e2b import signing, wire
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import RestError
 from sandboxd.web.guard import Admission, Admit
+from sandboxd.web.spool import SpoolPlace, SpoolPlaces
 
 ENVD_ROUTES = (b"/health", b"/files", b"/process.Process/", b"/filesystem.Filesystem/")
 """The paths envd serves (the rest is the control plane, or unsupported)."""
@@ -151,3 +155,28 @@ def refusal(path: bytes, verdict: Admission, headers: Headers) -> bytes:
             return wire.rest_answer(e.status, e.message)
         return wire.refused_answer(path, "invalid signature")
     return wire.refused_answer(path)
+
+
+def spool_places(registry: Registry) -> SpoolPlaces:
+    """Where the body of a request to envd's routes is spooled: in the place of the sandbox
+    whose access token it carries, or whose token signed its ``/files`` URL (``None``: no
+    such sandbox, the site's shared spool)."""
+
+    def place(path: bytes, headers: Headers) -> SpoolPlace | None:
+        if not path.split(b"?", 1)[0].startswith(ENVD_ROUTES):
+            return None
+        sandbox_id = _sandbox_id(headers)
+        access = _header(headers, b"x-access-token")
+        if access is not None:
+            held = registry.holds(sandbox_id, access.decode("utf-8", "replace"))
+            return registry.manager.body_place(sandbox_id) if held else None
+        query = _signed_files_query(path)
+        if query is None:
+            return None
+        try:
+            signer = signing.signer_of(registry, sandbox_id, query)
+        except RestError:
+            return None  # a malformed expiration: refused by the route
+        return None if signer is None else registry.manager.body_place(signer.id)
+
+    return place

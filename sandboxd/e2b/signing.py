@@ -69,12 +69,19 @@ def _signer(
     return None
 
 
+def signer_of(registry: Registry, sandbox_id: str, query: Mapping[str, str]) -> E2BSandbox | None:
+    """The sandbox (``sandbox_id`` only, when given) that signed the query, to read or to
+    write (``None``: none did); a malformed expiration is :func:`expiration_of`'s
+    ``RestError``."""
+    return _signer(registry, sandbox_id, query, (READ, WRITE))
+
+
 def signs_any(registry: Registry, sandbox_id: str, query: Mapping[str, str]) -> bool:
     """Whether a sandbox (``sandbox_id`` only, when given) signed the query, to read or to
     write: judged at the headers, before a byte of the body is stored. The operation and the
     expiration are judged by the route (:func:`signed_sandbox`); a malformed expiration is
     :func:`expiration_of`'s ``RestError``."""
-    return _signer(registry, sandbox_id, query, (READ, WRITE)) is not None
+    return signer_of(registry, sandbox_id, query) is not None
 
 
 def signed_sandbox(

@@ -10,7 +10,9 @@ The body is stored whole before the route runs (past a size, spooled to disk:
 file thread that writes each file (never on the reactor, never whole in memory): a multipart
 body's parts one after another (:class:`MultipartReader`), each copied to its target as it is
 read; a gzip body inflated as it is copied (:class:`Inflating`), to at most
-:func:`inflate_limit` bytes (see docs/e2b.rst, "Coverage").
+:func:`inflate_limit` bytes (see docs/e2b.rst, "Coverage"). A spooled body's space is given back
+as it is read (:class:`~sandboxd.e2b.consumed.Consumed`): it is spooled under the sandbox's disk
+limit, and would otherwise count twice against it while its files are written.
 """
 
 import io
@@ -23,9 +25,11 @@ from twisted.web.iweb import IRequest
 
 from sandboxd.core import Source
 from sandboxd.e2b import wire
+from sandboxd.e2b.consumed import Consumed
 from sandboxd.e2b.paths import Place, place_of
 from sandboxd.e2b.wire import RestError
 from sandboxd.web.body import TooLarge, refuse_too_large
+from sandboxd.web.spool import Spool
 
 READ_CHUNK = 1 << 20
 """Bytes of the stored body read at a time (what an upload holds in memory, about)."""
@@ -258,6 +262,8 @@ class Upload:
         content_type = (request.getHeader(b"content-type") or b"").decode("latin-1")
         gzip = (request.getHeader(b"content-encoding") or b"").lower() == b"gzip"
         content: Any = request.content
+        if isinstance(content, Spool):
+            content = Consumed(content)  # its space given back as its files are written
         return cls(content_type, gzip, query(request, "path"), content, size_max)
 
     def next_file(self) -> tuple[Place, Source] | None:

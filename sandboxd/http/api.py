@@ -15,6 +15,7 @@ from typing import Any, cast
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
@@ -26,6 +27,7 @@ from sandboxd.http.routes import commands, daemon, files, sandboxes, templates, 
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 from sandboxd.web.guard import Admit
+from sandboxd.web.spool import SpoolPlace, SpoolPlaces
 
 ROUTES = (daemon, sandboxes, commands, files, trees, templates)
 """The route modules: importing them registers their routes on the app."""
@@ -38,6 +40,19 @@ def admission(token: bytes | None) -> Admit:
     soon as its headers are in: the rule of :class:`~sandboxd.http.auth.BearerAuthoriser`,
     the same that :func:`sandboxd.http.routing.authorized` applies."""
     return BearerAuthoriser(token).admit
+
+
+def spool_places(manager: SandboxManager) -> SpoolPlaces:
+    """Where a request body naming a sandbox in its path (``/sandboxes/{rid}/...``) is spooled:
+    that sandbox's place, if the manager holds it (docs/operating.rst, "Disk limits")."""
+
+    def place(path: bytes, headers: Headers) -> SpoolPlace | None:
+        parts = path.split(b"?", 1)[0].split(b"/", 3)
+        if len(parts) < 3 or parts[0] or parts[1] != b"sandboxes":
+            return None
+        return manager.body_place(parts[2].decode("latin-1"))
+
+    return place
 
 
 def finished(request: IRequest) -> Deferred[None]:

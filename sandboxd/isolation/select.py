@@ -46,6 +46,7 @@ from sandboxd.isolation.layers import (
 from sandboxd.isolation.namespaces.pins import (
     NS_DIR,
     PLACES,
+    AllLayers,
     Creator,
     HelperCreator,
     Namespaces,
@@ -356,6 +357,12 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
     creator: Creator
     run: RunProgram = run_namespace_program
     if helper is None:
+        if "pid" in kinds and isinstance(kinds, AllLayers):
+            log.warn(
+                "namespaces: pid left out of all: its init and relay are the exec helper's "
+                "(build it with a C compiler); sandboxes share the host's PID view"
+            )
+            kinds = frozenset(kinds - {"pid"})
         if "pid" in kinds:  # its init and the relay are the helper's (sandboxd_exec_ns.h)
             raise IsolationUnavailable("namespaces: pid needs the exec helper (a C compiler)")
         creator = ShellCreator(ShellPrograms.find(host.which))

@@ -5,6 +5,11 @@ larger in a file the site gives). A body declared or found to be larger than ``m
 discarded as it arrives instead, so nothing over the limit is stored anywhere, and the handler
 answers ``413 TooLarge``. A body that cannot be stored (disk full) is discarded from then on,
 and the failure kept for the handler (:attr:`LimitedRequest.content_error`).
+
+A large body of a request whose headers name a sandbox (the site's ``spool_place``) is spooled
+in that sandbox's place (:class:`~sandboxd.web.spool.SpoolPlace`), under its disk limits: a
+body over what the sandbox has left fails as a full disk does (``507``), and the sandbox's end
+aborts its connection.
 """
 
 import io
@@ -13,7 +18,8 @@ from typing import Any
 
 from twisted.web.server import Request
 
-from sandboxd.web.spool import SpoolThreads, SpoolWriter
+from sandboxd import _twisted
+from sandboxd.web.spool import SPOOL_MIN, Spool, SpoolPlace, SpoolThreads, SpoolWriter, uncharged
 
 
 class _Discard:
@@ -48,21 +54,57 @@ class LimitedRequest(Request):
     too_large: bool = False
     content_error: OSError | None = None
     _received: int = 0
+    _place: SpoolPlace | None = None
+    """The sandbox's place its body is spooled in, while it arrives (``None``: none)."""
 
     def gotLength(self, length: int | None) -> None:
         if length is not None and length > self.max_body:
             self._refuse()
             return
+        site = getattr(self.channel, "site", None)
+        place = self._place_of(site) if length is None or length >= SPOOL_MIN else None
         try:
-            super().gotLength(length)
+            if place is None:
+                super().gotLength(length)
+            else:
+                self.content = Spool(place.directory, place.charged)
         except OSError as e:
             self._failed(e)
             return
-        site = getattr(self.channel, "site", None)
         threads: SpoolThreads | None = getattr(site, "spool_threads", None)
         content: Any = self.content
+        charge = uncharged if place is None else place.charged
         if threads is not None and not isinstance(content, io.BytesIO):
-            self.content = threads.writer(content, self._failed, self._pause, self._resume)
+            self.content = threads.writer(content, self._failed, self._pause, self._resume, charge)
+        if place is not None:
+            self._place = place
+            place.bodies.add(self._abort)
+
+    def _place_of(self, site: Any) -> SpoolPlace | None:
+        """The place of the sandbox the request names, where the site spools in unnamed
+        files (``None``: none, or spooled where the site spools)."""
+        spool_place = getattr(site, "spool_place", None)
+        if spool_place is None or getattr(site, "spool_dir", None) is None:
+            return None
+        _, path = _twisted.request_line(self.channel)
+        place: SpoolPlace | None = spool_place(path, self.requestHeaders)
+        return place
+
+    def _abort(self) -> None:
+        """The sandbox is going: its body's connection is closed (its spool given back)."""
+        if self.channel is not None:
+            transport: Any = self.channel.transport
+            transport.abortConnection()
+
+    def _arrived(self) -> None:
+        """The body is stored (or the connection lost): the sandbox's end no longer aborts it."""
+        if self._place is not None:
+            self._place.bodies.discard(self._abort)
+            self._place = None
+
+    def connectionLost(self, reason: Any) -> None:
+        self._arrived()
+        super().connectionLost(reason)
 
     def handleContentChunk(self, data: bytes) -> None:
         if self.too_large or self.content_error is not None:
@@ -82,12 +124,14 @@ class LimitedRequest(Request):
         """The whole body is in: handled once it is all written (see :class:`SpoolWriter`)."""
         writer = self.content
         if not isinstance(writer, SpoolWriter):
+            self._arrived()
             super().requestReceived(command, path, version)
             return
         written = writer.written()
         written.addCallback(lambda _: self._written(writer, command, path, version))
 
     def _written(self, writer: SpoolWriter, command: bytes, path: bytes, version: bytes) -> None:
+        self._arrived()
         if self.channel is None:
             return  # the connection was lost meanwhile: the spool is closed (connectionLost)
         if self.content is writer:

@@ -28,7 +28,7 @@ from sandboxd.web.request import LimitedRequest as LimitedRequest
 from sandboxd.web.request import _Discard as _Discard
 from sandboxd.web.spool import SPOOL_MIN as SPOOL_MIN
 from sandboxd.web.spool import Spool as Spool
-from sandboxd.web.spool import SpoolThreads
+from sandboxd.web.spool import SpoolPlaces, SpoolThreads
 from sandboxd.web.spool import can_spool as can_spool
 
 READ_SIZE = 1 << 20
@@ -273,6 +273,9 @@ class SpoolingSite(Site):
     spool_dir: str | None = None
     spool_threads: SpoolThreads | None = None
     """Where spooled bodies are written (``None``: on the reactor thread, as they arrive)."""
+    spool_place: SpoolPlaces | None = None
+    """The place of the sandbox a request names, where its body is spooled instead of
+    ``spool_dir`` (see :mod:`sandboxd.web.request`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -304,6 +307,7 @@ def make_site(
     admit: Admit | None = None,
     refusal: Refusal | None = None,
     spool_threads: SpoolThreads | None = None,
+    spool_place: SpoolPlaces | None = None,
 ) -> SpoolingSite:
     """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
     ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors.
@@ -312,7 +316,8 @@ def make_site(
     :class:`Channel`); the gate's idle timeout also bounds the silence within a request body.
     ``refusal`` makes the whole answer to a request refused or found absent at its headers
     (each front passes its own; default: :func:`sandboxd.web.answers.unauthorized_answer`).
-    With ``spool_threads``, spooled bodies are written in its threads.
+    With ``spool_threads``, spooled bodies are written in its threads; with ``spool_place``,
+    those of a request naming a sandbox in that sandbox's place.
     """
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
@@ -323,6 +328,7 @@ def make_site(
     )
     site.spool_dir = spool_dir
     site.spool_threads = spool_threads
+    site.spool_place = spool_place
     site.gate = gate  # type: ignore[attr-defined]
     site.admit = admit  # type: ignore[attr-defined]
     site.refusal = refusal  # type: ignore[attr-defined]

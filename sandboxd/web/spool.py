@@ -4,6 +4,10 @@ A body of :data:`SPOOL_MIN` bytes or more is stored in a :class:`Spool`: an unna
 (``O_TMPFILE``) in the daemon's state root, on the workspaces' own filesystem, so that an
 upload can be linked into its workspace once complete instead of being written a second time.
 
+A request whose headers name a sandbox has its body spooled in that sandbox's own place instead
+(:class:`SpoolPlace`: its top directory, under its disk limits), so that what arrives counts
+against its quota, not the state root's free space (docs/operating.rst, "Disk limits").
+
 Its bytes are written by a :class:`SpoolWriter`, in a thread pool (:class:`SpoolThreads`),
 never on the reactor thread: a neighbour's upload of a gigabyte does not stall every other
 sandbox's requests behind its disk writes (see docs/performance.rst).
@@ -14,7 +18,8 @@ import mmap
 import os
 from collections.abc import Callable
 from contextlib import suppress
-from typing import IO
+from functools import partial
+from typing import IO, Protocol, TypeVar
 
 from attrs import frozen
 from twisted.internet.defer import Deferred, succeed
@@ -22,6 +27,9 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
+from twisted.web.http_headers import Headers
+
+T = TypeVar("T")
 
 SPOOL_MIN = 100_000
 """Bodies at least this long (or of unknown length) are stored in a :class:`Spool`; shorter
@@ -39,9 +47,43 @@ class Spool(io.BufferedRandom):
     unless the file was linked somewhere meanwhile (an upload, once complete).
     """
 
-    def __init__(self, directory: str) -> None:
-        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o644)
+    def __init__(self, directory: str, charge: "Charge | None" = None) -> None:
+        def make() -> int:
+            return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o644)
+
+        fd = make() if charge is None else charge(make)()
         super().__init__(io.FileIO(fd, "r+"))
+
+
+class Charge(Protocol):
+    """Makes file work subject to a sandbox's disk limits where the daemon's privilege would
+    exempt it (a disk driver's ``charged``)."""
+
+    def __call__(self, work: Callable[[], T], /) -> Callable[[], T]: ...
+
+
+def uncharged(work: Callable[[], T]) -> Callable[[], T]:
+    """File work as it is (no sandbox's limits to apply)."""
+    return work
+
+
+class SpoolPlace(Protocol):
+    """Where the body of a request naming a sandbox is spooled: ``directory`` (the sandbox's
+    top directory, on its disk limits, out of its sight), each write made through ``charged``;
+    ``bodies`` holds an abort for each body arriving there, which the sandbox's end calls."""
+
+    @property
+    def directory(self) -> str: ...
+
+    @property
+    def bodies(self) -> set[Callable[[], object]]: ...
+
+    def charged(self, work: Callable[[], T]) -> Callable[[], T]: ...
+
+
+SpoolPlaces = Callable[[bytes, Headers], SpoolPlace | None]
+"""A front's rule: a request's path and headers → the place of the sandbox it names, where
+its body is spooled (``None``: it names none, or one the front does not hold)."""
 
 
 def can_spool(directory: str) -> bool:
@@ -77,6 +119,7 @@ class SpoolWriter:
     an anonymous mapping of its own rather than the heap: a chunk's memory is free again as
     soon as it is copied, and the batch's once it is written, so that however long an upload
     the daemon's heap is not scattered with chunks freed out of turn.
+    Each write runs through ``charge`` (a sandbox's limits held, see :class:`SpoolPlace`).
     Once more than ``ahead`` bytes given are not yet written, ``pause`` is called (the
     connection stops reading), and ``resume`` once they are back under it (or the writer is
     closed). A write that fails is reported once to ``on_error`` (an :class:`OSError`), and the
@@ -93,8 +136,10 @@ class SpoolWriter:
         on_error: Callable[[OSError], object],
         pause: Callable[[], object],
         resume: Callable[[], object],
+        charge: Charge = uncharged,
     ) -> None:
         self.file = file
+        self.charge = charge
         self.threads = threads
         self._on_error = on_error
         self._pause = pause
@@ -157,9 +202,8 @@ class SpoolWriter:
         self._queue = None
         self._writing, self._queued = self._queued, 0
         threads = self.threads
-        done = deferToThreadPool(
-            threads.reactor, threads.pool, _write, self.file, batch, self._writing
-        )
+        write = self.charge(partial(_write, self.file, batch, self._writing))
+        done = deferToThreadPool(threads.reactor, threads.pool, write)
         done.addBoth(self._returned)
 
     def _returned(self, result: Failure | None) -> None:
@@ -210,6 +254,7 @@ class SpoolThreads:
         on_error: Callable[[OSError], object],
         pause: Callable[[], object],
         resume: Callable[[], object],
+        charge: Charge = uncharged,
     ) -> SpoolWriter:
         """A writer of ``file`` in these threads (see :class:`SpoolWriter`)."""
-        return SpoolWriter(file, self, on_error, pause, resume)
+        return SpoolWriter(file, self, on_error, pause, resume, charge)

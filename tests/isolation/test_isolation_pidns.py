@@ -6,24 +6,29 @@ the recovery) is in ``tests/kernel/test_pid_namespace.py``.
 
 import os
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from attrs import define
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
 
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.namespaces.pidns import INIT_FILE, kill_init
-from sandboxd.isolation.namespaces.pins import ALL, KINDS, parse_namespaces
+from sandboxd.isolation.namespaces.pins import ALL, KINDS, AllLayers, parse_namespaces
 from sandboxd.isolation.network.modes import HostNetwork, NoNetwork
 from sandboxd.isolation.select import build_isolation
 from tests.isolation.test_isolation_namespaces import RID, Runner, namespaces
 from tests.isolation.test_isolation_select import POOL, Machine, config
 
 
-def test_pid_is_asked_for_by_name_and_only_with_mount() -> None:
-    assert "pid" in KINDS and "pid" not in ALL
-    assert "pid" not in parse_namespaces("all")
-    assert parse_namespaces("ipc,mount,net,pid") == frozenset(KINDS)
+def test_pid_is_part_of_all_and_by_name_only_with_mount() -> None:
+    assert "pid" in KINDS and "pid" in ALL
+    every = parse_namespaces("all")
+    assert every == frozenset(KINDS) and isinstance(every, AllLayers)
+    by_name = parse_namespaces("ipc,mount,net,pid")
+    assert by_name == frozenset(KINDS) and not isinstance(by_name, AllLayers)
     for bad in ("pid", "ipc,net,pid"):
         with pytest.raises(ValueError, match="pid needs mount"):
             parse_namespaces(bad)
@@ -54,6 +59,56 @@ def test_pid_needs_the_helper(tmp_path: Path) -> None:
         build_isolation(wanted, Clock(), POOL, machine.host(helper=None))
     iso = build_isolation(wanted, Clock(), POOL, machine.host(helper="/opt/sd/sandboxd-exec"))
     assert iso.namespaces.kinds == frozenset(KINDS)
+
+
+def test_all_leaves_pid_out_on_the_shell_chain_and_says_why(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    every = config(tmp_path, "auto")  # SANDBOXD_NAMESPACES=all, the default
+    with capturedLogs() as events:
+        iso = build_isolation(every, Clock(), POOL, machine.host(helper=None))
+    assert iso.namespaces.kinds == frozenset(KINDS) - {"pid"}
+    said = [formatEvent(e) for e in events if "pid left out of all" in formatEvent(e)]
+    assert said and "exec helper" in said[0]
+    iso = build_isolation(every, Clock(), POOL, machine.host(helper="/opt/sd/sandboxd-exec"))
+    assert iso.namespaces.kinds == frozenset(KINDS)
+    assert "isolation.pid" in iso.namespaces.capabilities()
+
+
+@define
+class NoPidRunner(Runner):
+    """A kernel that refuses a PID namespace (a pod whose user namespace forbids a new /proc)."""
+
+    def __call__(self, argv: Sequence[str]) -> tuple[int, str]:
+        if argv[1] == "namespaces" and "p" in argv[4]:
+            self.argvs.append(list(argv))
+            return 1, "sandboxd-exec: mount /proc: Operation not permitted"
+        return super().__call__(argv)
+
+
+def test_all_leaves_pid_out_where_the_kernel_refuses_it(tmp_path: Path) -> None:
+    runner = NoPidRunner()
+    ns = namespaces(tmp_path, runner)
+    ns.kinds = parse_namespaces("all")
+    with capturedLogs() as events:
+        ns.prepare()
+    assert ns.kinds == frozenset(KINDS) - {"pid"} and isinstance(ns.kinds, AllLayers)
+    assert [argv[4] for argv in runner.argvs] == ["imnp", "imn"]
+    assert any("pid left out of all" in formatEvent(e) for e in events)
+    assert "isolation.pid" not in ns.capabilities()
+    ns.close()
+
+
+def test_pid_asked_by_name_that_the_kernel_refuses_stops_start_up(tmp_path: Path) -> None:
+    ns = namespaces(tmp_path, NoPidRunner())
+    ns.kinds = parse_namespaces("ipc,mount,net,pid")
+    with pytest.raises(IsolationUnavailable, match=r"namespaces ipc, mount, net, pid: .*exit 1"):
+        ns.prepare()
+    ns.close()
+    all_refused = namespaces(tmp_path, Runner(code=125))  # not pid's fault: nothing works
+    all_refused.kinds = parse_namespaces("all")
+    with pytest.raises(IsolationUnavailable, match=r"namespaces ipc, mount, net: .*exit 125"):
+        all_refused.prepare()
+    all_refused.close()
 
 
 def init_layout(tmp_path: Path, pid: str, same_namespace: bool) -> tuple[str, str, str]:

@@ -65,10 +65,11 @@ def make_creator(which: str) -> Creator:
 
 
 def every_layer(root: Path, which: str) -> Namespaces:
-    """Every namespace layer, made the ``which`` way, pinned in ``root/.ns``."""
+    """Every namespace layer the ``which`` way makes (``all``: ``pid`` with the helper only),
+    pinned in ``root/.ns``."""
     policy = NetworkPolicy({"none": NoNetwork(), "host": HostNetwork()}, ("none", "host"), "none")
     ns = Namespaces(
-        kinds=frozenset(ALL),
+        kinds=frozenset(ALL) if which.startswith("helper") else frozenset(ALL) - {"pid"},
         nsroot=str(root / ".ns"),
         network=policy,
         creator=make_creator(which),

@@ -39,6 +39,12 @@ def root() -> Iterator[Path]:
         yield path
 
 
+def pins_of(ns: Namespaces, *more: str) -> list[str]:
+    """The files of a sandbox's pins directory: a pin per layer (``pid``'s init's pid too)."""
+    pid = ["init", "pid"] if "pid" in ns.kinds else []
+    return sorted(["ipc", "mnt", "net", *pid, *more])
+
+
 @pytest.mark.parametrize("which", CREATORS)
 def test_made_entered_and_removed(root: Path, which: str) -> None:
     ns = every_layer(root, which)
@@ -51,7 +57,7 @@ def test_made_entered_and_removed(root: Path, which: str) -> None:
         workspace.mkdir()
         (workspace / "mine.txt").write_text("in the workspace")
         ns.create(RID, str(tmp), str(workspace), NoNetwork())
-        assert sorted(os.listdir(root / ".ns" / RID)) == ["ipc", "mnt", "net"]
+        assert sorted(os.listdir(root / ".ns" / RID)) == pins_of(ns)
         script = (
             "readlink /proc/self/ns/ipc; echo inside > /tmp/mine; ls /dev/shm | wc -l;"
             f" ip -o link | cut -d: -f2; test -d {root} && echo kept;"
@@ -188,7 +194,7 @@ def test_the_sandbox_uid_has_a_name_inside_and_the_host_no_change(root: Path, wh
         workspace.mkdir()
         identity = Identity(612345, 612346)
         ns.create(RID, str(tmp), str(workspace), NoNetwork(), (identity, "/the/home"))
-        assert sorted(os.listdir(root / ".ns" / RID)) == ["group", "ipc", "mnt", "net", "passwd"]
+        assert sorted(os.listdir(root / ".ns" / RID)) == pins_of(ns, "group", "passwd")
         script = "getent passwd user; getent group user; getent passwd root | cut -d: -f1"
         inside = run_in(ns, RID, which, script).split()
         assert inside == [

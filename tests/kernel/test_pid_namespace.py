@@ -2,11 +2,12 @@
 another's processes, and through them at its private network, in ``/proc``.
 
 As root with real isolation (cgroup v1 here, v2 in the VM; nothing here depends on the cgroup
-version). Each attack runs against a daemon with ``--namespaces=ipc,mount,net,pid`` (it must
-be refused) and against one with the ``pid`` layer left out (it must then succeed: proof that
-the test can fail). The victim serves on its own loopback (network mode ``none``: a network
-namespace of its own), which the attacker cannot connect to either way; without the PID
-namespace the attacker still reads the listener in ``/proc/<victim's pid>/net/tcp``.
+version). Each attack runs against a daemon with ``--namespaces=all``, the default, which
+includes ``pid`` with the exec helper (it must be refused), and against one with the ``pid``
+layer left out by name (it must then succeed: proof that the test can fail). The victim serves
+on its own loopback (network mode ``none``: a network namespace of its own), which the attacker
+cannot connect to either way; without the PID namespace the attacker still reads the listener
+in ``/proc/<victim's pid>/net/tcp``.
 """
 
 import errno
@@ -33,7 +34,8 @@ from tests.support.daemon import start_daemon, stop_daemon
 
 pytestmark = [pytest.mark.kernel]
 
-WITH_PID = "--namespaces=ipc,mount,net,pid"
+WITH_PID = "--namespaces=all"
+"""The default: every layer, ``pid`` included where the exec helper makes it."""
 WITHOUT_PID = "--namespaces=ipc,mount,net"
 
 LISTENERS = r"""

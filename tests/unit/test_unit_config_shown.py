@@ -100,7 +100,7 @@ def test_every_setting_is_read_back_from_a_value_of_its_own() -> None:
         ("SANDBOXD_NETWORK", ""),
         ("SANDBOXD_MAX_CONNECTIONS", "auto"),
         ("SANDBOXD_EGRESS_DENY", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,fc00::/7"),
-        ("SANDBOXD_NAMESPACES", "ipc,mount,net"),
+        ("SANDBOXD_NAMESPACES", "all"),
         ("SANDBOXD_EGRESS_POOL6", "fd53:616e:6462:6f78::/64"),
     ],
 )

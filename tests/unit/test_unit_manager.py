@@ -217,6 +217,20 @@ def test_kill(world: World) -> None:
         fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
 
 
+def test_a_sandboxs_body_place_is_its_directory_and_its_end_aborts_its_bodies(
+    world: World,
+) -> None:
+    sandbox = world.manager.create()
+    assert world.manager.body_place("0123456789abcdef") is None
+    place = world.manager.body_place(sandbox.rid)
+    assert place is not None and place.directory == world.layout.directory(sandbox.rid)
+    assert place.charged(lambda: 7)() == 7  # no limits: the work as it is
+    aborted: list[str] = []
+    place.bodies.add(lambda: aborted.append("body"))
+    fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
+    assert aborted == ["body"]
+
+
 def test_kill_without_readable_counters(world: World) -> None:
     sandbox = world.manager.create()
     world.cgroups.stats_error = OSError("gone")

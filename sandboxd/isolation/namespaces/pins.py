@@ -26,11 +26,12 @@ helper's ``enter`` prefix, ``nsenter`` in the shell chain. Kill unmounts the pin
 namespaces, their IPC objects, tmpfs and sockets go once the last process has); start-up
 removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
 
-The PID namespace (``pid``, opt-in: not part of ``all`` yet, and only with ``mount`` and the
-helper) has an init of its own that mounts the namespace's ``/proc``; entering it makes the
-helper a relay that forks the command inside (``sandboxd_exec_ns.h``), and the sandbox's end
-kills that init (:mod:`sandboxd.isolation.namespaces.pidns`). The pids the API reports are the
-relays', as the host numbers them: the daemon signals their process group, which holds the command.
+The PID namespace (``pid``, only with ``mount`` and the helper: ``all`` leaves it out, saying
+why, on the shell chain or where the kernel refuses it) has an init of its own that mounts the
+namespace's ``/proc``; entering it makes the helper a relay that forks the command inside
+(``sandboxd_exec_ns.h``), and the sandbox's end kills that init
+(:mod:`sandboxd.isolation.namespaces.pidns`). The pids the API reports are the relays', as the
+host numbers them: the daemon signals their process group, which holds the command.
 """
 
 import errno
@@ -53,8 +54,18 @@ from sandboxd.isolation.network.modes import NetworkMode, NetworkPolicy, host_on
 KINDS = ("ipc", "mount", "net", "pid")
 """The namespace layers, by the name ``SANDBOXD_NAMESPACES`` and ``/healthz`` use."""
 
-ALL = ("ipc", "mount", "net")
-"""The layers ``all`` names (``pid`` is asked for by name until it is part of it)."""
+ALL = KINDS
+"""The layers ``all`` names: every one; ``pid`` only where the chain can make it (the exec
+helper's), left out with a logged reason elsewhere (:class:`AllLayers`)."""
+
+
+class AllLayers(frozenset[str]):
+    """The layers of ``SANDBOXD_NAMESPACES=all``: every layer the chain can make, where a layer
+    asked for by name that the chain cannot make stops start-up."""
+
+    setting_text = "all"
+    """How the start-up log writes it (read back as it was meant, not as named layers)."""
+
 
 PIN = {"ipc": "ipc", "mount": "mnt", "net": "net", "pid": "pid"}
 """Each layer's pin file name (as in ``/proc/PID/ns``)."""
@@ -105,7 +116,7 @@ def parse_namespaces(text: str) -> frozenset[str]:
     (``pid`` only with ``mount``: its ``/proc`` is mounted there)."""
     value = text.strip().lower()
     if value == "all":
-        return frozenset(ALL)
+        return AllLayers(ALL)
     if value == "none":
         return frozenset()
     names = {part.strip() for part in value.split(",") if part.strip()}
@@ -251,6 +262,19 @@ class Namespaces:
             raise
 
     def _probe(self) -> None:
+        """One probe set made and removed; with ``all``, a probe the kernel refuses with
+        ``pid`` (a pod whose user namespace forbids a new ``/proc``) is made again without it,
+        the reason logged, instead of stopping start-up."""
+        try:
+            self._probe_once()
+        except IsolationUnavailable as e:
+            if not isinstance(self.kinds, AllLayers) or "pid" not in self.kinds:
+                raise
+            log.warn("namespaces: pid left out of all: {why}", why=str(e))
+            self.kinds = AllLayers(self.kinds - {"pid"})
+            self._probe_once()
+
+    def _probe_once(self) -> None:
         probe = "0" * 16
         probe_tmp = os.path.join(self.nsroot, "probe-tmp")
         self._remove_probe(probe, probe_tmp)
