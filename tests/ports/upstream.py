@@ -1,0 +1,70 @@
+"""The server a test runs inside a sandbox (written into its workspace, run as
+``python3 upstream.py PORT``): ``/headers`` answers the request's headers as JSON, ``/big?n=N``
+streams N bytes in 64 KiB writes, ``/ws`` is a WebSocket echo (a hand-made handshake, then each
+client frame sent back unmasked), anything else is ``http.server``'s file serving."""
+
+import base64
+import hashlib
+import json
+import socketserver
+import sys
+from http.server import SimpleHTTPRequestHandler
+
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+class Handler(SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path == "/headers":
+            body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if self.path.startswith("/big?n="):
+            size = int(self.path.split("=", 1)[1])
+            self.send_response(200)
+            self.send_header("content-length", str(size))
+            self.end_headers()
+            chunk = b"x" * 65536
+            while size > 0:
+                self.wfile.write(chunk[:size])
+                size -= len(chunk)
+            return
+        if self.path == "/ws":
+            self.websocket()
+            return
+        super().do_GET()
+
+    def websocket(self) -> None:
+        key = self.headers["sec-websocket-key"].encode()
+        accept = base64.b64encode(hashlib.sha1(key + GUID).digest()).decode()
+        self.send_response(101)
+        self.send_header("upgrade", "websocket")
+        self.send_header("connection", "Upgrade")
+        self.send_header("sec-websocket-accept", accept)
+        self.end_headers()
+        self.wfile.flush()
+        while True:
+            head = self.rfile.read(2)
+            if len(head) < 2:
+                return
+            length = head[1] & 0x7F
+            mask = self.rfile.read(4)
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(length)))
+            if head[0] & 0x0F == 8:  # close
+                return
+            self.wfile.write(bytes([0x81, len(payload)]) + payload)
+            self.wfile.flush()
+
+
+class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+if __name__ == "__main__":
+    Server(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
