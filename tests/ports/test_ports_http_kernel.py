@@ -2,6 +2,8 @@
 server inside a sandbox's own network namespace, reached only through the daemon."""
 
 import json
+import threading
+from http.server import HTTPServer, SimpleHTTPRequestHandler
 
 import pytest
 
@@ -75,6 +77,22 @@ def test_another_sandboxs_server_is_out_of_reach(live: Live) -> None:
     other = live.api("POST", "/sandboxes", {}).json()["remote_id"]
     assert live.get(f"/sandboxes/{other}/ports/8000/headers")[0] == 502
     assert live.get("/sandboxes/0123456789abcdef/ports/8000/headers")[0] == 404
+
+
+def test_a_server_on_the_hosts_loopback_is_out_of_reach(live: Live) -> None:
+    """A port the host listens on (127.0.0.1, in the daemon's own namespace) is not reached:
+    the proxy connects inside the sandbox's namespace, where nothing listens on it."""
+    host_server = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    serving = threading.Thread(target=host_server.serve_forever, daemon=True)
+    serving.start()
+    try:
+        rid = live.api("POST", "/sandboxes", {}).json()["remote_id"]
+        port = host_server.server_address[1]
+        status, _, body = live.get(f"/sandboxes/{rid}/ports/{port}/")
+        assert status == 502, body
+    finally:
+        host_server.shutdown()
+        host_server.server_close()
 
 
 def test_a_request_with_both_length_and_chunking_is_refused(live: Live) -> None:
