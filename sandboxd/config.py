@@ -85,6 +85,12 @@ class Config:
         optional_text,
         "Twisted endpoint string of the E2B-compatible front (default: off)",
     )
+    e2b_domain: str | None = setting_field(
+        "SANDBOXD_E2B_DOMAIN",
+        None,
+        optional_text,
+        "Domain of the E2B front's port hosts, {port}-{sandbox_id}.DOMAIN (default: off)",
+    )
     pod_url: str | None = setting_field(
         "SANDBOXD_POD_URL",
         None,

@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, unquote
 from twisted.web.iweb import IRequest
 
 from sandboxd.e2b import wire
+from sandboxd.e2b.ports import public_traffic_of
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest
@@ -27,7 +28,7 @@ ENVD_VERSION = "0.5.7"
 octet-stream and gzip uploads; not write metadata (0.6.2) nor watch entries (0.6.3)."""
 TEMPLATES = ("base",)
 CLIENT_ID = "sandboxd"
-REFUSED_FIELDS = ("autoPause", "autoResume", "mcp", "volumeMounts", "network", "iam")
+REFUSED_FIELDS = ("autoPause", "autoResume", "mcp", "volumeMounts", "iam")
 LIST_LIMIT_MAX = 1000
 
 
@@ -53,15 +54,17 @@ def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def sandbox_json(entry: E2BSandbox) -> dict[str, Any]:
-    """The ``Sandbox`` a create or connect answers."""
+def sandbox_json(entry: E2BSandbox, domain: str | None = None) -> dict[str, Any]:
+    """The ``Sandbox`` a create or connect answers (``domain``: where its port hosts are,
+    ``SANDBOXD_E2B_DOMAIN``; its ``trafficAccessToken`` opens them, docs/e2b.rst, "Ports")."""
     return {
         "templateID": entry.template,
         "sandboxID": entry.id,
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": entry.token,
-        "domain": None,
+        "trafficAccessToken": entry.traffic_token,
+        "domain": domain,
     }
 
 
@@ -130,6 +133,7 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise RestError(400, "metadata: must be an object of strings")
+    public_traffic = public_traffic_of(body.get("network"))
     timeout = _timeout(body, TIMEOUT_DEFAULT)
     network = internet_mode(front, body.get("allow_internet_access"))
     try:
@@ -137,7 +141,8 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     except BadRequest as e:
         raise RestError(400, e.detail) from None
     entry = front.registry.add(sandbox, template, dict(metadata), timeout or TIMEOUT_DEFAULT)
-    return _answer(request, 201, sandbox_json(entry))
+    entry.public_traffic = public_traffic
+    return _answer(request, 201, sandbox_json(entry, front.manager.config.e2b_domain))
 
 
 def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
@@ -145,7 +150,7 @@ def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
     timeout = _timeout(_json_body(request), None)
     if timeout is not None:
         front.registry.extend(entry, timeout)
-    return _answer(request, 200, sandbox_json(entry))
+    return _answer(request, 200, sandbox_json(entry, front.manager.config.e2b_domain))
 
 
 def get_info(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
