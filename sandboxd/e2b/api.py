@@ -248,6 +248,8 @@ class E2BFront:
     @control_plane
     async def kill(self, request: IRequest, sandbox_id: str) -> bytes:
         await self.registry.kill(self.registry.get(sandbox_id))
+        if self.port_access is not None:
+            self.port_access.table.forget(sandbox_id)
         request.setResponseCode(204)
         return b""
 

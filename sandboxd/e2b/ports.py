@@ -165,13 +165,12 @@ class PortHosts:
                 await forward(self.reactor, table, request, entry.id, port, path, DROPPED)
         except CancelledError:
             return  # the client went
-        except (SandboxdError, RestError) as e:
+        except (SandboxdError, RestError) as e:  # raised before the answer began
             status, message = _answer_of(e, sandbox_id)
-            if not live.startedWriting:
-                live.setResponseCode(status)
-                live.setHeader(b"content-type", wire.JSON)
-                live.write(wire.rest_error_body(status, message))
-        except Exception:
+            live.setResponseCode(status)
+            live.setHeader(b"content-type", wire.JSON)
+            live.write(wire.rest_error_body(status, message))
+        except Exception:  # pragma: no cover - defensive: the proxy raises only the above
             log.failure("proxying to port {port} of {id} failed", port=port, id=sandbox_id)
             live.channel.transport.abortConnection()
             return

@@ -24,6 +24,9 @@ CONNECT_TIMEOUT = 5.0
 """Seconds a connect inside the namespace may take (a loopback connect takes microseconds;
 a full listen backlog is what makes it wait)."""
 
+REFUSED = {errno.ECONNREFUSED: "nothing listens on port {port} inside the sandbox"}
+"""A connect's errors with words of their own (any other: its own words)."""
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -61,9 +64,8 @@ def connect_inside(pin: str, port: int, timeout: float = CONNECT_TIMEOUT) -> soc
         sock.connect(("127.0.0.1", port))
     except OSError as e:
         sock.close()
-        if e.errno == errno.ECONNREFUSED:
-            raise PortClosed(f"nothing listens on port {port} inside the sandbox") from None
-        raise PortClosed(f"cannot connect to port {port} inside the sandbox: {e}") from None
+        why = REFUSED.get(e.errno or 0, f"cannot connect to port {{port}} inside the sandbox: {e}")
+        raise PortClosed(why.format(port=port)) from None
     sock.setblocking(False)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock

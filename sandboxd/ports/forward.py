@@ -175,7 +175,9 @@ async def forward(
         except BaseException:  # the client went: the sandbox's side is closed too
             relay.close()
             raise
-        if not whole:  # the sandbox's side broke off: the client sees the answer cut short
-            cast(Any, request).channel.transport.abortConnection()
+        if not whole:  # the sandbox's side broke off: so does the client's, once what came
+            cut = cast(Any, request)  # is sent, and the finish adds no last chunk
+            cut.chunked = False
+            cut.channel.transport.loseConnection()
     finally:
         table.closed(rid, relay)

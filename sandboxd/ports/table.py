@@ -66,9 +66,6 @@ class PortTable:
         if not held:
             del self._open[rid]
 
-    def open_count(self, rid: str) -> int:
-        return len(self._open.get(rid, ()))
-
     def forget(self, rid: str) -> None:
         """``rid`` is killed: close its proxied connections and forget its public ports."""
         for connection in list(self._open.pop(rid, ())):
@@ -83,9 +80,6 @@ class PortTable:
 
     def is_public(self, rid: str, port: int) -> bool:
         return (rid, port) in self._public
-
-    def public_ports(self, rid: str) -> list[int]:
-        return sorted(p for r, p in self._public if r == rid)
 
 
 def table_for(manager: "SandboxManager") -> PortTable:

@@ -51,49 +51,49 @@ def upgrade_head(request: IRequest, target: bytes, drop: tuple[bytes, ...]) -> b
 class _Side(Protocol):
     """One side of a :class:`Tunnel`: what it reads is written to the other side."""
 
-    def __init__(self, tunnel: "Tunnel", upstream: bool) -> None:
+    def __init__(self, tunnel: "Tunnel") -> None:
         self.tunnel = tunnel
-        self.upstream = upstream
 
     def dataReceived(self, data: bytes) -> None:
-        self.tunnel.pass_on(data, to_upstream=not self.upstream)
+        self.tunnel.other(self).write(data)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
-        self.tunnel.side_lost(upstream=self.upstream)
+        self.tunnel.side_lost(self)
 
 
 @define(eq=False)
 class Tunnel(Closable):
     """The two joined connections of one upgrade (counted against ``rid``'s cap until both
-    are closed)."""
+    are closed). Both sides are connected before either can be told anything (no reactor
+    turn between them)."""
 
     table: PortTable
     rid: str
-    client: ITransport | None = None
-    upstream: ITransport | None = None
-    _open: set[bool] = field(factory=lambda: {True, False})
+    client: _Side = field(init=False)
+    upstream: _Side = field(init=False)
+    _open: int = 2
 
-    def pass_on(self, data: bytes, to_upstream: bool) -> None:
-        side = self.upstream if to_upstream else self.client
-        if side is not None:
-            side.write(data)
+    def __attrs_post_init__(self) -> None:
+        self.client = _Side(self)
+        self.upstream = _Side(self)
 
-    def side_lost(self, upstream: bool) -> None:
-        self._open.discard(upstream)
-        other = self.client if upstream else self.upstream
-        if other is not None:
-            other.loseConnection()
+    def other(self, side: _Side) -> ITransport:
+        """The transport of the side across from ``side``."""
+        return cast(ITransport, (self.upstream if side is self.client else self.client).transport)
+
+    def side_lost(self, side: _Side) -> None:
+        self._open -= 1
+        self.other(side).loseConnection()
         if not self._open:
             self.table.closed(self.rid, self)
 
     def close(self) -> None:
         for side in (self.client, self.upstream):
-            if side is not None:
-                cast(Any, side).abortConnection()
+            cast(Any, side.transport).abortConnection()
 
     def join(self) -> None:
         """Each side the other's streaming producer; the client's read again."""
-        client, upstream = cast(Any, self.client), cast(Any, self.upstream)
+        client, upstream = cast(Any, self.client.transport), cast(Any, self.upstream.transport)
         client.unregisterProducer()  # the channel's own
         upstream.registerProducer(client, True)
         client.registerProducer(upstream, True)
@@ -124,16 +124,11 @@ async def tunnel(
     except BaseException:
         table.closed(rid, joined)
         raise
-    upstream_side = _Side(joined, upstream=True)
-    adopt(reactor, sock, Factory.forProtocol(lambda: upstream_side))
-    upstream = joined.upstream = cast(ITransport, upstream_side.transport)
+    adopt(reactor, sock, Factory.forProtocol(lambda: joined.upstream))
+    upstream = cast(ITransport, joined.upstream.transport)
     upstream.write(upgrade_head(request, target, drop))
-    channel = cast(Any, request).channel
-    client_side = _Side(joined, upstream=False)
-    buffered = _twisted.take_over_channel(channel, client_side)
-    joined.client = client_side.transport
-    if buffered:
-        upstream.write(buffered)
+    buffered = _twisted.take_over_channel(cast(Any, request).channel, joined.client)
+    upstream.write(buffered)  # what the client sent past its request (b"": nothing)
     joined.join()
     ended: Deferred[None] = Deferred()
     await ended  # cancelled once the client's connection is lost

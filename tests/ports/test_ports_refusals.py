@@ -51,6 +51,8 @@ def test_the_port_call_checks_its_body_and_port(front: E2BDaemon) -> None:
         "public": False,
     }
     assert "ports" in native(front, "GET", "/healthz").json()["capabilities"]
+    assert call(front.daemon, "GET", "/sandboxes").status == 401  # not a port: no rule of its
+    assert call(front.daemon, "GET", f"/sandboxes/{rid}/ports/8000").status == 401
 
 
 def test_a_port_host_of_a_sandbox_without_a_namespace_is_refused(front: E2BDaemon) -> None:

@@ -119,3 +119,78 @@ def test_a_huge_answer_to_a_slow_client_leaves_the_daemon_flat(live: Live) -> No
             count += len(data)
     assert grown < 48 * 1024, f"the daemon grew by {grown} KiB holding a slow client's answer"
     assert count == size
+
+
+def raw(live: Live, request: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", live.daemon.port), timeout=10)
+    sock.sendall(request)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(ConnectionResetError):
+        while more := sock.recv(65536):
+            data += more
+    return data
+
+
+def test_bodies_chunked_and_cut_answers_pass_as_they_came(live: Live) -> None:
+    rid = live.sandbox_with_server()
+    posted = live.api("POST", f"/sandboxes/{rid}/ports/8000/headers", raw=b"a body")
+    assert posted.status == 501  # http.server serves no POST: its answer comes back
+    status, headers, body = live.get(f"/sandboxes/{rid}/ports/8000/chunked")
+    assert (status, body) == (200, b"one two") and "Content-Length" not in headers
+    auth = f"Authorization: Bearer {live.token}\r\n".encode()
+    with raw(live, b"GET /sandboxes/%s/ports/8000/cut HTTP/1.1\r\nHost: x\r\n%s\r\n" % (
+        rid.encode(), auth
+    )) as sock:  # fmt: skip
+        answer = read_all(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-length: 1000" in head.lower() and body == b"only ten b"
+
+
+def test_a_client_gone_mid_answer_frees_its_place(live: Live) -> None:
+    rid = live.sandbox_with_server()
+    auth = f"Authorization: Bearer {live.token}\r\n".encode()
+    for _ in range(4):  # one more than the cap
+        sock = raw(live, b"GET /sandboxes/%s/ports/8000/big?n=%d HTTP/1.1\r\nHost: x\r\n%s\r\n" % (
+            rid.encode(), 64 << 20, auth
+        ))  # fmt: skip
+        assert sock.recv(12) == b"HTTP/1.1 200"
+        sock.close()
+        time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while live.get(f"/sandboxes/{rid}/ports/8000/headers")[0] != 200:
+        assert time.monotonic() < deadline, "the clients' places were never freed"
+        time.sleep(0.05)
+
+
+def test_upgrades_with_a_body_or_to_a_closed_port_are_refused(live: Live) -> None:
+    rid = live.sandbox_with_server()
+    auth = f"Authorization: Bearer {live.token}\r\n".encode()
+    upgrade = b"Upgrade: websocket\r\nConnection: Upgrade\r\n"
+    with raw(live, b"GET /sandboxes/%s/ports/8000/ws HTTP/1.1\r\nHost: x\r\n%s%s"
+             b"Content-Length: 2\r\n\r\nhi" % (rid.encode(), auth, upgrade)) as sock:  # fmt: skip
+        assert sock.recv(12) == b"HTTP/1.1 400"
+    with raw(live, b"GET /sandboxes/%s/ports/8001/ws HTTP/1.1\r\nHost: x\r\n%s%s\r\n" % (
+        rid.encode(), auth, upgrade
+    )) as sock:  # fmt: skip
+        assert sock.recv(12) == b"HTTP/1.1 502"
+
+
+def test_bytes_sent_with_the_upgrade_request_are_passed_on(live: Live) -> None:
+    rid = live.sandbox_with_server()
+    key = base64.b64encode(os.urandom(16))
+    mask = os.urandom(4)
+    frame = bytes([0x81, 0x83]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(b"one"))
+    with raw(live, b"GET /sandboxes/%s/ports/8000/ws HTTP/1.1\r\nHost: x\r\n"
+             b"Authorization: Bearer %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n%s" % (
+                 rid.encode(), live.token.encode(), key, frame)) as sock:  # fmt: skip
+        answer = b""
+        while not answer.endswith(b"\x81\x03one"):
+            more = sock.recv(4096)
+            assert more, answer
+            answer += more
+        assert b" 101 " in answer.split(b"\r\n")[0]

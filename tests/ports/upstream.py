@@ -1,6 +1,7 @@
 """The server a test runs inside a sandbox (written into its workspace, run as
 ``python3 upstream.py PORT``): ``/headers`` answers the request's headers as JSON, ``/big?n=N``
-streams N bytes in 64 KiB writes, ``/ws`` is a WebSocket echo (a hand-made handshake, then each
+streams N bytes in 64 KiB writes, ``/chunked`` answers in chunks, ``/cut`` closes after 10 of
+the 1000 bytes it announced, ``/ws`` is a WebSocket echo (a hand-made handshake, then each
 client frame sent back unmasked), anything else is ``http.server``'s file serving."""
 
 import base64
@@ -33,6 +34,22 @@ class Handler(SimpleHTTPRequestHandler):
             while size > 0:
                 self.wfile.write(chunk[:size])
                 size -= len(chunk)
+            return
+        if self.path == "/chunked":
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for part in (b"one ", b"two"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        if self.path == "/cut":
+            self.send_response(200)
+            self.send_header("content-length", "1000")
+            self.end_headers()
+            self.wfile.write(b"only ten b")
+            self.wfile.flush()
+            self.close_connection = True
             return
         if self.path == "/ws":
             self.websocket()

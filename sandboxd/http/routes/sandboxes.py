@@ -55,6 +55,7 @@ def listing(api: "SandboxAPI", request: IRequest) -> bytes:
 async def kill(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     api.manager.get(rid)
     await api.manager.kill(rid)
+    api.ports.forget(rid)  # its proxied connections closed, its public ports forgotten
     return no_content(request)
 
 
