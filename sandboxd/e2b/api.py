@@ -247,9 +247,10 @@ class E2BFront:
     @app.route("/sandboxes/<sandbox_id>", methods=["DELETE"])
     @control_plane
     async def kill(self, request: IRequest, sandbox_id: str) -> bytes:
-        await self.registry.kill(self.registry.get(sandbox_id))
+        entry = self.registry.get(sandbox_id)
         if self.port_access is not None:
             self.port_access.table.forget(sandbox_id)
+        await self.registry.kill(entry)
         request.setResponseCode(204)
         return b""
 

@@ -141,17 +141,11 @@ class PortHosts:
         target = port_host(request.requestHeaders, self.access.domain)
         if target is None:
             return self.inner.render(request)
-        gone: list[bool] = []
-        served = Deferred.fromCoroutine(self._serve(request, *target, gone))
-
-        def went(_: object) -> None:
-            gone.append(True)
-            served.cancel()
-
-        cast_request(request).notifyFinish().addErrback(went)
+        served = Deferred.fromCoroutine(self._serve(request, *target))
+        cast_request(request).notifyFinish().addErrback(lambda _: served.cancel())
         return NOT_DONE_YET
 
-    async def _serve(self, request: IRequest, sandbox_id: str, port: int, gone: list[bool]) -> None:
+    async def _serve(self, request: IRequest, sandbox_id: str, port: int) -> None:
         live = cast_request(request)
         try:
             entry = self.access.registry.get(sandbox_id)
@@ -174,8 +168,7 @@ class PortHosts:
             log.failure("proxying to port {port} of {id} failed", port=port, id=sandbox_id)
             live.channel.transport.abortConnection()
             return
-        if not live.finished and not gone:
-            live.finish()
+        live.finish()  # the answer has ended (in this turn of the reactor: the client is here)
 
 
 def cast_request(request: IRequest) -> Any:

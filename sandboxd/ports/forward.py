@@ -13,10 +13,11 @@ buffer of it.
 
 import socket
 from collections.abc import Iterable
+from contextlib import suppress
 from typing import Any, cast
 
 from attrs import define, field
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import AlreadyCalledError, Deferred
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IReactorSocket
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.python.failure import Failure
@@ -111,25 +112,24 @@ class _Relay(Protocol, Closable):
 
     request: Any  # a twisted.web Request (a consumer)
     done: Deferred[bool] = field(factory=Deferred)
-    _producer: Any = None
 
     def connectionMade(self) -> None:
-        self._producer = self.transport
         self.request.registerProducer(self.transport, True)
 
     def dataReceived(self, data: bytes) -> None:
         self.request.write(data)
 
     def connectionLost(self, reason: Failure = ANSWER_DONE) -> None:
-        self._producer = None
         self.request.unregisterProducer()
-        if not self.done.called:
+        with suppress(AlreadyCalledError):  # cancelled already: the client went
             self.done.callback(bool(reason.check(ResponseDone, PotentialDataLoss)))
 
     def close(self) -> None:
-        """Stop reading the answer (its connection to the sandbox is closed)."""
-        if self._producer is not None:
-            self._producer.stopProducing()
+        """Stop reading the answer (its connection to the sandbox is closed; once the answer
+        has ended, nothing more happens). Before the answer began, the request to the sandbox
+        is left to end on its own (its connection does not reach the answer's body)."""
+        if self.transport is not None:
+            cast(Any, self.transport).stopProducing()
 
 
 def body_of(request: IRequest) -> IBodyProducer | None:

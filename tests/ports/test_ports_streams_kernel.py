@@ -155,7 +155,7 @@ def test_a_client_gone_mid_answer_frees_its_place(live: Live) -> None:
     auth = f"Authorization: Bearer {live.token}\r\n".encode()
     for _ in range(4):  # one more than the cap
         sock = raw(live, b"GET /sandboxes/%s/ports/8000/big?n=%d HTTP/1.1\r\nHost: x\r\n%s\r\n" % (
-            rid.encode(), 64 << 20, auth
+            rid.encode(), 1 << 30, auth
         ))  # fmt: skip
         assert sock.recv(12) == b"HTTP/1.1 200"
         sock.close()

@@ -11,6 +11,7 @@ import pytest
 from sandboxd.e2b.ports import PortHosts
 from sandboxd.errors import SandboxNotFound
 from sandboxd.ports.dial import PortClosed, connect_inside
+from sandboxd.ports.forward import _Relay
 
 
 def in_thread(pin: str, port: int) -> BaseException | socket.socket:
@@ -57,3 +58,9 @@ def test_the_port_hosts_resource_is_a_leaf() -> None:
     assert hosts.getChildWithDefault(b"x", None) is hosts  # type: ignore[arg-type]
     with pytest.raises(NotImplementedError):
         hosts.putChild(b"x", hosts)
+
+
+def test_a_relay_closed_before_its_answer_began_does_nothing() -> None:
+    relay = _Relay(request=None)
+    relay.close()  # no connection yet: nothing to stop
+    assert not relay.done.called

@@ -54,8 +54,8 @@ def listing(api: "SandboxAPI", request: IRequest) -> bytes:
 @authorized
 async def kill(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     api.manager.get(rid)
-    await api.manager.kill(rid)
     api.ports.forget(rid)  # its proxied connections closed, its public ports forgotten
+    await api.manager.kill(rid)
     return no_content(request)
 
 
