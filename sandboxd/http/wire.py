@@ -74,7 +74,7 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     TemplateCannotRun: (501, "NotImplemented"),
     # Ports (docs/extensions.rst, "Ports")
     PortClosed: (502, "PortClosed"),
-    PortsUnavailable: (409, "PortsUnavailable"),
+    PortsUnavailable: (409, "Conflict"),
 }
 """Core error → (HTTP status, wire ``error`` type); a subclass answers as its nearest base."""
 

@@ -32,7 +32,7 @@ def e2b(front: E2BDaemon, method: str, path: str, body: Any = None, **headers: s
 def test_a_sandbox_without_its_own_network_namespace_is_refused(front: E2BDaemon) -> None:
     rid = create(front.daemon, TOKEN)
     reply = native(front, "GET", f"/sandboxes/{rid}/ports/8000/")
-    assert reply.status == 409 and reply.json()["error"] == "PortsUnavailable"
+    assert reply.status == 409 and reply.json()["error"] == "Conflict"
     assert "host's" in reply.json()["detail"]
     upgrade = native(front, "GET", f"/sandboxes/{rid}/ports/8000/ws")
     assert upgrade.status == 409
