@@ -162,7 +162,7 @@ def test_a_channel_handling_a_request_is_taken_over_with_what_it_buffered() -> N
             held.append(self)
 
     class Channel(HTTPChannel):
-        def connectionLost(self, reason: Any) -> None:
+        def connectionLost(self, reason: Any = None) -> None:
             events.append("channel lost")
             super().connectionLost(reason)
 
@@ -174,7 +174,7 @@ def test_a_channel_handling_a_request_is_taken_over_with_what_it_buffered() -> N
             events.append("taker lost")
 
     channel = Channel()
-    channel.requestFactory = Held  # type: ignore[assignment]
+    channel.requestFactory = Held
     transport = StringTransport()
     channel.makeConnection(transport)
     channel.dataReceived(b"GET /ws HTTP/1.1\r\nhost: x\r\n\r\nearly")
