@@ -29,7 +29,7 @@ from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest, SandboxdError, SandboxNotFound, TooMany
 from sandboxd.ports.dial import PortClosed, PortsUnavailable
-from sandboxd.ports.forward import forward
+from sandboxd.ports.forward import forward, origin_form
 from sandboxd.ports.table import PORT_MAX, PortTable
 from sandboxd.ports.tunnel import tunnel, wants_upgrade
 from sandboxd.web.guard import Admission
@@ -110,15 +110,6 @@ def missing_token(sandbox_id: str) -> str:
     )
 
 
-def _path_of(uri: bytes) -> bytes:
-    """The path and query of a request-line target (an absolute URI's host is not used)."""
-    if uri.startswith(b"/"):
-        return uri
-    found = re.match(rb"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*(.*)$", uri, re.S)
-    rest = found.group(1) if found else b""
-    return rest if rest.startswith(b"/") else b"/" + rest
-
-
 @implementer(IResource)
 class PortHosts:
     """The front's resource: a port host's requests go to the sandbox's port, every other to
@@ -151,7 +142,7 @@ class PortHosts:
             entry = self.access.registry.get(sandbox_id)
             if not self.access.allowed(entry, port, request.requestHeaders):
                 raise RestError(403, missing_token(sandbox_id))
-            path = _path_of(request.uri)
+            path = origin_form(request.uri)
             table = self.access.table
             if wants_upgrade(request):
                 await tunnel(self.reactor, table, request, entry.id, port, path, DROPPED)

@@ -11,6 +11,7 @@ upstream connection is the request's streaming producer): the daemon holds at mo
 buffer of it.
 """
 
+import re
 import socket
 from collections.abc import Iterable
 from contextlib import suppress
@@ -130,6 +131,16 @@ class _Relay(Protocol, Closable):
         is left to end on its own (its connection does not reach the answer's body)."""
         if self.transport is not None:
             cast(Any, self.transport).stopProducing()
+
+
+def origin_form(uri: bytes) -> bytes:
+    """The path and query of a request-line target (an absolute URI's scheme and host are
+    dropped: they never choose where the proxy connects)."""
+    if uri.startswith(b"/"):
+        return uri
+    found = re.match(rb"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*(.*)$", uri, re.S)
+    rest = found.group(1) if found else b""
+    return rest if rest.startswith(b"/") else b"/" + rest
 
 
 def body_of(request: IRequest) -> IBodyProducer | None:

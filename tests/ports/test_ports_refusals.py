@@ -45,6 +45,10 @@ def test_the_port_call_checks_its_body_and_port(front: E2BDaemon) -> None:
     assert native(front, "POST", f"/sandboxes/{rid}/ports/70000", {}).status == 400
     assert native(front, "POST", "/sandboxes/0123456789abcdef/ports/80", {}).status == 404
     assert native(front, "GET", f"/sandboxes/{rid}/ports/70000/").status == 400
+    spelled = f"/sandboxes/%{ord(rid[0]):02x}{rid[1:]}/ports/8000/"  # the rid, one byte escaped
+    assert native(front, "GET", spelled).status == 400
+    absolute = native(front, "GET", f"http://elsewhere/sandboxes/{rid}/ports/8000/x")
+    assert absolute.status == 404  # the native front routes origin-form targets alone
     reply = native(front, "POST", f"/sandboxes/{rid}/ports/8000")
     assert reply.json() == {
         "url": f"{front.daemon.url}/sandboxes/{rid}/ports/8000/",
@@ -67,6 +71,7 @@ def test_a_port_host_of_a_sandbox_without_a_namespace_is_refused(front: E2BDaemo
     # not a port host (no such port): the front's own routes answer
     assert e2b(front, "GET", "/", Host=f"70000-{sandbox['sandboxID']}.{DOMAIN}").status == 404
     assert e2b(front, "GET", "http://elsewhere/x?y", Host=host, **traffic).status == 409
+    assert e2b(front, "GET", "http://elsewhere?y", Host=host, **traffic).status == 409
 
 
 @pytest.mark.parametrize(

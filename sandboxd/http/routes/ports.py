@@ -16,7 +16,7 @@ from sandboxd.http import parse, wire
 from sandboxd.http.routes.sandboxes import own_url
 from sandboxd.http.routing import app, authorized, capability, json_response
 from sandboxd.http.wire import Unauthorized
-from sandboxd.ports.forward import forward
+from sandboxd.ports.forward import forward, origin_form
 from sandboxd.ports.table import PORT_MAX, PORT_MIN, PortTable
 from sandboxd.ports.tunnel import tunnel, wants_upgrade
 
@@ -95,8 +95,9 @@ async def proxy(
         raise Unauthorized(wire.UNAUTHORIZED_DETAIL)
     api.manager.get(rid)
     checked_port(port)
-    found = proxied(request.uri)
-    assert found is not None and found[:2] == (rid, port), "routed by the same path"
+    found = proxied(origin_form(request.uri))
+    if found is None or found[:2] != (rid, port):
+        raise BadRequest("the sandbox and port of a proxied call must be spelled plainly")
     drop = (b"authorization",) if api.token is not None and token_carried else ()
     if wants_upgrade(request):
         await tunnel(api.reactor, api.ports, request, rid, port, found[2], drop)
