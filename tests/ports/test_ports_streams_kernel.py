@@ -194,3 +194,35 @@ def test_bytes_sent_with_the_upgrade_request_are_passed_on(live: Live) -> None:
             assert more, answer
             answer += more
         assert b" 101 " in answer.split(b"\r\n")[0]
+
+
+def test_a_flooding_tunnel_to_a_slow_client_leaves_the_daemon_flat(live: Live) -> None:
+    """256 MiB sent through a WebSocket tunnel while the client reads nothing for 3 s: each
+    side of the tunnel pauses the other (flow control), and the client then gets it all."""
+    rid = live.sandbox_with_server()
+    size = 256 << 20
+    before = live.daemon.rss_kib()
+    key = base64.b64encode(os.urandom(16))
+    sock = socket.create_connection(("127.0.0.1", live.daemon.port), timeout=30)
+    with sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.sendall(
+            b"GET /sandboxes/%s/ports/8000/flood?n=%d HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            % (rid.encode(), size, live.token.encode(), key)
+        )
+        time.sleep(3)
+        grown = live.daemon.rss_kib() - before
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += sock.recv(65536)
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert b" 101 " in head.split(b"\r\n")[0], head
+        count = len(body)
+        while count < size:
+            data = sock.recv(1 << 20)
+            assert data, f"the tunnel stopped after {count} bytes"
+            count += len(data)
+    assert grown < 48 * 1024, f"the daemon grew by {grown} KiB holding a slow client's bytes"
+    assert count == size

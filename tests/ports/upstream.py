@@ -2,7 +2,8 @@
 ``python3 upstream.py PORT``): ``/headers`` answers the request's headers as JSON, ``/big?n=N``
 streams N bytes in 64 KiB writes, ``/chunked`` answers in chunks, ``/cut`` closes after 10 of
 the 1000 bytes it announced, ``/ws`` is a WebSocket echo (a hand-made handshake, then each
-client frame sent back unmasked), anything else is ``http.server``'s file serving."""
+client frame sent back unmasked), ``/flood?n=N`` the same handshake then N raw bytes; anything
+else is ``http.server``'s file serving."""
 
 import base64
 import hashlib
@@ -54,9 +55,12 @@ class Handler(SimpleHTTPRequestHandler):
         if self.path == "/ws":
             self.websocket()
             return
+        if self.path.startswith("/flood?n="):
+            self.websocket(flood=int(self.path.split("=", 1)[1]))
+            return
         super().do_GET()
 
-    def websocket(self) -> None:
+    def websocket(self, flood: int = 0) -> None:
         key = self.headers["sec-websocket-key"].encode()
         accept = base64.b64encode(hashlib.sha1(key + GUID).digest()).decode()
         self.send_response(101)
@@ -64,6 +68,11 @@ class Handler(SimpleHTTPRequestHandler):
         self.send_header("connection", "Upgrade")
         self.send_header("sec-websocket-accept", accept)
         self.end_headers()
+        self.wfile.flush()
+        chunk = b"y" * 65536
+        while flood > 0:  # bytes as fast as the tunnel takes them (no framing: a byte test)
+            self.wfile.write(chunk[:flood])
+            flood -= len(chunk)
         self.wfile.flush()
         while True:
             head = self.rfile.read(2)
