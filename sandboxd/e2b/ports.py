@@ -55,7 +55,7 @@ def port_host(headers: Headers, domain: str | None) -> tuple[str, int] | None:
     hosts = headers.getRawHeaders(b"host", [])
     if domain is None or len(hosts) != 1:
         return None
-    pattern = rb"([0-9]{1,5})-([0-9A-Za-z_-]+)\.%s(:[0-9]+)?" % re.escape(domain.encode())
+    pattern = rb"([0-9]{1,5})-([0-9A-Za-z_-]+)\.%s(:[0-9]+)?" % re.escape(domain.lower().encode())
     found = re.fullmatch(pattern, hosts[0].strip().lower())
     if found is None or not 1 <= int(found.group(1)) <= PORT_MAX:
         return None

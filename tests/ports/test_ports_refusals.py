@@ -72,6 +72,7 @@ def test_a_port_host_of_a_sandbox_without_a_namespace_is_refused(front: E2BDaemo
     assert e2b(front, "GET", "/", Host=f"70000-{sandbox['sandboxID']}.{DOMAIN}").status == 404
     assert e2b(front, "GET", "http://elsewhere/x?y", Host=host, **traffic).status == 409
     assert e2b(front, "GET", "http://elsewhere?y", Host=host, **traffic).status == 409
+    assert e2b(front, "GET", "/", Host=host.upper() + ":80", **traffic).status == 409  # any case
 
 
 @pytest.mark.parametrize(
