@@ -128,3 +128,30 @@ class ServedProcess(Process):
         if self.pid is None and not self.lostProcess:
             return  # no answer yet (the pipes may end first), or refused
         super().maybeCallProcessEnded()
+
+
+# Ports: a proxied WebSocket upgrade takes the client's connection over
+
+
+def take_over_channel(channel: HTTPChannel, protocol: Any) -> bytes:
+    """From now on, ``protocol`` (connected to ``channel``'s transport here) gets every byte
+    the client sends and is told first when the connection is lost (the channel's own
+    ``connectionLost`` runs after it: the site's and gate's bookkeeping). The bytes the channel
+    had read past the request (``HTTPChannel._dataBuffer``, private) are returned.
+
+    The same move as ``HTTPChannel._protocolUpgradeForWebsockets`` (private), which replaces
+    the channel's ``connectionLost`` instead of running it after."""
+    own_lost = channel.connectionLost
+
+    def lost(reason: Any) -> None:
+        try:
+            protocol.connectionLost(reason)
+        finally:
+            own_lost(reason)
+
+    buffered = b"".join(channel._dataBuffer)
+    channel._dataBuffer = []
+    channel.dataReceived = protocol.dataReceived  # type: ignore[method-assign]
+    channel.connectionLost = lost  # type: ignore[method-assign]
+    protocol.makeConnection(channel.transport)
+    return buffered

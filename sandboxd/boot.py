@@ -13,7 +13,7 @@ from twisted.logger import Logger
 from sandboxd.config import Config, ConfigError
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.e2b.admit import spool_places as e2b_spool_places
-from sandboxd.e2b.api import E2BFront
+from sandboxd.e2b.api import E2BFront, front_resource
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
@@ -178,7 +178,7 @@ def start_e2b(
     listened on like the native API's (both address families, after recovery)."""
     assert config.e2b_listen is not None
     site = make_site(
-        front.app.resource(),
+        front_resource(front),
         config.max_body,
         spool_dir=spool[0],
         spool_threads=spool[1],

@@ -85,6 +85,12 @@ class Config:
         optional_text,
         "Twisted endpoint string of the E2B-compatible front (default: off)",
     )
+    e2b_domain: str | None = setting_field(
+        "SANDBOXD_E2B_DOMAIN",
+        None,
+        optional_text,
+        "Domain of the E2B front's port hosts, {port}-{sandbox_id}.DOMAIN (default: off)",
+    )
     pod_url: str | None = setting_field(
         "SANDBOXD_POD_URL",
         None,
@@ -290,6 +296,12 @@ class Config:
     watch_max: int = setting_field(
         "SANDBOXD_WATCH_MAX", "8", parse_count, "Workspace watches open at once per sandbox"
     )
+    port_connections_max: int = setting_field(
+        "SANDBOXD_PORT_CONNECTIONS_MAX",
+        "64",
+        parse_count,
+        "Proxied connections open at once to one sandbox's ports",
+    )
     max_connections: int | None = setting_field(
         "SANDBOXD_MAX_CONNECTIONS",
         "auto",
@@ -370,6 +382,7 @@ class Config:
             "process_log_max",
             "processes_max",
             "watch_max",
+            "port_connections_max",
             "walk_max",
             "walk_bytes_max",
             "template_max",

@@ -147,9 +147,20 @@ class HttpSandbox(Processes, Files, Transfers, Trees, Templates):
         return wire.decode_field(reply, "ready", bool, "ready")
 
     @async_to_deferred
-    async def expose_port(self, handle: Handle, port: int) -> None:
-        """Not supported by wire contract v1: always raises ``NotImplementedError``."""
-        raise NotImplementedError("sandboxd does not expose sandbox ports")
+    async def expose_port(self, handle: Handle, port: int, public: bool = False) -> str:
+        """
+        The URL that reaches ``port`` inside the sandbox through the replica holding it (the
+        ``ports`` extension, docs/extensions.rst): calls to it need the token unless
+        ``public``. A replica without the extension raises ``NotImplementedError``, as wire
+        contract v1 does.
+        """
+        if "ports" not in await self.capabilities(handle):
+            raise NotImplementedError(
+                "the replica holding this sandbox does not expose ports (no 'ports' capability)"
+            )
+        url = self._url(handle, "ports", str(port))
+        reply = await self._idempotent("POST", url, {"public": bool(public)})
+        return wire.decode_field(reply, "url", str, "url")
 
     # -- exec ------------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "InternalError": 500,
         "ArchiveError": 500,
         "NotImplemented": 501,
+        "PortClosed": 502,
         "Draining": 503,
         "NoCapacity": 503,
         "TemplatesUnavailable": 503,

@@ -15,6 +15,7 @@ that sandbox's disk limits (:func:`spool_places`).
 """
 
 import hmac
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from attrs import frozen
@@ -26,6 +27,9 @@ from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import RestError
 from sandboxd.web.guard import Admission, Admit
 from sandboxd.web.spool import SpoolPlace, SpoolPlaces
+
+if TYPE_CHECKING:
+    from sandboxd.e2b.ports import PortAccess
 
 ENVD_ROUTES = (b"/health", b"/files", b"/process.Process/", b"/filesystem.Filesystem/")
 """The paths envd serves (the rest is the control plane, or unsupported)."""
@@ -67,6 +71,8 @@ class Authoriser:
 
     token: bytes | None
     registry: Registry
+    ports: "PortAccess | None" = None
+    """Who may reach the sandboxes' ports by host (``None``: no port hosts)."""
 
     def key_valid(self, key: bytes | None) -> bool:
         """Whether ``key`` (an ``X-API-Key``) is the daemon's token (any, without one)."""
@@ -75,7 +81,12 @@ class Authoriser:
     # At the headers
 
     def admit(self, path: bytes, authorization: bytes | None, headers: Headers) -> Admission:
-        """What a request's headers earn it (see the module's doc)."""
+        """What a request's headers earn it (see the module's doc; a port host's:
+        :meth:`sandboxd.e2b.ports.PortAccess.admit`)."""
+        if self.ports is not None:
+            verdict = self.ports.admit(headers)
+            if verdict is not None:
+                return verdict
         route = path.split(b"?", 1)[0]
         if not route.startswith(ENVD_ROUTES):
             key = _header(headers, b"x-api-key")
@@ -97,10 +108,13 @@ class Authoriser:
             return Admission.ABSENT
         return Admission.TRUSTED if held else Admission.REFUSED
 
-    @staticmethod
-    def refusal(path: bytes, verdict: Admission, headers: Headers) -> bytes:
+    def refusal(self, path: bytes, verdict: Admission, headers: Headers) -> bytes:
         """The whole answer to a request :meth:`admit` refused or found absent (see
-        :func:`refusal`)."""
+        :func:`refusal`; a port host's: :meth:`sandboxd.e2b.ports.PortAccess.refusal`)."""
+        if self.ports is not None:
+            answer = self.ports.refusal(verdict, headers)
+            if answer is not None:
+                return answer
         return refusal(path, verdict, headers)
 
     # In the routes

@@ -19,15 +19,18 @@ from klein import Klein
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
 from werkzeug.exceptions import HTTPException
 
 from sandboxd.core import SandboxManager
 from sandboxd.e2b import control, files, process, signing, upload, wire
 from sandboxd.e2b.admit import Authoriser, sandbox_id_of
 from sandboxd.e2b.paths import place_of
+from sandboxd.e2b.ports import PortAccess, PortHosts
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
 from sandboxd.errors import SandboxdError
+from sandboxd.ports.table import PortTable
 from sandboxd.web.body import TooLarge, refuse_too_large
 from sandboxd.web.download import send_file
 
@@ -146,11 +149,19 @@ class E2BFront:
 
     app = Klein()
 
-    def __init__(self, manager: SandboxManager, token: bytes | None, registry: Registry) -> None:
+    def __init__(
+        self,
+        manager: SandboxManager,
+        token: bytes | None,
+        registry: Registry,
+        port_access: PortAccess | None = None,
+    ) -> None:
         self.manager = manager
         self.token = token
         self.registry = registry
-        self.authoriser = Authoriser(token, registry)
+        self.port_access = port_access
+        """Ports by host (docs/e2b.rst, "Ports"; ``None``: ``SANDBOXD_E2B_DOMAIN`` unset)."""
+        self.authoriser = Authoriser(token, registry, port_access)
         """Every key, access-token and signature check, of the routes (:func:`control_plane`,
         :func:`envd`) and of the site's rule at the headers."""
 
@@ -236,7 +247,10 @@ class E2BFront:
     @app.route("/sandboxes/<sandbox_id>", methods=["DELETE"])
     @control_plane
     async def kill(self, request: IRequest, sandbox_id: str) -> bytes:
-        await self.registry.kill(self.registry.get(sandbox_id))
+        entry = self.registry.get(sandbox_id)
+        if self.port_access is not None:
+            self.port_access.table.forget(sandbox_id)
+        await self.registry.kill(entry)
         request.setResponseCode(204)
         return b""
 
@@ -318,7 +332,21 @@ class E2BFront:
         return wire.body(result)
 
 
-def make_front(manager: SandboxManager, token: bytes | None) -> E2BFront:
-    """The front on ``manager``, its sandboxes' timeouts on the manager's clock."""
+def make_front(
+    manager: SandboxManager, token: bytes | None, ports: PortTable | None = None
+) -> E2BFront:
+    """The front on ``manager``, its sandboxes' timeouts on the manager's clock; with
+    ``ports`` (shared with the native front) and ``SANDBOXD_E2B_DOMAIN``, its sandboxes' ports
+    by host."""
     registry = Registry(manager, manager.clock)
-    return E2BFront(manager, token, registry)
+    domain = manager.config.e2b_domain
+    access = None if ports is None or domain is None else PortAccess(registry, ports, domain)
+    return E2BFront(manager, token, registry, access)
+
+
+def front_resource(front: E2BFront) -> IResource:
+    """What the front's site serves: its routes, behind its port hosts when it has them."""
+    routes = front.app.resource()
+    if front.port_access is None:
+        return routes
+    return PortHosts(routes, front.port_access, front.manager.reactor)

@@ -15,6 +15,7 @@ from twisted.web.iweb import IRequest
 
 from sandboxd.core import CreateRequest, parse_env
 from sandboxd.e2b import wire
+from sandboxd.e2b.ports import public_traffic_of
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
 
 TEMPLATES = ("base",)
-REFUSED_FIELDS = ("autoPause", "autoResume", "mcp", "volumeMounts", "network", "iam")
+REFUSED_FIELDS = ("autoPause", "autoResume", "mcp", "volumeMounts", "iam")
 LIST_LIMIT_MAX = 1000
 
 
@@ -90,6 +91,7 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     metadata = body.get("metadata") or {}
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise RestError(400, "metadata: must be an object of strings")
+    public_traffic = public_traffic_of(body.get("network"))
     timeout = _timeout(body, TIMEOUT_DEFAULT)
     network = internet_mode(front, body.get("allow_internet_access"))
     try:
@@ -98,7 +100,8 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     except BadRequest as e:
         raise RestError(400, e.detail) from None
     entry = front.registry.add(sandbox, template, dict(metadata), timeout or TIMEOUT_DEFAULT)
-    return _answer(request, 201, wire.sandbox_json(entry))
+    entry.public_traffic = public_traffic
+    return _answer(request, 201, wire.sandbox_json(entry, front.manager.config.e2b_domain))
 
 
 def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
@@ -106,7 +109,7 @@ def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
     timeout = _timeout(_json_body(request), None)
     if timeout is not None:
         front.registry.extend(entry, timeout)
-    return _answer(request, 200, wire.sandbox_json(entry))
+    return _answer(request, 200, wire.sandbox_json(entry, front.manager.config.e2b_domain))
 
 
 def get_info(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:

@@ -46,6 +46,11 @@ class E2BSandbox:
     expiry: IDelayedCall | None = None
     serial: int = 0
     """The order of its create among the front's sandboxes (1, 2, ...): a listing's order."""
+    # Ports (docs/e2b.rst, "Ports")
+    traffic_token: str = field(factory=lambda: secrets.token_urlsafe(24))
+    """What a call to one of its ports carries (``e2b-traffic-access-token``)."""
+    public_traffic: bool = False
+    """Its ports are served without the traffic token (``network.allowPublicTraffic``)."""
 
     @property
     def id(self) -> str:

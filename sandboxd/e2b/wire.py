@@ -368,15 +368,17 @@ def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def sandbox_json(entry: "E2BSandbox") -> dict[str, Any]:
-    """The ``Sandbox`` a create or connect answers."""
+def sandbox_json(entry: "E2BSandbox", domain: str | None = None) -> dict[str, Any]:
+    """The ``Sandbox`` a create or connect answers (``domain``: where its port hosts are,
+    ``SANDBOXD_E2B_DOMAIN``; its ``trafficAccessToken`` opens them, docs/e2b.rst, "Ports")."""
     return {
         "templateID": entry.template,
         "sandboxID": entry.id,
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": entry.token,
-        "domain": None,
+        "trafficAccessToken": entry.traffic_token,
+        "domain": domain,
     }
 
 

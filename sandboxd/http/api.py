@@ -23,13 +23,14 @@ from sandboxd.core import EXEC_CAPABILITIES, SandboxManager, TemplateStore, Tool
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.auth import BearerAuthoriser
-from sandboxd.http.routes import commands, daemon, files, sandboxes, templates, trees
+from sandboxd.http.routes import commands, daemon, files, ports, sandboxes, templates, trees
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
+from sandboxd.ports.table import PortTable, table_for
 from sandboxd.web.guard import Admit
 from sandboxd.web.spool import SpoolPlace, SpoolPlaces
 
-ROUTES = (daemon, sandboxes, commands, files, trees, templates)
+ROUTES = (daemon, sandboxes, commands, files, trees, templates, ports)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()
@@ -77,10 +78,14 @@ class SandboxAPI:
         tools: ToolResolver | None = None,
         extra_capabilities: Iterable[str] = (),
         on_drain: Callable[[], None] | None = None,
+        port_table: PortTable | None = None,
     ) -> None:
         self.manager = manager
         self.token = token
-        self.authoriser = BearerAuthoriser(token)
+        self.reactor: Any = manager.reactor
+        self.ports = port_table or table_for(manager)
+        """The sandboxes' proxied connections and public ports (shared with the E2B front)."""
+        self.authoriser = BearerAuthoriser(token, ports.public_call(self.ports))
         """The one bearer-token check, of the routes and of the channel at the headers."""
         self.tools = tools
         """Resolves ``POST /tools/resolve`` (``None``: every tool is refused)."""

@@ -9,8 +9,9 @@ same calls. Tokens are compared in constant time.
 """
 
 import hmac
+from collections.abc import Callable
 
-from attrs import frozen
+from attrs import field, frozen
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest
 
@@ -24,9 +25,12 @@ OPEN_PATHS = frozenset({b"/healthz", b"/readyz"})
 
 @frozen
 class BearerAuthoriser:
-    """The bearer token ``token`` (``None``: no token configured, every call is served)."""
+    """The bearer token ``token`` (``None``: no token configured, every call is served);
+    ``public`` says whether a request-line path is a call to a public port (docs/extensions.rst,
+    "Ports"), served without it."""
 
     token: bytes | None
+    public: Callable[[bytes], bool] = field(default=lambda path: False)
 
     def carried_by(self, authorization: bytes | None) -> bool:
         """Whether an ``authorization`` header carries the token."""
@@ -41,7 +45,7 @@ class BearerAuthoriser:
         without it, refused otherwise (before any byte of the body is read)."""
         if self.carried_by(authorization):
             return Admission.TRUSTED
-        if path.split(b"?", 1)[0] in OPEN_PATHS:
+        if path.split(b"?", 1)[0] in OPEN_PATHS or self.public(path):
             return Admission.OPEN
         return Admission.REFUSED
 

@@ -236,3 +236,14 @@ def signal_body(body: dict[str, Any], names: Iterable[str]) -> str:
     if not isinstance(name, str) or name not in allowed:
         raise BadRequest(f"signal: must be one of {', '.join(allowed)}")
     return name
+
+
+# Ports (docs/extensions.rst, "Ports")
+
+
+def port_public(body: dict[str, Any]) -> bool | None:
+    """``POST /sandboxes/{rid}/ports/{port}``: ``public``, a boolean (absent: unchanged)."""
+    public = body.get("public")
+    if public is not None and not isinstance(public, bool):
+        raise BadRequest("public: must be true or false")
+    return public

@@ -52,6 +52,7 @@ from sandboxd.errors import (
     TooMany,
     TooManyEntries,
 )
+from sandboxd.ports.dial import PortClosed, PortsUnavailable
 from sandboxd.web.body import TooLarge
 
 JSON = b"application/json"
@@ -86,6 +87,9 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     TemplateTooLarge: (413, "TooLarge"),
     TemplatesUnavailable: (503, "TemplatesUnavailable"),
     TemplateCannotRun: (501, "NotImplemented"),
+    # Ports (docs/extensions.rst, "Ports")
+    PortClosed: (502, "PortClosed"),
+    PortsUnavailable: (409, "Conflict"),
 }
 """Core error → (HTTP status, wire ``error`` type); a subclass answers as its nearest base."""
 
@@ -458,3 +462,11 @@ def template_body(template: Template) -> dict[str, Any]:
 def templates_body(templates: Iterable[Template]) -> dict[str, Any]:
     """``GET /templates``: every template, by name."""
     return {"templates": [template_body(template) for template in templates]}
+
+
+# Ports (docs/extensions.rst, "Ports")
+
+
+def port_body(url: str, public: bool) -> dict[str, Any]:
+    """A port's answer: where it is reached through this replica, and whether it is public."""
+    return {"url": url, "public": public}

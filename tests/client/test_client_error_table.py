@@ -56,6 +56,7 @@ EXPECTED: dict[str, type[BaseException]] = {
     "InternalError": SandboxError,
     "ArchiveError": SandboxError,
     "NotImplemented": SandboxError,
+    "PortClosed": SandboxError,
     "Draining": SandboxUnavailable,
     "NoCapacity": SandboxUnavailable,
     "TemplatesUnavailable": SandboxUnavailable,

@@ -50,8 +50,9 @@ async def test_lifecycle_and_probes(client: HttpSandbox, daemon: Daemon) -> None
     assert decode_handle(handle).remote_id in listed
     stats = await client.stats(handle)
     assert stats.pids is None or stats.pids >= 0
-    with pytest.raises(NotImplementedError):
-        await client.expose_port(handle, 8000)
+    url = await client.expose_port(handle, 8000)
+    assert url == f"{daemon.url}/sandboxes/{decode_handle(handle).remote_id}/ports/8000/"
+    assert await client.expose_port(handle, 8000, public=True) == url
     await client.kill(handle)
     with pytest.raises(SandboxNotFound):
         await client.exists(handle, "x")

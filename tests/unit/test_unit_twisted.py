@@ -145,3 +145,43 @@ async def test_a_refused_served_process_closes_its_pipes_and_never_ends() -> Non
     assert served.pipes == {} and not protocol.ended.called
     for fd in copies:
         os.close(fd)
+
+
+def test_a_channel_handling_a_request_is_taken_over_with_what_it_buffered() -> None:
+    """``HTTPChannel._dataBuffer`` holds what came past a request being handled; taken over,
+    the channel passes every later byte to the new protocol, which is told of the loss first,
+    then the channel's own ``connectionLost`` runs."""
+    from twisted.internet.protocol import Protocol
+    from twisted.web.http import Request
+
+    events: list[Any] = []
+    held: list[Request] = []
+
+    class Held(Request):
+        def process(self) -> None:
+            held.append(self)
+
+    class Channel(HTTPChannel):
+        def connectionLost(self, reason: Any = None) -> None:
+            events.append("channel lost")
+            super().connectionLost(reason)
+
+    class Taker(Protocol):
+        def dataReceived(self, data: bytes) -> None:
+            events.append(data)
+
+        def connectionLost(self, reason: Any = None) -> None:
+            events.append("taker lost")
+
+    channel = Channel()
+    channel.requestFactory = Held
+    transport = StringTransport()
+    channel.makeConnection(transport)
+    channel.dataReceived(b"GET /ws HTTP/1.1\r\nhost: x\r\n\r\nearly")
+    assert len(held) == 1  # handled, not finished: what follows is buffered
+    taker = Taker()
+    assert _twisted.take_over_channel(channel, taker) == b"early"
+    assert taker.transport is transport
+    channel.dataReceived(b"late")
+    channel.connectionLost(None)
+    assert events == [b"late", "taker lost", "channel lost"]

@@ -51,6 +51,7 @@ def listing(api: "SandboxAPI", request: IRequest) -> bytes:
 @authorized
 async def kill(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     api.manager.get(rid)
+    api.ports.forget(rid)  # its proxied connections closed, its public ports forgotten
     await api.manager.kill(rid)
     return no_content(request)
 

@@ -348,6 +348,11 @@ class Namespaces:
             return argv
         return self.creator.enter(_ordered(pins), argv)
 
+    def net_pin(self, rid: str) -> str | None:
+        """Where ``rid``'s own network namespace is pinned (``None``: it has none; the ports
+        proxy, :mod:`sandboxd.ports.dial`, connects only there)."""
+        return self._pins.get(rid, {}).get("net")
+
     def remove(self, rid: str) -> None:
         """Detach the network mode, kill the PID namespace's init (and with it every process
         left inside), unmount and remove every pin of ``rid`` (none: no error)."""
