@@ -46,14 +46,12 @@ log = Logger()
 __all__ = ["BASE_PATH", "Sandbox", "SandboxManager"]
 
 
-def checked_holder(mode: NetworkMode, policy: EgressPolicy | None) -> PolicyHolder | None:
-    """The mode, if it enforces egress policies; ``400`` when ``policy`` is given and the mode
-    takes none, or the operator forbids what it names."""
-    holder = mode if isinstance(mode, PolicyHolder) else None
-    if policy is None:
-        return holder
-    if holder is None:
+def checked_holder(mode: NetworkMode, policy: EgressPolicy) -> PolicyHolder:
+    """The mode, which must enforce egress policies; ``400`` when it takes none, or the
+    operator forbids what ``policy`` names."""
+    if not isinstance(mode, PolicyHolder):
         raise BadRequest(f"network: allow_out and deny_out need mode egress, not {mode.name}")
+    holder = mode
     try:
         holder.check_policy(policy)
     except ValueError as e:
@@ -135,7 +133,7 @@ class SandboxManager(Commands):
             mode = self.isolation.namespaces.network.mode(request.network)
         except ValueError as e:
             raise BadRequest(f"network: {e}") from None
-        holder = checked_holder(mode, request.egress)
+        holder = None if request.egress is None else checked_holder(mode, request.egress)
         try:
             identity = self.isolation.uids.allocate()
         except NoFreeUid as e:
@@ -431,7 +429,6 @@ class SandboxManager(Commands):
         sandbox = self.get(rid)
         mode = self.isolation.namespaces.network.offered[sandbox.network]
         holder = checked_holder(mode, policy)
-        assert holder is not None  # (a policy was given)
         holder.set_policy(rid, policy)
         log.info("egress policy of {rid} replaced", rid=rid)
         return holder.policy(rid)
