@@ -15,6 +15,7 @@ from twisted.web.iweb import IRequest
 
 from sandboxd.core import CreateRequest, parse_env
 from sandboxd.e2b import wire
+from sandboxd.e2b.network import e2b_policy, update_network
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
 
 TEMPLATES = ("base",)
-REFUSED_FIELDS = ("autoPause", "autoResume", "mcp", "volumeMounts", "network", "iam")
+REFUSED_FIELDS = ("autoPause", "autoResume", "mcp", "volumeMounts", "iam")
 LIST_LIMIT_MAX = 1000
 
 
@@ -91,10 +92,13 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise RestError(400, "metadata: must be an object of strings")
     timeout = _timeout(body, TIMEOUT_DEFAULT)
-    network = internet_mode(front, body.get("allow_internet_access"))
+    internet = body.get("allow_internet_access")
+    egress = e2b_policy(body.get("network"), internet)  # (lists: the mode that reaches out)
+    network = internet_mode(front, True if egress is not None else internet)
     try:
         env = parse_env(body.get("envVars"), "env")
-        sandbox = await front.manager.create_restored(CreateRequest(env=env, network=network))
+        wanted = CreateRequest(env=env, network=network, egress=egress)
+        sandbox = await front.manager.create_restored(wanted)
     except BadRequest as e:
         raise RestError(400, e.detail) from None
     entry = front.registry.add(sandbox, template, dict(metadata), timeout or TIMEOUT_DEFAULT)
@@ -113,6 +117,12 @@ def get_info(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
     return _answer(
         request, 200, wire.detail_json(front.manager.config, front.registry.get(sandbox_id))
     )
+
+
+def set_network(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
+    update_network(front, front.registry.get(sandbox_id), _json_body(request))
+    request.setResponseCode(204)
+    return b""
 
 
 def set_timeout(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:

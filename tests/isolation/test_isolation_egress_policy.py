@@ -158,3 +158,18 @@ def test_a_policy_that_cannot_be_cleared_is_cleared_by_the_slots_next_attach(
     mode.attach("c", "/ns/c")
     assert host.nft_inputs()[-1].splitlines()[-1].startswith("add element")
     mode.close()
+
+
+def test_e2bs_reading_lets_the_exceptions_through_first() -> None:
+    e2b = EgressPolicy(nets("192.0.2.1", "2001:db8::1"), nets("0.0.0.0/0", "::/0"), True)
+    assert policy_script(plan(), 0, e2b).splitlines()[3:] == [
+        "add rule inet sandboxd policy0 ip daddr { 192.0.2.1/32 } return",
+        "add rule inet sandboxd policy0 ip6 daddr { 2001:db8::1/128 } return",
+        "add rule inet sandboxd policy0 ip daddr { 0.0.0.0/0 }"
+        " reject with icmpx type admin-prohibited",
+        "add rule inet sandboxd policy0 ip6 daddr { ::/0 } reject with icmpx type admin-prohibited",
+    ]
+    assert e2b.to_json()["allow_wins"] is True and not e2b.empty
+    assert EgressPolicy(nets("192.0.2.1"), (), True).empty  # exceptions to nothing
+    v4_only = EgressPolicy(nets("192.0.2.1"), nets("0.0.0.0/0"), True)
+    assert "ip6" not in policy_script(plan(), 0, v4_only)

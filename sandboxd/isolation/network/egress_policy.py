@@ -41,16 +41,25 @@ class EgressPolicy:
     allow_out: tuple[Network, ...] | None = None
     """``None``: everything the operator permits; else only these (an empty tuple: nothing)."""
     deny_out: tuple[Network, ...] = ()
+    allow_wins: bool = False
+    """E2B's reading (docs/e2b.rst, "Networking"): ``allow_out`` lists exceptions to
+    ``deny_out`` rather than all that may be reached; a destination is refused when it is in
+    ``deny_out`` and not in ``allow_out``."""
 
     @property
     def empty(self) -> bool:
         """True when the policy restricts nothing."""
+        if self.allow_wins:
+            return not self.deny_out
         return self.allow_out is None and not self.deny_out
 
     def to_json(self) -> dict[str, Any]:
         """The policy as the API shows it (``allow_out`` is ``null`` when not restricted)."""
         allow = None if self.allow_out is None else [str(n) for n in self.allow_out]
-        return {"allow_out": allow, "deny_out": [str(n) for n in self.deny_out]}
+        shown: dict[str, Any] = {"allow_out": allow, "deny_out": [str(n) for n in self.deny_out]}
+        if self.allow_wins:
+            shown["allow_wins"] = True
+        return shown
 
 
 OPEN = EgressPolicy()
@@ -159,24 +168,40 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
         f"flush chain {table} {chain}",
         f'add element {table} policies {{ "{plan.ifname(slot)}" : jump {chain} }}',
     ]
-    rules = _rules(policy)
-    lines += [f"add rule {table} {chain} {rule} {REJECT}" for rule in rules]
+    lines += [f"add rule {table} {chain} {rule}" for rule in _rules(policy)]
     return "\n".join(lines) + "\n"
 
 
 def _rules(policy: EgressPolicy) -> list[str]:
+    if policy.allow_wins:
+        return _exceptions_first(policy)
     rules = []
     for family, version in (("ip", 4), ("ip6", 6)):
         deny = _of_version(policy.deny_out, version)
         if deny:
-            rules.append(f"{family} daddr {{ {', '.join(deny)} }}")
+            rules.append(f"{family} daddr {{ {', '.join(deny)} }} {REJECT}")
         if policy.allow_out is None:
             continue
         allow = _of_version(policy.allow_out, version)
         if allow:
-            rules.append(f"{family} daddr != {{ {', '.join(allow)} }}")
+            rules.append(f"{family} daddr != {{ {', '.join(allow)} }} {REJECT}")
         else:
-            rules.append(f"meta nfproto ipv{version}")
+            rules.append(f"meta nfproto ipv{version} {REJECT}")
+    return rules
+
+
+def _exceptions_first(policy: EgressPolicy) -> list[str]:
+    """E2B's reading: what ``allow_out`` names goes on (``return``: to the ruleset's accept),
+    then what ``deny_out`` names is refused."""
+    rules = []
+    for family, version in (("ip", 4), ("ip6", 6)):
+        allow = _of_version(policy.allow_out or (), version)
+        if allow:
+            rules.append(f"{family} daddr {{ {', '.join(allow)} }} return")
+    for family, version in (("ip", 4), ("ip6", 6)):
+        deny = _of_version(policy.deny_out, version)
+        if deny:
+            rules.append(f"{family} daddr {{ {', '.join(deny)} }} {REJECT}")
     return rules
 
 
