@@ -73,7 +73,7 @@ def reached(daemon: Daemon, rid: str, ports: dict[str, int]) -> set[str]:
 
 
 def start(tmp_path: Path, uids: int) -> Daemon:
-    base = 436000 + os.getpid() % 1000 * 20
+    base = 470000 + os.getpid() % 1000 * 20
     return start_daemon(
         tmp_path, f"--uid-min={base}", f"--uid-max={base + uids - 1}", "--network-allow=egress"
     )
