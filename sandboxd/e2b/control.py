@@ -15,7 +15,7 @@ from twisted.web.iweb import IRequest
 
 from sandboxd.core import CreateRequest, parse_env
 from sandboxd.e2b import wire
-from sandboxd.e2b.network import e2b_policy, update_network
+from sandboxd.e2b.network import e2b_policy, network_json, update_network
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest
@@ -114,9 +114,12 @@ def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
 
 
 def get_info(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
-    return _answer(
-        request, 200, wire.detail_json(front.manager.config, front.registry.get(sandbox_id))
-    )
+    entry = front.registry.get(sandbox_id)
+    detail = wire.detail_json(front.manager.config, entry)
+    shown = network_json(front.manager.egress_policy(entry.sandbox))
+    if shown is not None:
+        detail["network"] = shown
+    return _answer(request, 200, detail)
 
 
 def set_network(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:

@@ -71,3 +71,14 @@ def update_network(front: "E2BFront", entry: "E2BSandbox", body: dict[str, Any])
         front.manager.set_egress(entry.sandbox.rid, policy)
     except BadRequest as e:
         raise RestError(400, e.detail) from None
+
+
+def network_json(policy: EgressPolicy | None) -> dict[str, Any] | None:
+    """A ``SandboxDetail``'s ``network``: the lists of a sandbox that has any (``None``: it
+    has none, or its mode takes none)."""
+    if policy is None or policy.empty:
+        return None
+    return {
+        "allowOut": [str(n) for n in policy.allow_out or ()],
+        "denyOut": [str(n) for n in policy.deny_out],
+    }

@@ -83,8 +83,13 @@ def test_update_network_replaces_the_lists(memory: tuple[Memory, PolicedMode]) -
     body = {"allowOut": ["192.0.2.1"], "denyOut": ["0.0.0.0/0"]}
     assert front.control("PUT", path, body).status == 204
     assert egress.policies[rid] == policy(["192.0.2.1"], EVERYTHING)
+    assert front.control("GET", f"/sandboxes/{rid}").json()["network"] == {
+        "allowOut": ["192.0.2.1/32"],
+        "denyOut": ["0.0.0.0/0", "::/0"],
+    }
     assert front.control("PUT", path, {}).status == 204  # omitted fields clear
     assert egress.policies[rid] == policy([], [])
+    assert "network" not in front.control("GET", f"/sandboxes/{rid}").json()
     assert front.control("PUT", path, {"allow_internet_access": False}).status == 204
     assert egress.policies[rid] == policy([], EVERYTHING)
     reply = front.control("PUT", path, {"allowOut": ["127.0.0.1"], "denyOut": ["0.0.0.0/0"]})

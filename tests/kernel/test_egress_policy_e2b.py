@@ -46,6 +46,10 @@ def test_allow_out_names_exceptions_to_deny_out(
         assert reached(only_a, internet) == {A4}  # all traffic: IPv6 too
         assert reached(not_b, internet) == {A4, A6}
         assert reached(allow_alone, internet) == set(internet)
+        assert only_a.get_info().network == {
+            "allow_out": ["203.0.113.1/32"],
+            "deny_out": ["0.0.0.0/0", "::/0"],
+        }
         only_a.update_network({"allow_out": [B4, A6], "deny_out": [ALL_TRAFFIC]})
         assert reached(only_a, internet) == {B4, A6}
         only_a.update_network({})  # omitted fields are cleared
