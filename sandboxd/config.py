@@ -223,6 +223,12 @@ class Config:
         "Ranges egress sandboxes may not reach, besides loopback, link-local, the host, the pool"
         " (default: the private and shared ranges; empty: none)",
     )
+    egress_policy_max: int = setting_field(
+        "SANDBOXD_EGRESS_POLICY_MAX",
+        "1024",
+        parse_count,
+        "Most entries in one allow_out or deny_out list of a sandbox's egress policy",
+    )
     resolv_conf: str = setting_field(
         "SANDBOXD_RESOLV_CONF",
         "/etc/resolv.conf",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._types import (
         ExecResult,
         Health,
+        NetworkInfo,
         OutputChunk,
         ProcessInfo,
         ProcessNotFound,
@@ -52,6 +53,7 @@ _LAZY = {
     "Health": "._types",
     "OutputChunk": "._types",
     "ProcessInfo": "._types",
+    "NetworkInfo": "._types",
     "ProcessNotFound": "._types",
     "ProcessOutput": "._types",
     "ProtocolError": "._types",
@@ -88,6 +90,7 @@ __all__ = [
     "ExecResult",
     "Health",
     "HttpSandbox",
+    "NetworkInfo",
     "OutputChunk",
     "ProcessInfo",
     "ProcessNotFound",

@@ -62,6 +62,7 @@ where only the application can write them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hyperlink import DecodedURL
 from twisted.internet.defer import Deferred
@@ -79,6 +80,7 @@ from ._trees import Trees
 from ._types import (
     ExecResult,
     Health,
+    NetworkInfo,
     SandboxHandle,
     SandboxInfo,
     SandboxNotFound,
@@ -247,6 +249,27 @@ class HttpSandbox(Processes, Files, Transfers, Trees, Templates):
     async def stats(self, handle: Handle) -> SandboxStats:
         """cgroup counters of one sandbox."""
         return wire.decode_stats(await self._idempotent("GET", self._url(handle, "stats")))
+
+    @async_to_deferred
+    async def network(self, handle: Handle) -> NetworkInfo:
+        """The sandbox's network mode and egress lists."""
+        return wire.decode_network(await self._idempotent("GET", self._url(handle, "network")))
+
+    @async_to_deferred
+    async def set_network(
+        self,
+        handle: Handle,
+        allow_out: Sequence[str] | None = None,
+        deny_out: Sequence[str] = (),
+    ) -> NetworkInfo:
+        """Replace an ``egress`` sandbox's lists (docs/isolation.rst, "Egress policy per
+        sandbox"): its next new connection obeys them. ``allow_out`` ``None``: everything the
+        operator permits. ``BadRequest`` names an entry the host refuses."""
+        body: dict[str, Any] = {"deny_out": list(deny_out)}
+        if allow_out is not None:
+            body["allow_out"] = list(allow_out)
+        url = self._url(handle, "network")
+        return wire.decode_network(await self._idempotent("PUT", url, body))
 
     def close(self) -> Deferred[None]:
         """Close pooled connections; returns a Deferred that fires when they are closed."""

@@ -33,6 +33,10 @@ def _strs(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
+def _opt_strs(values: Iterable[str] | None) -> tuple[str, ...] | None:
+    return None if values is None else tuple(values)
+
+
 def _objects(values: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
     return tuple(values)
 
@@ -86,6 +90,11 @@ class SandboxSpec:
     """``"none"``, ``"egress"`` or ``"host"`` (docs/extensions.rst, "Network mode"); ``None``:
     the host's default (and nothing is sent, so a host without network modes sees the old
     body)."""
+    allow_out: tuple[str, ...] | None = field(default=None, converter=_opt_strs)
+    """An ``egress`` sandbox's own allow list: addresses and CIDRs (docs/isolation.rst,
+    "Egress policy per sandbox"); ``None``: everything the operator permits."""
+    deny_out: tuple[str, ...] = field(default=(), converter=_strs)
+    """Addresses and CIDRs it may not reach (wins over ``allow_out``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The request body: fields left at their defaults are not sent."""
@@ -98,9 +107,21 @@ class SandboxSpec:
             body["exposed_ports"] = list(self.exposed_ports)
         if self.item_id is not None:
             body["item_id"] = self.item_id
-        if self.network is not None:
+        if self.allow_out is not None or self.deny_out:
+            body["network"] = network_lists(self.network, self.allow_out, self.deny_out)
+        elif self.network is not None:
             body["network"] = self.network
         return body
+
+
+def network_lists(
+    mode: str | None, allow_out: tuple[str, ...] | None, deny_out: tuple[str, ...]
+) -> dict[str, Any]:
+    """The object form of a create's ``network``: the lists given (no mode: ``egress``)."""
+    body: dict[str, Any] = {"mode": mode or "egress", "deny_out": list(deny_out)}
+    if allow_out is not None:
+        body["allow_out"] = list(allow_out)
+    return body
 
 
 @frozen
@@ -175,6 +196,18 @@ class SandboxInfo:
     last_active: float | str | None
     ready: bool
     execs: int
+    network: NetworkInfo | None = None
+    """Its network mode and egress lists (``None``: a host that does not say)."""
+
+
+@frozen
+class NetworkInfo:
+    """A sandbox's network: its mode and, for ``egress``, its lists (``allow_out`` ``None``:
+    everything the operator permits)."""
+
+    mode: str
+    allow_out: tuple[str, ...] | None = field(default=None, converter=_opt_strs)
+    deny_out: tuple[str, ...] = field(default=(), converter=_strs)
 
 
 @frozen

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from ._handles import encode_handle
 from ._types import (
     Health,
+    NetworkInfo,
     ProcessInfo,
     ProtocolError,
     ResolvedTool,
@@ -186,9 +187,27 @@ def decode_list(reply: object) -> list[SandboxInfo]:
                 last_active=s.get("last_active"),
                 ready=bool(s.get("ready", False)),
                 execs=_opt_int(s, "execs", "list entry") or 0,
+                network=None if s.get("network") is None else decode_network(s["network"]),
             )
         )
     return out
+
+
+def decode_network(reply: object) -> NetworkInfo:
+    """``GET``/``PUT /sandboxes/{rid}/network`` (and a list entry's ``network``)."""
+    obj = _obj(reply, "network")
+    allow = obj.get("allow_out")
+    return NetworkInfo(
+        mode=_get(obj, "mode", str, "network"),
+        allow_out=None if allow is None else _strings(allow, "network allow_out"),
+        deny_out=_strings(obj.get("deny_out", []), "network deny_out"),
+    )
+
+
+def _strings(value: object, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProtocolError(f"{what}: expected a list of strings")
+    return tuple(value)
 
 
 def decode_stats(reply: object) -> SandboxStats:

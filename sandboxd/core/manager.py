@@ -34,7 +34,8 @@ from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
-from sandboxd.isolation.network.modes import NetworkUnavailable
+from sandboxd.isolation.network.egress_policy import EgressPolicy, PolicyHolder
+from sandboxd.isolation.network.modes import NetworkMode, NetworkUnavailable
 from sandboxd.metrics import Metrics
 from sandboxd.units import format_duration
 
@@ -43,6 +44,19 @@ T = TypeVar("T")
 log = Logger()
 
 __all__ = ["BASE_PATH", "Sandbox", "SandboxManager"]
+
+
+def checked_holder(mode: NetworkMode, policy: EgressPolicy) -> PolicyHolder:
+    """The mode, which must enforce egress policies; ``400`` when it takes none, or the
+    operator forbids what ``policy`` names."""
+    if not isinstance(mode, PolicyHolder):
+        raise BadRequest(f"network: allow_out and deny_out need mode egress, not {mode.name}")
+    holder = mode
+    try:
+        holder.check_policy(policy)
+    except ValueError as e:
+        raise BadRequest(f"network: {e}") from None
+    return holder
 
 
 @define
@@ -119,14 +133,19 @@ class SandboxManager(Commands):
             mode = self.isolation.namespaces.network.mode(request.network)
         except ValueError as e:
             raise BadRequest(f"network: {e}") from None
+        holder = None if request.egress is None else checked_holder(mode, request.egress)
         try:
             identity = self.isolation.uids.allocate()
         except NoFreeUid as e:
             raise NoCapacity(str(e)) from None
         rid = secrets.token_hex(8)
+        if holder is not None:
+            holder.stage_policy(rid, request.egress)
         try:
             self.isolation.create(rid, identity, self.limits, self.layout, mode)
         except BaseException as e:
+            if holder is not None:
+                holder.stage_policy(rid, None)
             self.isolation.uids.release(identity)
             if isinstance(e, NetworkUnavailable):
                 raise NoCapacity(f"network: {e}") from None
@@ -400,6 +419,26 @@ class SandboxManager(Commands):
                 last_active=s.last_active,
                 ready=self.layout.is_ready(s.rid),
                 execs=s.execs,
+                network=s.network,
+                egress=self.egress_policy(s),
             )
             for s in self.sandboxes.values()
         ]
+
+    # Egress policy (docs/isolation.rst, "Egress policy per sandbox")
+
+    def egress_policy(self, sandbox: Sandbox) -> EgressPolicy | None:
+        """The sandbox's egress policy now (``None``: its network mode takes none)."""
+        mode = self.isolation.namespaces.network.offered.get(sandbox.network)
+        return mode.policy(sandbox.rid) if isinstance(mode, PolicyHolder) else None
+
+    def set_egress(self, rid: str, policy: EgressPolicy) -> EgressPolicy:
+        """Replace the live sandbox's egress policy: its next new connection obeys it
+        (connections open stay). ``400`` when its mode takes none or the operator forbids
+        what it names; the policy in force after."""
+        sandbox = self.get(rid)
+        mode = self.isolation.namespaces.network.offered[sandbox.network]
+        holder = checked_holder(mode, policy)
+        holder.set_policy(rid, policy)
+        log.info("egress policy of {rid} replaced", rid=rid)
+        return holder.policy(rid)

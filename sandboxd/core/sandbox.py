@@ -11,6 +11,7 @@ from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.watch.watch import WorkspaceWatch
 from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk.base import DiskDriver
+from sandboxd.isolation.network.egress_policy import EgressPolicy
 
 T = TypeVar("T")
 
@@ -25,6 +26,9 @@ class CreateRequest:
     env: Mapping[str, str] = field(factory=dict)
     item_id: str | None = None
     network: str | None = None
+    egress: EgressPolicy | None = None
+    """The sandbox's own egress policy (``None``: none asked for; only the ``egress`` mode
+    takes one, and the operator's plan checks it)."""
 
 
 PLAIN = CreateRequest()
@@ -72,6 +76,10 @@ class SandboxListing:
     ready: bool
     """Its ready marker is set (docs/contract.rst, "Ready marker")."""
     execs: int
+    network: str = "host"
+    """Its network mode."""
+    egress: EgressPolicy | None = None
+    """Its egress policy now (``None``: its mode takes none)."""
 
 
 @frozen

@@ -254,6 +254,11 @@ class E2BFront:
         request.setResponseCode(204)
         return b""
 
+    @app.route("/sandboxes/<sandbox_id>/network", methods=["PUT"])
+    @control_plane
+    def set_network(self, request: IRequest, sandbox_id: str) -> bytes:
+        return control.set_network(self, request, sandbox_id)
+
     @app.route("/sandboxes/<sandbox_id>/timeout", methods=["POST"])
     @control_plane
     def set_timeout(self, request: IRequest, sandbox_id: str) -> bytes:

@@ -15,6 +15,7 @@ from twisted.web.iweb import IRequest
 
 from sandboxd.core import CreateRequest, parse_env
 from sandboxd.e2b import wire
+from sandboxd.e2b.network import e2b_policy, network_json, update_network
 from sandboxd.e2b.ports import public_traffic_of
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
@@ -93,10 +94,13 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
         raise RestError(400, "metadata: must be an object of strings")
     public_traffic = public_traffic_of(body.get("network"))
     timeout = _timeout(body, TIMEOUT_DEFAULT)
-    network = internet_mode(front, body.get("allow_internet_access"))
+    internet = body.get("allow_internet_access")
+    egress = e2b_policy(body.get("network"), internet)  # (lists: the mode that reaches out)
+    network = internet_mode(front, True if egress is not None else internet)
     try:
         env = parse_env(body.get("envVars"), "env")
-        sandbox = await front.manager.create_restored(CreateRequest(env=env, network=network))
+        wanted = CreateRequest(env=env, network=network, egress=egress)
+        sandbox = await front.manager.create_restored(wanted)
     except BadRequest as e:
         raise RestError(400, e.detail) from None
     entry = front.registry.add(sandbox, template, dict(metadata), timeout or TIMEOUT_DEFAULT)
@@ -113,9 +117,18 @@ def connect(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
 
 
 def get_info(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
-    return _answer(
-        request, 200, wire.detail_json(front.manager.config, front.registry.get(sandbox_id))
-    )
+    entry = front.registry.get(sandbox_id)
+    detail = wire.detail_json(front.manager.config, entry)
+    shown = network_json(front.manager.egress_policy(entry.sandbox))
+    if shown is not None:
+        detail["network"] = shown
+    return _answer(request, 200, detail)
+
+
+def set_network(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:
+    update_network(front, front.registry.get(sandbox_id), _json_body(request))
+    request.setResponseCode(204)
+    return b""
 
 
 def set_timeout(front: "E2BFront", request: IRequest, sandbox_id: str) -> bytes:

@@ -179,12 +179,11 @@ def _answer_of(error: Exception, sandbox_id: str) -> tuple[int, str]:
 
 
 def public_traffic_of(network: object) -> bool:
-    """``network`` of a create: only ``allowPublicTraffic`` (a boolean; absent: false, the
-    sandbox's ports need its traffic token) is taken."""
-    if network is None:
-        return False
-    if not isinstance(network, dict) or set(network) - {"allowPublicTraffic"}:
-        raise RestError(400, "network: sandboxd takes only allowPublicTraffic")
+    """``network`` of a create: its ``allowPublicTraffic`` (a boolean; absent: false, the
+    sandbox's ports need its traffic token); its egress lists are
+    :func:`sandboxd.e2b.network.e2b_policy`'s."""
+    if not isinstance(network, dict):
+        return False  # absent, or refused by the egress lists' reading
     public = network.get("allowPublicTraffic", False)
     if not isinstance(public, bool):
         raise RestError(400, "network.allowPublicTraffic: must be true or false")

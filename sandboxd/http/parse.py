@@ -22,6 +22,7 @@ from sandboxd.core import (
     parse_env,
 )
 from sandboxd.errors import BadRequest
+from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_policy
 from sandboxd.web.body import TooLarge
 from sandboxd.web.body import refuse_too_large as refuse_too_large
 
@@ -114,10 +115,44 @@ def create_request(body: dict[str, Any]) -> CreateRequest:
         raise BadRequest("exposed_ports: must be a list of port numbers")
     item_id = check_item_id(body.get("item_id"))
     env = parse_env(body.get("env"), "env")
-    network = body.get("network")
-    if network is not None and not isinstance(network, str):
-        raise BadRequest("network: must be a string naming a network mode")
-    return CreateRequest(env=env, item_id=item_id, network=network)
+    network, egress = network_request(body.get("network"))
+    return CreateRequest(env=env, item_id=item_id, network=network, egress=egress)
+
+
+def network_request(value: object) -> tuple[str | None, EgressPolicy | None]:
+    """A create's ``network``: a mode's name, or ``{"mode": ..., "allow_out": [...],
+    "deny_out": [...]}`` (docs/isolation.rst, "Egress policy per sandbox"); an object with
+    a list and no mode asks for ``egress``, the only mode that takes lists."""
+    if value is None or isinstance(value, str):
+        return value, None
+    if not isinstance(value, dict):
+        raise BadRequest("network: must be a network mode's name or an object")
+    unknown = sorted(set(value) - {"mode", "allow_out", "deny_out"})
+    if unknown:
+        raise BadRequest(f"network: unknown field {unknown[0]!r}")
+    mode = value.get("mode")
+    if mode is not None and not isinstance(mode, str):
+        raise BadRequest("network: mode must be a string naming a network mode")
+    if value.get("allow_out") is None and value.get("deny_out") is None:
+        return mode, None
+    return mode or "egress", egress_policy(value)
+
+
+def egress_policy(value: dict[str, Any]) -> EgressPolicy:
+    """The ``allow_out`` and ``deny_out`` lists of a body (``400`` naming a bad entry)."""
+    try:
+        return parse_policy(value.get("allow_out"), value.get("deny_out"))
+    except ValueError as e:
+        raise BadRequest(f"network: {e}") from None
+
+
+def network_update(body: dict[str, Any]) -> EgressPolicy:
+    """``PUT /sandboxes/{rid}/network``: the sandbox's new ``allow_out`` and ``deny_out`` (an
+    absent list: none; both absent: the policy that restricts nothing)."""
+    unknown = sorted(set(body) - {"allow_out", "deny_out"})
+    if unknown:
+        raise BadRequest(f"network: unknown field {unknown[0]!r}")
+    return egress_policy(body)
 
 
 def exec_spec(body: dict[str, Any]) -> ExecSpec:

@@ -52,6 +52,7 @@ from sandboxd.errors import (
     TooMany,
     TooManyEntries,
 )
+from sandboxd.isolation.network.egress_policy import EgressPolicy
 from sandboxd.ports.dial import PortClosed, PortsUnavailable
 from sandboxd.web.body import TooLarge
 
@@ -174,10 +175,19 @@ def sandboxes_body(listing: Iterable[SandboxListing]) -> dict[str, Any]:
                 "last_active": s.last_active,
                 "ready": s.ready,
                 "execs": s.execs,
+                "network": network_body(s.network, s.egress),
             }
             for s in listing
         ]
     }
+
+
+def network_body(mode: str, egress: EgressPolicy | None) -> dict[str, Any]:
+    """A sandbox's network: its mode and, for a mode that takes one, its egress policy."""
+    body: dict[str, Any] = {"mode": mode}
+    if egress is not None:
+        body.update(egress.to_json())
+    return body
 
 
 # The replica's own bodies

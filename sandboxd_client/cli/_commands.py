@@ -4,6 +4,7 @@
     sandboxctl [--url URL] [--token-file FILE] [--json] COMMAND ...
 
     create [--image I] [--env K=V]... [--port P]... [--item-id ID] [--network M]
+           [--allow ADDR]... [--deny ADDR]...
                                      print a new handle
     kill HANDLE
     exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] [--] CMD...
@@ -262,7 +263,15 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
     if cmd in _templates.COMMANDS:
         return await _templates.run(client, args, console)
     if cmd == "create":
-        spec = SandboxSpec(args.image, dict(args.env), tuple(args.port), args.item_id, args.network)
+        spec = SandboxSpec(
+            args.image,
+            dict(args.env),
+            tuple(args.port),
+            args.item_id,
+            args.network,
+            allow_out=args.allow,
+            deny_out=args.deny,
+        )
         handle = await client.create(spec)
         if as_json:
             console.json({"handle": handle.id})

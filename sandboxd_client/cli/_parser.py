@@ -61,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, action="append", default=[])
     p.add_argument("--item-id")
     p.add_argument("--network", choices=("none", "egress", "host"))
+    p.add_argument(
+        "--allow",
+        action="append",
+        help="egress: an address or CIDR it may reach (repeatable; none: all the host permits)",
+    )
+    p.add_argument(
+        "--deny", action="append", default=[], help="egress: an address or CIDR it may not reach"
+    )
     add("kill", "kill a sandbox").add_argument("handle")
     p = add("exec", "run a command: its stdout to stdout, its stderr to stderr")
     p.add_argument("handle")

@@ -167,7 +167,9 @@ def build_server(
             "disk on the host until killed, and is killed when this session (or without one, "
             "this server) ends unless keep is true. network: 'none' (loopback only), "
             "'egress' (outbound internet, never the host or other sandboxes) or 'host'; "
-            "omitted means the host's default. "
+            "omitted means the host's default. allow_out and deny_out (egress only): "
+            "addresses and CIDRs it may reach, and may not (deny wins; no allow_out: all the "
+            "host permits). "
             "item_id restores a saved workspace of that name first (slower: a copy)."
         ),
     )
@@ -180,8 +182,16 @@ def build_server(
             str | None, Field(description="Restore this saved workspace (archive item).")
         ] = None,
         keep: Annotated[bool, Field(description="Keep it after this session ends.")] = False,
+        allow_out: Annotated[
+            list[str] | None, Field(description="egress: only these addresses/CIDRs.")
+        ] = None,
+        deny_out: Annotated[
+            list[str] | None, Field(description="egress: never these addresses/CIDRs.")
+        ] = None,
     ) -> CreatedSandbox:
-        spec = SandboxSpec(item_id=item_id, network=network)
+        spec = SandboxSpec(
+            item_id=item_id, network=network, allow_out=allow_out, deny_out=deny_out or ()
+        )
         handle = await tool_call(bridge.call(client.create, spec))
         workspace = await workspace_of(handle)
         name = mine(ctx).add(handle, keep, workspace)

@@ -62,6 +62,11 @@ async def test_commands_in_process(client: HttpSandbox, fake: Served, tmp_path: 
     assert code == 0 and json.loads(fake.state.seen[-1].body) == {"image": "py", "env": {"A": "1"}}
     code, other, _ = await ctl(client, "create", "--network", "none")
     assert code == 0 and json.loads(fake.state.seen[-1].body) == {"network": "none"}
+    code, policed, _ = await ctl(client, "create", "--allow", "192.0.2.0/24", "--deny", "192.0.2.9")
+    assert code == 0 and json.loads(fake.state.seen[-1].body) == {
+        "network": {"mode": "egress", "allow_out": ["192.0.2.0/24"], "deny_out": ["192.0.2.9"]}
+    }
+    assert (await ctl(client, "kill", policed.decode().strip()))[0] == 0
     assert (await ctl(client, "kill", other.decode().strip()))[0] == 0
     code, out, _ = await ctl(client, "exec", handle, "--", "both")
     assert code == 3 and out == b"to stdout\nto stderr\n"

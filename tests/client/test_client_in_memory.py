@@ -19,6 +19,7 @@ from twisted.internet.task import Clock
 from sandboxd_client import (
     ExecResult,
     HttpSandbox,
+    NetworkInfo,
     SandboxNotFound,
     SandboxSpec,
     decode_handle,
@@ -60,6 +61,14 @@ async def test_lifecycle_probes_and_service_calls(
     await client.persist(handle, delete=False)  # no archive configured: a no-op
     assert [s.remote_id for s in await client.list_sandboxes()] == [route.remote_id]
     assert (await client.stats(handle)).oom_kills in (None, 0)
+    assert await client.network(handle) == NetworkInfo("host")
+    assert (await client.list_sandboxes())[0].network == NetworkInfo("host")
+    with pytest.raises(ValueError, match="need mode egress"):  # lists are the egress mode's
+        await client.set_network(handle, ["192.0.2.1"], ["192.0.2.2"])
+    with pytest.raises(ValueError, match="need mode egress"):
+        await client.set_network(handle)  # (restricting nothing)
+    with pytest.raises(ValueError, match="need mode egress"):
+        await client.create(SandboxSpec(network="host", deny_out=["192.0.2.2"]))
     manifest = f"http://127.0.0.1:{closed_port}/none.json"  # refused: nothing listens
     refused = await client.resolve_tools({"nothing": manifest})
     assert set(refused.refused) == {"nothing"} and not refused.tools

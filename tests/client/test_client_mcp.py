@@ -99,6 +99,10 @@ def test_each_tool(daemon: Daemon) -> None:
             made = await call(session, "create_sandbox", item_id=None)
             workspace = made.pop("workspace")
             assert made == {"sandbox": "sb1", "kept": False}  # no handle: no tool takes one
+            refused = await tool_error(
+                session, "create_sandbox", network="host", allow_out=["192.0.2.1"], deny_out=[]
+            )
+            assert "need mode egress, not host" in refused  # the lists reach the daemon
             sb = made["sandbox"]
             (rid,) = live_sandboxes(daemon) - before
 

@@ -28,6 +28,7 @@ from twisted.web.client import FileBodyProducer
 from twisted.web.iweb import UNKNOWN_LENGTH
 
 from sandboxd_client import (
+    NetworkInfo,
     ProtocolError,
     RetryPolicy,
     SandboxBusy,
@@ -41,6 +42,7 @@ from sandboxd_client import (
     encode_handle,
 )
 from sandboxd_client import _body as body
+from sandboxd_client import _wire as wire
 from sandboxd_client._base import sandbox_url
 from sandboxd_client._body import read_body
 from sandboxd_client._errors import (
@@ -241,6 +243,21 @@ def test_spec_sends_only_what_is_set() -> None:
         "exposed_ports": [1, 2],
     }
     assert SandboxSpec(network="egress").to_json() == {"network": "egress"}
+    assert SandboxSpec(deny_out=["192.0.2.1"]).to_json() == {
+        "network": {"mode": "egress", "deny_out": ["192.0.2.1"]}
+    }
+    assert SandboxSpec(network="egress", allow_out=[]).to_json() == {
+        "network": {"mode": "egress", "allow_out": [], "deny_out": []}
+    }
+
+
+def test_network_replies_are_checked() -> None:
+    assert wire.decode_network({"mode": "egress", "allow_out": None, "deny_out": ["a"]}) == (
+        NetworkInfo("egress", None, ("a",))
+    )
+    assert wire.decode_network({"mode": "egress", "allow_out": ["b"]}).allow_out == ("b",)
+    with pytest.raises(ProtocolError, match="allow_out: expected a list of strings"):
+        wire.decode_network({"mode": "egress", "allow_out": [1]})
 
 
 def test_ipv6_literal_hosts_survive_treq() -> None:

@@ -169,7 +169,9 @@ def test_listing(harness: Harness) -> None:
         "last_active": 30.0,
         "ready": True,
         "execs": 0,
+        "network": {"mode": "host"},  # no egress mode here: no lists
     }
+    assert harness.call("GET", f"/sandboxes/{rid}/network").json() == {"mode": "host"}
 
 
 def test_stats(harness: Harness) -> None:

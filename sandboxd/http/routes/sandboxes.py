@@ -66,6 +66,25 @@ def stats(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     return json_response(request, wire.stats_body(usage, disk))
 
 
+# Network (docs/isolation.rst, "Egress policy per sandbox")
+
+
+@app.route("/sandboxes/<rid:rid>/network", methods=["GET"])
+@authorized
+def network(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    sandbox = api.manager.get(rid)
+    egress = api.manager.egress_policy(sandbox)
+    return json_response(request, wire.network_body(sandbox.network, egress))
+
+
+@app.route("/sandboxes/<rid:rid>/network", methods=["PUT"])
+@authorized
+def set_network(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    policy = parse.network_update(parse.json_body(request))
+    egress = api.manager.set_egress(rid, policy)
+    return json_response(request, wire.network_body(api.manager.get(rid).network, egress))
+
+
 # Ready marker and archive
 
 

@@ -26,6 +26,13 @@ from sandboxd.isolation.network.egress_plan import (
     nameservers,
     parse_pool6,
 )
+from sandboxd.isolation.network.egress_policy import (
+    DEFAULT_ENTRIES_MAX,
+    OPEN,
+    EgressPolicy,
+    check_allowed,
+    policy_script,
+)
 from sandboxd.isolation.network.modes import NetworkUnavailable, egress_named
 
 log = Logger()
@@ -74,7 +81,13 @@ class EgressNetwork:
     """The file whose nameservers the plan lets DNS through to (for the warning below)."""
     name: str = "egress"
     own_namespace: bool = True
+    policy_entries_max: int = DEFAULT_ENTRIES_MAX
+    """The most entries one list of a sandbox's policy may hold (``SANDBOXD_EGRESS_POLICY_MAX``)."""
     _slots: dict[str, int] = field(factory=dict)
+    _policies: dict[str, EgressPolicy] = field(factory=dict)
+    _staged: dict[str, EgressPolicy] = field(factory=dict)
+    _stale: set[int] = field(factory=set)
+    """Slots whose last sandbox's policy could not be cleared at detach (cleared at attach)."""
     _free: deque[int] = field(init=False)
     _started: bool = field(default=False)
 
@@ -146,12 +159,54 @@ class EgressNetwork:
             self._stop_when_idle()
             raise OSError(errno.EIO, f"egress: {e}") from None
         self._slots[rid] = slot
+        policy = self._staged.pop(rid, OPEN)
+        if slot in self._stale or not policy.empty:
+            # An OSError fails the create: the pin goes and detach frees the slot again.
+            self.set_policy(rid, policy)
+            self._stale.discard(slot)
 
     def detach(self, rid: str, netns: str) -> None:
         slot = self._slots.pop(rid, None)
+        policy = self._policies.pop(rid, OPEN)
         if slot is not None:  # (a predecessor's veths went when the layer started)
+            if not policy.empty:  # the slot's next sandbox must not inherit it
+                try:
+                    self.egress.run(["nft", "-f", "-"], policy_script(self.egress.plan, slot, OPEN))
+                except EgressError as e:
+                    log.warn("egress: cannot clear the policy of slot {slot}: {e}", slot=slot, e=e)
+                    self._stale.add(slot)  # its next attach clears it before any use
             self._free.append(slot)
             self._stop_when_idle()
+
+    # Per-sandbox policy (docs/isolation.rst, "Egress policy per sandbox")
+
+    def check_policy(self, policy: EgressPolicy) -> None:
+        """``ValueError`` naming what of ``policy`` the operator forbids (see
+        :func:`sandboxd.isolation.network.egress_policy.check_allowed`)."""
+        check_allowed(self.egress.plan, policy, self.policy_entries_max)
+
+    def stage_policy(self, rid: str, policy: EgressPolicy | None) -> None:
+        """Keep ``policy`` for the sandbox ``rid``: its :meth:`attach` applies it before the
+        create returns (``None``: forget it, the create failed before its attach)."""
+        if policy is None:
+            self._staged.pop(rid, None)
+        else:
+            self._staged[rid] = policy
+
+    def set_policy(self, rid: str, policy: EgressPolicy) -> None:
+        """Give the attached sandbox ``rid`` this policy (checked before with
+        :meth:`check_policy`): its next new connection obeys it. ``OSError`` when ``nft``
+        refuses (the previous policy stays)."""
+        slot = self._slots[rid]
+        try:
+            self.egress.run(["nft", "-f", "-"], policy_script(self.egress.plan, slot, policy))
+        except EgressError as e:
+            raise OSError(errno.EIO, f"egress policy: {e}") from None
+        self._policies[rid] = policy
+
+    def policy(self, rid: str) -> EgressPolicy:
+        """The policy the attached sandbox ``rid`` has now."""
+        return self._policies.get(rid, OPEN)
 
     def _stop_when_idle(self) -> None:
         """Lazy, with no egress sandbox left: give the host back what the layer changed."""
@@ -211,4 +266,10 @@ def network_mode(config: Any) -> EgressNetwork | None:
                 f"network mode egress: needs {program} (Debian package {package})"
             )
     egress = Egress(plan, state_file=STATE_FILE)
-    return EgressNetwork(egress, capacity, lazy=not named, resolv_conf=config.resolv_conf)
+    return EgressNetwork(
+        egress,
+        capacity,
+        lazy=not named,
+        resolv_conf=config.resolv_conf,
+        policy_entries_max=config.egress_policy_max,
+    )

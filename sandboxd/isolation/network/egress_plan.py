@@ -13,7 +13,9 @@ listens) is accepted from a sandbox veth; nothing is forwarded from one sandbox 
 nor to a denied range (the pools, loopback, link-local, multicast and the configured ranges,
 by default the private and shared ones: :data:`PRIVATE_RANGES`), except DNS (port 53, UDP and
 TCP) to the host's nameservers (:attr:`EgressPlan.dns`); nothing is forwarded into a sandbox but
-the replies of its own connections.
+the replies of its own connections. What the operator lets through, each sandbox may narrow
+further: its veth maps to a chain of its own in the ``policies`` verdict map (see
+:mod:`sandboxd.isolation.network.egress_policy`), looked at only after every rule above.
 """
 
 import ipaddress
@@ -220,6 +222,7 @@ delete table inet {self.table}
 table inet {self.table} {{
   set deny4 {{ type ipv4_addr; flags interval; elements = {{ {", ".join(deny4)} }} }}
   set deny6 {{ type ipv6_addr; flags interval; elements = {{ {", ".join(deny6)} }} }}
+  map policies {{ type ifname : verdict; }}
   chain prerouting {{
     type filter hook prerouting priority -300; policy accept;
     iifname {veth} ip6 saddr fe80::/10 accept
@@ -248,6 +251,7 @@ table inet {self.table} {{
     ip daddr @deny4 {reject}
     ip6 daddr @deny6 {reject}
     fib daddr type {{ local, broadcast, multicast, anycast }} {reject}
+    iifname vmap @policies
     ct state new accept
     drop
   }}

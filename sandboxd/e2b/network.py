@@ -1,0 +1,83 @@
+"""The E2B front's ``network`` options: ``Sandbox.create(network={...})`` and
+``update_network`` onto the daemon's per-sandbox egress policies (docs/e2b.rst, "Networking").
+
+E2B's reading is kept: ``allowOut`` lists exceptions to ``denyOut`` (an address in both is
+reached), ``allowOut`` alone restricts nothing, ``allow_internet_access=False`` is
+``denyOut: ["0.0.0.0/0"]``. E2B sandboxes have IPv4 alone; here ``0.0.0.0/0`` in ``denyOut``
+also denies ``::/0``, so "all traffic" stays all of it. What has no counterpart yet is
+refused with ``400``: host names, per-host ``rules``, an ``egressProxy``, a
+``maskRequestHost``, ``httpsPorts`` (``allowPublicTraffic`` is the ports', read by
+:mod:`sandboxd.e2b.ports`). ``dnsServers`` matters only with host names in ``allowOut``,
+as in E2B: it is accepted and has no effect.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.e2b.wire import RestError
+from sandboxd.errors import BadRequest
+from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_entries
+
+if TYPE_CHECKING:
+    from sandboxd.e2b.api import E2BFront
+    from sandboxd.e2b.registry import E2BSandbox
+
+ALL_TRAFFIC = "0.0.0.0/0"
+"""The SDK's ``ctx.all_traffic``."""
+
+EVERYTHING = parse_entries("all traffic", [ALL_TRAFFIC, "::/0"])
+
+KNOWN = ("allowOut", "denyOut", "dnsServers", "allowPublicTraffic")
+
+
+def e2b_policy(network: object, internet: object) -> EgressPolicy | None:
+    """The policy for a ``network`` body and ``allow_internet_access`` (``None``: one that
+    restricts nothing, or ``allow_internet_access=False`` with no ``allowOut``, which the
+    caller reads); ``400`` naming a field that cannot be honoured or a bad entry."""
+    if internet not in (None, True, False):
+        raise RestError(400, "allow_internet_access: must be true or false")
+    if network is None:
+        network = {}
+    if not isinstance(network, dict):
+        raise RestError(400, "network: must be an object")
+    for name, value in network.items():
+        if name not in KNOWN and value not in (None, {}, []):
+            raise RestError(400, f"network.{name}: not supported by sandboxd")
+    try:
+        denied = parse_entries("network.denyOut", network.get("denyOut") or [])
+        allowed = parse_entries("network.allowOut", network.get("allowOut") or [])
+    except ValueError as e:
+        raise RestError(400, str(e)) from None
+    if internet is False:
+        if not allowed:
+            return None  # the caller's choice: no network at all, or all of it denied
+        denied = (*denied, *EVERYTHING)
+    if not denied:
+        return None
+    if any(str(net) == ALL_TRAFFIC for net in denied):
+        denied = (*denied, *EVERYTHING)
+    return EgressPolicy(allowed, tuple(dict.fromkeys(denied)), allow_wins=True)
+
+
+def update_network(front: "E2BFront", entry: "E2BSandbox", body: dict[str, Any]) -> None:
+    """``PUT /sandboxes/{id}/network``: replace the sandbox's lists (omitted fields clear,
+    as in E2B); ``400`` when its mode takes none (created with ``allow_internet_access=False``
+    and no lists: its own loopback alone) or an entry is refused."""
+    internet = body.pop("allow_internet_access", None)
+    policy = e2b_policy(body, internet)
+    if policy is None:
+        policy = EgressPolicy((), EVERYTHING if internet is False else (), allow_wins=True)
+    try:
+        front.manager.set_egress(entry.sandbox.rid, policy)
+    except BadRequest as e:
+        raise RestError(400, e.detail) from None
+
+
+def network_json(policy: EgressPolicy | None) -> dict[str, Any] | None:
+    """A ``SandboxDetail``'s ``network``: the lists of a sandbox that has any (``None``: it
+    has none, or its mode takes none)."""
+    if policy is None or policy.empty:
+        return None
+    return {
+        "allowOut": [str(n) for n in policy.allow_out or ()],
+        "denyOut": [str(n) for n in policy.deny_out],
+    }

@@ -1,0 +1,211 @@
+"""A sandbox's own egress policy: ``allow_out`` and ``deny_out`` lists of addresses and CIDRs.
+
+Pure values only (docs/isolation.rst, "Egress policy per sandbox"). A policy narrows what the
+operator's plan (:class:`sandboxd.isolation.network.egress_plan.EgressPlan`) permits, never
+widens it: the plan's denied ranges and the host's own addresses are refused before a
+sandbox's policy is looked at, so an ``allow_out`` entry can only choose among what the
+operator lets through. ``deny_out`` wins over ``allow_out``; no ``allow_out`` (``None``) means
+everything the operator permits, an empty one nothing (but DNS to the host's nameservers,
+which the plan lets through before any policy).
+
+An ``allow_out`` entry that lies wholly inside a range the operator denies (loopback,
+link-local and the metadata address, the sandbox pools, the private ranges unless the
+operator allowed them), or that is one of the host's own addresses (where the daemon's API
+listens), can never be honoured: :func:`check_allowed` refuses it, naming it, rather than
+accept a rule that silently does nothing. A wider entry (``0.0.0.0/0``) is fine: the
+operator's ranges stay denied inside it. ``deny_out`` entries are never refused (denying a
+denied range again is harmless).
+
+Host names (``example.com``) are not matched yet: :func:`parse_entries` refuses them.
+"""
+
+import ipaddress
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from attrs import frozen
+
+from sandboxd.isolation.network.egress_plan import Address, EgressPlan, Network
+
+DEFAULT_ENTRIES_MAX = 1024
+"""The default of ``SANDBOXD_EGRESS_POLICY_MAX``: entries per list of one sandbox's policy."""
+
+REJECT = "reject with icmpx type admin-prohibited"
+
+
+@frozen
+class EgressPolicy:
+    """What one sandbox may reach among what the operator permits (see the module docstring)."""
+
+    allow_out: tuple[Network, ...] | None = None
+    """``None``: everything the operator permits; else only these (an empty tuple: nothing)."""
+    deny_out: tuple[Network, ...] = ()
+    allow_wins: bool = False
+    """E2B's reading (docs/e2b.rst, "Networking"): ``allow_out`` lists exceptions to
+    ``deny_out`` rather than all that may be reached; a destination is refused when it is in
+    ``deny_out`` and not in ``allow_out``."""
+
+    @property
+    def empty(self) -> bool:
+        """True when the policy restricts nothing."""
+        if self.allow_wins:
+            return not self.deny_out
+        return self.allow_out is None and not self.deny_out
+
+    def to_json(self) -> dict[str, Any]:
+        """The policy as the API shows it (``allow_out`` is ``null`` when not restricted)."""
+        allow = None if self.allow_out is None else [str(n) for n in self.allow_out]
+        shown: dict[str, Any] = {"allow_out": allow, "deny_out": [str(n) for n in self.deny_out]}
+        if self.allow_wins:
+            shown["allow_wins"] = True
+        return shown
+
+
+OPEN = EgressPolicy()
+"""The policy of a sandbox that asked for none."""
+
+
+@runtime_checkable
+class PolicyHolder(Protocol):
+    """A network mode that enforces per-sandbox egress policies (the ``egress`` mode)."""
+
+    def check_policy(self, policy: EgressPolicy) -> None:
+        """``ValueError`` naming what of ``policy`` the operator forbids."""
+
+    def stage_policy(self, rid: str, policy: EgressPolicy | None) -> None:
+        """Keep ``policy`` for the sandbox ``rid`` about to be attached (``None``: forget it)."""
+
+    def set_policy(self, rid: str, policy: EgressPolicy) -> None:
+        """Give the attached sandbox ``rid`` this policy (``OSError`` when it cannot)."""
+
+    def policy(self, rid: str) -> EgressPolicy:
+        """The policy of the attached sandbox ``rid``."""
+
+
+def parse_entries(name: str, value: object) -> tuple[Network, ...]:
+    """One list of a request (``allow_out`` or ``deny_out``): addresses and CIDRs, IPv4 or
+    IPv6; ``ValueError`` naming the list and the entry otherwise."""
+    if not isinstance(value, list) or not all(isinstance(entry, str) for entry in value):
+        raise ValueError(f"{name}: must be a list of addresses or CIDRs")
+    found: list[Network] = []
+    for entry in value:
+        try:
+            found.append(ipaddress.ip_network(entry.strip(), strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{name}: {entry!r} is not an address or CIDR (host names are not matched yet)"
+            ) from None
+    return tuple(dict.fromkeys(found))
+
+
+def parse_policy(allow_out: object, deny_out: object) -> EgressPolicy:
+    """A policy from a request's two lists (``None``: the list is absent)."""
+    allow = None if allow_out is None else parse_entries("allow_out", allow_out)
+    deny = () if deny_out is None else parse_entries("deny_out", deny_out)
+    return EgressPolicy(allow, deny)
+
+
+def is_host_address(address: Address) -> bool:
+    """Whether ``address`` is one of this host's own (it can be bound without ``IP_FREEBIND``)."""
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
+
+
+def check_allowed(
+    plan: EgressPlan,
+    policy: EgressPolicy,
+    entries_max: int,
+    is_host: Callable[[Address], bool] = is_host_address,
+) -> None:
+    """``ValueError`` naming the first thing of ``policy`` the operator's ``plan`` forbids: a
+    list longer than ``entries_max``, an ``allow_out`` entry inside a denied range, or one
+    that is a single address of the host itself."""
+    for name, entries in (("allow_out", policy.allow_out or ()), ("deny_out", policy.deny_out)):
+        if len(entries) > entries_max:
+            raise ValueError(
+                f"{name}: {len(entries)} entries, at most {entries_max}"
+                " (SANDBOXD_EGRESS_POLICY_MAX)"
+            )
+    deny4, deny6 = plan.denied()
+    denied = [ipaddress.ip_network(text) for text in deny4 + deny6]
+    for entry in policy.allow_out or ():
+        for net in denied:
+            if entry.version == net.version and entry.subnet_of(net):  # type: ignore[arg-type]
+                raise ValueError(
+                    f"allow_out: {entry} is inside {net}, which the operator denies"
+                    " to every sandbox (SANDBOXD_EGRESS_DENY and the built-in ranges)"
+                )
+        if entry.num_addresses == 1 and is_host(entry.network_address):
+            raise ValueError(
+                f"allow_out: {entry.network_address} is an address of the host itself"
+                " (the daemon's API), which no sandbox reaches"
+            )
+
+
+def chain_name(slot: int) -> str:
+    """The chain holding one slot's policy."""
+    return f"policy{slot}"
+
+
+def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
+    """``nft -f`` input replacing the slot's policy chain by ``policy``, in one transaction
+    (connections already open are not touched: the ruleset accepts them before any policy).
+
+    The slot's veth is mapped to its chain in the ruleset's ``policies`` verdict map; an empty
+    policy leaves the chain empty (a slot is cleared so at detach, and its next sandbox starts
+    from nothing).
+    """
+    table = f"inet {plan.table}"
+    chain = chain_name(slot)
+    lines = [
+        f"add chain {table} {chain}",
+        f"flush chain {table} {chain}",
+        f'add element {table} policies {{ "{plan.ifname(slot)}" : jump {chain} }}',
+    ]
+    lines += [f"add rule {table} {chain} {rule}" for rule in _rules(policy)]
+    return "\n".join(lines) + "\n"
+
+
+def _rules(policy: EgressPolicy) -> list[str]:
+    if policy.allow_wins:
+        return _exceptions_first(policy)
+    rules = []
+    for family, version in (("ip", 4), ("ip6", 6)):
+        deny = _of_version(policy.deny_out, version)
+        if deny:
+            rules.append(f"{family} daddr {{ {', '.join(deny)} }} {REJECT}")
+        if policy.allow_out is None:
+            continue
+        allow = _of_version(policy.allow_out, version)
+        if allow:
+            rules.append(f"{family} daddr != {{ {', '.join(allow)} }} {REJECT}")
+        else:
+            rules.append(f"meta nfproto ipv{version} {REJECT}")
+    return rules
+
+
+def _exceptions_first(policy: EgressPolicy) -> list[str]:
+    """E2B's reading: what ``allow_out`` names goes on (``return``: to the ruleset's accept),
+    then what ``deny_out`` names is refused."""
+    rules = []
+    for family, version in (("ip", 4), ("ip6", 6)):
+        allow = _of_version(policy.allow_out or (), version)
+        if allow:
+            rules.append(f"{family} daddr {{ {', '.join(allow)} }} return")
+    for family, version in (("ip", 4), ("ip6", 6)):
+        deny = _of_version(policy.deny_out, version)
+        if deny:
+            rules.append(f"{family} daddr {{ {', '.join(deny)} }} {REJECT}")
+    return rules
+
+
+def _of_version(nets: Sequence[Network], version: int) -> list[str]:
+    """The ``version`` entries of ``nets``, collapsed (nft refuses overlapping intervals)."""
+    chosen = [net for net in nets if net.version == version]
+    return [str(n) for n in ipaddress.collapse_addresses(chosen)]  # type: ignore[type-var]

@@ -1,0 +1,99 @@
+"""E2B's ``network`` options in the front (docs/e2b.rst, "Networking"): the policy each body
+becomes, under E2B's reading (``allowOut`` names exceptions to ``denyOut``), and what is
+refused; on the in-memory harness with a recording egress mode. Under a daemon as root, with
+the unmodified SDK and a kernel enforcing it: ``tests/kernel/test_egress_policy_e2b.py``.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_entries
+from sandboxd.isolation.network.modes import HostNetwork, NetworkMode, NoNetwork
+from tests.e2b.memory import Memory, memory_front
+from tests.e2b.test_networking import with_policy
+from tests.unit.test_unit_manager_egress import PolicedMode
+
+EVERYTHING = ["0.0.0.0/0", "::/0"]
+
+
+@pytest.fixture
+def memory(tmp_path: Path) -> Iterator[tuple[Memory, PolicedMode]]:
+    for front in memory_front(str(tmp_path)):
+        mode = PolicedMode()
+        modes: dict[str, NetworkMode] = {"none": NoNetwork(), "egress": mode, "host": HostNetwork()}
+        with_policy(front, modes, "none", ("none", "egress", "host"))
+        yield front, mode
+
+
+def policy(allow: list[str], deny: list[str]) -> EgressPolicy:
+    return EgressPolicy(parse_entries("a", allow), parse_entries("d", deny), allow_wins=True)
+
+
+@pytest.mark.parametrize(
+    ("body", "mode", "wanted"),
+    [
+        ({"network": {"allowOut": ["192.0.2.1"], "denyOut": ["0.0.0.0/0"]}}, "egress",
+         policy(["192.0.2.1"], EVERYTHING)),
+        ({"network": {"denyOut": ["192.0.2.0/24"], "dnsServers": []}}, "egress",
+         policy([], ["192.0.2.0/24"])),
+        ({"network": {"allowOut": ["192.0.2.1"], "rules": {}}}, "egress", None),
+        ({"allow_internet_access": False, "network": {"allowOut": ["192.0.2.1"]}}, "egress",
+         policy(["192.0.2.1"], EVERYTHING)),
+        ({"allow_internet_access": False, "network": {"denyOut": ["192.0.2.1"]}}, "none", None),
+        ({"network": None, "allow_internet_access": True}, "egress", None),
+    ],
+)  # fmt: skip
+def test_bodies_become_policies(
+    memory: tuple[Memory, PolicedMode], body: dict[str, Any], mode: str, wanted: Any
+) -> None:
+    front, egress = memory
+    entry = front.create(**body)
+    assert entry.sandbox.network == mode
+    assert egress.staged.get(entry.sandbox.rid) == wanted
+
+
+@pytest.mark.parametrize(
+    ("network", "message"),
+    [
+        ([], "network: must be an object"),
+        ({"egressProxy": {"address": "x"}}, "network.egressProxy: not supported"),
+        ({"allowPublicTraffic": "no"}, "network.allowPublicTraffic: must be true or false"),
+        ({"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]}, "'example.com' is not an"),
+        ({"denyOut": "0.0.0.0/0"}, "network.denyOut: must be a list"),
+        ({"allowOut": ["127.0.0.1"], "denyOut": ["0.0.0.0/0"]}, "127.0.0.1/32 is inside"),
+    ],
+)
+def test_what_cannot_be_honoured_is_a_400(
+    memory: tuple[Memory, PolicedMode], network: Any, message: str
+) -> None:
+    front, _ = memory
+    reply = front.control("POST", "/v2/sandboxes", {"templateID": "base", "network": network})
+    assert reply.status == 400 and message in reply.json()["message"]
+    reply = front.control("POST", "/v2/sandboxes", {"allow_internet_access": "yes"})
+    assert reply.status == 400 and "must be true or false" in reply.json()["message"]
+
+
+def test_update_network_replaces_the_lists(memory: tuple[Memory, PolicedMode]) -> None:
+    front, egress = memory
+    rid = front.create(network={"denyOut": ["192.0.2.0/24"]}).id
+    path = f"/sandboxes/{rid}/network"
+    body = {"allowOut": ["192.0.2.1"], "denyOut": ["0.0.0.0/0"]}
+    assert front.control("PUT", path, body).status == 204
+    assert egress.policies[rid] == policy(["192.0.2.1"], EVERYTHING)
+    assert front.control("GET", f"/sandboxes/{rid}").json()["network"] == {
+        "allowOut": ["192.0.2.1/32"],
+        "denyOut": ["0.0.0.0/0", "::/0"],
+    }
+    assert front.control("PUT", path, {}).status == 204  # omitted fields clear
+    assert egress.policies[rid] == policy([], [])
+    assert "network" not in front.control("GET", f"/sandboxes/{rid}").json()
+    assert front.control("PUT", path, {"allow_internet_access": False}).status == 204
+    assert egress.policies[rid] == policy([], EVERYTHING)
+    reply = front.control("PUT", path, {"allowOut": ["127.0.0.1"], "denyOut": ["0.0.0.0/0"]})
+    assert reply.status == 400 and "127.0.0.1/32 is inside" in reply.json()["message"]
+    offline = front.create(allow_internet_access=False).id
+    reply = front.control("PUT", f"/sandboxes/{offline}/network", {"denyOut": ["192.0.2.1"]})
+    assert reply.status == 400 and "need mode egress, not none" in reply.json()["message"]
