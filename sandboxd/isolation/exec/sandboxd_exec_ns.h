@@ -23,7 +23,8 @@
  * KEEP is a host directory directly inside one of those places
  * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
  * below it. Where NSROOT/RID holds "passwd" and "group" (the sandbox's, naming its uid), they
- * are bound over /etc/passwd and /etc/group. A new network namespace gets its loopback up. The kernel pins a mount namespace
+ * are bound over /etc/passwd and /etc/group. Where it holds "root", the namespace's root is
+ * switched to a template's (sandboxd_exec_root.h). A new network namespace gets its loopback up. The kernel pins a mount namespace
  * only when it is numbered above the pinner's own, and numbers them in per-CPU batches: a holder
  * whose new mount namespace is numbered too low makes it anew on another CPU, and the maker
  * moves to that CPU for the next ones (ns_number_above), so pinning works whichever CPU made
@@ -369,6 +370,8 @@ static void ns_identity_bind(const char *nsroot, const char *rid)
     }
 }
 
+#include "sandboxd_exec_root.h" /* a template's root, switched to at pin time */
+
 /* A failure of the parent side: said on stderr, the code returned (the server lives on). */
 static int ns_refuse(const char *what, const char *arg, int error)
 {
@@ -532,6 +535,7 @@ static int make_namespaces(int argc, char **argv, int use_template)
             ns_private_places(template >= 0 ? NULL : nsroot, argv[5], argv[6], argv[7], argc - 8,
                               argv + 8, ipc);
             ns_identity_bind(nsroot, rid);
+            ns_private_root(nsroot, rid, argv[5], argv[6]);
         }
         if (net)
             ns_loopback_up();

@@ -47,6 +47,7 @@ from sandboxd.isolation.base import PLAIN_ENV, Identity, IsolationUnavailable, R
 from sandboxd.isolation.namespaces.identity_files import write_identity_files
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespaces.pidns import kill_init
+from sandboxd.isolation.namespaces.root_view import RootView, write_root_files
 from sandboxd.isolation.naming import is_rid
 from sandboxd.isolation.network.modes import NetworkMode, NetworkPolicy, host_only
 
@@ -206,6 +207,12 @@ class Namespaces:
         modes a create may ask for."""
         return sorted([f"isolation.{kind}" for kind in self.kinds] + self.network.capabilities())
 
+    @property
+    def switches_root(self) -> bool:
+        """Whether a sandbox can run in a template's root: the mount namespace, made by the
+        exec helper (``sandboxd_exec_root.h``; the shell chain cannot switch roots)."""
+        return "mount" in self.kinds and isinstance(self.creator, HelperCreator)
+
     def workspace_view(self, workspace: str) -> str:
         """Where a sandbox's commands see its workspace (real path ``workspace``):
         :data:`HOME_VIEW` when the mount namespace binds it there, else the real path."""
@@ -279,14 +286,21 @@ class Namespaces:
         workspace: str,
         mode: NetworkMode,
         user: tuple[Identity, str] | None = None,
+        root: RootView | None = None,
     ) -> None:
         """Make and pin the sandbox's namespaces (its network one only for a mode that wants
         one; its ``tmp`` and ``workspace`` directories in their places; with ``user``, its
-        identity and home, an ``/etc/passwd`` and ``/etc/group`` naming it), then attach the
-        network mode; ``OSError`` when the kernel refused."""
+        identity and home, an ``/etc/passwd`` and ``/etc/group`` naming it; with ``root``, a
+        template's files as its root), then attach the network mode; ``OSError`` when the
+        kernel refused, or for a ``root`` where no root can be switched
+        (:attr:`switches_root`)."""
+        if root is not None and not self.switches_root:
+            raise OSError(
+                errno.EOPNOTSUPP, "a template's root needs the mount namespace and the exec helper"
+            )
         if not self.kinds:
             return
-        self._make(rid, tmp, workspace, mode, user)
+        self._make(rid, tmp, workspace, mode, user, root)
 
     def _make(
         self,
@@ -295,6 +309,7 @@ class Namespaces:
         workspace: str,
         mode: NetworkMode,
         user: tuple[Identity, str] | None,
+        root: RootView | None = None,
     ) -> None:
         assert self.creator is not None
         kinds = set(self.kinds)
@@ -304,6 +319,8 @@ class Namespaces:
         os.mkdir(directory, 0o700)
         if user is not None and "mount" in kinds:
             write_identity_files(directory, *user)
+        if root is not None:
+            write_root_files(directory, root)
         pins = {kind: os.path.join(directory, PIN[kind]) for kind in KINDS if kind in kinds}
         self._pins[rid] = pins
         places = (tmp, workspace)
