@@ -630,11 +630,34 @@ static void relay_join_cgroups(int argc, char **argv)
     if (end == argv[at + 4] || *end != '\0' || joins < 0 || joins > argc - at - 6)
         return; /* the sandbox step refuses it */
     for (long k = 0; k < joins; k++) {
-        int fd = open(argv[at + 5 + k], O_WRONLY | O_CLOEXEC);
+        int fd = open_for_writing(argv[at + 5 + k]);
         if (fd >= 0 && write(fd, "0\n", 2) != 2)
             dprintf(2, "sandboxd-exec: relay: cannot join cgroup %s\n", argv[at + 5 + k]);
         if (fd >= 0)
             close(fd);
+    }
+}
+
+/* Before setns (ARGV as relay_join_cgroups takes it): each JOIN file opened now and named
+ * "fd:N" from here on, so that a command whose mount namespace has a template's root, where
+ * the host's cgroup files are out of sight, joins them all the same. A file that cannot be
+ * opened keeps its path: the join then fails as it would have. */
+static void pre_open_joins(int argc, char **argv)
+{
+    int at = 1;
+    while (at < argc && strncmp(argv[at], "--", 2) == 0)
+        at++;
+    if (at + 5 >= argc || strcmp(argv[at], "sandbox") != 0)
+        return;
+    char *end = NULL;
+    long joins = strtol(argv[at + 4], &end, 10);
+    if (end == argv[at + 4] || *end != '\0' || joins < 0 || joins > argc - at - 6)
+        return;
+    for (long k = 0; k < joins; k++) {
+        int fd = open(argv[at + 5 + k], O_WRONLY | O_CLOEXEC);
+        char *named = NULL;
+        if (fd >= 0 && asprintf(&named, "fd:%d", fd) > 0)
+            argv[at + 5 + k] = named;
     }
 }
 
@@ -700,6 +723,7 @@ static char **enter_namespaces(int *argc, char **argv)
     long count = *argc > 2 ? strtol(argv[2], &end, 10) : -1;
     if (end == argv[2] || (end != NULL && *end != '\0') || count < 0 || count > *argc - 4)
         fail(SETUP_FAILED, "bad", "namespace count", EINVAL);
+    pre_open_joins(*argc - 3 - (int)count, argv + 3 + count);
     int pid = 0;
     for (long i = 0; i < count; i++) {
         const char *path = argv[3 + i];

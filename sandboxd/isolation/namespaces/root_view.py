@@ -57,7 +57,9 @@ class RootView:
         options cannot carry."""
         for path in (self.lower, self.upper, self.work):
             if UNSAFE & set(path):
-                raise OSError(22, "a path the overlay cannot name (',', ':', '\\' or a newline)", path)
+                raise OSError(
+                    22, "a path the overlay cannot name (',', ':', '\\' or a newline)", path
+                )
         os.mkdir(os.path.join(self.top, ROOT_DIR), 0o700)
         os.mkdir(self.upper, 0o755)
         os.chmod(self.upper, 0o755)  # whatever the daemon's umask
