@@ -30,6 +30,7 @@ from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.templates.store import TemplateRoot
 from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
@@ -107,15 +108,22 @@ class SandboxManager(Commands):
     # Lifecycle
 
     def create(
-        self, env: object = None, item_id: str | None = None, network: object = None
+        self,
+        env: object = None,
+        item_id: str | None = None,
+        network: object = None,
+        template: TemplateRoot | None = None,
     ) -> Sandbox:
         """A new sandbox with its own identity, cgroup, directories and namespaces (not
-        restored); ``network`` names its network mode (``None``: the replica's default)."""
+        restored); ``network`` names its network mode (``None``: the replica's default);
+        ``template``: its root is that template's, whose env comes under ``env``."""
         if self.draining:
             raise Draining("the daemon is draining and accepts no new sandboxes")
         if self.recovering:
             raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
         create_env = parse_env(env, "env")
+        if template is not None:
+            create_env = {**template.env, **create_env}
         try:
             mode = self.isolation.namespaces.network.mode(network)
         except ValueError as e:
@@ -126,7 +134,8 @@ class SandboxManager(Commands):
             raise NoCapacity(str(e)) from None
         rid = secrets.token_hex(8)
         try:
-            self.isolation.create(rid, identity, self.limits, self.layout, mode)
+            root = None if template is None else template.rootfs
+            self.isolation.create(rid, identity, self.limits, self.layout, mode, root)
         except BaseException as e:
             self.isolation.uids.release(identity)
             if isinstance(e, NetworkUnavailable):
@@ -142,12 +151,19 @@ class SandboxManager(Commands):
             item_id=item_id,
             network=mode.name,
         )
+        if template is not None:
+            sandbox.template = template.name
+            sandbox.workdir = "" if template.workdir == "/" else template.workdir
         sandbox.processes = ProcessTable(self.config.processes_max)
         self.sandboxes[rid] = sandbox
         self.metrics.created.inc()
         self.metrics.sandboxes.set(len(self.sandboxes))
         log.info("created sandbox {rid} as uid {uid}", rid=rid, uid=identity.uid)
         return sandbox
+
+    def template_users(self, name: str) -> int:
+        """How many live sandboxes run in template ``name`` (it cannot be deleted then)."""
+        return sum(1 for sandbox in self.sandboxes.values() if sandbox.template == name)
 
     def get(self, rid: str) -> Sandbox:
         """The live sandbox ``rid`` (its last activity is now), else ``404 SandboxNotFound``."""
@@ -326,13 +342,17 @@ class SandboxManager(Commands):
     # Archive
 
     async def create_restored(
-        self, env: object = None, item_id: str | None = None, network: object = None
+        self,
+        env: object = None,
+        item_id: str | None = None,
+        network: object = None,
+        template: TemplateRoot | None = None,
     ) -> Sandbox:
         """``POST /sandboxes``: a new sandbox; with an archive and ``item_id``, the item is
         restored into it (as its uid) and only then marked ready. A missing archive entry gives an
         empty, ready workspace; a failed restore kills the sandbox and raises.
         """
-        sandbox = self.create(env, item_id=item_id, network=network)
+        sandbox = self.create(env, item_id=item_id, network=network, template=template)
         if self.archive is None or item_id is None:
             return sandbox
         try:

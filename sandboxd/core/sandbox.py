@@ -31,6 +31,11 @@ class Sandbox:
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
     network: str = "host"
     """The sandbox's network mode (``none``, ``egress``, ``host``)."""
+    template: str | None = None
+    """The template whose files are its root (``None``: it sees the host's)."""
+    workdir: str = ""
+    """Its template's working directory: where a command given no ``cwd`` starts (``""``:
+    the workspace)."""
     lives_until: float | None = None
     """When a front bounds this sandbox's life itself (the E2B front's ``timeout``), the time
     it ends: the idle reaper leaves it alone until then. ``None``: ``SANDBOXD_IDLE_TTL``

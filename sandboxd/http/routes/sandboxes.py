@@ -18,11 +18,12 @@ if TYPE_CHECKING:
 async def create(api: "SandboxAPI", request: IRequest) -> bytes:
     body = parse.json_body(request)
     env, item_id = parse.create_body(body)
+    template = None
     if body.get("template") is not None:
-        templates.refuse_template(api, body["template"])
+        template = templates.template_root(api, body["template"])
     # The network mode is the core's to check (which modes this replica offers and allows).
     sandbox = await api.manager.create_restored(
-        env=env, item_id=item_id, network=body.get("network")
+        env=env, item_id=item_id, network=body.get("network"), template=template
     )
     return json_response(request, {"pod_url": own_url(api, request), "remote_id": sandbox.rid})
 

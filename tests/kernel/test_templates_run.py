@@ -1,0 +1,182 @@
+"""Sandboxes made from a template, for real (docs/isolation.rst, "A sandbox from a template"):
+a real daemon as root with real isolation (cgroup v1 here, v2 in the VM; nothing here depends
+on the cgroup version), a root filesystem tarball made in the test from host binaries (a
+static busybox, and a setuid-root copy of ``id`` with its libraries, found by ``ldd``).
+
+Each sandbox sees the template's files as ``/``, its own changes its own (a second sandbox of
+the same template does not see them, the template is unchanged), its uid named ``user``, none
+of the host's files, and setuid binaries of the template raise no privilege.
+"""
+
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem
+from tests.templates.archives import Entry, directory, file, link, oci_archive, tar
+
+pytestmark = [pytest.mark.kernel]
+
+APPLETS = ("sh", "ls", "cat", "echo", "whoami", "id", "touch", "test", "pwd", "env", "mkdir")
+HOST_MARKER = Path("/etc/sandboxd-template-test-marker")
+OS_RELEASE = b'ID=made-in-test\nPRETTY_NAME="a template made in the test"\n'
+
+
+def host_binary(path: str, name: str, mode: int) -> list[Entry]:
+    """``path`` of the host as ``name`` (``mode``, root's) in a template, with every library
+    ``ldd`` names at its own path."""
+    entries = [file(name, Path(path).read_bytes(), mode)]
+    listing = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
+    for library in sorted(set(re.findall(r"(/\S+) \(0x", listing))):
+        real = os.path.realpath(library)
+        entries.append(file(library.lstrip("/"), Path(real).read_bytes(), 0o755))
+    return entries
+
+
+def rootfs() -> bytes:
+    """The test's template: busybox applets in ``bin/``, an ``os-release``, a world-writable
+    ``scratch/`` (where a sandbox can change the template's tree), a setuid-root ``id``."""
+    busybox = shutil.which("busybox")
+    if busybox is None:  # pragma: no cover - Debian's busybox-static is in the test image
+        pytest.skip("no busybox on this host")
+    entries = [
+        directory("bin"),
+        directory("etc"),
+        directory("lib"),
+        directory("lib64"),
+        directory("lib/x86_64-linux-gnu"),
+        directory("scratch", 0o1777),
+        file("bin/busybox", Path(busybox).read_bytes(), 0o755),
+        file("etc/os-release", OS_RELEASE),
+        *[link(f"bin/{applet}", "busybox") for applet in APPLETS],
+        *host_binary("/usr/bin/id", "bin/id-setuid", 0o4755),
+    ]
+    seen: set[str] = set()
+    unique = []
+    for info, data in entries:
+        if info.name not in seen:
+            seen.add(info.name)
+            unique.append((info, data))
+    return tar(unique)
+
+
+@pytest.fixture(scope="module")
+def kd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    daemon = KernelDaemon.start(
+        tmp_path_factory.mktemp("templates-run"), "--memory-max=128M", "--template-max=64M"
+    )
+    try:
+        assert "templates.run" in daemon.call("GET", "/healthz").json()["capabilities"]
+        answer = daemon.client.request("PUT", "/templates/busybox", rootfs())
+        assert answer.status == 201, answer
+        config = {"config": {"Env": ["MODE=from-image", "KEPT=yes"], "WorkingDir": "/app"}}
+        app = tar([directory("app"), file("app/hello", b"hi\n")], "gz")
+        image = oci_archive([gzip.compress(rootfs()), app], config)
+        answer = daemon.client.request("PUT", "/templates/app", image)
+        assert answer.status == 201, answer
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def create(kd: KernelDaemon, template: str) -> Box:
+    answer = kd.call("POST", "/sandboxes", {"template": template})
+    assert answer.status == 200, answer
+    box = Box(kd, answer.json()["remote_id"])
+    kd.rids.append(box.rid)
+    return box
+
+
+def test_a_sandbox_sees_the_template_as_its_root(kd: KernelDaemon) -> None:
+    box = create(kd, "busybox")
+    try:
+        assert box.ok("whoami") == "user"
+        assert box.ok("cat /etc/os-release").encode() + b"\n" == OS_RELEASE
+        assert box.ok("cd /home/user && pwd").splitlines()[-1] == "/home/user"
+        listing = set(box.ok("ls /").split())
+        assert {"bin", "etc", "scratch", "proc", "dev", "tmp", "home", "run"} <= listing
+        assert "usr" not in listing  # the host's /usr is out of sight
+        assert set(box.ok("ls /dev").split()) == {
+            *("null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm"),
+            *("fd", "stdin", "stdout", "stderr"),
+        } | ({"mqueue"} if os.path.isdir("/dev/mqueue") else set())
+        assert "localhost" in box.ok("cat /etc/hosts")
+        assert box.ok("ls /proc/self/fd >/dev/null && echo proc") == "proc"
+    finally:
+        box.kill()
+
+
+def test_the_hosts_files_are_out_of_sight(kd: KernelDaemon) -> None:
+    HOST_MARKER.write_text("host only\n")
+    box = create(kd, "busybox")
+    try:
+        result = box.run(f"cat {HOST_MARKER}")
+        assert result.exit != 0 and b"host only" not in result.out
+        assert box.run(f"ls {kd.root}/.templates").exit != 0
+        assert box.run("ls /root /usr/bin").exit != 0
+    finally:
+        HOST_MARKER.unlink()
+        box.kill()
+
+
+def test_writes_are_the_sandboxs_own(kd: KernelDaemon) -> None:
+    first, second = create(kd, "busybox"), create(kd, "busybox")
+    try:
+        first.ok("echo mine > /scratch/note && echo home > /home/user/at-home")
+        assert first.ok("cat /scratch/note") == "mine"
+        assert second.run("cat /scratch/note").exit != 0
+        assert not (kd.root / ".templates/busybox/rootfs/scratch/note").exists()
+        # The native file API keeps "/" = the workspace, which is /home/user inside.
+        assert first.download("at-home").body == b"home\n"
+        assert first.upload("put", b"uploaded\n").status in (200, 201, 204)
+        assert first.ok("cat /home/user/put") == "uploaded"
+        # The sandbox's changes are in its own tree, under its disk limit.
+        assert (first.directory / "root/upper/scratch/note").read_bytes() == b"mine\n"
+    finally:
+        first.kill()
+        second.kill()
+    assert not first.directory.exists()
+
+
+def test_a_setuid_binary_of_the_template_raises_no_privilege(kd: KernelDaemon) -> None:
+    stored = kd.root / ".templates/busybox/rootfs/bin/id-setuid"
+    assert stored.stat().st_uid == 0 and stored.stat().st_mode & 0o4000  # setuid root there
+    box = create(kd, "busybox")
+    try:
+        assert box.ok("/bin/id-setuid -u") == str(box.uid())
+        assert box.ok("/bin/id-setuid -u") != "0"
+        assert "nosuid" in box.ok("cat /proc/mounts").splitlines()[0]
+    finally:
+        box.kill()
+
+
+def test_the_templates_env_and_workdir_apply_and_an_execs_env_wins(kd: KernelDaemon) -> None:
+    box = create(kd, "app")
+    try:
+        assert box.ok("pwd; cat hello") == "/app\nhi"
+        assert box.ok("echo $MODE $KEPT") == "from-image yes"
+        mine = box.exec(["sh", "-c", "echo $MODE $KEPT"], env={"MODE": "mine"})
+        assert mine.text == "mine yes"
+    finally:
+        box.kill()
+
+
+def test_a_template_in_use_cannot_be_deleted(kd: KernelDaemon) -> None:
+    answer = kd.client.request("PUT", "/templates/doomed", rootfs())
+    assert answer.status == 201, answer
+    box = create(kd, "doomed")
+    answer = kd.call("DELETE", "/templates/doomed")
+    assert answer.status == 409, answer
+    assert "used by 1 sandboxes" in json.loads(answer.body)["detail"]
+    box.kill()
+    assert kd.call("DELETE", "/templates/doomed").status == 204
