@@ -27,13 +27,14 @@ from sandboxd.core.drain import DrainLoop
 from sandboxd.core.exec.spec import parse_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
+from sandboxd.core.fork import ForkFailed, Prefilled, copy_sandbox
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.sandbox import Sandbox
 from sandboxd.core.templates.store import TemplateRoot
 from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
-from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
+from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
 from sandboxd.isolation.network.modes import NetworkUnavailable
 from sandboxd.metrics import Metrics
@@ -113,14 +114,13 @@ class SandboxManager(Commands):
         item_id: str | None = None,
         network: object = None,
         template: TemplateRoot | None = None,
+        made: tuple[str, Identity] | None = None,
     ) -> Sandbox:
         """A new sandbox with its own identity, cgroup, directories and namespaces (not
         restored); ``network`` names its network mode (``None``: the replica's default);
-        ``template``: its root is that template's, whose env comes under ``env``."""
-        if self.draining:
-            raise Draining("the daemon is draining and accepts no new sandboxes")
-        if self.recovering:
-            raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
+        ``template``: its root is that template's, whose env comes under ``env``; ``made``:
+        its id and identity, its directories made and filled already (a fork's)."""
+        self._admit()
         create_env = parse_env(env, "env")
         if template is not None:
             create_env = {**template.env, **create_env}
@@ -128,14 +128,11 @@ class SandboxManager(Commands):
             mode = self.isolation.namespaces.network.mode(network)
         except ValueError as e:
             raise BadRequest(f"network: {e}") from None
-        try:
-            identity = self.isolation.uids.allocate()
-        except NoFreeUid as e:
-            raise NoCapacity(str(e)) from None
-        rid = secrets.token_hex(8)
+        rid, identity = made or (secrets.token_hex(8), self._identity())
+        directories = self.layout if made is None else Prefilled(self.layout)
         try:
             root = None if template is None else template.rootfs
-            self.isolation.create(rid, identity, self.limits, self.layout, mode, root)
+            self.isolation.create(rid, identity, self.limits, directories, mode, root)
         except BaseException as e:
             self.isolation.uids.release(identity)
             if isinstance(e, NetworkUnavailable):
@@ -152,7 +149,7 @@ class SandboxManager(Commands):
             network=mode.name,
         )
         if template is not None:
-            sandbox.template = template.name
+            sandbox.template = template
             sandbox.workdir = "" if template.workdir == "/" else template.workdir
         sandbox.processes = ProcessTable(self.config.processes_max)
         self.sandboxes[rid] = sandbox
@@ -161,9 +158,57 @@ class SandboxManager(Commands):
         log.info("created sandbox {rid} as uid {uid}", rid=rid, uid=identity.uid)
         return sandbox
 
+    def _admit(self) -> None:
+        if self.draining:
+            raise Draining("the daemon is draining and accepts no new sandboxes")
+        if self.recovering:
+            raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
+
+    def _identity(self) -> Identity:
+        try:
+            return self.isolation.uids.allocate()
+        except NoFreeUid as e:
+            raise NoCapacity(str(e)) from None
+
+    async def fork(self, source: Sandbox) -> Sandbox:
+        """A new sandbox whose files are a copy of ``source``'s (its workspace, home, tmp, and
+        its changes to its template's root; :mod:`sandboxd.core.fork`), with its own identity
+        owning them, the same template, env and network mode, and no process; not restored,
+        not persisted (no ``item_id``). ``NoCapacity`` when the copy fails (the fork's disk
+        limit): nothing of the fork is left."""
+        self._admit()
+        identity = self._identity()
+        rid = secrets.token_hex(8)
+        rootfs = None if source.template is None else source.template.rootfs
+        try:
+            await self._in_admin_pool(
+                copy_sandbox, self.layout, source.rid, rid, source.identity, identity, rootfs
+            )
+        except BaseException as e:
+            self.isolation.uids.release(identity)
+            await self._in_admin_pool(self.layout.destroy, rid)
+            if isinstance(e, ForkFailed):
+                raise NoCapacity(str(e)) from None
+            raise
+        return self.create(
+            source.env, network=source.network, template=source.template, made=(rid, identity)
+        )
+
+    def _in_admin_pool(self, work: Callable[..., T], *args: Any) -> Deferred[T]:
+        return deferToThreadPool(
+            self.reactor,  # type: ignore[arg-type]
+            self.admin_pool,
+            work,
+            *args,
+        )
+
     def template_users(self, name: str) -> int:
         """How many live sandboxes run in template ``name`` (it cannot be deleted then)."""
-        return sum(1 for sandbox in self.sandboxes.values() if sandbox.template == name)
+        return sum(
+            1
+            for sandbox in self.sandboxes.values()
+            if sandbox.template and sandbox.template.name == name
+        )
 
     def get(self, rid: str) -> Sandbox:
         """The live sandbox ``rid`` (its last activity is now), else ``404 SandboxNotFound``."""

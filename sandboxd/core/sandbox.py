@@ -5,6 +5,7 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.core.exec.run import ExecRun
 from sandboxd.core.processes.table import ProcessTable
+from sandboxd.core.templates.store import TemplateRoot
 from sandboxd.core.watch.watch import WorkspaceWatch
 from sandboxd.isolation.base import Identity
 
@@ -31,7 +32,7 @@ class Sandbox:
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
     network: str = "host"
     """The sandbox's network mode (``none``, ``egress``, ``host``)."""
-    template: str | None = None
+    template: TemplateRoot | None = None
     """The template whose files are its root (``None``: it sees the host's)."""
     workdir: str = ""
     """Its template's working directory: where a command given no ``cwd`` starts (``""``:

@@ -24,7 +24,23 @@ from tests.templates.archives import Entry, directory, file, link, oci_archive, 
 
 pytestmark = [pytest.mark.kernel]
 
-APPLETS = ("sh", "ls", "cat", "echo", "whoami", "id", "touch", "test", "pwd", "env", "mkdir")
+APPLETS = (
+    "sh",
+    "ls",
+    "cat",
+    "echo",
+    "whoami",
+    "id",
+    "test",
+    "pwd",
+    "mkdir",
+    "rm",
+    "stat",
+    "head",
+    "chmod",
+    "ln",
+    "readlink",
+)
 HOST_MARKER = Path("/etc/sandboxd-template-test-marker")
 OS_RELEASE = b'ID=made-in-test\nPRETTY_NAME="a template made in the test"\n'
 
@@ -180,3 +196,73 @@ def test_a_template_in_use_cannot_be_deleted(kd: KernelDaemon) -> None:
     assert "used by 1 sandboxes" in json.loads(answer.body)["detail"]
     box.kill()
     assert kd.call("DELETE", "/templates/doomed").status == 204
+
+
+def test_a_fork_copies_the_files_and_diverges_after(kd: KernelDaemon) -> None:
+    source = create(kd, "busybox")
+    try:
+        source.ok("echo root-change > /scratch/note && echo ws > /home/user/file")
+        source.ok("mkdir /home/user/deep && echo tmp > /tmp/t && ln -s /etc/hosts /home/user/l")
+        source.ok("echo x > /home/user/deep/mine && chmod 4750 /home/user/deep/mine")
+        answer = kd.call("POST", source.url("fork"))
+        assert answer.status == 200, answer
+        fork = Box(kd, answer.json()["remote_id"])
+        kd.rids.append(fork.rid)
+        try:
+            assert fork.rid != source.rid and fork.uid() != source.uid()
+            assert fork.ok("whoami; cat /etc/os-release | head -1") == "user\nID=made-in-test"
+            assert fork.ok("cat /scratch/note /home/user/file /tmp/t") == "root-change\nws\ntmp"
+            # Its own uid owns what the source's owned: it can change it.
+            assert fork.ok("stat -c %u /home/user/file /scratch/note") == (
+                f"{fork.uid()}\n{fork.uid()}"
+            )
+            # A link is copied as a link; a set-user-id bit of its own file survives the chown.
+            assert fork.ok("readlink /home/user/l; stat -c %a /home/user/deep/mine") == (
+                "/etc/hosts\n4750"
+            )
+            fork.ok("echo forked >> /home/user/file && rm /scratch/note")
+            assert source.ok("cat /home/user/file /scratch/note") == "ws\nroot-change"
+            source.ok("echo later > /home/user/later")
+            assert fork.run("cat /home/user/later").exit != 0
+            again = kd.call("POST", fork.url("fork"))  # a fork of a fork
+            assert again.status == 200, again
+            Box(kd, again.json()["remote_id"]).kill()
+        finally:
+            fork.kill()
+    finally:
+        source.kill()
+    assert kd.call("POST", f"/sandboxes/{source.rid}/fork").status == 404
+
+
+def test_a_fork_that_cannot_copy_says_so_and_leaves_nothing(kd: KernelDaemon) -> None:
+    source = create(kd, "busybox")
+    try:
+        shutil.rmtree(source.directory / "home")  # the copy of it fails for real
+        before = sorted(os.listdir(kd.root))
+        answer = kd.call("POST", source.url("fork"))
+        assert answer.status == 503, answer
+        assert "fork: cannot copy the source's files" in answer.json()["detail"]
+        assert sorted(os.listdir(kd.root)) == before
+        assert kd.call("GET", "/sandboxes").json()["sandboxes"] == [
+            entry
+            for entry in kd.call("GET", "/sandboxes").json()["sandboxes"]
+            if entry["remote_id"] == source.rid
+        ]
+    finally:
+        source.kill()
+
+
+def test_a_plain_sandbox_forks_too(kd: KernelDaemon) -> None:
+    answer = kd.call("POST", "/sandboxes", {})
+    assert answer.status == 200, answer
+    source = Box(kd, answer.json()["remote_id"])
+    try:
+        source.ok("echo plain > file")
+        answer = kd.call("POST", source.url("fork"))
+        assert answer.status == 200, answer
+        fork = Box(kd, answer.json()["remote_id"])
+        assert fork.ok("cat file; ls -n file | cut -d' ' -f3") == f"plain\n{fork.uid()}"
+        assert not (fork.directory / "root").exists()
+        fork.kill()
+    finally:
+        source.kill()

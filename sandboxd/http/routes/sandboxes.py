@@ -59,6 +59,15 @@ async def kill(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     return no_content(request)
 
 
+@app.route("/sandboxes/<rid:rid>/fork", methods=["POST"])
+@authorized
+@capability("sandboxes.fork")
+async def fork(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    """A new sandbox whose files are a copy of ``rid``'s (docs/extensions.rst, "Fork")."""
+    sandbox = await api.manager.fork(api.manager.get(rid))
+    return json_response(request, {"pod_url": own_url(api, request), "remote_id": sandbox.rid})
+
+
 @app.route("/sandboxes/<rid:rid>/stats", methods=["GET"])
 @authorized
 @capability("sandboxes.stats")

@@ -54,7 +54,10 @@ class RootView:
     def prepare(self) -> None:
         """Make the upper, work and mount-point directories (root's): the upper directory's
         mode is the new root's, 0755. ``OSError`` (``EINVAL``) for a path the overlay's
-        options cannot carry."""
+        options cannot carry. Where they are made already (a fork's, filled before its
+        namespaces are made), nothing is done."""
+        if os.path.isdir(self.merged):
+            return
         for path in (self.lower, self.upper, self.work):
             if UNSAFE & set(path):
                 raise OSError(
