@@ -128,7 +128,7 @@ def fronts(
         extra_capabilities=extra_capabilities,
         on_drain=on_drain,
     )
-    return Fronts(manager, api, make_front(manager, token))
+    return Fronts(manager, api, make_front(manager, token, templates))
 
 
 def _templates(config: Config, reactor: Any, pool: Any, layout: Layout) -> TemplateStore | None:

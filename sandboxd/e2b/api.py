@@ -22,6 +22,7 @@ from twisted.web.iweb import IRequest
 from werkzeug.exceptions import HTTPException
 
 from sandboxd.core.manager import SandboxManager
+from sandboxd.core.templates.store import TemplateStore
 from sandboxd.e2b import control, files, process, signing, upload, wire
 from sandboxd.e2b.admit import Authoriser, sandbox_id_of
 from sandboxd.e2b.paths import place_of
@@ -150,6 +151,9 @@ class E2BFront:
         self.manager = manager
         self.token = token
         self.registry = registry
+        self.templates: TemplateStore | None = None
+        """The replica's template store, whose templates a create may name (``None``: only
+        ``base``)."""
         self.authoriser = Authoriser(token, registry)
         """Every key, access-token and signature check, of the routes (:func:`control_plane`,
         :func:`envd`) and of the site's rule at the headers."""
@@ -318,7 +322,12 @@ class E2BFront:
         return wire.body(result)
 
 
-def make_front(manager: SandboxManager, token: bytes | None) -> E2BFront:
-    """The front on ``manager``, its sandboxes' timeouts on the manager's clock."""
+def make_front(
+    manager: SandboxManager, token: bytes | None, templates: TemplateStore | None = None
+) -> E2BFront:
+    """The front on ``manager``, its sandboxes' timeouts on the manager's clock; a create may
+    name a template of ``templates``."""
     registry = Registry(manager, manager.clock)
-    return E2BFront(manager, token, registry)
+    front = E2BFront(manager, token, registry)
+    front.templates = templates
+    return front

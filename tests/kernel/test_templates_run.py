@@ -11,76 +11,19 @@ of the host's files, and setuid binaries of the template raise no privilege.
 import gzip
 import json
 import os
-import re
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem
-from tests.templates.archives import Entry, directory, file, link, oci_archive, tar
+from tests.templates.archives import directory, file, oci_archive, tar
+from tests.templates.rootfs import OS_RELEASE, rootfs
 
 pytestmark = [pytest.mark.kernel]
 
-APPLETS = (
-    "sh",
-    "ls",
-    "cat",
-    "echo",
-    "whoami",
-    "id",
-    "test",
-    "pwd",
-    "mkdir",
-    "rm",
-    "stat",
-    "head",
-    "chmod",
-    "ln",
-    "readlink",
-)
 HOST_MARKER = Path("/etc/sandboxd-template-test-marker")
-OS_RELEASE = b'ID=made-in-test\nPRETTY_NAME="a template made in the test"\n'
-
-
-def host_binary(path: str, name: str, mode: int) -> list[Entry]:
-    """``path`` of the host as ``name`` (``mode``, root's) in a template, with every library
-    ``ldd`` names at its own path."""
-    entries = [file(name, Path(path).read_bytes(), mode)]
-    listing = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
-    for library in sorted(set(re.findall(r"(/\S+) \(0x", listing))):
-        real = os.path.realpath(library)
-        entries.append(file(library.lstrip("/"), Path(real).read_bytes(), 0o755))
-    return entries
-
-
-def rootfs() -> bytes:
-    """The test's template: busybox applets in ``bin/``, an ``os-release``, a world-writable
-    ``scratch/`` (where a sandbox can change the template's tree), a setuid-root ``id``."""
-    busybox = shutil.which("busybox")
-    if busybox is None:  # pragma: no cover - Debian's busybox-static is in the test image
-        pytest.skip("no busybox on this host")
-    entries = [
-        directory("bin"),
-        directory("etc"),
-        directory("lib"),
-        directory("lib64"),
-        directory("lib/x86_64-linux-gnu"),
-        directory("scratch", 0o1777),
-        file("bin/busybox", Path(busybox).read_bytes(), 0o755),
-        file("etc/os-release", OS_RELEASE),
-        *[link(f"bin/{applet}", "busybox") for applet in APPLETS],
-        *host_binary("/usr/bin/id", "bin/id-setuid", 0o4755),
-    ]
-    seen: set[str] = set()
-    unique = []
-    for info, data in entries:
-        if info.name not in seen:
-            seen.add(info.name)
-            unique.append((info, data))
-    return tar(unique)
 
 
 @pytest.fixture(scope="module")
