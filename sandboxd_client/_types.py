@@ -86,6 +86,9 @@ class SandboxSpec:
     """``"none"``, ``"egress"`` or ``"host"`` (docs/extensions.rst, "Network mode"); ``None``:
     the host's default (and nothing is sent, so a host without network modes sees the old
     body)."""
+    template: str | None = None
+    """The template whose files are the sandbox's root (docs/extensions.rst, "Templates");
+    ``None``: the host's root, and nothing is sent."""
 
     def to_json(self) -> dict[str, Any]:
         """The request body: fields left at their defaults are not sent."""
@@ -100,6 +103,8 @@ class SandboxSpec:
             body["item_id"] = self.item_id
         if self.network is not None:
             body["network"] = self.network
+        if self.template is not None:
+            body["template"] = self.template
         return body
 
 

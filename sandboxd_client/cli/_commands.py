@@ -4,7 +4,8 @@
     sandboxctl [--url URL] [--token-file FILE] [--json] COMMAND ...
 
     create [--image I] [--env K=V]... [--port P]... [--item-id ID] [--network M]
-                                     print a new handle
+           [--template T]            print a new handle
+    fork HANDLE                      a new sandbox with a copy of HANDLE's files: its handle
     kill HANDLE
     exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] [--] CMD...
                                      stdin is streamed to CMD as it comes (EOF at its end)
@@ -262,13 +263,15 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
     if cmd in _templates.COMMANDS:
         return await _templates.run(client, args, console)
     if cmd == "create":
-        spec = SandboxSpec(args.image, dict(args.env), tuple(args.port), args.item_id, args.network)
-        handle = await client.create(spec)
-        if as_json:
-            console.json({"handle": handle.id})
-        else:
-            console.print(handle.id)
-        return 0
+        spec = SandboxSpec(
+            args.image,
+            dict(args.env),
+            tuple(args.port),
+            args.item_id,
+            args.network,
+            args.template,
+        )
+        return _print_handle(await client.create(spec), as_json, console)
     if cmd in ("list", "health"):
         if cmd == "list":
             infos = await client.list_sandboxes(args.pod)
@@ -291,6 +294,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
             console.print(line)
         return 0
     handle = resolve_handle(args.handle, args.url)
+    if cmd == "fork":
+        return _print_handle(await client.fork(handle), as_json, console)
     if cmd == "ls":
         entries = sorted(await client.walk(handle, args.root), key=lambda e: e.path)
         if not entries and not as_json:
@@ -310,6 +315,15 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
         await (client.rmdir if args.recursive else client.delete)(handle, args.path)
     if as_json:
         console.json({"ok": True})
+    return 0
+
+
+def _print_handle(handle: SandboxHandle, as_json: bool, console: Console) -> int:
+    """A new sandbox's handle on stdout (``{"handle": ...}`` with ``--json``)."""
+    if as_json:
+        console.json({"handle": handle.id})
+    else:
+        console.print(handle.id)
     return 0
 
 
