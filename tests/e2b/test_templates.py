@@ -2,6 +2,7 @@
 template imported through the native API, a sandbox of the real isolation made from it by the
 SDK, its commands and files in the template's root (as root; skipped as a user)."""
 
+import json
 import urllib.request
 from collections.abc import Iterator
 
@@ -9,6 +10,7 @@ import pytest
 from e2b import NotFoundException, Sandbox, SandboxException
 
 from tests.e2b.conftest import TOKEN, E2BDaemon, point_sdk_at
+from tests.e2b.test_errors import call
 from tests.templates.rootfs import OS_RELEASE, rootfs
 
 
@@ -48,3 +50,14 @@ def test_the_sdk_creates_a_sandbox_from_a_template(templated: E2BDaemon) -> None
 def test_an_unknown_template_is_named(templated: E2BDaemon) -> None:
     with pytest.raises((NotFoundException, SandboxException), match="no template named 'nope'"):
         Sandbox.create(template="nope", allow_internet_access=False)
+
+
+def test_a_template_id_that_is_no_name_is_refused(templated: E2BDaemon) -> None:
+    status, _, body = call(
+        templated,
+        "POST",
+        "/sandboxes",
+        json.dumps({"templateID": 7}).encode(),
+        {"X-API-Key": TOKEN, "Content-Type": "application/json"},
+    )
+    assert status == 400 and "templateID: must be a template's name" in body["message"]

@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,3 +210,29 @@ def test_a_plain_sandbox_forks_too(kd: KernelDaemon) -> None:
         fork.kill()
     finally:
         source.kill()
+
+
+def test_a_daemon_killed_with_templated_sandboxes_recovers_clean(tmp_path: Path) -> None:
+    first = KernelDaemon.start(tmp_path, "--memory-max=128M")
+    try:
+        assert first.client.request("PUT", "/templates/busybox", rootfs()).status == 201
+        box = create(first, "busybox")
+        box.ok("echo left > /scratch/note")
+        first.daemon.process.kill()  # SIGKILL: no drain, no cleanup
+        first.daemon.process.wait(30)
+    except BaseException:
+        first.stop()
+        raise
+    second = KernelDaemon.start(tmp_path, "--memory-max=128M")
+    try:
+        deadline = time.monotonic() + 30
+        while second.call("GET", "/readyz").status != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not box.directory.exists()  # its overlay's directories with it
+        assert not (second.root / ".ns" / box.rid).exists()
+        again = create(second, "busybox")
+        assert again.run("cat /scratch/note").exit != 0
+        again.kill()
+        assert second.call("DELETE", "/templates/busybox").status == 204
+    finally:
+        second.stop()
