@@ -174,16 +174,24 @@ class SandboxManager(Commands):
         """A new sandbox whose files are a copy of ``source``'s (its workspace, home, tmp, and
         its changes to its template's root; :mod:`sandboxd.core.fork`), with its own identity
         owning them, the same template, env and network mode, and no process; not restored,
-        not persisted (no ``item_id``). ``NoCapacity`` when the copy fails (the fork's disk
-        limit): nothing of the fork is left."""
+        not persisted (no ``item_id``). The source's file calls in flight end first and its
+        processes are frozen while it is copied (where the cgroup driver can freeze): the copy
+        is of one moment. ``NoCapacity`` when the copy fails (the fork's disk limit): nothing
+        of the fork is left."""
         self._admit()
         identity = self._identity()
         rid = secrets.token_hex(8)
         rootfs = None if source.template is None else source.template.rootfs
         try:
-            await self._in_admin_pool(
-                copy_sandbox, self.layout, source.rid, rid, source.identity, identity, rootfs
-            )
+            await DeferredList(list(source.file_calls))
+            await self.isolation.cgroups.freeze(source.rid, True)
+            try:
+                await self._in_admin_pool(
+                    copy_sandbox, self.layout, source.rid, rid, source.identity, identity, rootfs
+                )
+            finally:
+                with suppress(OSError):  # the source was killed meanwhile: nothing to thaw
+                    await self.isolation.cgroups.freeze(source.rid, False)
         except BaseException as e:
             self.isolation.uids.release(identity)
             await self._in_admin_pool(self.layout.destroy, rid)

@@ -111,6 +111,10 @@ class CgroupDriver(Protocol):
     def remove(self, rid: str) -> None:
         """Remove the (empty) cgroup; a missing cgroup is not an error."""
 
+    def freeze(self, rid: str, frozen: bool) -> Deferred[bool]:
+        """Freeze (``frozen``) or thaw every process in the sandbox's cgroup; fire, once they
+        are, with whether the driver can (a fork copies a frozen sandbox's files)."""
+
     def stats(self, rid: str) -> CgroupStats:
         """Read the sandbox's usage counters."""
 
