@@ -309,7 +309,7 @@ def test_freeze_and_thaw_through_the_freezer_hierarchy(tmp_path: Path) -> None:
 
 
 def test_freeze_is_refused_without_a_freezer_or_when_it_never_ends(tmp_path: Path) -> None:
-    _, plain = ready(tmp_path / "plain", hierarchies=COMOUNTED)
-    assert settle(plain.clock, plain.freeze(RID, True)) is False
+    bare, plain = ready(tmp_path / "plain", hierarchies=COMOUNTED)
+    assert settle(bare.clock, plain.freeze(RID, True)) is False
     fake, sticky = ready(tmp_path / "sticky", sticky_freeze=True)
     assert settle(fake.clock, sticky.freeze(RID, True)) is False
