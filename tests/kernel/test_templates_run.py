@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem
+from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem, wait_for
 from tests.templates.archives import directory, file, oci_archive, tar
 from tests.templates.rootfs import OS_RELEASE, rootfs
 
@@ -263,3 +263,24 @@ def test_a_fork_copies_one_moment_of_a_busy_sandbox(kd: KernelDaemon) -> None:
         assert max(later) > int(a or b)  # the source runs on after
     finally:
         source.kill()
+
+
+def test_a_templated_sandbox_in_a_pid_namespace(tmp_path: Path) -> None:
+    """With ``isolation.pid`` the namespace's init mounts its ``/proc`` in the template's root
+    and the relay joins the cgroups through the descriptors opened before ``setns``."""
+    kd = KernelDaemon.start(tmp_path, "--memory-max=128M", "--namespaces=ipc,mount,net,pid")
+    try:
+        assert kd.client.request("PUT", "/templates/busybox", rootfs()).status == 201
+        box = create(kd, "busybox")
+        seen = box.ok("whoami; cat /proc/1/cmdline")
+        assert seen.startswith("user\n") and "sandboxd-exec" in seen  # its init is pid 1
+        listed = box.ok("ls /proc").split()
+        pids = [name for name in listed if name.isdigit()]
+        assert "1" in pids and len(pids) <= 4, pids  # init, the command and its children only
+        answer = kd.call("POST", box.url("processes"), {"cmd": ["sleep", "30"]})
+        assert answer.status in (200, 201), answer
+        # The relay joined the cgroups too, by the descriptors opened before setns.
+        assert wait_for(lambda: box.stats()["pids"] == 2, 10), box.stats()
+        box.kill()
+    finally:
+        kd.stop()

@@ -28,6 +28,7 @@ APPLETS = (
     "chmod",
     "ln",
     "readlink",
+    "sleep",
 )
 OS_RELEASE = b'ID=made-in-test\nPRETTY_NAME="a template made in the test"\n'
 
