@@ -3,9 +3,11 @@ helper reads beside the pins, and the refusals (the root switch itself is tried 
 ``tests/kernel/test_templates_run.py``)."""
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from attrs import define
 
 from sandboxd.isolation.base import Identity
 from sandboxd.isolation.namespaces.root_view import HOSTS_TEXT, RootView
@@ -66,3 +68,32 @@ def test_a_root_is_refused_where_it_cannot_be_switched(tmp_path: Path) -> None:
         with pytest.raises(OSError, match="needs the mount namespace and the exec helper"):
             ns.create(RID, "/t", "/w", NoNetwork(), None, view)
     assert os.listdir(tmp_path / ".ns") == []
+
+
+@define
+class NoOverlay(Runner):
+    """A helper whose overlay the kernel refuses (a state root on an overlay itself)."""
+
+    def __call__(self, argv: Sequence[str]) -> tuple[int, str]:
+        if argv[1] == "namespaces" and Path(argv[2], argv[3], "root").exists():
+            self.argvs.append(list(argv))
+            return 125, "sandboxd-exec: mount /x/root/merged: Invalid argument"
+        return super().__call__(argv)
+
+
+def test_start_up_finds_whether_a_root_can_be_switched_here(tmp_path: Path) -> None:
+    runner = Runner()
+    works = namespaces(tmp_path / "works", runner)
+    works.prepare()
+    assert len(runner.argvs) == 2 and works.switches_root
+    assert sorted(os.listdir(works.nsroot)) == []  # both probes removed, the root's too
+    works.close()
+
+    runner = NoOverlay()
+    refused = namespaces(tmp_path / "refused", runner)
+    refused.prepare()  # the daemon starts all the same
+    assert len(runner.argvs) == 2 and not refused.switches_root
+    assert sorted(os.listdir(refused.nsroot)) == []
+    with pytest.raises(OSError, match="needs the mount namespace and the exec helper"):
+        refused.create(RID, "/t", "/w", NoNetwork(), None, RootView("/t/lower", "/t/top"))
+    refused.close()

@@ -35,6 +35,7 @@ relays', as the host numbers them: the daemon signals their process group, which
 
 import errno
 import os
+import shutil
 import stat
 import subprocess
 from collections.abc import Callable, Sequence
@@ -200,6 +201,8 @@ class Namespaces:
     _pins: dict[str, dict[str, str]] = field(factory=dict)
     _modes: dict[str, NetworkMode] = field(factory=dict)
     _prepared: bool = False
+    _roots: bool = True
+    """False once the start-up probe found that no root can be switched on this state root."""
 
     def capabilities(self) -> list[str]:
         """``isolation.ipc``, ``isolation.mount``, ``isolation.net``, ``isolation.pid`` in force,
@@ -210,8 +213,9 @@ class Namespaces:
     @property
     def switches_root(self) -> bool:
         """Whether a sandbox can run in a template's root: the mount namespace, made by the
-        exec helper (``sandboxd_exec_root.h``; the shell chain cannot switch roots)."""
-        return "mount" in self.kinds and isinstance(self.creator, HelperCreator)
+        exec helper (``sandboxd_exec_root.h``; the shell chain cannot switch roots), where the
+        start-up probe could switch one (:meth:`prepare`)."""
+        return self._roots and "mount" in self.kinds and isinstance(self.creator, HelperCreator)
 
     def workspace_view(self, workspace: str) -> str:
         """Where a sandbox's commands see its workspace (real path ``workspace``):
@@ -270,6 +274,34 @@ class Namespaces:
         finally:
             self._remove_probe(probe, probe_tmp)
         self._prepared = True
+        if self.switches_root:
+            self._roots = self._probe_root(probe, probe_tmp)
+
+    def _probe_root(self, probe: str, probe_tmp: str) -> bool:
+        """Whether a template's root can be switched to on this state root (an overlay over
+        its filesystem: not over another overlay, say): the probe's namespaces made again with
+        an empty template. Where not, sandboxes still run on the host's root, and a create in
+        a template is refused (no ``templates.run``)."""
+        top = os.path.join(self.nsroot, "probe-root")
+        shutil.rmtree(top, ignore_errors=True)
+        os.mkdir(top, 0o700)
+        os.mkdir(os.path.join(top, "lower"), 0o755)
+        os.mkdir(probe_tmp, 0o700)
+        try:
+            view = RootView(os.path.join(top, "lower"), top)
+            view.prepare()
+            mode = self.network.offered[self.network.default]
+            self._make(probe, probe_tmp, probe_tmp, mode, (PROBE_IDENTITY, probe_tmp), view)
+            return True
+        except OSError as e:
+            log.warn("templates: no sandbox can run in a template here: {why}", why=e)
+            return False
+        finally:
+            self.remove(probe)
+            # Where the state root lies in /tmp (test set-ups), the helper made the way to the
+            # probe's own directory inside its tmp: gone with it.
+            shutil.rmtree(probe_tmp, ignore_errors=True)
+            shutil.rmtree(top, ignore_errors=True)
 
     def _remove_probe(self, probe: str, probe_tmp: str) -> None:
         self.remove(probe)
