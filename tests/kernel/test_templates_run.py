@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem, wait_for
-from tests.templates.archives import directory, file, oci_archive, tar
+from tests.templates.archives import directory, file, link, oci_archive, tar
 from tests.templates.rootfs import OS_RELEASE, rootfs
 
 pytestmark = [pytest.mark.kernel]
@@ -284,3 +284,29 @@ def test_a_templated_sandbox_in_a_pid_namespace(tmp_path: Path) -> None:
         box.kill()
     finally:
         kd.stop()
+
+
+def test_links_the_template_holds_where_the_root_is_made_are_never_followed(
+    kd: KernelDaemon,
+) -> None:
+    shadow = Path("/etc/shadow").read_bytes()
+    hostile = rootfs(
+        extra=[link("etc/hosts", "/etc/shadow"), link("etc/resolv.conf", "../../../etc/shadow")]
+    )
+    assert kd.client.request("PUT", "/templates/links", hostile).status == 201
+    box = create(kd, "links")
+    try:
+        assert "localhost" in box.ok("cat /etc/hosts")  # its own file, the link replaced
+        assert box.run("test -L /etc/resolv.conf").exit != 0
+    finally:
+        box.kill()
+    assert Path("/etc/shadow").read_bytes() == shadow
+    assert kd.call("DELETE", "/templates/links").status == 204
+
+    escape = rootfs(extra=[link(".sandboxd-host", "/tmp")])
+    assert kd.client.request("PUT", "/templates/escape", escape).status == 201
+    before = sorted(os.listdir(kd.root))
+    answer = kd.call("POST", "/sandboxes", {"template": "escape"})
+    assert answer.status == 500 and b"not a directory" in answer.body, answer
+    assert sorted(os.listdir(kd.root)) == before  # nothing of it is left
+    assert kd.call("DELETE", "/templates/escape").status == 204

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -44,10 +45,10 @@ def host_binary(path: str, name: str, mode: int) -> list[Entry]:
     return entries
 
 
-def rootfs(*programs: str) -> bytes:
+def rootfs(*programs: str, extra: Sequence[Entry] = ()) -> bytes:
     """The test's template: busybox applets in ``bin/``, an ``os-release``, a world-writable
     ``scratch/`` (where a sandbox can change the template's tree), a setuid-root ``id``, and
-    each of ``programs`` (host paths, with their libraries) at its own path."""
+    each of ``programs`` (host paths, with their libraries) at its own path; then ``extra``."""
     busybox = shutil.which("busybox")
     if busybox is None:  # pragma: no cover - Debian's busybox-static is in the test image
         pytest.skip("no busybox on this host")
@@ -65,6 +66,7 @@ def rootfs(*programs: str) -> bytes:
     ]
     for program in programs:
         entries += host_binary(program, program.lstrip("/"), 0o755)
+    entries += extra
     seen: set[str] = set()
     unique = []
     for info, data in entries:

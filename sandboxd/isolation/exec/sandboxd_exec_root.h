@@ -130,6 +130,8 @@ static void ns_private_root(const char *nsroot, const char *rid, const char *tmp
     snprintf(path, sizeof path, "%s%s", merged, NS_OLD_ROOT);
     if (mkdir(path, 0700) != 0 && errno != EEXIST)
         fail(SETUP_FAILED, "mkdir", path, errno);
+    if (!ns_is_dir(path)) /* the template's own entry there: never followed */
+        fail(SETUP_FAILED, "not a directory", path, ENOTDIR);
     if (syscall(SYS_pivot_root, merged, path) != 0)
         fail(SETUP_FAILED, "pivot_root", merged, errno);
     if (chdir("/") != 0)
