@@ -245,7 +245,7 @@ class Isolation:
         (:attr:`own_work_wrap`). ``argv`` comes last, unchanged."""
         wrap = self.own_work_wrap if own_work and self.own_work_wrap is not None else self.wrap
         wrapped = wrap(identity, self.cgroups.join_files(rid), cwd, argv)
-        return self.namespaces.enter(rid, wrapped)
+        return self.namespaces.enter(rid, wrapped, own_work)
 
     def create(
         self,

@@ -310,3 +310,27 @@ def test_links_the_template_holds_where_the_root_is_made_are_never_followed(
     assert answer.status == 500 and b"not a directory" in answer.body, answer
     assert sorted(os.listdir(kd.root)) == before  # nothing of it is left
     assert kd.call("DELETE", "/templates/escape").status == 204
+
+
+def test_a_templated_sandbox_persists_and_restores_without_rsync_in_it(tmp_path: Path) -> None:
+    """The archive's rsync end runs in the view the sandbox had before its root was switched
+    (the template holds no rsync): persist, then a new sandbox of the item restores it."""
+    kd = KernelDaemon.start(tmp_path, "--memory-max=128M", f"--archive-root={tmp_path / 'archive'}")
+    try:
+        assert kd.client.request("PUT", "/templates/busybox", rootfs()).status == 201
+        answer = kd.call("POST", "/sandboxes", {"template": "busybox", "item_id": "kept"})
+        assert answer.status == 200, answer
+        first = Box(kd, answer.json()["remote_id"])
+        assert first.run("rsync --version").exit == 127  # none in the template
+        first.ok("mkdir -p /home/user/d && echo persisted > /home/user/d/f")
+        assert kd.call("POST", first.url("mark-ready")).status == 204
+        answer = kd.call("POST", first.url("persist"), {"delete": True})
+        assert answer.status == 204, answer
+        first.kill()
+        answer = kd.call("POST", "/sandboxes", {"template": "busybox", "item_id": "kept"})
+        assert answer.status == 200, answer
+        again = Box(kd, answer.json()["remote_id"])
+        assert again.ok("cat /home/user/d/f; whoami") == "persisted\nuser"
+        again.kill()
+    finally:
+        kd.stop()

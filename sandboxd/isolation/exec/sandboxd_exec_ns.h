@@ -103,6 +103,7 @@ static const char *const NS_DEV_LINKS[][2] = {
     {"stderr", "/proc/self/fd/2"},
 };
 static const char NS_INIT_FILE[] = "init";                           /* beside the pins */
+static const char NS_HOST_VIEW[] = "mnt-host"; /* a templated sandbox's host view, pinned */
 
 /* Set in the command a relay forked into a pid namespace: it stays in the relay's session. */
 static int ns_relayed = 0;
@@ -531,15 +532,16 @@ static int make_namespaces(int argc, char **argv, int use_template)
         if (unshare(flags) != 0)
             fail(SETUP_FAILED, "unshare", kinds, errno);
         int cpu = mnt ? ns_number_above(pinner, &allowed) : -1;
+        int host_view = -1;
         if (mnt) {
             ns_private_places(template >= 0 ? NULL : nsroot, argv[5], argv[6], argv[7], argc - 8,
                               argv + 8, ipc);
             ns_identity_bind(nsroot, rid);
-            ns_private_root(nsroot, rid, argv[5], argv[6]);
+            host_view = ns_private_root(nsroot, rid, argv[5], argv[6]);
         }
         if (net)
             ns_loopback_up();
-        int said[2] = {cpu, pid ? (int)ns_start_init() : 0};
+        int said[3] = {cpu, pid ? (int)ns_start_init() : 0, host_view};
         char ignored;
         if (write(ready[1], said, sizeof said) != sizeof said)
             _exit(SETUP_FAILED);
@@ -550,7 +552,7 @@ static int make_namespaces(int argc, char **argv, int use_template)
     }
     close(ready[1]);
     close(done[0]);
-    int said[2];
+    int said[3];
     ssize_t got;
     while ((got = read(ready[0], said, sizeof said)) < 0 && errno == EINTR)
         ;
@@ -583,6 +585,14 @@ static int make_namespaces(int argc, char **argv, int use_template)
             break;
         }
     }
+    if (refused == 0 && said[2] >= 0) { /* a template's root: the host's view pinned too */
+        char source[64], pin[4096];
+        snprintf(source, sizeof source, "/proc/%d/fd/%d", (int)child, said[2]);
+        snprintf(pin, sizeof pin, "%s/%s/%s", nsroot, rid, NS_HOST_VIEW);
+        int fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
+        if (fd < 0 || close(fd) != 0 || mount(source, pin, NULL, MS_BIND, NULL) != 0)
+            refused = ns_refuse("pin", pin, errno);
+    }
     close(done[1]);
     int status = 0;
     while (waitpid(child, &status, 0) < 0 && errno == EINTR)
@@ -603,7 +613,7 @@ static int namespace_type(const char *path)
     name = name == NULL ? path : name + 1;
     if (strcmp(name, "ipc") == 0)
         return CLONE_NEWIPC;
-    if (strcmp(name, "mnt") == 0)
+    if (strcmp(name, "mnt") == 0 || strcmp(name, NS_HOST_VIEW) == 0)
         return CLONE_NEWNS;
     if (strcmp(name, "net") == 0)
         return CLONE_NEWNET;

@@ -88,15 +88,19 @@ static void ns_bind_fd(int fd, const char *target, int dir, unsigned long flags,
     close(fd);
 }
 
-/* The root switch (see the top of this file); nothing when NSROOT/RID holds no "root". */
-static void ns_private_root(const char *nsroot, const char *rid, const char *tmp,
-                            const char *workspace)
+/* The root switch (see the top of this file); nothing when NSROOT/RID holds no "root" (-1).
+ * The switch is made in a copy of the namespace as it is (the host's view, its places made
+ * private): a descriptor of that one is returned, for the parent to pin as "mnt-host", where
+ * the daemon's own work as the sandbox (the archive's rsync end) runs, needing nothing of the
+ * template. */
+static int ns_private_root(const char *nsroot, const char *rid, const char *tmp,
+                           const char *workspace)
 {
     char path[PATH_MAX], spec[4 * PATH_MAX + 8];
     snprintf(path, sizeof path, "%s/%s/%s", nsroot, rid, NS_ROOT_FILE);
     int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT)
-        return;
+        return -1;
     if (fd < 0)
         fail(SETUP_FAILED, "open", path, errno);
     ssize_t got = read(fd, spec, sizeof spec - 1);
@@ -112,6 +116,10 @@ static void ns_private_root(const char *nsroot, const char *rid, const char *tmp
     if (count < 2 || lines[1][0] != '/')
         fail(SETUP_FAILED, "bad", path, EINVAL);
     const char *merged = lines[1];
+    /* A copy to switch (a bind's source must be of the namespace it is made in). */
+    int host_view = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (host_view < 0 || unshare(CLONE_NEWNS) != 0)
+        fail(SETUP_FAILED, "unshare", "mount (the template's)", errno);
     /* The sources, from the host's tree (this namespace's, its places made private). */
     int ws = ns_source(workspace), own_tmp = ns_source(tmp), dev = ns_source(NS_DEV);
     int identity[2], hosts, resolv = -1, binds[NS_ROOT_BINDS];
@@ -160,4 +168,5 @@ static void ns_private_root(const char *nsroot, const char *rid, const char *tmp
         fail(SETUP_FAILED, "umount", NS_OLD_ROOT, errno);
     if (rmdir(NS_OLD_ROOT) != 0)
         fail(SETUP_FAILED, "rmdir", NS_OLD_ROOT, errno);
+    return host_view;
 }

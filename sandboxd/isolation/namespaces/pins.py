@@ -61,6 +61,10 @@ ALL = ("ipc", "mount", "net")
 PIN = {"ipc": "ipc", "mount": "mnt", "net": "net", "pid": "pid"}
 """Each layer's pin file name (as in ``/proc/PID/ns``)."""
 
+HOST_VIEW_PIN = "mnt-host"
+"""A templated sandbox's second mount namespace pin: the view it had before its root was
+switched (``sandboxd_exec_root.h``), where the daemon's own work as the sandbox runs."""
+
 LETTER = {"ipc": "i", "mount": "m", "net": "n", "pid": "p"}
 """Each layer's letter in the helper's ``KINDS`` argument."""
 
@@ -354,6 +358,8 @@ class Namespaces:
         if root is not None:
             write_root_files(directory, root)
         pins = {kind: os.path.join(directory, PIN[kind]) for kind in KINDS if kind in kinds}
+        if root is not None:
+            pins["host-view"] = os.path.join(directory, HOST_VIEW_PIN)
         self._pins[rid] = pins
         places = (tmp, workspace)
         argv = self.creator.argv(
@@ -366,11 +372,16 @@ class Namespaces:
             mode.attach(rid, self._pins[rid]["net"])
         self._modes[rid] = mode
 
-    def enter(self, rid: str, argv: list[str]) -> list[str]:
-        """``argv`` (the wrapped command) prefixed so that it runs in the sandbox's namespaces."""
+    def enter(self, rid: str, argv: list[str], own_work: bool = False) -> list[str]:
+        """``argv`` (the wrapped command) prefixed so that it runs in the sandbox's namespaces;
+        for the daemon's ``own_work`` in a sandbox of a template, its mount namespace as it was
+        before the root switch (:data:`HOST_VIEW_PIN`: the archive's ``rsync`` end needs
+        nothing of the template)."""
         pins = self._pins.get(rid)
         if not pins or self.creator is None:
             return argv
+        if own_work and "host-view" in pins:
+            pins = {**pins, "mount": pins["host-view"]}
         return self.creator.enter(_ordered(pins), argv)
 
     def remove(self, rid: str) -> None:
