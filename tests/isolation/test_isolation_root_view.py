@@ -50,6 +50,10 @@ def test_the_root_files_go_beside_the_pins(tmp_path: Path) -> None:
     assert (directory / "root").read_text() == view.spec()
     assert (directory / "hosts").read_text() == HOSTS_TEXT
     assert (directory / "root").stat().st_mode & 0o777 == 0o644
+    # Commands enter the switched root; the daemon's own work the view before the switch.
+    assert ns.enter(RID, ["x"])[3:6] == [str(directory / p) for p in ("ipc", "net", "mnt")]
+    own = ns.enter(RID, ["x"], own_work=True)[3:6]
+    assert own == [str(directory / p) for p in ("ipc", "net", "mnt-host")]
     ns.remove(RID)
     assert not directory.exists()
 
