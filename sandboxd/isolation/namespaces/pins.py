@@ -35,7 +35,6 @@ relays', as the host numbers them: the daemon signals their process group, which
 
 import errno
 import os
-import shutil
 import stat
 import subprocess
 from collections.abc import Callable, Sequence
@@ -48,7 +47,7 @@ from sandboxd.isolation.base import PLAIN_ENV, Identity, IsolationUnavailable, R
 from sandboxd.isolation.namespaces.identity_files import write_identity_files
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespaces.pidns import kill_init
-from sandboxd.isolation.namespaces.root_view import RootView, write_root_files
+from sandboxd.isolation.namespaces.root_view import RootView, probe_root, write_root_files
 from sandboxd.isolation.naming import is_rid
 from sandboxd.isolation.network.modes import NetworkMode, NetworkPolicy, host_only
 
@@ -279,33 +278,12 @@ class Namespaces:
             self._remove_probe(probe, probe_tmp)
         self._prepared = True
         if self.switches_root:
-            self._roots = self._probe_root(probe, probe_tmp)
-
-    def _probe_root(self, probe: str, probe_tmp: str) -> bool:
-        """Whether a template's root can be switched to on this state root (an overlay over
-        its filesystem: not over another overlay, say): the probe's namespaces made again with
-        an empty template. Where not, sandboxes still run on the host's root, and a create in
-        a template is refused (no ``templates.run``)."""
-        top = os.path.join(self.nsroot, "probe-root")
-        shutil.rmtree(top, ignore_errors=True)
-        os.mkdir(top, 0o700)
-        os.mkdir(os.path.join(top, "lower"), 0o755)
-        os.mkdir(probe_tmp, 0o700)
-        try:
-            view = RootView(os.path.join(top, "lower"), top)
-            view.prepare()
             mode = self.network.offered[self.network.default]
-            self._make(probe, probe_tmp, probe_tmp, mode, (PROBE_IDENTITY, probe_tmp), view)
-            return True
-        except OSError as e:
-            log.warn("templates: no sandbox can run in a template here: {why}", why=e)
-            return False
-        finally:
-            self.remove(probe)
-            # Where the state root lies in /tmp (test set-ups), the helper made the way to the
-            # probe's own directory inside its tmp: gone with it.
-            shutil.rmtree(probe_tmp, ignore_errors=True)
-            shutil.rmtree(top, ignore_errors=True)
+
+            def make(view: RootView) -> None:
+                self._make(probe, probe_tmp, probe_tmp, mode, (PROBE_IDENTITY, probe_tmp), view)
+
+            self._roots = probe_root(self.nsroot, probe_tmp, make, lambda: self.remove(probe))
 
     def _remove_probe(self, probe: str, probe_tmp: str) -> None:
         self.remove(probe)

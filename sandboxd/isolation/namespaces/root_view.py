@@ -15,8 +15,13 @@ mount point, the host directories bound back at their own path) and ``hosts``.
 """
 
 import os
+import shutil
+from collections.abc import Callable
 
 from attrs import frozen
+from twisted.logger import Logger
+
+log = Logger()
 
 ROOT_DIR = "root"
 """The sandbox's root directories, in its top directory."""
@@ -88,3 +93,31 @@ def write_root_files(directory: str, view: RootView) -> None:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
+
+
+def probe_root(
+    nsroot: str, probe_tmp: str, make: Callable[[RootView], None], remove: Callable[[], None]
+) -> bool:
+    """Whether a template's root can be switched to on this state root (an overlay over its
+    filesystem: not over another overlay, say): the start-up probe's namespaces made again
+    (``make``) with an empty template, then removed (``remove``). Where not, sandboxes still
+    run on the host's root and a create in a template is refused (no ``templates.run``)."""
+    top = os.path.join(nsroot, "probe-root")
+    shutil.rmtree(top, ignore_errors=True)
+    os.mkdir(top, 0o700)
+    os.mkdir(os.path.join(top, "lower"), 0o755)
+    os.mkdir(probe_tmp, 0o700)
+    try:
+        view = RootView(os.path.join(top, "lower"), top)
+        view.prepare()
+        make(view)
+        return True
+    except OSError as e:
+        log.warn("templates: no sandbox can run in a template here: {why}", why=e)
+        return False
+    finally:
+        remove()
+        # Where the state root lies in /tmp (test set-ups), the helper made the way to the
+        # probe's own directory inside its tmp: gone with it.
+        shutil.rmtree(probe_tmp, ignore_errors=True)
+        shutil.rmtree(top, ignore_errors=True)
