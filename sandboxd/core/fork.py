@@ -12,14 +12,27 @@ Run in a worker thread (a workspace can be large).
 """
 
 import os
+import secrets
 import stat
 import subprocess
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any, TypeVar
 
 from attrs import frozen
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorProcess
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
 
 from sandboxd.core.layout import Layout
-from sandboxd.isolation.base import PLAIN_ENV, Identity
+from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.templates.store import TemplateRoot
+from sandboxd.errors import NoCapacity
+from sandboxd.isolation.base import PLAIN_ENV, Identity, Isolation
 from sandboxd.isolation.namespaces.root_view import ROOT_DIR, RootView
+
+T = TypeVar("T")
 
 PARTS = ("workspace", "home", "tmp")
 """A sandbox's own directories, copied into its fork."""
@@ -114,3 +127,68 @@ def copy_sandbox(
             reown(target, source, identity)
 
     layout.disk.charged(copy)()
+
+
+class Forks:
+    """The manager's forks (a mixin: the manager provides these attributes)."""
+
+    reactor: IReactorProcess
+    isolation: Isolation
+    admin_pool: ThreadPool
+    layout: Layout
+
+    def _admit(self) -> None:
+        raise NotImplementedError  # pragma: no cover - the manager's
+
+    def _identity(self) -> Identity:
+        raise NotImplementedError  # pragma: no cover - the manager's
+
+    def create(
+        self,
+        env: object = None,
+        item_id: str | None = None,
+        network: object = None,
+        template: TemplateRoot | None = None,
+        made: tuple[str, Identity] | None = None,
+    ) -> Sandbox:
+        raise NotImplementedError  # pragma: no cover - the manager's
+
+    async def fork(self, source: Sandbox) -> Sandbox:
+        """A new sandbox whose files are a copy of ``source``'s (its workspace, home, tmp, and
+        its changes to its template's root; :mod:`sandboxd.core.fork`), with its own identity
+        owning them, the same template, env and network mode, and no process; not restored,
+        not persisted (no ``item_id``). The source's file calls in flight end first and its
+        processes are frozen while it is copied (where the cgroup driver can freeze): the copy
+        is of one moment. ``NoCapacity`` when the copy fails (the fork's disk limit): nothing
+        of the fork is left."""
+        self._admit()
+        identity = self._identity()
+        rid = secrets.token_hex(8)
+        rootfs = None if source.template is None else source.template.rootfs
+        try:
+            await DeferredList(list(source.file_calls))
+            await self.isolation.cgroups.freeze(source.rid, True)
+            try:
+                await self._in_admin_pool(
+                    copy_sandbox, self.layout, source.rid, rid, source.identity, identity, rootfs
+                )
+            finally:
+                with suppress(OSError):  # the source was killed meanwhile: nothing to thaw
+                    await self.isolation.cgroups.freeze(source.rid, False)
+        except BaseException as e:
+            self.isolation.uids.release(identity)
+            await self._in_admin_pool(self.layout.destroy, rid)
+            if isinstance(e, ForkFailed):
+                raise NoCapacity(str(e)) from None
+            raise
+        return self.create(
+            source.env, network=source.network, template=source.template, made=(rid, identity)
+        )
+
+    def _in_admin_pool(self, work: Callable[..., T], *args: Any) -> Deferred[T]:
+        return deferToThreadPool(
+            self.reactor,  # type: ignore[arg-type]
+            self.admin_pool,
+            work,
+            *args,
+        )

@@ -27,7 +27,7 @@ from sandboxd.core.drain import DrainLoop
 from sandboxd.core.exec.spec import parse_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
-from sandboxd.core.fork import ForkFailed, Prefilled, copy_sandbox
+from sandboxd.core.fork import Forks, Prefilled
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.sandbox import Sandbox
@@ -48,7 +48,7 @@ __all__ = ["BASE_PATH", "Sandbox", "SandboxManager"]
 
 
 @define
-class SandboxManager(Commands):
+class SandboxManager(Commands, Forks):
     """Creates, finds, runs commands in, and kills sandboxes."""
 
     config: Config
@@ -169,46 +169,6 @@ class SandboxManager(Commands):
             return self.isolation.uids.allocate()
         except NoFreeUid as e:
             raise NoCapacity(str(e)) from None
-
-    async def fork(self, source: Sandbox) -> Sandbox:
-        """A new sandbox whose files are a copy of ``source``'s (its workspace, home, tmp, and
-        its changes to its template's root; :mod:`sandboxd.core.fork`), with its own identity
-        owning them, the same template, env and network mode, and no process; not restored,
-        not persisted (no ``item_id``). The source's file calls in flight end first and its
-        processes are frozen while it is copied (where the cgroup driver can freeze): the copy
-        is of one moment. ``NoCapacity`` when the copy fails (the fork's disk limit): nothing
-        of the fork is left."""
-        self._admit()
-        identity = self._identity()
-        rid = secrets.token_hex(8)
-        rootfs = None if source.template is None else source.template.rootfs
-        try:
-            await DeferredList(list(source.file_calls))
-            await self.isolation.cgroups.freeze(source.rid, True)
-            try:
-                await self._in_admin_pool(
-                    copy_sandbox, self.layout, source.rid, rid, source.identity, identity, rootfs
-                )
-            finally:
-                with suppress(OSError):  # the source was killed meanwhile: nothing to thaw
-                    await self.isolation.cgroups.freeze(source.rid, False)
-        except BaseException as e:
-            self.isolation.uids.release(identity)
-            await self._in_admin_pool(self.layout.destroy, rid)
-            if isinstance(e, ForkFailed):
-                raise NoCapacity(str(e)) from None
-            raise
-        return self.create(
-            source.env, network=source.network, template=source.template, made=(rid, identity)
-        )
-
-    def _in_admin_pool(self, work: Callable[..., T], *args: Any) -> Deferred[T]:
-        return deferToThreadPool(
-            self.reactor,  # type: ignore[arg-type]
-            self.admin_pool,
-            work,
-            *args,
-        )
 
     def template_users(self, name: str) -> int:
         """How many live sandboxes run in template ``name`` (it cannot be deleted then)."""
