@@ -77,6 +77,7 @@ setup(
             "sandboxd_exec.c",
             "sandboxd_exec_ns.h",
             "sandboxd_exec_noptrace.h",
+            "sandboxd_exec_root.h",
             "sandboxd_exec_spawn.h",
             "sandboxd_seccomp.h",
         ],

@@ -115,9 +115,12 @@ def fronts(
     ``reactor``), the native API on it (``/healthz`` lists ``extra_capabilities`` beside its
     own; ``POST /drain`` calls ``on_drain``), and the E2B front on it, keyed by ``token``."""
     manager = SandboxManager(config, reactor, clock, isolation, admin_pool, layout, archive=archive)
+    templates = _templates(config, reactor, admin_pool, layout)
+    if templates is not None:
+        templates.users = manager.template_users  # a template in use cannot be deleted
     api = SandboxAPI(
         manager,
-        templates=_templates(config, reactor, admin_pool, layout),
+        templates=templates,
         token=token,
         pod_url=config.pod_url,
         pod_ip=pod_ip,
@@ -125,7 +128,7 @@ def fronts(
         extra_capabilities=extra_capabilities,
         on_drain=on_drain,
     )
-    return Fronts(manager, api, make_front(manager, token, api.ports))
+    return Fronts(manager, api, make_front(manager, token, api.ports, templates))
 
 
 def _templates(config: Config, reactor: Any, pool: Any, layout: Layout) -> TemplateStore | None:

@@ -126,6 +126,14 @@ class HttpSandbox(Processes, Files, Transfers, Trees, Templates):
         return wire.decode_created(reply)
 
     @async_to_deferred
+    async def fork(self, handle: Handle) -> SandboxHandle:
+        """A new sandbox whose files are a copy of ``handle``'s, on its replica
+        (docs/extensions.rst, "Fork"); never retried (it could make a second one)."""
+        url = self._url(handle, "fork")
+        reply = await self._once("POST", url, {}, timeout=self._create_timeout, service=False)
+        return wire.decode_created(reply)
+
+    @async_to_deferred
     async def kill(self, handle: Handle) -> None:
         """Kill the sandbox; a retry that finds it already gone counts as done."""
         await self._idempotent("DELETE", self._url(handle), gone_ok=SandboxNotFound)

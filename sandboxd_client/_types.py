@@ -95,6 +95,9 @@ class SandboxSpec:
     "Egress policy per sandbox"); ``None``: everything the operator permits."""
     deny_out: tuple[str, ...] = field(default=(), converter=_strs)
     """Addresses and CIDRs it may not reach (wins over ``allow_out``)."""
+    template: str | None = None
+    """The template whose files are the sandbox's root (docs/extensions.rst, "Templates");
+    ``None``: the host's root, and nothing is sent."""
 
     def to_json(self) -> dict[str, Any]:
         """The request body: fields left at their defaults are not sent."""
@@ -111,6 +114,8 @@ class SandboxSpec:
             body["network"] = network_lists(self.network, self.allow_out, self.deny_out)
         elif self.network is not None:
             body["network"] = self.network
+        if self.template is not None:
+            body["template"] = self.template
         return body
 
 

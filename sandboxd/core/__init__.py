@@ -31,7 +31,7 @@ from sandboxd.core.processes.process import (
     SandboxGone,
 )
 from sandboxd.core.sandbox import CreateRequest, Sandbox, SandboxListing
-from sandboxd.core.templates.store import Template, TemplateStore, check_name
+from sandboxd.core.templates.store import Template, TemplateRoot, TemplateStore, check_name
 from sandboxd.core.tools.resolver import Resolution, Resolved, ToolResolver
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
 from sandboxd.isolation.base import CgroupStats
@@ -71,6 +71,7 @@ __all__ = [
     "Source",
     "SpawnFailed",
     "Template",
+    "TemplateRoot",
     "TemplateStore",
     "ToolResolver",
     "WatchEvent",

@@ -197,6 +197,8 @@ class Commands:
             if not os.path.isdir(os.path.join(self.config.tools_dir, sha)):
                 raise BadRequest(f"tools: {sha} is not installed")
         cwd = os.path.join(self.workspace_seen(sandbox, request), *request.cwd)
+        if sandbox.workdir and not request.cwd:
+            cwd = sandbox.workdir  # the template's (docs/extensions.rst, "Templates")
         env = self.command_env(sandbox, request)
         # E2BIG is decided here, on the environment the command would really get: 400.
         check_exec_size(request.cmd, env)

@@ -27,12 +27,13 @@ from sandboxd.core.drain import DrainLoop
 from sandboxd.core.exec.spec import check_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
+from sandboxd.core.fork import Forks, Prefilled
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.sandbox import PLAIN, BodyPlace, CreateRequest, Sandbox, SandboxListing
 from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
-from sandboxd.isolation.base import CgroupStats, Isolation, Limits, NoFreeUid
+from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
 from sandboxd.isolation.network.egress_policy import EgressPolicy, PolicyHolder
 from sandboxd.isolation.network.modes import NetworkMode, NetworkUnavailable
@@ -60,7 +61,7 @@ def checked_holder(mode: NetworkMode, policy: EgressPolicy) -> PolicyHolder:
 
 
 @define
-class SandboxManager(Commands):
+class SandboxManager(Commands, Forks):
     """Creates, finds, runs commands in, and kills sandboxes."""
 
     config: Config
@@ -120,29 +121,32 @@ class SandboxManager(Commands):
 
     # Lifecycle
 
-    def create(self, request: CreateRequest = PLAIN) -> Sandbox:
+    def create(
+        self, request: CreateRequest = PLAIN, made: tuple[str, Identity] | None = None
+    ) -> Sandbox:
         """A new sandbox with its own identity, cgroup, directories and namespaces (not
         restored); ``400`` when its environment cannot be one, or when the replica does not
-        offer or allow its network mode."""
-        if self.draining:
-            raise Draining("the daemon is draining and accepts no new sandboxes")
-        if self.recovering:
-            raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
+        offer or allow its network mode. With a template, its root is that template's, whose
+        env comes under the request's; ``made``: its id and identity, its directories made and
+        filled already (a fork's)."""
+        self._admit()
         check_env(request.env, "env")
+        template = request.template
+        create_env = dict(request.env)
+        if template is not None:
+            create_env = {**template.env, **create_env}
         try:
             mode = self.isolation.namespaces.network.mode(request.network)
         except ValueError as e:
             raise BadRequest(f"network: {e}") from None
         holder = None if request.egress is None else checked_holder(mode, request.egress)
-        try:
-            identity = self.isolation.uids.allocate()
-        except NoFreeUid as e:
-            raise NoCapacity(str(e)) from None
-        rid = secrets.token_hex(8)
+        rid, identity = made or (secrets.token_hex(8), self._identity())
+        directories = self.layout if made is None else Prefilled(self.layout)
         if holder is not None:
             holder.stage_policy(rid, request.egress)
         try:
-            self.isolation.create(rid, identity, self.limits, self.layout, mode)
+            root = None if template is None else template.rootfs
+            self.isolation.create(rid, identity, self.limits, directories, mode, root)
         except BaseException as e:
             if holder is not None:
                 holder.stage_policy(rid, None)
@@ -160,12 +164,35 @@ class SandboxManager(Commands):
             item_id=request.item_id,
             network=mode.name,
         )
+        if template is not None:
+            sandbox.template = template
+            sandbox.workdir = "" if template.workdir == "/" else template.workdir
         sandbox.processes = ProcessTable(self.config.processes_max)
         self.sandboxes[rid] = sandbox
         self.metrics.created.inc()
         self.metrics.sandboxes.set(len(self.sandboxes))
         log.info("created sandbox {rid} as uid {uid}", rid=rid, uid=identity.uid)
         return sandbox
+
+    def _admit(self) -> None:
+        if self.draining:
+            raise Draining("the daemon is draining and accepts no new sandboxes")
+        if self.recovering:
+            raise NoCapacity("still reclaiming a predecessor's sandboxes; try again shortly")
+
+    def _identity(self) -> Identity:
+        try:
+            return self.isolation.uids.allocate()
+        except NoFreeUid as e:
+            raise NoCapacity(str(e)) from None
+
+    def template_users(self, name: str) -> int:
+        """How many live sandboxes run in template ``name`` (it cannot be deleted then)."""
+        return sum(
+            1
+            for sandbox in self.sandboxes.values()
+            if sandbox.template and sandbox.template.name == name
+        )
 
     def get(self, rid: str) -> Sandbox:
         """The live sandbox ``rid`` (its last activity is now), else ``404 SandboxNotFound``."""

@@ -8,6 +8,7 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.core.exec.run import ExecRun
 from sandboxd.core.processes.table import ProcessTable
+from sandboxd.core.templates.store import TemplateRoot
 from sandboxd.core.watch.watch import WorkspaceWatch
 from sandboxd.isolation.base import Identity
 from sandboxd.isolation.disk.base import DiskDriver
@@ -29,6 +30,8 @@ class CreateRequest:
     egress: EgressPolicy | None = None
     """The sandbox's own egress policy (``None``: none asked for; only the ``egress`` mode
     takes one, and the operator's plan checks it)."""
+    template: TemplateRoot | None = None
+    """The template whose root the sandbox runs in (``None``: the host's root)."""
 
 
 PLAIN = CreateRequest()
@@ -60,6 +63,11 @@ class Sandbox:
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
     network: str = "host"
     """The sandbox's network mode (``none``, ``egress``, ``host``)."""
+    template: TemplateRoot | None = None
+    """The template whose files are its root (``None``: it sees the host's)."""
+    workdir: str = ""
+    """Its template's working directory: where a command given no ``cwd`` starts (``""``:
+    the workspace)."""
     lives_until: float | None = None
     """When a front bounds this sandbox's life itself (the E2B front's ``timeout``), the time
     it ends: the idle reaper leaves it alone until then. ``None``: ``SANDBOXD_IDLE_TTL``

@@ -22,7 +22,7 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 from werkzeug.exceptions import HTTPException
 
-from sandboxd.core import SandboxManager
+from sandboxd.core import SandboxManager, TemplateStore
 from sandboxd.e2b import control, files, process, signing, upload, wire
 from sandboxd.e2b.admit import Authoriser, sandbox_id_of
 from sandboxd.e2b.paths import place_of
@@ -161,6 +161,9 @@ class E2BFront:
         self.registry = registry
         self.port_access = port_access
         """Ports by host (docs/e2b.rst, "Ports"; ``None``: ``SANDBOXD_E2B_DOMAIN`` unset)."""
+        self.templates: TemplateStore | None = None
+        """The replica's template store, whose templates a create may name (``None``: only
+        ``base``)."""
         self.authoriser = Authoriser(token, registry, port_access)
         """Every key, access-token and signature check, of the routes (:func:`control_plane`,
         :func:`envd`) and of the site's rule at the headers."""
@@ -338,15 +341,20 @@ class E2BFront:
 
 
 def make_front(
-    manager: SandboxManager, token: bytes | None, ports: PortTable | None = None
+    manager: SandboxManager,
+    token: bytes | None,
+    ports: PortTable | None = None,
+    templates: TemplateStore | None = None,
 ) -> E2BFront:
     """The front on ``manager``, its sandboxes' timeouts on the manager's clock; with
     ``ports`` (shared with the native front) and ``SANDBOXD_E2B_DOMAIN``, its sandboxes' ports
-    by host."""
+    by host; a create may name a template of ``templates``."""
     registry = Registry(manager, manager.clock)
     domain = manager.config.e2b_domain
     access = None if ports is None or domain is None else PortAccess(registry, ports, domain)
-    return E2BFront(manager, token, registry, access)
+    front = E2BFront(manager, token, registry, access)
+    front.templates = templates
+    return front
 
 
 def front_resource(front: E2BFront) -> IResource:

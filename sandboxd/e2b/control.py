@@ -1,7 +1,9 @@
 """The E2B control plane: create, connect, get, list, kill and timeout of sandboxes.
 
 A create makes a core sandbox (the same manager, isolation and limits as the native API) and
-registers it with its own access token. Only the default template (``base``) exists; the
+registers it with its own access token. The default template (``base``) is the host's root;
+any other is a template of the replica's store, where its isolation can run sandboxes in one
+(docs/e2b.rst, "Templates"); the
 features that have no meaning here (auto-pause, volumes, MCP gateway) are refused, never
 ignored.
 """
@@ -13,13 +15,13 @@ from urllib.parse import parse_qsl, unquote
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.core import CreateRequest, parse_env
+from sandboxd.core import CreateRequest, TemplateRoot, parse_env
 from sandboxd.e2b import wire
 from sandboxd.e2b.network import e2b_policy, network_json, update_network
 from sandboxd.e2b.ports import public_traffic_of
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
-from sandboxd.errors import BadRequest
+from sandboxd.errors import BadRequest, TemplateNotFound
 
 if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
@@ -79,13 +81,27 @@ def _answer(request: IRequest, status: int, value: Any) -> bytes:
     return wire.body(value)
 
 
+def template_root(front: "E2BFront", name: object) -> TemplateRoot:
+    """The replica's template ``name`` (docs/e2b.rst, "Templates"), where sandboxes can run in
+    templates; else ``400`` saying why (only ``base``, the host's root, is there)."""
+    if front.templates is None or not front.manager.isolation.namespaces.switches_root:
+        raise RestError(
+            400,
+            f"template {name!r}: this sandboxd has only the default template 'base' (it runs"
+            " no sandbox in templates)",
+        )
+    if not isinstance(name, str):
+        raise RestError(400, "templateID: must be a template's name")
+    try:
+        return front.templates.root(name)
+    except TemplateNotFound as e:
+        raise RestError(404, e.detail) from None
+
+
 async def create(front: "E2BFront", request: IRequest) -> bytes:
     body = _json_body(request)
     template = body.get("templateID", "base")
-    if template not in TEMPLATES:
-        raise RestError(
-            400, f"template {template!r}: sandboxd has only the default template 'base'"
-        )
+    root = None if template in TEMPLATES else template_root(front, template)
     for name in REFUSED_FIELDS:
         if body.get(name):
             raise RestError(400, f"{name}: not supported by sandboxd")
@@ -99,7 +115,7 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     network = internet_mode(front, True if egress is not None else internet)
     try:
         env = parse_env(body.get("envVars"), "env")
-        wanted = CreateRequest(env=env, network=network, egress=egress)
+        wanted = CreateRequest(env=env, network=network, egress=egress, template=root)
         sandbox = await front.manager.create_restored(wanted)
     except BadRequest as e:
         raise RestError(400, e.detail) from None

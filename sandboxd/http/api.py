@@ -115,6 +115,8 @@ class SandboxAPI:
             names.add("archive")
         if self.templates is not None:
             names.add("templates")
+            if self.manager.isolation.namespaces.switches_root:
+                names.add("templates.run")
         if self.manager.layout.disk.enforcing:
             names.add("isolation.disk")
         names.update(routing.ROUTE_CAPABILITIES)

@@ -12,6 +12,8 @@ from attrs import field, frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorProcess
 
+from sandboxd.isolation.namespaces.root_view import RootView
+
 if TYPE_CHECKING:
     from sandboxd.isolation.exec.spawn_server import SpawnServer
     from sandboxd.isolation.namespaces.pins import Namespaces
@@ -109,6 +111,10 @@ class CgroupDriver(Protocol):
     def remove(self, rid: str) -> None:
         """Remove the (empty) cgroup; a missing cgroup is not an error."""
 
+    def freeze(self, rid: str, frozen: bool) -> Deferred[bool]:
+        """Freeze (``frozen``) or thaw every process in the sandbox's cgroup; fire, once they
+        are, with whether the driver can (a fork copies a frozen sandbox's files)."""
+
     def stats(self, rid: str) -> CgroupStats:
         """Read the sandbox's usage counters."""
 
@@ -140,6 +146,9 @@ class SandboxDirectories(Protocol):
 
     def destroy(self, rid: str) -> None:
         """Remove the sandbox's tree, whatever is in it; a missing tree is not an error."""
+
+    def directory(self, rid: str) -> str:
+        """The sandbox's top directory (what its disk limit charges)."""
 
     def workspace(self, rid: str) -> str: ...
 
@@ -236,7 +245,7 @@ class Isolation:
         (:attr:`own_work_wrap`). ``argv`` comes last, unchanged."""
         wrap = self.own_work_wrap if own_work and self.own_work_wrap is not None else self.wrap
         wrapped = wrap(identity, self.cgroups.join_files(rid), cwd, argv)
-        return self.namespaces.enter(rid, wrapped)
+        return self.namespaces.enter(rid, wrapped, own_work)
 
     def create(
         self,
@@ -245,22 +254,28 @@ class Isolation:
         limits: Limits,
         directories: SandboxDirectories,
         network: "NetworkMode",
+        root: str | None = None,
     ) -> None:
         """Make sandbox ``rid``'s layers, in their order: its cgroup with ``limits``, its
-        directories (``directories``: the disk limit comes with them), then its namespaces,
-        made and pinned once with ``network`` wired in, and entered by every process of the
-        sandbox (:meth:`start_argv`). Where one fails, every layer is undone, the last first,
-        and the error raised: nothing of the sandbox is left but ``identity``, still the
-        caller's to release."""
+        directories (``directories``: the disk limit comes with them; with ``root``, a
+        template's files, the directories of its own root among them), then its namespaces,
+        made and pinned once with ``network`` wired in (and their root switched to
+        ``root``'s), and entered by every process of the sandbox (:meth:`start_argv`). Where
+        one fails, every layer is undone, the last first, and the error raised: nothing of the
+        sandbox is left but ``identity``, still the caller's to release."""
         try:
             self.cgroups.create(rid, limits)
             directories.create(rid, identity)
+            view = None if root is None else RootView(root, directories.directory(rid))
+            if view is not None:
+                view.prepare()
             self.namespaces.create(
                 rid,
                 directories.tmp(rid),
                 directories.workspace(rid),
                 network,
                 (identity, directories.home(rid)),
+                view,
             )
         except BaseException:
             self.namespaces.remove(rid)

@@ -86,6 +86,10 @@ class NoCgroups:
     def remove(self, rid: str) -> None:
         """Nothing was created."""
 
+    def freeze(self, rid: str, frozen: bool) -> Deferred[bool]:
+        """No cgroup: nothing is frozen."""
+        return succeed(False)
+
     def stats(self, rid: str) -> CgroupStats:
         return CgroupStats(memory_bytes=0, memory_peak_bytes=0, cpu_usec=0, pids=0, oom_kills=0)
 

@@ -5,7 +5,8 @@
 
     create [--image I] [--env K=V]... [--port P]... [--item-id ID] [--network M]
            [--allow ADDR]... [--deny ADDR]...
-                                     print a new handle
+           [--template T]            print a new handle
+    fork HANDLE                      a new sandbox with a copy of HANDLE's files: its handle
     kill HANDLE
     exec HANDLE [--env K=V]... [--cwd D] [--timeout S] [-i] [--] CMD...
                                      stdin is streamed to CMD as it comes (EOF at its end)
@@ -271,13 +272,9 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
             args.network,
             allow_out=args.allow,
             deny_out=args.deny,
+            template=args.template,
         )
-        handle = await client.create(spec)
-        if as_json:
-            console.json({"handle": handle.id})
-        else:
-            console.print(handle.id)
-        return 0
+        return _print_handle(await client.create(spec), as_json, console)
     if cmd in ("list", "health"):
         if cmd == "list":
             infos = await client.list_sandboxes(args.pod)
@@ -300,6 +297,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
             console.print(line)
         return 0
     handle = resolve_handle(args.handle, args.url)
+    if cmd == "fork":
+        return _print_handle(await client.fork(handle), as_json, console)
     if cmd == "ls":
         entries = sorted(await client.walk(handle, args.root), key=lambda e: e.path)
         if not entries and not as_json:
@@ -319,6 +318,15 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
         await (client.rmdir if args.recursive else client.delete)(handle, args.path)
     if as_json:
         console.json({"ok": True})
+    return 0
+
+
+def _print_handle(handle: SandboxHandle, as_json: bool, console: Console) -> int:
+    """A new sandbox's handle on stdout (``{"handle": ...}`` with ``--json``)."""
+    if as_json:
+        console.json({"handle": handle.id})
+    else:
+        console.print(handle.id)
     return 0
 
 

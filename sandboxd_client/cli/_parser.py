@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--deny", action="append", default=[], help="egress: an address or CIDR it may not reach"
     )
+    p.add_argument("--template", help="a template of the replica, as the sandbox's root")
     add("kill", "kill a sandbox").add_argument("handle")
+    add("fork", "copy a sandbox's files into a new one and print its handle").add_argument("handle")
     p = add("exec", "run a command: its stdout to stdout, its stderr to stderr")
     p.add_argument("handle")
     p.add_argument("--env", type=_env_pair, action="append", default=[])

@@ -212,3 +212,25 @@ def test_a_refused_token_names_the_setting_that_carries_it(ctl, tmp_path: Path) 
     assert done.returncode == 1
     assert "no token was sent" in done.stderr.decode()
     assert "--token-file or SANDBOXD_TOKEN_FILE" in done.stderr.decode()
+
+
+def test_fork_prints_a_new_handle_with_a_copy_of_the_files(ctl) -> None:  # type: ignore[no-untyped-def]
+    source = created(ctl)
+    assert ctl("exec", source, "sh", "-c", "echo copied > f").returncode == 0
+    done = ctl("fork", source)
+    assert done.returncode == 0, done.stderr
+    fork = done.stdout.decode().strip()
+    assert fork != source
+    assert ctl("exec", fork, "cat", "f").stdout == b"copied\n"
+    assert ctl("exec", fork, "sh", "-c", "echo mine > f").returncode == 0
+    assert ctl("exec", source, "cat", "f").stdout == b"copied\n"
+    done = ctl("--json", "fork", fork)
+    assert done.returncode == 0 and done.stdout.startswith(b'{"handle": ')
+    for handle in (source, fork):
+        assert ctl("kill", handle).returncode == 0
+
+
+def test_create_names_a_template_the_replica_cannot_run_in(ctl) -> None:  # type: ignore[no-untyped-def]
+    done = ctl("create", "--template", "nope")
+    assert done.returncode == 1
+    assert b"no template named 'nope'" in done.stderr

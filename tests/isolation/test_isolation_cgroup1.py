@@ -297,3 +297,19 @@ def test_leftovers_come_from_the_memory_hierarchy(tmp_path: Path) -> None:
     (memory / "junk").mkdir()
     fake.mkdir(str(fake.base / "cpu" / INSTANCE / "00000000000000bb"))  # another daemon's
     assert driver.leftovers() == ["00000000000000aa"]
+
+
+def test_freeze_and_thaw_through_the_freezer_hierarchy(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path)
+    state = next(Path(fake.base / "freezer").rglob(f"{RID}/freezer.state"))
+    assert settle(fake.clock, driver.freeze(RID, True)) is True
+    assert state.read_text() == "FROZEN"
+    assert settle(fake.clock, driver.freeze(RID, False)) is True
+    assert state.read_text() == "THAWED"
+
+
+def test_freeze_is_refused_without_a_freezer_or_when_it_never_ends(tmp_path: Path) -> None:
+    bare, plain = ready(tmp_path / "plain", hierarchies=COMOUNTED)
+    assert settle(bare.clock, plain.freeze(RID, True)) is False
+    fake, sticky = ready(tmp_path / "sticky", sticky_freeze=True)
+    assert settle(fake.clock, sticky.freeze(RID, True)) is False

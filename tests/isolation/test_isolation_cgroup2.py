@@ -369,3 +369,12 @@ def test_remove_instance_only_when_empty(tmp_path: Path) -> None:
     fake.fail[driver.instance] = PermissionError(errno.EACCES, "Permission denied")
     with pytest.raises(PermissionError):
         driver.remove_instance()
+
+
+def test_freeze_and_thaw_wait_for_the_kernel(tmp_path: Path) -> None:
+    fake, driver = ready(tmp_path)
+    box = Path(driver.instance) / RID
+    assert settle(fake.clock, driver.freeze(RID, True)) is True
+    assert "frozen 1" in (box / "cgroup.events").read_text()
+    assert settle(fake.clock, driver.freeze(RID, False)) is True
+    assert "frozen 0" in (box / "cgroup.events").read_text()

@@ -127,6 +127,10 @@ class FakeCgroups:
     def join_files(self, rid: str) -> Sequence[str]:
         return (f"/cg/{rid}/cgroup.procs",)
 
+    def freeze(self, rid: str, frozen: bool) -> Deferred[bool]:
+        """No cgroup here: nothing is frozen."""
+        return succeed(False)
+
     def kill(self, rid: str) -> Deferred[None]:
         self.killed.append(rid)
         result = self.kill_results.get(rid)

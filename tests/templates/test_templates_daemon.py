@@ -56,7 +56,7 @@ def test_a_template_is_imported_listed_shown_and_deleted(daemon: Daemon) -> None
     assert daemon.json("GET", "/templates") == {"templates": []}
 
 
-def test_a_create_in_a_template_is_refused_until_templates_can_run(daemon: Daemon) -> None:
+def test_a_create_in_a_template_is_refused_where_templates_cannot_run(daemon: Daemon) -> None:
     assert error_of(daemon, "POST", "/sandboxes", b'{"template": "nope"}') == (
         404,
         "TemplateNotFound",
@@ -66,7 +66,8 @@ def test_a_create_in_a_template_is_refused_until_templates_can_run(daemon: Daemo
     assert daemon.call("PUT", "/templates/base", raw=ROOTFS)[0] == 201
     status, kind, detail = error_of(daemon, "POST", "/sandboxes", b'{"template": "base"}')
     assert (status, kind) == (501, "NotImplemented")
-    assert "cannot run in templates yet" in detail
+    assert "this replica cannot run sandboxes in templates" in detail
+    assert "templates.run" not in daemon.json("GET", "/healthz")["capabilities"]
     assert daemon.json("GET", "/sandboxes") == {"sandboxes": []}
     assert daemon.call("POST", "/sandboxes", raw=b'{"template": null}')[0] == 200
 

@@ -40,6 +40,10 @@ SITES = {
     ("sandboxd/isolation/exec/spawn_server.py", "SpawnServer._running"): "root: the spawn server",
     ("sandboxd/isolation/namespaces/server.py", "NamespaceServer._started"): "root: makes"
     " namespaces, runs nothing of a sandbox's",
+    ("sandboxd/core/fork.py", "copy_tree"): "root: cp -a of a sandbox's tree (frozen, links"
+    " copied as links, never followed) into its fork's, which runs nothing yet",
+    ("sandboxd/http/routes/sandboxes.py", "fork"): "none: the manager's fork of a sandbox's files"
+    " (SandboxManager.fork), no process (the finder sees the name)",
     ("sandboxd/isolation/namespaces/pins.py", "run_program"): "root: makes namespaces (the shell"
     " chain's unshare), runs nothing of a sandbox's",
     ("sandboxd/isolation/network/egress_host.py", "run_program"): "root: ip and nft on the"

@@ -75,6 +75,17 @@ class Template:
         }
 
 
+@frozen
+class TemplateRoot:
+    """What a sandbox made from a template takes of it: its name (counted in
+    :attr:`TemplateStore.users`), the directory of its files, its env and workdir."""
+
+    name: str
+    rootfs: str
+    env: dict[str, str]
+    workdir: str
+
+
 def import_archive(directory: str, source: IO[bytes], limit: int, keep_owners: bool) -> Any:
     """Write the template of archive ``source`` into the new directory ``directory``
     (blocking: run in a thread). Returns its digest, size, env and workdir."""
@@ -155,6 +166,11 @@ class TemplateStore:
     def rootfs(self, template: Template) -> str:
         """The directory of ``template``'s files."""
         return os.path.join(self.directory, template.name, ROOTFS)
+
+    def root(self, name: str) -> TemplateRoot:
+        """What a sandbox made from template ``name`` takes of it (``TemplateNotFound``)."""
+        template = self.get(name)
+        return TemplateRoot(name, self.rootfs(template), dict(template.env), template.workdir)
 
     def put(self, name: str, source: IO[bytes]) -> Deferred[Template]:
         """Import archive ``source`` (closed once read) as template ``name``

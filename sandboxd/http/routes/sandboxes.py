@@ -3,6 +3,7 @@ persisting to the archive."""
 
 from typing import TYPE_CHECKING
 
+import attrs
 from twisted.web.iweb import IRequest
 
 from sandboxd.http import parse, wire
@@ -19,7 +20,7 @@ async def create(api: "SandboxAPI", request: IRequest) -> bytes:
     body = parse.json_body(request)
     wanted = parse.create_request(body)
     if body.get("template") is not None:
-        templates.refuse_template(api, body["template"])
+        wanted = attrs.evolve(wanted, template=templates.template_root(api, body["template"]))
     sandbox = await api.manager.create_restored(wanted)
     return json_response(request, wire.created_body(own_url(api, request), sandbox))
 
@@ -54,6 +55,15 @@ async def kill(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     api.ports.forget(rid)  # its proxied connections closed, its public ports forgotten
     await api.manager.kill(rid)
     return no_content(request)
+
+
+@app.route("/sandboxes/<rid:rid>/fork", methods=["POST"])
+@authorized
+@capability("sandboxes.fork")
+async def fork(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    """A new sandbox whose files are a copy of ``rid``'s (docs/extensions.rst, "Fork")."""
+    sandbox = await api.manager.fork(api.manager.get(rid))
+    return json_response(request, {"pod_url": own_url(api, request), "remote_id": sandbox.rid})
 
 
 @app.route("/sandboxes/<rid:rid>/stats", methods=["GET"])

@@ -8,7 +8,7 @@ from typing import IO, TYPE_CHECKING
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.core import TemplateStore, check_name
+from sandboxd.core import TemplateRoot, TemplateStore, check_name
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
@@ -25,14 +25,20 @@ def store(api: "SandboxAPI") -> TemplateStore:
     return api.templates
 
 
-def refuse_template(api: "SandboxAPI", name: object) -> None:
+def template_root(api: "SandboxAPI", name: object) -> TemplateRoot:
     """A create's ``template``: ``400`` unless a name, ``404`` unless a template of this
-    replica, else ``501``: sandboxes cannot run in templates yet, and a create that names one
-    must not give a sandbox that silently runs on the host's root instead."""
+    replica, ``501`` where its isolation cannot switch a sandbox's root (the mount namespace
+    and the exec helper, as root): a create that names one must never give a sandbox that
+    silently runs on the host's root instead."""
     if not isinstance(name, str):
         raise BadRequest("template: must be a template's name")
-    store(api).get(name)
-    raise TemplateCannotRun(f"template {name!r}: sandboxes cannot run in templates yet")
+    root = store(api).root(name)
+    if not api.manager.isolation.namespaces.switches_root:
+        raise TemplateCannotRun(
+            f"template {name!r}: this replica cannot run sandboxes in templates (it needs"
+            " root, the mount namespace and the exec helper)"
+        )
+    return root
 
 
 @app.route("/templates", methods=["GET"])

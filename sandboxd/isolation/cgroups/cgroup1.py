@@ -210,6 +210,20 @@ class Cgroup1Driver:
         ):
             raise StillPopulated(f"cgroup {rid} still has processes after {self.kill_timeout}s")
 
+    def freeze(self, rid: str, frozen: bool) -> Deferred[bool]:
+        """``freezer.state`` (where the freezer hierarchy is mounted): ``FROZEN`` or
+        ``THAWED``, once the kernel says so; ``False`` without a freezer."""
+        return Deferred.fromCoroutine(self._freeze(rid, frozen))
+
+    async def _freeze(self, rid: str, frozen: bool) -> bool:
+        freezer = self._instance("freezer")
+        state = None if freezer is None else os.path.join(freezer, rid, "freezer.state")
+        if state is None or not os.path.exists(state):
+            return False
+        wanted = "FROZEN" if frozen else "THAWED"
+        self.kernel.write(state, wanted)
+        return await wait_until(self.clock, lambda: read_text(state) == wanted, FREEZE_TIMEOUT)
+
     def remove(self, rid: str) -> None:
         """``rmdir`` the sandbox's cgroup in every hierarchy, memory last (missing is fine).
 

@@ -229,6 +229,20 @@ class Cgroup2Driver:
     def _populated(self, path: str) -> bool:
         return read_keyed_or_empty(os.path.join(path, "cgroup.events")).get("populated", 0) == 1
 
+    def freeze(self, rid: str, frozen: bool) -> Deferred[bool]:
+        """``cgroup.freeze``, once ``cgroup.events`` says the cgroup is (or is no longer)
+        frozen."""
+        return Deferred.fromCoroutine(self._freeze(self._dir(rid), frozen))
+
+    async def _freeze(self, path: str, frozen: bool) -> bool:
+        self.kernel.write(os.path.join(path, "cgroup.freeze"), "1" if frozen else "0")
+        events = os.path.join(path, "cgroup.events")
+        return await wait_until(
+            self.clock,
+            lambda: read_keyed_or_empty(events).get("frozen") == int(frozen),
+            FREEZE_TIMEOUT,
+        )
+
     def remove(self, rid: str) -> None:
         """``rmdir`` the sandbox's cgroup (missing is fine)."""
         remove_dir(self.kernel, self._dir(rid))

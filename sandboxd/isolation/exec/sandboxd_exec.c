@@ -65,6 +65,7 @@
 extern char **environ;
 
 static void fail(int code, const char *what, const char *arg, int error);
+static int open_for_writing(const char *path);
 #include "sandboxd_exec_ns.h" /* namespaces at create, and "enter" before an exec */
 #include "sandboxd_exec_spawn.h" /* the spawn server: this main path, without a program start */
 #include "sandboxd_exec_noptrace.h" /* --no-ptrace: the daemon's own work as a sandbox */
@@ -89,9 +90,18 @@ static long number(const char *text, const char *what)
     return value;
 }
 
+/* PATH opened for writing; "fd:N" names descriptor N, opened before the root was switched
+ * (a cgroup file of the host's, out of sight in a template's root: sandboxd_exec_ns.h). */
+static int open_for_writing(const char *path)
+{
+    if (strncmp(path, "fd:", 3) == 0)
+        return fcntl(atoi(path + 3), F_DUPFD_CLOEXEC, 3);
+    return open(path, O_WRONLY | O_CLOEXEC);
+}
+
 static void write_all(const char *path, const char *text, const char *what)
 {
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    int fd = open_for_writing(path);
     if (fd < 0)
         fail(SETUP_FAILED, what, path, errno);
     size_t length = strlen(text);

@@ -23,7 +23,8 @@
  * KEEP is a host directory directly inside one of those places
  * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
  * below it. Where NSROOT/RID holds "passwd" and "group" (the sandbox's, naming its uid), they
- * are bound over /etc/passwd and /etc/group. A new network namespace gets its loopback up. The kernel pins a mount namespace
+ * are bound over /etc/passwd and /etc/group. Where it holds "root", the namespace's root is
+ * switched to a template's (sandboxd_exec_root.h). A new network namespace gets its loopback up. The kernel pins a mount namespace
  * only when it is numbered above the pinner's own, and numbers them in per-CPU batches: a holder
  * whose new mount namespace is numbered too low makes it anew on another CPU, and the maker
  * moves to that CPU for the next ones (ns_number_above), so pinning works whichever CPU made
@@ -102,6 +103,7 @@ static const char *const NS_DEV_LINKS[][2] = {
     {"stderr", "/proc/self/fd/2"},
 };
 static const char NS_INIT_FILE[] = "init";                           /* beside the pins */
+static const char NS_HOST_VIEW[] = "mnt-host"; /* a templated sandbox's host view, pinned */
 
 /* Set in the command a relay forked into a pid namespace: it stays in the relay's session. */
 static int ns_relayed = 0;
@@ -369,6 +371,8 @@ static void ns_identity_bind(const char *nsroot, const char *rid)
     }
 }
 
+#include "sandboxd_exec_root.h" /* a template's root, switched to at pin time */
+
 /* A failure of the parent side: said on stderr, the code returned (the server lives on). */
 static int ns_refuse(const char *what, const char *arg, int error)
 {
@@ -528,14 +532,16 @@ static int make_namespaces(int argc, char **argv, int use_template)
         if (unshare(flags) != 0)
             fail(SETUP_FAILED, "unshare", kinds, errno);
         int cpu = mnt ? ns_number_above(pinner, &allowed) : -1;
+        int host_view = -1;
         if (mnt) {
             ns_private_places(template >= 0 ? NULL : nsroot, argv[5], argv[6], argv[7], argc - 8,
                               argv + 8, ipc);
             ns_identity_bind(nsroot, rid);
+            host_view = ns_private_root(nsroot, rid, argv[5], argv[6]);
         }
         if (net)
             ns_loopback_up();
-        int said[2] = {cpu, pid ? (int)ns_start_init() : 0};
+        int said[3] = {cpu, pid ? (int)ns_start_init() : 0, host_view};
         char ignored;
         if (write(ready[1], said, sizeof said) != sizeof said)
             _exit(SETUP_FAILED);
@@ -546,7 +552,7 @@ static int make_namespaces(int argc, char **argv, int use_template)
     }
     close(ready[1]);
     close(done[0]);
-    int said[2];
+    int said[3];
     ssize_t got;
     while ((got = read(ready[0], said, sizeof said)) < 0 && errno == EINTR)
         ;
@@ -579,6 +585,14 @@ static int make_namespaces(int argc, char **argv, int use_template)
             break;
         }
     }
+    if (refused == 0 && said[2] >= 0) { /* a template's root: the host's view pinned too */
+        char source[64], pin[4096];
+        snprintf(source, sizeof source, "/proc/%d/fd/%d", (int)child, said[2]);
+        snprintf(pin, sizeof pin, "%s/%s/%s", nsroot, rid, NS_HOST_VIEW);
+        int fd = open(pin, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0400);
+        if (fd < 0 || close(fd) != 0 || mount(source, pin, NULL, MS_BIND, NULL) != 0)
+            refused = ns_refuse("pin", pin, errno);
+    }
     close(done[1]);
     int status = 0;
     while (waitpid(child, &status, 0) < 0 && errno == EINTR)
@@ -599,7 +613,7 @@ static int namespace_type(const char *path)
     name = name == NULL ? path : name + 1;
     if (strcmp(name, "ipc") == 0)
         return CLONE_NEWIPC;
-    if (strcmp(name, "mnt") == 0)
+    if (strcmp(name, "mnt") == 0 || strcmp(name, NS_HOST_VIEW) == 0)
         return CLONE_NEWNS;
     if (strcmp(name, "net") == 0)
         return CLONE_NEWNET;
@@ -626,11 +640,34 @@ static void relay_join_cgroups(int argc, char **argv)
     if (end == argv[at + 4] || *end != '\0' || joins < 0 || joins > argc - at - 6)
         return; /* the sandbox step refuses it */
     for (long k = 0; k < joins; k++) {
-        int fd = open(argv[at + 5 + k], O_WRONLY | O_CLOEXEC);
+        int fd = open_for_writing(argv[at + 5 + k]);
         if (fd >= 0 && write(fd, "0\n", 2) != 2)
             dprintf(2, "sandboxd-exec: relay: cannot join cgroup %s\n", argv[at + 5 + k]);
         if (fd >= 0)
             close(fd);
+    }
+}
+
+/* Before setns (ARGV as relay_join_cgroups takes it): each JOIN file opened now and named
+ * "fd:N" from here on, so that a command whose mount namespace has a template's root, where
+ * the host's cgroup files are out of sight, joins them all the same. A file that cannot be
+ * opened keeps its path: the join then fails as it would have. */
+static void pre_open_joins(int argc, char **argv)
+{
+    int at = 1;
+    while (at < argc && strncmp(argv[at], "--", 2) == 0)
+        at++;
+    if (at + 5 >= argc || strcmp(argv[at], "sandbox") != 0)
+        return;
+    char *end = NULL;
+    long joins = strtol(argv[at + 4], &end, 10);
+    if (end == argv[at + 4] || *end != '\0' || joins < 0 || joins > argc - at - 6)
+        return;
+    for (long k = 0; k < joins; k++) {
+        int fd = open(argv[at + 5 + k], O_WRONLY | O_CLOEXEC);
+        char *named = NULL;
+        if (fd >= 0 && asprintf(&named, "fd:%d", fd) > 0)
+            argv[at + 5 + k] = named;
     }
 }
 
@@ -696,6 +733,7 @@ static char **enter_namespaces(int *argc, char **argv)
     long count = *argc > 2 ? strtol(argv[2], &end, 10) : -1;
     if (end == argv[2] || (end != NULL && *end != '\0') || count < 0 || count > *argc - 4)
         fail(SETUP_FAILED, "bad", "namespace count", EINVAL);
+    pre_open_joins(*argc - 3 - (int)count, argv + 3 + count);
     int pid = 0;
     for (long i = 0; i < count; i++) {
         const char *path = argv[3 + i];

@@ -48,6 +48,7 @@ from sandboxd.isolation.base import PLAIN_ENV, Identity, IsolationUnavailable, R
 from sandboxd.isolation.namespaces.identity_files import write_identity_files
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespaces.pidns import kill_init
+from sandboxd.isolation.namespaces.root_view import RootView, probe_root, write_root_files
 from sandboxd.isolation.naming import is_rid
 from sandboxd.isolation.network.modes import NetworkMode, NetworkPolicy, host_only
 
@@ -69,6 +70,10 @@ class AllLayers(frozenset[str]):
 
 PIN = {"ipc": "ipc", "mount": "mnt", "net": "net", "pid": "pid"}
 """Each layer's pin file name (as in ``/proc/PID/ns``)."""
+
+HOST_VIEW_PIN = "mnt-host"
+"""A templated sandbox's second mount namespace pin: the view it had before its root was
+switched (``sandboxd_exec_root.h``), where the daemon's own work as the sandbox runs."""
 
 LETTER = {"ipc": "i", "mount": "m", "net": "n", "pid": "p"}
 """Each layer's letter in the helper's ``KINDS`` argument."""
@@ -210,12 +215,21 @@ class Namespaces:
     _pins: dict[str, dict[str, str]] = field(factory=dict)
     _modes: dict[str, NetworkMode] = field(factory=dict)
     _prepared: bool = False
+    _roots: bool = True
+    """False once the start-up probe found that no root can be switched on this state root."""
 
     def capabilities(self) -> list[str]:
         """``isolation.ipc``, ``isolation.mount``, ``isolation.net``, ``isolation.pid`` in force,
         and the network
         modes a create may ask for."""
         return sorted([f"isolation.{kind}" for kind in self.kinds] + self.network.capabilities())
+
+    @property
+    def switches_root(self) -> bool:
+        """Whether a sandbox can run in a template's root: the mount namespace, made by the
+        exec helper (``sandboxd_exec_root.h``; the shell chain cannot switch roots), where the
+        start-up probe could switch one (:meth:`prepare`)."""
+        return self._roots and "mount" in self.kinds and isinstance(self.creator, HelperCreator)
 
     def workspace_view(self, workspace: str) -> str:
         """Where a sandbox's commands see its workspace (real path ``workspace``):
@@ -287,6 +301,13 @@ class Namespaces:
         finally:
             self._remove_probe(probe, probe_tmp)
         self._prepared = True
+        if self.switches_root:
+            mode = self.network.offered[self.network.default]
+
+            def make(view: RootView) -> None:
+                self._make(probe, probe_tmp, probe_tmp, mode, (PROBE_IDENTITY, probe_tmp), view)
+
+            self._roots = probe_root(self.nsroot, probe_tmp, make, lambda: self.remove(probe))
 
     def _remove_probe(self, probe: str, probe_tmp: str) -> None:
         self.remove(probe)
@@ -303,14 +324,21 @@ class Namespaces:
         workspace: str,
         mode: NetworkMode,
         user: tuple[Identity, str] | None = None,
+        root: RootView | None = None,
     ) -> None:
         """Make and pin the sandbox's namespaces (its network one only for a mode that wants
         one; its ``tmp`` and ``workspace`` directories in their places; with ``user``, its
-        identity and home, an ``/etc/passwd`` and ``/etc/group`` naming it), then attach the
-        network mode; ``OSError`` when the kernel refused."""
+        identity and home, an ``/etc/passwd`` and ``/etc/group`` naming it; with ``root``, a
+        template's files as its root), then attach the network mode; ``OSError`` when the
+        kernel refused, or for a ``root`` where no root can be switched
+        (:attr:`switches_root`)."""
+        if root is not None and not self.switches_root:
+            raise OSError(
+                errno.EOPNOTSUPP, "a template's root needs the mount namespace and the exec helper"
+            )
         if not self.kinds:
             return
-        self._make(rid, tmp, workspace, mode, user)
+        self._make(rid, tmp, workspace, mode, user, root)
 
     def _make(
         self,
@@ -319,6 +347,7 @@ class Namespaces:
         workspace: str,
         mode: NetworkMode,
         user: tuple[Identity, str] | None,
+        root: RootView | None = None,
     ) -> None:
         assert self.creator is not None
         kinds = set(self.kinds)
@@ -328,7 +357,11 @@ class Namespaces:
         os.mkdir(directory, 0o700)
         if user is not None and "mount" in kinds:
             write_identity_files(directory, *user)
+        if root is not None:
+            write_root_files(directory, root)
         pins = {kind: os.path.join(directory, PIN[kind]) for kind in KINDS if kind in kinds}
+        if root is not None:
+            pins["host-view"] = os.path.join(directory, HOST_VIEW_PIN)
         self._pins[rid] = pins
         places = (tmp, workspace)
         argv = self.creator.argv(
@@ -341,11 +374,16 @@ class Namespaces:
             mode.attach(rid, self._pins[rid]["net"])
         self._modes[rid] = mode
 
-    def enter(self, rid: str, argv: list[str]) -> list[str]:
-        """``argv`` (the wrapped command) prefixed so that it runs in the sandbox's namespaces."""
+    def enter(self, rid: str, argv: list[str], own_work: bool = False) -> list[str]:
+        """``argv`` (the wrapped command) prefixed so that it runs in the sandbox's namespaces;
+        for the daemon's ``own_work`` in a sandbox of a template, its mount namespace as it was
+        before the root switch (:data:`HOST_VIEW_PIN`: the archive's ``rsync`` end needs
+        nothing of the template)."""
         pins = self._pins.get(rid)
         if not pins or self.creator is None:
             return argv
+        if own_work and "host-view" in pins:
+            pins = {**pins, "mount": pins["host-view"]}
         return self.creator.enter(_ordered(pins), argv)
 
     def net_pin(self, rid: str) -> str | None:
