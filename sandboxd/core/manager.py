@@ -158,7 +158,7 @@ class SandboxManager(Commands, Forks):
         sandbox = Sandbox(
             rid,
             identity,
-            dict(request.env),
+            create_env,
             created=now,
             last_active=now,
             item_id=request.item_id,

@@ -83,7 +83,7 @@ def expose(api: "SandboxAPI", request: IRequest, rid: str, port: int) -> bytes:
     return json_response(request, body)
 
 
-@app.route("/sandboxes/<rid:rid>/ports/<int:port>/", methods=METHODS)
+@app.route("/sandboxes/<rid:rid>/ports/<int:port>/", methods=METHODS, endpoint="proxy_root")
 @app.route("/sandboxes/<rid:rid>/ports/<int:port>/<path:rest>", methods=METHODS)
 async def proxy(
     api: "SandboxAPI", request: IRequest, rid: str, port: int, rest: str = ""
