@@ -284,6 +284,18 @@ class Config:
     watch_max: int = setting_field(
         "SANDBOXD_WATCH_MAX", "8", parse_count, "Workspace watches open at once per sandbox"
     )
+    contexts_max: int = setting_field(
+        "SANDBOXD_CONTEXTS_MAX",
+        "4",
+        parse_count,
+        "Interpreter contexts (live kernels) per sandbox (docs/extensions.rst, Contexts)",
+    )
+    kernel_python: str = setting_field(
+        "SANDBOXD_KERNEL_PYTHON",
+        "/usr/bin/python3",
+        str,
+        "The python3 that runs contexts' kernels in the sandboxes (needs ipykernel)",
+    )
     max_connections: int | None = setting_field(
         "SANDBOXD_MAX_CONNECTIONS",
         "auto",
@@ -360,7 +372,14 @@ class Config:
         for name in ("disk_max", "files_max"):
             if getattr(self, name) == 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero (unset: no limit)")
-        for name in ("process_log_max", "processes_max", "watch_max", "walk_max", "walk_bytes_max"):
+        for name in (
+            "process_log_max",
+            "processes_max",
+            "watch_max",
+            "walk_max",
+            "walk_bytes_max",
+            "contexts_max",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{env_name(name)}: must be at least 1")
         for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):

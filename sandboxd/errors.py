@@ -59,3 +59,11 @@ class TooMany(SandboxdError):
 class TooManyEntries(SandboxdError):
     """An answer would list more entries than the configured limit (a walk past
     ``SANDBOXD_WALK_MAX``); the message names the limit."""
+
+
+class ContextNotFound(SandboxdError):
+    """Unknown interpreter context id (docs/extensions.rst, "Contexts")."""
+
+
+class ContextsUnavailable(SandboxdError):
+    """Contexts cannot run on this host; the message names what is missing."""

@@ -23,6 +23,7 @@ from sandboxd.config import Config
 from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
 from sandboxd.core.commands import BASE_PATH, Commands
+from sandboxd.core.contexts.service import ContextCommands
 from sandboxd.core.drain import DrainLoop
 from sandboxd.core.exec.spec import parse_env
 from sandboxd.core.files import workspace
@@ -46,7 +47,7 @@ __all__ = ["BASE_PATH", "Sandbox", "SandboxManager"]
 
 
 @define
-class SandboxManager(Commands):
+class SandboxManager(Commands, ContextCommands):
     """Creates, finds, runs commands in, and kills sandboxes."""
 
     config: Config

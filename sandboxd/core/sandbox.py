@@ -3,6 +3,7 @@
 from attrs import define, field
 from twisted.internet.defer import Deferred
 
+from sandboxd.core.contexts.context import Context
 from sandboxd.core.exec.run import ExecRun
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.watch.watch import WorkspaceWatch
@@ -27,6 +28,8 @@ class Sandbox:
     does not count as running."""
     watches: set[WorkspaceWatch] = field(factory=set)
     """Its open workspace watches (docs/extensions.rst, "Workspace watch")."""
+    contexts: dict[str, Context] = field(factory=dict)
+    """Its interpreter contexts by id (docs/extensions.rst, "Contexts")."""
     item_id: str | None = None
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
     network: str = "host"

@@ -25,12 +25,12 @@ from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.auth import BearerAuthoriser
-from sandboxd.http.routes import commands, daemon, files, sandboxes, trees
+from sandboxd.http.routes import commands, contexts, daemon, files, sandboxes, trees
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 from sandboxd.web.guard import Admit
 
-ROUTES = (daemon, sandboxes, commands, files, trees)
+ROUTES = (daemon, sandboxes, commands, files, trees, contexts)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()
@@ -96,6 +96,8 @@ class SandboxAPI:
         if self.manager.layout.disk.enforcing:
             names.add("isolation.disk")
         names.update(routing.ROUTE_CAPABILITIES)
+        if self.manager.contexts_missing() is None:
+            names.add("contexts")
         return sorted(names)
 
     def stream_open(self, request: IRequest) -> None:

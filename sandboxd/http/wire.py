@@ -14,12 +14,16 @@ from typing import Any
 
 import pybase64
 
+from sandboxd.core.contexts import events as context_events
+from sandboxd.core.contexts.context import Context
 from sandboxd.core.exec.run import Outcome, SpawnFailed
 from sandboxd.core.processes.log import STDERR, Chunk
 from sandboxd.core.processes.process import Dropped, Ended, Process, ReaderEvent, SandboxGone
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,
+    ContextNotFound,
+    ContextsUnavailable,
     Draining,
     InsufficientStorage,
     NoCapacity,
@@ -51,6 +55,8 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     SandboxNotFound: (404, "SandboxNotFound"),
     PathNotFound: (404, "FileNotFoundError"),
     ProcessNotFound: (404, "ProcessNotFound"),
+    ContextNotFound: (404, "ContextNotFound"),
+    ContextsUnavailable: (501, "ContextsUnavailable"),
     ProcessConflict: (409, "Conflict"),
     TooLarge: (413, "TooLarge"),
     TooManyEntries: (413, "TooLarge"),
@@ -324,3 +330,32 @@ def watch_frame(event: str, path: str | None = None, is_dir: bool = False) -> by
     if path is None:
         return frame_line({"event": event})
     return frame_line({"event": event, "path": path, "dir": is_dir})
+
+
+# Contexts (docs/extensions.rst, "Contexts")
+
+
+def context_body(context: Context) -> dict[str, str]:
+    """A context as ``POST /contexts`` and ``GET /contexts`` show it."""
+    return context.describe()
+
+
+def context_frame(event: context_events.Event) -> bytes:
+    """One NDJSON line of ``POST /contexts/{cid}/run``, keyed by ``type``."""
+    frame: dict[str, Any]
+    if isinstance(event, context_events.Count):
+        frame = {"type": "count", "execution_count": event.execution_count}
+    elif isinstance(event, context_events.Output):
+        frame = {"type": event.stream, "text": event.text}
+    elif isinstance(event, context_events.Result):
+        frame = {"type": "result", "is_main_result": event.is_main_result, "data": event.data}
+    elif isinstance(event, context_events.Error):
+        frame = {
+            "type": "error",
+            "name": event.name,
+            "value": event.value,
+            "traceback": list(event.traceback),
+        }
+    else:
+        frame = {"type": "end"}
+    return json.dumps(frame, separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,103 @@
+"""Interpreter contexts over a real port (docs/extensions.rst, "Contexts"): a real daemon, a
+real ipykernel from the host's python3, real cells.
+
+Every wait is for an event (a frame, the end), bounded by the client's socket timeout only.
+"""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import Daemon, start_daemon, stop_daemon
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    running = start_daemon(
+        tmp_path, "--isolation=none", "--keepalive=1s", "--max-output=64K", "--contexts-max=2"
+    )
+    try:
+        yield running
+    finally:
+        stop_daemon(running)
+
+
+def run(daemon: Daemon, rid: str, cid: str, code: str, **fields: Any) -> list[dict[str, Any]]:
+    status, data = daemon.call(
+        "POST", f"/sandboxes/{rid}/contexts/{cid}/run", {"code": code, **fields}
+    )
+    assert status == 200, data
+    frames = [json.loads(line) for line in data.splitlines()]
+    assert frames[-1] == {"type": "end"}
+    return [frame for frame in frames if frame]
+
+
+def main_text(frames: list[dict[str, Any]]) -> str:
+    [main] = [f for f in frames if f["type"] == "result" and f["is_main_result"]]
+    return str(main["data"]["text/plain"])
+
+
+def test_state_output_results_errors(daemon: Daemon) -> None:
+    rid = daemon.create()
+    context = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})
+    cid = context["id"]
+    assert context["language"] == "python"
+    assert context["cwd"].endswith(f"/{rid}/workspace")
+    assert daemon.json("GET", f"/sandboxes/{rid}/contexts") == [context]
+
+    assert run(daemon, rid, cid, "x = 41")[0] == {"type": "count", "execution_count": 1}
+    assert main_text(run(daemon, rid, cid, "x + 1")) == "42"
+    frames = run(
+        daemon, rid, cid, "import os, sys; print(os.getcwd()); print('e', file=sys.stderr)"
+    )
+    assert {"type": "stdout", "text": context["cwd"] + "\n"} in frames
+    assert {"type": "stderr", "text": "e\n"} in frames
+    [error] = [f for f in run(daemon, rid, cid, "1/0") if f["type"] == "error"]
+    assert error["name"] == "ZeroDivisionError"
+    assert any("1/0" in line for line in error["traceback"])
+
+    frames = run(daemon, rid, cid, "os.environ.get('ONLY_NOW')", env={"ONLY_NOW": "yes"})
+    assert main_text(frames) == "'yes'"
+    assert main_text(run(daemon, rid, cid, "repr(os.environ.get('ONLY_NOW'))")) == "'None'"
+
+
+def test_timeout_kill_restart_remove(daemon: Daemon) -> None:
+    rid = daemon.create()
+    cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    run(daemon, rid, cid, "kept = 1")
+    [error] = [
+        f for f in run(daemon, rid, cid, "while True: pass", timeout=1) if f["type"] == "error"
+    ]
+    assert error["name"] == "KeyboardInterrupt"
+    assert main_text(run(daemon, rid, cid, "kept")) == "1"  # the interrupt kept the state
+
+    [died] = [f for f in run(daemon, rid, cid, "import os; os._exit(3)") if f["type"] == "error"]
+    assert died["name"] == "KernelDied"
+    frames = run(daemon, rid, cid, "'kept' in dir()")
+    assert main_text(frames) == "False"  # a fresh kernel
+
+    run(daemon, rid, cid, "again = 2")
+    assert daemon.json("POST", f"/sandboxes/{rid}/contexts/{cid}/restart", {})["id"] == cid
+    assert main_text(run(daemon, rid, cid, "'again' in dir()")) == "False"
+
+    second = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    status, data = daemon.call("POST", f"/sandboxes/{rid}/contexts", {})
+    assert status == 429, data
+    assert daemon.call("DELETE", f"/sandboxes/{rid}/contexts/{second}")[0] == 204
+    status, data = daemon.call("POST", f"/sandboxes/{rid}/contexts/{second}/run", {"code": "1"})
+    assert status == 404
+    assert json.loads(data)["error"] == "ContextNotFound"
+    status, data = daemon.call("POST", f"/sandboxes/{rid}/contexts", {"language": "cobol"})
+    assert status == 400, data
+
+
+def test_output_is_bounded(daemon: Daemon) -> None:
+    rid = daemon.create()
+    cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    frames = run(daemon, rid, cid, "for i in range(2000): print('x' * 100)")
+    text = "".join(f["text"] for f in frames if f["type"] == "stdout")
+    assert len(text) <= 64 * 1024
+    assert any("SANDBOXD_MAX_OUTPUT" in f["text"] for f in frames if f["type"] == "stderr")
