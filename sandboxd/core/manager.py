@@ -185,6 +185,7 @@ class SandboxManager(Commands, ContextCommands):
             watch.close(gone=True)
         for run in list(sandbox.running):
             run.abort()
+        await self.close_contexts(sandbox)
         with suppress(OSError):  # no counters to read: nothing to add
             self.metrics.oom_kills.inc(self.isolation.cgroups.stats(rid).oom_kills)
         # A file call already in a worker thread may still create entries (an upload's

@@ -18,7 +18,7 @@ from attrs import frozen
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest
 
-from sandboxd.e2b import signing, wire
+from sandboxd.e2b import interpreter, signing, wire
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import RestError
 from sandboxd.web.guard import Admission, Admit
@@ -73,6 +73,17 @@ class Authoriser:
     def admit(self, path: bytes, authorization: bytes | None, headers: Headers) -> Admission:
         """What a request's headers earn it (see the module's doc)."""
         route = path.split(b"?", 1)[0]
+        port = _header(headers, b"e2b-sandbox-port")
+        if interpreter.is_interpreter_call(route, port):
+            token = _header(headers, b"x-access-token") or _header(
+                headers, b"e2b-traffic-access-token"
+            )
+            held = self.registry.holds(
+                _sandbox_id(headers), (token or b"").decode("utf-8", "replace")
+            )
+            if held is None:
+                return Admission.ABSENT
+            return Admission.TRUSTED if held else Admission.REFUSED
         if not route.startswith(ENVD_ROUTES):
             key = _header(headers, b"x-api-key")
             return Admission.TRUSTED if self.key_valid(key) else Admission.REFUSED

@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, unquote
 
 from twisted.web.iweb import IRequest
 
-from sandboxd.e2b import wire
+from sandboxd.e2b import interpreter, wire
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest
@@ -61,6 +61,7 @@ def sandbox_json(entry: E2BSandbox) -> dict[str, Any]:
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": entry.token,
+        "trafficAccessToken": entry.token,  # the code interpreter's calls carry it
         "domain": None,
     }
 
@@ -120,7 +121,11 @@ def _answer(request: IRequest, status: int, value: Any) -> bytes:
 async def create(front: "E2BFront", request: IRequest) -> bytes:
     body = _json_body(request)
     template = body.get("templateID", "base")
-    if template not in TEMPLATES:
+    if template == interpreter.TEMPLATE:
+        missing = front.manager.contexts_missing()
+        if missing is not None:
+            raise RestError(400, f"template {template!r}: contexts are not available: {missing}")
+    elif template not in TEMPLATES:
         raise RestError(
             400, f"template {template!r}: sandboxd has only the default template 'base'"
         )

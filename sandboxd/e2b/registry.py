@@ -44,6 +44,8 @@ class E2BSandbox:
     """Each process's ``ProcessConfig`` as the SDK sent it (by core process id)."""
     watchers: dict[str, Any] = field(factory=dict)
     """Polling watchers (``CreateWatcher``) by id."""
+    default_contexts: dict[str, str] = field(factory=dict)
+    """The code interpreter's default context of each language, by id."""
     expiry: IDelayedCall | None = None
     serial: int = 0
     """The order of its create among the front's sandboxes (1, 2, ...): a listing's order."""

@@ -73,7 +73,10 @@ class KernelLink:
         self.client.start_channels(hb=False)
 
     def close(self) -> None:
+        """Close the sockets and their ZMQ context at once (a context left to the garbage
+        collector would wait forever for a dead kernel to take what was sent to it)."""
         self.client.stop_channels()
+        self.client.context.destroy(linger=0)
 
     def wait_ready(self, timeout: float) -> None:
         """Return once the kernel answers on its shell socket and publishes on iopub (so no

@@ -152,7 +152,11 @@ class ContextCommands:
                 if context.link is not None:
                     context.link.given_up.set()
         assert self._kernel_pool is not None
-        self._kernel_pool.stop()
+        self._kernel_pool.stop()  # every wait given up: the threads end within POLL
+        for sandbox in self.sandboxes.values():
+            for context in sandbox.contexts.values():
+                if context.link is not None:
+                    context.link.close()
 
     def _in_thread(self, work: Callable[[], T]) -> Deferred[T]:
         return deferToThreadPool(self.reactor, self._pool(), work)
@@ -208,10 +212,21 @@ class ContextCommands:
             context.queue.release()
 
     async def remove_context(self, sandbox: Sandbox, context: Context) -> None:
-        """Kill the context's kernel and forget it (what waits in its queue ends at once)."""
+        """Kill the context's kernel and forget it (what runs in it ends with a
+        ``KernelDied`` error, what waits in its queue ends at once)."""
         sandbox.contexts.pop(context.cid, None)
         context.removed = True
-        await self._stop_kernel(context)
+        context.stop()
+        await context.queue.acquire()
+        try:
+            await self._stop_kernel(context)
+        finally:
+            context.queue.release()
+
+    async def close_contexts(self, sandbox: Sandbox) -> None:
+        """Remove every context of ``sandbox`` (it is being killed)."""
+        for context in list(sandbox.contexts.values()):
+            await self.remove_context(sandbox, context)
 
     def _kernel_spec(self, as_home: bool, conn: str = "") -> ExecSpec:
         cmd = (

@@ -1,0 +1,108 @@
+"""The unmodified ``e2b-code-interpreter`` SDK (sync and async) against the E2B front
+(docs/e2b.rst, "Code interpreter"): a real daemon, real ipykernels from the host's python3,
+under no isolation and under the real one (as root)."""
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from e2b import NotFoundException, SandboxException, TimeoutException
+from e2b_code_interpreter import AsyncSandbox, Sandbox
+
+from tests.e2b.conftest import E2BDaemon, point_sdk_at, running_front
+
+CREATE = {"isolation-none": {}, "isolation-real": {"allow_internet_access": False}}
+"""How each front's sandboxes are made: under the real isolation, in a network namespace of
+their own with nothing but a loopback (the kernel's sockets must not need a network)."""
+
+
+@pytest.fixture(scope="module")
+def isolated_interpreter_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
+    """The real isolation, its sandboxes without network (no egress lock needed)."""
+    tmp = tmp_path_factory.mktemp("e2b-interpreter")
+    with running_front(tmp, "--network-allow=none") as front:
+        yield front
+
+
+@pytest.fixture(params=sorted(CREATE))
+def front(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Each test runs against both daemons; its value is the create's arguments."""
+    name = "unisolated_front" if request.param == "isolation-none" else "isolated_interpreter_front"
+    point_sdk_at(monkeypatch, request.getfixturevalue(name))
+    return {"timeout": 120, **CREATE[request.param]}
+
+
+@pytest.fixture
+def box(front: dict[str, Any]) -> Iterator[Sandbox]:
+    with Sandbox.create(**front) as created:  # the default template: code-interpreter-v1
+        yield created
+
+
+def test_state_output_and_errors(box: Sandbox) -> None:
+    box.run_code("x = 1")
+    assert box.run_code("x + 1").text == "2"
+    out: list[str] = []
+    err: list[str] = []
+    execution = box.run_code(
+        "import sys; print('to out'); print('to err', file=sys.stderr)",
+        on_stdout=lambda m: out.append(m.line),
+        on_stderr=lambda m: err.append(m.line),
+    )
+    assert out == ["to out\n"] and err == ["to err\n"]
+    assert execution.logs.stdout == ["to out\n"]
+    failed = box.run_code("def f():\n    raise ValueError('bad')\nf()")
+    assert failed.error is not None
+    assert (failed.error.name, failed.error.value) == ("ValueError", "bad")
+    assert "raise ValueError('bad')" in failed.error.traceback
+    assert box.run_code("import os; os.environ['ONE']", envs={"ONE": "1"}).text == "'1'"
+
+
+def test_chart_and_table(box: Sandbox) -> None:
+    plotted = box.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
+    [chart] = [r for r in plotted.results if r.png]
+    assert chart.png.startswith("iVBORw0KGgo")  # PNG's signature, base64
+    table = box.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+    assert "<table" in (table.results[0].html or "")
+
+
+def test_contexts_and_faults(box: Sandbox) -> None:
+    context = box.create_code_context()
+    box.run_code("y = 5", context=context)
+    assert box.run_code("y", context=context).text == "5"
+    assert context.id in [c.id for c in box.list_code_contexts()]
+    box.restart_code_context(context)
+    assert box.run_code("'y' in dir()", context=context).text == "False"
+
+    with pytest.raises(TimeoutException):  # the SDK closes the connection: an interrupt
+        box.run_code("kept = 3\nwhile True: pass", context=context, timeout=2)
+    assert box.run_code("kept", context=context).text == "3"  # interrupted, state kept
+
+    died = box.run_code("import os; os._exit(1)", context=context)
+    assert died.error is not None and died.error.name == "KernelDied"
+    assert box.run_code("1 + 1", context=context).text == "2"  # a fresh kernel
+
+    box.remove_code_context(context)
+    with pytest.raises(NotFoundException):
+        box.run_code("1", context=context)
+    with pytest.raises(SandboxException):
+        box.run_code("1", context=box.create_code_context(), language="python")
+
+
+def test_async_sdk(front: dict[str, Any]) -> None:
+    async def main() -> None:
+        box = await AsyncSandbox.create(**front)
+        try:
+            await box.run_code("z = 20")
+            assert (await box.run_code("z * 2")).text == "40"
+        finally:
+            await box.kill()
+
+    asyncio.run(main())
+
+
+def test_another_sandbox_cannot_use_the_kernel(front: dict[str, Any]) -> None:
+    with Sandbox.create(**front) as first, Sandbox.create(**front) as second:
+        context = first.create_code_context()
+        with pytest.raises(NotFoundException):
+            second.run_code("1", context=context)
