@@ -106,3 +106,34 @@ def test_another_sandbox_cannot_use_the_kernel(front: dict[str, Any]) -> None:
         context = first.create_code_context()
         with pytest.raises(NotFoundException):
             second.run_code("1", context=context)
+
+
+CONNECT_TO = """
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect({path!r})
+    print("connected")
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+def test_another_sandbox_cannot_reach_the_kernel_socket(
+    monkeypatch: pytest.MonkeyPatch, isolated_interpreter_front: E2BDaemon
+) -> None:
+    """Under the real isolation, a kernel's unix sockets lie in its sandbox's ``tmp/``, under
+    ``{root}/{rid}/`` (root's, mode 0710: only that sandbox's gid may pass): a connect from
+    another sandbox's kernel is refused, even to a socket its owner made ``0777``."""
+    point_sdk_at(monkeypatch, isolated_interpreter_front)
+    front = {"timeout": 60, "allow_internet_access": False}
+    with Sandbox.create(**front) as first, Sandbox.create(**front) as second:
+        found = first.run_code("import sys; print(sys.argv[sys.argv.index('-f') + 1])")
+        connection_file = "".join(found.logs.stdout).strip()
+        shell_socket = connection_file.removesuffix(".json") + "-1"
+        own = first.run_code(CONNECT_TO.format(path=shell_socket))
+        assert own.logs.stdout == ["connected\n"]  # the path is right: its own sandbox may
+        # Even were the sandbox careless with its own socket, its directory stops the other.
+        first.run_code(f"import os; os.chmod({shell_socket!r}, 0o777)")
+        other = second.run_code(CONNECT_TO.format(path=shell_socket))
+        assert other.logs.stdout == ["PermissionError\n"]
