@@ -32,6 +32,8 @@ MORE: dict[str, str] = {
     "SANDBOXD_WALK_MAX": "50",
     "SANDBOXD_WALK_BYTES_MAX": "2M",
     "SANDBOXD_WATCH_MAX": "2",
+    "SANDBOXD_CONTEXTS_MAX": "1",
+    "SANDBOXD_KERNEL_PYTHON": "/opt/python/bin/python3",
 }
 
 OFF: dict[str, str] = {

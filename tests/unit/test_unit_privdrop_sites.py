@@ -46,6 +46,8 @@ SITES = {
     ("sandboxd/isolation/helper.py", "run_program"): "root: the helper's seccomp-check at start-up",
     ("sandboxd/isolation/helper_build.py", "_run"): "the build: the C compiler",
     ("sandboxd/core/archive/store.py", "rsync_version"): "root: rsync --version at start-up",
+    ("sandboxd/core/contexts/service.py", "kernel_missing"): "the daemon's user:"
+    " SANDBOXD_KERNEL_PYTHON asked, once, whether it has ipykernel (no module imported)",
 }
 """Every place that starts a process: what it starts, and as whom."""
 
