@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._handles import Route, decode_handle, encode_handle
     from ._retry import RetryPolicy
     from ._types import (
+        ContextNotFound,
         ExecResult,
         Health,
         OutputChunk,
@@ -46,6 +47,7 @@ _LAZY = {
     "Route": "._handles",
     "decode_handle": "._handles",
     "encode_handle": "._handles",
+    "ContextNotFound": "._types",
     "ExecResult": "._types",
     "Health": "._types",
     "OutputChunk": "._types",
@@ -81,6 +83,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ContextNotFound",
     "ExecResult",
     "Health",
     "HttpSandbox",

@@ -25,6 +25,7 @@ from twisted.web.client import RequestGenerationFailed, RequestTransmissionFaile
 
 from ._twisted import ParseError
 from ._types import (
+    ContextNotFound,
     ProcessNotFound,
     ProtocolError,
     SandboxBusy,
@@ -42,12 +43,14 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "FileNotFoundError": 404,
         "NotFound": 404,
         "ProcessNotFound": 404,
+        "ContextNotFound": 404,
         "MethodNotAllowed": 405,
         "Conflict": 409,
         "TooLarge": 413,
         "TooMany": 429,
         "InternalError": 500,
         "ArchiveError": 500,
+        "ContextsUnavailable": 501,
         "Draining": 503,
         "NoCapacity": 503,
         "InsufficientStorage": 507,
@@ -87,6 +90,8 @@ def error_for(status: int, error: str | None, detail: str) -> Exception:
             return FileNotFoundError(errno.ENOENT, detail)
         if error == "ProcessNotFound":
             return ProcessNotFound(detail, status=status, error=error)
+        if error == "ContextNotFound":
+            return ContextNotFound(detail, status=status, error=error)
         return SandboxNotFound(detail, status=status, error=error)
     if status == 400:
         return ValueError(detail)

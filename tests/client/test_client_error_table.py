@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from sandboxd_client import (
+    ContextNotFound,
     ProcessNotFound,
     SandboxError,
     SandboxNotFound,
@@ -47,6 +48,8 @@ EXPECTED: dict[str, type[BaseException]] = {
     "FileNotFoundError": FileNotFoundError,
     "NotFound": SandboxNotFound,
     "ProcessNotFound": ProcessNotFound,
+    "ContextNotFound": ContextNotFound,
+    "ContextsUnavailable": SandboxError,
     "MethodNotAllowed": SandboxError,
     "Conflict": SandboxError,
     "TooMany": SandboxError,
