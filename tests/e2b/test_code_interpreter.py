@@ -3,6 +3,8 @@
 under no isolation and under the real one (as root)."""
 
 import asyncio
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -137,3 +139,39 @@ def test_another_sandbox_cannot_reach_the_kernel_socket(
         first.run_code(f"import os; os.chmod({shell_socket!r}, 0o777)")
         other = second.run_code(CONNECT_TO.format(path=shell_socket))
         assert other.logs.stdout == ["PermissionError\n"]
+
+
+def _call(
+    front: E2BDaemon, method: str, path: str, raw: bytes, headers: dict[str, str]
+) -> tuple[int, bytes]:
+    request = urllib.request.Request(front.url + path, data=raw, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_bad_calls_to_the_interpreter(e2b_daemon: E2BDaemon) -> None:
+    """What the SDK never sends, answered before any kernel is touched."""
+    with Sandbox.create(timeout=60) as box:
+        token = box.traffic_access_token
+        assert token
+        good = {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "49999"}
+        keyed = {**good, "E2B-Traffic-Access-Token": token}
+        cases = [
+            ("/execute", b'{"code": "1"}', {**good, "X-Access-Token": "wrong"}, 401),
+            ("/execute", b'{"code": "1"}', {**keyed, "E2b-Sandbox-Id": "f" * 16}, 502),
+            ("/execute", b'{"code": "1"}', {**keyed, "E2b-Sandbox-Port": "49998"}, 401),
+            ("/execute", b"{", keyed, 400),
+            ("/execute", b"[]", keyed, 400),
+            ("/execute", b'{"code": 1}', keyed, 400),
+            ("/execute", b'{"code": "1", "env_vars": {"A": 1}}', keyed, 400),
+            ("/execute", b'{"code": "1", "language": 3}', keyed, 400),
+            ("/execute", b'{"code": "1", "language": "bash"}', keyed, 400),
+            ("/contexts", b'{"language": "cobol"}', keyed, 400),
+        ]
+        for path, raw, headers, status in cases:
+            assert _call(e2b_daemon, "POST", path, raw, headers)[0] == status, (path, raw)
+        # The interpreter's paths without its port are the control plane's (its key: none).
+        assert _call(e2b_daemon, "GET", "/contexts", b"", {"X-API-Key": "e2b-test-token"})[0] == 404

@@ -101,3 +101,79 @@ def test_output_is_bounded(daemon: Daemon) -> None:
     text = "".join(f["text"] for f in frames if f["type"] == "stdout")
     assert len(text) <= 64 * 1024
     assert any("SANDBOXD_MAX_OUTPUT" in f["text"] for f in frames if f["type"] == "stderr")
+
+
+def test_a_dead_kernel_restarts_on_request(daemon: Daemon) -> None:
+    rid = daemon.create()
+    cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    run(daemon, rid, cid, "import os; os._exit(1)")
+    assert daemon.json("POST", f"/sandboxes/{rid}/contexts/{cid}/restart", {})["id"] == cid
+    assert main_text(run(daemon, rid, cid, "6 * 7")) == "42"
+
+
+def test_bad_bodies(daemon: Daemon) -> None:
+    rid = daemon.create()
+    cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    creates: list[dict[str, Any]] = [{"language": 3}, {"cwd": ""}]
+    for body in creates:
+        assert daemon.call("POST", f"/sandboxes/{rid}/contexts", body)[0] == 400
+    runs: list[dict[str, Any]] = [{}, {"code": "1", "timeout": 0}, {"code": "1", "timeout": True}]
+    for body in runs:
+        assert daemon.call("POST", f"/sandboxes/{rid}/contexts/{cid}/run", body)[0] == 400
+
+
+BROKEN_KERNEL = """#!/bin/sh
+# python3, but a kernel that fails to start once the sandbox has left the marker
+if [ "$1" = -m ] && [ -e "$TMPDIR/no-kernel" ]; then echo "kernel refused" >&2; exit 3; fi
+exec /usr/bin/python3 "$@"
+"""
+
+
+def test_a_kernel_that_cannot_start(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text(BROKEN_KERNEL)
+    python.chmod(0o755)
+    running = start_daemon(tmp_path, "--isolation=none", f"--kernel-python={python}")
+    try:
+        rid = running.create()
+        cid = running.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+        frames = run(running, rid, cid, "import os; open(os.environ['TMPDIR'] + '/no-kernel', 'w')")
+        assert not [f for f in frames if f["type"] == "error"]
+        [died] = [f for f in run(running, rid, cid, "os._exit(1)") if f["type"] == "error"]
+        assert died["name"] == "KernelDied"
+        [again] = [f for f in run(running, rid, cid, "1") if f["type"] == "error"]
+        assert again["name"] == "KernelDied"
+        assert "kernel refused" in again["value"]
+        status, data = running.call("POST", f"/sandboxes/{rid}/contexts", {})
+        assert status == 501, data
+        assert "kernel refused" in json.loads(data)["detail"]
+        assert [c["id"] for c in running.json("GET", f"/sandboxes/{rid}/contexts")] == [cid]
+    finally:
+        stop_daemon(running)
+
+
+def test_a_host_without_a_kernel(tmp_path: Path) -> None:
+    running = start_daemon(tmp_path, "--isolation=none", "--kernel-python=/nonexistent/python3")
+    try:
+        assert "contexts" not in running.json("GET", "/healthz")["capabilities"]
+        rid = running.create()
+        status, data = running.call("POST", f"/sandboxes/{rid}/contexts", {})
+        assert status == 501
+        error = json.loads(data)
+        assert error["error"] == "ContextsUnavailable"
+        assert "/nonexistent/python3 cannot run" in error["detail"]
+    finally:
+        stop_daemon(running)
+
+
+def test_a_root_too_long_for_a_socket(tmp_path: Path) -> None:
+    root = Path("/tmp/sandboxd-tests") / ("r" * 90)
+    running = start_daemon(tmp_path, "--isolation=none", f"--root={root}")
+    try:
+        assert "contexts" in running.json("GET", "/healthz")["capabilities"]
+        rid = running.create()
+        status, data = running.call("POST", f"/sandboxes/{rid}/contexts", {})
+        assert status == 501, data
+        assert "shorter SANDBOXD_ROOT" in json.loads(data)["detail"]
+    finally:
+        stop_daemon(running)

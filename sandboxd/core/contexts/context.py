@@ -34,7 +34,7 @@ class Context:
     link: KernelLink | None = None
     removed: bool = False
     starts: int = 0
-    """How many kernels this context has started (the socket names' suffix)."""
+    """How many kernels this context has started."""
 
     @property
     def alive(self) -> bool:

@@ -9,6 +9,7 @@ namespaces and filter); the daemon speaks to it over unix sockets in the sandbox
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
@@ -242,13 +243,15 @@ class ContextCommands:
 
     async def _start_kernel(self, sandbox: Sandbox, context: Context) -> None:
         context.starts += 1
-        prefix = os.path.join(self.layout.tmp(sandbox.rid), f"k{context.cid}{context.starts}")
+        # a name the sandbox cannot guess ahead (it could otherwise take it first)
+        name = f"k{context.cid}{secrets.token_hex(4)}"
+        prefix = os.path.join(self.layout.tmp(sandbox.rid), name)
+        conn = prefix + ".json"
         try:
             info = connection_info(prefix)
-        except ValueError as e:
-            raise ContextsUnavailable(str(e)) from None
-        conn = prefix + ".json"
-        await self.files(sandbox, lambda _workspace: write_connection_file(conn, info))
+            await self.files(sandbox, lambda _workspace: write_connection_file(conn, info))
+        except (ValueError, OSError) as e:
+            raise ContextsUnavailable(f"the kernel cannot start: {e}") from None
         tail = bytearray()
 
         def keep(fd: int, data: bytes) -> None:
