@@ -144,5 +144,4 @@ async def execute(front: "E2BFront", request: IRequest, entry: E2BSandbox) -> No
     try:
         await stream.wait()
     finally:
-        if not execution.done.called:
-            execution.cancel()
+        execution.cancel()  # the client went: interrupt it (nothing once it has ended)

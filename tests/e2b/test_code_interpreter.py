@@ -168,6 +168,7 @@ def test_bad_calls_to_the_interpreter(e2b_daemon: E2BDaemon) -> None:
             ("/execute", b'{"code": 1}', keyed, 400),
             ("/execute", b'{"code": "1", "env_vars": {"A": 1}}', keyed, 400),
             ("/execute", b'{"code": "1", "language": 3}', keyed, 400),
+            ("/execute", b'{"code": "1", "context_id": "a", "language": "python"}', keyed, 400),
             ("/execute", b'{"code": "1", "language": "bash"}', keyed, 400),
             ("/contexts", b'{"language": "cobol"}', keyed, 400),
         ]

@@ -4,7 +4,10 @@ real ipykernel from the host's python3, real cells.
 Every wait is for an event (a frame, the end), bounded by the client's socket timeout only.
 """
 
+import http.client
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,7 +100,12 @@ def test_timeout_kill_restart_remove(daemon: Daemon) -> None:
 def test_output_is_bounded(daemon: Daemon) -> None:
     rid = daemon.create()
     cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
-    frames = run(daemon, rid, cid, "for i in range(2000): print('x' * 100)")
+    frames = run(
+        daemon,
+        rid,
+        cid,
+        "import time\nfor i in range(40):\n    print('x' * 4000)\n    time.sleep(0.02)",
+    )
     text = "".join(f["text"] for f in frames if f["type"] == "stdout")
     assert len(text) <= 64 * 1024
     assert any("SANDBOXD_MAX_OUTPUT" in f["text"] for f in frames if f["type"] == "stderr")
@@ -177,3 +185,24 @@ def test_a_root_too_long_for_a_socket(tmp_path: Path) -> None:
         assert "shorter SANDBOXD_ROOT" in json.loads(data)["detail"]
     finally:
         stop_daemon(running)
+
+
+def test_removing_a_context_ends_what_runs_and_waits_in_it(daemon: Daemon) -> None:
+    rid = daemon.create()
+    cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    body = json.dumps({"code": "print('started', flush=True)\nwhile True: pass"})
+    connection.request("POST", f"/sandboxes/{rid}/contexts/{cid}/run", body)
+    response = connection.getresponse()
+    running: list[dict[str, Any]] = []
+    while not any(f.get("text") == "started\n" for f in running):  # the cell runs
+        running.append(json.loads(response.readline()))
+    queued: list[dict[str, Any]] = []
+    waiting = threading.Thread(target=lambda: queued.extend(run(daemon, rid, cid, "1")))
+    waiting.start()
+    time.sleep(0.5)  # the second request is in, waiting its turn (only the order matters)
+    assert daemon.call("DELETE", f"/sandboxes/{rid}/contexts/{cid}")[0] == 204
+    running.extend(json.loads(line) for line in response.read().splitlines())
+    waiting.join(30)
+    assert [f["name"] for f in running if f.get("type") == "error"] == ["KernelDied"]
+    assert [f["name"] for f in queued if f["type"] == "error"] == ["ContextRemoved"]

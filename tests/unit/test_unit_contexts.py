@@ -2,6 +2,7 @@
 the connection file, the E2B result bundle, and the kernel threads' shutdown."""
 
 import json
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,14 @@ import pytest
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.core.contexts.context import Context
-from sandboxd.core.contexts.kernel import SOCKET_PATH_MAX, connection_info, write_connection_file
+from sandboxd.core.contexts.events import Count, Event, Result
+from sandboxd.core.contexts.kernel import (
+    SOCKET_PATH_MAX,
+    KernelGone,
+    KernelLink,
+    connection_info,
+    write_connection_file,
+)
 from sandboxd.core.contexts.service import ContextCommands, env_code, kernel_missing
 from sandboxd.e2b.wire import result_fields
 
@@ -95,3 +103,37 @@ def test_shutdown_gives_up_every_wait_then_closes_the_links() -> None:
     owner._kernel_pool = pool
     owner._stop_kernel_pool()
     assert link.closed and pool.joined
+
+
+def test_a_link_to_no_kernel_gives_up(tmp_path: Path) -> None:
+    link = KernelLink(connection_info(str(tmp_path / "k")), alive=lambda: True)
+    try:
+        with pytest.raises(KernelGone, match=r"did not answer within 0\.5s"):
+            link.wait_ready(0.5)
+        link.given_up.set()
+        with pytest.raises(KernelGone, match="removed"):
+            link.wait_ready(0.5)
+    finally:
+        link.close()
+
+
+def test_a_real_kernel_skips_what_another_request_caused(tmp_path: Path) -> None:
+    """A real ipykernel (the host's python3): an execution's events are its own, not those of
+    a request sent before it (the status of a ``kernel_info``)."""
+    info = connection_info(str(tmp_path / "k"))
+    conn = str(tmp_path / "k.json")
+    write_connection_file(conn, info)
+    kernel = subprocess.Popen(
+        ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", conn], stdout=subprocess.DEVNULL
+    )
+    link = KernelLink(info, alive=lambda: kernel.poll() is None)
+    try:
+        link.wait_ready(30)
+        link.client.kernel_info()
+        events: list[Event] = []
+        link.execute("1 + 1", events.append)
+        assert events == [Count(1), Result({"text/plain": "2"}, True)]
+    finally:
+        link.close()
+        kernel.kill()
+        kernel.wait()

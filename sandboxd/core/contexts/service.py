@@ -87,7 +87,8 @@ def env_code(env: Mapping[str, str]) -> tuple[str, str]:
 @define(eq=False)
 class Execution:
     """One queued or running execution: :attr:`done` fires after its :class:`End`;
-    :meth:`cancel` (its follower went) interrupts it, or drops it while it waits its turn."""
+    :meth:`cancel` (its follower went) interrupts it, or drops it while it waits its turn;
+    nothing once its :class:`End` is delivered."""
 
     done: Deferred[None]
     cancelled: bool = False

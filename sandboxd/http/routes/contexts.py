@@ -50,8 +50,7 @@ async def run_code(api: "SandboxAPI", request: IRequest, rid: str, cid: str) -> 
     try:
         await stream.wait()
     finally:
-        if not execution.done.called:
-            execution.cancel()
+        execution.cancel()  # the client went: interrupt it (nothing once it has ended)
 
 
 @app.route("/sandboxes/<rid:rid>/contexts/<cid>/restart", methods=["POST"])
