@@ -151,10 +151,7 @@ def interpreter_call(route: F) -> F:
         port = request.getHeader(b"e2b-sandbox-port")
         if not interpreter.is_interpreter_call(request.path or b"", port):
             raise RestError(404, "the code interpreter answers on port 49999 only")
-        sandbox_id = sandbox_id_of(request)
-        if not sandbox_id:
-            raise wire.no_sandbox_named()
-        entry = front.registry.authorised(sandbox_id, interpreter.token_of(request))
+        entry = front.registry.authorised(sandbox_id_of(request), interpreter.token_of(request))
         return route(front, request, entry, *args, **kwargs)
 
     return cast(F, found)

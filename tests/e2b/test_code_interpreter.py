@@ -6,6 +6,7 @@ import asyncio
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -176,3 +177,12 @@ def test_bad_calls_to_the_interpreter(e2b_daemon: E2BDaemon) -> None:
             assert _call(e2b_daemon, "POST", path, raw, headers)[0] == status, (path, raw)
         # The interpreter's paths without its port are the control plane's (its key: none).
         assert _call(e2b_daemon, "GET", "/contexts", b"", {"X-API-Key": "e2b-test-token"})[0] == 404
+
+
+def test_a_host_without_a_kernel_refuses_the_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_front(tmp_path, "--isolation=none", "--kernel-python=/nonexistent/python3") as e2b:
+        point_sdk_at(monkeypatch, e2b)
+        with pytest.raises(SandboxException, match="contexts are not available"):
+            Sandbox.create(timeout=60)
