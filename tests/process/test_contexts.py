@@ -206,3 +206,21 @@ def test_removing_a_context_ends_what_runs_and_waits_in_it(daemon: Daemon) -> No
     waiting.join(30)
     assert [f["name"] for f in running if f.get("type") == "error"] == ["KernelDied"]
     assert [f["name"] for f in queued if f["type"] == "error"] == ["ContextRemoved"]
+
+
+def test_a_run_whose_client_went_while_it_waited_never_runs(daemon: Daemon) -> None:
+    rid = daemon.create()
+    cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    path = f"/sandboxes/{rid}/contexts/{cid}/run"
+    busy = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    busy.request("POST", path, json.dumps({"code": "print('started', flush=True)\nwhile 1: pass"}))
+    response = busy.getresponse()
+    while b"started" not in response.readline():  # the cell runs and holds the queue
+        pass
+    waiting = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    waiting.request("POST", path, json.dumps({"code": "ran_second = True"}))
+    time.sleep(0.5)  # the second request is in, waiting its turn (only the order matters)
+    waiting.close()  # its client goes while it waits
+    busy.close()  # the first is interrupted: the queue moves on
+    frames = run(daemon, rid, cid, "'ran_second' in dir()")
+    assert main_text(frames) == "False"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from twisted.internet.defer import ensureDeferred
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.core.contexts.context import Context
@@ -137,3 +138,10 @@ def test_a_real_kernel_skips_what_another_request_caused(tmp_path: Path) -> None
         link.close()
         kernel.kill()
         kernel.wait()
+
+
+def test_stopping_a_context_whose_kernel_never_started() -> None:
+    """A sandbox killed while its context's first kernel is being made: nothing to kill."""
+    context = Context("c", "python", "/")
+    done = ensureDeferred(ContextCommands()._stop_kernel(context))
+    assert done.called and context.run is None and context.link is None
