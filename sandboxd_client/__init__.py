@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._client import HttpSandbox
+    from ._contexts import CellError, ContextInfo, Execution
     from ._handles import Route, decode_handle, encode_handle
     from ._retry import RetryPolicy
     from ._types import (
@@ -48,6 +49,9 @@ _LAZY = {
     "decode_handle": "._handles",
     "encode_handle": "._handles",
     "ContextNotFound": "._types",
+    "CellError": "._contexts",
+    "ContextInfo": "._contexts",
+    "Execution": "._contexts",
     "ExecResult": "._types",
     "Health": "._types",
     "OutputChunk": "._types",
@@ -83,8 +87,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CellError",
+    "ContextInfo",
     "ContextNotFound",
     "ExecResult",
+    "Execution",
     "Health",
     "HttpSandbox",
     "OutputChunk",

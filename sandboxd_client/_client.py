@@ -68,6 +68,7 @@ from twisted.internet.defer import Deferred
 
 from . import _wire as wire
 from ._base import Handle
+from ._contexts import Contexts
 from ._deferreds import async_to_deferred
 from ._execstream import ExecStreamDecoder, OutputCallback
 from ._files import Files
@@ -87,7 +88,7 @@ from ._types import (
 )
 
 
-class HttpSandbox(Processes, Files, Transfers, Trees):
+class HttpSandbox(Processes, Contexts, Files, Transfers, Trees):
     """
     A client for one sandboxd service.
 
