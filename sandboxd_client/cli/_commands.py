@@ -19,6 +19,8 @@
     health [--pod URL]
     run -d, logs [-f], ps, signal, watch   background processes and workspace watch
                                      (see sandboxd_client.cli._processes)
+    run-code HANDLE [CODE]           Python in the sandbox's interpreter, state kept between
+                                     calls (see sandboxd_client.cli._code)
     mcp [--transport stdio|http] [--host H] [--port P] [--path /mcp]
                                      a Model Context Protocol server (needs the [mcp] extra)
 
@@ -52,7 +54,7 @@ from twisted.internet.task import react
 
 from .. import HttpSandbox, SandboxError, SandboxSpec
 from .._types import OutputChunk, SandboxHandle
-from . import _processes, _stdin, _trees
+from . import _code, _processes, _stdin, _trees
 from ._handle import resolve_handle
 from ._parser import build_parser, parse_args
 from ._progress import MIB, ProgressBar
@@ -257,6 +259,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
         return await _exec(client, args, console)
     if cmd in _processes.COMMANDS:
         return await _processes.run(client, args, console)
+    if cmd in _code.COMMANDS:
+        return await _code.run(client, args, console)
     if cmd == "create":
         spec = SandboxSpec(args.image, dict(args.env), tuple(args.port), args.item_id, args.network)
         handle = await client.create(spec)
