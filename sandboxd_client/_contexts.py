@@ -67,6 +67,12 @@ def _info(value: Any) -> ContextInfo:
     return ContextInfo(value["id"], value["language"], value["cwd"])
 
 
+def _listing(value: Any) -> list[ContextInfo]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"bad contexts listing: {value!r}")
+    return [_info(item) for item in value]
+
+
 class CellDecoder:
     """Feeds the frames of ``POST …/contexts/{id}/run`` into an :class:`Execution`."""
 
@@ -128,10 +134,7 @@ class Contexts(ClientBase):
     @async_to_deferred
     async def contexts(self, handle: Handle) -> list[ContextInfo]:
         """Every context of the sandbox."""
-        reply = await self._idempotent("GET", self._url(handle, "contexts"))
-        if not isinstance(reply, list):
-            raise ProtocolError(f"bad contexts listing: {reply!r}")
-        return [_info(item) for item in reply]
+        return _listing(await self._idempotent("GET", self._url(handle, "contexts")))
 
     @async_to_deferred
     async def run_code(

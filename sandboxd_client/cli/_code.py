@@ -3,10 +3,10 @@
 
 run-code HANDLE [CODE] [--context ID] [--timeout S]
     runs CODE (or, without it, all of stdin) in the context ID, else in the sandbox's first
-    Python context (made if it has none), so that variables stay between calls. The cell's
-    stdout goes to stdout as it comes, its stderr to stderr, then the value of its last
-    expression to stdout; a raised exception's traceback goes to stderr and the exit code is
-    1. ``--json`` prints the whole execution as one object instead.
+    context (made if it has none; every context is Python's), so that variables stay between
+    calls. The cell's stdout goes to stdout as it comes, its stderr to stderr, then the value
+    of its last expression to stdout; a raised exception's traceback goes to stderr and the
+    exit code is 1. ``--json`` prints the whole execution as one object instead.
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ COMMANDS = ("run-code",)
 
 
 async def _context(client: HttpSandbox, handle: SandboxHandle) -> str:
-    for context in await client.contexts(handle):
-        if context.language == "python":
-            return context.id
-    return (await client.create_context(handle)).id
+    """The sandbox's first context (every context is Python's), made if it has none."""
+    found = await client.contexts(handle)
+    return found[0].id if found else (await client.create_context(handle)).id
 
 
 async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> int:

@@ -7,7 +7,7 @@ import pytest
 import pytest_twisted
 
 from sandboxd_client import ContextNotFound, HttpSandbox
-from sandboxd_client._contexts import CellDecoder
+from sandboxd_client._contexts import CellDecoder, ContextInfo, _listing
 from sandboxd_client._types import ProtocolError
 
 from .real_daemon import daemon_and_client
@@ -43,6 +43,15 @@ async def test_contexts_round_trip(client: HttpSandbox) -> None:
     with pytest.raises(ContextNotFound):
         await client.run_code(handle, context.id, "1")
     await client.kill(handle)
+
+
+def test_replies_that_are_not_contexts_are_protocol_errors() -> None:
+    assert _listing([{"id": "a", "language": "python", "cwd": "/w"}]) == [
+        ContextInfo("a", "python", "/w")
+    ]
+    for reply in ({"id": "a"}, [{"id": 1, "language": "python", "cwd": "/"}]):
+        with pytest.raises(ProtocolError):
+            _listing(reply)
 
 
 def test_the_decoder_refuses_garbage_and_a_cut_stream() -> None:
