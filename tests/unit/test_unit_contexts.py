@@ -134,6 +134,8 @@ def test_a_real_kernel_skips_what_another_request_caused(tmp_path: Path) -> None
         events: list[Event] = []
         link.execute("1 + 1", events.append)
         assert events == [Count(1), Result({"text/plain": "2"}, True)]
+        with pytest.raises(KernelGone, match="did not finish"):
+            link.run_silently("import time; time.sleep(3)", timeout=0.3)
     finally:
         link.close()
         kernel.kill()

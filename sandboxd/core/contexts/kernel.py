@@ -109,21 +109,33 @@ class KernelLink:
         if self.given_up.is_set():
             raise KernelGone("the context was removed")
 
-    def run_silently(self, code: str) -> None:
-        """Run ``code`` without history, count or output (the per-execution environment)."""
-        self.execute(code, lambda event: None, silent=True)
+    def run_silently(self, code: str, timeout: float | None = None) -> None:
+        """Run ``code`` without history, count or output (the per-execution environment, the
+        working directory); :class:`KernelGone` past ``timeout`` seconds."""
+        self.execute(code, lambda event: None, silent=True, timeout=timeout)
 
-    def execute(self, code: str, deliver: Callable[[Event], None], silent: bool = False) -> None:
+    def execute(
+        self,
+        code: str,
+        deliver: Callable[[Event], None],
+        silent: bool = False,
+        timeout: float | None = None,
+    ) -> None:
         """Run one cell, telling ``deliver`` each event of it in order (called in this
-        thread), until the kernel is idle again; :class:`KernelGone` if it dies first."""
+        thread), until the kernel is idle again; :class:`KernelGone` if it dies first, or
+        (with a ``timeout``) does not finish within that many seconds."""
         msg_id = self.client.execute(
             code, silent=silent, store_history=not silent, allow_stdin=False, stop_on_error=False
         )
+        waited = 0.0
         while True:
             self._check()
             try:
                 message = self.client.get_iopub_msg(timeout=POLL)
             except queue.Empty:
+                waited += POLL
+                if timeout is not None and waited > timeout:
+                    raise KernelGone(f"the kernel did not finish within {timeout:g}s") from None
                 continue
             if message.get("parent_header", {}).get("msg_id") != msg_id:
                 continue

@@ -269,7 +269,9 @@ class ContextCommands:
         try:
             await self._in_thread(lambda: link.wait_ready(KERNEL_START_TIMEOUT))
             await self._in_thread(
-                lambda: link.run_silently(f"import os; os.chdir({context.cwd!r})")
+                lambda: link.run_silently(
+                    f"import os; os.chdir({context.cwd!r})", KERNEL_START_TIMEOUT
+                )
             )
         except KernelGone as e:
             context.stop()
