@@ -93,6 +93,7 @@ setup(
         "prometheus_client>=0.20",
         "pybase64>=1.4",
         "rich>=13",  # sandboxctl's transfer progress (imported only to draw it)
+        "jupyter_client>=8",  # contexts: the daemon's end of the kernels (docs/extensions.rst)
     ],
     extras_require={
         "mcp": ["mcp>=2.3,<3"],
@@ -113,6 +114,7 @@ setup(
             "openapi-spec-validator>=0.7",
             "PyYAML>=6.0",
             "e2b==2.63.0",
+            "e2b-code-interpreter==2.11.5",
         ],
     },
     entry_points={"console_scripts": ["sandboxctl = sandboxd_client.cli:main"]},

@@ -308,6 +308,18 @@ class Config:
         parse_count,
         "Proxied connections open at once to one sandbox's ports",
     )
+    contexts_max: int = setting_field(
+        "SANDBOXD_CONTEXTS_MAX",
+        "4",
+        parse_count,
+        "Interpreter contexts (live kernels) per sandbox (docs/extensions.rst, Contexts)",
+    )
+    kernel_python: str = setting_field(
+        "SANDBOXD_KERNEL_PYTHON",
+        "/usr/bin/python3",
+        str,
+        "The python3 that runs contexts' kernels in the sandboxes (needs ipykernel)",
+    )
     max_connections: int | None = setting_field(
         "SANDBOXD_MAX_CONNECTIONS",
         "auto",
@@ -392,6 +404,7 @@ class Config:
             "walk_max",
             "walk_bytes_max",
             "template_max",
+            "contexts_max",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{env_name(name)}: must be at least 1")

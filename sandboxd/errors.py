@@ -83,3 +83,11 @@ class TemplatesUnavailable(SandboxdError):
 
 class TemplateCannotRun(SandboxdError):
     """A create names a template, and sandboxes cannot run in templates on this replica yet."""
+
+
+class ContextNotFound(SandboxdError):
+    """Unknown interpreter context id (docs/extensions.rst, "Contexts")."""
+
+
+class ContextsUnavailable(SandboxdError):
+    """Contexts cannot run on this host; the message names what is missing."""

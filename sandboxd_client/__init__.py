@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._client import HttpSandbox
+    from ._contexts import CellError, ContextInfo, Execution
     from ._handles import Route, decode_handle, encode_handle
     from ._retry import RetryPolicy
     from ._types import (
+        ContextNotFound,
         ExecResult,
         Health,
         NetworkInfo,
@@ -49,6 +51,10 @@ _LAZY = {
     "Route": "._handles",
     "decode_handle": "._handles",
     "encode_handle": "._handles",
+    "ContextNotFound": "._types",
+    "CellError": "._contexts",
+    "ContextInfo": "._contexts",
+    "Execution": "._contexts",
     "ExecResult": "._types",
     "Health": "._types",
     "OutputChunk": "._types",
@@ -87,7 +93,11 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CellError",
+    "ContextInfo",
+    "ContextNotFound",
     "ExecResult",
+    "Execution",
     "Health",
     "HttpSandbox",
     "NetworkInfo",

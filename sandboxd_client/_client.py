@@ -69,6 +69,7 @@ from twisted.internet.defer import Deferred
 
 from . import _wire as wire
 from ._base import Handle
+from ._contexts import Contexts
 from ._deferreds import async_to_deferred
 from ._execstream import ExecStreamDecoder, OutputCallback
 from ._files import Files
@@ -90,7 +91,7 @@ from ._types import (
 )
 
 
-class HttpSandbox(Processes, Files, Transfers, Trees, Templates):
+class HttpSandbox(Processes, Contexts, Files, Transfers, Trees, Templates):
     """
     A client for one sandboxd service.
 

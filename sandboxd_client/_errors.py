@@ -25,6 +25,7 @@ from twisted.web.client import RequestGenerationFailed, RequestTransmissionFaile
 
 from ._twisted import ParseError
 from ._types import (
+    ContextNotFound,
     ProcessNotFound,
     ProtocolError,
     SandboxBusy,
@@ -44,6 +45,7 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "NotFound": 404,
         "ProcessNotFound": 404,
         "TemplateNotFound": 404,
+        "ContextNotFound": 404,
         "MethodNotAllowed": 405,
         "Conflict": 409,
         "TooLarge": 413,
@@ -52,6 +54,7 @@ WIRE_ERRORS: Mapping[str, int] = MappingProxyType(
         "ArchiveError": 500,
         "NotImplemented": 501,
         "PortClosed": 502,
+        "ContextsUnavailable": 501,
         "Draining": 503,
         "NoCapacity": 503,
         "TemplatesUnavailable": 503,
@@ -94,6 +97,8 @@ def error_for(status: int, error: str | None, detail: str) -> Exception:
             return ProcessNotFound(detail, status=status, error=error)
         if error == "TemplateNotFound":
             return TemplateNotFound(detail, status=status, error=error)
+        if error == "ContextNotFound":
+            return ContextNotFound(detail, status=status, error=error)
         return SandboxNotFound(detail, status=status, error=error)
     if status == 400:
         return ValueError(detail)

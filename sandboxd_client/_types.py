@@ -226,6 +226,11 @@ class SandboxStats:
     oom_kills: int | None
 
 
+class ContextNotFound(SandboxError, LookupError):
+    """404 ``ContextNotFound``: no such interpreter context in the sandbox (or it was
+    removed). Also a ``LookupError``."""
+
+
 class ProcessNotFound(SandboxError, LookupError):
     """404 ``ProcessNotFound``: no such background process in the sandbox (or its record
     was pushed out). Also a ``LookupError``."""

@@ -9,6 +9,8 @@ in a file thread (:mod:`~sandboxd.core.files.workspace`, ``entries``, ``tar_in``
 """
 
 from sandboxd.core.archive.store import RESERVED_PREFIX
+from sandboxd.core.contexts import events as context_events
+from sandboxd.core.contexts.context import Context
 from sandboxd.core.exec import run as _run
 from sandboxd.core.exec import spec as _spec
 from sandboxd.core.exec.run import ExecRun, Outcome, SpawnFailed
@@ -50,6 +52,7 @@ __all__ = [
     "UPLOAD_PREFIX",
     "CgroupStats",
     "Chunk",
+    "Context",
     "CreateRequest",
     "DiskUsage",
     "Dropped",
@@ -77,6 +80,7 @@ __all__ = [
     "WatchEvent",
     "WorkspaceWatch",
     "check_name",
+    "context_events",
     "entries",
     "normalise",
     "parse_env",

@@ -23,6 +23,7 @@ from sandboxd.config import Config
 from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
 from sandboxd.core.commands import BASE_PATH, Commands
+from sandboxd.core.contexts.service import ContextCommands
 from sandboxd.core.drain import DrainLoop
 from sandboxd.core.exec.spec import check_env
 from sandboxd.core.files import workspace
@@ -61,7 +62,7 @@ def checked_holder(mode: NetworkMode, policy: EgressPolicy) -> PolicyHolder:
 
 
 @define
-class SandboxManager(Commands, Forks):
+class SandboxManager(Commands, ContextCommands, Forks):
     """Creates, finds, runs commands in, and kills sandboxes."""
 
     config: Config
@@ -223,6 +224,7 @@ class SandboxManager(Commands, Forks):
             watch.close(gone=True)
         for run in list(sandbox.running):
             run.abort()
+        await self.close_contexts(sandbox)
         with suppress(OSError):  # no counters to read: nothing to add
             self.metrics.oom_kills.inc(self.isolation.cgroups.stats(rid).oom_kills)
         # A file call already in a worker thread may still create entries (an upload's

@@ -6,6 +6,7 @@ from typing import TypeVar
 from attrs import define, field, frozen
 from twisted.internet.defer import Deferred
 
+from sandboxd.core.contexts.context import Context
 from sandboxd.core.exec.run import ExecRun
 from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.templates.store import TemplateRoot
@@ -59,6 +60,8 @@ class Sandbox:
     them: their connections close, their spools are given back)."""
     watches: set[WorkspaceWatch] = field(factory=set)
     """Its open workspace watches (docs/extensions.rst, "Workspace watch")."""
+    contexts: dict[str, Context] = field(factory=dict)
+    """Its interpreter contexts by id (docs/extensions.rst, "Contexts")."""
     item_id: str | None = None
     """The archive entry this sandbox restores from and persists to (``None``: none)."""
     network: str = "host"

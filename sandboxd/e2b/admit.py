@@ -22,7 +22,7 @@ from attrs import frozen
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest
 
-from sandboxd.e2b import signing, wire
+from sandboxd.e2b import interpreter, signing, wire
 from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import RestError
 from sandboxd.web.guard import Admission, Admit
@@ -88,6 +88,15 @@ class Authoriser:
             if verdict is not None:
                 return verdict
         route = path.split(b"?", 1)[0]
+        port = _header(headers, b"e2b-sandbox-port")
+        if interpreter.is_interpreter_call(route, port):
+            sandbox_id = _sandbox_id(headers)
+            found = self.registry.named_or_all(sandbox_id) if sandbox_id else []
+            if not found:
+                return Admission.ABSENT
+            tokens = interpreter.tokens_of(lambda name: _header(headers, name))
+            opened = self.registry.opens_interpreter(found[0], *tokens)
+            return Admission.TRUSTED if opened else Admission.REFUSED
         if not route.startswith(ENVD_ROUTES):
             key = _header(headers, b"x-api-key")
             return Admission.TRUSTED if self.key_valid(key) else Admission.REFUSED

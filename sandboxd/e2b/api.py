@@ -23,7 +23,7 @@ from twisted.web.resource import IResource
 from werkzeug.exceptions import HTTPException
 
 from sandboxd.core import SandboxManager, TemplateStore
-from sandboxd.e2b import control, files, process, signing, upload, wire
+from sandboxd.e2b import control, files, interpreter, process, signing, upload, wire
 from sandboxd.e2b.admit import Authoriser, sandbox_id_of
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.ports import PortAccess, PortHosts
@@ -142,6 +142,24 @@ def envd(operation: str | None = None) -> Callable[[F], F]:
         return cast(F, found)
 
     return route_of
+
+
+def interpreter_call(route: F) -> F:
+    """A route of the code interpreter, called with the sandbox the call is for after its
+    request: ``404`` without the interpreter's port header, else found by its access or
+    traffic token (:mod:`sandboxd.e2b.interpreter`)."""
+
+    @wraps(route)
+    def found(front: "E2BFront", request: IRequest, *args: Any, **kwargs: Any) -> Any:
+        port = request.getHeader(b"e2b-sandbox-port")
+        if not interpreter.is_interpreter_call(request.path or b"", port):
+            raise RestError(404, "the code interpreter answers on port 49999 only")
+        entry = front.registry.get(sandbox_id_of(request))
+        if not front.registry.opens_interpreter(entry, *interpreter.tokens_of(request.getHeader)):
+            raise ConnectError("unauthenticated", "the access token is not this sandbox's")
+        return route(front, request, entry, *args, **kwargs)
+
+    return cast(F, found)
 
 
 class E2BFront:
@@ -277,6 +295,34 @@ class E2BFront:
             f"{request.method.decode()} {request.path.decode('utf-8', 'replace')} is not "
             "supported by sandboxd (no templates, pause/resume, snapshots, metrics or logs)",
         )
+
+    # The code interpreter (port 49999: sandboxd.e2b.interpreter)
+
+    @app.route("/execute", methods=["POST"])
+    @interpreter_call
+    async def execute(self, request: IRequest, entry: E2BSandbox) -> bytes:
+        await interpreter.execute(self, request, entry)
+        return b""
+
+    @app.route("/contexts", methods=["POST"])
+    @interpreter_call
+    async def create_context(self, request: IRequest, entry: E2BSandbox) -> bytes:
+        return await interpreter.create_context(self, request, entry)
+
+    @app.route("/contexts", methods=["GET"])
+    @interpreter_call
+    def list_contexts(self, request: IRequest, entry: E2BSandbox) -> bytes:
+        return interpreter.list_contexts(request, entry)
+
+    @app.route("/contexts/<cid>/restart", methods=["POST"])
+    @interpreter_call
+    async def restart_context(self, request: IRequest, entry: E2BSandbox, cid: str) -> bytes:
+        return await interpreter.restart_context(self, entry, cid)
+
+    @app.route("/contexts/<cid>", methods=["DELETE"])
+    @interpreter_call
+    async def remove_context(self, request: IRequest, entry: E2BSandbox, cid: str) -> bytes:
+        return await interpreter.remove_context(self, entry, cid)
 
     # envd
 

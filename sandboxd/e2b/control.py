@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote
 from twisted.web.iweb import IRequest
 
 from sandboxd.core import CreateRequest, TemplateRoot, parse_env
-from sandboxd.e2b import wire
+from sandboxd.e2b import interpreter, wire
 from sandboxd.e2b.network import e2b_policy, network_json, update_network
 from sandboxd.e2b.ports import public_traffic_of
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
@@ -101,7 +101,13 @@ def template_root(front: "E2BFront", name: object) -> TemplateRoot:
 async def create(front: "E2BFront", request: IRequest) -> bytes:
     body = _json_body(request)
     template = body.get("templateID", "base")
-    root = None if template in TEMPLATES else template_root(front, template)
+    if template == interpreter.TEMPLATE:
+        missing = front.manager.contexts_missing()
+        if missing is not None:
+            raise RestError(400, f"template {template!r}: contexts are not available: {missing}")
+        root = None
+    else:
+        root = None if template in TEMPLATES else template_root(front, template)
     for name in REFUSED_FIELDS:
         if body.get(name):
             raise RestError(400, f"{name}: not supported by sandboxd")

@@ -43,6 +43,8 @@ class E2BSandbox:
     """Each process's ``ProcessConfig`` as the SDK sent it (by core process id)."""
     watchers: dict[str, Any] = field(factory=dict)
     """Polling watchers (``CreateWatcher``) by id."""
+    default_contexts: dict[str, str] = field(factory=dict)
+    """The code interpreter's default context of each language, by id."""
     expiry: IDelayedCall | None = None
     serial: int = 0
     """The order of its create among the front's sandboxes (1, 2, ...): a listing's order."""
@@ -103,6 +105,16 @@ class Registry:
         if entry is None:
             return None
         return hmac.compare_digest(entry.token.encode(), token.encode())
+
+    def opens_interpreter(self, entry: E2BSandbox, access: str | None, traffic: str | None) -> bool:
+        """Whether a code-interpreter call carrying these tokens is ``entry``'s: its access
+        token, or its traffic token (each compared in constant time)."""
+        return (
+            access is not None and hmac.compare_digest(entry.token.encode(), access.encode())
+        ) or (
+            traffic is not None
+            and hmac.compare_digest(entry.traffic_token.encode(), traffic.encode())
+        )
 
     def named_or_all(self, sandbox_id: str) -> list[E2BSandbox]:
         """The sandbox ``sandbox_id`` (none if unknown), or every sandbox for ``""``; nothing

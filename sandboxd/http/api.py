@@ -23,14 +23,23 @@ from sandboxd.core import EXEC_CAPABILITIES, SandboxManager, TemplateStore, Tool
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.auth import BearerAuthoriser
-from sandboxd.http.routes import commands, daemon, files, ports, sandboxes, templates, trees
+from sandboxd.http.routes import (
+    commands,
+    contexts,
+    daemon,
+    files,
+    ports,
+    sandboxes,
+    templates,
+    trees,
+)
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 from sandboxd.ports.table import PortTable, table_for
 from sandboxd.web.guard import Admit
 from sandboxd.web.spool import SpoolPlace, SpoolPlaces
 
-ROUTES = (daemon, sandboxes, commands, files, trees, templates, ports)
+ROUTES = (daemon, sandboxes, commands, files, trees, templates, ports, contexts)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()
@@ -120,6 +129,8 @@ class SandboxAPI:
         if self.manager.layout.disk.enforcing:
             names.add("isolation.disk")
         names.update(routing.ROUTE_CAPABILITIES)
+        if self.manager.contexts_missing() is None:
+            names.add("contexts")
         return sorted(names)
 
     def stream_open(self, request: IRequest) -> None:

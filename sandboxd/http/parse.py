@@ -282,3 +282,31 @@ def port_public(body: dict[str, Any]) -> bool | None:
     if public is not None and not isinstance(public, bool):
         raise BadRequest("public: must be true or false")
     return public
+
+
+# Contexts (docs/extensions.rst, "Contexts")
+
+
+def _optional_text(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+        raise BadRequest(f"{name}: must be a non-empty string")
+    return value
+
+
+def context_create_body(body: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``POST contexts``: its ``language`` and ``cwd`` (each optional)."""
+    return _optional_text(body, "language"), _optional_text(body, "cwd")
+
+
+def run_code_body(body: dict[str, Any]) -> tuple[str, dict[str, str], float | None]:
+    """``POST contexts/{cid}/run``: ``code``, ``env`` for this execution, ``timeout`` seconds."""
+    code = body.get("code")
+    if not isinstance(code, str):
+        raise BadRequest("code: must be a string")
+    timeout = body.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise BadRequest("timeout: must be a positive number of seconds")
+    return code, parse_env(body.get("env"), "env"), timeout

@@ -19,6 +19,7 @@ from sandboxd.core import (
     STDERR,
     CgroupStats,
     Chunk,
+    Context,
     DiskUsage,
     Dropped,
     Ended,
@@ -32,10 +33,13 @@ from sandboxd.core import (
     SandboxListing,
     SpawnFailed,
     Template,
+    context_events,
 )
 from sandboxd.errors import (
     ArchiveFailed,
     BadRequest,
+    ContextNotFound,
+    ContextsUnavailable,
     Draining,
     InsufficientStorage,
     NoCapacity,
@@ -74,6 +78,8 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     SandboxNotFound: (404, "SandboxNotFound"),
     PathNotFound: (404, "FileNotFoundError"),
     ProcessNotFound: (404, "ProcessNotFound"),
+    ContextNotFound: (404, "ContextNotFound"),
+    ContextsUnavailable: (501, "ContextsUnavailable"),
     ProcessConflict: (409, "Conflict"),
     TooLarge: (413, "TooLarge"),
     TooManyEntries: (413, "TooLarge"),
@@ -480,3 +486,32 @@ def templates_body(templates: Iterable[Template]) -> dict[str, Any]:
 def port_body(url: str, public: bool) -> dict[str, Any]:
     """A port's answer: where it is reached through this replica, and whether it is public."""
     return {"url": url, "public": public}
+
+
+# Contexts (docs/extensions.rst, "Contexts")
+
+
+def context_body(context: Context) -> dict[str, str]:
+    """A context as ``POST /contexts`` and ``GET /contexts`` show it."""
+    return context.describe()
+
+
+def context_frame(event: context_events.Event) -> bytes:
+    """One NDJSON line of ``POST /contexts/{cid}/run``, keyed by ``type``."""
+    frame: dict[str, Any]
+    if isinstance(event, context_events.Count):
+        frame = {"type": "count", "execution_count": event.execution_count}
+    elif isinstance(event, context_events.Output):
+        frame = {"type": event.stream, "text": event.text}
+    elif isinstance(event, context_events.Result):
+        frame = {"type": "result", "is_main_result": event.is_main_result, "data": event.data}
+    elif isinstance(event, context_events.Error):
+        frame = {
+            "type": "error",
+            "name": event.name,
+            "value": event.value,
+            "traceback": list(event.traceback),
+        }
+    else:
+        frame = {"type": "end"}
+    return json.dumps(frame, separators=(",", ":")).encode() + b"\n"

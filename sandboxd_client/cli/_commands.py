@@ -23,6 +23,8 @@
                                      (see sandboxd_client.cli._processes)
     template import NAME FILE | ls | rm NAME  [--pod URL]
                                      a replica's templates (sandboxd_client.cli._templates)
+    run-code HANDLE [CODE]           Python in the sandbox's interpreter, state kept between
+                                     calls (see sandboxd_client.cli._code)
     mcp [--transport stdio|http] [--host H] [--port P] [--path /mcp]
                                      a Model Context Protocol server (needs the [mcp] extra)
 
@@ -56,7 +58,7 @@ from twisted.internet.task import react
 
 from .. import HttpSandbox, SandboxError, SandboxSpec
 from .._types import OutputChunk, SandboxHandle
-from . import _processes, _stdin, _templates, _trees
+from . import _code, _processes, _stdin, _templates, _trees
 from ._handle import resolve_handle
 from ._parser import build_parser, parse_args
 from ._progress import MIB, ProgressBar
@@ -263,6 +265,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
         return await _processes.run(client, args, console)
     if cmd in _templates.COMMANDS:
         return await _templates.run(client, args, console)
+    if cmd in _code.COMMANDS:
+        return await _code.run(client, args, console)
     if cmd == "create":
         spec = SandboxSpec(
             args.image,

@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--recursive", action="store_true")
     _add_process_parsers(add)
     add_template_parsers(add, common)
+    _add_code_parser(add)
     add("list", "list live sandboxes").add_argument("--pod")
     add("health", "show service health").add_argument("--pod")
     p = add("mcp", "serve the sandboxes to an MCP client (stdio, or streamable HTTP)")
@@ -140,6 +141,15 @@ def _add_process_parsers(add: Any) -> None:
     p.add_argument("handle")
     p.add_argument("root", nargs="?", default="/")
     p.add_argument("--flat", action="store_true", help="ROOT only, not its subdirectories")
+
+
+def _add_code_parser(add: Any) -> None:
+    """``run-code`` (run by ``_code``)."""
+    p = add("run-code", "run Python code in the sandbox's interpreter (state kept)")
+    p.add_argument("handle")
+    p.add_argument("code", nargs="?", help="the code (default: all of stdin)")
+    p.add_argument("--context", help="a context id (default: the sandbox's first Python one)")
+    p.add_argument("--timeout", type=float, help="seconds before the cell is interrupted")
 
 
 def _command_start(argv: list[str]) -> int | None:

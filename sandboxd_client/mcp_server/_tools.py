@@ -22,6 +22,7 @@ from pydantic import Field
 
 from .. import HttpSandbox, SandboxError, SandboxHandle, SandboxSpec, WalkEntry
 from ._bridge import ReactorThread
+from ._code import add_run_code
 from ._output import LiveText, clip, file_bytes, file_content
 from ._paths import shown, to_workspace
 from ._results import (
@@ -348,6 +349,7 @@ def build_server(
         mine(ctx).forget(sandbox)
         return Killed(sandbox=sandbox, killed=True)
 
+    add_run_code(mcp, client, bridge, named, tool_call, limits.output_bytes)
     return mcp
 
 

@@ -3,6 +3,7 @@ terminal sees, stream by stream."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -234,3 +235,19 @@ def test_create_names_a_template_the_replica_cannot_run_in(ctl) -> None:  # type
     done = ctl("create", "--template", "nope")
     assert done.returncode == 1
     assert b"no template named 'nope'" in done.stderr
+
+
+def test_run_code_keeps_state_and_reads_stdin(ctl) -> None:  # type: ignore[no-untyped-def]
+    handle = created(ctl)
+    done = ctl("run-code", handle, "x = 20\nprint('hi')")
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"hi\n", b"")
+    done = ctl("run-code", handle, stdin=b"import sys\nprint('e', file=sys.stderr)\nx * 2\n")
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"40\n", b"e\n")
+    done = ctl("run-code", handle, "1/0")
+    assert done.returncode == 1 and done.stderr.endswith(b"ZeroDivisionError: division by zero\n")
+    done = ctl("run-code", "--json", handle, "x")
+    result = json.loads(done.stdout)
+    assert result["main_result"] == {"text/plain": "20"} and result["execution_count"] == 4
+    done = ctl("run-code", handle, "x", "--context", result["context"])
+    assert done.stdout == b"20\n"
+    assert ctl("kill", handle).returncode == 0

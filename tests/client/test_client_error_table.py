@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from sandboxd_client import (
+    ContextNotFound,
     ProcessNotFound,
     SandboxError,
     SandboxNotFound,
@@ -49,6 +50,8 @@ EXPECTED: dict[str, type[BaseException]] = {
     "NotFound": SandboxNotFound,
     "ProcessNotFound": ProcessNotFound,
     "TemplateNotFound": TemplateNotFound,
+    "ContextNotFound": ContextNotFound,
+    "ContextsUnavailable": SandboxError,
     "MethodNotAllowed": SandboxError,
     "Conflict": SandboxError,
     "TooMany": SandboxError,

@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,7 +39,15 @@ from .mcp_harness import (
 from .real_daemon import REPO, Daemon, running_daemon
 
 TOKEN = "mcp-token"
-TOOLS = {"create_sandbox", "run_command", "read_file", "write_file", "list_files", "kill_sandbox"}
+TOOLS = {
+    "create_sandbox",
+    "run_command",
+    "run_code",
+    "read_file",
+    "write_file",
+    "list_files",
+    "kill_sandbox",
+}
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +224,7 @@ def test_sandboxes_die_with_their_session_unless_kept(daemon: Daemon) -> None:
 
 ONE_SESSION_SERVER = """
 import sys
+import urllib.request
 from sandboxd_client.mcp_server import _tools
 _tools.connection_of = lambda ctx: None  # the SDK's session hook not found
 from sandboxd_client.cli import main
@@ -397,5 +407,37 @@ def test_a_cancelled_call_kills_its_command(daemon: Daemon) -> None:
                 await anyio.sleep(0.05)
             else:
                 raise AssertionError("the cancelled command still runs")
+
+    run(test)
+
+
+def _daemon_json(daemon: Daemon, method: str, path: str) -> object:
+    request = urllib.request.Request(
+        daemon.url + path, method=method, headers={"Authorization": f"Bearer {daemon.token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+def test_run_code_keeps_state_and_survives_a_removed_context(daemon: Daemon) -> None:
+    async def test() -> None:
+        async with stdio_session(daemon) as session:
+            before = live_sandboxes(daemon)
+            sb = (await call(session, "create_sandbox"))["sandbox"]
+            (rid,) = live_sandboxes(daemon) - before
+            assert (await call(session, "run_code", sandbox=sb, code="x = 2"))["text"] is None
+            done = await call(session, "run_code", sandbox=sb, code="print('hi')\nx * 21")
+            assert (done["text"], done["stdout"], done["error"]) == ("42", "hi\n", None)
+            chart = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\n1/0"
+            drawn = await call(session, "run_code", sandbox=sb, code=chart)
+            assert drawn["images"] == 1
+            assert drawn["error"].startswith("ZeroDivisionError: division by zero\n")
+            contexts = _daemon_json(daemon, "GET", f"/sandboxes/{rid}/contexts")
+            assert isinstance(contexts, list)
+            for context in contexts:
+                _daemon_json(daemon, "DELETE", f"/sandboxes/{rid}/contexts/{context['id']}")
+            fresh = await call(session, "run_code", sandbox=sb, code="'x' in dir()")
+            assert fresh["text"] == "False"
 
     run(test)

@@ -36,6 +36,8 @@ MORE: dict[str, str] = {
     "SANDBOXD_WALK_BYTES_MAX": "2M",
     "SANDBOXD_TEMPLATE_MAX": "2G",
     "SANDBOXD_WATCH_MAX": "2",
+    "SANDBOXD_CONTEXTS_MAX": "1",
+    "SANDBOXD_KERNEL_PYTHON": "/opt/python/bin/python3",
 }
 
 OFF: dict[str, str] = {

@@ -54,6 +54,8 @@ SITES = {
     ("sandboxd/core/archive/store.py", "rsync_version"): "root: rsync --version at start-up",
     ("sandboxd/core/templates/sources.py", "_zstd"): "nobody under a root daemon: zstd -dc of"
     " an imported template archive (a decompressor on descriptors; nothing of the archive runs)",
+    ("sandboxd/core/contexts/service.py", "kernel_missing"): "the daemon's user:"
+    " SANDBOXD_KERNEL_PYTHON asked, once, whether it has ipykernel (no module imported)",
 }
 """Every place that starts a process: what it starts, and as whom."""
 

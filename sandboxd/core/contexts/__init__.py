@@ -1,0 +1,1 @@
+"""Contexts: long-lived interpreter kernels inside a sandbox (docs/extensions.rst, "Contexts")."""
