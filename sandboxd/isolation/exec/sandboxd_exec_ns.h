@@ -643,8 +643,10 @@ static void relay_join_cgroups(int argc, char **argv)
  * would on the helper (a TERM then ends it, and no command starts). Returns in the command. */
 static void relay_pid_namespace(int argc, char **argv)
 {
-    if (setsid() < 0)
-        fail(SETUP_FAILED, "setsid", NULL, errno);
+    int ctty = 0; /* --ctty: the relay leads the terminal's session, the command its group */
+    for (int at = 1; at < argc && strncmp(argv[at], "--", 2) == 0; at++)
+        ctty |= strcmp(argv[at], "--ctty") == 0;
+    new_session(ctty);
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);
