@@ -192,9 +192,11 @@ def terminal_wrap(wrap: Wrap) -> Wrap:
     """``wrap`` for a terminal's command, spawned on a pseudo-terminal: the exec helper's
     chain with ``--ctty`` (fd 0 becomes the controlling terminal of the command's session);
     :class:`NoTerminals` for a chain without that step."""
-    if not attrs.has(type(wrap)) or "ctty" not in attrs.fields_dict(type(wrap)):
+    from sandboxd.isolation.exec.helper import HelperSession, HelperWrapper
+
+    if not isinstance(wrap, HelperWrapper | HelperSession):
         raise NoTerminals("terminals need the exec helper (sandboxd-exec), which is not in use")
-    return attrs.evolve(wrap, ctty=True)  # type: ignore[misc]
+    return attrs.evolve(wrap, ctty=True)
 
 
 @frozen
