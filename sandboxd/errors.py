@@ -83,3 +83,8 @@ class TemplatesUnavailable(SandboxdError):
 
 class TemplateCannotRun(SandboxdError):
     """A create names a template, and sandboxes cannot run in templates on this replica yet."""
+
+
+class TerminalsUnavailable(SandboxdError):
+    """The privilege-drop chain in force cannot give a command a terminal (docs/extensions.rst,
+    "Terminals": they need the exec helper)."""

@@ -26,12 +26,20 @@ from sandboxd.core.tools.resolver import ToolResolver
 from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.auth import BearerAuthoriser
-from sandboxd.http.routes import commands, daemon, files, sandboxes, templates, trees
+from sandboxd.http.routes import (
+    commands,
+    daemon,
+    files,
+    sandboxes,
+    templates,
+    terminals,
+    trees,
+)
 from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 from sandboxd.web.guard import Admit
 
-ROUTES = (daemon, sandboxes, commands, files, trees, templates)
+ROUTES = (daemon, sandboxes, commands, files, trees, templates, terminals)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()

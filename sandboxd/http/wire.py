@@ -34,6 +34,7 @@ from sandboxd.errors import (
     TemplateNotFound,
     TemplatesUnavailable,
     TemplateTooLarge,
+    TerminalsUnavailable,
     TooMany,
     TooManyEntries,
 )
@@ -71,6 +72,8 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     TemplateTooLarge: (413, "TooLarge"),
     TemplatesUnavailable: (503, "TemplatesUnavailable"),
     TemplateCannotRun: (501, "NotImplemented"),
+    # Terminals (docs/extensions.rst, "Terminals")
+    TerminalsUnavailable: (501, "NotImplemented"),
 }
 """Core error → (HTTP status, wire ``error`` type); a subclass answers as its nearest base."""
 
@@ -356,3 +359,27 @@ def template_body(template: Template) -> dict[str, Any]:
 def templates_body(templates: Iterable[Template]) -> dict[str, Any]:
     """``GET /templates``: every template, by name."""
     return {"templates": [template_body(template) for template in templates]}
+
+
+# Terminals (docs/extensions.rst, "Terminals")
+
+
+def terminal_body(process: Process) -> dict[str, Any]:
+    """``POST terminals``: the new terminal's id, pid and size (its listing)."""
+    return process.listing()
+
+
+def terminals_body(processes: Iterable[Process]) -> dict[str, Any]:
+    """``GET terminals``: the sandbox's terminals (the records of its processes that run on
+    a terminal), oldest first."""
+    return {"terminals": [p.listing() for p in processes if "pty" in p.listing()]}
+
+
+def terminal_end_message(event: ReaderEvent) -> str:
+    """The last text message of a terminal's WebSocket: how it ended (``{"exit": CODE}``,
+    ``{"error": ...}`` for one that never started or whose sandbox was killed)."""
+    if isinstance(event, Ended) and event.code is not None:
+        return json.dumps({"exit": event.code})
+    if isinstance(event, Ended):
+        return json.dumps({"error": "SpawnFailed", "message": event.detail})
+    return json.dumps({"error": "SandboxNotFound", "message": "the sandbox was killed"})

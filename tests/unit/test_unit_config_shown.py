@@ -28,6 +28,7 @@ MORE: dict[str, str] = {
     "SANDBOXD_EGRESS_DENY": "192.168.0.0/16 10.0.0.0/8,fc00::/7",
     "SANDBOXD_RESOLV_CONF": "/run/systemd/resolve/resolv.conf",
     "SANDBOXD_PROCESS_LOG_MAX": "1000",
+    "SANDBOXD_TERMINAL_SCROLLBACK": "64K",
     "SANDBOXD_PROCESSES_MAX": "3",
     "SANDBOXD_WALK_MAX": "50",
     "SANDBOXD_WALK_BYTES_MAX": "2M",

@@ -18,6 +18,7 @@ from twisted.internet.defer import Deferred, DeferredLock
 
 from sandboxd.core.exec.run import ExecRun, Exited, Outcome
 from sandboxd.core.processes.log import Chunk, OutputLog
+from sandboxd.core.processes.terminal import TerminalRun, TerminalSize
 from sandboxd.errors import BadRequest, ProcessConflict
 
 SIGNALS: Mapping[str, int] = {
@@ -94,7 +95,7 @@ class Process:
     def listing(self) -> dict[str, Any]:
         """The plain values a list of processes shows of it."""
         end = self.end
-        return {
+        listing: dict[str, Any] = {
             "id": self.id,
             "pid": self.pid,
             "tag": self.tag,
@@ -103,6 +104,10 @@ class Process:
             "running": self.running,
             "exit": None if end is None else end.code,
         }
+        if isinstance(self.run, TerminalRun):
+            size = self.run.size
+            listing["pty"] = {"rows": size.rows, "cols": size.cols}
+        return listing
 
     # Called by the run (its output goes straight into the log)
 
@@ -164,6 +169,15 @@ class Process:
         if not self.running:
             raise ProcessConflict(f"process {self.id} has ended")
         self.run.signal(SIGNALS[name])
+
+    def resize(self, size: TerminalSize) -> None:
+        """Give its terminal the window size ``size``; ``ProcessConflict`` for a process that
+        runs on no terminal, or has ended."""
+        if not isinstance(self.run, TerminalRun):
+            raise ProcessConflict(f"process {self.id} is not a terminal")
+        if not self.running:
+            raise ProcessConflict(f"process {self.id} has ended")
+        self.run.resize(size)
 
     # Readers
 

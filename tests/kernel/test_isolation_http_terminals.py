@@ -1,0 +1,103 @@
+"""Terminals under real isolation, as root (issue 32; docs/extensions.rst, "Terminals").
+
+A terminal's shell runs as the sandbox's uid, in its cgroup and namespaces, with the pty as
+its controlling terminal: ``stty size`` reads the size it was made with and then the size a
+resize gave it, ``Ctrl-C`` typed on the WebSocket interrupts a ``sleep``, a client that
+attaches later sees the scrollback, and the terminal ends with the shell's exit code.
+"""
+
+import json
+import time
+
+import pytest
+
+from tests.kernel.kernel_http import KernelDaemon, command_pid, isolation_problem, proc_uids
+from tests.support.ws_client import CLOSE, TEXT, WebSocket
+
+WHY_NOT = isolation_problem()
+pytestmark = [pytest.mark.kernel, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
+
+
+def attach(kd: KernelDaemon, rid: str, terminal: str) -> WebSocket:
+    return WebSocket(kd.daemon.port, f"/sandboxes/{rid}/terminals/{terminal}")
+
+
+def end_of(ws: WebSocket) -> dict[str, object]:
+    """The end message of a terminal's socket (its output before it is skipped)."""
+    while True:
+        opcode, payload = ws.receive()
+        if opcode == TEXT:
+            return dict(json.loads(payload))
+        assert opcode != CLOSE, "closed without an end message"
+
+
+def test_a_shell_on_a_terminal_is_the_sandbox_and_its_controlling_tty(roomy: KernelDaemon) -> None:
+    box = roomy.create()
+    made = roomy.call(
+        "POST", box.url("terminals"), {"cmd": ["sh"], "rows": 33, "cols": 101, "term": "vt100"}
+    )
+    assert made.status == 200, made
+    terminal = made.json()
+    assert terminal["pty"] == {"rows": 33, "cols": 101} and terminal["running"] is True
+    ws = attach(roomy, box.rid, terminal["id"])
+    try:
+        ws.send(b"echo T=$TERM; stty size; ps -o tty= -p $$\n")
+        seen = ws.read_until(b"pts/")
+        assert b"T=vt100" in seen and b"33 101" in seen, seen
+        uids = proc_uids(command_pid(int(terminal["pid"])))  # the shell, running: dropped
+        assert uids is not None and 0 not in uids and uids[0] >= roomy.uid_min
+        ws.send_text(json.dumps({"resize": {"rows": 40, "cols": 132}}))
+        ws.send(b"stty size\n")
+        ws.read_until(b"40 132")
+        ws.send(b"sleep 30\n")
+        time.sleep(0.5)
+        ws.send(b"\x03")  # Ctrl-C: the sleep is interrupted, the shell lives on
+        started = time.monotonic()
+        ws.send(b"echo after=$?\n")
+        ws.read_until(b"after=130")
+        assert time.monotonic() - started < 20
+        ws.send(b"exit 7\n")
+        assert end_of(ws) == {"exit": 7}
+    finally:
+        ws.close()
+    listed = roomy.call("GET", box.url("terminals")).json()["terminals"]
+    assert [(t["id"], t["running"], t["exit"]) for t in listed] == [(terminal["id"], False, 7)]
+
+
+def test_a_later_client_sees_the_scrollback_and_kill_ends_the_terminal(
+    roomy: KernelDaemon,
+) -> None:
+    box = roomy.create()
+    terminal = roomy.call("POST", box.url("terminals"), {"cmd": ["sh"]}).json()
+    first = attach(roomy, box.rid, terminal["id"])
+    try:
+        first.send(b"echo marker-$((6*7))\n")
+        first.read_until(b"marker-42")
+    finally:
+        first.close()
+    second = attach(roomy, box.rid, terminal["id"])
+    try:
+        assert b"marker-42" in second.read_until(b"marker-42")
+        assert roomy.call("DELETE", box.url(f"terminals/{terminal['id']}")).status == 204
+        assert end_of(second) == {"exit": 137}
+    finally:
+        second.close()
+
+
+def test_bad_terminal_calls_answer(roomy: KernelDaemon) -> None:
+    box = roomy.create()
+    assert roomy.call("POST", box.url("terminals"), {"rows": 0}).status == 400
+    assert roomy.call("POST", box.url("terminals"), {"term": 7}).status == 400
+    assert roomy.call("POST", box.url("terminals"), {"stdin": True}).status == 400
+    process = roomy.call("POST", box.url("processes"), {"cmd": ["sleep", "30"]}).json()
+    # a plain background process is no terminal
+    assert roomy.call("GET", box.url(f"terminals/{process['id']}")).status == 404
+    assert roomy.call("GET", box.url("terminals/nope")).status == 404
+    terminal = roomy.call("POST", box.url("terminals"), {}).json()
+    resize = box.url(f"terminals/{terminal['id']}/resize")
+    assert roomy.call("POST", resize, {"rows": 5, "cols": 9}).status == 204
+    assert roomy.call("GET", box.url(f"terminals/{terminal['id']}")).json()["pty"] == {
+        "rows": 5,
+        "cols": 9,
+    }
+    assert roomy.call("POST", resize, {"rows": 5, "cols": 99999}).status == 400
