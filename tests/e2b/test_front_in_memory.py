@@ -361,7 +361,11 @@ async def test_malformed_inputs_of_a_running_process_are_refused(memory: Memory)
     assert connect_error(reply) == (400, "invalid_argument")
     pty = {"process": {"pid": pid}, "input": {"pty": "eA=="}}
     reply = memory.rpc(entry, "process.Process/SendInput", pty)
-    assert connect_error(reply) == (501, "unimplemented")
+    assert connect_error(reply) == (400, "failed_precondition")  # no terminal
+    resize = {"process": {"pid": pid}, "pty": {"size": {"rows": 5, "cols": 5}}}
+    reply = memory.rpc(entry, "process.Process/Update", resize)
+    assert connect_error(reply) == (400, "failed_precondition")
+    assert memory.rpc(entry, "process.Process/Update", {"process": {"pid": pid}}).status == 200
     kill = {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}
     assert memory.rpc(entry, "process.Process/SendSignal", kill).status == 200
     await stream.finished()
