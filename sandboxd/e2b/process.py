@@ -275,7 +275,7 @@ def send_signal(entry: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-# Terminals (docs/e2b.rst, "PTY"; docs/extensions.rst, "Terminals")
+# Terminals (docs/e2b.rst, "Coverage"; docs/extensions.rst, "Terminals")
 
 
 def is_terminal(process: Process) -> bool:

@@ -1,4 +1,4 @@
-"""``sandbox.pty`` of the unmodified E2B SDK (issue 32; docs/e2b.rst, "PTY"), on a daemon
+"""``sandbox.pty`` of the unmodified E2B SDK (issue 32; docs/e2b.rst, "Coverage"), on a daemon
 without isolation and on one under the real isolation (as root).
 
 ``pty.create`` starts ``bash -i -l`` on a terminal: what is sent with ``send_stdin`` is typed
