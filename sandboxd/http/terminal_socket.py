@@ -4,7 +4,9 @@ attachment to a terminal, with ``autobahn``.
 Binary messages both ways: from the client, the terminal's keyboard (its bytes typed as
 they are); to the client, what the terminal prints, starting with what its scrollback still
 holds (``?offset=N`` starts at byte N instead). Text messages from the client are small JSON
-controls: ``{"resize": {"rows": R, "cols": C}}`` and ``{"signal": "INT"}``. The last text
+controls: ``{"resize": {"rows": R, "cols": C}}`` and ``{"signal": "INT"}`` (to the
+terminal's foreground process group, as a key typed would). A message refused closes the
+socket with ``4000`` plus the status a route would answer (``4400``, ``4409``). The last text
 message to the client says how the terminal ended (``{"exit": CODE}``), then the socket
 closes; closing the socket leaves the terminal running (attach again to read on).
 
@@ -26,11 +28,13 @@ from zope.interface import implementer
 from sandboxd.core.processes.log import Chunk
 from sandboxd.core.processes.process import SIGNALS, Dropped, Process, Reader, ReaderEvent
 from sandboxd.core.processes.terminal import TerminalSize
-from sandboxd.errors import SandboxdError
+from sandboxd.errors import BadRequest, SandboxdError
 from sandboxd.http import wire
 
 CLOSE_NORMAL = 1000
-CLOSE_POLICY = 1008
+CLOSE_REFUSED = 4000
+"""Plus the HTTP status a route would answer: the close code of a refused message (4400 for
+a bad control message, 4409 for input to a terminal that has ended)."""
 CONTROL_MAX = 4096
 """The longest text (control) message a client may send."""
 
@@ -87,7 +91,7 @@ class TerminalSocket(WebSocketServerProtocol):
             else:
                 self._control(process, payload)
         except SandboxdError as e:
-            self.sendClose(CLOSE_POLICY, str(e)[:120])
+            self.sendClose(CLOSE_REFUSED + wire.status_and_type(e)[0], e.detail[:120])
 
     def _control(self, process: Process, payload: bytes) -> None:
         try:
@@ -98,9 +102,9 @@ class TerminalSocket(WebSocketServerProtocol):
             size = message["resize"]
             process.resize(TerminalSize.parse(size.get("rows"), size.get("cols")))
         elif isinstance(message, dict) and message.get("signal") in SIGNALS:
-            process.signal(message["signal"])
+            process.signal_foreground(message["signal"])
         else:
-            self.sendClose(CLOSE_POLICY, 'a control message is {"resize": ..} or {"signal": ..}')
+            raise BadRequest('a control message is {"resize": {..}} or {"signal": NAME}')
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         if self.reader is not None:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.kernel.kernel_http import KernelDaemon, command_pid, isolation_problem, proc_uids
-from tests.support.ws_client import CLOSE, TEXT, WebSocket
+from tests.support.ws_client import CLOSE, TEXT, HandshakeRefused, WebSocket
 
 WHY_NOT = isolation_problem()
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
@@ -101,3 +101,67 @@ def test_bad_terminal_calls_answer(roomy: KernelDaemon) -> None:
         "cols": 9,
     }
     assert roomy.call("POST", resize, {"rows": 5, "cols": 99999}).status == 400
+
+
+def test_socket_controls_and_a_killed_sandbox(roomy: KernelDaemon) -> None:
+    box = roomy.create()
+    terminal = roomy.call("POST", box.url("terminals"), {"cmd": ["sh"]}).json()
+    tid = terminal["id"]
+    assert roomy.call("GET", box.url(f"terminals/{tid}", offset="99999")).status == 200
+    try:
+        attach_past = WebSocket(
+            roomy.daemon.port, f"/sandboxes/{box.rid}/terminals/{tid}?offset=99999"
+        )
+    except HandshakeRefused as refused:
+        assert "400" in str(refused)
+    else:
+        attach_past.close()
+        raise AssertionError("an offset past the output was accepted")
+    ws = attach(roomy, box.rid, tid)
+    try:
+        ws.send(b"sleep 30\n")
+        time.sleep(0.5)
+        ws.send_text(json.dumps({"signal": "INT"}))  # to the foreground group: the sleep
+        ws.send(b"echo sig=$?\n")
+        ws.read_until(b"sig=130")
+        ws.send_text("not json")
+        opcode, payload = ws.receive()
+        while opcode != CLOSE:
+            opcode, payload = ws.receive()
+        assert payload[:2] == (4400).to_bytes(2, "big"), payload
+    finally:
+        ws.close()
+    ws = attach(roomy, box.rid, tid)
+    try:
+        ws.send_text(json.dumps({"resize": {"rows": 0, "cols": 1}}))
+        opcode, payload = ws.receive()
+        while opcode != CLOSE:
+            opcode, payload = ws.receive()
+        assert b"rows" in payload, payload
+    finally:
+        ws.close()
+    ws = attach(roomy, box.rid, tid)
+    try:
+        assert roomy.call("DELETE", f"/sandboxes/{box.rid}").status in (200, 204)
+        assert end_of(ws)["error"] == "SandboxNotFound"
+    finally:
+        ws.close()
+
+
+def test_kill_of_an_ended_terminal_and_its_socket_after_the_end(roomy: KernelDaemon) -> None:
+    box = roomy.create()
+    terminal = roomy.call("POST", box.url("terminals"), {"cmd": ["true"]}).json()
+    tid = terminal["id"]
+    deadline = time.monotonic() + 20
+    while roomy.call("GET", box.url(f"terminals/{tid}")).json()["running"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert roomy.call("DELETE", box.url(f"terminals/{tid}")).status == 204
+    assert (
+        roomy.call("POST", box.url(f"terminals/{tid}/resize"), {"rows": 5, "cols": 5}).status == 409
+    )
+    ws = attach(roomy, box.rid, tid)
+    try:
+        assert end_of(ws) == {"exit": 0}
+    finally:
+        ws.close()

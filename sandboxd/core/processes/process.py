@@ -170,14 +170,22 @@ class Process:
             raise ProcessConflict(f"process {self.id} has ended")
         self.run.signal(SIGNALS[name])
 
+    def signal_foreground(self, name: str) -> None:
+        """Send the signal ``name`` to its terminal's foreground process group (the job a
+        shell runs now, as ``Ctrl-C`` would); ``ProcessConflict`` as for :meth:`resize`."""
+        self._running_terminal().signal_foreground(SIGNALS[name])
+
     def resize(self, size: TerminalSize) -> None:
         """Give its terminal the window size ``size``; ``ProcessConflict`` for a process that
         runs on no terminal, or has ended."""
+        self._running_terminal().resize(size)
+
+    def _running_terminal(self) -> TerminalRun:
         if not isinstance(self.run, TerminalRun):
             raise ProcessConflict(f"process {self.id} is not a terminal")
         if not self.running:
             raise ProcessConflict(f"process {self.id} has ended")
-        self.run.resize(size)
+        return self.run
 
     # Readers
 

@@ -110,6 +110,19 @@ class TerminalRun(ExecRun):
             with contextlib.suppress(OSError):  # the master closed meanwhile
                 set_window_size(self.transport.fileno(), size)  # type: ignore[attr-defined]
 
+    def signal_foreground(self, signum: int) -> None:
+        """Send ``signum`` to the terminal's foreground process group (its command's group
+        when the terminal cannot tell: it has just ended)."""
+        if self.transport is None or self.ended:
+            return
+        try:
+            group = os.tcgetpgrp(self.transport.fileno())  # type: ignore[attr-defined]
+        except OSError:
+            self.signal(signum)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self._killpg(group, signum)
+
     def close_stdin(self) -> None:
         """Type end-of-file (``Ctrl-D`` at the start of a line, in canonical mode): a pty has
         no stdin of its own to close."""
