@@ -35,6 +35,8 @@ CLOSE_NORMAL = 1000
 CLOSE_REFUSED = 4000
 """Plus the HTTP status a route would answer: the close code of a refused message (4400 for
 a bad control message, 4409 for input to a terminal that has ended)."""
+CLOSE_WAIT = 60.0
+"""Seconds a client has to read what is left and answer the close once the terminal ended."""
 CONTROL_MAX = 4096
 """The longest text (control) message a client may send."""
 
@@ -118,5 +120,8 @@ class TerminalSocketFactory(WebSocketServerFactory):
 
     def __init__(self, process: Process, offset: int | None) -> None:
         super().__init__()
+        # A slow client still reads the end: its connection is not cut (and what the daemon
+        # holds for it lost) a second after the close is sent, as autobahn's default does.
+        self.setProtocolOptions(closeHandshakeTimeout=CLOSE_WAIT)
         self.process = process
         self.offset = offset
