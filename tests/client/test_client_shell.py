@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.coverage import coverage_env
+from tests.support.ws_client import HandshakeRefused, WebSocket
 
 from .real_daemon import Daemon, running_daemon
 
@@ -143,3 +144,10 @@ def test_shell_is_an_interactive_terminal_in_the_sandbox(daemon: Daemon, tmp_pat
         assert termios.tcgetattr(shell.slave) == shell.mode  # the local mode is restored
     finally:
         shell.close()
+
+
+def test_a_terminal_socket_without_the_token_is_refused(daemon: Daemon) -> None:
+    port = int(daemon.url.rsplit(":", 1)[1].rstrip("/"))
+    for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+        with pytest.raises(HandshakeRefused, match="401"):
+            WebSocket(port, "/sandboxes/0123456789abcdef/terminals/x", headers)
