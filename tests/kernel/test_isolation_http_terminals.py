@@ -8,6 +8,7 @@ attaches later sees the scrollback, and the terminal ends with the shell's exit 
 
 import json
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -163,5 +164,41 @@ def test_kill_of_an_ended_terminal_and_its_socket_after_the_end(roomy: KernelDae
     ws = attach(roomy, box.rid, tid)
     try:
         assert end_of(ws) == {"exit": 0}
+    finally:
+        ws.close()
+
+
+@pytest.fixture(scope="module")
+def with_pid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
+    """A daemon whose sandboxes have a PID namespace: a terminal's command is forked by the
+    helper's relay, which leads the terminal's session (``--ctty`` in the relay)."""
+    kd = KernelDaemon.start(tmp_path_factory.mktemp("pid"), "--namespaces=ipc,mount,net,pid")
+    try:
+        yield kd
+    finally:
+        kd.stop()
+
+
+def test_a_terminal_in_a_pid_namespace_has_job_control(with_pid: KernelDaemon) -> None:
+    """``bash``: the session's first process group is the relay's, outside the namespace, and
+    ``dash`` exits 2 when it cannot give the terminal back to it at its exit ("Cannot set tty
+    process group"), where bash exits with the code it was given (a known limit of the relay:
+    docs/extensions.rst, "Terminals")."""
+    box = with_pid.create()
+    terminal = with_pid.call(
+        "POST", box.url("terminals"), {"cmd": ["bash", "-i"], "rows": 12}
+    ).json()
+    ws = attach(with_pid, box.rid, terminal["id"])
+    try:
+        ws.send(b"echo pid=$$ tty=$(ps -o tty= -p $$); stty size\n")
+        seen = ws.read_until(b"12 80")
+        assert b"tty=pts/" in seen, seen
+        ws.send(b"sleep 30\n")
+        time.sleep(0.5)
+        ws.send(b"\x03")
+        ws.send(b"echo after=$?\n")
+        ws.read_until(b"after=130")
+        ws.send(b"exit 4\n")
+        assert end_of(ws) == {"exit": 4}
     finally:
         ws.close()
