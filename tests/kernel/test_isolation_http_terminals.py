@@ -180,14 +180,11 @@ def with_pid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]
 
 
 def test_a_terminal_in_a_pid_namespace_has_job_control(with_pid: KernelDaemon) -> None:
-    """``bash``: the session's first process group is the relay's, outside the namespace, and
-    ``dash`` exits 2 when it cannot give the terminal back to it at its exit ("Cannot set tty
-    process group"), where bash exits with the code it was given (a known limit of the relay:
-    docs/extensions.rst, "Terminals")."""
+    """The command leads its own session inside the namespace: ``dash`` finds its terminal's
+    first process group there and exits with its own code (with the relay's session it exited
+    2, "Cannot set tty process group"); a signal and a kill sent to the relay reach it."""
     box = with_pid.create()
-    terminal = with_pid.call(
-        "POST", box.url("terminals"), {"cmd": ["bash", "-i"], "rows": 12}
-    ).json()
+    terminal = with_pid.call("POST", box.url("terminals"), {"cmd": ["sh"], "rows": 12}).json()
     ws = attach(with_pid, box.rid, terminal["id"])
     try:
         ws.send(b"echo pid=$$ tty=$(ps -o tty= -p $$); stty size\n")
@@ -202,3 +199,30 @@ def test_a_terminal_in_a_pid_namespace_has_job_control(with_pid: KernelDaemon) -
         assert end_of(ws) == {"exit": 4}
     finally:
         ws.close()
+    second = with_pid.call("POST", box.url("terminals"), {"cmd": ["sh"]}).json()
+    ws = attach(with_pid, box.rid, second["id"])
+    try:
+        ws.send(b"trap 'echo got-$((7*6)); exit 3' USR1; echo ready-$((1))\n")
+        ws.read_until(b"ready-1")
+        signal_url = box.url(f"processes/{second['id']}/signal")
+        assert with_pid.call("POST", signal_url, {"signal": "USR1"}).status == 204
+        time.sleep(0.3)
+        ws.send(b"\n")  # dash runs a trap once its read of the line returns
+        ws.read_until(b"got-42")
+        assert end_of(ws) == {"exit": 3}
+    finally:
+        ws.close()
+    third = with_pid.call("POST", box.url("terminals"), {"cmd": ["sh"]}).json()
+    ws = attach(with_pid, box.rid, third["id"])
+    try:
+        ws.send(b"echo up-$((2))\n")
+        ws.read_until(b"up-2")
+        assert with_pid.call("DELETE", box.url(f"terminals/{third['id']}")).status == 204
+        assert end_of(ws) == {"exit": 137}
+    finally:
+        ws.close()
+    # no shell of the three terminals is left in the namespace (ps sees its processes only)
+    deadline = time.monotonic() + 10
+    while "sh" in (left := box.exec(["ps", "-e", "-o", "pid,ppid,comm"]).text).split():
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)

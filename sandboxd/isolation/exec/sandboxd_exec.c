@@ -123,6 +123,8 @@ static void reset_oom_score_adj(void)
         fail(SETUP_FAILED, "cannot reset oom_score_adj", NULL, EPERM);
 }
 
+static int dies_with_relay = 0;
+
 static void drop_privilege(uid_t uid, gid_t gid)
 {
     if (setgroups(0, NULL) != 0)
@@ -136,6 +138,10 @@ static void drop_privilege(uid_t uid, gid_t gid)
         fail(SETUP_FAILED, "setresuid", "did not hold", EPERM);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         fail(SETUP_FAILED, "no_new_privs", NULL, errno);
+    /* After the credentials changed (which clears it): a terminal's command in a pid
+     * namespace dies with its relay, whose SIGKILL cannot be passed on (relay_signals). */
+    if (dies_with_relay && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+        fail(SETUP_FAILED, "PR_SET_PDEATHSIG", NULL, errno);
 }
 
 struct options {
@@ -330,8 +336,11 @@ static int helper_main(int argc, char **argv)
     for (long i = 0; i < procs; i++)
         write_all(argv[6 + i], "0\n", "cannot join cgroup");
     reset_oom_score_adj();
-    if (!ns_relayed) /* a relayed command is in its relay's session already */
+    /* A relayed command is in its relay's session already, but a terminal's leads its own
+     * (relay_release_terminal), and dies with its relay (relay_signals). */
+    if (!ns_relayed || options.ctty)
         new_session(options.ctty);
+    dies_with_relay = ns_relayed && options.ctty;
     drop_privilege(uid, gid);
     if (options.seccomp)
         apply_seccomp();
