@@ -62,7 +62,8 @@
  * daemon's killpg of the relay's pid reaches the command and what it forks, as without the
  * pid namespace), joins the sandbox's cgroups (the JOIN files of the "sandbox" arguments),
  * keeps every signal blocked (passing on those that came before the fork), and exits as the
- * command did.
+ * command did. With --ctty (a terminal) the command leads a session of its own instead
+ * (relay_release_terminal, relay_signals).
  *
  * Failures exit 125 with "sandboxd-exec: ..." on stderr.
  */
