@@ -92,6 +92,7 @@ setup(
         "attrs>=23.1",
         "prometheus_client>=0.20",
         "pybase64>=1.4",
+        "autobahn>=24.4",  # terminals' WebSocket (sandboxd.http.terminal_socket)
         "rich>=13",  # sandboxctl's transfer progress (imported only to draw it)
         "jupyter_client>=8",  # contexts: the daemon's end of the kernels (docs/extensions.rst)
     ],

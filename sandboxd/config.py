@@ -281,6 +281,12 @@ class Config:
         parse_size,
         "Bytes of output kept per background process (older bytes fall out)",
     )
+    terminal_scrollback: int = setting_field(
+        "SANDBOXD_TERMINAL_SCROLLBACK",
+        "1M",
+        parse_size,
+        "Bytes of a terminal's output kept for a client that attaches later (older bytes fall out)",
+    )
     processes_max: int = setting_field(
         "SANDBOXD_PROCESSES_MAX",
         "16",
@@ -398,6 +404,7 @@ class Config:
                 raise ConfigError(f"{env_name(name)}: must be above zero (unset: no limit)")
         for name in (
             "process_log_max",
+            "terminal_scrollback",
             "processes_max",
             "watch_max",
             "port_connections_max",

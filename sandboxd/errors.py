@@ -91,3 +91,8 @@ class ContextNotFound(SandboxdError):
 
 class ContextsUnavailable(SandboxdError):
     """Contexts cannot run on this host; the message names what is missing."""
+
+
+class TerminalsUnavailable(SandboxdError):
+    """The privilege-drop chain in force cannot give a command a terminal (docs/extensions.rst,
+    "Terminals": they need the exec helper)."""

@@ -66,6 +66,9 @@ class ClientBase:
 
             reactor = global_reactor
         self._base = check_base_url(base_url)
+        self._reactor = reactor
+        self._token = token
+        """For a terminal's WebSocket (``Terminals.attach_terminal``), which is not HTTP."""
         self._clock: IReactorTime = clock if clock is not None else reactor
         self._retry = retry if retry is not None else RetryPolicy()
         self._exec_idle_timeout = exec_idle_timeout

@@ -76,6 +76,7 @@ from ._files import Files
 from ._handles import check_base_url, decode_handle
 from ._processes import Processes
 from ._templates import Templates
+from ._terminals import Terminals
 from ._transfers import Transfers
 from ._trees import Trees
 from ._types import (
@@ -91,7 +92,7 @@ from ._types import (
 )
 
 
-class HttpSandbox(Processes, Contexts, Files, Transfers, Trees, Templates):
+class HttpSandbox(Processes, Contexts, Files, Transfers, Trees, Templates, Terminals):
     """
     A client for one sandboxd service.
 

@@ -31,6 +31,9 @@ setup(
         "pybase64>=1.4",
         "rich>=13",  # sandboxctl's transfer progress (imported only to draw it)
     ],
-    extras_require={"mcp": ["mcp>=2.3,<3"]},
+    extras_require={
+        "mcp": ["mcp>=2.3,<3"],
+        "terminal": ["autobahn>=24.4"],  # sandboxctl shell: a terminal's WebSocket
+    },
     entry_points={"console_scripts": ["sandboxctl = sandboxd_client.cli:main"]},
 )

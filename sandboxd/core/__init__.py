@@ -29,9 +29,11 @@ from sandboxd.core.processes.process import (
     Ended,
     Process,
     ProcessListing,
+    Reader,
     ReaderEvent,
     SandboxGone,
 )
+from sandboxd.core.processes.terminal import DEFAULT_TERM, TerminalRun, TerminalSize
 from sandboxd.core.sandbox import CreateRequest, Sandbox, SandboxListing
 from sandboxd.core.templates.store import Template, TemplateRoot, TemplateStore, check_name
 from sandboxd.core.tools.resolver import Resolution, Resolved, ToolResolver
@@ -43,6 +45,7 @@ EXEC_CAPABILITIES = (*_spec.CAPABILITIES, *_run.CAPABILITIES)
 """The ``exec`` extensions the core implements (listed by ``/healthz``)."""
 
 __all__ = [
+    "DEFAULT_TERM",
     "EXEC_CAPABILITIES",
     "RESERVED_PREFIX",
     "RID_PATTERN",
@@ -64,6 +67,7 @@ __all__ = [
     "Parts",
     "Process",
     "ProcessListing",
+    "Reader",
     "ReaderEvent",
     "Resolution",
     "Resolved",
@@ -76,6 +80,8 @@ __all__ = [
     "Template",
     "TemplateRoot",
     "TemplateStore",
+    "TerminalRun",
+    "TerminalSize",
     "ToolResolver",
     "WatchEvent",
     "WorkspaceWatch",

@@ -23,12 +23,13 @@ from sandboxd.core.files.paths import Parts
 from sandboxd.core.layout import Layout
 from sandboxd.core.processes.log import OutputLog
 from sandboxd.core.processes.process import Process
+from sandboxd.core.processes.terminal import TerminalRun, TerminalSize
 from sandboxd.core.sandbox import Sandbox
 from sandboxd.core.watch.budget import WatchBudget
 from sandboxd.core.watch.charge import thread_euid
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
-from sandboxd.errors import BadRequest, NoCapacity, TooMany
-from sandboxd.isolation.base import Isolation
+from sandboxd.errors import BadRequest, NoCapacity, TerminalsUnavailable, TooMany
+from sandboxd.isolation.base import Isolation, NoTerminals
 from sandboxd.metrics import Metrics
 from sandboxd.units import format_size
 
@@ -46,6 +47,10 @@ class Launch(ExecRun):
 
     argv: list[str]
     env: dict[str, str]
+
+
+class TerminalLaunch(TerminalRun, Launch):
+    """A run made ready by the manager to spawn on a pseudo-terminal."""
 
 
 def _chain(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
@@ -179,6 +184,44 @@ class Commands:
         log.info("process {id} started in {rid}", id=process.id, rid=sandbox.rid)
         return process
 
+    # Terminals (docs/extensions.rst, "Terminals")
+
+    def start_terminal(
+        self, sandbox: Sandbox, request: ExecSpec, size: TerminalSize, tag: str | None = None
+    ) -> Process:
+        """Start the command on a pseudo-terminal of window size ``size`` in the background of
+        the sandbox and return its record at once: a background process (the same table, the
+        same cap, the same reading of its output) whose output is the terminal's, with its
+        ``terminal_scrollback`` last bytes kept for a reader that attaches later, whose stdin
+        is the terminal's keyboard, and which can be resized. ``request.env`` gives its
+        ``TERM``."""
+        sandbox.processes.make_room()
+        output = OutputLog(self.config.terminal_scrollback)
+        run = self._launch(
+            sandbox,
+            request,
+            output.append,
+            max_output=0,
+            log_timeout=None,
+            timeout=request.timeout,
+            terminal=True,
+        )
+        assert isinstance(run, TerminalLaunch)
+        process = Process(
+            id=sandbox.processes.new_id(),
+            tag=tag,
+            cmd=request.cmd,
+            started=self.clock.seconds(),
+            run=run,
+            log=output,
+            stdin=True,
+        )
+        run.on_end = _chain(run.on_end, process.ended)
+        run.start_terminal(self.reactor, run.argv, run.env, size)
+        sandbox.processes.add(process)
+        log.info("terminal {id} started in {rid}", id=process.id, rid=sandbox.rid)
+        return process
+
     def _launch(
         self,
         sandbox: Sandbox,
@@ -189,6 +232,7 @@ class Commands:
         log_timeout: float | None,
         timeout: float | None,
         on_end: Callable[[], None] = lambda: None,
+        terminal: bool = False,
     ) -> "Launch":
         """The one way a command is made ready to run in a sandbox (exec and background
         process alike): tools checked, environment built and size-checked, argv wrapped by
@@ -216,7 +260,7 @@ class Commands:
             if run.timed_out:
                 log.info("a command in {rid} timed out (exit 124)", rid=sandbox.rid)
 
-        run = Launch(
+        run = (TerminalLaunch if terminal else Launch)(
             self.clock,
             on_output,
             max_output=max_output,
@@ -227,7 +271,12 @@ class Commands:
         )
         run.review = self._oom_review(sandbox, request)
         # namespaces, cgroup, uid, seccomp: the one chain of every process of a sandbox
-        run.argv = self.isolation.start_argv(sandbox.rid, sandbox.identity, cwd, request.cmd)
+        try:
+            run.argv = self.isolation.start_argv(
+                sandbox.rid, sandbox.identity, cwd, request.cmd, terminal=terminal
+            )
+        except NoTerminals as e:
+            raise TerminalsUnavailable(str(e)) from None
         run.env = env
         return run
 

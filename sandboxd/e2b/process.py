@@ -21,13 +21,15 @@ from sandboxd.core import (
     ReaderEvent,
     SandboxGone,
     SandboxManager,
+    TerminalRun,
+    TerminalSize,
     parse_env,
 )
 from sandboxd.e2b import wire
 from sandboxd.e2b.paths import HOME, cwd_of, place_of
 from sandboxd.e2b.registry import E2BSandbox
 from sandboxd.e2b.wire import ConnectError, bool_field, int_field, object_field, text_field
-from sandboxd.errors import BadRequest, ProcessConflict, ProcessNotFound
+from sandboxd.errors import BadRequest, ProcessConflict, ProcessNotFound, TerminalsUnavailable
 from sandboxd.web.follow import FollowStream
 
 SIGNAL_NAMES: dict[object, str] = {
@@ -129,8 +131,7 @@ async def start(
 ) -> None:
     """``Start``: run the command, stream its events until it ends."""
     config = object_field(message, "process")
-    if message.get("pty") is not None:
-        raise ConnectError("unimplemented", "PTY is not supported by sandboxd (no terminal)")
+    size = pty_size(message) if message.get("pty") is not None else None
     cmd = text_field(config, "cmd")
     args = _strings(config.get("args"), "args")
     try:
@@ -143,7 +144,13 @@ async def start(
         raise ConnectError("invalid_argument", "tag: must be a string")
     stdin = bool_field(message, "stdin")
     spec = ExecSpec((cmd, *args), envs, cwd, timeout_of(request), None, (), as_home=True)
-    process = manager.start_process(entry.sandbox, spec, tag=tag, stdin=stdin)
+    if size is None:
+        process = manager.start_process(entry.sandbox, spec, tag=tag, stdin=stdin)
+    else:
+        try:
+            process = manager.start_terminal(entry.sandbox, spec, size, tag=tag)
+        except TerminalsUnavailable as e:
+            raise ConnectError("unimplemented", e.detail) from None
     kept = {p.id for p in entry.sandbox.processes.all()}
     for gone in [key for key in entry.processes if key not in kept]:
         del entry.processes[gone]  # pushed out of the sandbox's records
@@ -179,7 +186,7 @@ async def follow(
     def deliver(event: ReaderEvent) -> None:
         assert stream is not None
         if isinstance(event, Chunk):
-            stream.write(wire.data_event(event.fd, event.data))
+            stream.write(wire.data_event(event.fd, event.data, pty=is_terminal(process)))
         elif isinstance(event, Ended) and bounded and event.timed_out:
             stream.write(wire.end_of_stream(timed_out(process)))
             stream.end()
@@ -218,11 +225,15 @@ def listing(entry: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
     return {"processes": processes}
 
 
-def _input_of(message: dict[str, Any]) -> bytes:
+def _input_of(message: dict[str, Any], process: Process) -> bytes:
+    """The bytes of a ``ProcessInput``: ``stdin``, or ``pty`` for a terminal (its keyboard is
+    its stdin); ``pty`` bytes for a process on no terminal are ``failed_precondition``."""
     given = object_field(message, "input")
-    if "pty" in given:
-        raise ConnectError("unimplemented", "PTY is not supported by sandboxd (no terminal)")
-    return wire.unb64(given.get("stdin", ""), "input.stdin")
+    if "pty" not in given:
+        return wire.unb64(given.get("stdin", ""), "input.stdin")
+    if not is_terminal(process):
+        raise ConnectError("failed_precondition", f"process {process.pid} is not a PTY")
+    return wire.unb64(given["pty"], "input.pty")
 
 
 def _stdin(process: Process, data: bytes | None) -> None:
@@ -238,7 +249,7 @@ def _stdin(process: Process, data: bytes | None) -> None:
 
 def send_input(entry: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
     process = running(entry, message)
-    data = _input_of(message)
+    data = _input_of(message, process)
     _stdin(process, data)
     return {}
 
@@ -252,7 +263,7 @@ def stream_input(entry: E2BSandbox, messages: list[dict[str, Any]]) -> dict[str,
         elif "data" in message:
             if process is None:
                 raise ConnectError("invalid_argument", "data before the start event")
-            _stdin(process, _input_of(object_field(message, "data")))
+            _stdin(process, _input_of(object_field(message, "data"), process))
     return {}
 
 
@@ -271,5 +282,29 @@ def send_signal(entry: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+# Terminals (docs/e2b.rst, "Coverage"; docs/extensions.rst, "Terminals")
+
+
+def is_terminal(process: Process) -> bool:
+    return isinstance(process.run, TerminalRun)
+
+
+def pty_size(message: dict[str, Any]) -> TerminalSize:
+    """The ``PTY`` of a ``Start`` or ``Update``: its ``size`` (rows, cols)."""
+    size = object_field(object_field(message, "pty"), "size")
+    try:
+        return TerminalSize.parse(size.get("rows"), size.get("cols"))
+    except BadRequest as e:
+        raise ConnectError("invalid_argument", f"pty.size: {e.detail}") from None
+
+
 def update(entry: E2BSandbox, message: dict[str, Any]) -> dict[str, Any]:
-    raise ConnectError("unimplemented", "PTY is not supported by sandboxd (no terminal)")
+    """``Update``: a terminal's new window size (an ``Update`` without ``pty`` changes
+    nothing)."""
+    process = running(entry, message)
+    if message.get("pty") is None:
+        return {}
+    if not is_terminal(process):
+        raise ConnectError("failed_precondition", f"process {process.pid} is not a PTY")
+    process.resize(pty_size(message))
+    return {}

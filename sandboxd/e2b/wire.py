@@ -345,8 +345,10 @@ def start_event(pid: int) -> bytes:
     return envelope({"event": {"start": {"pid": pid}}})
 
 
-def data_event(fd: int, data: bytes) -> bytes:
-    return envelope({"event": {"data": {"stdout" if fd == 1 else "stderr": b64(data)}}})
+def data_event(fd: int, data: bytes, pty: bool = False) -> bytes:
+    """Output of a process: ``stdout``/``stderr`` by ``fd``, or ``pty`` for a terminal's."""
+    name = "pty" if pty else "stdout" if fd == 1 else "stderr"
+    return envelope({"event": {"data": {name: b64(data)}}})
 
 
 def end_event(exit_code: int, exited: bool, status: str, error: str | None) -> bytes:

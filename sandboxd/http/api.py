@@ -31,6 +31,7 @@ from sandboxd.http.routes import (
     ports,
     sandboxes,
     templates,
+    terminals,
     trees,
 )
 from sandboxd.http.routing import answer
@@ -39,7 +40,7 @@ from sandboxd.ports.table import PortTable, table_for
 from sandboxd.web.guard import Admit
 from sandboxd.web.spool import SpoolPlace, SpoolPlaces
 
-ROUTES = (daemon, sandboxes, commands, files, trees, templates, ports, contexts)
+ROUTES = (daemon, sandboxes, commands, files, trees, templates, ports, contexts, terminals)
 """The route modules: importing them registers their routes on the app."""
 
 log = Logger()

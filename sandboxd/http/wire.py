@@ -53,6 +53,7 @@ from sandboxd.errors import (
     TemplateNotFound,
     TemplatesUnavailable,
     TemplateTooLarge,
+    TerminalsUnavailable,
     TooMany,
     TooManyEntries,
 )
@@ -97,6 +98,8 @@ ERROR_TYPES: Mapping[type[SandboxdError], tuple[int, str]] = {
     # Ports (docs/extensions.rst, "Ports")
     PortClosed: (502, "PortClosed"),
     PortsUnavailable: (409, "Conflict"),
+    # Terminals (docs/extensions.rst, "Terminals")
+    TerminalsUnavailable: (501, "NotImplemented"),
 }
 """Core error → (HTTP status, wire ``error`` type); a subclass answers as its nearest base."""
 
@@ -428,6 +431,7 @@ def process_json(listed: ProcessListing) -> dict[str, Any]:
         "started": listed.started,
         "running": listed.running,
         "exit": listed.exit,
+        **({} if listed.pty is None else {"pty": {"rows": listed.pty[0], "cols": listed.pty[1]}}),
     }
 
 
@@ -515,3 +519,28 @@ def context_frame(event: context_events.Event) -> bytes:
     else:
         frame = {"type": "end"}
     return json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+
+
+# Terminals (docs/extensions.rst, "Terminals")
+
+
+def terminal_body(process: Process) -> dict[str, Any]:
+    """``POST terminals``: the new terminal's id, pid and size (its listing)."""
+    return process_json(process.listing())
+
+
+def terminals_body(processes: Iterable[Process]) -> dict[str, Any]:
+    """``GET terminals``: the sandbox's terminals (the records of its processes that run on
+    a terminal), oldest first."""
+    listed = [p.listing() for p in processes]
+    return {"terminals": [process_json(each) for each in listed if each.pty is not None]}
+
+
+def terminal_end_message(event: ReaderEvent) -> str:
+    """The last text message of a terminal's WebSocket: how it ended (``{"exit": CODE}``,
+    ``{"error": ...}`` for one that never started or whose sandbox was killed)."""
+    if isinstance(event, Ended) and event.code is not None:
+        return json.dumps({"exit": event.code})
+    if isinstance(event, Ended):
+        return json.dumps({"error": "SpawnFailed", "message": event.detail})
+    return json.dumps({"error": "SandboxNotFound", "message": "the sandbox was killed"})

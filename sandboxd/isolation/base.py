@@ -8,6 +8,7 @@ development bundle of ``sandboxd.isolation.none``; the cgroup drivers give real 
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
+import attrs
 from attrs import field, frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorProcess
@@ -191,6 +192,22 @@ def plain_env(env: Mapping[str, str]) -> dict[str, str]:
     return dict(env)
 
 
+class NoTerminals(Exception):
+    """The privilege-drop chain in force cannot give a command a controlling terminal (the
+    shell chain: its ``setsid`` forks away from the terminal); terminals need the helper."""
+
+
+def terminal_wrap(wrap: Wrap) -> Wrap:
+    """``wrap`` for a terminal's command, spawned on a pseudo-terminal: the exec helper's
+    chain with ``--ctty`` (fd 0 becomes the controlling terminal of the command's session);
+    :class:`NoTerminals` for a chain without that step."""
+    from sandboxd.isolation.exec.helper import HelperSession, HelperWrapper
+
+    if not isinstance(wrap, HelperWrapper | HelperSession):
+        raise NoTerminals("terminals need the exec helper (sandboxd-exec), which is not in use")
+    return attrs.evolve(wrap, ctty=True)
+
+
 @frozen
 class Isolation:
     """Everything the manager needs to isolate sandboxes, chosen once at start-up.
@@ -235,15 +252,25 @@ class Isolation:
     (the helper's ``--no-ptrace``); ``None``: :attr:`wrap` (a chain without that step)."""
 
     def start_argv(
-        self, rid: str, identity: Identity, cwd: str, argv: Sequence[str], own_work: bool = False
+        self,
+        rid: str,
+        identity: Identity,
+        cwd: str,
+        argv: Sequence[str],
+        own_work: bool = False,
+        terminal: bool = False,
     ) -> list[str]:
         """The argv to spawn so that ``argv`` runs as sandbox ``rid``: the privilege-drop chain
         every process of a sandbox starts through (docs/isolation.rst, "The privilege-drop
         chain"), and the only one: its namespaces entered first, then :attr:`wrap` (cgroup,
         session, uid/gid, ``no_new_privs``, seccomp, ``cwd``). ``own_work``: a process the
         daemon starts for its own work, which the sandbox must not take over
-        (:attr:`own_work_wrap`). ``argv`` comes last, unchanged."""
+        (:attr:`own_work_wrap`). ``terminal``: a command spawned on a pseudo-terminal, which
+        becomes its controlling terminal (:func:`terminal_wrap`). ``argv`` comes last,
+        unchanged."""
         wrap = self.own_work_wrap if own_work and self.own_work_wrap is not None else self.wrap
+        if terminal:
+            wrap = terminal_wrap(wrap)
         wrapped = wrap(identity, self.cgroups.join_files(rid), cwd, argv)
         return self.namespaces.enter(rid, wrapped, own_work)
 

@@ -58,7 +58,7 @@ from twisted.internet.task import react
 
 from .. import HttpSandbox, SandboxError, SandboxSpec
 from .._types import OutputChunk, SandboxHandle
-from . import _code, _processes, _stdin, _templates, _trees
+from . import _code, _processes, _shell, _stdin, _templates, _trees
 from ._handle import resolve_handle
 from ._parser import build_parser, parse_args
 from ._progress import MIB, ProgressBar
@@ -263,6 +263,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
         return await _exec(client, args, console)
     if cmd in _processes.COMMANDS:
         return await _processes.run(client, args, console)
+    if cmd in _shell.COMMANDS:
+        return await _shell.run(client, args, console)
     if cmd in _templates.COMMANDS:
         return await _templates.run(client, args, console)
     if cmd in _code.COMMANDS:

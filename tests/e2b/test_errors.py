@@ -105,7 +105,7 @@ def test_envd_errors(e2b_daemon: E2BDaemon) -> None:
             ({"process": {"cmd": "x", "args": [1]}}, "args"),
             ({"process": {"cmd": "x", "envs": {"": "x"}}}, "envs"),
             ({"process": {"cmd": "x"}, "tag": 5}, "tag"),
-            ({"process": {"cmd": "x"}, "pty": {"size": {"rows": 1, "cols": 1}}}, "PTY"),
+            ({"process": {"cmd": "x"}, "pty": {"size": {"rows": 0, "cols": 1}}}, "pty.size"),
         ):
             envelope = json.dumps(message).encode()
             framed = b"\x00" + len(envelope).to_bytes(4, "big") + envelope

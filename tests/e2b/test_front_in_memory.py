@@ -25,6 +25,7 @@ from sandboxd.core.watch.watch import WatchEvent
 from sandboxd.e2b import files, process, wire
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.registry import E2BSandbox
+from sandboxd.isolation.none import session_wrapper
 from tests.e2b.memory import Memory, Stream, memory_front, read_frames
 from tests.http.http_harness import pump, result_of
 
@@ -361,7 +362,11 @@ async def test_malformed_inputs_of_a_running_process_are_refused(memory: Memory)
     assert connect_error(reply) == (400, "invalid_argument")
     pty = {"process": {"pid": pid}, "input": {"pty": "eA=="}}
     reply = memory.rpc(entry, "process.Process/SendInput", pty)
-    assert connect_error(reply) == (501, "unimplemented")
+    assert connect_error(reply) == (400, "failed_precondition")  # no terminal
+    resize = {"process": {"pid": pid}, "pty": {"size": {"rows": 5, "cols": 5}}}
+    reply = memory.rpc(entry, "process.Process/Update", resize)
+    assert connect_error(reply) == (400, "failed_precondition")
+    assert memory.rpc(entry, "process.Process/Update", {"process": {"pid": pid}}).status == 200
     kill = {"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}
     assert memory.rpc(entry, "process.Process/SendSignal", kill).status == 200
     await stream.finished()
@@ -483,3 +488,19 @@ def test_a_listing_past_its_caps_is_invalid_argument_naming_them(
     too_large = memory.rpc(entry, listing, {"path": "/home/user", "depth": 2})
     assert connect_error(too_large) == (400, "invalid_argument")
     assert too_large.json()["message"].startswith("/home/user: the listing passes 256 bytes")
+
+
+def test_a_pty_without_the_exec_helper_is_unimplemented(memory: Memory) -> None:
+    # The shell chain's setsid forks away from the terminal: no terminals without the helper.
+    object.__setattr__(
+        memory.manager,
+        "isolation",
+        attrs.evolve(memory.manager.isolation, wrap=session_wrapper("/usr/bin/setsid")),
+    )
+    entry = memory.create()
+    message = {"process": {"cmd": "/bin/sh"}, "pty": {"size": {"rows": 24, "cols": 80}}}
+    stream = memory.stream(entry, "process.Process/Start", message)
+    memory.stub.flush()
+    [(flags, answer)] = stream.frames
+    assert (flags, answer["error"]["code"]) == (wire.FLAG_END, "unimplemented")
+    assert "exec helper" in answer["error"]["message"]

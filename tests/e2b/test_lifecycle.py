@@ -81,8 +81,6 @@ def test_unsupported_features_say_so(e2b_daemon: E2BDaemon) -> None:
     try:
         with pytest.raises(Exception, match="not supported by sandboxd"):
             sbx.pause()
-        with pytest.raises(Exception, match="PTY is not supported"):
-            sbx.pty.create(size=__import__("e2b").PtySize(rows=24, cols=80))
     finally:
         sbx.kill()
 

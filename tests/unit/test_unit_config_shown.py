@@ -31,6 +31,7 @@ MORE: dict[str, str] = {
     "SANDBOXD_EGRESS_POLICY_MAX": "64",
     "SANDBOXD_RESOLV_CONF": "/run/systemd/resolve/resolv.conf",
     "SANDBOXD_PROCESS_LOG_MAX": "1000",
+    "SANDBOXD_TERMINAL_SCROLLBACK": "64K",
     "SANDBOXD_PROCESSES_MAX": "3",
     "SANDBOXD_WALK_MAX": "50",
     "SANDBOXD_WALK_BYTES_MAX": "2M",

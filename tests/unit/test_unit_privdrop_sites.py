@@ -33,6 +33,8 @@ SUBPROCESS = re.compile(r"^(run|call|check_call|check_output|create_subprocess_\
 AS_SANDBOX = "as a sandbox, argv from Isolation.start_argv"
 SITES = {
     ("sandboxd/core/exec/run.py", "ExecRun.start"): AS_SANDBOX + " (commands: Commands._launch)",
+    ("sandboxd/core/processes/terminal.py", "TerminalRun.start_terminal"): AS_SANDBOX
+    + " (terminals: Commands._launch, with the helper's --ctty)",
     ("sandboxd/isolation/exec/spawn_server.py", "Spawner.spawnProcess"): AS_SANDBOX
     + " (the same argv, handed to the spawn server, which runs the helper's main path on it)",
     ("sandboxd/core/archive/rsync.py", "Rsync._spawn"): "root: the archive end; the workspace end"

@@ -18,6 +18,7 @@ from twisted.internet.defer import Deferred, DeferredLock
 
 from sandboxd.core.exec.run import ExecRun, Exited, Outcome
 from sandboxd.core.processes.log import Chunk, OutputLog
+from sandboxd.core.processes.terminal import TerminalRun, TerminalSize
 from sandboxd.errors import BadRequest, ProcessConflict
 
 SIGNALS: Mapping[str, int] = {
@@ -73,6 +74,8 @@ class ProcessListing:
     started: float
     running: bool
     exit: int | None
+    pty: tuple[int, int] | None = None
+    """The rows and columns of its terminal (``None``: it runs on none)."""
 
 
 @define(eq=False)
@@ -108,6 +111,7 @@ class Process:
     def listing(self) -> ProcessListing:
         """What a list of processes shows of it, now."""
         end = self.end
+        size = self.run.size if isinstance(self.run, TerminalRun) else None
         return ProcessListing(
             id=self.id,
             pid=self.pid,
@@ -116,6 +120,7 @@ class Process:
             started=self.started,
             running=self.running,
             exit=None if end is None else end.code,
+            pty=None if size is None else (size.rows, size.cols),
         )
 
     # Called by the run (its output goes straight into the log)
@@ -178,6 +183,23 @@ class Process:
         if not self.running:
             raise ProcessConflict(f"process {self.id} has ended")
         self.run.signal(SIGNALS[name])
+
+    def signal_foreground(self, name: str) -> None:
+        """Send the signal ``name`` to its terminal's foreground process group (the job a
+        shell runs now, as ``Ctrl-C`` would); ``ProcessConflict`` as for :meth:`resize`."""
+        self._running_terminal().signal_foreground(SIGNALS[name])
+
+    def resize(self, size: TerminalSize) -> None:
+        """Give its terminal the window size ``size``; ``ProcessConflict`` for a process that
+        runs on no terminal, or has ended."""
+        self._running_terminal().resize(size)
+
+    def _running_terminal(self) -> TerminalRun:
+        if not isinstance(self.run, TerminalRun):
+            raise ProcessConflict(f"process {self.id} is not a terminal")
+        if not self.running:
+            raise ProcessConflict(f"process {self.id} has ended")
+        return self.run
 
     # Readers
 

@@ -49,12 +49,16 @@ def seccomp_problem(helper: str, run: RunProgram = run_program) -> str | None:
     return output.removeprefix("sandboxd-exec: ") or f"seccomp-check exited {code}"
 
 
-def _options(umask: int, seccomp: bool | None = None, no_ptrace: bool = False) -> list[str]:
+def _options(
+    umask: int, seccomp: bool | None = None, no_ptrace: bool = False, ctty: bool = False
+) -> list[str]:
     options = [f"--umask={umask:03o}"]
     if seccomp is not None:
         options.append("--seccomp=default" if seccomp else "--seccomp=off")
     if no_ptrace:
         options.append("--no-ptrace")
+    if ctty:
+        options.append("--ctty")
     return options
 
 
@@ -83,12 +87,15 @@ def helper_problem(
 class HelperWrapper:
     """``Isolation.wrap`` for the cgroup drivers: join, setsid, drop to ``identity``, filter
     system calls (``seccomp``), cd, exec with ``umask``; with ``no_ptrace`` (the daemon's own
-    work as a sandbox), exec so that no process of the sandbox can ptrace what it starts."""
+    work as a sandbox), exec so that no process of the sandbox can ptrace what it starts; with
+    ``ctty`` (a terminal's command, spawned on a pseudo-terminal), its fd 0 becomes the
+    session's controlling terminal."""
 
     helper: str
     seccomp: bool = True
     umask: int = DEFAULT_UMASK
     no_ptrace: bool = False
+    ctty: bool = False
 
     def __call__(
         self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
@@ -97,7 +104,7 @@ class HelperWrapper:
         require_command(argv, identity)
         return [
             self.helper,
-            *_options(self.umask, self.seccomp, self.no_ptrace),
+            *_options(self.umask, self.seccomp, self.no_ptrace, self.ctty),
             "sandbox",
             str(identity.uid),
             str(identity.gid),
@@ -111,13 +118,14 @@ class HelperWrapper:
 @frozen
 class HelperSession:
     """``Isolation.wrap`` for ``--isolation=none``: a new session, cd, exec with ``umask`` (no
-    uid, no cgroup, no filter)."""
+    uid, no cgroup, no filter); ``ctty`` as for :class:`HelperWrapper`."""
 
     helper: str
     umask: int = DEFAULT_UMASK
+    ctty: bool = False
 
     def __call__(
         self, identity: Identity, join_files: Sequence[str], cwd: str, argv: Sequence[str]
     ) -> list[str]:
         require_command(argv)
-        return [self.helper, *_options(self.umask), "session", cwd, *argv]
+        return [self.helper, *_options(self.umask, ctty=self.ctty), "session", cwd, *argv]

@@ -1,8 +1,8 @@
 /*
  * sandboxd-exec: start one command of a sandbox in a single exec, with no shell in between.
  *
- *   sandboxd-exec [--umask=OCTAL] [--seccomp=default|off] [--no-ptrace] sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD [ARG..]
- *   sandboxd-exec [--umask=OCTAL] session CWD CMD [ARG..]
+ *   sandboxd-exec [--umask=OCTAL] [--seccomp=default|off] [--no-ptrace] [--ctty] sandbox UID GID CWD N JOIN_1 .. JOIN_N CMD [ARG..]
+ *   sandboxd-exec [--umask=OCTAL] [--ctty] session CWD CMD [ARG..]
  *   sandboxd-exec seccomp-check | seccomp-dump
  *   sandboxd-exec enter N NS_1 .. NS_N sandboxd-exec [--umask=..] sandbox ...   (sandboxd_exec_ns.h)
  *   sandboxd-exec namespaces NSROOT RID KINDS TMP WORKSPACE SHM_BYTES [KEEP..]   (sandboxd_exec_ns.h)
@@ -17,7 +17,10 @@
  *   2. reset oom_score_adj to 0 (the daemon's protective value would be inherited; a value
  *      above 0 that cannot be lowered is kept, as it protects nothing);
  *   3. setsid (a new session and process group that the daemon can killpg; a command forked
- *      into a pid namespace stays in the session its relay leads, sandboxd_exec_ns.h);
+ *      into a pid namespace stays in the session its relay leads, sandboxd_exec_ns.h); with
+ *      --ctty (a terminal: fd 0 is the slave of a pseudo-terminal), a process that leads its
+ *      session already (the spawner made it so) keeps it, and fd 0 is made the session's
+ *      controlling terminal (TIOCSCTTY): Ctrl-C, SIGWINCH and job control reach the command;
  *   4. drop every supplementary group, then gid, then uid (real, effective, saved), and set
  *      no_new_privs (setuid programs no longer raise privilege); then, unless --seccomp=off,
  *      apply the default seccomp filter (sandboxd_seccomp.h says what it refuses);
@@ -50,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -66,6 +70,7 @@ extern char **environ;
 
 static void fail(int code, const char *what, const char *arg, int error);
 static int open_for_writing(const char *path);
+static void new_session(int ctty);
 #include "sandboxd_exec_ns.h" /* namespaces at create, and "enter" before an exec */
 #include "sandboxd_exec_spawn.h" /* the spawn server: this main path, without a program start */
 #include "sandboxd_exec_noptrace.h" /* --no-ptrace: the daemon's own work as a sandbox */
@@ -128,6 +133,8 @@ static void reset_oom_score_adj(void)
         fail(SETUP_FAILED, "cannot reset oom_score_adj", NULL, EPERM);
 }
 
+static int dies_with_relay = 0;
+
 static void drop_privilege(uid_t uid, gid_t gid)
 {
     if (setgroups(0, NULL) != 0)
@@ -141,13 +148,28 @@ static void drop_privilege(uid_t uid, gid_t gid)
         fail(SETUP_FAILED, "setresuid", "did not hold", EPERM);
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         fail(SETUP_FAILED, "no_new_privs", NULL, errno);
+    /* After the credentials changed (which clears it): a terminal's command in a pid
+     * namespace dies with its relay, whose SIGKILL cannot be passed on (relay_signals). */
+    if (dies_with_relay && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0)
+        fail(SETUP_FAILED, "PR_SET_PDEATHSIG", NULL, errno);
 }
 
 struct options {
     mode_t umask;
     int seccomp;
     int no_ptrace;
+    int ctty;
 };
+
+/* Step 3: a new session (kept if this process leads one already and ``ctty``), and with
+ * ``ctty`` fd 0 (a terminal) as its controlling terminal. */
+static void new_session(int ctty)
+{
+    if (!(ctty && getsid(0) == getpid()) && setsid() < 0)
+        fail(SETUP_FAILED, "setsid", NULL, errno);
+    if (ctty && ioctl(0, TIOCSCTTY, 0) != 0)
+        fail(SETUP_FAILED, "TIOCSCTTY", "fd 0", errno);
+}
 
 /* Leading --umask=OCTAL, --seccomp=default|off and --no-ptrace; the number of arguments they
  * took. */
@@ -169,6 +191,8 @@ static int parse_options(int argc, char **argv, struct options *options)
             options->seccomp = 0;
         } else if (strcmp(option, "--no-ptrace") == 0) {
             options->no_ptrace = 1;
+        } else if (strcmp(option, "--ctty") == 0) {
+            options->ctty = 1;
         } else {
             fail(SETUP_FAILED, "bad option", option, EINVAL);
         }
@@ -295,7 +319,7 @@ static int helper_main(int argc, char **argv)
         argv = enter_namespaces(&argc, argv);
     if (argc >= 2 && strcmp(argv[1], "namespaces") == 0)
         return make_namespaces(argc, argv, 0); /* once: a template would cost a copy too */
-    struct options options = {.umask = 077, .seccomp = 1, .no_ptrace = 0};
+    struct options options = {.umask = 077, .seccomp = 1, .no_ptrace = 0, .ctty = 0};
     int used = parse_options(argc, argv, &options);
     argc -= used;
     argv += used;
@@ -304,8 +328,7 @@ static int helper_main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "seccomp-dump") == 0)
         return seccomp_dump();
     if (argc >= 4 && strcmp(argv[1], "session") == 0) {
-        if (setsid() < 0)
-            fail(SETUP_FAILED, "setsid", NULL, errno);
+        new_session(options.ctty);
         return run(argv[2], argv + 3, 0, options.umask, 0);
     }
     if (argc < 7 || strcmp(argv[1], "sandbox") != 0) {
@@ -323,8 +346,11 @@ static int helper_main(int argc, char **argv)
     for (long i = 0; i < procs; i++)
         write_all(argv[6 + i], "0\n", "cannot join cgroup");
     reset_oom_score_adj();
-    if (!ns_relayed && setsid() < 0) /* a relayed command is in its relay's session already */
-        fail(SETUP_FAILED, "setsid", NULL, errno);
+    /* A relayed command is in its relay's session already, but a terminal's leads its own
+     * (relay_release_terminal), and dies with its relay (relay_signals). */
+    if (!ns_relayed || options.ctty)
+        new_session(options.ctty);
+    dies_with_relay = ns_relayed && options.ctty;
     drop_privilege(uid, gid);
     if (options.seccomp)
         apply_seccomp();

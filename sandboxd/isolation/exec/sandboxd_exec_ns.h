@@ -63,7 +63,8 @@
  * daemon's killpg of the relay's pid reaches the command and what it forks, as without the
  * pid namespace), joins the sandbox's cgroups (the JOIN files of the "sandbox" arguments),
  * keeps every signal blocked (passing on those that came before the fork), and exits as the
- * command did.
+ * command did. With --ctty (a terminal) the command leads a session of its own instead
+ * (relay_release_terminal, relay_signals).
  *
  * Failures exit 125 with "sandboxd-exec: ..." on stderr.
  */
@@ -671,6 +672,43 @@ static void pre_open_joins(int argc, char **argv)
     }
 }
 
+/* A terminal's relay (--ctty): the command must lead a session of its own inside the
+ * namespace, or a shell there finds its terminal's first process group outside it (dash then
+ * exits 2 at its end, unable to give the terminal back). So the relay gives the terminal up
+ * (TIOCNOTTY; the SIGHUP it sends the relay's own group is ignored for the moment), the
+ * command makes it its controlling terminal (new_session in the "sandbox" step), ... */
+static void relay_release_terminal(void)
+{
+    void (*hup)(int) = signal(SIGHUP, SIG_IGN);
+    if (ioctl(0, TIOCNOTTY) != 0)
+        fail(SETUP_FAILED, "TIOCNOTTY", "fd 0", errno);
+    signal(SIGHUP, hup);
+}
+
+/* ... and, the command being in another process group than the relay's (which the daemon
+ * signals), every signal the relay is sent goes on to the command's group; a SIGKILL, which
+ * cannot, reaches the command as its parent-death signal (set after its privilege drop).
+ * Returns the command's wait status. */
+static int relay_signals(pid_t command, const sigset_t *all)
+{
+    for (;;) {
+        siginfo_t info;
+        int sig = sigwaitinfo(all, &info);
+        if (sig < 0)
+            continue; /* EINTR */
+        if (sig != SIGCHLD) {
+            kill(-command, sig);
+            continue;
+        }
+        int status = 0;
+        pid_t done = waitpid(command, &status, WNOHANG);
+        if (done == command)
+            return status;
+        if (done < 0 && errno != EINTR)
+            fail(SETUP_FAILED, "waitpid", "the command", errno);
+    }
+}
+
 /* After setns into a pid namespace (which moves only the caller's children): lead a new
  * session (the daemon's killpg of this pid reaches the whole group), fork the command into the
  * namespace, and in this process, every signal blocked (each one the daemon sends the group
@@ -680,8 +718,12 @@ static void pre_open_joins(int argc, char **argv)
  * would on the helper (a TERM then ends it, and no command starts). Returns in the command. */
 static void relay_pid_namespace(int argc, char **argv)
 {
-    if (setsid() < 0)
-        fail(SETUP_FAILED, "setsid", NULL, errno);
+    int ctty = 0; /* --ctty: the terminal goes to the command's own session (relay_terminal) */
+    for (int at = 1; at < argc && strncmp(argv[at], "--", 2) == 0; at++)
+        ctty |= strcmp(argv[at], "--ctty") == 0;
+    new_session(ctty);
+    if (ctty)
+        relay_release_terminal();
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_SETMASK, &all, &old);
@@ -708,8 +750,8 @@ static void relay_pid_namespace(int argc, char **argv)
         sigtimedwait(&one, NULL, &now); /* taken: the command gets it instead */
         kill(command, sig);
     }
-    int status = 0;
-    while (waitpid(command, &status, 0) < 0)
+    int status = ctty ? relay_signals(command, &all) : 0;
+    while (!ctty && waitpid(command, &status, 0) < 0)
         if (errno != EINTR)
             fail(SETUP_FAILED, "waitpid", "the command", errno);
     if (WIFEXITED(status))
