@@ -24,9 +24,9 @@ from sandboxd.errors import SandboxdError
 from sandboxd.http import routing, wire
 from sandboxd.http.auth import BearerAuthoriser
 from sandboxd.http.routes import commands, daemon, files, ports, sandboxes, templates, trees
-from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 from sandboxd.ports.table import PortTable, table_for
+from sandboxd.web.answers import answer
 from sandboxd.web.guard import Admit
 from sandboxd.web.spool import SpoolPlace, SpoolPlaces
 

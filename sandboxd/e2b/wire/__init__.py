@@ -29,7 +29,6 @@ from sandboxd.e2b.wire.connect import (
     FLAG_COMPRESSED,
     FLAG_END,
     HEADER,
-    JSON,
     MESSAGE_MAX,
     PROCESS_KEEPALIVE,
     RPC_PREFIXES,
@@ -71,6 +70,7 @@ from sandboxd.e2b.wire.rest import (
     detail_json,
     sandbox_json,
 )
+from sandboxd.web.answers import JSON
 
 __all__ = [
     "CLIENT_ID",

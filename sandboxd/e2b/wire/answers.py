@@ -6,7 +6,6 @@ from http import HTTPStatus
 
 from sandboxd.e2b.wire.connect import (
     CONNECT_JSON,
-    JSON,
     RPC_PREFIXES,
     STREAM_PATHS,
     body,
@@ -19,6 +18,7 @@ from sandboxd.e2b.wire.errors import (
     no_sandbox_named,
     not_running,
 )
+from sandboxd.web.answers import JSON
 
 
 def connect_error_body(error: ConnectError) -> tuple[int, bytes]:

@@ -10,7 +10,6 @@ from typing import Any
 
 from sandboxd.e2b.wire.errors import ConnectError, error_json
 
-JSON = b"application/json"
 CONNECT_JSON = b"application/connect+json"
 """A stream's content type, exactly (the SDK refuses any parameter on it)."""
 

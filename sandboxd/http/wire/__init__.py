@@ -7,9 +7,7 @@ written in parts). The routes use them through this package: ``wire.<name>``.
 """
 
 from sandboxd.http.wire.bodies import (
-    JSON,
     NDJSON,
-    OCTETS,
     TAR,
     body,
     created_body,
@@ -35,7 +33,6 @@ from sandboxd.http.wire.errors import (
     Unauthorized,
     core_error_body,
     detail_of,
-    error_body,
     status_and_type,
     unauthorized_answer,
 )
@@ -62,6 +59,7 @@ from sandboxd.http.wire.walk import (
     walk_size,
     walk_too_large,
 )
+from sandboxd.web.answers import JSON, OCTETS, error_body
 
 __all__ = [
     "BEARER_CHALLENGE",

@@ -18,9 +18,7 @@ from sandboxd.core import (
 )
 from sandboxd.isolation.network.egress_policy import EgressPolicy
 
-JSON = b"application/json"
 NDJSON = b"application/x-ndjson"
-OCTETS = b"application/octet-stream"
 TAR = b"application/x-tar"
 
 

@@ -24,8 +24,8 @@ from sandboxd.errors import (
     TooMany,
     TooManyEntries,
 )
-from sandboxd.http.wire.bodies import body
 from sandboxd.ports.dial import PortClosed, PortsUnavailable
+from sandboxd.web.answers import error_body
 from sandboxd.web.body import TooLarge
 
 
@@ -73,11 +73,6 @@ def status_and_type(error: SandboxdError) -> tuple[int, str]:
 def detail_of(error: SandboxdError) -> str:
     """The ``detail`` of an error body: its message, else its wire type."""
     return str(error.args[0]) if error.args else status_and_type(error)[1]
-
-
-def error_body(kind: str, detail: str) -> bytes:
-    """The body of every error answer: ``{"error": <type>, "detail": <msg>}``."""
-    return body({"error": kind, "detail": detail})
 
 
 def core_error_body(error: SandboxdError) -> tuple[int, bytes]:

@@ -20,6 +20,7 @@ from sandboxd.core import (
 )
 from sandboxd.errors import SandboxdError
 from sandboxd.http.wire.errors import status_and_type
+from sandboxd.web import follow
 
 # NDJSON frames of the exec stream
 
@@ -121,8 +122,9 @@ def frame_parts(frame: Mapping[str, Any]) -> Iterator[bytes]:
 
 # Background processes (docs/extensions.rst, "Background processes")
 
-STREAM_KEEPALIVE_FRAME = b"{}\n"
-"""The frame a process-output or watch stream sends while it has nothing to say."""
+STREAM_KEEPALIVE_FRAME = follow.KEEPALIVE_FRAME
+"""The frame a process-output or watch stream sends while it has nothing to say (the followed
+stream's own, ``{}``)."""
 
 
 def reader_frame(event: ReaderEvent) -> bytes:
