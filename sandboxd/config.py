@@ -11,7 +11,7 @@ from typing import Any
 
 from attrs import fields, frozen
 
-from sandboxd.isolation.namespaces.pins import parse_namespaces
+from sandboxd.isolation.namespaces.kinds import parse_namespaces
 from sandboxd.isolation.network.egress_plan import (
     DEFAULT_POOL6,
     PRIVATE_RANGES,

@@ -10,11 +10,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal
 
 from attrs import define
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from sandboxd.config import Config
 from sandboxd.core.sandbox import Sandbox
+from sandboxd.isolation.base import Isolation
+from sandboxd.metrics import Metrics
+from sandboxd.units import format_duration
 
 log = Logger()
 
@@ -84,3 +89,91 @@ class DrainLoop:
             await self.kill_all(list(self.sandboxes))
         report.seconds = self.clock.seconds() - start
         return report
+
+
+class Drains:
+    """The manager's drain (a mixin: the manager provides these attributes)."""
+
+    config: Config
+    clock: IReactorTime
+    isolation: Isolation
+    sandboxes: dict[str, Sandbox]
+    draining: bool
+    metrics: Metrics
+    drain_poll: float
+    _drained: list[Deferred[None]] | None
+    _forced: bool
+
+    async def kill(self, rid: str) -> None:
+        raise NotImplementedError  # pragma: no cover - the manager's
+
+    def drain(self) -> Deferred[None]:
+        """Refuse new sandboxes; kill each once idle for ``drain_idle`` (no call, no command, no
+        output), every one left when ``drain_deadline`` passes or :meth:`stop_now` is called.
+        Fires once that is done; calling it again waits for the same drain.
+        """
+        waiter: Deferred[None] = Deferred()
+        if self._drained is None:
+            self._drained = [waiter]
+            Deferred.fromCoroutine(self._drain()).addBoth(self._drain_done)
+        elif not self._drained and not self.sandboxes:
+            return succeed(None)
+        else:
+            self._drained.append(waiter)
+        return waiter
+
+    def stop_now(self) -> None:
+        """End the drain's wait at once: every sandbox left is killed (a second signal)."""
+        self._forced = True
+
+    async def _drain(self) -> None:
+        self.draining = True
+        busy = sum(len(s.running) for s in self.sandboxes.values())
+        log.info(
+            "draining: {sandboxes} sandboxes, {busy} commands running; each goes once idle for "
+            "{idle} (no call, command or output), all of them within {deadline}",
+            sandboxes=len(self.sandboxes),
+            busy=busy,
+            idle=format_duration(self.config.drain_idle),
+            deadline=format_duration(self.config.drain_deadline),
+        )
+        loop = DrainLoop(
+            self.clock,
+            self.sandboxes,
+            self._kill_all,
+            grace=self.config.drain_idle,
+            deadline=self.config.drain_deadline,
+            poll=self.drain_poll,
+            forced=lambda: self._forced,
+        )
+        self.metrics.drain_waiting.set_function(lambda: float(len(self.sandboxes)))
+        report = await loop.run()
+        self.metrics.drain_kills.labels("idle").inc(report.went_idle)
+        self.metrics.drain_kills.labels(report.ended if report.cut else "idle").inc(report.cut)
+        log.info(
+            "drained in {seconds:.1f} s ({ended}): waited for {waited} sandboxes, {went_idle} "
+            "went idle, {cut} killed still in use",
+            seconds=report.seconds,
+            ended={"idle": "all idle", "deadline": "deadline passed", "forced": "stopped at once"}[
+                report.ended
+            ],
+            waited=report.waited,
+            went_idle=report.went_idle,
+            cut=report.cut,
+        )
+        # The drain ends the daemon: its (now empty) instance cgroups go too, or every clean
+        # stop on a new state root would leave one behind in each hierarchy.
+        try:
+            self.isolation.cgroups.remove_instance()
+        except OSError as e:
+            log.warn("cannot remove the instance cgroups: {why}", why=e)
+        self.isolation.close()
+
+    async def _kill_all(self, rids: list[str]) -> None:
+        kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in rids]
+        await DeferredList(kills, consumeErrors=True)
+
+    def _drain_done(self, result: object) -> None:
+        waiters, self._drained = self._drained or [], []
+        for waiter in waiters:
+            waiter.callback(None)

@@ -12,7 +12,7 @@ from contextlib import suppress
 from typing import Any, BinaryIO, TypeVar
 
 from attrs import define, field
-from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorProcess, IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -24,7 +24,7 @@ from sandboxd.core.archive.rsync import WorkspaceEnd
 from sandboxd.core.archive.store import Archive
 from sandboxd.core.commands import BASE_PATH, Commands
 from sandboxd.core.contexts.service import ContextCommands
-from sandboxd.core.drain import DrainLoop
+from sandboxd.core.drain import Drains
 from sandboxd.core.exec.spec import check_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
@@ -39,7 +39,6 @@ from sandboxd.isolation.disk.base import DiskUsage
 from sandboxd.isolation.network.egress_policy import EgressPolicy, PolicyHolder
 from sandboxd.isolation.network.modes import NetworkMode, NetworkUnavailable
 from sandboxd.metrics import Metrics
-from sandboxd.units import format_duration
 
 T = TypeVar("T")
 
@@ -62,7 +61,7 @@ def checked_holder(mode: NetworkMode, policy: EgressPolicy) -> PolicyHolder:
 
 
 @define
-class SandboxManager(Commands, ContextCommands, Forks):
+class SandboxManager(Commands, ContextCommands, Forks, Drains):
     """Creates, finds, runs commands in, and kills sandboxes."""
 
     config: Config
@@ -275,77 +274,6 @@ class SandboxManager(Commands, ContextCommands, Forks):
     @staticmethod
     def _log_reap_failure(failure: Failure, rid: str) -> None:
         log.failure("reaping {rid} failed", failure, rid=rid)
-
-    def drain(self) -> Deferred[None]:
-        """Refuse new sandboxes; kill each once idle for ``drain_idle`` (no call, no command, no
-        output), every one left when ``drain_deadline`` passes or :meth:`stop_now` is called.
-        Fires once that is done; calling it again waits for the same drain.
-        """
-        waiter: Deferred[None] = Deferred()
-        if self._drained is None:
-            self._drained = [waiter]
-            Deferred.fromCoroutine(self._drain()).addBoth(self._drain_done)
-        elif not self._drained and not self.sandboxes:
-            return succeed(None)
-        else:
-            self._drained.append(waiter)
-        return waiter
-
-    def stop_now(self) -> None:
-        """End the drain's wait at once: every sandbox left is killed (a second signal)."""
-        self._forced = True
-
-    async def _drain(self) -> None:
-        self.draining = True
-        busy = sum(len(s.running) for s in self.sandboxes.values())
-        log.info(
-            "draining: {sandboxes} sandboxes, {busy} commands running; each goes once idle for "
-            "{idle} (no call, command or output), all of them within {deadline}",
-            sandboxes=len(self.sandboxes),
-            busy=busy,
-            idle=format_duration(self.config.drain_idle),
-            deadline=format_duration(self.config.drain_deadline),
-        )
-        loop = DrainLoop(
-            self.clock,
-            self.sandboxes,
-            self._kill_all,
-            grace=self.config.drain_idle,
-            deadline=self.config.drain_deadline,
-            poll=self.drain_poll,
-            forced=lambda: self._forced,
-        )
-        self.metrics.drain_waiting.set_function(lambda: float(len(self.sandboxes)))
-        report = await loop.run()
-        self.metrics.drain_kills.labels("idle").inc(report.went_idle)
-        self.metrics.drain_kills.labels(report.ended if report.cut else "idle").inc(report.cut)
-        log.info(
-            "drained in {seconds:.1f} s ({ended}): waited for {waited} sandboxes, {went_idle} "
-            "went idle, {cut} killed still in use",
-            seconds=report.seconds,
-            ended={"idle": "all idle", "deadline": "deadline passed", "forced": "stopped at once"}[
-                report.ended
-            ],
-            waited=report.waited,
-            went_idle=report.went_idle,
-            cut=report.cut,
-        )
-        # The drain ends the daemon: its (now empty) instance cgroups go too, or every clean
-        # stop on a new state root would leave one behind in each hierarchy.
-        try:
-            self.isolation.cgroups.remove_instance()
-        except OSError as e:
-            log.warn("cannot remove the instance cgroups: {why}", why=e)
-        self.isolation.close()
-
-    async def _kill_all(self, rids: list[str]) -> None:
-        kills = [Deferred.fromCoroutine(self.kill(rid)) for rid in rids]
-        await DeferredList(kills, consumeErrors=True)
-
-    def _drain_done(self, result: object) -> None:
-        waiters, self._drained = self._drained or [], []
-        for waiter in waiters:
-            waiter.callback(None)
 
     async def _dispose(self, rid: str) -> None:
         def in_thread(work: Callable[[str], None], rid: str) -> Deferred[None]:

@@ -31,6 +31,7 @@ from sandboxd.e2b.registry import E2BSandbox, Registry
 from sandboxd.e2b.wire import ConnectError, RestError
 from sandboxd.errors import SandboxdError
 from sandboxd.ports.table import PortTable
+from sandboxd.web.answers import answer
 from sandboxd.web.body import TooLarge, refuse_too_large
 from sandboxd.web.download import send_file
 
@@ -195,7 +196,7 @@ class E2BFront:
         rpc = (request.path or b"").startswith(wire.RPC_PREFIXES)
         if isinstance(error, HTTPException):
             status = error.code or 500
-            return self._answer(request, status, wire.rest_error_body(status, str(error)))
+            return answer(request, status, wire.rest_error_body(status, str(error)))
         if rpc:
             found = self._connect_error(error, request, failure)
             if request.path in wire.STREAM_PATHS:
@@ -206,9 +207,9 @@ class E2BFront:
                 request.setHeader(b"content-type", wire.CONNECT_JSON)
                 return wire.end_of_stream(found)
             status, body = wire.connect_error_body(found)
-            return self._answer(request, status, body)
+            return answer(request, status, body)
         status, message = self._rest_error(error, request, failure)
-        return self._answer(request, status, wire.rest_error_body(status, message))
+        return answer(request, status, wire.rest_error_body(status, message))
 
     def _connect_error(self, error: Exception, request: IRequest, failure: Failure) -> ConnectError:
         if isinstance(error, SandboxdError) and wire.answer_of(error).gone:
@@ -229,12 +230,6 @@ class E2BFront:
             return answer.status, error.detail
         log.failure("unexpected error answering {uri}", failure, uri=request.uri)
         return 500, str(error)
-
-    @staticmethod
-    def _answer(request: IRequest, status: int, body: bytes) -> bytes:
-        request.setResponseCode(status)
-        request.setHeader(b"content-type", wire.JSON)
-        return body
 
     @staticmethod
     def _sandbox_id(request: IRequest) -> str:

@@ -22,6 +22,7 @@ from sandboxd.e2b.ports import public_traffic_of
 from sandboxd.e2b.registry import TIMEOUT_DEFAULT, E2BSandbox
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest, TemplateNotFound
+from sandboxd.web.answers import answer
 
 if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
@@ -76,9 +77,7 @@ def internet_mode(front: "E2BFront", internet: object) -> str:
 
 
 def _answer(request: IRequest, status: int, value: Any) -> bytes:
-    request.setResponseCode(status)
-    request.setHeader(b"content-type", wire.JSON)
-    return wire.body(value)
+    return answer(request, status, wire.body(value))
 
 
 def template_root(front: "E2BFront", name: object) -> TemplateRoot:

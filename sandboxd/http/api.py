@@ -34,9 +34,9 @@ from sandboxd.http.routes import (
     terminals,
     trees,
 )
-from sandboxd.http.routing import answer
 from sandboxd.http.wire import Unauthorized
 from sandboxd.ports.table import PortTable, table_for
+from sandboxd.web.answers import answer
 from sandboxd.web.guard import Admit
 from sandboxd.web.spool import SpoolPlace, SpoolPlaces
 

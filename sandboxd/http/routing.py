@@ -13,6 +13,7 @@ from klein import Klein
 from twisted.web.iweb import IRequest
 
 from sandboxd.http import parse, wire
+from sandboxd.web.answers import answer
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI
@@ -46,13 +47,6 @@ def authorized(route: F) -> F:
         return route(api, request, *args, **kwargs)
 
     return cast(F, checked)
-
-
-def answer(request: IRequest, status: int, body: bytes) -> bytes:
-    """A JSON answer of ``status`` whose ``body`` the wire module made."""
-    request.setResponseCode(status)
-    request.setHeader(b"content-type", wire.JSON)
-    return body
 
 
 def json_response(request: IRequest, value: Any, status: int = 200) -> bytes:

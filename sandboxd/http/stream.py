@@ -11,7 +11,7 @@ final frame, in one place.
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -19,6 +19,7 @@ from zope.interface import implementer
 
 from sandboxd.core import STDERR, ExecRun
 from sandboxd.http import wire
+from sandboxd.web.keepalive import Keepalive
 
 log = Logger()
 
@@ -39,22 +40,22 @@ class ExecStream:
         self.run: ExecRun | None = None
         self._paused = False
         self._writers: list[Deferred[None]] = []
-        self._keepalive: IDelayedCall | None = None
+        self._keepalive = Keepalive(clock, keepalive, self._send_keepalive)
 
     def output(self, fd: int, data: bytes) -> None:
         """A live output chunk of the command (stdout and stderr in arrival order)."""
         key = b"e" if self.split_stderr and fd == STDERR else b"o"
         self.request.write(wire.output_frame(data, key))
-        if self._keepalive is not None:
-            self._schedule_keepalive()
+        if self._keepalive.pending:
+            self._keepalive.restart()
 
     def attach(self, run: ExecRun) -> None:
         """Follow ``run``: the response's producer, keepalives until it ends."""
         self.run = run
         self.request.registerProducer(self, True)  # type: ignore[attr-defined]
         if not run.ended:
-            self._schedule_keepalive()
-            run.when_finished().addCallback(lambda _: self._stop_keepalive())
+            self._keepalive.restart()
+            run.when_finished().addCallback(lambda _: self._keepalive.stop())
 
     async def finish(self, rid: str) -> None:
         """Write the final frame once the run ends, a part at a time as the client takes it;
@@ -70,12 +71,12 @@ class ExecStream:
             except Exception as e:  # in band: the status line is already sent
                 log.failure("exec in {rid} failed", Failure(), rid=rid)
                 parts = [wire.in_band_error(e)]
-            self._stop_keepalive()
+            self._keepalive.stop()
             for part in parts:  # a megabyte at most, as it is taken
                 request.write(part)
                 await self.writable()
         finally:
-            self._stop_keepalive()
+            self._keepalive.stop()
             # Abort first: after a disconnect the request has no channel any more, and
             # unregisterProducer would raise before the command's process group is killed.
             run.abort()
@@ -118,16 +119,6 @@ class ExecStream:
 
     # Keepalive
 
-    def _schedule_keepalive(self) -> None:
-        self._stop_keepalive()
-        self._keepalive = self.clock.callLater(self.keepalive, self._send_keepalive)
-
     def _send_keepalive(self) -> None:
-        self._keepalive = None
         self.request.write(wire.KEEPALIVE_FRAME)
-        self._schedule_keepalive()
-
-    def _stop_keepalive(self) -> None:
-        call, self._keepalive = self._keepalive, None
-        if call is not None and call.active():
-            call.cancel()
+        self._keepalive.restart()

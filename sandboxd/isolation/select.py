@@ -43,15 +43,9 @@ from sandboxd.isolation.layers import (
     unprotected,
     v2_sockets_uncharged,
 )
-from sandboxd.isolation.namespaces.pins import (
-    NS_DIR,
-    PLACES,
-    AllLayers,
-    Creator,
-    HelperCreator,
-    Namespaces,
-    kept_directories,
-)
+from sandboxd.isolation.namespaces.creators import Creator, HelperCreator
+from sandboxd.isolation.namespaces.kinds import AllLayers
+from sandboxd.isolation.namespaces.pins import NS_DIR, PLACES, Namespaces, kept_directories
 from sandboxd.isolation.namespaces.pins import run_program as run_namespace_program
 from sandboxd.isolation.namespaces.server import NamespaceServer
 from sandboxd.isolation.namespaces.shell import ShellCreator, ShellPrograms

@@ -1,7 +1,8 @@
 """The few answers the web plumbing makes itself, the same on every front: a JSON ``400`` for a
 request that is malformed before any route sees it, and the ``401`` of a site given a rule at
 the headers but no refusal of its own (each front passes its own, :data:`~sandboxd.web.guard.
-Refusal`).
+Refusal`); and what both fronts answer with: the JSON answer of a route (:func:`answer`), the
+content types, and the error body.
 
 Their bodies have the shape of the native API's error bodies (docs/contract.rst, "Errors"):
 ``{"error": <type>, "detail": <message>}``.
@@ -9,8 +10,17 @@ Their bodies have the shape of the native API's error bodies (docs/contract.rst,
 
 import json
 
+from twisted.web.iweb import IRequest
+
 JSON = b"application/json"
 OCTETS = b"application/octet-stream"
+
+
+def answer(request: IRequest, status: int, body: bytes) -> bytes:
+    """A JSON answer of ``status`` whose ``body`` the front's wire made."""
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", JSON)
+    return body
 
 
 def error_body(kind: str, detail: str) -> bytes:

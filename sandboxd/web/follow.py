@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 from attrs import define
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.web.iweb import IRequest
 from zope.interface import implementer
+
+from sandboxd.web.keepalive import Keepalive
 
 KEEPALIVE_FRAME = b"{}\n"
 """The keepalive frame of a stream of NDJSON lines: an empty object (the native API's, see
@@ -44,7 +46,7 @@ class FollowStream:
         self.pause = pause
         self.resume = resume
         self.ended: Deferred[None] = Deferred()
-        self._keepalive: IDelayedCall | None = None
+        self._keepalive = Keepalive(clock, keepalive, self._send_keepalive)
 
     def start(self) -> None:
         """Register as the response's producer; the source starts (resumes) now."""
@@ -67,7 +69,7 @@ class FollowStream:
         try:
             await self.ended
         finally:
-            self._stop_keepalive()
+            self._keepalive.stop()
             if getattr(self.request, "channel", None) is not None:
                 self.request.unregisterProducer()  # type: ignore[attr-defined]
 
@@ -85,18 +87,12 @@ class FollowStream:
     # Keepalive
 
     def _schedule_keepalive(self) -> None:
-        self._stop_keepalive()
+        self._keepalive.stop()
         if not self.ended.called:
-            self._keepalive = self.clock.callLater(self.keepalive, self._send_keepalive)
+            self._keepalive.restart()
 
     def _send_keepalive(self) -> None:
-        self._keepalive = None
         self.write(self.keepalive_frame)
-
-    def _stop_keepalive(self) -> None:
-        call, self._keepalive = self._keepalive, None
-        if call is not None and call.active():
-            call.cancel()
 
 
 @define

@@ -44,216 +44,25 @@ machine-readable results on stdout. On a terminal, large transfers show bytes, r
 from __future__ import annotations
 
 import argparse
-import functools
-import json
-import os
 import signal
 import sys
 import time
-from typing import Any, BinaryIO, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 from attrs import asdict
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import react
 
-from .. import HttpSandbox, SandboxError, SandboxSpec
-from .._types import OutputChunk, SandboxHandle
-from . import _code, _processes, _shell, _stdin, _templates, _trees
+from .. import HttpSandbox, SandboxSpec
+from .._types import SandboxHandle
+from . import _code, _processes, _shell, _templates
+from ._console import Console, describe
+from ._exec import EXEC_FAILED, _exec
+from ._files import _get, _put
 from ._handle import resolve_handle
 from ._parser import build_parser, parse_args
-from ._progress import MIB, ProgressBar
-
-EXEC_FAILED = 125
 
 __all__ = ["Console", "build_parser", "main_async", "parse_args", "run"]
-
-
-def describe(e: BaseException) -> str:
-    """One line naming the failure for a person."""
-    if isinstance(e, SandboxError):
-        return f"{type(e).__name__}: {e.detail}"
-    if isinstance(e, OSError) and e.strerror:
-        return f"{type(e).__name__}: {e.strerror}" + (f": {e.filename}" if e.filename else "")
-    return f"{type(e).__name__}: {e}"
-
-
-class Console:
-    """Where ``run`` writes: binary stdout (command output, results) and text stderr."""
-
-    def __init__(
-        self,
-        out: BinaryIO,
-        err: TextIO,
-        *,
-        tty: bool | None = None,
-        stdin: BinaryIO | None = None,
-    ) -> None:
-        self.out = out
-        self.err = err
-        self.tty = err.isatty() if tty is None else tty
-        self._stdin = stdin
-        self.reactor: Any = None
-        """The reactor stdin is read on (``main_async``'s; the global one when unset)."""
-
-    @property
-    def stdin(self) -> BinaryIO:
-        """Where ``put -`` and ``exec -i`` read (this process's stdin unless given)."""
-        return sys.stdin.buffer if self._stdin is None else self._stdin
-
-    def note(self, message: str) -> None:
-        """A remark for the person (``no sandboxes``) on stderr: stdout keeps only data."""
-        self.err.write(f"{message}\n")
-        self.err.flush()
-
-    def print(self, text: str) -> None:
-        self.out.write(text.encode("utf-8") + b"\n")
-        self.out.flush()
-
-    def error(self, message: str) -> None:
-        """One line on stderr: ``sandboxctl: <message>``."""
-        self.err.write(f"sandboxctl: {message}\n")
-        self.err.flush()
-
-    def json(self, value: object) -> None:
-        self.print(json.dumps(value, sort_keys=True))
-
-    def progress(self, label: str, total: int | None) -> ProgressBar | None:
-        """A progress bar on stderr, only on a terminal and only for large transfers."""
-        if self.tty and (total is None or total >= MIB):
-            return ProgressBar(self.err, label)
-        return None
-
-
-async def _transfer(console: Console, label: str, call: Any, *args: Any) -> Any:
-    """Run an upload/download, drawing a progress bar when ``console`` wants one."""
-    bar: list[ProgressBar | None] = []
-
-    def on_progress(done: int, total: int | None) -> None:
-        if not bar:
-            bar.append(console.progress(label, total))
-        if bar[0] is not None:
-            bar[0].update(done, total)
-
-    try:
-        return await call(*args, on_progress=on_progress)
-    finally:
-        if bar and bar[0] is not None:
-            bar[0].finish()
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", "replace")
-
-
-NO_TERMINALS = (
-    "exec -t: terminals (a PTY) come in a later release of sandboxd; -i streams stdin without one"
-)
-
-
-async def _exec(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
-    argv = args.cmd
-    if args.tty:
-        console.error(NO_TERMINALS)
-        return 2
-    handle = resolve_handle(args.handle, args.url)
-    if not argv:
-        raise ValueError("exec needs a command: sandboxctl exec HANDLE CMD...")
-    stdin: bytes | None = None
-    source = console.stdin
-    fd = _stdin.fd_of(source)
-    if _stdin.wants_stdin(fd, args.stdin):
-        if fd is not None and _stdin.PROCESSES in await client.capabilities(handle):
-            code = await _exec_streamed(client, handle, args, console, fd)
-            return await _exec_own_failure(client, handle, args, console, code)
-        stdin = _stdin.buffered(source)
-
-    def live(chunk: bytes) -> None:
-        console.out.write(chunk)
-        console.out.flush()
-
-    def live_stderr(chunk: bytes) -> None:
-        console.err.write(chunk.decode("utf-8", "replace"))
-        console.err.flush()
-
-    result = await client.exec(
-        handle,
-        argv,
-        on_output=None if args.json else live,
-        env=dict(args.env) or None,
-        cwd=args.cwd,
-        timeout=args.timeout,
-        stdin=stdin,
-        on_stderr=None if args.json else live_stderr,
-    )
-    if args.json:
-        console.json(
-            {
-                "exit_code": result.exit_code,
-                "stdout": _text(result.stdout),
-                "stderr": _text(result.stderr),
-                "truncated": result.truncated,
-            }
-        )
-    return await _exec_own_failure(client, handle, args, console, result.exit_code)
-
-
-CWD_FAILED = 2
-"""What the daemon answers when the command could not enter its ``cwd`` (a shell's ``cd``)."""
-
-
-async def _exec_own_failure(
-    client: HttpSandbox,
-    handle: SandboxHandle,
-    args: argparse.Namespace,
-    console: Console,
-    code: int,
-) -> int:
-    """``code``, unless it is exec's own failure: the daemon answers a ``--cwd`` it cannot
-    enter as the command's exit 2, as a shell's ``cd`` would (docs/extensions.rst, "Exec
-    fields"); ``exec`` exits 125 for one that is no directory of the workspace, as ``docker
-    exec`` does, with one line naming the option. Asked only after an exit 2 with ``--cwd``: a
-    command's own exit 2 costs one look at the workspace, others none. (A directory closed to
-    the sandbox's uid stays 2: the wire has no sign of which process failed.)"""
-    if code != CWD_FAILED or args.cwd is None:
-        return code
-    if await client.exists(handle, args.cwd) and await client.size(handle, args.cwd) is None:
-        return code  # a directory: the command's own exit 2
-    console.error(f"exec: --cwd {args.cwd}: no such directory in the sandbox's workspace")
-    return EXEC_FAILED
-
-
-async def _exec_streamed(
-    client: HttpSandbox,
-    handle: SandboxHandle,
-    args: argparse.Namespace,
-    console: Console,
-    fd: int,
-) -> int:
-    """``exec`` with stdin streamed (see ``_stdin``); ``--json`` gathers the output."""
-    kept: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
-
-    def write(chunk: OutputChunk) -> None:
-        if args.json:
-            kept[chunk.stream] += chunk.data
-        elif chunk.stream == "stdout":
-            console.out.write(chunk.data)
-            console.out.flush()
-        else:
-            console.err.write(_text(chunk.data))
-            console.err.flush()
-
-    reader = _stdin.reader_of(console.reactor, fd)
-    code = await _stdin.streamed(client, handle, args, reader, write)
-    if args.json:
-        console.json(
-            {
-                "exit_code": code,
-                "stdout": _text(bytes(kept["stdout"])),
-                "stderr": _text(bytes(kept["stderr"])),
-                "truncated": False,
-            }
-        )
-    return code
 
 
 async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -> int:
@@ -334,58 +143,6 @@ def _print_handle(handle: SandboxHandle, as_json: bool, console: Console) -> int
     else:
         console.print(handle.id)
     return 0
-
-
-async def _tree_capable(client: HttpSandbox, handle: SandboxHandle, dash: str | None) -> bool:
-    """Whether the sandbox's replica takes trees as tar streams (``files.tree``); with
-    ``dash`` (a ``-`` operand that needs them), ``ValueError`` saying so when it does not."""
-    capable = _trees.TREE_CAPABILITY in await client.capabilities(handle)
-    if not capable and dash is not None:
-        raise ValueError(f"{dash}: this sandboxd has no tar streams (files.tree): upgrade it")
-    return capable
-
-
-async def _put(
-    client: HttpSandbox, handle: SandboxHandle, args: argparse.Namespace, console: Console
-) -> None:
-    """A file; a directory's tree (one tar stream; per file on an older daemon); or, for
-    ``-``, the tar stream on stdin (as ``docker cp - …``)."""
-    remote = args.remote
-    if args.local == "-":
-        await _tree_capable(client, handle, "put -")
-        await _transfer(console, remote, client.upload_tar, handle, remote, console.stdin)
-    elif not os.path.isdir(args.local):
-        await _transfer(console, remote, client.upload_file, handle, remote, args.local)
-    elif await _tree_capable(client, handle, None):
-        await _transfer(console, remote, client.upload_tree, handle, remote, args.local)
-    else:
-        put = functools.partial(_trees.put_tree, client, handle, args.local, remote)
-        await _transfer(console, remote, put)
-
-
-async def _get(
-    client: HttpSandbox, handle: SandboxHandle, args: argparse.Namespace, console: Console
-) -> None:
-    """A file; a directory's tree (one tar stream; per file on an older daemon); or, for
-    ``-``, the tree (or file) as a tar stream on stdout (as ``docker cp … -``)."""
-    remote, local = args.remote, args.local
-    if local == "-":
-        await _tree_capable(client, handle, "get … -")
-        await client.download_tar(handle, remote, console.out)
-        return
-
-    def one_file() -> Any:
-        return _transfer(console, remote, client.download_to_file, handle, remote, local)
-
-    if await client.size(handle, remote) is not None:
-        await one_file()
-    elif await _tree_capable(client, handle, None):
-        await _transfer(console, remote, client.download_tree, handle, remote, local)
-    else:
-        get = functools.partial(
-            _trees.get_tree, client, handle, remote, local, download_file=one_file
-        )
-        await _transfer(console, remote, get)
 
 
 def ago(now: float, then: object) -> str:

@@ -48,7 +48,7 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> in
     from attrs import asdict  # not at the top: ``sandboxctl --help`` imports no attrs
 
     if args.template_command == "import":
-        from ._commands import _transfer
+        from ._console import _transfer
 
         label = f"template {args.name}"
         send = functools.partial(client.import_template, pod_url=args.pod)

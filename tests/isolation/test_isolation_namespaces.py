@@ -19,15 +19,14 @@ from twisted.internet.task import Clock
 
 from sandboxd.config import Config, ConfigError
 from sandboxd.isolation.base import Identity, IsolationUnavailable
+from sandboxd.isolation.namespaces.creators import HelperCreator
+from sandboxd.isolation.namespaces.kinds import ALL, parse_namespaces
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point, re_octal
 from sandboxd.isolation.namespaces.pins import (
-    ALL,
     HOME_VIEW,
-    HelperCreator,
     Namespaces,
     home_coverable,
     kept_directories,
-    parse_namespaces,
 )
 from sandboxd.isolation.namespaces.shell import ShellCreator, ShellPrograms
 from sandboxd.isolation.network.modes import (

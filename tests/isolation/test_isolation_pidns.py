@@ -15,8 +15,8 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 
 from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.isolation.namespaces.kinds import ALL, KINDS, AllLayers, parse_namespaces
 from sandboxd.isolation.namespaces.pidns import INIT_FILE, kill_init
-from sandboxd.isolation.namespaces.pins import ALL, KINDS, AllLayers, parse_namespaces
 from sandboxd.isolation.network.modes import HostNetwork, NoNetwork
 from sandboxd.isolation.select import build_isolation
 from tests.isolation.test_isolation_namespaces import RID, Runner, namespaces

@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.exec.helper import HELPER, helper_problem
-from sandboxd.isolation.namespaces.pins import (
-    ALL,
-    PLACES,
-    Creator,
-    HelperCreator,
-    Namespaces,
-    kept_directories,
-)
+from sandboxd.isolation.namespaces.creators import Creator, HelperCreator
+from sandboxd.isolation.namespaces.kinds import ALL
+from sandboxd.isolation.namespaces.pins import PLACES, Namespaces, kept_directories
 from sandboxd.isolation.namespaces.server import NamespaceServer
 from sandboxd.isolation.namespaces.shell import ShellCreator, ShellPrograms
 from sandboxd.isolation.network.modes import HostNetwork, NetworkPolicy, NoNetwork

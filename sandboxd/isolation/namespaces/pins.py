@@ -45,38 +45,14 @@ from attrs import define, field
 from twisted.logger import Logger
 
 from sandboxd.isolation.base import PLAIN_ENV, Identity, IsolationUnavailable, RunProgram
+from sandboxd.isolation.namespaces.creators import Creator, HelperCreator
 from sandboxd.isolation.namespaces.identity_files import write_identity_files
+from sandboxd.isolation.namespaces.kinds import HOST_VIEW_PIN, KINDS, PIN, AllLayers
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespaces.pidns import kill_init
 from sandboxd.isolation.namespaces.root_view import RootView, probe_root, write_root_files
 from sandboxd.isolation.naming import is_rid
 from sandboxd.isolation.network.modes import NetworkMode, NetworkPolicy, host_only
-
-KINDS = ("ipc", "mount", "net", "pid")
-"""The namespace layers, by the name ``SANDBOXD_NAMESPACES`` and ``/healthz`` use."""
-
-ALL = KINDS
-"""The layers ``all`` names: every one; ``pid`` only where the chain can make it (the exec
-helper's), left out with a logged reason elsewhere (:class:`AllLayers`)."""
-
-
-class AllLayers(frozenset[str]):
-    """The layers of ``SANDBOXD_NAMESPACES=all``: every layer the chain can make, where a layer
-    asked for by name that the chain cannot make stops start-up."""
-
-    setting_text = "all"
-    """How the start-up log writes it (read back as it was meant, not as named layers)."""
-
-
-PIN = {"ipc": "ipc", "mount": "mnt", "net": "net", "pid": "pid"}
-"""Each layer's pin file name (as in ``/proc/PID/ns``)."""
-
-HOST_VIEW_PIN = "mnt-host"
-"""A templated sandbox's second mount namespace pin: the view it had before its root was
-switched (``sandboxd_exec_root.h``), where the daemon's own work as the sandbox runs."""
-
-LETTER = {"ipc": "i", "mount": "m", "net": "n", "pid": "p"}
-"""Each layer's letter in the helper's ``KINDS`` argument."""
 
 PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/home", "/run")
 """Shared places each sandbox gets its own of (a state root or tools inside one is kept)."""
@@ -116,25 +92,6 @@ def run_program(argv: Sequence[str]) -> tuple[int, str]:
     return done.returncode, done.stderr.decode("utf-8", "replace").strip()
 
 
-def parse_namespaces(text: str) -> frozenset[str]:
-    """``SANDBOXD_NAMESPACES``: ``all``, ``none``, or layer names separated by commas
-    (``pid`` only with ``mount``: its ``/proc`` is mounted there)."""
-    value = text.strip().lower()
-    if value == "all":
-        return AllLayers(ALL)
-    if value == "none":
-        return frozenset()
-    names = {part.strip() for part in value.split(",") if part.strip()}
-    if not names:
-        raise ValueError("is empty (all, none, or some of ipc, mount, net, pid)")
-    for name in names:
-        if name not in KINDS:
-            raise ValueError(f"{name!r} is not one of all, none, {', '.join(KINDS)}")
-    if "pid" in names and "mount" not in names:
-        raise ValueError("pid needs mount (the PID namespace's /proc is mounted there)")
-    return frozenset(names)
-
-
 def kept_directories(places: Sequence[str], paths: Sequence[str]) -> list[str]:
     """For each of ``paths`` lying inside one of ``places``, the directory directly inside that
     place holding it (bound back into each sandbox's view)."""
@@ -149,48 +106,6 @@ def kept_directories(places: Sequence[str], paths: Sequence[str]) -> list[str]:
             if top not in kept:
                 kept.append(top)
     return kept
-
-
-class Creator:
-    """Makes and pins one sandbox's namespaces (the helper's, or the shell chain's argv)."""
-
-    def argv(
-        self,
-        nsroot: str,
-        rid: str,
-        kinds: frozenset[str],
-        places: tuple[str, str],
-        shm: int,
-        keep: list[str],
-    ) -> list[str]:
-        """The argv making ``rid``'s namespaces; ``places`` are its tmp and workspace."""
-        raise NotImplementedError
-
-    def enter(self, pins: Sequence[str], argv: list[str]) -> list[str]:
-        raise NotImplementedError
-
-
-@define
-class HelperCreator(Creator):
-    """``sandboxd-exec namespaces`` at create, ``sandboxd-exec enter`` before each exec."""
-
-    helper: str
-
-    def argv(
-        self,
-        nsroot: str,
-        rid: str,
-        kinds: frozenset[str],
-        places: tuple[str, str],
-        shm: int,
-        keep: list[str],
-    ) -> list[str]:
-        letters = "".join(LETTER[kind] for kind in KINDS if kind in kinds)
-        return [self.helper, "namespaces", nsroot, rid, letters, *places, str(shm), *keep]
-
-    def enter(self, pins: Sequence[str], argv: list[str]) -> list[str]:
-        """``argv`` is the helper's own (``sandboxd-exec sandbox ...``), run past the pins."""
-        return [self.helper, "enter", str(len(pins)), *pins, *argv]
 
 
 def _ordered(pins: dict[str, str]) -> list[str]:

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 from attrs import frozen
 
-from sandboxd.isolation.namespaces.pins import KINDS, PIN, Creator
+from sandboxd.isolation.namespaces.creators import Creator
+from sandboxd.isolation.namespaces.kinds import KINDS, PIN
 from sandboxd.isolation.none import find_program
 
 SETUP = r"""
