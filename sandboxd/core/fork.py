@@ -174,7 +174,7 @@ class Forks:
             await self._in_admin_pool(self.layout.destroy, rid)
             if isinstance(e, ForkFailed):
                 raise NoCapacity(str(e)) from None
-            raise
+            raise  # pragma: no cover - an unexpected failure of the copy, re-raised as it is
         wanted = CreateRequest(env=source.env, network=source.network, template=source.template)
         return self.create(wanted, made=(rid, identity))
 

