@@ -3,6 +3,7 @@
 under no isolation and under the real one (as root)."""
 
 import asyncio
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -186,3 +187,19 @@ def test_a_host_without_a_kernel_refuses_the_template(
         point_sdk_at(monkeypatch, e2b)
         with pytest.raises(SandboxException, match="contexts are not available"):
             Sandbox.create(timeout=60)
+
+
+def test_without_the_gate_the_interpreter_refuses_a_wrong_token(tmp_path: Path) -> None:
+    """With ``SANDBOXD_AUTH_GATE=off`` the route's own check is the only one: another token
+    is refused before any kernel is touched."""
+    with running_front(tmp_path, "--isolation=none", "--auth-gate=off") as e2b:
+        key = {"X-API-Key": "e2b-test-token", "Content-Type": "application/json"}
+        status, raw = _call(e2b, "POST", "/sandboxes", b'{"templateID": "base"}', key)
+        assert status == 201, raw
+        sandbox = json.loads(raw)
+        port = {"E2b-Sandbox-Id": sandbox["sandboxID"], "E2b-Sandbox-Port": "49999"}
+        for wrong in ({"X-Access-Token": "wrong"}, {"E2B-Traffic-Access-Token": "wrong"}):
+            assert _call(e2b, "POST", "/execute", b'{"code": "1"}', {**port, **wrong})[0] == 401
+        own = {"E2B-Traffic-Access-Token": sandbox["trafficAccessToken"]}
+        status, raw = _call(e2b, "GET", "/contexts", b"", {**port, **own})
+        assert status == 200, raw
