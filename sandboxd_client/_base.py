@@ -124,9 +124,11 @@ class ClientBase:
         total: int | None,
         on_progress: Callable[[int, int | None], object] | None,
         deadline: float,
-    ) -> None:
+        service: bool = False,
+    ) -> bytes:
         """``PUT`` the bytes of ``source`` to ``url`` as they are read, telling
-        ``on_progress(sent, total)`` as they go, and read the (empty) answer."""
+        ``on_progress(sent, total)`` as they go, and return the answer's body (``service``:
+        the call reaches the replica's service, as the transport's other calls say)."""
         sent = [0]
 
         def progress(n: int) -> None:
@@ -138,10 +140,12 @@ class ClientBase:
             "PUT",
             url,
             timeout=deadline,
-            service=False,
+            service=service,
             body=self._http.producer(source),
             content_type=content_type,
             on_sent=progress,
         )
-        await self._http.check(response, timeout=deadline, service=False)
-        await self._http.read(response, lambda _: None, timeout=deadline, service=False)
+        await self._http.check(response, timeout=deadline, service=service)
+        chunks: list[bytes] = []
+        await self._http.read(response, chunks.append, timeout=deadline, service=service)
+        return b"".join(chunks)

@@ -94,26 +94,9 @@ class Templates(ClientBase):
         url = self._templates_url(pod_url, name)
         with open(local_path, "rb") as source:
             total = os.fstat(source.fileno()).st_size
-            sent = [0]
-
-            def progress(n: int) -> None:
-                sent[0] += n
-                if on_progress is not None:
-                    on_progress(sent[0], total)
-
-            response = await self._http.send(
-                "PUT",
-                url,
-                timeout=timeout,
-                service=True,
-                body=self._http.producer(source),
-                content_type=OCTETS,
-                on_sent=progress,
+            data = await self._put_stream(
+                url, source, OCTETS, total, on_progress, timeout, service=True
             )
-            await self._http.check(response, timeout=timeout, service=True)
-        chunks: list[bytes] = []
-        await self._http.read(response, chunks.append, timeout=timeout, service=True)
-        data = b"".join(chunks)
         try:
             reply: Any = json.loads(data[:REPLY_LIMIT])
         except (ValueError, UnicodeDecodeError):
