@@ -17,8 +17,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jupyter_client.blocking.client import BlockingKernelClient
-
 from sandboxd.core.contexts.events import Count, Error, Event, Output, Result
 
 POLL = 0.1
@@ -68,6 +66,9 @@ class KernelLink:
         :class:`KernelGone`."""
         self.given_up = threading.Event()
         """Set by the manager to end the current wait (the context is being removed)."""
+        # Jupyter's client imported with the first context: the daemon starts without it
+        from jupyter_client.blocking.client import BlockingKernelClient
+
         self.client = BlockingKernelClient()
         self.client.load_connection_info(dict(info))  # type: ignore[arg-type]
         self.client.start_channels(hb=False)

@@ -7,14 +7,12 @@ with every ``processes/{id}`` route: output as NDJSON, stdin, signal).
 
 from typing import TYPE_CHECKING, Any
 
-from autobahn.twisted.resource import WebSocketResource
 from twisted.web.iweb import IRequest
 
 from sandboxd.core import DEFAULT_TERM, ExecSpec, Process, TerminalSize
 from sandboxd.errors import BadRequest, ProcessNotFound
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
-from sandboxd.http.terminal_socket import TerminalSocketFactory
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI
@@ -74,6 +72,11 @@ def terminal(api: "SandboxAPI", request: IRequest, rid: str, terminal_id: str) -
     offset = parse.offset_param(request)
     if offset > process.log.written:
         raise BadRequest(f"offset: past the end of the output ({process.log.written} bytes)")
+    # WebSockets imported at the first terminal attach: the daemon starts without them
+    from autobahn.twisted.resource import WebSocketResource
+
+    from sandboxd.http.terminal_socket import TerminalSocketFactory
+
     return WebSocketResource(TerminalSocketFactory(process, offset))
 
 
