@@ -7,14 +7,13 @@ import resource
 import stat
 from typing import Any, NoReturn
 
-import attrs
 from twisted.logger import Logger
 
 from sandboxd.config import Config, ConfigError
 from sandboxd.core.layout import Layout, RootInUse
 from sandboxd.e2b.admit import spool_places as e2b_spool_places
 from sandboxd.e2b.api import E2BFront, front_resource
-from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable
+from sandboxd.isolation.disk.base import DiskDriver, DiskLimits, DiskUnavailable
 from sandboxd.isolation.disk.btrfs import FILE_BYTES
 from sandboxd.isolation.disk.select import build_disk
 from sandboxd.listen import Listeners
@@ -137,8 +136,9 @@ def start_root(config: Config, undo: StartupUndo) -> Layout:
     return layout
 
 
-def start_disk(config: Config, layout: Layout) -> Layout:
-    """The layout with the disk driver for the configured limits (boot step ``disk``)."""
+def start_disk(config: Config, layout: Layout) -> DiskDriver:
+    """The disk driver for the configured limits on the layout's state root (boot step
+    ``disk``): the isolation's ``disk``."""
     limits = DiskLimits(bytes=config.disk_max, files=config.files_max)
     try:
         disk = build_disk(layout.root, limits)
@@ -160,7 +160,7 @@ def start_disk(config: Config, layout: Layout) -> Layout:
             )
     else:
         log.info("disk: no limits (SANDBOXD_DISK_MAX and SANDBOXD_FILES_MAX unset)")
-    return attrs.evolve(layout, disk=disk)
+    return disk
 
 
 def start_e2b(

@@ -272,9 +272,7 @@ class Commands:
         run.review = self._oom_review(sandbox, request)
         # namespaces, cgroup, uid, seccomp: the one chain of every process of a sandbox
         try:
-            run.argv = self.isolation.start_argv(
-                sandbox.rid, sandbox.identity, cwd, request.cmd, terminal=terminal
-            )
+            run.argv = sandbox.isolation.start_argv(cwd, request.cmd, terminal=terminal)
         except NoTerminals as e:
             raise TerminalsUnavailable(str(e)) from None
         run.env = env
@@ -283,7 +281,7 @@ class Commands:
     def _oom_kills(self, sandbox: Sandbox) -> int | None:
         """The sandbox cgroup's OOM kill counter (``None``: it cannot be read)."""
         try:
-            return self.isolation.cgroups.oom_kills(sandbox.rid)
+            return sandbox.isolation.oom_kills()
         except OSError:
             return None
 

@@ -25,10 +25,11 @@ from twisted.internet.interfaces import IReactorProcess
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.core.layout import Layout
+from sandboxd.core.layout import PLAIN_DIRECTORIES, Layout
 from sandboxd.core.sandbox import PLAIN, CreateRequest, Sandbox
 from sandboxd.errors import NoCapacity
 from sandboxd.isolation.base import PLAIN_ENV, Identity, Isolation
+from sandboxd.isolation.disk.base import DiskDriver
 from sandboxd.isolation.namespaces.root_view import ROOT_DIR, RootView
 
 T = TypeVar("T")
@@ -46,11 +47,11 @@ class Prefilled:
 
     layout: Layout
 
-    def create(self, rid: str, identity: Identity) -> None:
+    def create(self, rid: str, identity: Identity, disk: DiskDriver = PLAIN_DIRECTORIES) -> None:
         """Nothing: :func:`copy_sandbox` made them."""
 
-    def destroy(self, rid: str) -> None:
-        self.layout.destroy(rid)
+    def destroy(self, rid: str, disk: DiskDriver = PLAIN_DIRECTORIES) -> None:
+        self.layout.destroy(rid, disk)
 
     def directory(self, rid: str) -> str:
         return self.layout.directory(rid)
@@ -104,16 +105,18 @@ def reown(top: str, source: Identity, identity: Identity) -> None:
 
 def copy_sandbox(
     layout: Layout,
+    disk: DiskDriver,
     source_rid: str,
     rid: str,
     source: Identity,
     identity: Identity,
     rootfs: str | None,
 ) -> None:
-    """Make sandbox ``rid``'s directories (as ``identity``'s, with its root's where it runs in
-    the template ``rootfs``), and copy ``source_rid``'s files into them. ``ForkFailed`` when
-    the copy fails; the caller removes what was made."""
-    layout.create(rid, identity)
+    """Make sandbox ``rid``'s directories (as ``identity``'s, their top by ``disk``, with its
+    root's where it runs in the template ``rootfs``), and copy ``source_rid``'s files into them,
+    held to ``disk``'s limits. ``ForkFailed`` when the copy fails; the caller removes what was
+    made."""
+    layout.create(rid, identity, disk)
     parts = list(PARTS)
     if rootfs is not None:
         RootView(rootfs, layout.directory(rid)).prepare()
@@ -125,7 +128,7 @@ def copy_sandbox(
             copy_tree(os.path.join(layout.directory(source_rid), part), target)
             reown(target, source, identity)
 
-    layout.disk.charged(copy)()
+    disk.charged(copy)()
 
 
 class Forks:
@@ -159,19 +162,27 @@ class Forks:
         identity = self._identity()
         rid = secrets.token_hex(8)
         rootfs = None if source.template is None else source.template.rootfs
+        disk = self.isolation.disk
         try:
             await DeferredList(list(source.file_calls))
-            await self.isolation.cgroups.freeze(source.rid, True)
+            await source.isolation.freeze(True)
             try:
                 await self._in_admin_pool(
-                    copy_sandbox, self.layout, source.rid, rid, source.identity, identity, rootfs
+                    copy_sandbox,
+                    self.layout,
+                    disk,
+                    source.rid,
+                    rid,
+                    source.identity,
+                    identity,
+                    rootfs,
                 )
             finally:
                 with suppress(OSError):  # the source was killed meanwhile: nothing to thaw
-                    await self.isolation.cgroups.freeze(source.rid, False)
+                    await source.isolation.freeze(False)
         except BaseException as e:
             self.isolation.uids.release(identity)
-            await self._in_admin_pool(self.layout.destroy, rid)
+            await self._in_admin_pool(self.layout.destroy, rid, disk)
             if isinstance(e, ForkFailed):
                 raise NoCapacity(str(e)) from None
             raise  # pragma: no cover - an unexpected failure of the copy, re-raised as it is

@@ -11,17 +11,19 @@ import os
 import stat
 from collections.abc import Callable
 
-from attrs import field, frozen
+from attrs import frozen
 
 from sandboxd.core.files import tree
 from sandboxd.isolation.base import Identity
-from sandboxd.isolation.disk.base import DiskDriver, DiskUsage
+from sandboxd.isolation.disk.base import DiskDriver
 from sandboxd.isolation.disk.plain import NoDiskLimits
 from sandboxd.isolation.naming import RID
 
 RID_PATTERN = RID
 """A sandbox id (:data:`sandboxd.isolation.naming.RID`)."""
 SUBDIRS = ("workspace", "home", "tmp")
+PLAIN_DIRECTORIES = NoDiskLimits()
+"""A top directory under no disk limit (a plain ``mkdir``)."""
 
 
 class RootInUse(Exception):
@@ -30,13 +32,14 @@ class RootInUse(Exception):
 
 @frozen
 class Layout:
-    """Where a sandbox's directories live; ``chown`` is injectable for tests without root."""
+    """Where a sandbox's directories live; ``chown`` is injectable for tests without root.
+
+    The disk limits are the isolation's (``Isolation.disk``): it makes and removes each
+    sandbox's tree through :meth:`create` and :meth:`destroy`, handing them its disk driver."""
 
     root: str
     owns_files: bool
     chown: Callable[[str, int, int], None] = os.chown
-    disk: DiskDriver = field(factory=NoDiskLimits)
-    """Makes, measures and removes each sandbox's top directory (``sandboxd.isolation.disk``)."""
 
     def directory(self, rid: str) -> str:
         return os.path.join(self.root, rid)
@@ -91,10 +94,11 @@ class Layout:
             raise RootInUse(f"another sandboxd is using {self.root}") from None
         return fd
 
-    def create(self, rid: str, identity: Identity) -> None:
-        """Make the sandbox's directory tree with its ownership (docs/isolation.rst, "Layout")."""
+    def create(self, rid: str, identity: Identity, disk: DiskDriver = PLAIN_DIRECTORIES) -> None:
+        """Make the sandbox's directory tree with its ownership (docs/isolation.rst, "Layout"),
+        its top directory by ``disk`` (a subvolume or a quota project under a disk limit)."""
         top = self.directory(rid)
-        self.disk.make_directory(top, identity)  # disk hook: a subvolume or a quota project
+        disk.make_directory(top, identity)
         os.chmod(top, 0o710)
         if self.owns_files:
             self.chown(top, 0, identity.gid)
@@ -111,17 +115,14 @@ class Layout:
     def is_ready(self, rid: str) -> bool:
         return os.path.isfile(self.ready_marker(rid)) and not os.path.islink(self.ready_marker(rid))
 
-    def destroy(self, rid: str) -> None:
-        """Remove the ready marker first, then every file of the sandbox."""
+    def destroy(self, rid: str, disk: DiskDriver = PLAIN_DIRECTORIES) -> None:
+        """Remove the ready marker first, then every file of the sandbox, its top directory
+        (and its quota) by ``disk``."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.ready_marker(rid))
         # Not shutil.rmtree: it recurses, and a sandbox can nest directories deeper than
         # Python's recursion limit (a RecursionError here would leak the uid and the files).
-        self.disk.destroy(self.directory(rid), tree.remove_tree)  # disk hook
-
-    def disk_usage(self, rid: str) -> DiskUsage:
-        """The sandbox's disk usage and limits as the kernel counts them."""
-        return self.disk.usage(self.directory(rid))
+        disk.destroy(self.directory(rid), tree.remove_tree)
 
     def leftovers(self) -> list[str]:
         """Sandbox directories present under the root (a predecessor's, at start-up)."""

@@ -99,7 +99,12 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
         rids = sorted(set(self.layout.leftovers()) | self.isolation.leftovers())
         rids = [rid for rid in rids if rid not in self.sandboxes]
         self.recovering = True
-        kills = [Deferred.fromCoroutine(self._dispose(rid)) for rid in rids]
+        kills = [
+            Deferred.fromCoroutine(
+                self.isolation.dispose_leftover(rid, self.layout, self._in_admin_thread)
+            )
+            for rid in rids
+        ]
         done: Deferred[Any] = DeferredList(kills, consumeErrors=True)
 
         def report(results: list[tuple[bool, Any]]) -> None:
@@ -146,7 +151,7 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
             holder.stage_policy(rid, request.egress)
         try:
             root = None if template is None else template.rootfs
-            self.isolation.create(rid, identity, self.limits, directories, mode, root)
+            isolation = self.isolation.create(rid, identity, self.limits, directories, mode, root)
         except BaseException as e:
             if holder is not None:
                 holder.stage_policy(rid, None)
@@ -161,6 +166,7 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
             create_env,
             created=now,
             last_active=now,
+            isolation=isolation,
             item_id=request.item_id,
             network=mode.name,
         )
@@ -208,7 +214,7 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
         sandbox = self.sandboxes.get(rid)
         if sandbox is None:
             return None
-        return BodyPlace(self.layout.directory(rid), self.layout.disk, sandbox.bodies)
+        return BodyPlace(self.layout.directory(rid), sandbox.isolation, sandbox.bodies)
 
     async def kill(self, rid: str) -> None:
         """Stop every process of the sandbox, then release its cgroup, files and uid."""
@@ -225,12 +231,12 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
             run.abort()
         await self.close_contexts(sandbox)
         with suppress(OSError):  # no counters to read: nothing to add
-            self.metrics.oom_kills.inc(self.isolation.cgroups.stats(rid).oom_kills)
+            self.metrics.oom_kills.inc(sandbox.isolation.stats().oom_kills)
         # A file call already in a worker thread may still create entries (an upload's
         # parents): removing the tree before it ends could leave them behind.
         await DeferredList(list(sandbox.file_calls))
         try:
-            await self._dispose(rid)
+            await sandbox.isolation.dispose(self._in_admin_thread)
         except Exception:
             # Its processes may live on: the uid stays out of the pool until the next start-up
             # reclaims what is left (restart recovery).
@@ -275,24 +281,22 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
     def _log_reap_failure(failure: Failure, rid: str) -> None:
         log.failure("reaping {rid} failed", failure, rid=rid)
 
-    async def _dispose(self, rid: str) -> None:
-        def in_thread(work: Callable[[str], None], rid: str) -> Deferred[None]:
-            return deferToThreadPool(
-                self.reactor,  # type: ignore[arg-type]
-                self.admin_pool,
-                work,
-                rid,
-            )
-
-        await self.isolation.dispose(rid, self.layout, in_thread)
+    def _in_admin_thread(self, work: Callable[[str], None], rid: str) -> Deferred[None]:
+        """``work(rid)`` in the admin pool (a sandbox's tree can be large to remove)."""
+        return deferToThreadPool(
+            self.reactor,  # type: ignore[arg-type]
+            self.admin_pool,
+            work,
+            rid,
+        )
 
     # Files, each in a worker thread with the sandbox's filesystem credentials
 
     def files(self, sandbox: Sandbox, work: Callable[[str], T]) -> Deferred[T]:
         """Run ``work(workspace_path)`` as the sandbox (per-thread fsuid/fsgid)."""
         path = self.layout.workspace(sandbox.rid)
-        # disk hook: the work is held to the sandbox's disk limits even where root is exempt
-        charged = self.layout.disk.charged(lambda: work(path))
+        # the work is held to the sandbox's disk limits even where root is exempt
+        charged = sandbox.isolation.charged(lambda: work(path))
         running = self.isolation.fs.run(sandbox.identity, charged)
         ended: Deferred[None] = Deferred()
         sandbox.file_calls.add(ended)
@@ -344,9 +348,7 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
         workspace = self.layout.workspace(sandbox.rid)
 
         def start(argv: Sequence[str]) -> list[str]:
-            return self.isolation.start_argv(
-                sandbox.rid, sandbox.identity, workspace, argv, own_work=True
-            )
+            return sandbox.isolation.start_argv(workspace, argv, own_work=True)
 
         return WorkspaceEnd(workspace, start)
 
@@ -361,11 +363,11 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
     # Operators
 
     def stats(self, sandbox: Sandbox) -> CgroupStats:
-        return self.isolation.cgroups.stats(sandbox.rid)
+        return sandbox.isolation.stats()
 
     def disk_usage(self, sandbox: Sandbox) -> DiskUsage:
         """What the disk layer counts for the sandbox (all ``None`` without disk limits)."""
-        return self.layout.disk_usage(sandbox.rid)
+        return sandbox.isolation.disk_usage()
 
     def listing(self) -> list[SandboxListing]:
         """Every live sandbox, for operators."""

@@ -12,8 +12,8 @@ from sandboxd.core.processes.table import ProcessTable
 from sandboxd.core.templates.store import TemplateRoot
 from sandboxd.core.watch.watch import WorkspaceWatch
 from sandboxd.isolation.base import Identity
-from sandboxd.isolation.disk.base import DiskDriver
 from sandboxd.isolation.network.egress_policy import EgressPolicy
+from sandboxd.isolation.sandbox import SandboxIsolation
 
 T = TypeVar("T")
 
@@ -48,6 +48,9 @@ class Sandbox:
     env: dict[str, str]
     created: float
     last_active: float
+    isolation: SandboxIsolation
+    """Its layers (cgroup, directories under their disk limit, namespaces): what starts its
+    processes, counts its use, and disposes of it at its end."""
     execs: int = 0
     running: set[ExecRun] = field(factory=set)
     file_calls: set[Deferred[None]] = field(factory=set)
@@ -97,12 +100,12 @@ class SandboxListing:
 class BodyPlace:
     """Where request bodies naming a sandbox are spooled as they arrive: its top
     ``directory`` (under its disk limits, out of its sight: unnamed files), written through
-    ``disk``'s charge; ``bodies`` is the sandbox's (see :attr:`Sandbox.bodies`)."""
+    the charge of its ``isolation``; ``bodies`` is the sandbox's (see :attr:`Sandbox.bodies`)."""
 
     directory: str
-    disk: DiskDriver
+    isolation: SandboxIsolation
     bodies: set[Callable[[], object]]
 
     def charged(self, work: Callable[[], T]) -> Callable[[], T]:
         """``work`` held to the sandbox's disk limits (the disk driver's ``charged``)."""
-        return self.disk.charged(work)
+        return self.isolation.charged(work)

@@ -127,7 +127,7 @@ class SandboxAPI:
             names.add("templates")
             if self.manager.isolation.namespaces.switches_root:
                 names.add("templates.run")
-        if self.manager.layout.disk.enforcing:
+        if self.manager.isolation.disk.enforcing:
             names.add("isolation.disk")
         names.update(routing.ROUTE_CAPABILITIES)
         if self.manager.contexts_missing() is None:

@@ -1,9 +1,11 @@
 """Everything that touches the kernel for a sandbox, one sub-package per layer.
 
 The seam the core holds is :class:`~sandboxd.isolation.base.Isolation` (``base.py``), built at
-start-up by ``select.py``; ``none.py`` is the development bundle, ``uids.py`` the uid pool,
-``fscreds.py`` file work as a sandbox, ``layers.py`` the capability names, ``naming.py`` the
-sandbox ids. The layers (docs/architecture.rst, "The isolation package"):
+start-up by ``select.py``, whose ``create`` gives each sandbox its
+:class:`~sandboxd.isolation.sandbox.SandboxIsolation` (``sandbox.py``); ``none.py`` is the
+development bundle, ``uids.py`` the uid pool, ``fscreds.py`` file work as a sandbox, ``layers.py``
+the capability names, ``naming.py`` the sandbox ids. The layers (docs/architecture.rst, "The
+isolation package"):
 
 - ``cgroups/``: the cgroup v1 and v2 drivers, their control files and the hierarchies;
 - ``namespaces/``: the per-sandbox IPC, mount, network and PID namespaces, and what the mount

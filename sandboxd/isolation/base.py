@@ -16,9 +16,11 @@ from twisted.internet.interfaces import IReactorProcess
 from sandboxd.isolation.namespaces.root_view import RootView
 
 if TYPE_CHECKING:
+    from sandboxd.isolation.disk.base import DiskDriver
     from sandboxd.isolation.exec.spawn_server import SpawnServer
     from sandboxd.isolation.namespaces.pins import Namespaces
     from sandboxd.isolation.network.modes import NetworkMode
+    from sandboxd.isolation.sandbox import SandboxIsolation
 
 T = TypeVar("T")
 
@@ -140,13 +142,14 @@ class FsCredentials(Protocol):
 
 class SandboxDirectories(Protocol):
     """A sandbox's directory tree (``sandboxd.core.layout.Layout``): made under its top
-    directory, which a disk limit in force charges to the sandbox."""
+    directory, which the disk driver makes and a disk limit in force charges to the sandbox."""
 
-    def create(self, rid: str, identity: Identity) -> None:
-        """Make the sandbox's tree, owned by ``identity``."""
+    def create(self, rid: str, identity: Identity, disk: "DiskDriver") -> None:
+        """Make the sandbox's tree, owned by ``identity``, its top directory by ``disk``."""
 
-    def destroy(self, rid: str) -> None:
-        """Remove the sandbox's tree, whatever is in it; a missing tree is not an error."""
+    def destroy(self, rid: str, disk: "DiskDriver") -> None:
+        """Remove the sandbox's tree, whatever is in it, its top directory by ``disk``; a
+        missing tree is not an error."""
 
     def directory(self, rid: str) -> str:
         """The sandbox's top directory (what its disk limit charges)."""
@@ -185,6 +188,13 @@ def no_namespaces() -> "Namespaces":
     from sandboxd.isolation.namespaces.pins import Namespaces
 
     return Namespaces()
+
+
+def no_disk_limits() -> "DiskDriver":
+    """No disk limit in force (plain directories, nothing counted)."""
+    from sandboxd.isolation.disk.plain import NoDiskLimits
+
+    return NoDiskLimits()
 
 
 def plain_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -250,29 +260,9 @@ class Isolation:
     """``wrap`` for what the daemon runs as a sandbox for its own work (the archive's rsync
     end): the same chain, and what it starts cannot be ptraced by the sandbox's own processes
     (the helper's ``--no-ptrace``); ``None``: :attr:`wrap` (a chain without that step)."""
-
-    def start_argv(
-        self,
-        rid: str,
-        identity: Identity,
-        cwd: str,
-        argv: Sequence[str],
-        own_work: bool = False,
-        terminal: bool = False,
-    ) -> list[str]:
-        """The argv to spawn so that ``argv`` runs as sandbox ``rid``: the privilege-drop chain
-        every process of a sandbox starts through (docs/isolation.rst, "The privilege-drop
-        chain"), and the only one: its namespaces entered first, then :attr:`wrap` (cgroup,
-        session, uid/gid, ``no_new_privs``, seccomp, ``cwd``). ``own_work``: a process the
-        daemon starts for its own work, which the sandbox must not take over
-        (:attr:`own_work_wrap`). ``terminal``: a command spawned on a pseudo-terminal, which
-        becomes its controlling terminal (:func:`terminal_wrap`). ``argv`` comes last,
-        unchanged."""
-        wrap = self.own_work_wrap if own_work and self.own_work_wrap is not None else self.wrap
-        if terminal:
-            wrap = terminal_wrap(wrap)
-        wrapped = wrap(identity, self.cgroups.join_files(rid), cwd, argv)
-        return self.namespaces.enter(rid, wrapped, own_work)
+    disk: "DiskDriver" = field(factory=no_disk_limits)
+    """Makes, measures and removes each sandbox's top directory under its disk limits
+    (:mod:`sandboxd.isolation.disk`, chosen at start-up from the state root's filesystem)."""
 
     def create(
         self,
@@ -282,17 +272,18 @@ class Isolation:
         directories: SandboxDirectories,
         network: "NetworkMode",
         root: str | None = None,
-    ) -> None:
-        """Make sandbox ``rid``'s layers, in their order: its cgroup with ``limits``, its
-        directories (``directories``: the disk limit comes with them; with ``root``, a
-        template's files, the directories of its own root among them), then its namespaces,
-        made and pinned once with ``network`` wired in (and their root switched to
-        ``root``'s), and entered by every process of the sandbox (:meth:`start_argv`). Where
-        one fails, every layer is undone, the last first, and the error raised: nothing of the
+    ) -> "SandboxIsolation":
+        """Make sandbox ``rid``'s layers, in their order, and return its isolation: its cgroup
+        with ``limits``, its directories (``directories``, their top made by :attr:`disk`:
+        the disk limit comes with them; with ``root``, a template's files, the directories of
+        its own root among them), then its namespaces, made and pinned once with ``network``
+        wired in (and their root switched to ``root``'s), and entered by every process of the
+        sandbox (:meth:`~sandboxd.isolation.sandbox.SandboxIsolation.start_argv`). Where one
+        fails, every layer is undone, the last first, and the error raised: nothing of the
         sandbox is left but ``identity``, still the caller's to release."""
         try:
             self.cgroups.create(rid, limits)
-            directories.create(rid, identity)
+            directories.create(rid, identity, self.disk)
             view = None if root is None else RootView(root, directories.directory(rid))
             if view is not None:
                 view.prepare()
@@ -307,17 +298,31 @@ class Isolation:
         except BaseException:
             self.namespaces.remove(rid)
             self.cgroups.remove(rid)
-            directories.destroy(rid)
+            directories.destroy(rid, self.disk)
             raise
+        return self.attach(rid, identity, directories)
 
-    async def dispose(self, rid: str, directories: SandboxDirectories, in_thread: InThread) -> None:
-        """End sandbox ``rid``'s layers, a live one's or a predecessor's leftover: kill every
-        process in its cgroup; once nothing runs inside, unpin its namespaces; remove the
-        (empty) cgroup; last, remove its directories (``in_thread``: a tree can be large)."""
+    def attach(
+        self, rid: str, identity: Identity, directories: SandboxDirectories
+    ) -> "SandboxIsolation":
+        """The isolation of sandbox ``rid`` whose layers exist (:meth:`create` made them),
+        its processes running as ``identity``; nothing is made or checked."""
+        from sandboxd.isolation.sandbox import SandboxIsolation
+
+        return SandboxIsolation(self, rid, identity, directories)
+
+    async def dispose_leftover(
+        self, rid: str, directories: SandboxDirectories, in_thread: InThread
+    ) -> None:
+        """End sandbox ``rid``'s layers, a live one's (its
+        :meth:`~sandboxd.isolation.sandbox.SandboxIsolation.dispose`) or a predecessor's
+        leftover: kill every process in its cgroup; once nothing runs inside, unpin its
+        namespaces; remove the (empty) cgroup; last, remove its directories (``in_thread``: a
+        tree can be large)."""
         await self.cgroups.kill(rid)
         self.namespaces.remove(rid)
         self.cgroups.remove(rid)
-        await in_thread(directories.destroy, rid)
+        await in_thread(lambda rid: directories.destroy(rid, self.disk), rid)
 
     def leftovers(self) -> set[str]:
         """The sandbox ids a predecessor left layers of: cgroups, and namespace pins."""
@@ -336,9 +341,11 @@ class Isolation:
             self.spawn_server.close()
 
     def spawner(self, reactor: IReactorProcess) -> IReactorProcess:
-        """What spawns an argv of :meth:`start_argv`: ``reactor`` itself, or where the spawn
-        server runs (:attr:`spawn_server`), its :class:`~sandboxd.isolation.exec.spawn_server.
-        Spawner`, which hands the helper's argv to the server and spawns any other."""
+        """What spawns an argv of a sandbox's
+        :meth:`~sandboxd.isolation.sandbox.SandboxIsolation.start_argv`: ``reactor`` itself,
+        or where the spawn server runs (:attr:`spawn_server`), its
+        :class:`~sandboxd.isolation.exec.spawn_server.Spawner`, which hands the helper's argv
+        to the server and spawns any other."""
         if self.spawn_server is None:
             return reactor
         from sandboxd.isolation.exec.spawn_server import Spawner

@@ -12,6 +12,7 @@ from twisted.logger import capturedLogs
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
+from sandboxd.core.layout import Layout
 from sandboxd.isolation import layers
 from sandboxd.isolation.base import Identity, IsolationUnavailable, plain_env
 from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
@@ -271,11 +272,9 @@ def test_the_helper_replaces_the_shell_chain_when_only_root_can_change_it(tmp_pa
         assert iso.spawn_env is spawn_env
         # the daemon's own work as a sandbox: the same chain, and not ptrace-able
         assert iso.own_work_wrap == evolve(iso.wrap, no_ptrace=True)
-        assert (
-            iso.start_argv("0123456789abcdef", SANDBOX, "/w", ["/bin/x"], own_work=True)[3]
-            == "--no-ptrace"
-        )
-        assert "--no-ptrace" not in iso.start_argv("0123456789abcdef", SANDBOX, "/w", ["/bin/x"])
+        sandbox = iso.attach("0123456789abcdef", SANDBOX, Layout(str(tmp_path), False))
+        assert sandbox.start_argv("/w", ["/bin/x"], own_work=True)[3] == "--no-ptrace"
+        assert "--no-ptrace" not in sandbox.start_argv("/w", ["/bin/x"])
 
 
 @pytest.mark.parametrize("place", ["user", "open", "plain", "missing"])

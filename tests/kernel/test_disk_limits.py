@@ -346,9 +346,9 @@ def test_start_up_says_btrfs_bounds_files_by_bytes() -> None:
     the files instead."""
     config = Config.load({"SANDBOXD_DISK_MAX": "32M", "SANDBOXD_FILES_MAX": "1000"})
     with loop_filesystem("btrfs", 256) as mount, capturedLogs() as events:
-        layout = boot.start_disk(config, Layout(str(mount), owns_files=False))
-        assert isinstance(layout.disk, BtrfsQuotas)
-        os.close(layout.disk.root_fd)
+        disk = boot.start_disk(config, Layout(str(mount), owns_files=False))
+        assert isinstance(disk, BtrfsQuotas)
+        os.close(disk.root_fd)
     said = [formatEvent(event) for event in events]
     assert any("33554432 bytes, 1000 files per sandbox" in line for line in said), said
     assert any("btrfs has no inode limit" in line for line in said), said

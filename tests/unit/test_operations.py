@@ -87,7 +87,6 @@ def test_a_call_or_a_running_command_keeps_a_sandbox_alive(manager: SandboxManag
 
 def test_reaper_survives_a_failing_kill(manager: SandboxManager) -> None:
     clock: Any = manager.clock
-    first, second = manager.create(), manager.create()
     calls: list[str] = []
 
     class Refusing(NoCgroups):
@@ -98,6 +97,7 @@ def test_reaper_survives_a_failing_kill(manager: SandboxManager) -> None:
             return super().kill(rid)
 
     manager.isolation = attrs.evolve(manager.isolation, cgroups=Refusing())
+    first, second = manager.create(), manager.create()  # each holds the isolation it was made by
     clock.advance(31 * 60)
     result_of(manager.reap_idle())
     assert sorted(calls) == sorted([first.rid, second.rid])

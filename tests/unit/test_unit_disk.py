@@ -38,12 +38,12 @@ def test_a_zero_limit_is_refused_naming_the_variable(name: str) -> None:
 def test_without_limits_sandboxes_get_plain_directories(tmp_path: Path) -> None:
     disk = select.build_disk(str(tmp_path), DiskLimits(None, None))
     assert isinstance(disk, NoDiskLimits) and not disk.enforcing
-    layout = Layout(str(tmp_path), owns_files=False, disk=disk)
-    layout.create("0123456789abcdef", Identity(1000, 1000))
-    assert layout.disk_usage("0123456789abcdef") == NO_USAGE
+    layout = Layout(str(tmp_path), owns_files=False)
+    layout.create("0123456789abcdef", Identity(1000, 1000), disk)
+    assert disk.usage(layout.directory("0123456789abcdef")) == NO_USAGE
     assert disk.charged(lambda: 7)() == 7
     assert disk.sweep(os.path.exists) == 0
-    layout.destroy("0123456789abcdef")
+    layout.destroy("0123456789abcdef", disk)
     assert os.listdir(tmp_path) == []
 
 

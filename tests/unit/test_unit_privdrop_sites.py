@@ -4,12 +4,13 @@
 The daemon's sources are parsed (``ast``) for every call that starts a process (``spawnProcess``,
 ``subprocess``, ``Popen``, ``fork``, ``exec*``, ``posix_spawn``, ``system``...). Each such place
 must be listed in :data:`SITES`: either it starts a process **as a sandbox**, and its argv comes
-from :meth:`~sandboxd.isolation.base.Isolation.start_argv` (the one chain: namespaces, cgroup,
-uid/gid, ``no_new_privs``, seccomp), or it runs as the daemon (root), never as a sandbox's uid,
-for the reason given. A new place fails this test until it is listed, and so is judged. Then:
-``start_argv`` is the only caller of ``wrap`` and ``Namespaces.enter``; no other module drops
-privilege itself; and in the helper the filter follows the one privilege drop. The kernel runs of
-each place that starts a sandbox's process are in ``tests/kernel/test_privdrop_chain.py``.
+from :meth:`~sandboxd.isolation.sandbox.SandboxIsolation.start_argv` (the one chain: namespaces,
+cgroup, uid/gid, ``no_new_privs``, seccomp), or it runs as the daemon (root), never as a
+sandbox's uid, for the reason given. A new place fails this test until it is listed, and so
+is judged. Then: ``start_argv`` is the only caller of ``wrap`` and ``Namespaces.enter``; no
+other module drops privilege itself; and in the helper the filter follows the one privilege
+drop. The kernel runs of each place that starts a sandbox's process are in
+``tests/kernel/test_privdrop_chain.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ STARTS = re.compile(
 SUBPROCESS = re.compile(r"^(run|call|check_call|check_output|create_subprocess_\w+)$")
 """Names that start one when called on ``subprocess`` or ``asyncio``."""
 
-AS_SANDBOX = "as a sandbox, argv from Isolation.start_argv"
+AS_SANDBOX = "as a sandbox, argv from SandboxIsolation.start_argv"
 SITES = {
     ("sandboxd/core/exec/run.py", "ExecRun.start"): AS_SANDBOX + " (commands: Commands._launch)",
     ("sandboxd/core/processes/terminal.py", "TerminalRun.start_terminal"): AS_SANDBOX
@@ -150,7 +151,7 @@ def _calls_named(name: str, on: str | None = None) -> set[tuple[str, str]]:
 
 def test_argvs_to_run_as_a_sandbox_are_made_by_the_one_chain_alone() -> None:
     assert _calls_named("start_argv") == START_ARGV_CALLERS
-    only_the_chain = {("sandboxd/isolation/base.py", "Isolation.start_argv")}
+    only_the_chain = {("sandboxd/isolation/sandbox.py", "SandboxIsolation.start_argv")}
     assert _calls_named("wrap", on="isolation") == set()
     assert {p for p in _calls_named("wrap") if "namespaces" not in p[0]} == only_the_chain
     assert _calls_named("enter", on="namespaces") == only_the_chain

@@ -9,6 +9,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from sandboxd.core.exec.run import ExecRun, SpawnFailed
+from sandboxd.core.layout import Layout
 from sandboxd.core.processes.log import OutputLog
 from sandboxd.core.processes.process import Ended, Process, SandboxGone
 from sandboxd.core.processes.terminal import TerminalRun, TerminalSize
@@ -137,6 +138,7 @@ def test_a_chain_without_ctty_has_no_terminals() -> None:
         wrap=lambda identity, joins, cwd, argv: list(argv),
         owns_files=False,
     )
-    assert isolation.start_argv("r", Identity(5, 5), "/", ["sh"]) == ["sh"]
+    sandbox = isolation.attach("r", Identity(5, 5), Layout("/", False))
+    assert sandbox.start_argv("/", ["sh"]) == ["sh"]
     with pytest.raises(NoTerminals):
-        isolation.start_argv("r", Identity(5, 5), "/", ["sh"], terminal=True)
+        sandbox.start_argv("/", ["sh"], terminal=True)

@@ -2,15 +2,15 @@
 
 Every copy between a workspace and the archive is one rsync whose two ends run with different
 credentials. The daemon spawns the *archive* end (root, or the daemon's own user) and names the
-workspace as a remote path ``sandbox:./``; rsync starts the *workspace* end through its remote
-shell (``-e``), which is :data:`RSH`: a constant ``sh`` script that runs the server end through
-the sandbox's privilege-drop chain, the one every process of a sandbox starts through
-(:meth:`sandboxd.isolation.base.Isolation.start_argv`; docs/isolation.rst, "The privilege-drop
-chain"): its namespaces entered, its cgroup joined, its uid/gid with ``no_new_privs``, the
-sandbox's seccomp filter, and (the exec helper's ``--no-ptrace``) not ptrace-able by the
-sandbox's own processes. Its working directory is the workspace, entered as the sandbox's uid.
-The chain's argv travels in ``SANDBOXD_RSH_*`` environment variables, one word each: the script
-text never changes and holds no quote rsync's ``-e`` parser would have to understand.
+workspace as a remote path ``sandbox:./``; rsync starts the *workspace* end through its remote shell
+(``-e``), which is :data:`RSH`: a constant ``sh`` script that runs the server end through the
+sandbox's privilege-drop chain, the one every process of a sandbox starts through
+(:meth:`sandboxd.isolation.sandbox.SandboxIsolation.start_argv`; docs/isolation.rst, "The
+privilege-drop chain"): its namespaces entered, its cgroup joined, its uid/gid with
+``no_new_privs``, the sandbox's seccomp filter, and (the exec helper's ``--no-ptrace``) not
+ptrace-able by the sandbox's own processes. Its working directory is the workspace, entered as the
+sandbox's uid. The chain's argv travels in ``SANDBOXD_RSH_*`` environment variables, one word each:
+the script text never changes and holds no quote rsync's ``-e`` parser would have to understand.
 
 So the end that reads (persist) or writes (restore) the workspace can reach exactly what the
 sandbox itself can reach, whatever symlink, hardlink or swapped component it meets, and a

@@ -1,10 +1,10 @@
 """How a process of a sandbox starts: the privilege-drop steps, specified once.
 
 Every process the daemon starts as a sandbox's uid starts through one chain,
-:meth:`sandboxd.isolation.base.Isolation.start_argv` (docs/isolation.rst, "The privilege-drop
-chain"): the sandbox's commands and background processes, and the workspace end of an archive
-copy (:mod:`sandboxd.core.archive.rsync`), which is the daemon's own work and so is started with
-the helper's ``--no-ptrace`` as well. ``tests/unit/test_unit_privdrop_sites.py`` lists every
+:meth:`sandboxd.isolation.sandbox.SandboxIsolation.start_argv` (docs/isolation.rst, "The
+privilege-drop chain"): the sandbox's commands and background processes, and the workspace end of an
+archive copy (:mod:`sandboxd.core.archive.rsync`), which is the daemon's own work and so is started
+with the helper's ``--no-ptrace`` as well. ``tests/unit/test_unit_privdrop_sites.py`` lists every
 place the daemon starts a process and holds each to it. The chain is the C helper
 (``sandboxd_exec.c``: ``enter``, then ``sandbox`` mode) or, where it was not built, its shell
 fallback (``nsenter``, then :mod:`sandboxd.isolation.exec.wrapper`). After entering the sandbox's

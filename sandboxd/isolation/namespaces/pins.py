@@ -19,12 +19,12 @@ than the host's (``sandboxd_exec_ns.h``); the shell chain copies the host's and 
 pins' directory. A state root or tools directory inside one of those places (test set-ups)
 stays reachable: the root-owned directory holding it there is bound back at its own path.
 
-Every process of the sandbox enters the pinned namespaces with ``setns`` before it drops
-privilege (:meth:`Namespaces.enter`, in the one chain of
-:meth:`sandboxd.isolation.base.Isolation.start_argv`, the archive's rsync end included): the
-helper's ``enter`` prefix, ``nsenter`` in the shell chain. Kill unmounts the pins (the
-namespaces, their IPC objects, tmpfs and sockets go once the last process has); start-up
-removes a crashed predecessor's (:meth:`Namespaces.leftovers`).
+Every process of the sandbox enters the pinned namespaces with ``setns`` before it drops privilege
+(:meth:`Namespaces.enter`, in the one chain of
+:meth:`sandboxd.isolation.sandbox.SandboxIsolation.start_argv`, the archive's rsync end included):
+the helper's ``enter`` prefix, ``nsenter`` in the shell chain. Kill unmounts the pins (the
+namespaces, their IPC objects, tmpfs and sockets go once the last process has); start-up removes a
+crashed predecessor's (:meth:`Namespaces.leftovers`).
 
 The PID namespace (``pid``, only with ``mount`` and the helper: ``all`` leaves it out, saying
 why, on the shell chain or where the kernel refuses it) has an init of its own that mounts the
