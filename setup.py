@@ -82,6 +82,8 @@ setup(
             "sandboxd_seccomp.h",
         ],
         "sandboxd_client": ["py.typed"],
+        # The terminal page's own files, and xterm.js where `npm ci` vendored it before a build
+        "sandboxd.terminal_page": ["terminal.html", "terminal.js", "vendor/*"],
     },
     cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},
     distclass=HelperDistribution,

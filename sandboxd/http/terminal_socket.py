@@ -28,6 +28,7 @@ from zope.interface import implementer
 from sandboxd.core import SIGNALS, Chunk, Dropped, Process, Reader, ReaderEvent, TerminalSize
 from sandboxd.errors import BadRequest, SandboxdError
 from sandboxd.http import wire
+from sandboxd.http.socket_bearer import SUBPROTOCOL
 
 CLOSE_NORMAL = 1000
 CLOSE_REFUSED = 4000
@@ -64,8 +65,11 @@ class TerminalSocket(WebSocketServerProtocol):
     factory: "TerminalSocketFactory"
     reader: Reader | None = None
 
-    def onConnect(self, request: ConnectionRequest) -> None:
-        """Accept the handshake (the route checked the token and found the terminal)."""
+    def onConnect(self, request: ConnectionRequest) -> str | None:
+        """Accept the handshake (the route checked the token and found the terminal), with
+        the subprotocol :data:`~sandboxd.http.socket_bearer.SUBPROTOCOL` when the client
+        offers it (a browser's socket fails without one answered), never the token's."""
+        return SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
 
     def onOpen(self) -> None:
         process = self.factory.process
