@@ -114,6 +114,11 @@ def test_the_page_runs_a_shell_and_shows_what_it_prints(
 
     browser.type("exit 3")
     assert browser.wait_for(f"{STATUS_TEXT}.includes('exit 3') && {STATUS_TEXT}")
+    # The page's request line, its calls and its socket left no trace of the token in the
+    # daemon's log (the fragment is never sent; the subprotocol is not logged).
+    log = daemon.log.read_text()
+    assert f"/sandboxes/{rid}/terminal " in log
+    assert TOKEN not in log and urllib.parse.quote(TOKEN, safe="") not in log
 
 
 def test_the_token_from_a_prompt(daemon: Daemon, browser: Browser, tmp_path: Path) -> None:
