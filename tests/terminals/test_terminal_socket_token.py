@@ -2,18 +2,21 @@
 against a real daemon: a terminal's socket takes it (and answers ``sandboxd.terminal``, never
 the token); a proxied port's handshake does not (it would go on to the sandbox's server with
 the token in it), nor does any other route; a wrong one is refused; the token reaches no log.
+The page itself is served without the token and holds none.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from sandboxd.terminal_page import TerminalPage
 from tests.client.real_daemon import Daemon, running_daemon
 from tests.support.ws_client import TEXT, HandshakeRefused, WebSocket
 
@@ -120,3 +123,20 @@ def test_the_token_reaches_no_log(daemon: Daemon) -> None:
     text = daemon.log.read_text()
     assert rid in text  # the log is the daemon's, written meanwhile
     assert TOKEN not in text and encoded not in text
+
+
+@pytest.mark.skipif(
+    bool(TerminalPage().missing()),
+    reason="the page is not built: npm ci --prefix sandboxd/terminal_page",
+)
+def test_the_page_is_served_without_the_token_and_holds_no_secret(daemon: Daemon) -> None:
+    page = f"{daemon.url}/sandboxes/anything/terminal"
+    with urllib.request.urlopen(page, timeout=30) as response:
+        body = response.read()
+        policy = response.headers["content-security-policy"]
+    assert b"xterm" in body and TOKEN.encode() not in body
+    assert "connect-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    # Its neighbours still want the token.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(page + "s", timeout=30)
+    assert refused.value.code == 401
