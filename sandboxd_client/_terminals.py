@@ -120,10 +120,14 @@ class Terminals(ClientBase):
         text = url.replace(scheme=scheme).to_uri().to_text()
         headers = {} if self._token is None else {"Authorization": f"Bearer {self._token}"}
         factory = TerminalFactory(text, headers, on_output)
-        if scheme == "wss":  # pragma: no cover - the tests' daemons speak plain HTTP
-            from twisted.internet.ssl import optionsForClientTLS
+        if scheme == "wss":
+            # Verified as the HTTP calls are: against ca_file when given (the token is never
+            # sent to a server showing another certificate), else the system's trust.
+            from twisted.web.client import BrowserLikePolicyForHTTPS
 
-            connectWS(factory, optionsForClientTLS(url.host))
+            policy = self._tls if self._tls is not None else BrowserLikePolicyForHTTPS()
+            netloc = (url.host.encode("idna"), url.port or 443)
+            connectWS(factory, policy.creatorForNetloc(*netloc))
         else:
             connectWS(factory)
         return factory.connection
