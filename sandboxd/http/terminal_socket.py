@@ -17,7 +17,7 @@ however much the terminal prints.
 """
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
@@ -81,6 +81,12 @@ class TerminalSocket(WebSocketServerProtocol):
         self.reader.resume()
 
     def _deliver(self, event: ReaderEvent) -> None:
+        if self.state != self.STATE_OPEN:
+            # The client's close frame came first: autobahn sends nothing more, and would
+            # raise into the terminal's pty reader, which hangs the terminal up (SIGHUP).
+            # What it prints meanwhile stays in its scrollback; the reader stops.
+            cast(Reader, self.reader).stop()
+            return
         if isinstance(event, Chunk):
             self.sendMessage(event.data, isBinary=True)
         elif not isinstance(event, Dropped):  # skipped output is simply not shown
