@@ -36,8 +36,9 @@ class TerminalConnection:
     def _send(self, payload: bytes, binary: bool) -> None:
         if self._protocol is None:
             self._pending.append((payload, binary))
-        else:
+        elif self._protocol.state == self._protocol.STATE_OPEN:
             self._protocol.sendMessage(payload, isBinary=binary)
+        # else closing or closed: what is typed now goes nowhere (autobahn would raise)
 
     def type(self, data: bytes) -> None:
         if data:  # empty input is not sent

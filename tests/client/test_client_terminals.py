@@ -107,6 +107,8 @@ async def test_the_defaults_and_a_detach_that_leaves_it_running(client: HttpSand
     assert b"T=xterm-256color" in screen.seen
     connection.close()
     assert await ended(connection.ended) is None  # closed, not ended
+    connection.type(b"echo typed-after-the-close\n")  # goes nowhere, raises nothing
+    connection.resize(5, 5)
     (listed,) = [p for p in await client.processes(handle) if p.id == started.id]
     assert listed.running
     again = Screen()
