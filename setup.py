@@ -67,7 +67,8 @@ setup(
     packages=[
         *find_namespace_packages(
             include=["sandboxd", "sandboxd.*", "sandboxd_client", "sandboxd_client.*"],
-            exclude=["*.__pycache__"],
+            # node_modules: npm's tree of the terminal page, of which vendor/ ships what it needs
+            exclude=["*.__pycache__", "*.node_modules", "*.node_modules.*"],
         ),
         "twisted.plugins",
     ],
@@ -82,6 +83,16 @@ setup(
             "sandboxd_seccomp.h",
         ],
         "sandboxd_client": ["py.typed"],
+        # The terminal page's own files, xterm.js where `npm ci` vendored it before a build,
+        # and what `npm ci` there needs to vendor it into an installed copy (the 503 says so)
+        "sandboxd.terminal_page": [
+            "terminal.html",
+            "terminal.js",
+            "vendor/*",
+            "package.json",
+            "package-lock.json",
+            "vendor.js",
+        ],
     },
     cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},
     distclass=HelperDistribution,

@@ -52,6 +52,7 @@ SECTIONS = (
     "concurrent",
     "docker",
     "neighbours",
+    "terminals",
     "density",
     "e2b_suite",
 )

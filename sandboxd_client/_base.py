@@ -76,6 +76,9 @@ class ClientBase:
         self._persist_timeout = persist_timeout
         self._tools_timeout = tools_timeout
         self._max_exec_line = max_exec_line
+        self._tls = trusting(ca_file) if ca_file is not None else None
+        """The TLS policy of ``ca_file`` (``None``: the system's trust), for the HTTP calls and
+        a terminal's WebSocket alike."""
         self._capabilities: dict[str, frozenset[str]] = {}
         """``/healthz`` capabilities per replica (``Trees.capabilities``)."""
         self._http = Transport(
@@ -87,7 +90,7 @@ class ClientBase:
             connect_timeout=connect_timeout,
             max_persistent_per_host=max_persistent_per_host,
             cached_connection_timeout=cached_connection_timeout,
-            tls=trusting(ca_file) if ca_file is not None else None,
+            tls=self._tls,
         )
 
     # -- routing ---------------------------------------------------------------------------

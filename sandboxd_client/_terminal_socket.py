@@ -30,10 +30,10 @@ class TerminalClient(WebSocketClientProtocol):
             return
         try:
             message = json.loads(payload)
-        except ValueError:  # pragma: no cover - the daemon sends JSON controls only
+        except ValueError:  # not from a daemon, which sends JSON controls only
             return
-        # Not both ways by the suite: the daemon sends no other control.
-        if isinstance(message, dict) and isinstance(message.get("exit"), int):  # pragma: no branch
+        # An error end ({"error": ..}, a sandbox killed) is followed by the close: ended None
+        if isinstance(message, dict) and isinstance(message.get("exit"), int):
             self.factory.connection._end(message["exit"])
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
@@ -51,7 +51,7 @@ class TerminalFactory(WebSocketClientFactory):
         self.on_output = on_output
         self.connection = TerminalConnection()
 
-    # Not covered by the suite: the connection is made by the tests.
-    def clientConnectionFailed(self, connector: Any, reason: Any) -> None:  # pragma: no cover
-        if not self.connection.ended.called:
+    def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
+        # A connection that failed never opened: nothing can have ended it before.
+        if not self.connection.ended.called:  # pragma: no branch
             self.connection.ended.errback(reason)

@@ -16,7 +16,9 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IRequest
 
 from sandboxd.http import wire
+from sandboxd.http.socket_bearer import socket_authorization
 from sandboxd.http.wire import Unauthorized
+from sandboxd.terminal_page import is_page_path
 from sandboxd.web.guard import Admission
 
 OPEN_PATHS = frozenset({b"/healthz", b"/readyz"})
@@ -41,18 +43,27 @@ class BearerAuthoriser:
     def admit(
         self, path: bytes, authorization: bytes | None, headers: Headers | None = None
     ) -> Admission:
-        """The rule at the headers: trusted with the token, open for the paths served
-        without it, refused otherwise (before any byte of the body is read)."""
-        if self.carried_by(authorization):
+        """The rule at the headers: trusted with the token (or a terminal socket's
+        subprotocol carrying it, :mod:`sandboxd.http.socket_bearer`), open for the paths
+        served without it (the terminal page among them), refused otherwise (before any byte
+        of the body is read)."""
+        if self.carried_by(authorization) or (
+            headers is not None and self.carried_by(socket_authorization(path, headers))
+        ):
             return Admission.TRUSTED
-        if path.split(b"?", 1)[0] in OPEN_PATHS or self.public(path):
+        bare = path.split(b"?", 1)[0]
+        if bare in OPEN_PATHS or is_page_path(bare) or self.public(path):
             return Admission.OPEN
         return Admission.REFUSED
 
     def check(self, request: IRequest) -> None:
         """A route's check: :class:`~sandboxd.http.wire.Unauthorized` (``401``) unless the
-        request carries the token."""
-        if not self.carried_by(request.getHeader(b"authorization")):
+        request carries the token (in its ``authorization`` header, or a terminal socket's
+        subprotocol)."""
+        if not (
+            self.carried_by(request.getHeader(b"authorization"))
+            or self.carried_by(socket_authorization(request.uri, request.requestHeaders))
+        ):
             raise Unauthorized(wire.UNAUTHORIZED_DETAIL)
 
     @staticmethod

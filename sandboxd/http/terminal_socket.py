@@ -17,7 +17,7 @@ however much the terminal prints.
 """
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
@@ -28,6 +28,7 @@ from zope.interface import implementer
 from sandboxd.core import SIGNALS, Chunk, Dropped, Process, Reader, ReaderEvent, TerminalSize
 from sandboxd.errors import BadRequest, SandboxdError
 from sandboxd.http import wire
+from sandboxd.http.socket_bearer import SUBPROTOCOL
 
 CLOSE_NORMAL = 1000
 CLOSE_REFUSED = 4000
@@ -64,8 +65,11 @@ class TerminalSocket(WebSocketServerProtocol):
     factory: "TerminalSocketFactory"
     reader: Reader | None = None
 
-    def onConnect(self, request: ConnectionRequest) -> None:
-        """Accept the handshake (the route checked the token and found the terminal)."""
+    def onConnect(self, request: ConnectionRequest) -> str | None:
+        """Accept the handshake (the route checked the token and found the terminal), with
+        the subprotocol :data:`~sandboxd.http.socket_bearer.SUBPROTOCOL` when the client
+        offers it (a browser's socket fails without one answered), never the token's."""
+        return SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
 
     def onOpen(self) -> None:
         process = self.factory.process
@@ -77,6 +81,12 @@ class TerminalSocket(WebSocketServerProtocol):
         self.reader.resume()
 
     def _deliver(self, event: ReaderEvent) -> None:
+        if self.state != self.STATE_OPEN:
+            # The client's close frame came first: autobahn sends nothing more, and would
+            # raise into the terminal's pty reader, which hangs the terminal up (SIGHUP).
+            # What it prints meanwhile stays in its scrollback; the reader stops.
+            cast(Reader, self.reader).stop()
+            return
         if isinstance(event, Chunk):
             self.sendMessage(event.data, isBinary=True)
         elif not isinstance(event, Dropped):  # skipped output is simply not shown

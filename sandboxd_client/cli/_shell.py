@@ -33,7 +33,7 @@ def window_size(fd: int) -> tuple[int, int]:
     """``(rows, cols)`` of the terminal ``fd`` (:data:`DEFAULT_SIZE` when it is none)."""
     try:
         size = os.get_terminal_size(fd)
-    except OSError:  # pragma: no cover - the tests run under a real pty
+    except OSError:  # not a terminal
         return DEFAULT_SIZE
     return (size.lines or DEFAULT_SIZE[0], size.columns or DEFAULT_SIZE[1])
 
@@ -56,15 +56,17 @@ class KeyboardReader:
     def doRead(self) -> None:
         try:
             data = os.read(self.fd, 65536)
-        except BlockingIOError:  # pragma: no cover - woken for nothing
+        except BlockingIOError:  # woken for nothing
             return
         if data:
             self.connection.type(data)
-        # Not covered by the suite: end of input: typing stops, the terminal runs on.
-        elif self.reactor is not None:  # pragma: no cover
+        # End of input: typing stops, the terminal runs on.
+        elif self.reactor is not None:
             self.reactor.removeReader(self)
 
-    def connectionLost(self, reason: object) -> None:  # pragma: no cover - fd 0 never closes
+    def connectionLost(self, reason: object) -> None:
+        """A keyboard that hung up (a pipe's writer gone): the reactor drops the reader;
+        typing stops, the terminal runs on."""
         pass
 
 
@@ -94,16 +96,16 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> in
 
     previous = signal.signal(signal.SIGWINCH, resized)
     try:
-        if interactive:  # pragma: no branch - the tests run under a real pty
+        if interactive:
             tty.setraw(keyboard_fd, termios.TCSANOW)  # what was typed already is kept
         reactor.addReader(keyboard)
         code = await connection.ended
     finally:
         reactor.removeReader(keyboard)
         signal.signal(signal.SIGWINCH, previous)
-        if saved is not None:  # pragma: no branch - the tests run under a real pty
+        if saved is not None:
             termios.tcsetattr(keyboard_fd, termios.TCSADRAIN, saved)
-    if code is None:  # pragma: no cover - the tests end by the exit
+    if code is None:
         console.error("the terminal's connection closed before it ended")
         return 1
     return code

@@ -25,7 +25,7 @@ from tests.support import daemon as process  # its free_port is patched by the t
 
 REPO = Path(__file__).resolve().parents[2]
 OPENAPI = REPO / "docs" / "openapi.yaml"
-PUBLIC = {("GET", "/healthz"), ("GET", "/readyz")}
+PUBLIC = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/sandboxes/{rid}/terminal")}
 """The only operations served without the token."""
 
 PENDING: dict[tuple[str, str], str] = {}

@@ -1,5 +1,6 @@
 """The routes of terminals (docs/extensions.rst, "Terminals"): create, list, resize, kill,
-and the WebSocket a client attaches with (:mod:`sandboxd.http.terminal_socket`).
+the WebSocket a client attaches with (:mod:`sandboxd.http.terminal_socket`), and the page a
+browser does it from (:mod:`sandboxd.terminal_page`).
 
 A terminal is a background process of its sandbox (the same table and cap; its id works
 with every ``processes/{id}`` route: output as NDJSON, stdin, signal).
@@ -13,11 +14,14 @@ from sandboxd.core import DEFAULT_TERM, ExecSpec, Process, TerminalSize
 from sandboxd.errors import BadRequest, ProcessNotFound
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, capability, json_response, no_content
+from sandboxd.terminal_page import TerminalPage
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI
 
 TERM_MAX = 64
+PAGE = TerminalPage()
+"""The terminal page, read from its vendored files once they are there."""
 
 
 def terminal_start_body(body: dict[str, Any]) -> tuple[ExecSpec, TerminalSize, str | None]:
@@ -51,6 +55,18 @@ def start_terminal(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     spec, size, tag = terminal_start_body(parse.json_body(request))
     process = api.manager.start_terminal(sandbox, spec, size, tag=tag)
     return json_response(request, wire.terminal_body(process))
+
+
+@app.route("/sandboxes/<rid:rid>/terminal", methods=["GET"])
+def terminal_page(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+    """The terminal page, without the token (the channel admits its path open): the same
+    page for any ``rid``, whose calls carry the token it is given."""
+    page = PAGE.answer()
+    request.setResponseCode(page.status)
+    request.setHeader(b"content-type", page.content_type)
+    for name, value in page.headers.items():
+        request.setHeader(name, value)
+    return page.body
 
 
 @app.route("/sandboxes/<rid:rid>/terminals", methods=["GET"])
