@@ -54,6 +54,7 @@ SECTIONS = (
     "neighbours",
     "density",
     "e2b_suite",
+    "contexts",
 )
 
 

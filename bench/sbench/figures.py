@@ -25,7 +25,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from sandboxd_client import HttpSandbox, decode_handle
 
-from . import density, dockerd, e2bsuite, floor, neighbours, procs, versus
+from . import contexts, density, dockerd, e2bsuite, floor, neighbours, procs, versus
 from .rawhttp import CHUNK, RawHTTP
 from .stats import median, summary
 
@@ -498,6 +498,10 @@ class Bench:
     async def neighbours(self) -> None:
         """Another sandbox's exec ``true`` while a neighbour does its worst (``neighbours``)."""
         neighbours.section(self)
+
+    async def contexts(self) -> None:
+        """``run_code`` warm and cold, native and through the E2B SDK (``contexts``)."""
+        contexts.section(self)
 
     async def e2b_suite(self) -> None:
         """E2B's own SDK suite against the front, once per SDK release (``e2bsuite``)."""
