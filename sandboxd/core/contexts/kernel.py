@@ -20,6 +20,7 @@ from typing import Any
 from jupyter_client.blocking.client import BlockingKernelClient
 
 from sandboxd.core.contexts.events import Count, Error, Event, Output, Result
+from sandboxd.core.contexts.session import UndatedSession
 
 POLL = 0.1
 """Seconds between looks at whether the kernel died or the call was given up, while waiting."""
@@ -68,7 +69,7 @@ class KernelLink:
         :class:`KernelGone`."""
         self.given_up = threading.Event()
         """Set by the manager to end the current wait (the context is being removed)."""
-        self.client = BlockingKernelClient()
+        self.client = BlockingKernelClient(session=UndatedSession())
         self.client.load_connection_info(dict(info))  # type: ignore[arg-type]
         self.client.start_channels(hb=False)
         # The channels' own blocking reads: the client's get_*_msg wrap each one in a run of
