@@ -93,6 +93,25 @@ def test_contexts_and_faults(box: Sandbox) -> None:
         box.run_code("1", context=box.create_code_context(), language="python")
 
 
+DEAF = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+"""A cell its interrupt does not stop."""
+
+
+def test_a_cell_deaf_to_its_interrupt_and_a_killed_kernel(box: Sandbox) -> None:
+    """The SDK's timeout interrupts; the cell ignores it, so 5 s later its kernel is killed
+    and the next call, queued behind it, gets a fresh one. A kernel killed by a signal ends
+    its cell with ``KernelDied``, and recovers too."""
+    context = box.create_code_context()
+    box.run_code("kept = 1", context=context)
+    with pytest.raises(TimeoutException):
+        box.run_code(DEAF, context=context, timeout=2)
+    assert box.run_code("'kept' in dir()", context=context).text == "False"
+    box.run_code("kept = 2", context=context)
+    died = box.run_code("import os\nos.kill(os.getpid(), 9)", context=context)
+    assert died.error is not None and died.error.name == "KernelDied"
+    assert box.run_code("'kept' in dir()", context=context).text == "False"
+
+
 def test_bash(box: Sandbox) -> None:
     box.run_code("x=1; cd /tmp", language="bash")  # the sandbox's bash context, made now
     shown = box.run_code("echo $x; pwd; echo e >&2", language="bash")
