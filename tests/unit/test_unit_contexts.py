@@ -155,3 +155,22 @@ def test_stopping_a_context_whose_kernel_never_started() -> None:
     context = Context("c", "python", "/")
     done = ensureDeferred(ContextCommands()._stop_kernel(context))
     assert done.called and context.run is None and context.link is None
+
+
+class Running:
+    """A kernel's run whose end has not been seen yet."""
+
+    ended = False
+
+    def abort(self) -> None:
+        pass
+
+
+def test_a_context_stopped_is_not_alive_before_its_kernel_is_seen_to_end() -> None:
+    """The kill of a cell deaf to its interrupt: the execution queued behind it must start a
+    fresh kernel, not use the given-up link (seen: ``KernelDied`` at once)."""
+    context = Context("c", "python", "/")
+    context.run, context.link = Running(), Link()  # type: ignore[assignment]
+    assert context.alive
+    context.stop()
+    assert not context.alive

@@ -35,7 +35,14 @@ class Context:
 
     @property
     def alive(self) -> bool:
-        return self.run is not None and not self.run.ended and self.link is not None
+        """Its kernel runs and is not given up: a kernel killed (:meth:`stop`) is not alive
+        even before its process's end is seen, so the next execution starts another."""
+        return (
+            self.run is not None
+            and not self.run.ended
+            and self.link is not None
+            and not self.link.given_up.is_set()
+        )
 
     def stop(self) -> None:
         """Kill the kernel (its whole process group) and give up the link's wait."""
