@@ -25,6 +25,8 @@ Here bash runs on pipes, which also keeps a cell's stderr apart from its stdout:
   replaced by a new one, said as an error.
 """
 
+from __future__ import annotations
+
 import codecs
 import contextlib
 import ctypes
@@ -59,8 +61,7 @@ class Shell:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             pass_fds=(err_write,),
-            process_group=0,
-            preexec_fn=_die_with_the_kernel,
+            preexec_fn=_in_its_own_group,
         )
         os.close(err_write)
         self.err_fd = err_write
@@ -121,9 +122,11 @@ class Shell:
         return int(streams[self.bash.stdout.fileno()].rest.split("\n", 1)[0])
 
 
-def _die_with_the_kernel() -> None:  # pragma: no cover - in the child, before its exec
-    """In bash, before its exec: ``SIGINT`` as by default (the kernel's app ignores it), and
-    killed when the kernel dies (``PR_SET_PDEATHSIG``: a kernel killed leaves no bash)."""
+def _in_its_own_group() -> None:  # pragma: no cover - in the child, before its exec
+    """In bash, before its exec: a process group of its own (``process_group=0`` wants Python
+    3.11, a template's python may be older), ``SIGINT`` as by default (the kernel's app
+    ignores it), and killed when the kernel dies (``PR_SET_PDEATHSIG``)."""
+    os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
