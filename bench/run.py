@@ -55,6 +55,7 @@ SECTIONS = (
     "terminals",
     "density",
     "e2b_suite",
+    "contexts",
 )
 
 

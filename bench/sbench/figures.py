@@ -25,7 +25,7 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from sandboxd_client import HttpSandbox, decode_handle
 
-from . import density, dockerd, e2bsuite, floor, neighbours, procs, terminals, versus
+from . import contexts, density, dockerd, e2bsuite, floor, neighbours, procs, terminals, versus
 from .rawhttp import CHUNK, RawHTTP
 from .stats import median, summary
 
@@ -502,6 +502,10 @@ class Bench:
     async def terminals(self) -> None:
         """Keystroke echo on a terminal's WebSocket, the ports proxy's overhead (``terminals``)."""
         terminals.section(self)
+
+    async def contexts(self) -> None:
+        """``run_code`` warm and cold, native and through the E2B SDK (``contexts``)."""
+        contexts.section(self)
 
     async def e2b_suite(self) -> None:
         """E2B's own SDK suite against the front, once per SDK release (``e2bsuite``)."""

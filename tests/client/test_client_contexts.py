@@ -45,6 +45,21 @@ async def test_contexts_round_trip(client: HttpSandbox) -> None:
     await client.kill(handle)
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_bash_context(client: HttpSandbox) -> None:
+    handle = await client.create()
+    context = await client.create_context(handle, language="bash")
+    assert context.language == "bash"
+    await client.run_code(handle, context.id, "n=7")
+    shown = await client.run_code(
+        handle, context.id, 'echo "$n"; echo w >&2; exit_with() { return $1; }'
+    )
+    assert "".join(shown.stdout) == "7\n" and "".join(shown.stderr) == "w\n"
+    failed = await client.run_code(handle, context.id, "exit_with 5")
+    assert failed.error is not None and (failed.error.name, failed.error.value) == ("", "5")
+    await client.kill(handle)
+
+
 def test_replies_that_are_not_contexts_are_protocol_errors() -> None:
     assert _listing([{"id": "a", "language": "python", "cwd": "/w"}]) == [
         ContextInfo("a", "python", "/w")

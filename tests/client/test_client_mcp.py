@@ -439,5 +439,10 @@ def test_run_code_keeps_state_and_survives_a_removed_context(daemon: Daemon) -> 
                 _daemon_json(daemon, "DELETE", f"/sandboxes/{rid}/contexts/{context['id']}")
             fresh = await call(session, "run_code", sandbox=sb, code="'x' in dir()")
             assert fresh["text"] == "False"
+            await call(session, "run_code", sandbox=sb, code="y=5", language="bash")
+            shell = await call(
+                session, "run_code", sandbox=sb, code="echo $y; false", language="bash"
+            )
+            assert (shell["stdout"], shell["error"]) == ("5\n", "exit status 1")
 
     run(test)

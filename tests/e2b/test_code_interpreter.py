@@ -93,6 +93,45 @@ def test_contexts_and_faults(box: Sandbox) -> None:
         box.run_code("1", context=box.create_code_context(), language="python")
 
 
+DEAF = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+"""A cell its interrupt does not stop."""
+
+
+def test_a_cell_deaf_to_its_interrupt_and_a_killed_kernel(box: Sandbox) -> None:
+    """The SDK's timeout interrupts; the cell ignores it, so 5 s later its kernel is killed
+    and the next call, queued behind it, gets a fresh one. A kernel killed by a signal ends
+    its cell with ``KernelDied``, and recovers too."""
+    context = box.create_code_context()
+    box.run_code("kept = 1", context=context)
+    with pytest.raises(TimeoutException):
+        box.run_code(DEAF, context=context, timeout=2)
+    assert box.run_code("'kept' in dir()", context=context).text == "False"
+    box.run_code("kept = 2", context=context)
+    died = box.run_code("import os\nos.kill(os.getpid(), 9)", context=context)
+    assert died.error is not None and died.error.name == "KernelDied"
+    assert box.run_code("'kept' in dir()", context=context).text == "False"
+
+
+def test_bash(box: Sandbox) -> None:
+    box.run_code("x=1; cd /tmp", language="bash")  # the sandbox's bash context, made now
+    shown = box.run_code("echo $x; pwd; echo e >&2", language="bash")
+    assert "".join(shown.logs.stdout) == "1\n/tmp\n"
+    assert "".join(shown.logs.stderr) == "e\n"
+    failed = box.run_code("ls /nonexistent", language="bash")
+    assert failed.error is not None and (failed.error.name, failed.error.value) == ("", "2")
+
+    context = box.create_code_context(language="bash")
+    assert context.language == "bash"
+    box.run_code("kept=3", context=context)
+    with pytest.raises(TimeoutException):  # the SDK closes the connection: an interrupt
+        box.run_code("sleep 60", context=context, timeout=2)
+    assert box.run_code("echo $kept", context=context).logs.stdout == ["3\n"]
+    died = box.run_code("kill -KILL $PPID", context=context)  # its kernel
+    assert died.error is not None and died.error.name == "KernelDied"
+    assert box.run_code('echo "[$kept]"', context=context).logs.stdout == ["[]\n"]
+    assert "".join(box.run_code("echo $x", language="bash").logs.stdout) == "1\n"
+
+
 def test_async_sdk(front: dict[str, Any]) -> None:
     async def main() -> None:
         box = await AsyncSandbox.create(**front)
@@ -171,7 +210,7 @@ def test_bad_calls_to_the_interpreter(e2b_daemon: E2BDaemon) -> None:
             ("/execute", b'{"code": "1", "env_vars": {"A": 1}}', keyed, 400),
             ("/execute", b'{"code": "1", "language": 3}', keyed, 400),
             ("/execute", b'{"code": "1", "context_id": "a", "language": "python"}', keyed, 400),
-            ("/execute", b'{"code": "1", "language": "bash"}', keyed, 400),
+            ("/execute", b'{"code": "1", "language": "cobol"}', keyed, 400),
             ("/contexts", b'{"language": "cobol"}', keyed, 400),
         ]
         for path, raw, headers, status in cases:

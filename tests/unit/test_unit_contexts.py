@@ -20,14 +20,21 @@ from sandboxd.core.contexts.kernel import (
     connection_info,
     write_connection_file,
 )
-from sandboxd.core.contexts.service import ContextCommands, env_code, kernel_missing
+from sandboxd.core.contexts.languages import PYTHON, probe_kernels
+from sandboxd.core.contexts.service import ContextCommands
 from sandboxd.e2b.wire import result_fields
 
 
 def test_the_probe_names_what_is_missing() -> None:
-    assert kernel_missing("/usr/bin/python3") is None
-    assert "has no ipykernel module" in str(kernel_missing("/bin/false"))
-    assert "cannot run" in str(kernel_missing("/nonexistent/python3"))
+    assert probe_kernels("/usr/bin/python3").languages == ("python", "bash")
+    for silent in ("/bin/false", "/bin/true"):  # no answer; an answer that is not JSON
+        kernels = probe_kernels(silent)
+        assert kernels.languages == ()
+        assert "has no ipykernel: install ipykernel" in kernels.missing["python"]
+        assert "has no ipykernel, bash:" in kernels.missing["bash"]
+    kernels = probe_kernels("/nonexistent/python3")
+    assert kernels.languages == ()
+    assert "cannot run" in kernels.missing["bash"]
 
 
 def test_connection_info_and_file(tmp_path: Path) -> None:
@@ -46,6 +53,7 @@ def test_connection_info_and_file(tmp_path: Path) -> None:
 
 
 def test_env_code_sets_then_restores() -> None:
+    env_code = PYTHON.env_code
     before, after = env_code({"A": "1"})
     namespace: dict[str, Any] = {}
     import os
@@ -147,3 +155,22 @@ def test_stopping_a_context_whose_kernel_never_started() -> None:
     context = Context("c", "python", "/")
     done = ensureDeferred(ContextCommands()._stop_kernel(context))
     assert done.called and context.run is None and context.link is None
+
+
+class Running:
+    """A kernel's run whose end has not been seen yet."""
+
+    ended = False
+
+    def abort(self) -> None:
+        pass
+
+
+def test_a_context_stopped_is_not_alive_before_its_kernel_is_seen_to_end() -> None:
+    """The kill of a cell deaf to its interrupt: the execution queued behind it must start a
+    fresh kernel, not use the given-up link (seen: ``KernelDied`` at once)."""
+    context = Context("c", "python", "/")
+    context.run, context.link = Running(), Link()  # type: ignore[assignment]
+    assert context.alive
+    context.stop()
+    assert not context.alive

@@ -57,8 +57,10 @@ SITES = {
     ("sandboxd/core/archive/store.py", "rsync_version"): "root: rsync --version at start-up",
     ("sandboxd/core/templates/sources.py", "_zstd"): "nobody under a root daemon: zstd -dc of"
     " an imported template archive (a decompressor on descriptors; nothing of the archive runs)",
-    ("sandboxd/core/contexts/service.py", "kernel_missing"): "the daemon's user:"
-    " SANDBOXD_KERNEL_PYTHON asked, once, whether it has ipykernel (no module imported)",
+    ("sandboxd/core/contexts/languages.py", "probe_kernels"): "the daemon's user:"
+    " SANDBOXD_KERNEL_PYTHON asked, once, which kernels' modules it has (none imported)",
+    ("sandboxd/core/contexts/shell_kernel.py", "Shell.__init__"): "the sandbox: the bash"
+    " kernel's bash, started by the kernel inside the sandbox (never run by the daemon)",
 }
 """Every place that starts a process: what it starts, and as whom."""
 

@@ -8,10 +8,6 @@ from twisted.internet.defer import DeferredLock
 from sandboxd.core.contexts.kernel import KernelLink
 from sandboxd.core.exec.run import ExecRun
 
-LANGUAGES = ("python",)
-"""The languages a context may speak: Python (ipykernel). ``bash`` has no kernel in Debian and
-is refused with a message that says so (docs/extensions.rst, "Contexts")."""
-
 
 def new_context_id() -> str:
     return secrets.token_hex(8)
@@ -24,6 +20,7 @@ class Context:
 
     cid: str
     language: str
+    """A name in :data:`sandboxd.core.contexts.languages.LANGUAGES`."""
     cwd: str
     """The working directory as the sandbox sees it, entered when the kernel starts."""
     as_home: bool = False
@@ -38,7 +35,14 @@ class Context:
 
     @property
     def alive(self) -> bool:
-        return self.run is not None and not self.run.ended and self.link is not None
+        """Its kernel runs and is not given up: a kernel killed (:meth:`stop`) is not alive
+        even before its process's end is seen, so the next execution starts another."""
+        return (
+            self.run is not None
+            and not self.run.ended
+            and self.link is not None
+            and not self.link.given_up.is_set()
+        )
 
     def stop(self) -> None:
         """Kill the kernel (its whole process group) and give up the link's wait."""

@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sandboxd.core.contexts.events import Count, Error, Event, Output, Result
-
 POLL = 0.1
 """Seconds between looks at whether the kernel died or the call was given up, while waiting."""
 SOCKET_PATH_MAX = 100
@@ -69,9 +68,15 @@ class KernelLink:
         # Jupyter's client imported with the first context: the daemon starts without it
         from jupyter_client.blocking.client import BlockingKernelClient
 
-        self.client = BlockingKernelClient()
+        from sandboxd.core.contexts.session import UndatedSession
+
+        self.client = BlockingKernelClient(session=UndatedSession())
         self.client.load_connection_info(dict(info))  # type: ignore[arg-type]
         self.client.start_channels(hb=False)
+        # The channels' own blocking reads: the client's get_*_msg wrap each one in a run of
+        # an asyncio loop (a few hundred microseconds per message: a warm cell's fifth).
+        self.get_shell_msg = self.client.shell_channel.get_msg
+        self.get_iopub_msg = self.client.iopub_channel.get_msg
 
     def close(self) -> None:
         """Close the sockets and their ZMQ context at once (a context left to the garbage
@@ -88,7 +93,7 @@ class KernelLink:
             self._check()
             self.client.kernel_info()
             try:
-                self.client.get_iopub_msg(timeout=POLL * 5)
+                self.get_iopub_msg(timeout=POLL * 5)
             except queue.Empty:
                 waited += POLL * 5
                 continue
@@ -97,7 +102,7 @@ class KernelLink:
         raise KernelGone(f"the kernel did not answer within {timeout:g}s")
 
     def _drain(self) -> None:
-        for get in (self.client.get_shell_msg, self.client.get_iopub_msg):
+        for get in (self.get_shell_msg, self.get_iopub_msg):
             while True:
                 try:
                     get(timeout=POLL)
@@ -132,7 +137,7 @@ class KernelLink:
         while True:
             self._check()
             try:
-                message = self.client.get_iopub_msg(timeout=POLL)
+                message = self.get_iopub_msg(timeout=POLL)
             except queue.Empty:
                 waited += POLL
                 if timeout is not None and waited > timeout:
@@ -148,7 +153,7 @@ class KernelLink:
             if event is not None:
                 deliver(event)
         with contextlib.suppress(queue.Empty):  # its execute_reply: replies never pile up
-            self.client.get_shell_msg(timeout=POLL)
+            self.get_shell_msg(timeout=POLL)
 
 
 def _event_of(kind: str, content: Mapping[str, Any]) -> Event | None:

@@ -1,17 +1,16 @@
 """Interpreter contexts of a sandbox: create, list, restart, remove, execute.
 
 A mixin of :class:`~sandboxd.core.manager.SandboxManager` (docs/extensions.rst, "Contexts").
-A context's kernel is ``SANDBOXD_KERNEL_PYTHON -m ipykernel_launcher``, started like every
-process of its sandbox (:meth:`Commands._launch`: the privilege-drop chain, its uid, cgroup,
-namespaces and filter); the daemon speaks to it over unix sockets in the sandbox's ``tmp/``
+A context's kernel is its language's (:mod:`sandboxd.core.contexts.languages`), run by
+``SANDBOXD_KERNEL_PYTHON`` and started like every process of its sandbox
+(:meth:`Commands._launch`: the privilege-drop chain, its uid, cgroup, namespaces and filter);
+the daemon speaks to it over unix sockets in the sandbox's ``tmp/``
 (:mod:`sandboxd.core.contexts.kernel`), from a thread pool of its own.
 """
 
-import json
 import os
 import secrets
 import signal
-import subprocess
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,7 +21,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd.core.contexts.context import LANGUAGES, Context, new_context_id
+from sandboxd.core.contexts.context import Context, new_context_id
 from sandboxd.core.contexts.events import End, Error, Event, Output, Result
 from sandboxd.core.contexts.kernel import (
     KernelGone,
@@ -30,6 +29,7 @@ from sandboxd.core.contexts.kernel import (
     connection_info,
     write_connection_file,
 )
+from sandboxd.core.contexts.languages import LANGUAGES, Kernels, Language, names, probe_kernels
 from sandboxd.core.exec.spec import ExecSpec
 from sandboxd.core.sandbox import Sandbox
 
@@ -48,40 +48,6 @@ KERNEL_THREADS = 64
 """Executions waiting on kernels at once, all sandboxes together (more wait their turn)."""
 STARTUP_TAIL = 2000
 """Bytes of a kernel's own output kept to explain why it did not start."""
-
-
-def kernel_missing(python: str) -> str | None:
-    """What ``python`` lacks to run a kernel (``None``: nothing): it is absent, or has no
-    ``ipykernel`` module. Asks it once, without importing the module (tens of ms)."""
-    probe = "import importlib.util,sys; sys.exit(importlib.util.find_spec('ipykernel') is None)"
-    try:
-        done = subprocess.run([python, "-c", probe], capture_output=True, timeout=30, check=False)
-    except OSError as e:
-        return f"{python} cannot run ({e.strerror}): set SANDBOXD_KERNEL_PYTHON"
-    if done.returncode != 0:
-        return (
-            f"{python} has no ipykernel module: install it (Debian: python3-ipykernel)"
-            " or set SANDBOXD_KERNEL_PYTHON"
-        )
-    return None
-
-
-def env_code(env: Mapping[str, str]) -> tuple[str, str]:
-    """The silent cells that set ``env`` in the kernel's ``os.environ`` and put it back."""
-    names = json.dumps(dict(env))
-    before = (
-        "import os as __sbx_os, json as __sbx_json\n"
-        f"__sbx_env = __sbx_json.loads({names!r})\n"
-        "__sbx_saved = {k: __sbx_os.environ.get(k) for k in __sbx_env}\n"
-        "__sbx_os.environ.update(__sbx_env)\n"
-    )
-    after = (
-        "for __sbx_k, __sbx_v in __sbx_saved.items():\n"
-        "    if __sbx_v is None: __sbx_os.environ.pop(__sbx_k, None)\n"
-        "    else: __sbx_os.environ[__sbx_k] = __sbx_v\n"
-        "del __sbx_env, __sbx_saved\n"
-    )
-    return before, after
 
 
 @define(eq=False)
@@ -103,7 +69,7 @@ class ContextCommands:
     """The manager's contexts (a mixin: the manager provides the attributes)."""
 
     _kernel_pool: ThreadPool | None = None
-    _kernel_missing: tuple[str | None] | None = None
+    _kernels: Kernels | None = None
 
     # -- what the manager provides
     config: Any
@@ -134,11 +100,16 @@ class ContextCommands:
 
     # -- capability
 
+    def kernels(self) -> Kernels:
+        """The languages whose kernels this host has; asked of it once."""
+        if self._kernels is None:
+            self._kernels = probe_kernels(self.config.kernel_python)
+        return self._kernels
+
     def contexts_missing(self) -> str | None:
-        """Why contexts cannot run here (``None``: they can); asked of the host once."""
-        if self._kernel_missing is None:
-            self._kernel_missing = (kernel_missing(self.config.kernel_python),)
-        return self._kernel_missing[0]
+        """Why contexts cannot run here (``None``: they can): Python's kernel is missing."""
+        kernels = self.kernels()
+        return None if "python" in kernels.languages else kernels.missing["python"]
 
     def _pool(self) -> ThreadPool:
         if self._kernel_pool is None:
@@ -174,16 +145,19 @@ class ContextCommands:
         if missing is not None:
             raise ContextsUnavailable(f"contexts are not available on this host: {missing}")
         language = language or "python"
-        if language not in LANGUAGES:
+        kernels = self.kernels()
+        if language not in kernels.languages:
+            why = kernels.missing.get(language)
             raise BadRequest(
-                f"language: {language!r} has no kernel here (languages: {', '.join(LANGUAGES)})"
+                f"language: {language!r} has no kernel here (languages:"
+                f" {names(kernels.languages)})" + (f": {why}" if why else "")
             )
         if len(sandbox.contexts) >= self.config.contexts_max:
             raise TooMany(
                 f"{self.config.contexts_max} contexts are open on this sandbox already"
                 " (SANDBOXD_CONTEXTS_MAX)"
             )
-        spec = self._kernel_spec(as_home)
+        spec = self._kernel_spec(LANGUAGES[language], as_home)
         context = Context(new_context_id(), language, cwd or self.workspace_seen(sandbox, spec))
         context.as_home = as_home
         sandbox.contexts[context.cid] = context
@@ -230,16 +204,8 @@ class ContextCommands:
         for context in list(sandbox.contexts.values()):
             await self.remove_context(sandbox, context)
 
-    def _kernel_spec(self, as_home: bool, conn: str = "") -> ExecSpec:
-        cmd = (
-            self.config.kernel_python,
-            "-m",
-            "ipykernel_launcher",
-            "-f",
-            conn,
-            "--HistoryManager.hist_file=:memory:",
-            "--colors=NoColor",
-        )
+    def _kernel_spec(self, language: Language, as_home: bool, conn: str = "") -> ExecSpec:
+        cmd = language.argv(self.config.kernel_python, conn)
         return ExecSpec(cmd, {}, (), None, None, (), as_home=as_home)
 
     async def _start_kernel(self, sandbox: Sandbox, context: Context) -> None:
@@ -259,7 +225,8 @@ class ContextCommands:
             tail.extend(data)
             del tail[:-STARTUP_TAIL]
 
-        spec = self._kernel_spec(context.as_home, conn)
+        language = LANGUAGES[context.language]
+        spec = self._kernel_spec(language, context.as_home, conn)
         run = self._launch(sandbox, spec, keep, max_output=0, log_timeout=None, timeout=None)
         run.start(self.reactor, run.argv, run.env, None, self._devnull)
         context.run = run
@@ -269,9 +236,7 @@ class ContextCommands:
         try:
             await self._in_thread(lambda: link.wait_ready(KERNEL_START_TIMEOUT))
             await self._in_thread(
-                lambda: link.run_silently(
-                    f"import os; os.chdir({context.cwd!r})", KERNEL_START_TIMEOUT
-                )
+                lambda: link.run_silently(language.chdir_code(context.cwd), KERNEL_START_TIMEOUT)
             )
         except KernelGone as e:
             context.stop()
@@ -356,6 +321,8 @@ class ContextCommands:
         link, run = context.link, context.run
         assert link is not None and run is not None
         budget = [self.config.max_output]
+        killed: list[bool] = []
+        """Whether its kernel was killed, the cell deaf to its interrupt."""
 
         def bounded(event: Event) -> None:
             size = len(event.text) if isinstance(event, Output) else 0
@@ -375,14 +342,22 @@ class ContextCommands:
         def from_thread(event: Event) -> None:
             self.reactor.callFromThread(bounded, event)
 
+        def kill() -> None:
+            killed.append(True)
+            context.stop()
+
         def interrupt() -> None:
             run.signal(signal.SIGINT)
-            timers.append(self.clock.callLater(INTERRUPT_GRACE, context.stop))
+            timers.append(self.clock.callLater(INTERRUPT_GRACE, kill))
 
+        try:
+            before, after = LANGUAGES[context.language].env_code(env)
+        except ValueError as e:
+            deliver(Error("ValueError", str(e), ()))
+            return
         execution.interrupt = interrupt
         if timeout is not None:
             timers.append(self.clock.callLater(timeout, interrupt))
-        before, after = env_code(env)
         try:
             if env:
                 await self._in_thread(lambda: link.run_silently(before))
@@ -391,4 +366,7 @@ class ContextCommands:
                 await self._in_thread(lambda: link.run_silently(after))
         except KernelGone as e:
             context.stop()
-            deliver(Error("KernelDied", f"{e}: the context restarts at its next execution", ()))
+            why = str(e)
+            if killed:
+                why = f"the cell did not stop within {INTERRUPT_GRACE:g}s of its interrupt"
+            deliver(Error("KernelDied", f"{why}: the context restarts at its next execution", ()))

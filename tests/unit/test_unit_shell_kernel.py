@@ -1,0 +1,122 @@
+"""The bash kernel's parts that need no ipykernel (docs/extensions.rst, "Contexts"), driving a
+real ``bash -i`` on pipes, and bash's per-execution environment cells run by a real bash."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sandboxd.core.contexts.languages import BASH
+from sandboxd.core.contexts.shell_kernel import Cells, Shell, Stream
+
+Said = list[tuple[str, str]]
+
+
+def cells_said() -> tuple[Cells, Said]:
+    return Cells(), []
+
+
+def joined(said: Said, stream: str) -> str:
+    """What was said on ``stream``, in however many pieces the pipe gave it."""
+    return "".join(text for name, text in said if name == stream)
+
+
+def test_state_streams_and_status() -> None:
+    cells, said = cells_said()
+    try:
+        assert cells.execute("x=41; cd /", lambda *s: said.append(s)) is None
+        assert cells.execute("echo $((x + 1)) $PWD; echo e >&2", lambda *s: said.append(s)) is None
+        assert (joined(said, "stdout"), joined(said, "stderr")) == ("42 /\n", "e\n")
+        said.clear()
+        assert cells.execute("printf partial; (exit 3)", lambda *s: said.append(s)) == ("", "3")
+        assert said == [("stdout", "partial")]  # no newline added, none waited for
+        said.clear()
+        assert cells.execute("echo 'unterminated", lambda *s: said.append(s)) == ("", "2")
+        assert [stream for stream, _ in said] == ["stderr"]  # bash's syntax error, the cell's
+        assert cells.execute("cat; echo read nothing", lambda *s: said.append(s)) is None
+        assert said[-1] == ("stdout", "read nothing\n")  # a cell's stdin is /dev/null
+    finally:
+        cells.shell.close()
+
+
+def test_an_interrupt_stops_the_command_and_keeps_the_shell() -> None:
+    cells, said = cells_said()
+    try:
+        cells.execute("kept=yes", lambda *s: None)
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        error = cells.execute("echo started; sleep 60; echo never", lambda *s: said.append(s))
+        timer.join()
+        assert error == ("KeyboardInterrupt", "")
+        assert said == [("stdout", "started\n")]
+        assert cells.execute("echo $kept", lambda *s: said.append(s)) is None
+        assert said[-1] == ("stdout", "yes\n")
+    finally:
+        cells.shell.close()
+
+
+def test_a_shell_that_exits_is_replaced() -> None:
+    cells, said = cells_said()
+    try:
+        cells.execute("gone=1", lambda *s: None)
+        name, _ = cells.execute("exit 4", lambda *s: None) or ("", "")
+        assert name == "ShellExited"
+        assert cells.execute('echo "[$gone]"', lambda *s: said.append(s)) is None
+        assert said == [("stdout", "[]\n")]
+        cells.shell.bash.kill()
+        cells.shell.bash.wait()
+        assert cells.shell.run("echo", lambda *s: None) is None  # nothing more reaches it
+    finally:
+        cells.shell.close()
+
+
+@pytest.mark.parametrize("chunks", [["ab", "cTOKEN", " 0\n"], ["abc", "TO", "KEN 0", "\n"]])
+def test_a_stream_holds_back_what_may_begin_its_token(chunks: list[str]) -> None:
+    said: Said = []
+    stream = Stream("stdout", "TOKEN ", lambda *s: said.append(s), status=True)
+    for chunk in chunks:
+        assert not stream.ended
+        stream.take(chunk.encode())
+    assert stream.ended and stream.rest == "0\n"
+    assert "".join(text for _, text in said) == "abc"
+
+
+def test_a_stream_keeps_a_split_character_whole() -> None:
+    said: Said = []
+    stream = Stream("stderr", "T\n", lambda *s: said.append(s))
+    data = "é".encode()
+    stream.take(data[:1])
+    stream.take(data[1:] + b"T\n")
+    assert said == [("stderr", "é")] and stream.ended
+
+
+def run_bash(script: str) -> str:
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def test_bash_env_code_sets_then_restores() -> None:
+    before, after = BASH.env_code({"A": "new 'quoted' $x", "B": "2"})
+    script = f'export B=old\n{before}\necho "$A|$B"\n{after}\necho "${{A-unset}}|$B"'
+    assert run_bash(script).splitlines() == ["new 'quoted' $x|2", "unset|old"]
+    with pytest.raises(ValueError, match="'not a name'"):
+        BASH.env_code({"not a name": "1"})
+
+
+def test_closing_a_shell_kills_what_it_left_running() -> None:
+    shell = Shell()
+    said: Said = []
+    shell.run("sleep 60 & echo $!", lambda *s: said.append(s))
+    [pid] = [text for stream, text in said if stream == "stdout"]  # stderr: bash's "[1] pid"
+    sleeper = Path(f"/proc/{int(pid)}/stat")
+    shell.close()
+    for _ in range(100):  # killed at once; its reaping (by init) is not ours to wait on
+        if not sleeper.exists() or sleeper.read_text().split()[2] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the background sleep outlived its shell")
