@@ -1,0 +1,179 @@
+"""Templates built from a Dockerfile, for real (docs/extensions.rst, "Building a template"): a
+real daemon as root with real isolation (nothing here depends on the cgroup version), each
+``RUN`` as root in a user namespace with the build's files as its root, then a sandbox of the
+built template running what the build put there.
+
+``FROM debian:<suite>`` downloads Debian (``mmdebstrap``): that test runs only with
+``SANDBOXD_SLOW_TESTS=1`` (its tarball cached in ``/var/cache/sandboxd-test``)."""
+
+import io
+import json
+import os
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem
+from tests.templates.rootfs import rootfs
+
+pytestmark = [pytest.mark.kernel]
+
+DEBIAN_CACHE = "/var/cache/sandboxd-test"
+HOST_MARKER = Path("/etc/sandboxd-build-test-marker")
+
+
+@pytest.fixture(scope="module")
+def kd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    os.environ["SANDBOXD_DEBIAN_CACHE"] = DEBIAN_CACHE  # the daemon inherits it
+    daemon = KernelDaemon.start(
+        tmp_path_factory.mktemp("templates-build"), "--memory-max=256M", "--template-max=1G"
+    )
+    try:
+        answer = daemon.client.request("PUT", "/templates/busybox", rootfs())
+        assert answer.status == 201, answer
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+def context(files: dict[str, bytes]) -> bytes:
+    """A context tar holding ``files`` (``name: content``, mode 0644; ``/`` makes dirs)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(content), 0o755 if name.endswith(".sh") else 0o644
+            tar.addfile(info, io.BytesIO(content))
+    return out.getvalue()
+
+
+def build(kd: KernelDaemon, name: str, files: dict[str, bytes], query: str = "") -> Any:
+    """The build's status and NDJSON frames."""
+    answer = kd.client.request(
+        "POST", f"/templates/{name}/build{query}", context(files), timeout=1800
+    )
+    if answer.status != 200:
+        return answer.status, answer.json()
+    return 200, [json.loads(line) for line in answer.body.splitlines() if line.strip()]
+
+
+def leftovers(kd: KernelDaemon) -> list[str]:
+    return sorted(p.name for p in (kd.root / ".templates").iterdir() if p.name != ".cache")
+
+
+def create(kd: KernelDaemon, template: str) -> Box:
+    answer = kd.call("POST", "/sandboxes", {"template": template})
+    assert answer.status == 200, answer
+    box = Box(kd, answer.json()["remote_id"])
+    kd.rids.append(box.rid)
+    return box
+
+
+DOCKERFILE = b"""\
+# a comment
+FROM busybox
+ENV GREETING=hello \\
+    WHO="the builder"
+WORKDIR /app
+COPY greet.sh data/ ./
+RUN echo "$GREETING from uid $(id -u)" > made-by-run && mkdir -p /opt/x \\
+    && echo "uid $(id -u)" > /opt/x/uid && ls /proc/1/ >/dev/null && echo step-output
+RUN ["/bin/sh", "-c", "cat /etc/sandboxd-build-test-marker 2>&1 || echo host-unseen"]
+"""
+
+
+def test_a_build_from_a_template_runs_in_a_sandbox_of_the_result(kd: KernelDaemon) -> None:
+    HOST_MARKER.write_text("host only\n")
+    try:
+        files = {
+            "Dockerfile": DOCKERFILE,
+            "greet.sh": b'#!/bin/sh\necho "$GREETING, $WHO, in $(pwd)"\n',
+            "data/one.txt": b"one\n",
+        }
+        status, frames = build(kd, "built", files)
+    finally:
+        HOST_MARKER.unlink()
+    assert status == 200, frames
+    starts = [f for f in frames if "instruction" in f and "end" not in f]
+    assert [f["instruction"].split()[0] for f in starts] == [
+        *("FROM", "ENV", "WORKDIR", "COPY", "RUN", "RUN")
+    ]
+    assert [f["line"] for f in starts] == [2, 3, 5, 6, 7, 9]
+    outputs = [f["output"] for f in frames if "output" in f]
+    assert "step-output" in outputs and "host-unseen" in outputs
+    end = frames[-1]
+    assert end["end"] == "built", end
+    template = end["template"]
+    assert template["digest"].startswith("sha256:") and template["workdir"] == "/app"
+    assert template["env"]["GREETING"] == "hello" and template["env"]["WHO"] == "the builder"
+    assert kd.call("GET", "/templates/built").json() == template
+    assert leftovers(kd) == ["built", "busybox"]
+
+    box = create(kd, "built")
+    try:
+        assert box.ok("./greet.sh") == "hello, the builder, in /app"
+        assert box.ok("cat made-by-run /opt/x/uid one.txt") == "hello from uid 0\nuid 0\none"
+        assert box.ok("whoami") == "user"
+        assert box.ok("stat -c %u /opt/x/uid") == "0"  # the build's root is the host's root
+    finally:
+        box.kill()
+
+
+def test_a_failing_run_reports_its_step_and_leaves_nothing(kd: KernelDaemon) -> None:
+    dockerfile = b"FROM busybox\nRUN touch /made\nRUN echo before-failing; exit 3\nRUN true\n"
+    status, frames = build(kd, "failing", {"Dockerfile": dockerfile})
+    assert status == 200
+    end = frames[-1]
+    assert end["end"] == "failed"
+    assert (end["step"], end["line"], end["exit_code"]) == (3, 3, 3)
+    assert end["instruction"] == "RUN echo before-failing; exit 3"
+    assert end["output"] == ["before-failing"]
+    assert "exited with 3" in end["error"]
+    assert kd.call("GET", "/templates/failing").status == 404
+    assert "failing" not in leftovers(kd) and not any(n.startswith(".") for n in leftovers(kd))
+
+
+def test_an_unsupported_instruction_is_refused_by_name(kd: KernelDaemon) -> None:
+    dockerfile = b"FROM busybox\nRUN true\nEXPOSE 80\n"
+    status, body = build(kd, "refused", {"Dockerfile": dockerfile})
+    assert status == 400
+    assert body["detail"] == (
+        "Dockerfile line 3: instruction EXPOSE is not supported"
+        " (only FROM, RUN, COPY, ENV, WORKDIR)"
+    )
+    assert kd.call("GET", "/templates/refused").status == 404
+
+
+def test_a_copy_through_dotdot_is_refused_and_writes_nothing_outside(kd: KernelDaemon) -> None:
+    dockerfile = b"FROM busybox\nCOPY evil /\n"
+    files = {"Dockerfile": dockerfile, "evil/../../../../escaped": b"x"}
+    status, frames = build(kd, "dotdot", files)
+    assert status == 200
+    assert frames[-1]["end"] == "failed" and "'..'" in frames[-1]["error"]
+    assert not (kd.root / "escaped").exists() and not Path("/escaped").exists()
+
+
+@pytest.mark.skipif(
+    os.environ.get("SANDBOXD_SLOW_TESTS") != "1", reason="downloads Debian: SANDBOXD_SLOW_TESTS=1"
+)
+def test_a_build_from_debian_installs_a_package(kd: KernelDaemon) -> None:
+    dockerfile = (
+        b"FROM debian:bookworm\n"
+        b"RUN apt-get update && apt-get install -y --no-install-recommends hello\n"
+    )
+    started = time.monotonic()
+    status, frames = build(kd, "hello", {"Dockerfile": dockerfile}, "?network=host")
+    print(f"debian build: {time.monotonic() - started:.0f} s")
+    assert status == 200 and frames[-1]["end"] == "built", frames[-20:]
+    box = create(kd, "hello")
+    try:
+        assert box.ok("hello") == "Hello, world!"
+    finally:
+        box.kill()
