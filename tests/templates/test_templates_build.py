@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_twisted
 
 from tests.kernel.kernel_http import Box, KernelDaemon, isolation_problem
 from tests.templates.rootfs import rootfs
@@ -177,3 +178,50 @@ def test_a_build_from_debian_installs_a_package(kd: KernelDaemon) -> None:
         assert box.ok("hello") == "Hello, world!"
     finally:
         box.kill()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_client_and_sandboxctl_build_and_report(kd: KernelDaemon, tmp_path: Path) -> None:
+    from twisted.internet import reactor
+
+    from sandboxd_client import HttpSandbox, TemplateBuildFailed
+    from sandboxd_client.cli import Console, main_async
+
+    (tmp_path / "Dockerfile").write_text(
+        "FROM busybox\nCOPY hello.txt /srv/\nRUN cat /srv/hello.txt\n"
+    )
+    (tmp_path / "hello.txt").write_text("from the context\n")
+    url = f"http://127.0.0.1:{kd.daemon.port}"
+    client = HttpSandbox(url, reactor=reactor)
+    try:
+        frames: list[dict[str, Any]] = []
+        built = await client.build_template("from-client", str(tmp_path), on_frame=frames.append)
+        assert built.name == "from-client" and built.size > 0
+        assert {"step": 3, "output": "from the context"} in frames
+        (tmp_path / "Dockerfile").write_text("FROM busybox\nRUN echo no; exit 3\n")
+        with pytest.raises(TemplateBuildFailed) as failed:
+            await client.build_template("failed-client", str(tmp_path))
+        assert (failed.value.step, failed.value.line, failed.value.exit_code) == (2, 2, 3)
+        assert failed.value.output == ["no"]
+    finally:
+        await client.close()
+
+    (tmp_path / "Dockerfile").write_text("FROM busybox\nENV A=1\nRUN echo $A-ran\n")
+    out, err = io.BytesIO(), io.StringIO()
+    argv = ["--url", url, "template", "build", "from-cli", str(tmp_path)]
+    code = await main_async(reactor, argv, Console(out, err, tty=False))
+    lines = out.getvalue().decode().splitlines()
+    assert code == 0, err.getvalue()
+    assert lines[:4] == [
+        "Step 1/3 (line 1): FROM busybox",
+        "Step 2/3 (line 2): ENV A=1",
+        "Step 3/3 (line 3): RUN echo $A-ran",
+        "  1-ran",
+    ]
+    assert lines[4].startswith("from-cli  ")
+    (tmp_path / "Dockerfile").write_text("FROM busybox\nRUN exit 3\n")
+    out, err = io.BytesIO(), io.StringIO()
+    argv = ["--url", url, "--json", "template", "build", "failed-cli", str(tmp_path)]
+    code = await main_async(reactor, argv, Console(out, err, tty=False))
+    assert code == 1 and "step 2 (line 2: RUN exit 3) failed" in err.getvalue()
+    assert json.loads(out.getvalue().splitlines()[-1])["step"] == 2
