@@ -15,8 +15,8 @@ change the host's network or sysctls. With ``NETWORK`` ``host``, the host's
 ``/etc/resolv.conf`` is bound over the root's own during the command (when the root has one).
 
 The outer process forks the namespaces' maker, writes its id maps, and exits with the
-command's status (128 + the signal when killed). Everything dies with it: each child has
-``PR_SET_PDEATHSIG`` ``SIGKILL``, and the command is the PID namespace's first process.
+command's status (128 + the signal when killed). Everything dies with the daemon: each process
+has ``PR_SET_PDEATHSIG`` ``SIGKILL``, and the command is the PID namespace's first process.
 """
 
 import ctypes
@@ -122,6 +122,10 @@ def status(wait_status: int) -> int:
 
 def main(arguments: list[str]) -> int:
     rootfs, network, workdir, *argv = arguments
+    parent = os.getppid()
+    die_with_parent()  # a daemon killed mid-build takes its build's processes with it
+    if os.getppid() != parent:
+        return 128 + signal.SIGKILL  # it died before this process could follow it
     flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     if network == "none":
         flags |= CLONE_NEWNET

@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 from sandboxd.core.templates import build_files, build_runner, debian, dockerfile
 from sandboxd.core.templates.dockerfile import Step
 from sandboxd.core.templates.store import ROOTFS, Template, TemplateStore
-from sandboxd.errors import BadRequest, SandboxdError
+from sandboxd.errors import BadRequest, SandboxdError, TemplateCannotRun
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """``RUN``'s ``PATH`` unless the template's or an ``ENV`` sets one."""
@@ -238,9 +238,12 @@ def start_build(
     network: str,
     emit: Callable[[Frame], None],
 ) -> Build:
-    """A build of ``text`` checked before anything is made: ``BadRequest`` for a Dockerfile
-    the builder cannot follow (naming the line) or an unknown network, ``TemplateNotFound``
+    """A build of ``text`` checked before anything is made: ``TemplateCannotRun`` (``501``)
+    unless the daemon runs as root, ``BadRequest`` for a Dockerfile the builder cannot follow
+    (naming the line) or an unknown network, ``TemplateNotFound``
     for a ``FROM`` of no template, ``TemplateConflict`` for a name taken."""
+    if not store.keep_owners:
+        raise TemplateCannotRun("template builds need a daemon running as root")
     if network not in NETWORKS:
         raise BadRequest(f"network: must be one of {', '.join(NETWORKS)}")
     steps = dockerfile.parse_dockerfile(text)
