@@ -43,7 +43,9 @@ def check(result: int, what: str) -> None:
         raise OSError(error, f"{what}: {os.strerror(error)}")
 
 
-def mount(source: str, target: str, kind: str | None, flags: int, data: str | None = None) -> None:
+def mount(  # pragma: no cover - in the build's children (the RUN tests run it)
+    source: str, target: str, kind: str | None, flags: int, data: str | None = None
+) -> None:
     check(
         libc.mount(
             source.encode(),
@@ -60,7 +62,7 @@ def die_with_parent() -> None:
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
 
 
-def enter_root(rootfs: str, network: str) -> None:
+def enter_root(rootfs: str, network: str) -> None:  # pragma: no cover - in the children
     """In the new namespaces, as their root: ``rootfs`` becomes ``/``."""
     mount("none", "/", None, MS_REC | MS_PRIVATE)
     mount(rootfs, rootfs, None, MS_BIND | MS_REC)
@@ -90,7 +92,9 @@ def enter_root(rootfs: str, network: str) -> None:
     os.chdir("/")
 
 
-def command(rootfs: str, network: str, workdir: str, argv: list[str], ready: int) -> None:
+def command(  # pragma: no cover - in the build's children, which exec or _exit unmeasured
+    rootfs: str, network: str, workdir: str, argv: list[str], ready: int
+) -> None:
     """The namespaces' maker: waits for its id maps, then starts the command as the PID
     namespace's first process and exits with its status."""
     die_with_parent()
@@ -124,7 +128,7 @@ def main(arguments: list[str]) -> int:
     rootfs, network, workdir, *argv = arguments
     parent = os.getppid()
     die_with_parent()  # a daemon killed mid-build takes its build's processes with it
-    if os.getppid() != parent:
+    if os.getppid() != parent:  # pragma: no cover - a race: the daemon died since the spawn
         return 128 + signal.SIGKILL  # it died before this process could follow it
     flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     if network == "none":
@@ -132,7 +136,7 @@ def main(arguments: list[str]) -> int:
     ready, go = os.pipe()
     made, told = os.pipe()
     pid = os.fork()
-    if pid == 0:
+    if pid == 0:  # pragma: no cover - the namespaces' maker, which _exits unmeasured
         os.close(go)
         os.close(made)
         try:

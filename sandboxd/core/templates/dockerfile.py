@@ -40,12 +40,12 @@ def parse_dockerfile(text: str) -> list[Step]:
     start = 0
     for number, raw in enumerate(text.splitlines(), 1):
         stripped = raw.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
+        if not stripped or stripped.startswith("#"):
+            continue  # inside a continued instruction too, as Docker reads it
         if not pending:
             start = number
         if stripped.endswith("\\"):
-            pending.append(stripped[:-1])
+            pending.append(stripped[:-1].strip())
             continue
         pending.append(stripped)
         steps.append(_step(" ".join(part for part in pending if part), start))
