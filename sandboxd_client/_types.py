@@ -203,6 +203,9 @@ class SandboxInfo:
     execs: int
     network: NetworkInfo | None = None
     """Its network mode and egress lists (``None``: a host that does not say)."""
+    template: str | None = None
+    """The template it was made from (``None``: the host's root, or a host that does not
+    say)."""
 
 
 @frozen

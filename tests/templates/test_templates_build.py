@@ -123,6 +123,8 @@ def test_a_build_from_a_template_runs_in_a_sandbox_of_the_result(kd: KernelDaemo
         assert box.ok("cat made-by-run /opt/x/uid one.txt") == "hello from uid 0\nuid 0\none"
         assert box.ok("whoami") == "user"
         assert box.ok("stat -c %u /opt/x/uid") == "0"  # the build's root is the host's root
+        listing = kd.call("GET", "/sandboxes").json()["sandboxes"]
+        assert {e["remote_id"]: e["template"] for e in listing}[box.rid] == "built"
     finally:
         box.kill()
 
