@@ -12,6 +12,7 @@ import io
 import json
 import os
 import signal
+import socket
 import tarfile
 import threading
 import time
@@ -246,11 +247,12 @@ def build_until_killed(daemon: Daemon) -> None:
         daemon.call("POST", "/templates/killed/build", raw=body)
 
 
-def sleepers() -> list[int]:
+def sleepers(marker: bytes = b"41.5") -> list[int]:
+    """The processes whose argv holds ``marker`` (a ``sleep``'s odd duration)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
-            if b"41.5" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
                 found.append(int(pid))
     return found
 
@@ -287,3 +289,45 @@ def test_a_daemon_killed_mid_build_leaves_nothing_after_its_restart(tmp_path: Pa
         assert "removing" in restarted.log.read_text()
     finally:
         stop_daemon(restarted)
+
+
+def test_a_json_body_builds_without_a_context(kd: KernelDaemon) -> None:
+    json_type = {"content-type": "application/json"}
+    body = {"dockerfile": "FROM busybox\nRUN echo from-json", "network": "none"}
+    answer = kd.client.request(
+        "POST", "/templates/from-json/build", json.dumps(body).encode(), headers=json_type
+    )
+    assert answer.status == 200
+    frames = [json.loads(line) for line in answer.body.splitlines()]
+    assert {"step": 2, "output": "from-json"} in frames and frames[-1]["end"] == "built"
+    answer = kd.client.request(
+        "POST", "/templates/bad-json/build", b'{"dockerfile": 1}', headers=json_type
+    )
+    assert (answer.status, answer.json()["detail"]) == (
+        400,
+        "dockerfile: must be the Dockerfile's text",
+    )
+    answer = kd.client.request("POST", "/templates/not-tar/build", b"FROM busybox\n" * 50)
+    assert answer.status == 400 and "not a tar" in answer.json()["detail"]
+
+
+def test_a_client_that_goes_cancels_its_build(kd: KernelDaemon) -> None:
+    body = context({"Dockerfile": b"FROM busybox\nRUN echo started; sleep 42.5\n"})
+    request = (
+        b"POST /templates/cancelled/build HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
+    with socket.create_connection(("127.0.0.1", kd.daemon.port), timeout=30) as connection:
+        connection.sendall(request)
+        received = b""
+        while b'"output":"started"' not in received:  # the RUN runs
+            chunk = connection.recv(4096)
+            assert chunk, received
+            received += chunk
+    deadline = time.monotonic() + 30
+    while any(n.startswith(".build-") for n in leftovers(kd)) or sleepers(b"42.5"):
+        assert time.monotonic() < deadline, (leftovers(kd), sleepers(b"42.5"))
+        time.sleep(0.02)
+    assert not any(n.startswith(".build-") for n in leftovers(kd))
+    assert kd.call("GET", "/templates/cancelled").status == 404
+    assert not sleepers(b"42.5")

@@ -10,7 +10,7 @@ directory is renamed into place as an import's is; a failed or cancelled build i
 and one a killed daemon left is removed at the next start (:meth:`TemplateStore.open`).
 
 Each step is reported as it goes through ``emit``: its start, each line of its output, then
-the build's end (:func:`step_frame`, :func:`output_frame`, :func:`end_frame`).
+the build's end (:func:`step_frame`, :meth:`Build._line`, :func:`end_frame_failed`).
 """
 
 import os
@@ -23,12 +23,15 @@ from typing import IO, Any
 from attrs import define, field
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.core.templates import build_files, build_runner, debian, dockerfile
 from sandboxd.core.templates.dockerfile import Step
 from sandboxd.core.templates.store import ROOTFS, Template, TemplateStore
 from sandboxd.errors import BadRequest, SandboxdError, TemplateCannotRun
+
+log = Logger()
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """``RUN``'s ``PATH`` unless the template's or an ``ENV`` sets one."""
@@ -99,7 +102,8 @@ class Build:
 
     async def run(self) -> Template | None:
         """Every step, then the template in place; the end is emitted either way (``None``
-        when the build failed: nothing of it is left)."""
+        when the build failed: nothing of it is left; a fault of the daemon's is logged and
+        ends it as a failed step does)."""
         created = self.store.reactor.seconds()
         self.directory = self.store.begin(self.name)
         try:
@@ -110,13 +114,15 @@ class Build:
                 self.emit(step_frame(number, len(self.steps), step))
                 await STEPS[step.instruction](self, step)
             template = await self._finish(created)
-        except BaseException as e:
+        except Exception as e:
             await self.store.abandon(self.directory, self.name)
-            if isinstance(e, (StepFailed, SandboxdError, OSError)):
-                step = self.steps[self._step - 1]
-                self.emit(end_frame_failed(self._step, step, str(e), self._output, e))
-                return None
-            raise
+            reason = str(e)
+            if not isinstance(e, (StepFailed, SandboxdError, OSError)):
+                log.failure("templates: build of {name}", Failure(e), name=self.name)
+                reason = f"{type(e).__name__}: {e}"
+            step = self.steps[self._step - 1]
+            self.emit(end_frame_failed(self._step, step, reason, self._output, e))
+            return None
         self.emit({"end": "built", "template": template.record()})
         return template
 
@@ -133,7 +139,7 @@ class Build:
     def _line(self, line: str) -> None:
         self._output.append(line)
         del self._output[:-OUTPUT_KEPT]
-        self.emit({"step": self._step, "output": line})
+        self.emit({"step": self._step, "output": line})  # a line of the step's output
 
     async def from_(self, step: Step) -> None:
         name = dockerfile.from_name(step)
@@ -154,7 +160,9 @@ class Build:
         runner = [sys.executable, "-I", build_runner.__file__, self.rootfs, self.network]
         await self._spawn([*runner, self.workdir, *argv], env)
 
-    async def execute_host(self, argv: list[str], env: dict[str, str]) -> None:
+    async def execute_host(  # pragma: no cover - mmdebstrap's: the SANDBOXD_SLOW_TESTS test's
+        self, argv: list[str], env: dict[str, str]
+    ) -> None:
         """``argv`` on the host, as the daemon (``mmdebstrap``), its output the step's."""
         await self._spawn(argv, {"PATH": PATH, **env})
 
@@ -206,10 +214,6 @@ STEPS: dict[str, Callable[[Build, Step], Any]] = {
 def step_frame(number: int, total: int, step: Step) -> Frame:
     """A step's start: ``{step, steps, line, instruction}``."""
     return {"step": number, "steps": total, "line": step.line, "instruction": step.text}
-
-
-def output_frame(number: int, line: str) -> Frame:
-    return {"step": number, "output": line}
 
 
 def end_frame_failed(

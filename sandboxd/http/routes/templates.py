@@ -8,19 +8,16 @@ import os
 from typing import IO, TYPE_CHECKING
 
 from twisted.internet.defer import Deferred
-from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
 from sandboxd.core import TemplateRoot, TemplateStore, check_name
 from sandboxd.core.templates import build_files
-from sandboxd.core.templates.builder import Frame, start_build
+from sandboxd.core.templates.builder import start_build
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
 from sandboxd.web.follow import FollowStream
 from sandboxd.web.site import Spool
-
-log = Logger()
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI
@@ -84,32 +81,32 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
     check_name(name)
     parse.refuse_too_large(request, api.manager.config.max_body)
     content_type = request.getHeader(b"content-type") or b""
-    context: IO[bytes] | None = None
-    if content_type.split(b";")[0].strip() == wire.JSON:
-        body = parse.json_body(request)
-        text, network = body.get("dockerfile"), body.get("network", "none")
-        if not isinstance(text, str):
-            raise BadRequest("dockerfile: must be the Dockerfile's text")
-    else:
-        context = own_copy(request.content)
-        text = await templates.in_thread(build_files.read_dockerfile, context)
-        network = parse.query(request, "network", "none")
-    stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
-
-    def emit(frame: Frame) -> None:
-        stream.write(wire.frame_line(frame))
-
-    build = start_build(templates, name, text, context, network, emit)
-    request.setHeader(b"content-type", wire.NDJSON)
-    stream.start()
-    work = Deferred.fromCoroutine(build.run())
-    work.addErrback(lambda failure: log.failure("templates: build of {name}", failure, name=name))
-    work.addBoth(lambda _: stream.end())
+    is_json = content_type.split(b";")[0].strip() == wire.JSON
+    context = None if is_json else own_copy(request.content)
     try:
-        await stream.wait()
+        if context is None:
+            body = parse.json_body(request)
+            text, network = body.get("dockerfile"), body.get("network", "none")
+            if not isinstance(text, str):
+                raise BadRequest("dockerfile: must be the Dockerfile's text")
+        else:
+            text = await templates.in_thread(build_files.read_dockerfile, context)
+            network = parse.query(request, "network", "none")
+        stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
+        build = start_build(
+            templates, name, text, context, network, lambda f: stream.write(wire.frame_line(f))
+        )
+        request.setHeader(b"content-type", wire.NDJSON)
+        stream.start()
+        ended: Deferred[None] = Deferred()
+        Deferred.fromCoroutine(build.run()).addBoth(lambda _: ended.callback(None))
+        ended.addBoth(lambda _: stream.end())
+        try:
+            await stream.wait()
+        finally:
+            build.cancel()  # the client went: the build stops, leaves nothing (none once ended)
+            await ended  # cancelled with the request, it leaves the build to end as it does
     finally:
-        build.cancel()  # the client went: the build stops and leaves nothing (none once ended)
-        await work
         if context is not None:
             context.close()
 
