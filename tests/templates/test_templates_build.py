@@ -38,9 +38,11 @@ def kd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
     problem = isolation_problem()
     if problem is not None:
         pytest.skip(problem)
-    os.environ["SANDBOXD_DEBIAN_CACHE"] = DEBIAN_CACHE  # the daemon inherits it
     daemon = KernelDaemon.start(
-        tmp_path_factory.mktemp("templates-build"), "--memory-max=256M", "--template-max=1G"
+        tmp_path_factory.mktemp("templates-build"),
+        "--memory-max=256M",
+        "--template-max=1G",
+        env={"SANDBOXD_DEBIAN_CACHE": DEBIAN_CACHE},
     )
     try:
         answer = daemon.client.request("PUT", "/templates/busybox", rootfs())

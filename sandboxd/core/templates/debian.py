@@ -57,13 +57,13 @@ async def bootstrap(build: "Build", suite: str) -> None:
         os.mkdir(scratch, 0o700)
         try:
             await build.execute_host(
-                ["mmdebstrap", "--mode=root", "--variant=minbase", suite, partial],
+                ["mmdebstrap", "--mode=root", "--format=tar", "--variant=minbase", suite, partial],
                 {"TMPDIR": scratch},
             )
             os.rename(partial, tarball)
         finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+            if os.path.lexists(partial):
+                os.unlink(partial)  # a download cut short
     await build.store.in_thread(
         extract, tarball, build.rootfs, build.store.limit, build.store.keep_owners
     )
