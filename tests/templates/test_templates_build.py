@@ -143,6 +143,25 @@ def test_a_run_sees_nothing_of_the_hosts_root(kd: KernelDaemon) -> None:
     assert [f["output"] for f in frames if "output" in f] == ["host-unseen"]
 
 
+SWAPPINESS = Path("/proc/sys/vm/swappiness")
+
+
+def test_a_run_cannot_change_the_hosts_sysctls(kd: KernelDaemon) -> None:
+    """The RUN's uid 0 is the host's, which ``/proc/sys`` checks instead of a capability: it
+    writes the value the host has (so that a failure of the protection changes nothing)."""
+    value = SWAPPINESS.read_text().strip()
+    script = (
+        "ln -s busybox /bin/umount;"
+        f" echo {value} > {SWAPPINESS} && echo wrote || echo refused;"
+        " umount /proc/sys 2>/dev/null && echo unmounted || echo kept"
+    )
+    status, frames = build(kd, "sysctl", {"Dockerfile": f"FROM busybox\nRUN {script}\n".encode()})
+    assert status == 200 and frames[-1]["end"] == "built", frames
+    outputs = [f["output"] for f in frames if "output" in f]
+    assert [line for line in outputs if "Read-only" not in line] == ["refused", "kept"]
+    assert SWAPPINESS.read_text().strip() == value
+
+
 def test_a_failing_run_reports_its_step_and_leaves_nothing(kd: KernelDaemon) -> None:
     dockerfile = b"FROM busybox\nRUN touch /made\nRUN echo before-failing; exit 3\nRUN true\n"
     status, frames = build(kd, "failing", {"Dockerfile": dockerfile})

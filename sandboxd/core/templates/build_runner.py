@@ -10,8 +10,11 @@ The command runs as uid 0 of a new user namespace whose ids 0 to 65535 are the h
 ``ROOTFS`` (``pivot_root``, the host's root detached: no host path is reachable, so it writes
 nothing outside the build's directory), mounted ``nosuid,nodev``, with a new ``/proc`` and a
 ``/dev`` on a tmpfs holding null, zero, full, random, urandom and tty. Its capabilities are
-its user namespace's: it cannot load modules, make devices, mount a host filesystem, or
-change the host's network or sysctls. With ``NETWORK`` ``host``, the host's
+its user namespace's (it cannot load modules, make devices, mount a host filesystem, or
+change the host's network), and of those only Docker's default set (no ``CAP_SYS_ADMIN``).
+Its uid 0 is the host's, which ``/proc/sys`` and a few other files of ``/proc`` check
+instead of a capability: those are bound read-only (:data:`READ_ONLY_PROC`), and without
+``CAP_SYS_ADMIN`` it cannot unmount them. With ``NETWORK`` ``host``, the host's
 ``/etc/resolv.conf`` is bound over the root's own during the command (when the root has one).
 
 The outer process forks the namespaces' maker, writes its id maps, and exits with the
@@ -33,6 +36,15 @@ PR_SET_PDEATHSIG = 1
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 IDS = "0 0 65536\n"
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+READ_ONLY_PROC = ("bus", "fs", "irq", "sys", "sysrq-trigger")
+"""What of ``/proc`` is bound read-only (as Docker does): the command's uid 0 is the host's,
+which the kernel lets write host-wide settings there (``/proc/sys`` checks the uid only)."""
+PR_CAPBSET_DROP = 24
+KEPT_CAPABILITIES = frozenset({0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 29, 31})
+"""Docker's default capabilities (chown, dac_override, fowner, fsetid, kill, setgid, setuid,
+setpcap, net_bind_service, net_raw, sys_chroot, mknod, audit_write, setfcap): the command
+keeps no other, ``CAP_SYS_ADMIN`` above all (it cannot unmount the read-only binds of
+``/proc``; a user namespace it makes sees them locked)."""
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -71,7 +83,14 @@ def enter_root(rootfs: str, network: str) -> None:  # pragma: no cover - in the 
         path = os.path.join(rootfs, name)
         if not os.path.isdir(path) and not os.path.islink(path):
             os.mkdir(path, mode)
-    mount("proc", os.path.join(rootfs, "proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    proc = os.path.join(rootfs, "proc")
+    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in READ_ONLY_PROC:
+        path = os.path.join(proc, name)
+        if os.path.exists(path):
+            mount(path, path, None, MS_BIND)
+            flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+            mount(path, path, None, flags)
     dev = os.path.join(rootfs, "dev")
     mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=65536k")
     for name in DEVICES:
@@ -90,6 +109,11 @@ def enter_root(rootfs: str, network: str) -> None:  # pragma: no cover - in the 
     check(libc.syscall(number, b".", b"."), "pivot_root")
     check(libc.umount2(b".", MNT_DETACH), "umount the host's root")
     os.chdir("/")
+    with open("/proc/sys/kernel/cap_last_cap") as file:
+        last = int(file.read())
+    for capability in range(last + 1):
+        if capability not in KEPT_CAPABILITIES:
+            check(libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0), "drop a capability")
 
 
 def command(  # pragma: no cover - in the build's children, which exec or _exit unmeasured
