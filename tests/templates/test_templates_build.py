@@ -45,6 +45,8 @@ def kd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
         env={"SANDBOXD_DEBIAN_CACHE": DEBIAN_CACHE},
     )
     try:
+        capabilities = daemon.call("GET", "/healthz").json()["capabilities"]
+        assert "templates.build" in capabilities
         answer = daemon.client.request("PUT", "/templates/busybox", rootfs())
         assert answer.status == 201, answer
         yield daemon

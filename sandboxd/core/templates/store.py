@@ -4,8 +4,9 @@
 ``{root}/.templates/`` (root's alone, 0700: no sandbox uid reaches a template's files on the
 host; made by the first import) holds one directory per template, ``{name}/``, with its tree
 in ``rootfs/`` and its record in ``template.json``. An import writes into
-``.import-{random}/`` and renames it into place once complete; a delete renames the template
-to ``.delete-{random}/`` before removing it. A daemon killed in the middle leaves only such
+``.import-{random}/`` and a build (:mod:`~sandboxd.core.templates.builder`) into
+``.build-{random}/``, renamed into place once complete; a delete renames the template to
+``.delete-{random}/`` before removing it. A daemon killed in the middle leaves only such
 dot-directories, which :meth:`open` removes at start-up: a template is either whole or absent.
 """
 
