@@ -161,6 +161,19 @@ def test_a_fault_of_the_daemons_ends_the_build_as_a_failed_step_and_is_logged(
     assert names(tmp_path) == ["base"]
 
 
+def test_a_build_that_cannot_begin_fails_its_first_step_and_frees_its_name(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    store = store_at(tmp_path)
+    store.directory = str(tmp_path / "file" / ".templates")  # a state root that is a file
+    template, frames = run(store, "FROM base\nENV A=1\n")
+    assert template is None
+    assert (frames[-1]["step"], frames[-1]["instruction"]) == (1, "FROM base")
+    assert "Not a directory" in frames[-1]["error"]
+    store.reserve("new")
+
+
 def test_from_a_cached_debian_suite_writes_its_tarball(
     store: TemplateStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -105,8 +105,8 @@ class Build:
         when the build failed: nothing of it is left; a fault of the daemon's is logged and
         ends it as a failed step does)."""
         created = self.store.reactor.seconds()
-        self.directory = self.store.begin(self.name)
         try:
+            self.directory = self.store.begin(self.name)
             for number, step in enumerate(self.steps, 1):
                 self._step, self._output = number, []
                 if self.cancelled:
@@ -120,8 +120,8 @@ class Build:
             if not isinstance(e, (StepFailed, SandboxdError, OSError)):
                 log.failure("templates: build of {name}", Failure(e), name=self.name)
                 reason = f"{type(e).__name__}: {e}"
-            step = self.steps[self._step - 1]
-            self.emit(end_frame_failed(self._step, step, reason, self._output, e))
+            number = max(self._step, 1)  # the first step, where the build could not begin
+            self.emit(end_frame_failed(number, self.steps[number - 1], reason, self._output, e))
             return None
         self.emit({"end": "built", "template": template.record()})
         return template

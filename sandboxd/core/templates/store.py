@@ -256,9 +256,10 @@ class TemplateStore:
         log.info("templates: {name} built ({digest}, {size} bytes)", **template.record())
 
     async def abandon(self, directory: str, name: str) -> None:
-        """A failed build's ``directory`` removed, its name let go."""
+        """A failed build's ``directory`` (``""``: none was made) removed, its name let go."""
         try:
-            await self._run(remove_tree, directory)
+            if directory:
+                await self._run(remove_tree, directory)
         finally:
             self._busy.discard(name)
 
