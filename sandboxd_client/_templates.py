@@ -1,6 +1,6 @@
 """
-Templates of ``HttpSandbox`` (a base class of it): list, show, import and delete the root
-filesystems a replica keeps (docs/extensions.rst, "Templates").
+Templates of ``HttpSandbox`` (a base class of it): list, show, import, build and delete the
+root filesystems a replica keeps (docs/extensions.rst, "Templates", "Building a template").
 
 Templates belong to one replica: each call goes to ``base_url``, or to the replica whose
 ``pod_url`` is given (import a template on every replica that is to run it).
@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from hyperlink import DecodedURL
 
+from . import _tars
 from . import _wire as wire
 from ._base import OCTETS, ClientBase
 from ._deferreds import async_to_deferred
 from ._handles import check_base_url
+from ._ndjson import LineSplitter
 from ._transfers import Progress
-from ._types import ProtocolError, TemplateInfo, TemplateNotFound
+from ._types import ProtocolError, TemplateBuildFailed, TemplateInfo, TemplateNotFound
 
 REPLY_LIMIT = 1 << 20
 """Largest template record read (a few hundred bytes, its environment included)."""
+FRAME_LIMIT = 1 << 20
+"""Longest line of a build's progress read (a step's output line, or its end)."""
+TAR = b"application/x-tar"
 
 
 def decode_template(reply: object) -> TemplateInfo:
@@ -102,3 +108,63 @@ class Templates(ClientBase):
         except (ValueError, UnicodeDecodeError):
             raise ProtocolError(f"template: reply is not JSON: {data[:80]!r}") from None
         return decode_template(reply)
+
+    @async_to_deferred
+    async def build_template(
+        self,
+        name: str,
+        context_dir: str,
+        *,
+        pod_url: str | None = None,
+        network: str | None = None,
+        on_frame: Callable[[dict[str, Any]], object] | None = None,
+        timeout: float = 3600.0,
+    ) -> TemplateInfo:
+        """
+        Build template ``name`` from the local directory ``context_dir`` (its ``Dockerfile``
+        at the top, the rest what ``COPY`` reads), packed as it is sent. ``on_frame`` is told
+        each progress frame as it arrives (a step's start, each output line, the end);
+        ``network`` ``host`` gives ``RUN`` the host's network (default: none). Sent once;
+        ``TemplateBuildFailed`` when a step failed (nothing is left of the build).
+        """
+        url = self._templates_url(pod_url, name, "build")
+        if network is not None:
+            url = url.set("network", network)
+        body = _tars.PackReader(_tars.pack(context_dir))
+        response = await self._http.send(
+            "POST",
+            url,
+            timeout=timeout,
+            service=True,
+            body=self._http.producer(body),  # type: ignore[arg-type]
+            content_type=TAR,
+        )
+        await self._http.check(response, timeout=timeout, service=True)
+        lines = LineSplitter(FRAME_LIMIT)
+        ends: list[dict[str, Any]] = []
+
+        def take(data: bytes) -> None:
+            for line in lines.feed(data):
+                frame = decode_frame(line)
+                if frame and on_frame is not None:
+                    on_frame(frame)
+                if "end" in frame:
+                    ends.append(frame)
+
+        await self._http.read(response, take, timeout=timeout, service=True)
+        if not ends:
+            raise ProtocolError("template build: the answer ended before the build did")
+        if ends[-1]["end"] != "built":
+            raise TemplateBuildFailed(ends[-1])
+        return decode_template(ends[-1].get("template"))
+
+
+def decode_frame(line: bytes) -> dict[str, Any]:
+    """One progress frame (``{}``: a keepalive); ``ProtocolError`` unless a JSON object."""
+    try:
+        frame = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError(f"template build: a frame is not JSON: {line[:80]!r}") from None
+    if not isinstance(frame, dict):
+        raise ProtocolError("template build: a frame is not an object")
+    return frame

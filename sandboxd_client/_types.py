@@ -203,6 +203,9 @@ class SandboxInfo:
     execs: int
     network: NetworkInfo | None = None
     """Its network mode and egress lists (``None``: a host that does not say)."""
+    template: str | None = None
+    """The template it was made from (``None``: the host's root, or a host that does not
+    say)."""
 
 
 @frozen
@@ -288,6 +291,23 @@ class WatchEvent:
 class TemplateNotFound(SandboxError, LookupError):
     """404 ``TemplateNotFound``: no template of that name on the replica. Also a
     ``LookupError``."""
+
+
+class TemplateBuildFailed(SandboxError):
+    """A template build whose step failed (docs/extensions.rst, "Building a template"): the
+    step's number, its Dockerfile line and instruction, why, its output's last lines and, for
+    a ``RUN``, its exit code. Nothing of the build is left on the replica."""
+
+    def __init__(self, frame: Mapping[str, Any]) -> None:
+        self.step = frame.get("step")
+        self.line = frame.get("line")
+        self.instruction = frame.get("instruction")
+        self.exit_code = frame.get("exit_code")
+        output = frame.get("output")
+        self.output = [str(line) for line in output] if isinstance(output, list) else []
+        super().__init__(
+            f"step {self.step} (line {self.line}: {self.instruction}) failed: {frame.get('error')}"
+        )
 
 
 @frozen

@@ -188,6 +188,7 @@ def decode_list(reply: object) -> list[SandboxInfo]:
                 ready=bool(s.get("ready", False)),
                 execs=_opt_int(s, "execs", "list entry") or 0,
                 network=None if s.get("network") is None else decode_network(s["network"]),
+                template=s.get("template") if isinstance(s.get("template"), str) else None,
             )
         )
     return out

@@ -380,6 +380,7 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
                 execs=s.execs,
                 network=s.network,
                 egress=self.egress_policy(s),
+                template=None if s.template is None else s.template.name,
             )
             for s in self.sandboxes.values()
         ]

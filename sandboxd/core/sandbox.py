@@ -94,6 +94,8 @@ class SandboxListing:
     """Its network mode."""
     egress: EgressPolicy | None = None
     """Its egress policy now (``None``: its mode takes none)."""
+    template: str | None = None
+    """The template it was made from (``None``: it sees the host's root)."""
 
 
 @frozen

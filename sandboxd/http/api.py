@@ -127,6 +127,8 @@ class SandboxAPI:
             names.add("templates")
             if self.manager.isolation.namespaces.switches_root:
                 names.add("templates.run")
+            if self.templates.keep_owners:  # the daemon runs as root: builds map its ids
+                names.add("templates.build")
         if self.manager.isolation.disk.enforcing:
             names.add("isolation.disk")
         names.update(routing.ROUTE_CAPABILITIES)

@@ -2,6 +2,9 @@
 
 template import NAME FILE [--pod URL]   import an archive (a rootfs tarball, an OCI image
                                         layout in a tar, or a ``docker save`` archive)
+template build NAME DIR [--pod URL] [--network host]
+                                        build from DIR's Dockerfile, printing each step,
+                                        its output, then the template
 template ls [--pod URL]                 the replica's templates
 template rm NAME [--pod URL]            delete a template
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,17 +28,34 @@ COMMANDS = ("template",)
 
 def add_parsers(add: Any, common: argparse.ArgumentParser) -> None:
     """``template`` and its own sub-commands."""
-    template = add("template", "import, list and delete a replica's templates")
+    template = add("template", "import, build, list and delete a replica's templates")
     sub = template.add_subparsers(dest="template_command", required=True)
     p = sub.add_parser("import", help="import an archive as a template", parents=[common])
     p.add_argument("name")
     p.add_argument("file", help="a rootfs tarball, an OCI archive or a docker save archive")
     p.add_argument("--pod", help="the replica to import on (default: the one --url reaches)")
+    p = sub.add_parser("build", help="build a template from a Dockerfile", parents=[common])
+    p.add_argument("name")
+    p.add_argument("dir", help="the build's context: its Dockerfile at the top")
+    p.add_argument("--pod", help="the replica to build on (default: the one --url reaches)")
+    p.add_argument("--network", choices=("none", "host"), help="RUN's network (default none)")
     p = sub.add_parser("ls", help="list the templates", parents=[common])
     p.add_argument("--pod")
     p = sub.add_parser("rm", help="delete a template", parents=[common])
     p.add_argument("name")
     p.add_argument("--pod")
+
+
+def progress_line(frame: dict[str, Any]) -> str | None:
+    """One build frame as ``build`` prints it: a step's start, an output line indented (the
+    end is printed by the caller)."""
+    if "instruction" in frame and "end" not in frame:
+        return f"Step {frame['step']}/{frame['steps']} (line {frame['line']}): " + str(
+            frame["instruction"]
+        )
+    if "output" in frame:
+        return f"  {frame['output']}"
+    return None
 
 
 def line(template: TemplateInfo, now: float) -> str:
@@ -57,6 +78,19 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> in
             console.json(asdict(imported))
         else:
             console.print(line(imported, time.time()))
+        return 0
+    if args.template_command == "build":
+
+        def show(frame: dict[str, Any]) -> None:
+            text = json.dumps(frame, sort_keys=True) if args.json else progress_line(frame)
+            if text is not None:
+                console.print(text)
+
+        built = await client.build_template(
+            args.name, args.dir, pod_url=args.pod, network=args.network, on_frame=show
+        )
+        if not args.json:
+            console.print(line(built, time.time()))
         return 0
     if args.template_command == "ls":
         templates = await client.list_templates(args.pod)

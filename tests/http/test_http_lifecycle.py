@@ -170,6 +170,7 @@ def test_listing(harness: Harness) -> None:
         "ready": True,
         "execs": 0,
         "network": {"mode": "host"},  # no egress mode here: no lists
+        "template": None,  # the host's root
     }
     assert harness.call("GET", f"/sandboxes/{rid}/network").json() == {"mode": "host"}
 

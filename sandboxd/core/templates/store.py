@@ -4,8 +4,9 @@
 ``{root}/.templates/`` (root's alone, 0700: no sandbox uid reaches a template's files on the
 host; made by the first import) holds one directory per template, ``{name}/``, with its tree
 in ``rootfs/`` and its record in ``template.json``. An import writes into
-``.import-{random}/`` and renames it into place once complete; a delete renames the template
-to ``.delete-{random}/`` before removing it. A daemon killed in the middle leaves only such
+``.import-{random}/`` and a build (:mod:`~sandboxd.core.templates.builder`) into
+``.build-{random}/``, renamed into place once complete; a delete renames the template to
+``.delete-{random}/`` before removing it. A daemon killed in the middle leaves only such
 dot-directories, which :meth:`open` removes at start-up: a template is either whole or absent.
 """
 
@@ -36,7 +37,7 @@ DIRECTORY = ".templates"
 """The store's directory under the state root (a dot-name: never a sandbox id)."""
 RECORD = "template.json"
 ROOTFS = "rootfs"
-IMPORTING, DELETING = ".import-", ".delete-"
+IMPORTING, DELETING, BUILDING = ".import-", ".delete-", ".build-"
 
 
 def check_name(name: str) -> str:
@@ -143,7 +144,7 @@ class TemplateStore:
         os.chmod(directory, 0o700)
         for name in names:
             path = os.path.join(directory, name)
-            if name.startswith((IMPORTING, DELETING)):
+            if name.startswith((IMPORTING, DELETING, BUILDING)):
                 log.info("templates: removing {path}, left by a stopped daemon", path=path)
                 remove_tree(path)
             elif NAME.match(name):
@@ -201,14 +202,9 @@ class TemplateStore:
             source.close()
 
     async def _import(self, name: str, source: IO[bytes]) -> Template:
-        check_name(name)
-        if name in self.templates or name in self._busy:
-            raise TemplateConflict(f"template {name!r} exists (delete it first)")
+        self.reserve(name)
         created = self.reactor.seconds()
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        os.chmod(self.directory, 0o700)  # whatever the umask: root's alone
-        temporary = os.path.join(self.directory, IMPORTING + secrets.token_hex(8))
-        self._busy.add(name)
+        temporary = self._temporary(IMPORTING)
         try:
             digest, size, env, workdir = await deferToThreadPool(
                 self.reactor,
@@ -229,6 +225,47 @@ class TemplateStore:
         self.templates[name] = template
         log.info("templates: {name} imported ({digest}, {size} bytes)", **template.record())
         return template
+
+    def reserve(self, name: str) -> None:
+        """Hold ``name`` for an import or build (``TemplateConflict`` if taken or held); the
+        import, :meth:`complete` or :meth:`abandon` lets it go."""
+        check_name(name)
+        if name in self.templates or name in self._busy:
+            raise TemplateConflict(f"template {name!r} exists (delete it first)")
+        self._busy.add(name)
+
+    def _temporary(self, prefix: str) -> str:
+        """A new directory's path in the store (made when missing, root's alone)."""
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        os.chmod(self.directory, 0o700)  # whatever the umask: root's alone
+        return os.path.join(self.directory, prefix + secrets.token_hex(8))
+
+    def begin(self, name: str) -> str:
+        """The new directory (root's, 0700) a build of ``name`` (reserved) writes into."""
+        directory = self._temporary(BUILDING)
+        os.mkdir(directory, 0o700)
+        return directory
+
+    async def complete(self, directory: str, template: Template) -> None:
+        """A build's ``directory`` (its files in ``rootfs/``) in place as ``template``."""
+        try:
+            await self._run(self._complete, directory, template)
+        finally:
+            self._busy.discard(template.name)
+        self.templates[template.name] = template
+        log.info("templates: {name} built ({digest}, {size} bytes)", **template.record())
+
+    async def abandon(self, directory: str, name: str) -> None:
+        """A failed build's ``directory`` (``""``: none was made) removed, its name let go."""
+        try:
+            if directory:
+                await self._run(remove_tree, directory)
+        finally:
+            self._busy.discard(name)
+
+    def in_thread(self, work: Callable[..., Any], *args: Any) -> Deferred[Any]:
+        """``work(*args)`` in the store's pool."""
+        return self._run(work, *args)
 
     def _complete(self, temporary: str, template: Template) -> None:
         record = os.path.join(temporary, RECORD)

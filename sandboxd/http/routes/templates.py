@@ -1,17 +1,22 @@
 """The routes of templates (docs/extensions.rst, "Templates"): list, show, import (an archive
-body) and delete. Klein names each route after its function: these names are the module's own
-(a ``delete`` here would replace the files' ``delete``)."""
+body), build (a Dockerfile, NDJSON progress) and delete. Klein names each route after its
+function: these names are the module's own (a ``delete`` here would replace the files'
+``delete``)."""
 
 import io
 import os
 from typing import IO, TYPE_CHECKING
 
+from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
 from sandboxd.core import TemplateRoot, TemplateStore, check_name
+from sandboxd.core.templates import build_files
+from sandboxd.core.templates.builder import start_build
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
+from sandboxd.web.follow import FollowStream
 from sandboxd.web.site import Spool
 
 if TYPE_CHECKING:
@@ -63,6 +68,47 @@ async def import_template(api: "SandboxAPI", request: IRequest, name: str) -> by
     parse.refuse_too_large(request, api.manager.config.max_body)
     template = await templates.put(name, own_copy(request.content))
     return json_response(request, wire.template_body(template), 201)
+
+
+@app.route("/templates/<name>/build", methods=["POST"])
+@authorized
+async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> None:
+    """The body is the build's context as a tar with its ``Dockerfile`` at the top, or JSON
+    ``{dockerfile, network?}`` (no context). A Dockerfile the builder cannot follow, a name
+    taken or an unknown base is answered at once; then ``200`` and NDJSON frames: each step's
+    start, its output lines, the end. The client's going cancels the build."""
+    templates = store(api)
+    check_name(name)
+    parse.refuse_too_large(request, api.manager.config.max_body)
+    content_type = request.getHeader(b"content-type") or b""
+    is_json = content_type.split(b";")[0].strip() == wire.JSON
+    context = None if is_json else own_copy(request.content)
+    try:
+        if context is None:
+            body = parse.json_body(request)
+            text, network = body.get("dockerfile"), body.get("network", "none")
+            if not isinstance(text, str):
+                raise BadRequest("dockerfile: must be the Dockerfile's text")
+        else:
+            text = await templates.in_thread(build_files.read_dockerfile, context)
+            network = parse.query(request, "network", "none")
+        stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
+        build = start_build(
+            templates, name, text, context, network, lambda f: stream.write(wire.frame_line(f))
+        )
+        request.setHeader(b"content-type", wire.NDJSON)
+        stream.start()
+        ended: Deferred[None] = Deferred()
+        Deferred.fromCoroutine(build.run()).addBoth(lambda _: ended.callback(None))
+        ended.addBoth(lambda _: stream.end())
+        try:
+            await stream.wait()
+        finally:
+            build.cancel()  # the client went: the build stops, leaves nothing (none once ended)
+            await ended  # cancelled with the request, it leaves the build to end as it does
+    finally:
+        if context is not None:
+            context.close()
 
 
 def own_copy(content: IO[bytes]) -> IO[bytes]:

@@ -62,6 +62,7 @@ def sandboxes_body(listing: Iterable[SandboxListing]) -> dict[str, Any]:
                 "ready": s.ready,
                 "execs": s.execs,
                 "network": network_body(s.network, s.egress),
+                "template": s.template,
             }
             for s in listing
         ]

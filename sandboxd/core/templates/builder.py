@@ -1,0 +1,258 @@
+"""A template built from a Dockerfile (docs/extensions.rst, "Building a template").
+
+The build writes into ``{root}/.templates/.build-{random}/rootfs``: ``FROM`` copies the base
+template's files there (or a Debian suite's, :mod:`~sandboxd.core.templates.debian`), ``RUN``
+runs as root inside it (:mod:`~sandboxd.core.templates.build_runner`: a user namespace whose
+root is the host's, its root switched to the build's files, nothing of the host reachable),
+``COPY`` writes the context's files with an import's checks, ``ENV`` and ``WORKDIR`` change
+what the later steps and the template's sandboxes get. Once every step has passed, the
+directory is renamed into place as an import's is; a failed or cancelled build is removed,
+and one a killed daemon left is removed at the next start (:meth:`TemplateStore.open`).
+
+Each step is reported as it goes through ``emit``: its start, each line of its output, then
+the build's end (:func:`step_frame`, :meth:`Build._line`, :func:`end_frame_failed`).
+"""
+
+import os
+import posixpath
+import signal
+import sys
+from collections.abc import Callable
+from typing import IO, Any
+
+from attrs import define, field
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from sandboxd.core.templates import build_files, build_runner, debian, dockerfile
+from sandboxd.core.templates.dockerfile import Step
+from sandboxd.core.templates.store import ROOTFS, Template, TemplateStore
+from sandboxd.errors import BadRequest, SandboxdError, TemplateCannotRun
+
+log = Logger()
+
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""``RUN``'s ``PATH`` unless the template's or an ``ENV`` sets one."""
+NETWORKS = ("none", "host")
+OUTPUT_KEPT = 200
+"""The last lines of a failed step's output repeated in the build's end."""
+
+Frame = dict[str, Any]
+
+
+class StepFailed(Exception):
+    """A step that did not pass: why, and ``RUN``'s exit code."""
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _RunProtocol(ProcessProtocol):
+    """One ``RUN``'s process: its output (stdout and stderr) as lines, then its exit code."""
+
+    def __init__(self, line: Callable[[str], None]) -> None:
+        self.line = line
+        self.ended: Deferred[int] = Deferred()
+        self._partial = {1: b"", 2: b""}
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        *lines, self._partial[childFD] = (self._partial[childFD] + data).split(b"\n")
+        for line in lines:
+            self.line(line.decode("utf-8", "replace"))
+
+    def processEnded(self, reason: Failure) -> None:
+        for rest in self._partial.values():
+            if rest:
+                self.line(rest.decode("utf-8", "replace"))
+        code = getattr(reason.value, "exitCode", None)
+        self.ended.callback(code if code is not None else 128 + signal.SIGKILL)
+
+
+@define
+class Build:
+    """One build of template ``name`` (the name reserved in ``store`` until it ends)."""
+
+    store: TemplateStore
+    name: str
+    steps: list[Step]
+    context: IO[bytes] | None
+    network: str
+    emit: Callable[[Frame], None]
+    env: dict[str, str] = field(factory=dict)
+    workdir: str = "/"
+    directory: str = ""
+    base_digest: str = ""
+    cancelled: bool = False
+    _process: Any = None
+    _output: list[str] = field(factory=list)
+    _step: int = 0
+
+    @property
+    def rootfs(self) -> str:
+        return os.path.join(self.directory, ROOTFS)
+
+    def cancel(self) -> None:
+        """Stop the build (its client went): the running ``RUN`` is killed, nothing is kept."""
+        self.cancelled = True
+        if self._process is not None:
+            self._process.signalProcess("KILL")
+
+    async def run(self) -> Template | None:
+        """Every step, then the template in place; the end is emitted either way (``None``
+        when the build failed: nothing of it is left; a fault of the daemon's is logged and
+        ends it as a failed step does)."""
+        created = self.store.reactor.seconds()
+        try:
+            self.directory = self.store.begin(self.name)
+            for number, step in enumerate(self.steps, 1):
+                self._step, self._output = number, []
+                if self.cancelled:
+                    raise StepFailed("the build was cancelled")
+                self.emit(step_frame(number, len(self.steps), step))
+                await STEPS[step.instruction](self, step)
+            template = await self._finish(created)
+        except Exception as e:
+            await self.store.abandon(self.directory, self.name)
+            reason = str(e)
+            if not isinstance(e, (StepFailed, SandboxdError, OSError)):
+                log.failure("templates: build of {name}", Failure(e), name=self.name)
+                reason = f"{type(e).__name__}: {e}"
+            number = max(self._step, 1)  # the first step, where the build could not begin
+            self.emit(end_frame_failed(number, self.steps[number - 1], reason, self._output, e))
+            return None
+        self.emit({"end": "built", "template": template.record()})
+        return template
+
+    async def _finish(self, created: float) -> Template:
+        size = await self.store.in_thread(build_files.tree_size, self.rootfs)
+        dockerfile_text = "\n".join(step.text for step in self.steps)
+        digest = await self.store.in_thread(
+            build_files.context_digest, dockerfile_text, self.context, self.base_digest
+        )
+        template = Template(self.name, digest, size, self.env, self.workdir, created)
+        await self.store.complete(self.directory, template)
+        return template
+
+    def _line(self, line: str) -> None:
+        self._output.append(line)
+        del self._output[:-OUTPUT_KEPT]
+        self.emit({"step": self._step, "output": line})  # a line of the step's output
+
+    async def from_(self, step: Step) -> None:
+        name = dockerfile.from_name(step)
+        if name.startswith("debian:"):
+            await debian.bootstrap(self, name.partition(":")[2])
+            return
+        base = self.store.get(name)
+        self.base_digest = base.digest
+        self.env, self.workdir = dict(base.env), base.workdir
+        await self.store.in_thread(build_files.copy_base, self.store.rootfs(base), self.rootfs)
+
+    async def run_step(self, step: Step) -> None:
+        await self.execute(dockerfile.run_argv(step))
+
+    async def execute(self, argv: list[str]) -> None:
+        """``argv`` as root inside the build's files (``StepFailed`` unless it exits 0)."""
+        env = {"PATH": PATH, "HOME": "/root", **self.env}
+        runner = [sys.executable, "-I", build_runner.__file__, self.rootfs, self.network]
+        await self._spawn([*runner, self.workdir, *argv], env)
+
+    async def execute_host(  # pragma: no cover - mmdebstrap's: the SANDBOXD_SLOW_TESTS test's
+        self, argv: list[str], env: dict[str, str]
+    ) -> None:
+        """``argv`` on the host, as the daemon (``mmdebstrap``), its output the step's."""
+        await self._spawn(argv, {"PATH": PATH, **env})
+
+    async def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
+        protocol = _RunProtocol(self._line)
+        self._process = self.store.reactor.spawnProcess(protocol, argv[0], argv, env)
+        self._process.closeStdin()
+        try:
+            code = await protocol.ended
+        finally:
+            self._process = None
+        if code != 0:
+            raise StepFailed(f"the command exited with {code}", code)
+
+    async def copy(self, step: Step) -> None:
+        sources, dest = dockerfile.copy_paths(step)
+        if self.context is None:
+            raise StepFailed("COPY needs a context: send the build as a tar")
+        await self.store.in_thread(
+            build_files.copy_context,
+            self.rootfs,
+            self.context,
+            sources,
+            dest,
+            self.workdir,
+            self.store.limit,
+        )
+
+    async def env_step(self, step: Step) -> None:
+        for key, value in dockerfile.env_pairs(step):
+            self.env[key] = value
+
+    async def workdir_step(self, step: Step) -> None:
+        self.workdir = posixpath.normpath(
+            posixpath.join(self.workdir, dockerfile.workdir_path(step))
+        )
+        await self.execute([])  # the runner makes the directory, inside the build's root
+
+
+STEPS: dict[str, Callable[[Build, Step], Any]] = {
+    "FROM": Build.from_,
+    "RUN": Build.run_step,
+    "COPY": Build.copy,
+    "ENV": Build.env_step,
+    "WORKDIR": Build.workdir_step,
+}
+
+
+def step_frame(number: int, total: int, step: Step) -> Frame:
+    """A step's start: ``{step, steps, line, instruction}``."""
+    return {"step": number, "steps": total, "line": step.line, "instruction": step.text}
+
+
+def end_frame_failed(
+    number: int, step: Step, error: str, output: list[str], exception: BaseException
+) -> Frame:
+    """A failed build's end: the step, its line and instruction, why, its output's last lines
+    and, for a ``RUN``, its exit code."""
+    frame: Frame = {
+        "end": "failed",
+        "step": number,
+        "line": step.line,
+        "instruction": step.text,
+        "error": error,
+        "output": list(output),
+    }
+    if isinstance(exception, StepFailed) and exception.exit_code is not None:
+        frame["exit_code"] = exception.exit_code
+    return frame
+
+
+def start_build(
+    store: TemplateStore,
+    name: str,
+    text: str,
+    context: IO[bytes] | None,
+    network: str,
+    emit: Callable[[Frame], None],
+) -> Build:
+    """A build of ``text`` checked before anything is made: ``TemplateCannotRun`` (``501``)
+    unless the daemon runs as root, ``BadRequest`` for a Dockerfile the builder cannot follow
+    (naming the line) or an unknown network, ``TemplateNotFound``
+    for a ``FROM`` of no template, ``TemplateConflict`` for a name taken."""
+    if not store.keep_owners:
+        raise TemplateCannotRun("template builds need a daemon running as root")
+    if network not in NETWORKS:
+        raise BadRequest(f"network: must be one of {', '.join(NETWORKS)}")
+    steps = dockerfile.parse_dockerfile(text)
+    base = dockerfile.from_name(steps[0])
+    if not base.startswith("debian:"):
+        store.get(base)
+    store.reserve(name)
+    return Build(store, name, steps, context, network, emit)

@@ -1,0 +1,58 @@
+"""The runner of a build's ``RUN`` (``sandboxd/core/templates/build_runner.py``, docs/
+extensions.rst, "Building a template") as its own program, run as root on a root made in the
+test: the command's exit status and output come back, in its user namespace as uid 0."""
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sandboxd.core.templates import build_runner
+from tests.templates.rootfs import rootfs
+
+
+def test_a_status_is_the_exit_code_or_128_and_the_signal() -> None:
+    assert build_runner.status(3 << 8) == 3
+    assert build_runner.status(9) == 137
+
+
+def test_a_failed_call_raises_naming_it() -> None:
+    with pytest.raises(OSError) as failed:
+        build_runner.check(-1, "mount x")
+    assert str(failed.value.strerror).startswith("mount x: ")
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("the runner maps the host's ids: it needs root")
+    with tarfile.open(fileobj=io.BytesIO(rootfs())) as tar:
+        tar.extractall(tmp_path / "rootfs", filter="fully_trusted")
+    return tmp_path / "rootfs"
+
+
+def runner(root: Path, network: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The runner as the builder starts it, but without ``-I`` (coverage follows it)."""
+    command = [sys.executable, build_runner.__file__, str(root), network, "/work", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("network", ["none", "host"])
+def test_a_command_runs_as_root_in_the_root_and_its_status_returns(
+    root: Path, network: str
+) -> None:
+    done = runner(root, network, "/bin/sh", "-c", "id -u; pwd; cat /etc/os-release; exit 4")
+    assert done.returncode == 4, done.stderr
+    assert done.stdout.splitlines()[:2] == ["0", "/work"]
+    assert "made-in-test" in done.stdout
+    assert (root / "work").is_dir()  # the workdir, made inside the root
+
+
+def test_a_missing_program_is_127_naming_it(root: Path) -> None:
+    done = runner(root, "none", "/no/such")
+    assert done.returncode == 127
+    assert "sandboxd: cannot run ['/no/such']" in done.stderr

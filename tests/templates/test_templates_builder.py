@@ -1,0 +1,244 @@
+"""The builder's own logic on real files, in the test's process (docs/extensions.rst, "Building
+a template"): the steps that run no command (FROM a template, FROM a cached Debian suite, COPY,
+ENV, WORKDIR's record), a build cancelled between steps, a fault, and what a build refuses
+before it starts. ``RUN`` itself is tested against a real daemon (``test_templates_build``)."""
+
+import io
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
+
+from sandboxd.core.templates import build_files
+from sandboxd.core.templates.builder import Build, Frame, _RunProtocol, start_build
+from sandboxd.core.templates.dockerfile import parse_dockerfile
+from sandboxd.core.templates.store import TemplateStore
+from sandboxd.errors import BadRequest, TemplateCannotRun, TemplateConflict, TemplateNotFound
+from tests.templates.archives import directory, file, tar
+from tests.templates.test_templates_store import put, result, store_at
+
+
+def context(*members: tarfile.TarInfo | tuple[str, bytes]) -> io.BytesIO:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                archive.addfile(member)
+            else:
+                info = tarfile.TarInfo(member[0])
+                info.size = len(member[1])
+                archive.addfile(info, io.BytesIO(member[1]))
+    out.seek(0)
+    return out
+
+
+def hard_link(name: str, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.LNKTYPE, target
+    return info
+
+
+def run(
+    store: TemplateStore,
+    text: str,
+    ctx: io.BytesIO | None = None,
+    emit: Any = None,
+    name: str = "new",
+) -> tuple[Any, list[Frame]]:
+    frames: list[Frame] = []
+    store.reserve(name)
+    build = Build(store, name, parse_dockerfile(text), ctx, "none", emit or frames.append)
+    return result(Deferred.fromCoroutine(build.run())), frames
+
+
+def names(root: Path) -> list[str]:
+    return sorted(os.listdir(root / ".templates"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> TemplateStore:
+    templates = store_at(tmp_path)
+    put(templates, "base", tar([directory("etc"), file("etc/base", b"from base")]))
+    return templates
+
+
+def test_a_build_from_a_template_copies_it_and_keeps_the_steps(
+    store: TemplateStore, tmp_path: Path
+) -> None:
+    text = "FROM base\nENV A=1 B=2\nCOPY d/ two.txt /srv/\nCOPY one.txt /etc/renamed\n"
+    files = context(
+        ("d/one.txt", b"1"),
+        hard_link("d/again", "d/one.txt"),
+        ("two.txt", b"22"),
+        ("one.txt", b"x"),
+    )
+    template, frames = run(store, text, files)
+    assert frames[-1] == {"end": "built", "template": template.record()}
+    assert [f["instruction"] for f in frames[:-1]] == [
+        "FROM base",
+        "ENV A=1 B=2",
+        "COPY d/ two.txt /srv/",
+        "COPY one.txt /etc/renamed",
+    ]
+    assert (template.env, template.workdir, template.size) == ({"A": "1", "B": "2"}, "/", 13)
+    rootfs = tmp_path / ".templates" / "new" / "rootfs"
+    assert (rootfs / "etc" / "base").read_bytes() == b"from base"
+    assert (rootfs / "srv" / "one.txt").read_bytes() == b"1"
+    assert (rootfs / "srv" / "again").stat().st_ino == (rootfs / "srv" / "one.txt").stat().st_ino
+    assert (rootfs / "srv" / "two.txt").read_bytes() == b"22"
+    assert (rootfs / "etc" / "renamed").read_bytes() == b"x"
+    assert names(tmp_path) == ["base", "new"]
+    assert store.get("new") == template
+    with pytest.raises(TemplateConflict):
+        store.reserve("new")
+
+
+@pytest.mark.parametrize(
+    ("text", "ctx", "error"),
+    [
+        ("FROM base\nCOPY a /b\n", None, "COPY needs a context: send the build as a tar"),
+        ("FROM base\nCOPY nope /b\n", context(), "COPY nope: no such file in the context"),
+        (
+            "FROM base\nCOPY d /b\n",
+            context(("x", b"x"), hard_link("d/h", "x")),
+            "member 'b/h': a hard link to a file outside this layer",
+        ),
+        ("FROM base\nCOPY x /etc/base/under\n", context(("x", b"x")), "member 'etc/base/under'"),
+    ],
+)
+def test_a_failed_copy_names_its_step_and_leaves_nothing(
+    store: TemplateStore, tmp_path: Path, text: str, ctx: io.BytesIO | None, error: str
+) -> None:
+    template, frames = run(store, text, ctx)
+    assert template is None
+    end = frames[-1]
+    assert (end["end"], end["step"], end["line"], end["output"]) == ("failed", 2, 2, [])
+    assert end["error"].startswith(error) and "exit_code" not in end
+    assert names(tmp_path) == ["base"]
+    store.reserve("new")  # the name is free again
+
+
+def test_a_build_cancelled_between_steps_stops_and_leaves_nothing(
+    store: TemplateStore, tmp_path: Path
+) -> None:
+    frames: list[Frame] = []
+    store.reserve("new")
+    build = Build(
+        store, "new", parse_dockerfile("FROM base\nENV A=1\n"), None, "none", frames.append
+    )
+
+    def emit(frame: Frame) -> None:
+        frames.append(frame)
+        build.cancel()  # the client goes while the first step runs
+
+    build.emit = emit
+    assert result(Deferred.fromCoroutine(build.run())) is None
+    assert frames[-1]["step"] == 2 and frames[-1]["error"] == "the build was cancelled"
+    assert names(tmp_path) == ["base"]
+
+
+def test_a_fault_of_the_daemons_ends_the_build_as_a_failed_step_and_is_logged(
+    store: TemplateStore, tmp_path: Path
+) -> None:
+    frames: list[Frame] = []
+
+    def emit(frame: Frame) -> None:
+        if "end" not in frame:
+            raise RuntimeError("a bug")
+        frames.append(frame)
+
+    with capturedLogs() as logged:
+        template, _ = run(store, "FROM base\n", emit=emit)
+    assert template is None
+    assert frames[-1]["error"] == "RuntimeError: a bug"
+    assert any(e.get("name") == "new" and "log_failure" in e for e in logged)
+    assert names(tmp_path) == ["base"]
+
+
+def test_a_build_that_cannot_begin_fails_its_first_step_and_frees_its_name(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    store = store_at(tmp_path)
+    store.directory = str(tmp_path / "file" / ".templates")  # a state root that is a file
+    template, frames = run(store, "FROM base\nENV A=1\n")
+    assert template is None
+    assert (frames[-1]["step"], frames[-1]["instruction"]) == (1, "FROM base")
+    assert "Not a directory" in frames[-1]["error"]
+    store.reserve("new")
+
+
+def test_from_a_cached_debian_suite_writes_its_tarball(
+    store: TemplateStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "debian-testsuite.tar").write_bytes(
+        tar([directory("etc"), file("etc/debian_version", b"12\n")])
+    )
+    monkeypatch.setenv("SANDBOXD_DEBIAN_CACHE", str(cache))
+    template, frames = run(store, "FROM debian:testsuite\n")
+    assert frames[-1]["end"] == "built", frames
+    assert template.env["PATH"].startswith("/usr/local/sbin:")
+    assert (
+        tmp_path / ".templates" / "new" / "rootfs" / "etc" / "debian_version"
+    ).read_bytes() == b"12\n"
+    template, frames = run(store, "FROM debian:Not_A_Suite\n", name="other")
+    assert frames[-1]["error"] == "debian:Not_A_Suite: not a Debian suite's name"
+
+
+def test_what_a_build_refuses_before_it_starts(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    not_root = store_at(tmp_path / "a")
+    with pytest.raises(TemplateCannotRun, match="need a daemon running as root"):
+        start_build(not_root, "x", "FROM base\n", None, "none", print)
+    (tmp_path / "b").mkdir()
+    root = TemplateStore.open(str(tmp_path / "b"), 1 << 20, True, not_root.reactor, not_root.pool)
+    with pytest.raises(BadRequest, match="network: must be one of none, host"):
+        start_build(root, "x", "FROM base\n", None, "bridge", print)
+    with pytest.raises(TemplateNotFound, match="no template named 'base'"):
+        start_build(root, "x", "FROM base\n", None, "none", print)
+    with pytest.raises(BadRequest, match="Dockerfile line 2: instruction USER"):
+        start_build(root, "x", "FROM base\nUSER x\n", None, "none", print)
+    build = start_build(root, "x", "FROM debian:bookworm\n", None, "host", print)
+    assert (build.name, build.network) == ("x", "host")
+    with pytest.raises(TemplateConflict, match="template 'x' exists"):
+        start_build(root, "x", "FROM debian:bookworm\n", None, "none", print)
+
+
+def test_the_dockerfile_is_read_from_the_contexts_top() -> None:
+    found = context(("sub/Dockerfile", b"no"), ("Dockerfile", b"FROM base\n"))
+    assert build_files.read_dockerfile(found) == "FROM base\n"
+    with pytest.raises(BadRequest, match="the build's context has no Dockerfile at its top"):
+        build_files.read_dockerfile(context(("sub/Dockerfile", b"no")))
+    with pytest.raises(BadRequest, match="the build's body is not a tar of its context"):
+        build_files.read_dockerfile(io.BytesIO(b"FROM base\n" * 100))
+    with pytest.raises(BadRequest, match="the context's Dockerfile is over 1 MiB"):
+        build_files.read_dockerfile(context(("Dockerfile", b"#" * (1 << 20) + b"\n")))
+
+
+def test_a_digest_covers_the_base_the_steps_and_the_context() -> None:
+    plain = build_files.context_digest("FROM a", None, "sha256:1")
+    assert plain.startswith("sha256:") and len(plain) == 71
+    assert build_files.context_digest("FROM a", context(("x", b"1")), "sha256:1") != plain
+    assert build_files.context_digest("FROM a", None, "sha256:2") != plain
+
+
+def test_a_runs_output_is_split_into_lines_and_a_kill_is_128_and_9() -> None:
+    lines: list[str] = []
+    protocol = _RunProtocol(lines.append)
+    protocol.childDataReceived(1, b"one\ntw")
+    protocol.childDataReceived(2, b"err\n")
+    protocol.childDataReceived(1, b"o\nunfinished")
+    protocol.processEnded(Failure(ProcessDone(0)))
+    assert lines == ["one", "err", "two", "unfinished"]
+    assert result(protocol.ended) == 0
+    killed = _RunProtocol(lines.append)
+    killed.processEnded(Failure(ProcessTerminated(None, 9)))
+    assert result(killed.ended) == 137
