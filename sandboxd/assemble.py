@@ -42,8 +42,10 @@ from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
 from sandboxd.http.api import SandboxAPI, spool_places
 from sandboxd.isolation.base import Isolation, IsolationUnavailable
+from sandboxd.isolation.network.egress_proxy_start import start_egress_proxy
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
+from sandboxd.metrics import Metrics
 from sandboxd.service import ExitStatus, SandboxdService
 from sandboxd.stop_signals import on_next_stop_signal
 from sandboxd.undo import StartupUndo
@@ -206,6 +208,7 @@ def assemble(
         # The service (made below, from the fronts' manager and site) drains and exits.
         on_drain=lambda: service.drain_and_exit(),
     )
+    _egress_proxy(config, reactor, isolation, served.manager.metrics, undo)
     site = make_site(
         served.api.app.resource(),
         config.max_body,
@@ -310,6 +313,20 @@ def _namespaces(isolation: Isolation, undo: StartupUndo) -> None:
             modes=", ".join(isolation.namespaces.network.allowed),
             default=isolation.namespaces.network.default,
         )
+
+
+def _egress_proxy(
+    config: Config, reactor: Any, isolation: Isolation, metrics: Metrics, undo: StartupUndo
+) -> None:
+    """The egress mode's proxy for policies by name (boot step ``egress proxy``)."""
+    proxy = start_egress_proxy(
+        config,
+        reactor,
+        isolation.namespaces.network.offered.get("egress"),
+        lambda rid, reason: metrics.egress_refused.labels(rid, reason).inc(),
+    )
+    if proxy is not None:
+        undo.add("egress proxy", proxy.close)
 
 
 def _archive(config: Config, reactor: Any, admin_pool: ThreadPool) -> Archive | None:

@@ -61,7 +61,7 @@ def test_bodies_become_policies(
         ([], "network: must be an object"),
         ({"egressProxy": {"address": "x"}}, "network.egressProxy: not supported"),
         ({"allowPublicTraffic": "no"}, "network.allowPublicTraffic: must be true or false"),
-        ({"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]}, "'example.com' is not an"),
+        ({"allowOut": ["exa mple.com"], "denyOut": ["0.0.0.0/0"]}, "'exa mple.com' is not an"),
         ({"denyOut": "0.0.0.0/0"}, "network.denyOut: must be a list"),
         ({"allowOut": ["127.0.0.1"], "denyOut": ["0.0.0.0/0"]}, "127.0.0.1/32 is inside"),
     ],

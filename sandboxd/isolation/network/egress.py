@@ -83,6 +83,9 @@ class EgressNetwork:
     own_namespace: bool = True
     policy_entries_max: int = DEFAULT_ENTRIES_MAX
     """The most entries one list of a sandbox's policy may hold (``SANDBOXD_EGRESS_POLICY_MAX``)."""
+    proxy_port: int = 0
+    """The port of the egress proxy (:mod:`sandboxd.isolation.network.egress_proxy`), which
+    the composition root starts; ``0``: none, and a policy naming hosts is refused."""
     _slots: dict[str, int] = field(factory=dict)
     _policies: dict[str, EgressPolicy] = field(factory=dict)
     _staged: dict[str, EgressPolicy] = field(factory=dict)
@@ -184,6 +187,8 @@ class EgressNetwork:
         """``ValueError`` naming what of ``policy`` the operator forbids (see
         :func:`sandboxd.isolation.network.egress_policy.check_allowed`)."""
         check_allowed(self.egress.plan, policy, self.policy_entries_max)
+        if policy.by_name and not self.proxy_port:
+            raise ValueError("host names in allow_out or deny_out need the egress proxy")
 
     def stage_policy(self, rid: str, policy: EgressPolicy | None) -> None:
         """Keep ``policy`` for the sandbox ``rid``: its :meth:`attach` applies it before the
@@ -198,8 +203,9 @@ class EgressNetwork:
         :meth:`check_policy`): its next new connection obeys it. ``OSError`` when ``nft``
         refuses (the previous policy stays)."""
         slot = self._slots[rid]
+        script = policy_script(self.egress.plan, slot, policy, self.proxy_port)
         try:
-            self.egress.run(["nft", "-f", "-"], policy_script(self.egress.plan, slot, policy))
+            self.egress.run(["nft", "-f", "-"], script)
         except EgressError as e:
             raise OSError(errno.EIO, f"egress policy: {e}") from None
         self._policies[rid] = policy
@@ -207,6 +213,23 @@ class EgressNetwork:
     def policy(self, rid: str) -> EgressPolicy:
         """The policy the attached sandbox ``rid`` has now."""
         return self._policies.get(rid, OPEN)
+
+    def sandbox_at(self, address: str) -> tuple[str, EgressPolicy] | None:
+        """The attached sandbox whose veth's sandbox end has ``address``, with its policy now
+        (how the egress proxy knows who connects); ``None`` for any other address."""
+        try:
+            parsed = ipaddress.ip_address(address)
+        except ValueError:
+            return None
+        plan = self.egress.plan
+        pool = plan.pool4 if parsed.version == 4 else plan.pool6
+        if pool is None or parsed not in pool:
+            return None
+        offset = int(parsed) - int(pool.network_address)
+        for rid, slot in self._slots.items():
+            if offset == 2 * slot + 1:
+                return rid, self.policy(rid)
+        return None
 
     def _stop_when_idle(self) -> None:
         """Lazy, with no egress sandbox left: give the host back what the layer changed."""

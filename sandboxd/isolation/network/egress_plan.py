@@ -16,6 +16,9 @@ TCP) to the host's nameservers (:attr:`EgressPlan.dns`); nothing is forwarded in
 the replies of its own connections. What the operator lets through, each sandbox may narrow
 further: its veth maps to a chain of its own in the ``policies`` verdict map (see
 :mod:`sandboxd.isolation.network.egress_policy`), looked at only after every rule above.
+A sandbox whose policy names hosts has its veth in the ``proxied`` set: its web traffic is
+redirected (``proxy_redirect``) to the daemon's egress proxy, the one thing of the host such
+a sandbox reaches (and only so redirected).
 """
 
 import ipaddress
@@ -223,6 +226,10 @@ table inet {self.table} {{
   set deny4 {{ type ipv4_addr; flags interval; elements = {{ {", ".join(deny4)} }} }}
   set deny6 {{ type ipv6_addr; flags interval; elements = {{ {", ".join(deny6)} }} }}
   map policies {{ type ifname : verdict; }}
+  set proxied {{ type ifname; }}
+  chain proxy_redirect {{
+    type nat hook prerouting priority dstnat; policy accept;
+  }}
   chain prerouting {{
     type filter hook prerouting priority -300; policy accept;
     iifname {veth} ip6 saddr fe80::/10 accept
@@ -231,6 +238,7 @@ table inet {self.table} {{
   chain input {{
     type filter hook input priority 0; policy accept;
     iifname {veth} {nd} accept
+    iifname @proxied meta l4proto tcp ct status dnat accept
     iifname {veth} {reject}
   }}
   chain output {{
@@ -265,6 +273,28 @@ table inet {self.table} {{
     def resolv_conf(self, nameservers: Sequence[str]) -> str:
         """A ``resolv.conf`` naming ``nameservers`` (for a sandbox's mount namespace)."""
         return "".join(f"nameserver {ipaddress.ip_address(ns)}\n" for ns in nameservers)
+
+
+def parse_dns_servers(text: str) -> tuple[tuple[str, int], ...]:
+    """``SANDBOXD_EGRESS_DNS``: nameservers separated by commas or spaces, each an address,
+    ``ADDRESS:PORT`` (IPv4) or ``[ADDRESS]:PORT``; ``ValueError`` naming a bad one."""
+    found = []
+    for part in text.replace(",", " ").split():
+        host, port = part, DNS_PORT
+        if part.startswith("["):
+            host, _, rest = part[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") else DNS_PORT
+        elif part.count(":") == 1:
+            host, _, number = part.partition(":")
+            port = int(number) if number.isdigit() else -1
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a nameserver address") from None
+        if not 0 < port < 65536:
+            raise ValueError(f"{part!r}: the port is not a port number")
+        found.append((str(address), port))
+    return tuple(found)
 
 
 def nameservers(resolv_conf: str) -> list[str]:

@@ -1,0 +1,315 @@
+"""The egress proxy: where a sandbox's web traffic goes when its policy names hosts
+(docs/isolation.rst, "Egress by name").
+
+nftables redirects such a sandbox's TCP to ports 80 and 443 to this proxy's one listener
+(:func:`sandboxd.isolation.network.egress_policy.policy_script`); the sandbox is known by the
+source address of its veth (:meth:`Sandboxes.sandbox_at`), the address it meant to reach by
+the connection's original destination (``SO_ORIGINAL_DST``). For each connection the proxy
+
+1. reads the first bytes until :func:`~sandboxd.isolation.network.egress_names.peek_name`
+   gives the TLS SNI or HTTP ``Host`` (none: refused);
+2. resolves that name itself, with its own resolver (``SANDBOXD_EGRESS_DNS``, else the host's
+   nameservers), never the sandbox's ``/etc/hosts`` or DNS answers;
+3. refuses the connection when the original destination is not one of the name's addresses
+   (a mismatch: a hard-coded address, an SNI that lies), or when
+   :func:`~sandboxd.isolation.network.egress_verdict.refusal` refuses the name or address;
+4. else connects to that address and splices bytes both ways, each side the producer of
+   the other (Twisted's flow control: a side whose peer cannot keep up stops being read, so
+   no buffer grows without bound).
+
+A refused connection is reset and counted per sandbox by reason (:attr:`EgressProxy.refused`,
+``on_refused``): names and addresses go to the log, never any byte of the payload. At most
+``per_sandbox`` connections of one sandbox are open at once. Everything runs on the reactor
+thread and nothing blocks it (the name lookups are Twisted's, asynchronous).
+"""
+
+import ipaddress
+import socket
+import struct
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from attrs import define, field
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+from twisted.names import dns
+
+from sandboxd.isolation.network.egress_names import PEEK_MAX, peek_name
+from sandboxd.isolation.network.egress_plan import Address, Network
+from sandboxd.isolation.network.egress_policy import EgressPolicy
+from sandboxd.isolation.network.egress_verdict import refusal
+
+log = Logger()
+
+SO_ORIGINAL_DST = 80
+"""``getsockopt`` option (``SOL_IP``; ``IP6T_SO_ORIGINAL_DST`` at ``SOL_IPV6``, same value)."""
+
+PER_SANDBOX = 256
+"""The default most connections one sandbox has open through the proxy at once."""
+
+PEEK_TIMEOUT = 10.0
+"""Longest a connection may take to send the bytes that carry its name (seconds)."""
+
+CONNECT_TIMEOUT = 10.0
+
+NO_NAME_REASON = "no_name"
+MISMATCH = "mismatch"
+UNRESOLVED = "unresolved"
+TOO_MANY = "too_many"
+UNREACHABLE = "unreachable"
+
+
+class Sandboxes(Protocol):
+    """What the proxy asks of the egress mode."""
+
+    def sandbox_at(self, address: str) -> tuple[str, EgressPolicy] | None:
+        """The sandbox (its id and policy now) whose veth has ``address``, if any."""
+
+
+def original_destination(sock: socket.socket) -> tuple[str, int]:
+    """Where a redirected connection was addressed before nftables redirected it."""
+    if sock.family == socket.AF_INET6:
+        raw = sock.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+        return socket.inet_ntop(socket.AF_INET6, raw[8:24]), struct.unpack("!H", raw[2:4])[0]
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    return socket.inet_ntop(socket.AF_INET, raw[4:8]), struct.unpack("!H", raw[2:4])[0]
+
+
+def answer_addresses(results: list[tuple[bool, Any]]) -> set[Address]:
+    """The A and AAAA addresses of a name's lookups (a failed lookup gives none)."""
+    found: set[Address] = set()
+    for ok, result in results:
+        if not ok:
+            continue
+        for record in result[0]:
+            if record.type == dns.A:
+                found.add(ipaddress.IPv4Address(record.payload.address))
+            elif record.type == dns.AAAA:
+                found.add(ipaddress.IPv6Address(record.payload.address))
+    return found
+
+
+@define
+class EgressProxy:
+    """The proxy's state: its sandboxes, resolver, deny list and counts (see the module)."""
+
+    reactor: Any
+    sandboxes: Sandboxes
+    resolver: Any
+    """A Twisted ``IResolver`` (``lookupAddress``, ``lookupIPV6Address``)."""
+    denied: list[Network]
+    """The operator's denied ranges (see :func:`.egress_verdict.operator_denied`)."""
+    is_host: Callable[[Address], bool]
+    per_sandbox: int = PER_SANDBOX
+    on_refused: Callable[[str, str], None] = lambda rid, reason: None
+    refused: Counter[tuple[str, str]] = field(factory=Counter)
+    """Refused connections by (sandbox id, reason)."""
+    open: Counter[str] = field(factory=Counter)
+    """Connections open now, by sandbox id."""
+    _ports: list[Any] = field(factory=list)
+
+    def listen(self, ipv6: bool) -> int:
+        """Start listening on every address (IPv4, and IPv6 when ``ipv6``) on one port; it.
+
+        Only redirected connections from sandbox veths reach it (the ruleset refuses the rest
+        from sandboxes; anyone else is not a sandbox and is closed at once)."""
+        v4 = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        families = [(v4, "0.0.0.0")]
+        if ipv6:
+            v6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            families.append((v6, "::"))
+        port = 0
+        factory = ProxyFactory(self)
+        for sock, address in families:
+            with sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((address, port))
+                port = sock.getsockname()[1]
+                sock.listen(128)
+                sock.setblocking(False)
+                self._ports.append(
+                    self.reactor.adoptStreamPort(sock.fileno(), sock.family, factory)
+                )
+        log.info("egress proxy: listening on port {port}", port=port)
+        return port
+
+    def close(self) -> None:
+        """Stop listening (open connections stay until they end)."""
+        for port in self._ports:
+            port.stopListening()
+        self._ports.clear()
+
+    def refuse(self, rid: str, reason: str, name: str, address: str) -> None:
+        """Count and log a refused connection."""
+        self.refused[(rid, reason)] += 1
+        self.on_refused(rid, reason)
+        log.info(
+            "egress proxy: refused {rid} to {name} at {address}: {reason}",
+            rid=rid,
+            name=name or "(no name)",
+            address=address,
+            reason=reason,
+        )
+
+    def resolve(self, name: str) -> "Deferred[set[Address]]":
+        """The name's addresses (A and AAAA) by the proxy's own resolver."""
+        lookups = [self.resolver.lookupAddress(name), self.resolver.lookupIPV6Address(name)]
+        found: Deferred[Any] = DeferredList(lookups, consumeErrors=True)
+        return found.addCallback(answer_addresses)
+
+
+class ProxyFactory(protocol.Factory):
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
+
+    def buildProtocol(self, addr: Any) -> "SandboxSide":
+        return SandboxSide(self.proxy)
+
+
+class Side(protocol.Protocol):
+    """One side of a spliced connection."""
+
+    @property
+    def tcp(self) -> Any:
+        """The TCP transport (``abortConnection``, the producer methods)."""
+        return self.transport
+
+
+class SandboxSide(Side):
+    """A sandbox's connection: peeked, checked, then spliced to its upstream."""
+
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
+        self.rid = ""
+        self.buffer = b""
+        self.destination: tuple[str, int] = ("", 0)
+        self.upstream: UpstreamSide | None = None
+        self.deciding = False
+        self.timer: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        peer = self.tcp.getPeer().host
+        found = self.proxy.sandboxes.sandbox_at(peer)
+        if found is None:
+            self.tcp.abortConnection()
+            return
+        rid, _ = found
+        try:
+            self.destination = original_destination(self.tcp.getHandle())
+        except OSError:  # pragma: no cover - only a connection nftables did not redirect
+            self.tcp.abortConnection()
+            return
+        if self.proxy.open[rid] >= self.proxy.per_sandbox:
+            self.proxy.refuse(rid, TOO_MANY, "", self.destination[0])
+            self.tcp.abortConnection()
+            return
+        self.rid = rid
+        self.proxy.open[rid] += 1
+        self.timer = self.proxy.reactor.callLater(PEEK_TIMEOUT, self.fail, NO_NAME_REASON, "")
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.upstream is not None:
+            self.upstream.tcp.write(data)
+            return
+        if self.deciding:  # pragma: no cover - the transport is paused meanwhile
+            self.buffer += data
+            return
+        self.buffer += data
+        name = peek_name(self.buffer[: PEEK_MAX + 5])
+        if name is None and len(self.buffer) <= PEEK_MAX + 5:
+            return
+        if not name:
+            self.fail(NO_NAME_REASON, "")
+            return
+        self.deciding = True
+        self.tcp.pauseProducing()
+        self.proxy.resolve(name).addCallback(self.decide, name)
+
+    def decide(self, addresses: set[Address], name: str) -> None:
+        """Connect upstream, or refuse, once the name's addresses are known."""
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        if not self.connected:
+            return
+        found = self.proxy.sandboxes.sandbox_at(self.tcp.getPeer().host)
+        if found is None:  # the sandbox went meanwhile
+            self.tcp.abortConnection()
+            return
+        _, policy = found  # the policy now: a change applies to the next connection
+        address = ipaddress.ip_address(self.destination[0])
+        if not addresses:
+            self.fail(UNRESOLVED, name)
+            return
+        if address not in addresses:
+            self.fail(MISMATCH, name)
+            return
+        reason = refusal(policy, name, address, self.proxy.denied, self.proxy.is_host)
+        if reason is not None:
+            self.fail(reason, name)
+            return
+        factory = UpstreamFactory(self, name)
+        self.proxy.reactor.connectTCP(
+            str(address), self.destination[1], factory, timeout=CONNECT_TIMEOUT
+        )
+
+    def spliced(self, upstream: "UpstreamSide") -> None:
+        """The upstream is connected: hand it what was peeked, then each side paces the other."""
+        self.upstream = upstream
+        upstream.tcp.write(self.buffer)
+        self.buffer = b""
+        upstream.tcp.registerProducer(self.transport, True)
+        self.tcp.registerProducer(upstream.transport, True)
+        self.tcp.resumeProducing()
+
+    def fail(self, reason: str, name: str) -> None:
+        """Refuse the connection: count it, reset it."""
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        if self.connected:
+            self.proxy.refuse(self.rid, reason, name, self.destination[0])
+            self.tcp.abortConnection()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        if self.rid:
+            self.proxy.open[self.rid] -= 1
+            if not self.proxy.open[self.rid]:
+                del self.proxy.open[self.rid]
+        if self.upstream is not None:
+            self.upstream.tcp.loseConnection()
+
+
+class UpstreamFactory(protocol.ClientFactory):
+    def __init__(self, sandbox: SandboxSide, name: str) -> None:
+        self.sandbox = sandbox
+        self.name = name
+
+    def buildProtocol(self, addr: Any) -> "UpstreamSide":
+        return UpstreamSide(self.sandbox)
+
+    def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
+        self.sandbox.fail(UNREACHABLE, self.name)
+
+
+class UpstreamSide(Side):
+    """The proxy's connection to the address the name resolved to."""
+
+    def __init__(self, sandbox: SandboxSide) -> None:
+        self.sandbox = sandbox
+
+    def connectionMade(self) -> None:
+        if not self.sandbox.connected:
+            self.tcp.loseConnection()
+            return
+        self.sandbox.spliced(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.sandbox.tcp.write(data)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.sandbox.tcp.loseConnection()

@@ -1,0 +1,36 @@
+"""Starting the egress proxy of a daemon whose ``egress`` mode is offered (docs/isolation.rst,
+"Egress by name"): its resolver (``SANDBOXD_EGRESS_DNS``, else the nameservers of
+``SANDBOXD_RESOLV_CONF``), its listener, and the mode told the port its policies by name
+redirect to."""
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.names import client
+
+from sandboxd.isolation.network.egress import EgressNetwork
+from sandboxd.isolation.network.egress_policy import is_host_address
+from sandboxd.isolation.network.egress_proxy import EgressProxy
+from sandboxd.isolation.network.egress_verdict import operator_denied
+
+
+def start_egress_proxy(
+    config: Any,
+    reactor: Any,
+    mode: object,
+    on_refused: Callable[[str, str], None],
+) -> EgressProxy | None:
+    """The proxy of ``mode`` when it is the egress mode (``None`` otherwise), listening."""
+    if not isinstance(mode, EgressNetwork):
+        return None
+    servers = config.egress_dns
+    if servers:
+        resolver = client.Resolver(servers=list(servers), reactor=reactor)
+    else:
+        resolver = client.Resolver(resolv=config.resolv_conf, reactor=reactor)
+    plan = mode.egress.plan
+    proxy = EgressProxy(
+        reactor, mode, resolver, operator_denied(plan), is_host_address, on_refused=on_refused
+    )
+    mode.proxy_port = proxy.listen(ipv6=plan.pool6 is not None)
+    return proxy

@@ -1,0 +1,211 @@
+"""Egress by name through the daemon: a real ``twistd sandboxd`` as root, sandboxes whose
+policy names hosts, commands run as their uids trying to reach the test's own "internet" of
+names (:mod:`tests.kernel.names_internet`: a namespace behind a veth with HTTP and HTTPS
+servers on two addresses, certificates of a CA made by the test, and a DNS server the
+daemon's proxy resolves with, ``SANDBOXD_EGRESS_DNS``).
+
+Allowed names are reached (TLS by SNI, HTTP by ``Host``, a wildcard); a denied name, an
+unlisted one, a TLS SNI that does not match the address (what a sandbox's own ``/etc/hosts``
+would make), a hard-coded address without a name or on another port, a name resolving to
+loopback, to the metadata address or to the host itself are refused, each counted in the
+metrics; a policy replaced at run time holds for the next connection.
+"""
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kernel.names_internet import NamesCA, NameServer, WebServer
+from tests.kernel.netns_helpers import scene
+from tests.kernel.test_egress_daemon import exec_out
+from tests.support.daemon import Daemon, start_daemon, stop_daemon
+
+pytestmark = [
+    pytest.mark.kernel,
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
+    pytest.mark.skipif(
+        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
+        reason="needs nft (nftables)",
+    ),
+]
+
+A4, B4, DNS4 = "203.0.113.1", "203.0.113.2", "203.0.113.53"
+HOST4 = "203.0.113.254"
+A6 = "2001:db8:33::1"
+ZONE = {
+    "good.example": [A4, A6],
+    "api.good.example": [B4],
+    "bad.example": [B4],
+    "other.example": [A4],
+    "host.example": [HOST4],
+    "loop.example": ["127.0.0.1"],
+    "meta.example": ["169.254.169.254"],
+}
+POLICY = {
+    "allow_out": [
+        *("good.example", "*.good.example", "bad.example"),
+        *("host.example", "loop.example", "meta.example"),
+    ],
+    "deny_out": ["bad.example"],
+}
+
+FETCH = """
+import socket, ssl, sys
+scheme, name, address, port, ca = sys.argv[1:6]
+family = socket.AF_INET6 if ":" in address else socket.AF_INET
+try:
+    s = socket.socket(family)
+    s.settimeout(5)
+    s.connect((address, int(port)))
+    if scheme == "https":
+        s = ssl.create_default_context(cadata=ca).wrap_socket(s, server_hostname=name)
+    head = f"Host: {name}\\r\\n" if name else ""
+    s.sendall(f"GET / HTTP/1.1\\r\\n{head}Connection: close\\r\\n\\r\\n".encode())
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    print("ok", data.split(b"\\r\\n\\r\\n", 1)[-1].decode() if data else "refused empty")
+except (OSError, ssl.SSLError) as e:
+    print("refused", type(e).__name__)
+"""
+
+
+@pytest.fixture
+def internet() -> Iterator[NamesCA]:
+    """The names' servers: ``a`` on A4 (and A6), ``b`` on B4, ``host`` on the host's own
+    address of the veth, each on 80 (HTTP) and 443 (HTTPS), and ``a`` on 8080 (HTTP)."""
+    ca = NamesCA(sorted(ZONE))
+    servers: list[Any] = []
+    try:
+        with scene() as s:
+            inet = s.netns("inet")
+            inside = [f"{A4}/24", f"{B4}/24", f"{DNS4}/24", f"{A6}/64"]
+            s.wire("n", inet, [f"{HOST4}/24", "2001:db8:33::fe/64"], inside)
+            tls = ca.server_context()
+            for netns, address, banner in (
+                (inet, A4, "a"),
+                (inet, B4, "b"),
+                (inet, A6, "a6"),
+                (None, HOST4, "host"),
+            ):
+                servers.append(WebServer(netns, address, 80, banner, None))
+                servers.append(WebServer(netns, address, 443, banner, tls))
+            servers.append(WebServer(inet, A4, 8080, "a8080", None))
+            servers.append(NameServer(inet, DNS4, ZONE))
+            yield ca
+    finally:
+        for server in servers:
+            server.close()
+        ca.close()
+
+
+def start(tmp_path: Path, uids: int) -> Daemon:
+    base = 490000 + os.getpid() % 1000 * 20
+    return start_daemon(
+        tmp_path,
+        f"--uid-min={base}",
+        f"--uid-max={base + uids - 1}",
+        "--network-allow=egress",
+        env={"SANDBOXD_EGRESS_DNS": DNS4},
+    )
+
+
+def created(daemon: Daemon, network: Any) -> str:
+    for _ in range(600):  # a restarted daemon answers 503 while it reclaims its predecessor's
+        status, body = daemon.call("POST", "/sandboxes", {"network": network})
+        if status != 503:
+            break
+        time.sleep(0.05)
+    assert status == 200, body
+    return str(json.loads(body)["remote_id"])
+
+
+def fetch(
+    daemon: Daemon, rid: str, ca: NamesCA, scheme: str, name: str, address: str, port: int = 0
+) -> str:
+    """What a sandbox's request for ``name`` at ``address`` gets: ``ok <banner> <name the
+    server saw>`` or ``refused <why>``."""
+    port = port or (443 if scheme == "https" else 80)
+    argv = ("python3", "-c", FETCH, scheme, name, address, str(port), ca.pem)
+    return exec_out(daemon, rid, *argv).strip()
+
+
+def refused_counts(daemon: Daemon, rid: str) -> dict[str, float]:
+    status, body = daemon.call("GET", "/metrics")
+    assert status == 200
+    counts = {}
+    for line in body.decode().splitlines():
+        if line.startswith("sandboxd_egress_refused_total{") and f'sandbox="{rid}"' in line:
+            reason = line.split('reason="')[1].split('"')[0]
+            counts[reason] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_allowed_names_are_reached_and_the_rest_refused(internet: NamesCA, tmp_path: Path) -> None:
+    ca = internet
+    daemon = start(tmp_path, 2)
+    try:
+        rid = created(daemon, {"mode": "egress", **POLICY})
+        listed = daemon.json("GET", f"/sandboxes/{rid}/network")
+        assert listed["allow_out"] == POLICY["allow_out"] and listed["deny_out"] == ["bad.example"]
+        # allowed: TLS by SNI, HTTP by Host, a wildcard's name, IPv6
+        assert fetch(daemon, rid, ca, "https", "good.example", A4) == "ok a good.example"
+        assert fetch(daemon, rid, ca, "http", "good.example", A4) == "ok a good.example"
+        assert fetch(daemon, rid, ca, "https", "api.good.example", B4) == "ok b api.good.example"
+        assert fetch(daemon, rid, ca, "https", "good.example", A6) == "ok a6 good.example"
+        # denied (deny wins over allow) and unlisted names
+        assert fetch(daemon, rid, ca, "https", "bad.example", B4).startswith("refused")
+        assert fetch(daemon, rid, ca, "http", "other.example", A4).startswith("refused")
+        # an SNI or Host that is not the address's name (a forged /etc/hosts, a hard-coded
+        # address under an allowed name)
+        assert fetch(daemon, rid, ca, "https", "good.example", B4).startswith("refused")
+        assert fetch(daemon, rid, ca, "http", "api.good.example", A4).startswith("refused")
+        # a hard-coded address: without a name, on another port
+        assert fetch(daemon, rid, ca, "http", "", A4).startswith("refused")
+        assert fetch(daemon, rid, ca, "http", "good.example", A4, 8080).startswith("refused")
+        # names resolving to the host, loopback, the metadata address (DNS rebinding)
+        assert fetch(daemon, rid, ca, "http", "host.example", HOST4).startswith("refused")
+        assert fetch(daemon, rid, ca, "https", "loop.example", A4).startswith("refused")
+        assert fetch(daemon, rid, ca, "http", "meta.example", "169.254.169.254").startswith(
+            "refused"
+        )
+        counts = refused_counts(daemon, rid)
+        assert counts == {
+            "denied": 1,
+            "not_allowed": 1,
+            "mismatch": 3,
+            "no_name": 1,
+            "operator_denied": 2,
+        }, counts
+    finally:
+        stop_daemon(daemon)
+
+
+def test_a_policy_by_name_replaced_at_run_time_holds_for_the_next_connection(
+    internet: NamesCA, tmp_path: Path
+) -> None:
+    ca = internet
+    daemon = start(tmp_path, 2)
+    try:
+        rid = created(daemon, {"mode": "egress", "allow_out": ["good.example"]})
+        assert fetch(daemon, rid, ca, "https", "good.example", A4) == "ok a good.example"
+        assert fetch(daemon, rid, ca, "https", "other.example", A4).startswith("refused")
+        status, body = daemon.call(
+            "PUT", f"/sandboxes/{rid}/network", {"allow_out": ["other.example"]}
+        )
+        assert status == 200, body
+        assert fetch(daemon, rid, ca, "https", "other.example", A4) == "ok a other.example"
+        assert fetch(daemon, rid, ca, "https", "good.example", A4).startswith("refused")
+        assert daemon.call("PUT", f"/sandboxes/{rid}/network", {})[0] == 200  # nothing by name
+        assert fetch(daemon, rid, ca, "https", "good.example", B4) == "ok b good.example"
+    finally:
+        stop_daemon(daemon)
