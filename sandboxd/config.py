@@ -15,6 +15,7 @@ from sandboxd.isolation.namespaces.kinds import parse_namespaces
 from sandboxd.isolation.network.egress_plan import (
     DEFAULT_POOL6,
     PRIVATE_RANGES,
+    Nameserver,
     parse_dns_servers,
     parse_networks,
     parse_pool4,
@@ -230,7 +231,7 @@ class Config:
         parse_count,
         "Most entries in one allow_out or deny_out list of a sandbox's egress policy",
     )
-    egress_dns: tuple[tuple[str, int], ...] = setting_field(
+    egress_dns: tuple[Nameserver, ...] = setting_field(
         "SANDBOXD_EGRESS_DNS",
         "",
         parse_dns_servers,

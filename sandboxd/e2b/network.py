@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest
-from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_entries, parse_list
+from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_list
 
 if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 ALL_TRAFFIC = "0.0.0.0/0"
 """The SDK's ``ctx.all_traffic``."""
 
-EVERYTHING = parse_entries("all traffic", [ALL_TRAFFIC, "::/0"])
+EVERYTHING = parse_list("all traffic", [ALL_TRAFFIC, "::/0"])[0]
 
 KNOWN = ("allowOut", "denyOut", "dnsServers", "allowPublicTraffic")
 

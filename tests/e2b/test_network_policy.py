@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_entries
+from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_list
 from sandboxd.isolation.network.modes import HostNetwork, NetworkMode, NoNetwork
 from tests.e2b.memory import Memory, memory_front
 from tests.e2b.test_networking import with_policy
@@ -29,7 +29,7 @@ def memory(tmp_path: Path) -> Iterator[tuple[Memory, PolicedMode]]:
 
 
 def policy(allow: list[str], deny: list[str]) -> EgressPolicy:
-    return EgressPolicy(parse_entries("a", allow), parse_entries("d", deny), allow_wins=True)
+    return EgressPolicy(parse_list("a", allow)[0], parse_list("d", deny)[0], allow_wins=True)
 
 
 @pytest.mark.parametrize(

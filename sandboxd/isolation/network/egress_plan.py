@@ -275,7 +275,18 @@ table inet {self.table} {{
         return "".join(f"nameserver {ipaddress.ip_address(ns)}\n" for ns in nameservers)
 
 
-def parse_dns_servers(text: str) -> tuple[tuple[str, int], ...]:
+@frozen
+class Nameserver:
+    """One nameserver of ``SANDBOXD_EGRESS_DNS``."""
+
+    host: str
+    port: int = DNS_PORT
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_dns_servers(text: str) -> tuple[Nameserver, ...]:
     """``SANDBOXD_EGRESS_DNS``: nameservers separated by commas or spaces, each an address,
     ``ADDRESS:PORT`` (IPv4) or ``[ADDRESS]:PORT``; ``ValueError`` naming a bad one."""
     found = []
@@ -293,7 +304,7 @@ def parse_dns_servers(text: str) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"{part!r} is not a nameserver address") from None
         if not 0 < port < 65536:
             raise ValueError(f"{part!r}: the port is not a port number")
-        found.append((str(address), port))
+        found.append(Nameserver(str(address), port))
     return tuple(found)
 
 

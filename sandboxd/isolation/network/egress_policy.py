@@ -101,22 +101,6 @@ class PolicyHolder(Protocol):
         """The policy of the attached sandbox ``rid``."""
 
 
-def parse_entries(name: str, value: object) -> tuple[Network, ...]:
-    """One list of a request (``allow_out`` or ``deny_out``): addresses and CIDRs, IPv4 or
-    IPv6; ``ValueError`` naming the list and the entry otherwise."""
-    if not isinstance(value, list) or not all(isinstance(entry, str) for entry in value):
-        raise ValueError(f"{name}: must be a list of addresses or CIDRs")
-    found: list[Network] = []
-    for entry in value:
-        try:
-            found.append(ipaddress.ip_network(entry.strip(), strict=False))
-        except ValueError:
-            raise ValueError(
-                f"{name}: {entry!r} is not an address or CIDR (host names are not matched yet)"
-            ) from None
-    return tuple(dict.fromkeys(found))
-
-
 def parse_list(name: str, value: object) -> tuple[tuple[Network, ...], tuple[str, ...]]:
     """One list of a request holding addresses, CIDRs and host names (exact or ``*.`` and a
     name): its networks and its name patterns; ``ValueError`` naming the list and the entry."""

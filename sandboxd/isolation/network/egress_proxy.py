@@ -27,7 +27,7 @@ import ipaddress
 import socket
 import struct
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from attrs import define, field
@@ -54,6 +54,8 @@ PEEK_TIMEOUT = 10.0
 """Longest a connection may take to send the bytes that carry its name (seconds)."""
 
 CONNECT_TIMEOUT = 10.0
+
+ALL_INTERFACES = ("0.0.0.0", "::")
 
 NO_NAME_REASON = "no_name"
 MISMATCH = "mismatch"
@@ -111,29 +113,25 @@ class EgressProxy:
     """Connections open now, by sandbox id."""
     _ports: list[Any] = field(factory=list)
 
-    def listen(self, ipv6: bool) -> int:
-        """Start listening on every address (IPv4, and IPv6 when ``ipv6``) on one port; it.
+    def listen(self, interfaces: Sequence[str] = ALL_INTERFACES) -> int:
+        """Start listening on ``interfaces`` (every IPv4 address, and every IPv6 one when the
+        pool has IPv6), all on one port; that port.
 
         Only redirected connections from sandbox veths reach it (the ruleset refuses the rest
         from sandboxes; anyone else is not a sandbox and is closed at once)."""
-        v4 = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        families = [(v4, "0.0.0.0")]
-        if ipv6:
-            v6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            families.append((v6, "::"))
         port = 0
         factory = ProxyFactory(self)
-        for sock, address in families:
-            with sock:
+        for address in interfaces:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                if family == socket.AF_INET6:  # the IPv4 listener has IPv4's
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((address, port))
                 port = sock.getsockname()[1]
                 sock.listen(128)
                 sock.setblocking(False)
-                self._ports.append(
-                    self.reactor.adoptStreamPort(sock.fileno(), sock.family, factory)
-                )
+                self._ports.append(self.reactor.adoptStreamPort(sock.fileno(), family, factory))
         log.info("egress proxy: listening on port {port}", port=port)
         return port
 
@@ -189,6 +187,8 @@ class SandboxSide(Side):
         self.destination: tuple[str, int] = ("", 0)
         self.upstream: UpstreamSide | None = None
         self.deciding = False
+        self.gone = False
+        """Closed, or refused: nothing more is done for it."""
         self.timer: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
@@ -231,9 +231,8 @@ class SandboxSide(Side):
 
     def decide(self, addresses: set[Address], name: str) -> None:
         """Connect upstream, or refuse, once the name's addresses are known."""
-        if self.timer is not None and self.timer.active():
-            self.timer.cancel()
-        if not self.connected:
+        self._stop_timer()
+        if self.gone:  # hung up, or timed out, while the name was resolved
             return
         found = self.proxy.sandboxes.sandbox_at(self.tcp.getPeer().host)
         if found is None:  # the sandbox went meanwhile
@@ -266,16 +265,21 @@ class SandboxSide(Side):
         self.tcp.resumeProducing()
 
     def fail(self, reason: str, name: str) -> None:
-        """Refuse the connection: count it, reset it."""
-        if self.timer is not None and self.timer.active():
-            self.timer.cancel()
-        if self.connected:
+        """Refuse the connection (once): count it, reset it."""
+        self._stop_timer()
+        if not self.gone:
+            self.gone = True
             self.proxy.refuse(self.rid, reason, name, self.destination[0])
             self.tcp.abortConnection()
 
-    def connectionLost(self, reason: Any = None) -> None:
+    def _stop_timer(self) -> None:
         if self.timer is not None and self.timer.active():
             self.timer.cancel()
+        self.timer = None
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.gone = True
+        self._stop_timer()
         if self.rid:
             self.proxy.open[self.rid] -= 1
             if not self.proxy.open[self.rid]:
@@ -303,7 +307,7 @@ class UpstreamSide(Side):
         self.sandbox = sandbox
 
     def connectionMade(self) -> None:
-        if not self.sandbox.connected:
+        if self.sandbox.gone:
             self.tcp.loseConnection()
             return
         self.sandbox.spliced(self)

@@ -3,14 +3,14 @@
 ``SANDBOXD_RESOLV_CONF``), its listener, and the mode told the port its policies by name
 redirect to."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from twisted.names import client
 
 from sandboxd.isolation.network.egress import EgressNetwork
 from sandboxd.isolation.network.egress_policy import is_host_address
-from sandboxd.isolation.network.egress_proxy import EgressProxy
+from sandboxd.isolation.network.egress_proxy import ALL_INTERFACES, EgressProxy
 from sandboxd.isolation.network.egress_verdict import operator_denied
 
 
@@ -19,18 +19,22 @@ def start_egress_proxy(
     reactor: Any,
     mode: object,
     on_refused: Callable[[str, str], None],
+    interfaces: Sequence[str] = ALL_INTERFACES,
 ) -> EgressProxy | None:
     """The proxy of ``mode`` when it is the egress mode (``None`` otherwise), listening."""
     if not isinstance(mode, EgressNetwork):
         return None
     servers = config.egress_dns
     if servers:
-        resolver = client.Resolver(servers=list(servers), reactor=reactor)
+        addresses = [(server.host, server.port) for server in servers]
+        resolver = client.Resolver(servers=addresses, reactor=reactor)
     else:
         resolver = client.Resolver(resolv=config.resolv_conf, reactor=reactor)
     plan = mode.egress.plan
     proxy = EgressProxy(
         reactor, mode, resolver, operator_denied(plan), is_host_address, on_refused=on_refused
     )
-    mode.proxy_port = proxy.listen(ipv6=plan.pool6 is not None)
+    if plan.pool6 is None:
+        interfaces = [address for address in interfaces if ":" not in address]
+    mode.proxy_port = proxy.listen(interfaces)
     return proxy
