@@ -188,3 +188,31 @@ class NameServer:
         with suppress(OSError):  # wakes the thread blocked on the socket, which then ends
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+class UdpEcho:
+    """A UDP server in ``netns`` sending every datagram back (QUIC's port, say)."""
+
+    def __init__(self, netns: str, address: str, port: int) -> None:
+        def make() -> socket.socket:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.bind((address, port))
+            return s
+
+        self.sock = in_netns(netns, make)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except OSError:
+                return
+            if not data:  # shut down
+                return
+            self.sock.sendto(data, peer)
+
+    def close(self) -> None:
+        with suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()

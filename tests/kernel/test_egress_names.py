@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.kernel.names_internet import NamesCA, NameServer, WebServer
+from tests.kernel.names_internet import NamesCA, NameServer, UdpEcho, WebServer
 from tests.kernel.netns_helpers import scene
 from tests.kernel.test_egress_daemon import exec_out
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
@@ -79,10 +79,24 @@ except (OSError, ssl.SSLError) as e:
 """
 
 
+DATAGRAM = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(3)
+s.connect((sys.argv[1], int(sys.argv[2])))
+try:
+    s.send(b"quic?")
+    print("ok", s.recv(100).decode())
+except OSError as e:
+    print("refused", type(e).__name__)
+"""
+
+
 @pytest.fixture
 def internet() -> Iterator[NamesCA]:
     """The names' servers: ``a`` on A4 (and A6), ``b`` on B4, ``host`` on the host's own
-    address of the veth, each on 80 (HTTP) and 443 (HTTPS), and ``a`` on 8080 (HTTP)."""
+    address of the veth, each on 80 (HTTP) and 443 (HTTPS), ``a`` on 8080 (HTTP) and a UDP
+    echo on A4's 443 (where QUIC would be)."""
     ca = NamesCA(sorted(ZONE))
     servers: list[Any] = []
     try:
@@ -101,6 +115,7 @@ def internet() -> Iterator[NamesCA]:
                 servers.append(WebServer(netns, address, 443, banner, tls))
             servers.append(WebServer(inet, A4, 8080, "a8080", None))
             servers.append(NameServer(inet, DNS4, ZONE))
+            servers.append(UdpEcho(inet, A4, 443))
             yield ca
     finally:
         for server in servers:
@@ -205,7 +220,15 @@ def test_a_policy_by_name_replaced_at_run_time_holds_for_the_next_connection(
         assert status == 200, body
         assert fetch(daemon, rid, ca, "https", "other.example", A4) == "ok a other.example"
         assert fetch(daemon, rid, ca, "https", "good.example", A4).startswith("refused")
+        # a deny list of names alone: every address stays allowed but UDP (QUIC has no name)
+        udp = ("python3", "-c", DATAGRAM, A4, "443")
+        only_bad = {"deny_out": ["bad.example"]}
+        assert daemon.call("PUT", f"/sandboxes/{rid}/network", only_bad)[0] == 200
+        assert fetch(daemon, rid, ca, "https", "good.example", A4) == "ok a good.example"
+        assert fetch(daemon, rid, ca, "https", "bad.example", B4).startswith("refused")
+        assert exec_out(daemon, rid, *udp).startswith("refused")
         assert daemon.call("PUT", f"/sandboxes/{rid}/network", {})[0] == 200  # nothing by name
         assert fetch(daemon, rid, ca, "https", "good.example", B4) == "ok b good.example"
+        assert exec_out(daemon, rid, *udp).strip() == "ok quic?"
     finally:
         stop_daemon(daemon)
