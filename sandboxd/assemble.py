@@ -324,6 +324,7 @@ def _egress_proxy(
         reactor,
         isolation.namespaces.network.offered.get("egress"),
         lambda rid, reason: metrics.egress_refused.labels(rid, reason).inc(),
+        metrics.egress_refused.remove,  # a sandbox's counts go with it
     )
     if proxy is not None:
         undo.add("egress proxy", proxy.close)

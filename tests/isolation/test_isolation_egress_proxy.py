@@ -360,7 +360,9 @@ def test_the_proxy_listens_on_one_port_for_both_families(tmp_path: Path) -> None
     config = SimpleNamespace(
         egress_dns=parse_dns_servers("127.0.0.1:5353"), resolv_conf="/nonexistent"
     )
-    proxy = start_egress_proxy(config, reactor, mode, lambda rid, why: None, ("127.0.0.1", "::1"))
+    proxy = start_egress_proxy(
+        config, reactor, mode, lambda rid, why: None, interfaces=("127.0.0.1", "::1")
+    )
     assert proxy is not None and mode.proxy_port > 0
     assert [family for _, family, _ in reactor.adoptedPorts] == [socket.AF_INET, socket.AF_INET6]
     assert isinstance(reactor.adoptedPorts[0][2].buildProtocol(None), SandboxSide)
@@ -368,7 +370,30 @@ def test_the_proxy_listens_on_one_port_for_both_families(tmp_path: Path) -> None
     no6 = EgressNetwork(Host().egress(tmp_path, plan(pool6=None)), capacity=1)
     config.egress_dns = ()
     proxy = start_egress_proxy(
-        config, MemoryReactorClock(), no6, lambda r, w: None, ("127.0.0.1", "::1")
+        config, MemoryReactorClock(), no6, lambda r, w: None, interfaces=("127.0.0.1", "::1")
     )
     assert proxy is not None and len(proxy._ports) == 1
     assert start_egress_proxy(config, reactor, object(), lambda r, w: None) is None
+
+
+def test_a_sandboxs_counts_go_with_it(tmp_path: Path) -> None:
+    host = Host()
+    mode = EgressNetwork(host.egress(tmp_path), capacity=2)
+    forgotten: list[tuple[str, str]] = []
+    proxy = start_egress_proxy(
+        SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent"),
+        MemoryReactorClock(),
+        mode,
+        lambda rid, why: None,
+        lambda rid, why: forgotten.append((rid, why)),
+        interfaces=("127.0.0.1",),
+    )
+    assert proxy is not None
+    mode.prepare()
+    mode.attach("a", "/ns/a")
+    proxy.refuse("a", "denied", "bad.example", "203.0.113.2")
+    proxy.refuse("b", "mismatch", "good.example", "203.0.113.2")
+    mode.detach("a", "/ns/a")
+    assert forgotten == [("a", "denied")] and proxy.refused == {("b", "mismatch"): 1}
+    proxy.close()
+    mode.close()

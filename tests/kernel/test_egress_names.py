@@ -201,6 +201,8 @@ def test_allowed_names_are_reached_and_the_rest_refused(internet: NamesCA, tmp_p
             "no_name": 1,
             "operator_denied": 2,
         }, counts
+        assert daemon.call("DELETE", f"/sandboxes/{rid}")[0] == 204
+        assert refused_counts(daemon, rid) == {}  # a sandbox's counts go with it
     finally:
         stop_daemon(daemon)
 

@@ -13,6 +13,7 @@ import ipaddress
 import os
 import shutil
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from attrs import define, field
@@ -86,6 +87,8 @@ class EgressNetwork:
     proxy_port: int = 0
     """The port of the egress proxy (:mod:`sandboxd.isolation.network.egress_proxy`), which
     the composition root starts; ``0``: none, and a policy naming hosts is refused."""
+    on_detach: Callable[[str], None] = lambda rid: None
+    """Told each sandbox that goes (the proxy drops its counts)."""
     _slots: dict[str, int] = field(factory=dict)
     _policies: dict[str, EgressPolicy] = field(factory=dict)
     _staged: dict[str, EgressPolicy] = field(factory=dict)
@@ -171,6 +174,7 @@ class EgressNetwork:
     def detach(self, rid: str, netns: str) -> None:
         slot = self._slots.pop(rid, None)
         policy = self._policies.pop(rid, OPEN)
+        self.on_detach(rid)
         if slot is not None:  # (a predecessor's veths went when the layer started)
             if not policy.empty:  # the slot's next sandbox must not inherit it
                 try:

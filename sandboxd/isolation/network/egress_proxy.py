@@ -107,6 +107,8 @@ class EgressProxy:
     is_host: Callable[[Address], bool]
     per_sandbox: int = PER_SANDBOX
     on_refused: Callable[[str, str], None] = lambda rid, reason: None
+    on_forget: Callable[[str, str], None] = lambda rid, reason: None
+    """Called for each (sandbox, reason) counted when :meth:`forget` drops its counts."""
     refused: Counter[tuple[str, str]] = field(factory=Counter)
     """Refused connections by (sandbox id, reason)."""
     open: Counter[str] = field(factory=Counter)
@@ -152,6 +154,12 @@ class EgressProxy:
             address=address,
             reason=reason,
         )
+
+    def forget(self, rid: str) -> None:
+        """Drop the counts of a sandbox that went (so that they do not pile up forever)."""
+        for key in [key for key in self.refused if key[0] == rid]:
+            del self.refused[key]
+            self.on_forget(*key)
 
     def resolve(self, name: str) -> "Deferred[set[Address]]":
         """The name's addresses (A and AAAA) by the proxy's own resolver."""

@@ -19,9 +19,12 @@ def start_egress_proxy(
     reactor: Any,
     mode: object,
     on_refused: Callable[[str, str], None],
+    on_forget: Callable[[str, str], None] = lambda rid, reason: None,
     interfaces: Sequence[str] = ALL_INTERFACES,
 ) -> EgressProxy | None:
-    """The proxy of ``mode`` when it is the egress mode (``None`` otherwise), listening."""
+    """The proxy of ``mode`` when it is the egress mode (``None`` otherwise), listening;
+    ``on_refused`` is told each refusal, ``on_forget`` each count dropped when its sandbox
+    goes."""
     if not isinstance(mode, EgressNetwork):
         return None
     servers = config.egress_dns
@@ -32,8 +35,15 @@ def start_egress_proxy(
         resolver = client.Resolver(resolv=config.resolv_conf, reactor=reactor)
     plan = mode.egress.plan
     proxy = EgressProxy(
-        reactor, mode, resolver, operator_denied(plan), is_host_address, on_refused=on_refused
+        reactor,
+        mode,
+        resolver,
+        operator_denied(plan),
+        is_host_address,
+        on_refused=on_refused,
+        on_forget=on_forget,
     )
+    mode.on_detach = proxy.forget
     if plan.pool6 is None:
         interfaces = [address for address in interfaces if ":" not in address]
     mode.proxy_port = proxy.listen(interfaces)
