@@ -380,9 +380,11 @@ def test_a_sandboxs_counts_go_with_it(tmp_path: Path) -> None:
     host = Host()
     mode = EgressNetwork(host.egress(tmp_path), capacity=2)
     forgotten: list[tuple[str, str]] = []
+    reactor = MemoryReactorClock()
+    reactor.callFromThread = lambda f, *a: f(*a)  # type: ignore[attr-defined]
     proxy = start_egress_proxy(
         SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent"),
-        MemoryReactorClock(),
+        reactor,
         mode,
         lambda rid, why: None,
         lambda rid, why: forgotten.append((rid, why)),

@@ -90,6 +90,8 @@ class EgressNetwork:
     on_detach: Callable[[str], None] = lambda rid: None
     """Told each sandbox that goes (the proxy drops its counts)."""
     _slots: dict[str, int] = field(factory=dict)
+    _rids: dict[int, str] = field(factory=dict)
+    """The sandbox of each slot taken (the inverse of ``_slots``)."""
     _policies: dict[str, EgressPolicy] = field(factory=dict)
     _staged: dict[str, EgressPolicy] = field(factory=dict)
     _stale: set[int] = field(factory=set)
@@ -165,6 +167,7 @@ class EgressNetwork:
             self._stop_when_idle()
             raise OSError(errno.EIO, f"egress: {e}") from None
         self._slots[rid] = slot
+        self._rids[slot] = rid
         policy = self._staged.pop(rid, OPEN)
         if slot in self._stale or not policy.empty:
             # An OSError fails the create: the pin goes and detach frees the slot again.
@@ -176,6 +179,7 @@ class EgressNetwork:
         policy = self._policies.pop(rid, OPEN)
         self.on_detach(rid)
         if slot is not None:  # (a predecessor's veths went when the layer started)
+            self._rids.pop(slot, None)
             if not policy.empty:  # the slot's next sandbox must not inherit it
                 try:
                     self.egress.run(["nft", "-f", "-"], policy_script(self.egress.plan, slot, OPEN))
@@ -229,11 +233,9 @@ class EgressNetwork:
         pool = plan.pool4 if parsed.version == 4 else plan.pool6
         if pool is None or parsed not in pool:
             return None
-        offset = int(parsed) - int(pool.network_address)
-        for rid, slot in self._slots.items():
-            if offset == 2 * slot + 1:
-                return rid, self.policy(rid)
-        return None
+        slot, odd = divmod(int(parsed) - int(pool.network_address), 2)
+        rid = self._rids.get(slot) if odd else None  # (one lookup: detach runs in a thread)
+        return None if rid is None else (rid, self.policy(rid))
 
     def _stop_when_idle(self) -> None:
         """Lazy, with no egress sandbox left: give the host back what the layer changed."""

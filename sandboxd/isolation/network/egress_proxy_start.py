@@ -43,7 +43,8 @@ def start_egress_proxy(
         on_refused=on_refused,
         on_forget=on_forget,
     )
-    mode.on_detach = proxy.forget
+    # detach runs in a worker thread; the proxy's counts are the reactor thread's
+    mode.on_detach = lambda rid: reactor.callFromThread(proxy.forget, rid)
     if plan.pool6 is None:
         interfaces = [address for address in interfaces if ":" not in address]
     mode.proxy_port = proxy.listen(interfaces)
