@@ -11,6 +11,7 @@ loopback, to the metadata address or to the host itself are refused, each counte
 metrics; a policy replaced at run time holds for the next connection.
 """
 
+import base64
 import json
 import os
 import subprocess
@@ -154,6 +155,22 @@ def fetch(
     return exec_out(daemon, rid, *argv).strip()
 
 
+CURL = (
+    'printf %s "$1" >"$HOME/ca.pem"; curl -sS -m 5 --cacert "$HOME/ca.pem" --resolve "$2" "$3" 2>&1'
+)
+
+
+def curl(daemon: Daemon, rid: str, ca: NamesCA, resolve: str, url: str) -> str:
+    """What ``curl`` in the sandbox gets for ``url``, its name resolved as ``resolve`` says
+    (``NAME:PORT:ADDRESS``, what a line of the sandbox's own ``/etc/hosts`` would do)."""
+    status, body = daemon.call(
+        "POST", f"/sandboxes/{rid}/exec", {"cmd": ["sh", "-c", CURL, "sh", ca.pem, resolve, url]}
+    )
+    assert status == 200, body
+    final = json.loads(body.splitlines()[-1])
+    return base64.b64decode(final["out"]).decode().strip()
+
+
 def refused_counts(daemon: Daemon, rid: str) -> dict[str, float]:
     status, body = daemon.call("GET", "/metrics")
     assert status == 200
@@ -184,6 +201,10 @@ def test_allowed_names_are_reached_and_the_rest_refused(internet: NamesCA, tmp_p
         # address under an allowed name)
         assert fetch(daemon, rid, ca, "https", "good.example", B4).startswith("refused")
         assert fetch(daemon, rid, ca, "http", "api.good.example", A4).startswith("refused")
+        # curl, its name resolved by the sandbox to the right address, then to another one
+        url = "https://good.example/"
+        assert curl(daemon, rid, ca, f"good.example:443:{A4}", url) == "a good.example"
+        assert "curl: (35)" in curl(daemon, rid, ca, f"good.example:443:{B4}", url)
         # a hard-coded address: without a name, on another port
         assert fetch(daemon, rid, ca, "http", "", A4).startswith("refused")
         assert fetch(daemon, rid, ca, "http", "good.example", A4, 8080).startswith("refused")
@@ -197,7 +218,7 @@ def test_allowed_names_are_reached_and_the_rest_refused(internet: NamesCA, tmp_p
         assert counts == {
             "denied": 1,
             "not_allowed": 1,
-            "mismatch": 3,
+            "mismatch": 4,
             "no_name": 1,
             "operator_denied": 2,
         }, counts
