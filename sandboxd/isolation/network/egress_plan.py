@@ -17,8 +17,10 @@ the replies of its own connections. What the operator lets through, each sandbox
 further: its veth maps to a chain of its own in the ``policies`` verdict map (see
 :mod:`sandboxd.isolation.network.egress_policy`), looked at only after every rule above.
 A sandbox whose policy names hosts has its veth in the ``proxied`` set: its web traffic is
-redirected (``proxy_redirect``) to the daemon's egress proxy, the one thing of the host such
-a sandbox reaches (and only so redirected).
+redirected (``proxy_redirect``, a NAT chain made with the first such policy, so that a
+kernel without NAT in the ``inet`` family, before Linux 5.2, loses only names) to the
+daemon's egress proxy, the one thing of the host such a sandbox reaches (and only so
+redirected).
 """
 
 import ipaddress
@@ -227,9 +229,6 @@ table inet {self.table} {{
   set deny6 {{ type ipv6_addr; flags interval; elements = {{ {", ".join(deny6)} }} }}
   map policies {{ type ifname : verdict; }}
   set proxied {{ type ifname; }}
-  chain proxy_redirect {{
-    type nat hook prerouting priority dstnat; policy accept;
-  }}
   chain prerouting {{
     type filter hook prerouting priority -300; policy accept;
     iifname {veth} ip6 saddr fe80::/10 accept

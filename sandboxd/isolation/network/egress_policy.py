@@ -208,6 +208,8 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy, proxy_port:
             raise ValueError("host names in a policy need the egress proxy, which is not running")
         ports = ", ".join(str(port) for port in PROXIED_PORTS)
         lines += [
+            f"add chain {table} proxy_redirect"
+            " { type nat hook prerouting priority -100; policy accept; }",
             f"flush chain {table} proxy_redirect",
             f"add rule {table} proxy_redirect iifname @proxied tcp dport {{ {ports} }}"
             f" redirect to :{proxy_port}",
