@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import fail, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.names import dns
 
@@ -148,6 +148,8 @@ class FakeSocket:
         self.raw = raw
 
     def getsockopt(self, level: int, option: int, size: int) -> bytes:
+        if not self.raw:
+            raise OSError(92, "ENOPROTOOPT: not redirected")
         assert option == 80 and size == len(self.raw)
         return self.raw
 
@@ -191,14 +193,15 @@ class Resolver:
         self.zone = zone
         self.asked: list[str] = []
 
-    def lookupAddress(self, name: str) -> Any:
+    def lookupAddress(self, name: str, timeout: Any = None) -> Any:
+        assert timeout == (1, 3)  # not Twisted's minute
         self.asked.append(name)
         if name not in self.zone:
             return fail(Exception("NXDOMAIN"))
         v4 = [record(dns.A, dns.Record_A(a)) for a in self.zone[name] if ":" not in a]
         return succeed((v4, [], []))
 
-    def lookupIPV6Address(self, name: str) -> Any:
+    def lookupIPV6Address(self, name: str, timeout: Any = None) -> Any:
         v6 = [record(dns.AAAA, dns.Record_AAAA(a)) for a in self.zone.get(name, []) if ":" in a]
         return succeed((v6, [], []))
 
@@ -211,6 +214,10 @@ class Redirected(StringTransport):
         raw = struct.pack("!HH4s8x", socket.AF_INET, port, socket.inet_aton(destination))
         self.handle = FakeSocket(socket.AF_INET, raw)
         self.aborted = False
+        self.write_closed = False
+
+    def loseWriteConnection(self) -> None:
+        self.write_closed = True
 
     def getHandle(self) -> FakeSocket:
         return self.handle
@@ -399,3 +406,69 @@ def test_a_sandboxs_counts_go_with_it(tmp_path: Path) -> None:
     assert forgotten == [("a", "denied")] and proxy.refused == {("b", "mismatch"): 1}
     proxy.close()
     mode.close()
+
+
+class Wire(StringTransport):
+    """The upstream's connection."""
+
+    write_closed = False
+
+    def loseWriteConnection(self) -> None:
+        self.write_closed = True
+
+
+def spliced(proxy: EgressProxy, reactor: MemoryReactorClock) -> tuple[Any, Redirected, Any, Wire]:
+    side, transport = connect(proxy)
+    side.dataReceived(b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n")
+    upstream: Any = reactor.tcpClients[-1][2].buildProtocol(None)
+    wire = Wire()
+    upstream.makeConnection(wire)
+    return side, transport, upstream, wire
+
+
+def test_a_half_close_passes_through_and_both_ends_close_when_done() -> None:
+    proxy, reactor = proxy_for(GOOD)
+    side, transport, upstream, wire = spliced(proxy, reactor)
+    side.readConnectionLost()  # the sandbox's shutdown(SHUT_WR): the upstream sees its end
+    assert wire.write_closed and not transport.disconnecting
+    upstream.dataReceived(b"answer")
+    upstream.readConnectionLost()  # the answer is all: the sandbox sees the end
+    assert transport.write_closed and transport.value() == b"answer"
+    upstream.writeConnectionLost()
+    assert wire.disconnecting  # nothing left either way
+    side.writeConnectionLost()
+    assert transport.disconnecting and not proxy.refused
+
+
+def test_a_half_close_before_the_upstream_is_up() -> None:
+    proxy, reactor = proxy_for(GOOD)
+    pending: list[Deferred[Any]] = []
+
+    def later(name: str, timeout: Any) -> Deferred[Any]:
+        pending.append(Deferred())
+        return pending[-1]
+
+    proxy.resolver.lookupAddress = later
+    side, transport = connect(proxy)
+    side.dataReceived(b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n")
+    side.dataReceived(b"body")  # read before the pause took hold: kept
+    side.readConnectionLost()
+    pending[0].callback(([record(dns.A, dns.Record_A("203.0.113.1"))], [], []))
+    upstream: Any = reactor.tcpClients[-1][2].buildProtocol(None)
+    wire = Wire()
+    upstream.makeConnection(wire)
+    assert wire.value().endswith(b"\r\n\r\nbody") and wire.write_closed
+    assert transport.producerState == "paused"  # nothing more to read from it
+    peeking, peeking_transport = connect(proxy)
+    peeking.dataReceived(b"GET / HTTP/1.1\r\nHo")
+    peeking.readConnectionLost()  # its name can never be complete
+    assert peeking_transport.aborted and proxy.refused == {("a", "no_name"): 1}
+
+
+def test_a_connection_nftables_did_not_redirect_is_closed() -> None:
+    proxy, _ = proxy_for(GOOD)
+    side = SandboxSide(proxy)
+    transport = Redirected("10.200.0.1", "203.0.113.1", 443)
+    transport.handle = FakeSocket(socket.AF_INET, b"")
+    side.makeConnection(transport)
+    assert transport.aborted and not proxy.open

@@ -12,6 +12,7 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from contextlib import suppress
 
@@ -126,6 +127,8 @@ class WebServer:
             for line in head.split(b"\r\n")[1:]:
                 if line.lower().startswith(b"host:"):
                     host = line[5:].strip().decode()
+            if head.startswith(b"GET /slow "):  # answers after the client has said all
+                time.sleep(0.3)
             body = f"{self.banner} {sni or host}".encode()
             conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         except (OSError, ssl.SSLError):

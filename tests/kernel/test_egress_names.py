@@ -67,14 +67,17 @@ try:
     if scheme == "https":
         s = ssl.create_default_context(cadata=ca).wrap_socket(s, server_hostname=name)
     head = f"Host: {name}\\r\\n" if name else ""
-    s.sendall(f"GET / HTTP/1.1\\r\\n{head}Connection: close\\r\\n\\r\\n".encode())
+    path = "/slow" if scheme == "http-half" else "/"
+    s.sendall(f"GET {path} HTTP/1.1\\r\\n{head}Connection: close\\r\\n\\r\\n".encode())
+    if scheme == "http-half":  # all said: the answer, which comes later, must still come
+        s.shutdown(socket.SHUT_WR)
     data = b""
     while True:
         chunk = s.recv(4096)
         if not chunk:
             break
         data += chunk
-    print("ok", data.split(b"\\r\\n\\r\\n", 1)[-1].decode() if data else "refused empty")
+    print("ok " + data.split(b"\\r\\n\\r\\n", 1)[-1].decode() if data else "refused empty")
 except (OSError, ssl.SSLError) as e:
     print("refused", type(e).__name__)
 """
@@ -150,7 +153,7 @@ def fetch(
 ) -> str:
     """What a sandbox's request for ``name`` at ``address`` gets: ``ok <banner> <name the
     server saw>`` or ``refused <why>``."""
-    port = port or (443 if scheme == "https" else 80)
+    port = port or (443 if scheme == "https" else 80)  # (http-half: HTTP, then SHUT_WR)
     argv = ("python3", "-c", FETCH, scheme, name, address, str(port), ca.pem)
     return exec_out(daemon, rid, *argv).strip()
 
@@ -192,6 +195,7 @@ def test_allowed_names_are_reached_and_the_rest_refused(internet: NamesCA, tmp_p
         # allowed: TLS by SNI, HTTP by Host, a wildcard's name, IPv6
         assert fetch(daemon, rid, ca, "https", "good.example", A4) == "ok a good.example"
         assert fetch(daemon, rid, ca, "http", "good.example", A4) == "ok a good.example"
+        assert fetch(daemon, rid, ca, "http-half", "good.example", A4) == "ok a good.example"
         assert fetch(daemon, rid, ca, "https", "api.good.example", B4) == "ok b api.good.example"
         assert fetch(daemon, rid, ca, "https", "good.example", A6) == "ok a6 good.example"
         # denied (deny wins over allow) and unlisted names

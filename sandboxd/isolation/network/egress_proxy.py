@@ -33,9 +33,10 @@ from typing import Any, Protocol
 from attrs import define, field
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
 from twisted.logger import Logger
 from twisted.names import dns
+from zope.interface import implementer
 
 from sandboxd.isolation.network.egress_names import PEEK_MAX, peek_name
 from sandboxd.isolation.network.egress_plan import Address, Network
@@ -54,6 +55,10 @@ PEEK_TIMEOUT = 10.0
 """Longest a connection may take to send the bytes that carry its name (seconds)."""
 
 CONNECT_TIMEOUT = 10.0
+
+RESOLVE_TIMEOUT = (1, 3)
+"""The proxy's waits for a nameserver's answer, retried (seconds; Twisted's default waits up
+to a minute, which the sandbox's connection would hang through)."""
 
 ALL_INTERFACES = ("0.0.0.0", "::")
 
@@ -163,7 +168,10 @@ class EgressProxy:
 
     def resolve(self, name: str) -> "Deferred[set[Address]]":
         """The name's addresses (A and AAAA) by the proxy's own resolver."""
-        lookups = [self.resolver.lookupAddress(name), self.resolver.lookupIPV6Address(name)]
+        lookups = [
+            self.resolver.lookupAddress(name, timeout=RESOLVE_TIMEOUT),
+            self.resolver.lookupIPV6Address(name, timeout=RESOLVE_TIMEOUT),
+        ]
         found: Deferred[Any] = DeferredList(lookups, consumeErrors=True)
         return found.addCallback(answer_addresses)
 
@@ -176,13 +184,35 @@ class ProxyFactory(protocol.Factory):
         return SandboxSide(self.proxy)
 
 
+@implementer(IHalfCloseableProtocol)
 class Side(protocol.Protocol):
-    """One side of a spliced connection."""
+    """One side of a spliced connection. A side whose peer stops sending (a half-close, as
+    ``shutdown(SHUT_WR)`` makes) closes its own writing once what it holds is written, and the
+    connection closes once neither way is left."""
+
+    read_done = False
+    write_done = False
+    spliced_to: "Side | None" = None
+    """The side it passes what it reads to (a sandbox's: ``None`` until its upstream is up)."""
 
     @property
     def tcp(self) -> Any:
         """The TCP transport (``abortConnection``, the producer methods)."""
         return self.transport
+
+    def readConnectionLost(self) -> None:
+        self.read_done = True
+        if self.spliced_to is not None:
+            self.spliced_to.tcp.loseWriteConnection()
+        self._close_when_done()
+
+    def writeConnectionLost(self) -> None:
+        self.write_done = True
+        self._close_when_done()
+
+    def _close_when_done(self) -> None:
+        if self.read_done and self.write_done:
+            self.tcp.loseConnection()
 
 
 class SandboxSide(Side):
@@ -208,7 +238,7 @@ class SandboxSide(Side):
         rid, _ = found
         try:
             self.destination = original_destination(self.tcp.getHandle())
-        except OSError:  # pragma: no cover - only a connection nftables did not redirect
+        except OSError:  # a connection nftables did not redirect (none such passes its rules)
             self.tcp.abortConnection()
             return
         if self.proxy.open[rid] >= self.proxy.per_sandbox:
@@ -219,14 +249,19 @@ class SandboxSide(Side):
         self.proxy.open[rid] += 1
         self.timer = self.proxy.reactor.callLater(PEEK_TIMEOUT, self.fail, NO_NAME_REASON, "")
 
+    def readConnectionLost(self) -> None:
+        if self.upstream is None and not self.deciding:  # its name can never be complete now
+            self.fail(NO_NAME_REASON, "")
+            return
+        super().readConnectionLost()  # (while deciding: its upstream is half-closed at once)
+
     def dataReceived(self, data: bytes) -> None:
         if self.upstream is not None:
             self.upstream.tcp.write(data)
             return
-        if self.deciding:  # pragma: no cover - the transport is paused meanwhile
-            self.buffer += data
-            return
         self.buffer += data
+        if self.deciding:  # (bytes read before the pause took hold)
+            return
         name = peek_name(self.buffer[: PEEK_MAX + 5])
         if name is None and len(self.buffer) <= PEEK_MAX + 5:
             return
@@ -265,12 +300,15 @@ class SandboxSide(Side):
 
     def spliced(self, upstream: "UpstreamSide") -> None:
         """The upstream is connected: hand it what was peeked, then each side paces the other."""
-        self.upstream = upstream
+        self.upstream = self.spliced_to = upstream
         upstream.tcp.write(self.buffer)
         self.buffer = b""
         upstream.tcp.registerProducer(self.transport, True)
         self.tcp.registerProducer(upstream.transport, True)
-        self.tcp.resumeProducing()
+        if self.read_done:  # the sandbox said all it had to say while its name was resolved
+            upstream.tcp.loseWriteConnection()
+        else:
+            self.tcp.resumeProducing()
 
     def fail(self, reason: str, name: str) -> None:
         """Refuse the connection (once): count it, reset it."""
@@ -313,6 +351,7 @@ class UpstreamSide(Side):
 
     def __init__(self, sandbox: SandboxSide) -> None:
         self.sandbox = sandbox
+        self.spliced_to = sandbox
 
     def connectionMade(self) -> None:
         if self.sandbox.gone:
