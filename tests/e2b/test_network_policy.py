@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_list
@@ -32,6 +33,10 @@ def policy(allow: list[str], deny: list[str]) -> EgressPolicy:
     return EgressPolicy(parse_list("a", allow)[0], parse_list("d", deny)[0], allow_wins=True)
 
 
+def named(base: EgressPolicy, allow: tuple[str, ...] = (), deny: tuple[str, ...] = ()) -> Any:
+    return attrs.evolve(base, allow_names=allow, deny_names=deny)
+
+
 @pytest.mark.parametrize(
     ("body", "mode", "wanted"),
     [
@@ -44,6 +49,12 @@ def policy(allow: list[str], deny: list[str]) -> EgressPolicy:
          policy(["192.0.2.1"], EVERYTHING)),
         ({"allow_internet_access": False, "network": {"denyOut": ["192.0.2.1"]}}, "none", None),
         ({"network": None, "allow_internet_access": True}, "egress", None),
+        ({"network": {"allowOut": ["API.example.com"], "denyOut": ["0.0.0.0/0"]}}, "egress",
+         named(policy([], EVERYTHING), allow=("api.example.com",))),
+        ({"allow_internet_access": False, "network": {"allowOut": ["*.example.com"]}}, "egress",
+         named(policy([], EVERYTHING), allow=("*.example.com",))),
+        ({"network": {"denyOut": ["bad.example", "192.0.2.9"]}}, "egress",
+         named(policy([], ["192.0.2.9"]), deny=("bad.example",))),
     ],
 )  # fmt: skip
 def test_bodies_become_policies(
