@@ -175,7 +175,27 @@ def test_answers_give_the_names_addresses() -> None:
             (False, Exception("NXDOMAIN")),
         ]
     )
-    assert found == {A, ipaddress.ip_address("2001:db8::1")}
+    assert found == ({A, ipaddress.ip_address("2001:db8::1")}, 5)
+    assert answer_addresses([(False, Exception("NXDOMAIN"))]) == (set(), 60)
+
+
+def test_answers_are_kept_for_their_ttl_and_bounded() -> None:
+    proxy, reactor = proxy_for(GOOD)
+    resolver: Any = proxy.resolver
+    seen: list[set[Any]] = []
+    proxy.resolve("good.example").addCallback(seen.append)
+    proxy.resolve("good.example").addCallback(seen.append)
+    assert seen == [{A}, {A}] and resolver.asked == ["good.example"]  # the second kept
+    reactor.advance(5)  # the records' TTL
+    proxy.resolve("good.example")
+    assert resolver.asked == ["good.example"] * 2
+    proxy.resolve("other.example")  # NXDOMAIN: not kept
+    proxy.resolve("other.example")
+    assert resolver.asked.count("other.example") == 2
+    proxy.names_max = 1
+    proxy.resolve("loop.example")  # the only room: good.example's answer goes
+    proxy.resolve("good.example")
+    assert resolver.asked.count("good.example") == 3
 
 
 class Sandboxes:

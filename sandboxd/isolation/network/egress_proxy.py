@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from attrs import define, field
 from twisted.internet import protocol
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
 from twisted.logger import Logger
 from twisted.names import dns
@@ -60,6 +60,12 @@ RESOLVE_TIMEOUT = (1, 3)
 """The proxy's waits for a nameserver's answer, retried (seconds; Twisted's default waits up
 to a minute, which the sandbox's connection would hang through)."""
 
+NAMES_TTL_MAX = 60
+"""Longest the proxy keeps a name's addresses (seconds; a shorter TTL wins)."""
+
+NAMES_MAX = 4096
+"""The most names whose addresses the proxy keeps at once."""
+
 ALL_INTERFACES = ("0.0.0.0", "::")
 
 NO_NAME_REASON = "no_name"
@@ -85,9 +91,11 @@ def original_destination(sock: socket.socket) -> tuple[str, int]:
     return socket.inet_ntop(socket.AF_INET, raw[4:8]), struct.unpack("!H", raw[2:4])[0]
 
 
-def answer_addresses(results: list[tuple[bool, Any]]) -> set[Address]:
-    """The A and AAAA addresses of a name's lookups (a failed lookup gives none)."""
+def answer_addresses(results: list[tuple[bool, Any]]) -> tuple[set[Address], int]:
+    """The A and AAAA addresses of a name's lookups (a failed lookup gives none) and how long
+    they may be kept: their shortest TTL, at most :data:`NAMES_TTL_MAX` seconds."""
     found: set[Address] = set()
+    ttl = NAMES_TTL_MAX
     for ok, result in results:
         if not ok:
             continue
@@ -96,7 +104,10 @@ def answer_addresses(results: list[tuple[bool, Any]]) -> set[Address]:
                 found.add(ipaddress.IPv4Address(record.payload.address))
             elif record.type == dns.AAAA:
                 found.add(ipaddress.IPv6Address(record.payload.address))
-    return found
+            else:
+                continue
+            ttl = min(ttl, record.ttl)
+    return found, ttl
 
 
 @define
@@ -118,7 +129,10 @@ class EgressProxy:
     """Refused connections by (sandbox id, reason)."""
     open: Counter[str] = field(factory=Counter)
     """Connections open now, by sandbox id."""
+    names_max: int = NAMES_MAX
     _ports: list[Any] = field(factory=list)
+    _names: dict[str, tuple[float, frozenset[Address]]] = field(factory=dict)
+    """Names resolved lately: when each answer expires, its addresses."""
 
     def listen(self, interfaces: Sequence[str] = ALL_INTERFACES) -> int:
         """Start listening on ``interfaces`` (every IPv4 address, and every IPv6 one when the
@@ -167,13 +181,27 @@ class EgressProxy:
             self.on_forget(*key)
 
     def resolve(self, name: str) -> "Deferred[set[Address]]":
-        """The name's addresses (A and AAAA) by the proxy's own resolver."""
+        """The name's addresses (A and AAAA) by the proxy's own resolver, kept for their TTL
+        (at most a minute) so that a name's connections after the first wait for no lookup."""
+        now = self.reactor.seconds()
+        kept = self._names.get(name)
+        if kept is not None and kept[0] > now:
+            return succeed(set(kept[1]))
         lookups = [
             self.resolver.lookupAddress(name, timeout=RESOLVE_TIMEOUT),
             self.resolver.lookupIPV6Address(name, timeout=RESOLVE_TIMEOUT),
         ]
         found: Deferred[Any] = DeferredList(lookups, consumeErrors=True)
-        return found.addCallback(answer_addresses)
+        return found.addCallback(self._remember, name, now)
+
+    def _remember(self, results: list[tuple[bool, Any]], name: str, now: float) -> set[Address]:
+        addresses, ttl = answer_addresses(results)
+        if addresses and ttl > 0:
+            self._names.pop(name, None)
+            while len(self._names) >= self.names_max:  # the oldest answer goes first
+                del self._names[next(iter(self._names))]
+            self._names[name] = (now + ttl, frozenset(addresses))
+        return addresses
 
 
 class ProxyFactory(protocol.Factory):
