@@ -344,6 +344,10 @@ def test_strangers_too_many_slow_and_vanished_connections() -> None:
     slow, slow_transport = connect(proxy)
     _, extra = connect(proxy)
     assert extra.aborted and proxy.refused == {("a", "too_many"): 1}
+    proxy.per_sandbox, proxy.total = 2, 1  # room for the sandbox, none left in all
+    _, beyond_all = connect(proxy)
+    assert beyond_all.aborted and proxy.refused == {("a", "too_many"): 2}
+    proxy.per_sandbox, proxy.total = 1, 4096
     reactor.advance(PEEK_TIMEOUT)
     assert slow_transport.aborted and proxy.refused[("a", "no_name")] == 1
     slow.connectionLost(None)

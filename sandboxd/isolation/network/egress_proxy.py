@@ -19,7 +19,8 @@ the connection's original destination (``SO_ORIGINAL_DST``). For each connection
 
 A refused connection is reset and counted per sandbox by reason (:attr:`EgressProxy.refused`,
 ``on_refused``): names and addresses go to the log, never any byte of the payload. At most
-``per_sandbox`` connections of one sandbox are open at once. Everything runs on the reactor
+``per_sandbox`` connections of one sandbox, and ``total`` of all, are open at once (each
+holds two of the daemon's descriptors, which its API needs too). Everything runs on the reactor
 thread and nothing blocks it (the name lookups are Twisted's, asynchronous).
 """
 
@@ -50,6 +51,9 @@ SO_ORIGINAL_DST = 80
 
 PER_SANDBOX = 256
 """The default most connections one sandbox has open through the proxy at once."""
+
+TOTAL = 4096
+"""The default most connections open through the proxy at once, all sandboxes together."""
 
 PEEK_TIMEOUT = 10.0
 """Longest a connection may take to send the bytes that carry its name (seconds)."""
@@ -122,6 +126,7 @@ class EgressProxy:
     """The operator's denied ranges (see :func:`.egress_verdict.operator_denied`)."""
     is_host: Callable[[Address], bool]
     per_sandbox: int = PER_SANDBOX
+    total: int = TOTAL
     on_refused: Callable[[str, str], None] = lambda rid, reason: None
     on_forget: Callable[[str, str], None] = lambda rid, reason: None
     """Called for each (sandbox, reason) counted when :meth:`forget` drops its counts."""
@@ -269,7 +274,10 @@ class SandboxSide(Side):
         except OSError:  # a connection nftables did not redirect (none such passes its rules)
             self.tcp.abortConnection()
             return
-        if self.proxy.open[rid] >= self.proxy.per_sandbox:
+        if (
+            self.proxy.open[rid] >= self.proxy.per_sandbox
+            or sum(self.proxy.open.values()) >= self.proxy.total
+        ):
             self.proxy.refuse(rid, TOO_MANY, "", self.destination[0])
             self.tcp.abortConnection()
             return
