@@ -42,10 +42,9 @@ from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
 from sandboxd.http.api import SandboxAPI, spool_places
 from sandboxd.isolation.base import Isolation, IsolationUnavailable
-from sandboxd.isolation.network.egress_proxy_start import start_egress_proxy
+from sandboxd.isolation.network.egress_proxy_start import egress_proxy
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
-from sandboxd.metrics import Metrics
 from sandboxd.service import ExitStatus, SandboxdService
 from sandboxd.stop_signals import on_next_stop_signal
 from sandboxd.undo import StartupUndo
@@ -181,6 +180,8 @@ def assemble(
     pools = Pools.of_the_daemon()
     isolation = _isolation(config, reactor, pools.files, undo)
     layout = start_disk(config, attrs.evolve(layout, owns_files=isolation.owns_files))
+    # before the namespaces' prepare, which may start the egress layer (and its proxy)
+    proxy = egress_proxy(config, reactor, isolation.namespaces.network.offered.get("egress"))
     _namespaces(isolation, undo)
     archive = _archive(config, reactor, pools.admin)
     tools = build_tools(config.tools_dir, reactor, pools.admin)
@@ -208,7 +209,10 @@ def assemble(
         # The service (made below, from the fronts' manager and site) drains and exits.
         on_drain=lambda: service.drain_and_exit(),
     )
-    _egress_proxy(config, reactor, isolation, served.manager.metrics, undo)
+    if proxy is not None:  # its refusals counted in the manager's metrics
+        refused = served.manager.metrics.egress_refused
+        proxy.on_refused = lambda rid, reason: refused.labels(rid, reason).inc()
+        proxy.on_forget = refused.remove  # a sandbox's counts go with it
     site = make_site(
         served.api.app.resource(),
         config.max_body,
@@ -313,21 +317,6 @@ def _namespaces(isolation: Isolation, undo: StartupUndo) -> None:
             modes=", ".join(isolation.namespaces.network.allowed),
             default=isolation.namespaces.network.default,
         )
-
-
-def _egress_proxy(
-    config: Config, reactor: Any, isolation: Isolation, metrics: Metrics, undo: StartupUndo
-) -> None:
-    """The egress mode's proxy for policies by name (boot step ``egress proxy``)."""
-    proxy = start_egress_proxy(
-        config,
-        reactor,
-        isolation.namespaces.network.offered.get("egress"),
-        lambda rid, reason: metrics.egress_refused.labels(rid, reason).inc(),
-        metrics.egress_refused.remove,  # a sandbox's counts go with it
-    )
-    if proxy is not None:
-        undo.add("egress proxy", proxy.close)
 
 
 def _archive(config: Config, reactor: Any, admin_pool: ThreadPool) -> Archive | None:

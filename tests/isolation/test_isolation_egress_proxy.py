@@ -10,12 +10,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.names import dns
 
+from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.network.egress import EgressNetwork
 from sandboxd.isolation.network.egress_plan import parse_dns_servers
 from sandboxd.isolation.network.egress_policy import (
@@ -31,7 +33,7 @@ from sandboxd.isolation.network.egress_proxy import (
     answer_addresses,
     original_destination,
 )
-from sandboxd.isolation.network.egress_proxy_start import start_egress_proxy
+from sandboxd.isolation.network.egress_proxy_start import egress_proxy
 from sandboxd.isolation.network.egress_verdict import operator_denied, refusal
 from tests.isolation.test_isolation_egress import Host, plan
 from tests.isolation.test_isolation_egress_names import client_hello
@@ -78,7 +80,7 @@ def test_names_in_lists_are_shown_counted_and_need_the_proxy(tmp_path: Path) -> 
     assert not EgressPolicy((), (), True, (), ("x.example",)).empty
     with pytest.raises(ValueError, match="need the egress proxy"):
         policy_script(plan(), 0, p)
-    script = policy_script(plan(), 2, p, proxy_port=4711).splitlines()
+    script = policy_script(attrs.evolve(plan(), proxy_port=4711), 2, p).splitlines()
     assert 'add element inet sandboxd proxied { "sbx2" }' in script
     assert not any(line.startswith("delete element") for line in script)
     assert (
@@ -93,7 +95,7 @@ def test_names_in_lists_are_shown_counted_and_need_the_proxy(tmp_path: Path) -> 
     mode = EgressNetwork(host.egress(tmp_path), capacity=2)
     with pytest.raises(ValueError, match="need the egress proxy"):
         mode.check_policy(p)
-    mode.proxy_port = 4711
+    mode.proxy = Listener()
     mode.check_policy(p)
     with pytest.raises(ValueError, match="allow_out: 2 entries, at most 1"):
         EgressNetwork(host.egress(tmp_path), 2, policy_entries_max=1).check_policy(p)
@@ -117,7 +119,7 @@ def test_nameserver_settings_parse_or_say_why() -> None:
 
 def test_the_mode_knows_its_sandboxes_by_their_veths_address(tmp_path: Path) -> None:
     host = Host()
-    mode = EgressNetwork(host.egress(tmp_path), capacity=2, proxy_port=4711)
+    mode = EgressNetwork(host.egress(tmp_path), capacity=2, proxy=Listener())
     mode.prepare()
     policy = parse_policy(["good.example"], None)
     mode.stage_policy("a", policy)
@@ -384,27 +386,57 @@ def test_an_unreachable_upstream_or_a_sandbox_gone_meanwhile() -> None:
     assert wire.disconnecting and isinstance(upstream, UpstreamSide)
 
 
-def test_the_proxy_listens_on_one_port_for_both_families(tmp_path: Path) -> None:
+class Listener:
+    """The proxy as the mode sees it."""
+
+    def __init__(self) -> None:
+        self.listening = False
+
+    def listen(self) -> int:
+        self.listening = True
+        return 4711
+
+    def close(self) -> None:
+        self.listening = False
+
+
+def test_the_proxy_listens_while_the_layer_is_up_its_port_guarded(tmp_path: Path) -> None:
     host = Host()
-    mode = EgressNetwork(host.egress(tmp_path), capacity=1)
+    mode = EgressNetwork(host.egress(tmp_path), capacity=1, lazy=True)
     reactor = MemoryReactorClock()
+    reactor.callFromThread = lambda f, *a: f(*a)  # type: ignore[attr-defined]
     config = SimpleNamespace(
         egress_dns=parse_dns_servers("127.0.0.1:5353"), resolv_conf="/nonexistent"
     )
-    proxy = start_egress_proxy(
-        config, reactor, mode, lambda rid, why: None, interfaces=("127.0.0.1", "::1")
-    )
-    assert proxy is not None and mode.proxy_port > 0
+    proxy = egress_proxy(config, reactor, mode, interfaces=("127.0.0.1", "::1"))
+    assert proxy is not None and mode.proxy is proxy
+    mode.prepare()
+    assert not reactor.adoptedPorts  # lazy: nothing until an egress sandbox needs it
+    mode.attach("a", "/ns/a")
     assert [family for _, family, _ in reactor.adoptedPorts] == [socket.AF_INET, socket.AF_INET6]
     assert isinstance(reactor.adoptedPorts[0][2].buildProtocol(None), SandboxSide)
-    proxy.close()
+    port = mode.egress.plan.proxy_port
+    assert port > 0
+    guard = f'iifname != "sbx*" tcp dport {port} reject with tcp reset'
+    assert any(guard in text for text in host.nft_inputs())
+    mode.detach("a", "/ns/a")  # the last one: the layer stops, and the proxy's listening
+    assert not proxy._ports and mode.egress.plan.proxy_port == 0
+    assert guard not in plan().ruleset("drop")
     no6 = EgressNetwork(Host().egress(tmp_path, plan(pool6=None)), capacity=1)
     config.egress_dns = ()
-    proxy = start_egress_proxy(
-        config, MemoryReactorClock(), no6, lambda r, w: None, interfaces=("127.0.0.1", "::1")
-    )
-    assert proxy is not None and len(proxy._ports) == 1
-    assert start_egress_proxy(config, reactor, object(), lambda r, w: None) is None
+    proxy = egress_proxy(config, MemoryReactorClock(), no6, interfaces=("127.0.0.1", "::1"))
+    assert proxy is not None and list(proxy.interfaces) == ["127.0.0.1"]
+    assert egress_proxy(config, reactor, object()) is None
+
+
+def test_a_layer_that_cannot_start_stops_the_proxys_listening(tmp_path: Path) -> None:
+    host = Host()
+    listener = Listener()
+    mode = EgressNetwork(host.egress(tmp_path), capacity=1, proxy=listener)
+    host.fail = "proxied"  # the ruleset is refused
+    with pytest.raises(IsolationUnavailable):
+        mode.prepare()
+    assert not listener.listening and mode.egress.plan.proxy_port == 0
 
 
 def test_a_sandboxs_counts_go_with_it(tmp_path: Path) -> None:
@@ -413,22 +445,16 @@ def test_a_sandboxs_counts_go_with_it(tmp_path: Path) -> None:
     forgotten: list[tuple[str, str]] = []
     reactor = MemoryReactorClock()
     reactor.callFromThread = lambda f, *a: f(*a)  # type: ignore[attr-defined]
-    proxy = start_egress_proxy(
-        SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent"),
-        reactor,
-        mode,
-        lambda rid, why: None,
-        lambda rid, why: forgotten.append((rid, why)),
-        interfaces=("127.0.0.1",),
-    )
+    config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent")
+    proxy = egress_proxy(config, reactor, mode, interfaces=("127.0.0.1",))
     assert proxy is not None
+    proxy.on_forget = lambda rid, why: forgotten.append((rid, why))
     mode.prepare()
     mode.attach("a", "/ns/a")
     proxy.refuse("a", "denied", "bad.example", "203.0.113.2")
     proxy.refuse("b", "mismatch", "good.example", "203.0.113.2")
     mode.detach("a", "/ns/a")
     assert forgotten == [("a", "denied")] and proxy.refused == {("b", "mismatch"): 1}
-    proxy.close()
     mode.close()
 
 

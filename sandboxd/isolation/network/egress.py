@@ -14,9 +14,9 @@ import os
 import shutil
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from attrs import define, field
+from attrs import define, evolve, field
 from twisted.logger import Logger
 
 from sandboxd.isolation.base import IsolationUnavailable
@@ -45,6 +45,16 @@ the sysctls' changes are)."""
 RESOLV_CONF = "/etc/resolv.conf"
 PROGRAMS = (("nft", "nftables"), ("ip", "iproute2"))
 FORBID = "SANDBOXD_NETWORK_ALLOW without egress (e.g. none,host) stops offering it"
+
+
+class ProxyListener(Protocol):
+    """What the mode asks of the egress proxy."""
+
+    def listen(self) -> int:
+        """Start listening; the port."""
+
+    def close(self) -> None:
+        """Stop listening."""
 
 
 def read_text(path: str) -> str:
@@ -84,9 +94,10 @@ class EgressNetwork:
     own_namespace: bool = True
     policy_entries_max: int = DEFAULT_ENTRIES_MAX
     """The most entries one list of a sandbox's policy may hold (``SANDBOXD_EGRESS_POLICY_MAX``)."""
-    proxy_port: int = 0
-    """The port of the egress proxy (:mod:`sandboxd.isolation.network.egress_proxy`), which
-    the composition root starts; ``0``: none, and a policy naming hosts is refused."""
+    proxy: ProxyListener | None = None
+    """The egress proxy (:mod:`sandboxd.isolation.network.egress_proxy`), which the
+    composition root gives; it listens while the layer is up (the table guards its port).
+    ``None``: a policy naming hosts is refused."""
     on_detach: Callable[[str], None] = lambda rid: None
     """Told each sandbox that goes (the proxy drops its counts)."""
     _slots: dict[str, int] = field(factory=dict)
@@ -137,7 +148,13 @@ class EgressNetwork:
         self.close()
 
     def _start(self) -> None:
-        reclaimed = self.egress.start()
+        if self.proxy is not None:  # its port goes into the ruleset
+            self.egress.plan = evolve(self.egress.plan, proxy_port=self.proxy.listen())
+        try:
+            reclaimed = self.egress.start()
+        except BaseException:
+            self._close_proxy()
+            raise
         self._started = True
         if reclaimed:
             log.info("egress: removed {n} veths of a predecessor", n=len(reclaimed))
@@ -146,7 +163,15 @@ class EgressNetwork:
         """Stop the layer (every veth, the table, the sysctls as found)."""
         if self._started:
             self._started = False
-            self.egress.stop()
+            try:
+                self.egress.stop()
+            finally:
+                self._close_proxy()
+
+    def _close_proxy(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
+            self.egress.plan = evolve(self.egress.plan, proxy_port=0)
 
     def attach(self, rid: str, netns: str) -> None:
         if not self._free:
@@ -195,7 +220,7 @@ class EgressNetwork:
         """``ValueError`` naming what of ``policy`` the operator forbids (see
         :func:`sandboxd.isolation.network.egress_policy.check_allowed`)."""
         check_allowed(self.egress.plan, policy, self.policy_entries_max)
-        if policy.by_name and not self.proxy_port:
+        if policy.by_name and self.proxy is None:
             raise ValueError("host names in allow_out or deny_out need the egress proxy")
 
     def stage_policy(self, rid: str, policy: EgressPolicy | None) -> None:
@@ -211,7 +236,7 @@ class EgressNetwork:
         :meth:`check_policy`): its next new connection obeys it. ``OSError`` when ``nft``
         refuses (the previous policy stays)."""
         slot = self._slots[rid]
-        script = policy_script(self.egress.plan, slot, policy, self.proxy_port)
+        script = policy_script(self.egress.plan, slot, policy)
         try:
             self.egress.run(["nft", "-f", "-"], script)
         except EgressError as e:

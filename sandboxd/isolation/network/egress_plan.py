@@ -118,6 +118,8 @@ class EgressPlan:
     :meth:`with_nameservers`)."""
     table: str = "sandboxd"
     prefix: str = "sbx"
+    proxy_port: int = 0
+    """The egress proxy's port while it listens (``0``: none), which only sandbox veths reach."""
 
     @property
     def slots(self) -> int:
@@ -220,6 +222,9 @@ class EgressPlan:
         if self.pool6 is not None:
             masquerade6 = f"\n    ip6 saddr {self.pool6} oifname != {{veth}} masquerade"
         veth = f'"{self.prefix}*"'
+        guard = ""
+        if self.proxy_port:  # the proxy listens on every address: for sandboxes alone
+            guard = f"\n    iifname != {veth} tcp dport {self.proxy_port} reject with tcp reset"
         nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255"
         reject = "reject with icmpx type admin-prohibited"
         return f"""table inet {self.table}
@@ -235,7 +240,7 @@ table inet {self.table} {{
     iifname {veth} fib saddr . iif oif missing drop
   }}
   chain input {{
-    type filter hook input priority 0; policy accept;
+    type filter hook input priority 0; policy accept;{guard}
     iifname {veth} {nd} accept
     iifname @proxied meta l4proto tcp ct status dnat accept
     iifname {veth} {reject}

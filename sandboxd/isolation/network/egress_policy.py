@@ -184,15 +184,15 @@ PROXIED_PORTS = (80, 443)
 """The TCP ports a policy by name hands to the proxy (HTTP by ``Host``, TLS by SNI)."""
 
 
-def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy, proxy_port: int = 0) -> str:
+def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
     """``nft -f`` input replacing the slot's policy chain by ``policy``, in one transaction
     (connections already open are not touched: the ruleset accepts them before any policy).
 
     The slot's veth is mapped to its chain in the ruleset's ``policies`` verdict map; an empty
     policy leaves the chain empty (a slot is cleared so at detach, and its next sandbox starts
     from nothing). A policy by name puts the veth in the ``proxied`` set, whose TCP to
-    :data:`PROXIED_PORTS` the ``proxy_redirect`` chain redirects to ``proxy_port`` on the
-    host end of the veth (the proxy's listener); any other policy takes it out.
+    :data:`PROXIED_PORTS` the ``proxy_redirect`` chain redirects to the plan's ``proxy_port``
+    on the host end of the veth (the proxy's listener); any other policy takes it out.
     """
     table = f"inet {plan.table}"
     chain = chain_name(slot)
@@ -204,7 +204,7 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy, proxy_port:
         f"add element {table} proxied {{ {veth} }}",
     ]
     if policy.by_name:
-        if not proxy_port:
+        if not plan.proxy_port:
             raise ValueError("host names in a policy need the egress proxy, which is not running")
         ports = ", ".join(str(port) for port in PROXIED_PORTS)
         lines += [
@@ -212,7 +212,7 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy, proxy_port:
             " { type nat hook prerouting priority -100; policy accept; }",
             f"flush chain {table} proxy_redirect",
             f"add rule {table} proxy_redirect iifname @proxied tcp dport {{ {ports} }}"
-            f" redirect to :{proxy_port}",
+            f" redirect to :{plan.proxy_port}",
         ]
     else:
         lines.append(f"delete element {table} proxied {{ {veth} }}")

@@ -135,19 +135,22 @@ class EgressProxy:
     open: Counter[str] = field(factory=Counter)
     """Connections open now, by sandbox id."""
     names_max: int = NAMES_MAX
+    interfaces: Sequence[str] = ALL_INTERFACES
+    """Where it listens: every IPv4 address, and every IPv6 one when the pool has IPv6."""
     _ports: list[Any] = field(factory=list)
     _names: dict[str, tuple[float, frozenset[Address]]] = field(factory=dict)
     """Names resolved lately: when each answer expires, its addresses."""
 
-    def listen(self, interfaces: Sequence[str] = ALL_INTERFACES) -> int:
-        """Start listening on ``interfaces`` (every IPv4 address, and every IPv6 one when the
-        pool has IPv6), all on one port; that port.
+    def listen(self) -> int:
+        """Start listening on :attr:`interfaces`, all on one port; that port.
 
-        Only redirected connections from sandbox veths reach it (the ruleset refuses the rest
-        from sandboxes; anyone else is not a sandbox and is closed at once)."""
+        Only redirected connections from sandbox veths reach it: the egress table refuses
+        the rest from sandboxes, and anyone else's (the egress mode listens only while its
+        table is loaded, which names the port); anyone else that got through would not be a
+        sandbox and is closed at once."""
         port = 0
         factory = ProxyFactory(self)
-        for address in interfaces:
+        for address in self.interfaces:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             with socket.socket(family, socket.SOCK_STREAM) as sock:
                 if family == socket.AF_INET6:  # the IPv4 listener has IPv4's

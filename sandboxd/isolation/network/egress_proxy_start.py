@@ -1,9 +1,9 @@
-"""Starting the egress proxy of a daemon whose ``egress`` mode is offered (docs/isolation.rst,
-"Egress by name"): its resolver (``SANDBOXD_EGRESS_DNS``, else the nameservers of
-``SANDBOXD_RESOLV_CONF``), its listener, and the mode told the port its policies by name
-redirect to."""
+"""The egress proxy of a daemon whose ``egress`` mode is offered (docs/isolation.rst, "Egress
+by name"): its resolver (``SANDBOXD_EGRESS_DNS``, else the nameservers of
+``SANDBOXD_RESOLV_CONF``) and its deny list, given to the mode, which has it listen while
+the layer is up."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from twisted.names import client
@@ -14,17 +14,15 @@ from sandboxd.isolation.network.egress_proxy import ALL_INTERFACES, EgressProxy
 from sandboxd.isolation.network.egress_verdict import operator_denied
 
 
-def start_egress_proxy(
+def egress_proxy(
     config: Any,
     reactor: Any,
     mode: object,
-    on_refused: Callable[[str, str], None],
-    on_forget: Callable[[str, str], None] = lambda rid, reason: None,
     interfaces: Sequence[str] = ALL_INTERFACES,
 ) -> EgressProxy | None:
-    """The proxy of ``mode`` when it is the egress mode (``None`` otherwise), listening;
-    ``on_refused`` is told each refusal, ``on_forget`` each count dropped when its sandbox
-    goes."""
+    """The proxy of ``mode`` when it is the egress mode (``None`` otherwise), given to it:
+    the mode starts and stops its listening with the layer. The caller sets ``on_refused``
+    and ``on_forget`` (the metrics) once it has them."""
     if not isinstance(mode, EgressNetwork):
         return None
     servers = config.egress_dns
@@ -34,18 +32,12 @@ def start_egress_proxy(
     else:
         resolver = client.Resolver(resolv=config.resolv_conf, reactor=reactor)
     plan = mode.egress.plan
-    proxy = EgressProxy(
-        reactor,
-        mode,
-        resolver,
-        operator_denied(plan),
-        is_host_address,
-        on_refused=on_refused,
-        on_forget=on_forget,
-    )
-    # detach runs in a worker thread; the proxy's counts are the reactor thread's
-    mode.on_detach = lambda rid: reactor.callFromThread(proxy.forget, rid)
     if plan.pool6 is None:
         interfaces = [address for address in interfaces if ":" not in address]
-    mode.proxy_port = proxy.listen(interfaces)
+    proxy = EgressProxy(
+        reactor, mode, resolver, operator_denied(plan), is_host_address, interfaces=interfaces
+    )
+    # (on the reactor thread, wherever the mode's detach runs)
+    mode.on_detach = lambda rid: reactor.callFromThread(proxy.forget, rid)
+    mode.proxy = proxy
     return proxy
