@@ -14,6 +14,7 @@ metrics; a policy replaced at run time holds for the next connection.
 import base64
 import json
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attrs import frozen
 
 from tests.kernel.names_internet import NamesCA, NameServer, UdpEcho, WebServer
-from tests.kernel.netns_helpers import scene
+from tests.kernel.netns_helpers import in_netns, scene
 from tests.kernel.test_egress_daemon import exec_out
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
@@ -96,8 +98,15 @@ except OSError as e:
 """
 
 
+@frozen
+class Internet:
+    ca: NamesCA
+    netns: str
+    """The namespace its servers live in."""
+
+
 @pytest.fixture
-def internet() -> Iterator[NamesCA]:
+def internet() -> Iterator[Internet]:
     """The names' servers: ``a`` on A4 (and A6), ``b`` on B4, ``host`` on the host's own
     address of the veth, each on 80 (HTTP) and 443 (HTTPS), ``a`` on 8080 (HTTP) and a UDP
     echo on A4's 443 (where QUIC would be)."""
@@ -120,7 +129,7 @@ def internet() -> Iterator[NamesCA]:
             servers.append(WebServer(inet, A4, 8080, "a8080", None))
             servers.append(NameServer(inet, DNS4, ZONE))
             servers.append(UdpEcho(inet, A4, 443))
-            yield ca
+            yield Internet(ca, inet)
     finally:
         for server in servers:
             server.close()
@@ -174,6 +183,32 @@ def curl(daemon: Daemon, rid: str, ca: NamesCA, resolve: str, url: str) -> str:
     return base64.b64decode(final["out"]).decode().strip()
 
 
+def proxy_port() -> int:
+    """The proxy's port, as the redirect of the daemon's table names it."""
+    listed = subprocess.run(
+        ["nft", "list", "chain", "inet", "sandboxd", "proxy_redirect"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(listed.split("redirect to :")[1].split()[0])
+
+
+def accepted(netns: str | None, address: str, port: int) -> bool:
+    """Whether a connection from ``netns`` to ``address:port`` is accepted at all."""
+
+    def attempt() -> bool:
+        with socket.socket() as s:
+            s.settimeout(3)
+            try:
+                s.connect((address, port))
+            except OSError:
+                return False
+            return True
+
+    return in_netns(netns, attempt)
+
+
 def refused_counts(daemon: Daemon, rid: str) -> dict[str, float]:
     status, body = daemon.call("GET", "/metrics")
     assert status == 200
@@ -185,11 +220,14 @@ def refused_counts(daemon: Daemon, rid: str) -> dict[str, float]:
     return counts
 
 
-def test_allowed_names_are_reached_and_the_rest_refused(internet: NamesCA, tmp_path: Path) -> None:
-    ca = internet
+def test_allowed_names_are_reached_and_the_rest_refused(internet: Internet, tmp_path: Path) -> None:
+    ca = internet.ca
     daemon = start(tmp_path, 2)
     try:
         rid = created(daemon, {"mode": "egress", **POLICY})
+        port = proxy_port()  # the proxy's listener: for sandbox veths alone
+        assert not accepted(None, "127.0.0.1", port) and not accepted(None, HOST4, port)
+        assert not accepted(internet.netns, HOST4, port)
         listed = daemon.json("GET", f"/sandboxes/{rid}/network")
         assert listed["allow_out"] == POLICY["allow_out"] and listed["deny_out"] == ["bad.example"]
         # allowed: TLS by SNI, HTTP by Host, a wildcard's name, IPv6
@@ -233,9 +271,9 @@ def test_allowed_names_are_reached_and_the_rest_refused(internet: NamesCA, tmp_p
 
 
 def test_a_policy_by_name_replaced_at_run_time_holds_for_the_next_connection(
-    internet: NamesCA, tmp_path: Path
+    internet: Internet, tmp_path: Path
 ) -> None:
-    ca = internet
+    ca = internet.ca
     daemon = start(tmp_path, 2)
     try:
         rid = created(daemon, {"mode": "egress", "allow_out": ["good.example"]})

@@ -14,7 +14,14 @@ from e2b.sandbox.network import ALL_TRAFFIC
 
 from tests.e2b.conftest import E2BDaemon, point_sdk_at, running_front
 from tests.kernel.names_internet import NamesCA
-from tests.kernel.test_egress_names import A4, B4, DNS4, FETCH, internet  # noqa: F401 (fixture)
+from tests.kernel.test_egress_names import (  # noqa: F401 (fixture)
+    A4,
+    B4,
+    DNS4,
+    FETCH,
+    Internet,
+    internet,
+)
 
 pytestmark = [pytest.mark.kernel]
 
@@ -32,9 +39,9 @@ def fetch(sbx: Sandbox, ca: NamesCA, name: str, address: str) -> str:
 
 def test_names_in_allow_out_are_the_only_way_out(
     front: E2BDaemon,
-    internet: NamesCA,  # noqa: F811
+    internet: Internet,  # noqa: F811
 ) -> None:
-    ca = internet
+    ca = internet.ca
     sbx = Sandbox.create(
         timeout=120, network={"allow_out": ["*.good.example"], "deny_out": [ALL_TRAFFIC]}
     )
