@@ -404,7 +404,6 @@ def test_the_proxy_listens_while_the_layer_is_up_its_port_guarded(tmp_path: Path
     host = Host()
     mode = EgressNetwork(host.egress(tmp_path), capacity=1, lazy=True)
     reactor = MemoryReactorClock()
-    reactor.callFromThread = lambda f, *a: f(*a)  # type: ignore[attr-defined]
     config = SimpleNamespace(
         egress_dns=parse_dns_servers("127.0.0.1:5353"), resolv_conf="/nonexistent"
     )
@@ -444,7 +443,6 @@ def test_a_sandboxs_counts_go_with_it(tmp_path: Path) -> None:
     mode = EgressNetwork(host.egress(tmp_path), capacity=2)
     forgotten: list[tuple[str, str]] = []
     reactor = MemoryReactorClock()
-    reactor.callFromThread = lambda f, *a: f(*a)  # type: ignore[attr-defined]
     config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent")
     proxy = egress_proxy(config, reactor, mode, interfaces=("127.0.0.1",))
     assert proxy is not None

@@ -259,7 +259,7 @@ class EgressNetwork:
         if pool is None or parsed not in pool:
             return None
         slot, odd = divmod(int(parsed) - int(pool.network_address), 2)
-        rid = self._rids.get(slot) if odd else None  # (one lookup: detach runs in a thread)
+        rid = self._rids.get(slot) if odd else None
         return None if rid is None else (rid, self.policy(rid))
 
     def _stop_when_idle(self) -> None:

@@ -37,7 +37,6 @@ def egress_proxy(
     proxy = EgressProxy(
         reactor, mode, resolver, operator_denied(plan), is_host_address, interfaces=interfaces
     )
-    # (on the reactor thread, wherever the mode's detach runs)
-    mode.on_detach = lambda rid: reactor.callFromThread(proxy.forget, rid)
+    mode.on_detach = proxy.forget  # (a kill's detach runs on the reactor thread, as the proxy)
     mode.proxy = proxy
     return proxy
