@@ -42,6 +42,7 @@ from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
 from sandboxd.http.api import SandboxAPI, spool_places
 from sandboxd.isolation.base import Isolation, IsolationUnavailable
+from sandboxd.isolation.network.egress_proxy_start import egress_proxy
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
 from sandboxd.service import ExitStatus, SandboxdService
@@ -180,6 +181,8 @@ def assemble(
     isolation = _isolation(config, reactor, pools.files, undo)
     layout = attrs.evolve(layout, owns_files=isolation.owns_files)
     isolation = attrs.evolve(isolation, disk=start_disk(config, layout))
+    # before the namespaces' prepare, which may start the egress layer (and its proxy)
+    proxy = egress_proxy(config, reactor, isolation.namespaces.network.offered.get("egress"))
     _namespaces(isolation, undo)
     archive = _archive(config, reactor, pools.admin)
     tools = build_tools(config.tools_dir, reactor, pools.admin)
@@ -207,6 +210,10 @@ def assemble(
         # The service (made below, from the fronts' manager and site) drains and exits.
         on_drain=lambda: service.drain_and_exit(),
     )
+    if proxy is not None:  # its refusals counted in the manager's metrics
+        refused = served.manager.metrics.egress_refused
+        proxy.on_refused = lambda rid, reason: refused.labels(rid, reason).inc()
+        proxy.on_forget = refused.remove  # a sandbox's counts go with it
     site = make_site(
         served.api.app.resource(),
         config.max_body,

@@ -15,6 +15,8 @@ from sandboxd.isolation.namespaces.kinds import parse_namespaces
 from sandboxd.isolation.network.egress_plan import (
     DEFAULT_POOL6,
     PRIVATE_RANGES,
+    Nameserver,
+    parse_dns_servers,
     parse_networks,
     parse_pool4,
     parse_pool6,
@@ -228,6 +230,13 @@ class Config:
         "1024",
         parse_count,
         "Most entries in one allow_out or deny_out list of a sandbox's egress policy",
+    )
+    egress_dns: tuple[Nameserver, ...] = setting_field(
+        "SANDBOXD_EGRESS_DNS",
+        "",
+        parse_dns_servers,
+        "Nameservers the egress proxy resolves policies' host names with, ADDRESS or"
+        " ADDRESS:PORT, separated by commas (empty: those of SANDBOXD_RESOLV_CONF)",
     )
     resolv_conf: str = setting_field(
         "SANDBOXD_RESOLV_CONF",

@@ -29,6 +29,7 @@ class Metrics:
     draining: Gauge = field(init=False)
     drain_waiting: Gauge = field(init=False)
     drain_kills: Counter = field(init=False)
+    egress_refused: Counter = field(init=False)
 
     def __attrs_post_init__(self) -> None:
         r = self.registry
@@ -60,6 +61,13 @@ class Metrics:
             "sandboxd_drain_kills",
             "Sandboxes a drain killed: idle, at the deadline, or in a forced stop",
             ["reason"],
+            registry=r,
+        )
+
+        self.egress_refused = Counter(
+            "sandboxd_egress_refused",
+            "Connections the egress proxy refused, by sandbox and reason",
+            ["sandbox", "reason"],
             registry=r,
         )
 

@@ -91,10 +91,11 @@ class SandboxSpec:
     the host's default (and nothing is sent, so a host without network modes sees the old
     body)."""
     allow_out: tuple[str, ...] | None = field(default=None, converter=_opt_strs)
-    """An ``egress`` sandbox's own allow list: addresses and CIDRs (docs/isolation.rst,
-    "Egress policy per sandbox"); ``None``: everything the operator permits."""
+    """An ``egress`` sandbox's own allow list: addresses, CIDRs and host names
+    (docs/isolation.rst, "Egress policy per sandbox", "Egress by name"); ``None``: everything
+    the operator permits."""
     deny_out: tuple[str, ...] = field(default=(), converter=_strs)
-    """Addresses and CIDRs it may not reach (wins over ``allow_out``)."""
+    """Addresses, CIDRs and host names it may not reach (wins over ``allow_out``)."""
     template: str | None = None
     """The template whose files are the sandbox's root (docs/extensions.rst, "Templates");
     ``None``: the host's root, and nothing is sent."""

@@ -4,18 +4,20 @@
 E2B's reading is kept: ``allowOut`` lists exceptions to ``denyOut`` (an address in both is
 reached), ``allowOut`` alone restricts nothing, ``allow_internet_access=False`` is
 ``denyOut: ["0.0.0.0/0"]``. E2B sandboxes have IPv4 alone; here ``0.0.0.0/0`` in ``denyOut``
-also denies ``::/0``, so "all traffic" stays all of it. What has no counterpart yet is
-refused with ``400``: host names, per-host ``rules``, an ``egressProxy``, a
-``maskRequestHost``, ``httpsPorts`` (``allowPublicTraffic`` is the ports', read by
-:mod:`sandboxd.e2b.ports`). ``dnsServers`` matters only with host names in ``allowOut``,
-as in E2B: it is accepted and has no effect.
+also denies ``::/0``, so "all traffic" stays all of it. Host names (``example.com``,
+``*.example.com``) may stand in either list: they are matched by the TLS SNI or HTTP
+``Host`` of web traffic (docs/isolation.rst, "Egress by name"). What has no counterpart yet
+is refused with ``400``: per-host ``rules``, an ``egressProxy``, a ``maskRequestHost``,
+``httpsPorts`` (``allowPublicTraffic`` is the ports', read by :mod:`sandboxd.e2b.ports`).
+``dnsServers`` is accepted and has no effect: the daemon resolves names with its own
+resolver (``SANDBOXD_EGRESS_DNS``), whatever the sandbox uses.
 """
 
 from typing import TYPE_CHECKING, Any
 
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest
-from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_entries
+from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_list
 
 if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 ALL_TRAFFIC = "0.0.0.0/0"
 """The SDK's ``ctx.all_traffic``."""
 
-EVERYTHING = parse_entries("all traffic", [ALL_TRAFFIC, "::/0"])
+EVERYTHING = parse_list("all traffic", [ALL_TRAFFIC, "::/0"])[0]
 
 KNOWN = ("allowOut", "denyOut", "dnsServers", "allowPublicTraffic")
 
@@ -43,19 +45,25 @@ def e2b_policy(network: object, internet: object) -> EgressPolicy | None:
         if name not in KNOWN and value not in (None, {}, []):
             raise RestError(400, f"network.{name}: not supported by sandboxd")
     try:
-        denied = parse_entries("network.denyOut", network.get("denyOut") or [])
-        allowed = parse_entries("network.allowOut", network.get("allowOut") or [])
+        denied, deny_names = parse_list("network.denyOut", network.get("denyOut") or [])
+        allowed, allow_names = parse_list("network.allowOut", network.get("allowOut") or [])
     except ValueError as e:
         raise RestError(400, str(e)) from None
     if internet is False:
-        if not allowed:
+        if not allowed and not allow_names:
             return None  # the caller's choice: no network at all, or all of it denied
         denied = (*denied, *EVERYTHING)
-    if not denied:
+    if not denied and not deny_names:
         return None
     if any(str(net) == ALL_TRAFFIC for net in denied):
         denied = (*denied, *EVERYTHING)
-    return EgressPolicy(allowed, tuple(dict.fromkeys(denied)), allow_wins=True)
+    return EgressPolicy(
+        allowed,
+        tuple(dict.fromkeys(denied)),
+        allow_wins=True,
+        allow_names=allow_names,
+        deny_names=deny_names,
+    )
 
 
 def update_network(front: "E2BFront", entry: "E2BSandbox", body: dict[str, Any]) -> None:
@@ -78,6 +86,6 @@ def network_json(policy: EgressPolicy | None) -> dict[str, Any] | None:
     if policy is None or policy.empty:
         return None
     return {
-        "allowOut": [str(n) for n in policy.allow_out or ()],
-        "denyOut": [str(n) for n in policy.deny_out],
+        "allowOut": [str(n) for n in policy.allow_out or ()] + list(policy.allow_names),
+        "denyOut": [str(n) for n in policy.deny_out] + list(policy.deny_names),
     }

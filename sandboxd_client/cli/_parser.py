@@ -64,10 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allow",
         action="append",
-        help="egress: an address or CIDR it may reach (repeatable; none: all the host permits)",
+        help="egress: an address, CIDR or host name (*.example.com) it may reach"
+        " (repeatable; none: all the host permits)",
     )
     p.add_argument(
-        "--deny", action="append", default=[], help="egress: an address or CIDR it may not reach"
+        "--deny",
+        action="append",
+        default=[],
+        help="egress: an address, CIDR or host name it may not reach",
     )
     p.add_argument("--template", help="a template of the replica, as the sandbox's root")
     add("kill", "kill a sandbox").add_argument("handle")

@@ -169,7 +169,8 @@ def build_server(
             "this server) ends unless keep is true. network: 'none' (loopback only), "
             "'egress' (outbound internet, never the host or other sandboxes) or 'host'; "
             "omitted means the host's default. allow_out and deny_out (egress only): "
-            "addresses and CIDRs it may reach, and may not (deny wins; no allow_out: all the "
+            "addresses, CIDRs and host names (api.example.com, *.example.com) it may reach, and "
+            "may not (deny wins; no allow_out: all the "
             "host permits). "
             "item_id restores a saved workspace of that name first (slower: a copy)."
         ),
@@ -184,10 +185,10 @@ def build_server(
         ] = None,
         keep: Annotated[bool, Field(description="Keep it after this session ends.")] = False,
         allow_out: Annotated[
-            list[str] | None, Field(description="egress: only these addresses/CIDRs.")
+            list[str] | None, Field(description="egress: only these addresses/CIDRs/host names.")
         ] = None,
         deny_out: Annotated[
-            list[str] | None, Field(description="egress: never these addresses/CIDRs.")
+            list[str] | None, Field(description="egress: never these addresses/CIDRs/host names.")
         ] = None,
     ) -> CreatedSandbox:
         spec = SandboxSpec(

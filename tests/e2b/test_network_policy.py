@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
-from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_entries
+from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_list
 from sandboxd.isolation.network.modes import HostNetwork, NetworkMode, NoNetwork
 from tests.e2b.memory import Memory, memory_front
 from tests.e2b.test_networking import with_policy
@@ -29,7 +30,11 @@ def memory(tmp_path: Path) -> Iterator[tuple[Memory, PolicedMode]]:
 
 
 def policy(allow: list[str], deny: list[str]) -> EgressPolicy:
-    return EgressPolicy(parse_entries("a", allow), parse_entries("d", deny), allow_wins=True)
+    return EgressPolicy(parse_list("a", allow)[0], parse_list("d", deny)[0], allow_wins=True)
+
+
+def named(base: EgressPolicy, allow: tuple[str, ...] = (), deny: tuple[str, ...] = ()) -> Any:
+    return attrs.evolve(base, allow_names=allow, deny_names=deny)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +49,12 @@ def policy(allow: list[str], deny: list[str]) -> EgressPolicy:
          policy(["192.0.2.1"], EVERYTHING)),
         ({"allow_internet_access": False, "network": {"denyOut": ["192.0.2.1"]}}, "none", None),
         ({"network": None, "allow_internet_access": True}, "egress", None),
+        ({"network": {"allowOut": ["API.example.com"], "denyOut": ["0.0.0.0/0"]}}, "egress",
+         named(policy([], EVERYTHING), allow=("api.example.com",))),
+        ({"allow_internet_access": False, "network": {"allowOut": ["*.example.com"]}}, "egress",
+         named(policy([], EVERYTHING), allow=("*.example.com",))),
+        ({"network": {"denyOut": ["bad.example", "192.0.2.9"]}}, "egress",
+         named(policy([], ["192.0.2.9"]), deny=("bad.example",))),
     ],
 )  # fmt: skip
 def test_bodies_become_policies(
@@ -61,7 +72,7 @@ def test_bodies_become_policies(
         ([], "network: must be an object"),
         ({"egressProxy": {"address": "x"}}, "network.egressProxy: not supported"),
         ({"allowPublicTraffic": "no"}, "network.allowPublicTraffic: must be true or false"),
-        ({"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]}, "'example.com' is not an"),
+        ({"allowOut": ["exa mple.com"], "denyOut": ["0.0.0.0/0"]}, "'exa mple.com' is not an"),
         ({"denyOut": "0.0.0.0/0"}, "network.denyOut: must be a list"),
         ({"allowOut": ["127.0.0.1"], "denyOut": ["0.0.0.0/0"]}, "127.0.0.1/32 is inside"),
     ],

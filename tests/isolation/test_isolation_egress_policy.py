@@ -42,7 +42,8 @@ def test_lists_parse_to_networks_without_duplicates() -> None:
     [
         ("192.0.2.1", None, "allow_out: must be a list"),
         (None, [1], "deny_out: must be a list"),
-        (["example.com"], None, "'example.com' is not an address or CIDR"),
+        (["example..com"], None, "'example..com' is not an address, CIDR or host name"),
+        (None, ["*.x"], "'\\*.x' is not an address, CIDR or host name"),
     ],
 )
 def test_bad_lists_are_named(allow: object, deny: object, message: str) -> None:
@@ -96,6 +97,8 @@ def test_the_script_replaces_the_slots_chain_in_one_go() -> None:
         "add chain inet sandboxd policy3",
         "flush chain inet sandboxd policy3",
         'add element inet sandboxd policies { "sbx3" : jump policy3 }',
+        'add element inet sandboxd proxied { "sbx3" }',  # (added to be deleted: never an error)
+        'delete element inet sandboxd proxied { "sbx3" }',  # no names: not proxied
         "add rule inet sandboxd policy3 ip daddr { 192.0.2.7/32 }"
         " reject with icmpx type admin-prohibited",
         "add rule inet sandboxd policy3 ip daddr != { 192.0.2.0/24 }"
@@ -104,7 +107,7 @@ def test_the_script_replaces_the_slots_chain_in_one_go() -> None:
         " reject with icmpx type admin-prohibited",
         "add rule inet sandboxd policy3 meta nfproto ipv6 reject with icmpx type admin-prohibited",
     ]
-    assert len(policy_script(p, 0, OPEN).splitlines()) == 3  # emptied: nothing rejected
+    assert len(policy_script(p, 0, OPEN).splitlines()) == 5  # emptied: nothing rejected
     assert "iifname vmap @policies" in p.ruleset("drop")
 
 
@@ -137,7 +140,7 @@ def test_the_mode_applies_replaces_and_clears_a_sandboxs_policy(tmp_path: Path) 
     assert mode.policy("b") == OPEN
     mode.set_policy("b", strict)
     mode.detach("b", "/ns/b")
-    assert host.nft_inputs()[-1].splitlines()[-1].startswith("add element")  # emptied
+    assert host.nft_inputs()[-1].splitlines()[-1].startswith("delete element")  # emptied
     mode.close()
 
 
@@ -156,13 +159,13 @@ def test_a_policy_that_cannot_be_cleared_is_cleared_by_the_slots_next_attach(
     mode.detach("b", "/ns/b")
     host.fail = None
     mode.attach("c", "/ns/c")
-    assert host.nft_inputs()[-1].splitlines()[-1].startswith("add element")
+    assert host.nft_inputs()[-1].splitlines()[-1].startswith("delete element")
     mode.close()
 
 
 def test_e2bs_reading_lets_the_exceptions_through_first() -> None:
     e2b = EgressPolicy(nets("192.0.2.1", "2001:db8::1"), nets("0.0.0.0/0", "::/0"), True)
-    assert policy_script(plan(), 0, e2b).splitlines()[3:] == [
+    assert policy_script(plan(), 0, e2b).splitlines()[5:] == [
         "add rule inet sandboxd policy0 ip daddr { 192.0.2.1/32 } return",
         "add rule inet sandboxd policy0 ip6 daddr { 2001:db8::1/128 } return",
         "add rule inet sandboxd policy0 ip daddr { 0.0.0.0/0 }"

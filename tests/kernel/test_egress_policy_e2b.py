@@ -83,8 +83,8 @@ def test_no_internet_with_exceptions_and_what_is_refused(
             "169.254.169.254/32 is inside",
         ),
         (
-            {"allow_out": ["example.com"], "deny_out": [ALL_TRAFFIC]},
-            "'example.com' is not an address",
+            {"allow_out": ["exa_mple.com"], "deny_out": [ALL_TRAFFIC]},
+            "'exa_mple.com' is not an address, CIDR or host name",
         ),
         (
             {"rules": {"api.example.com": [{"transform": {"headers": {"A": "b"}}}]}},

@@ -130,7 +130,7 @@ def test_the_create_bodys_network(network: object, wanted: tuple[Any, Any]) -> N
         (3, "a network mode's name or an object"),
         ({"mode": "egress", "rules": {}}, "unknown field 'rules'"),
         ({"mode": 1}, "mode must be a string"),
-        ({"allow_out": ["example.com"]}, "'example.com' is not an address"),
+        ({"allow_out": ["example..com"]}, "'example..com' is not an address, CIDR or host"),
     ],
 )
 def test_bad_network_bodies_are_400s(network: object, message: str) -> None:

@@ -13,9 +13,10 @@ import ipaddress
 import os
 import shutil
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
-from attrs import define, field
+from attrs import define, evolve, field
 from twisted.logger import Logger
 
 from sandboxd.isolation.base import IsolationUnavailable
@@ -44,6 +45,16 @@ the sysctls' changes are)."""
 RESOLV_CONF = "/etc/resolv.conf"
 PROGRAMS = (("nft", "nftables"), ("ip", "iproute2"))
 FORBID = "SANDBOXD_NETWORK_ALLOW without egress (e.g. none,host) stops offering it"
+
+
+class ProxyListener(Protocol):
+    """What the mode asks of the egress proxy."""
+
+    def listen(self) -> int:
+        """Start listening; the port."""
+
+    def close(self) -> None:
+        """Stop listening."""
 
 
 def read_text(path: str) -> str:
@@ -83,7 +94,15 @@ class EgressNetwork:
     own_namespace: bool = True
     policy_entries_max: int = DEFAULT_ENTRIES_MAX
     """The most entries one list of a sandbox's policy may hold (``SANDBOXD_EGRESS_POLICY_MAX``)."""
+    proxy: ProxyListener | None = None
+    """The egress proxy (:mod:`sandboxd.isolation.network.egress_proxy`), which the
+    composition root gives; it listens while the layer is up (the table guards its port).
+    ``None``: a policy naming hosts is refused."""
+    on_detach: Callable[[str], None] = lambda rid: None
+    """Told each sandbox that goes (the proxy drops its counts)."""
     _slots: dict[str, int] = field(factory=dict)
+    _rids: dict[int, str] = field(factory=dict)
+    """The sandbox of each slot taken (the inverse of ``_slots``)."""
     _policies: dict[str, EgressPolicy] = field(factory=dict)
     _staged: dict[str, EgressPolicy] = field(factory=dict)
     _stale: set[int] = field(factory=set)
@@ -129,7 +148,13 @@ class EgressNetwork:
         self.close()
 
     def _start(self) -> None:
-        reclaimed = self.egress.start()
+        if self.proxy is not None:  # its port goes into the ruleset
+            self.egress.plan = evolve(self.egress.plan, proxy_port=self.proxy.listen())
+        try:
+            reclaimed = self.egress.start()
+        except BaseException:
+            self._close_proxy()
+            raise
         self._started = True
         if reclaimed:
             log.info("egress: removed {n} veths of a predecessor", n=len(reclaimed))
@@ -138,7 +163,15 @@ class EgressNetwork:
         """Stop the layer (every veth, the table, the sysctls as found)."""
         if self._started:
             self._started = False
-            self.egress.stop()
+            try:
+                self.egress.stop()
+            finally:
+                self._close_proxy()
+
+    def _close_proxy(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
+            self.egress.plan = evolve(self.egress.plan, proxy_port=0)
 
     def attach(self, rid: str, netns: str) -> None:
         if not self._free:
@@ -159,6 +192,7 @@ class EgressNetwork:
             self._stop_when_idle()
             raise OSError(errno.EIO, f"egress: {e}") from None
         self._slots[rid] = slot
+        self._rids[slot] = rid
         policy = self._staged.pop(rid, OPEN)
         if slot in self._stale or not policy.empty:
             # An OSError fails the create: the pin goes and detach frees the slot again.
@@ -168,7 +202,9 @@ class EgressNetwork:
     def detach(self, rid: str, netns: str) -> None:
         slot = self._slots.pop(rid, None)
         policy = self._policies.pop(rid, OPEN)
+        self.on_detach(rid)
         if slot is not None:  # (a predecessor's veths went when the layer started)
+            self._rids.pop(slot, None)
             if not policy.empty:  # the slot's next sandbox must not inherit it
                 try:
                     self.egress.run(["nft", "-f", "-"], policy_script(self.egress.plan, slot, OPEN))
@@ -184,6 +220,8 @@ class EgressNetwork:
         """``ValueError`` naming what of ``policy`` the operator forbids (see
         :func:`sandboxd.isolation.network.egress_policy.check_allowed`)."""
         check_allowed(self.egress.plan, policy, self.policy_entries_max)
+        if policy.by_name and self.proxy is None:
+            raise ValueError("host names in allow_out or deny_out need the egress proxy")
 
     def stage_policy(self, rid: str, policy: EgressPolicy | None) -> None:
         """Keep ``policy`` for the sandbox ``rid``: its :meth:`attach` applies it before the
@@ -198,8 +236,9 @@ class EgressNetwork:
         :meth:`check_policy`): its next new connection obeys it. ``OSError`` when ``nft``
         refuses (the previous policy stays)."""
         slot = self._slots[rid]
+        script = policy_script(self.egress.plan, slot, policy)
         try:
-            self.egress.run(["nft", "-f", "-"], policy_script(self.egress.plan, slot, policy))
+            self.egress.run(["nft", "-f", "-"], script)
         except EgressError as e:
             raise OSError(errno.EIO, f"egress policy: {e}") from None
         self._policies[rid] = policy
@@ -207,6 +246,21 @@ class EgressNetwork:
     def policy(self, rid: str) -> EgressPolicy:
         """The policy the attached sandbox ``rid`` has now."""
         return self._policies.get(rid, OPEN)
+
+    def sandbox_at(self, address: str) -> tuple[str, EgressPolicy] | None:
+        """The attached sandbox whose veth's sandbox end has ``address``, with its policy now
+        (how the egress proxy knows who connects); ``None`` for any other address."""
+        try:
+            parsed = ipaddress.ip_address(address)
+        except ValueError:
+            return None
+        plan = self.egress.plan
+        pool = plan.pool4 if parsed.version == 4 else plan.pool6
+        if pool is None or parsed not in pool:
+            return None
+        slot, odd = divmod(int(parsed) - int(pool.network_address), 2)
+        rid = self._rids.get(slot) if odd else None
+        return None if rid is None else (rid, self.policy(rid))
 
     def _stop_when_idle(self) -> None:
         """Lazy, with no egress sandbox left: give the host back what the layer changed."""

@@ -1,5 +1,5 @@
 """Host names in egress policies: the patterns a list may hold and the name a connection's
-first bytes carry (groundwork of issue 33's matching by name; nothing routes through it yet).
+first bytes carry, which the egress proxy matches (docs/isolation.rst, "Egress by name").
 
 A pattern is an exact name (``example.com``) or a wildcard (``*.example.com``: any name
 below ``example.com``, however deep, never ``example.com`` itself). Names compare in their

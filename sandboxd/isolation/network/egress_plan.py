@@ -16,6 +16,11 @@ TCP) to the host's nameservers (:attr:`EgressPlan.dns`); nothing is forwarded in
 the replies of its own connections. What the operator lets through, each sandbox may narrow
 further: its veth maps to a chain of its own in the ``policies`` verdict map (see
 :mod:`sandboxd.isolation.network.egress_policy`), looked at only after every rule above.
+A sandbox whose policy names hosts has its veth in the ``proxied`` set: its web traffic is
+redirected (``proxy_redirect``, a NAT chain made with the first such policy, so that a
+kernel without NAT in the ``inet`` family, before Linux 5.2, loses only names) to the
+daemon's egress proxy, the one thing of the host such a sandbox reaches (and only so
+redirected).
 """
 
 import ipaddress
@@ -113,6 +118,8 @@ class EgressPlan:
     :meth:`with_nameservers`)."""
     table: str = "sandboxd"
     prefix: str = "sbx"
+    proxy_port: int = 0
+    """The egress proxy's port while it listens (``0``: none), which only sandbox veths reach."""
 
     @property
     def slots(self) -> int:
@@ -215,6 +222,9 @@ class EgressPlan:
         if self.pool6 is not None:
             masquerade6 = f"\n    ip6 saddr {self.pool6} oifname != {{veth}} masquerade"
         veth = f'"{self.prefix}*"'
+        guard = ""
+        if self.proxy_port:  # the proxy listens on every address: for sandboxes alone
+            guard = f"\n    iifname != {veth} tcp dport {self.proxy_port} reject with tcp reset"
         nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255"
         reject = "reject with icmpx type admin-prohibited"
         return f"""table inet {self.table}
@@ -223,14 +233,16 @@ table inet {self.table} {{
   set deny4 {{ type ipv4_addr; flags interval; elements = {{ {", ".join(deny4)} }} }}
   set deny6 {{ type ipv6_addr; flags interval; elements = {{ {", ".join(deny6)} }} }}
   map policies {{ type ifname : verdict; }}
+  set proxied {{ type ifname; }}
   chain prerouting {{
     type filter hook prerouting priority -300; policy accept;
     iifname {veth} ip6 saddr fe80::/10 accept
     iifname {veth} fib saddr . iif oif missing drop
   }}
   chain input {{
-    type filter hook input priority 0; policy accept;
+    type filter hook input priority 0; policy accept;{guard}
     iifname {veth} {nd} accept
+    iifname @proxied meta l4proto tcp ct status dnat accept
     iifname {veth} {reject}
   }}
   chain output {{
@@ -265,6 +277,39 @@ table inet {self.table} {{
     def resolv_conf(self, nameservers: Sequence[str]) -> str:
         """A ``resolv.conf`` naming ``nameservers`` (for a sandbox's mount namespace)."""
         return "".join(f"nameserver {ipaddress.ip_address(ns)}\n" for ns in nameservers)
+
+
+@frozen
+class Nameserver:
+    """One nameserver of ``SANDBOXD_EGRESS_DNS``."""
+
+    host: str
+    port: int = DNS_PORT
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_dns_servers(text: str) -> tuple[Nameserver, ...]:
+    """``SANDBOXD_EGRESS_DNS``: nameservers separated by commas or spaces, each an address,
+    ``ADDRESS:PORT`` (IPv4) or ``[ADDRESS]:PORT``; ``ValueError`` naming a bad one."""
+    found = []
+    for part in text.replace(",", " ").split():
+        host, port = part, DNS_PORT
+        if part.startswith("["):
+            host, _, rest = part[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") else DNS_PORT
+        elif part.count(":") == 1:
+            host, _, number = part.partition(":")
+            port = int(number) if number.isdigit() else -1
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a nameserver address") from None
+        if not 0 < port < 65536:
+            raise ValueError(f"{part!r}: the port is not a port number")
+        found.append(Nameserver(str(address), port))
+    return tuple(found)
 
 
 def nameservers(resolv_conf: str) -> list[str]:

@@ -16,7 +16,11 @@ accept a rule that silently does nothing. A wider entry (``0.0.0.0/0``) is fine:
 operator's ranges stay denied inside it. ``deny_out`` entries are never refused (denying a
 denied range again is harmless).
 
-Host names (``example.com``) are not matched yet: :func:`parse_entries` refuses them.
+Host names (``example.com``, ``*.example.com``) may stand in either list beside addresses
+(:func:`parse_list`). A sandbox whose policy holds a name has its TCP to ports 80 and 443
+handed to the daemon's egress proxy (:mod:`sandboxd.isolation.network.egress_proxy`), which
+matches the TLS SNI or HTTP ``Host`` the connection carries; its UDP other than DNS is
+refused (QUIC carries its name encrypted: nothing to match).
 """
 
 import ipaddress
@@ -26,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from attrs import frozen
 
+from sandboxd.isolation.network.egress_names import parse_pattern
 from sandboxd.isolation.network.egress_plan import Address, EgressPlan, Network
 
 DEFAULT_ENTRIES_MAX = 1024
@@ -45,18 +50,31 @@ class EgressPolicy:
     """E2B's reading (docs/e2b.rst, "Networking"): ``allow_out`` lists exceptions to
     ``deny_out`` rather than all that may be reached; a destination is refused when it is in
     ``deny_out`` and not in ``allow_out``."""
+    allow_names: tuple[str, ...] = ()
+    """Name patterns of ``allow_out`` (then ``allow_out`` is a tuple, empty when it held
+    names alone)."""
+    deny_names: tuple[str, ...] = ()
+    """Name patterns of ``deny_out``."""
 
     @property
     def empty(self) -> bool:
         """True when the policy restricts nothing."""
         if self.allow_wins:
-            return not self.deny_out
-        return self.allow_out is None and not self.deny_out
+            return not self.deny_out and not self.deny_names
+        return self.allow_out is None and not self.deny_out and not self.deny_names
+
+    @property
+    def by_name(self) -> bool:
+        """Whether the policy names hosts (its web traffic then goes through the proxy)."""
+        return bool(self.allow_names or self.deny_names)
 
     def to_json(self) -> dict[str, Any]:
         """The policy as the API shows it (``allow_out`` is ``null`` when not restricted)."""
-        allow = None if self.allow_out is None else [str(n) for n in self.allow_out]
-        shown: dict[str, Any] = {"allow_out": allow, "deny_out": [str(n) for n in self.deny_out]}
+        allow = None
+        if self.allow_out is not None:
+            allow = [str(n) for n in self.allow_out] + list(self.allow_names)
+        deny = [str(n) for n in self.deny_out] + list(self.deny_names)
+        shown: dict[str, Any] = {"allow_out": allow, "deny_out": deny}
         if self.allow_wins:
             shown["allow_wins"] = True
         return shown
@@ -83,27 +101,34 @@ class PolicyHolder(Protocol):
         """The policy of the attached sandbox ``rid``."""
 
 
-def parse_entries(name: str, value: object) -> tuple[Network, ...]:
-    """One list of a request (``allow_out`` or ``deny_out``): addresses and CIDRs, IPv4 or
-    IPv6; ``ValueError`` naming the list and the entry otherwise."""
+def parse_list(name: str, value: object) -> tuple[tuple[Network, ...], tuple[str, ...]]:
+    """One list of a request holding addresses, CIDRs and host names (exact or ``*.`` and a
+    name): its networks and its name patterns; ``ValueError`` naming the list and the entry."""
     if not isinstance(value, list) or not all(isinstance(entry, str) for entry in value):
-        raise ValueError(f"{name}: must be a list of addresses or CIDRs")
+        raise ValueError(f"{name}: must be a list of addresses, CIDRs or host names")
     found: list[Network] = []
+    names: list[str] = []
     for entry in value:
         try:
             found.append(ipaddress.ip_network(entry.strip(), strict=False))
+            continue
+        except ValueError:
+            pass
+        try:
+            names.append(parse_pattern(entry))
         except ValueError:
             raise ValueError(
-                f"{name}: {entry!r} is not an address or CIDR (host names are not matched yet)"
+                f"{name}: {entry!r} is not an address, CIDR or host name"
+                " (a name is example.com or *.example.com)"
             ) from None
-    return tuple(dict.fromkeys(found))
+    return tuple(dict.fromkeys(found)), tuple(dict.fromkeys(names))
 
 
 def parse_policy(allow_out: object, deny_out: object) -> EgressPolicy:
     """A policy from a request's two lists (``None``: the list is absent)."""
-    allow = None if allow_out is None else parse_entries("allow_out", allow_out)
-    deny = () if deny_out is None else parse_entries("deny_out", deny_out)
-    return EgressPolicy(allow, deny)
+    allow, allow_names = (None, ()) if allow_out is None else parse_list("allow_out", allow_out)
+    deny, deny_names = ((), ()) if deny_out is None else parse_list("deny_out", deny_out)
+    return EgressPolicy(allow, deny, allow_names=allow_names, deny_names=deny_names)
 
 
 def is_host_address(address: Address) -> bool:
@@ -126,11 +151,13 @@ def check_allowed(
     """``ValueError`` naming the first thing of ``policy`` the operator's ``plan`` forbids: a
     list longer than ``entries_max``, an ``allow_out`` entry inside a denied range, or one
     that is a single address of the host itself."""
-    for name, entries in (("allow_out", policy.allow_out or ()), ("deny_out", policy.deny_out)):
-        if len(entries) > entries_max:
+    for name, count in (
+        ("allow_out", len(policy.allow_out or ()) + len(policy.allow_names)),
+        ("deny_out", len(policy.deny_out) + len(policy.deny_names)),
+    ):
+        if count > entries_max:
             raise ValueError(
-                f"{name}: {len(entries)} entries, at most {entries_max}"
-                " (SANDBOXD_EGRESS_POLICY_MAX)"
+                f"{name}: {count} entries, at most {entries_max} (SANDBOXD_EGRESS_POLICY_MAX)"
             )
     deny4, deny6 = plan.denied()
     denied = [ipaddress.ip_network(text) for text in deny4 + deny6]
@@ -153,29 +180,51 @@ def chain_name(slot: int) -> str:
     return f"policy{slot}"
 
 
+PROXIED_PORTS = (80, 443)
+"""The TCP ports a policy by name hands to the proxy (HTTP by ``Host``, TLS by SNI)."""
+
+
 def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
     """``nft -f`` input replacing the slot's policy chain by ``policy``, in one transaction
     (connections already open are not touched: the ruleset accepts them before any policy).
 
     The slot's veth is mapped to its chain in the ruleset's ``policies`` verdict map; an empty
     policy leaves the chain empty (a slot is cleared so at detach, and its next sandbox starts
-    from nothing).
+    from nothing). A policy by name puts the veth in the ``proxied`` set, whose TCP to
+    :data:`PROXIED_PORTS` the ``proxy_redirect`` chain redirects to the plan's ``proxy_port``
+    on the host end of the veth (the proxy's listener); any other policy takes it out.
     """
     table = f"inet {plan.table}"
     chain = chain_name(slot)
+    veth = f'"{plan.ifname(slot)}"'
     lines = [
         f"add chain {table} {chain}",
         f"flush chain {table} {chain}",
-        f'add element {table} policies {{ "{plan.ifname(slot)}" : jump {chain} }}',
+        f"add element {table} policies {{ {veth} : jump {chain} }}",
+        f"add element {table} proxied {{ {veth} }}",
     ]
+    if policy.by_name:
+        if not plan.proxy_port:
+            raise ValueError("host names in a policy need the egress proxy, which is not running")
+        ports = ", ".join(str(port) for port in PROXIED_PORTS)
+        lines += [
+            f"add chain {table} proxy_redirect"
+            " { type nat hook prerouting priority -100; policy accept; }",
+            f"flush chain {table} proxy_redirect",
+            f"add rule {table} proxy_redirect iifname @proxied tcp dport {{ {ports} }}"
+            f" redirect to :{plan.proxy_port}",
+        ]
+    else:
+        lines.append(f"delete element {table} proxied {{ {veth} }}")
     lines += [f"add rule {table} {chain} {rule}" for rule in _rules(policy)]
     return "\n".join(lines) + "\n"
 
 
 def _rules(policy: EgressPolicy) -> list[str]:
+    # QUIC (UDP) carries its name encrypted: under a policy by name, UDP is DNS or nothing.
+    rules = [f"meta l4proto udp udp dport != 53 {REJECT}"] if policy.by_name else []
     if policy.allow_wins:
-        return _exceptions_first(policy)
-    rules = []
+        return rules + _exceptions_first(policy)
     for family, version in (("ip", 4), ("ip6", 6)):
         deny = _of_version(policy.deny_out, version)
         if deny:

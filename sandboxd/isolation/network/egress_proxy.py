@@ -1,0 +1,405 @@
+"""The egress proxy: where a sandbox's web traffic goes when its policy names hosts
+(docs/isolation.rst, "Egress by name").
+
+nftables redirects such a sandbox's TCP to ports 80 and 443 to this proxy's one listener
+(:func:`sandboxd.isolation.network.egress_policy.policy_script`); the sandbox is known by the
+source address of its veth (:meth:`Sandboxes.sandbox_at`), the address it meant to reach by
+the connection's original destination (``SO_ORIGINAL_DST``). For each connection the proxy
+
+1. reads the first bytes until :func:`~sandboxd.isolation.network.egress_names.peek_name`
+   gives the TLS SNI or HTTP ``Host`` (none: refused);
+2. resolves that name itself, with its own resolver (``SANDBOXD_EGRESS_DNS``, else the host's
+   nameservers), never the sandbox's ``/etc/hosts`` or DNS answers;
+3. refuses the connection when the original destination is not one of the name's addresses
+   (a mismatch: a hard-coded address, an SNI that lies), or when
+   :func:`~sandboxd.isolation.network.egress_verdict.refusal` refuses the name or address;
+4. else connects to that address and splices bytes both ways, each side the producer of
+   the other (Twisted's flow control: a side whose peer cannot keep up stops being read, so
+   no buffer grows without bound).
+
+A refused connection is reset and counted per sandbox by reason (:attr:`EgressProxy.refused`,
+``on_refused``): names and addresses go to the log, never any byte of the payload. At most
+``per_sandbox`` connections of one sandbox, and ``total`` of all, are open at once (each
+holds two of the daemon's descriptors, which its API needs too). Everything runs on the reactor
+thread and nothing blocks it (the name lookups are Twisted's, asynchronous).
+"""
+
+import ipaddress
+import socket
+import struct
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from attrs import define, field
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
+from twisted.logger import Logger
+from twisted.names import dns
+from zope.interface import implementer
+
+from sandboxd.isolation.network.egress_names import PEEK_MAX, peek_name
+from sandboxd.isolation.network.egress_plan import Address, Network
+from sandboxd.isolation.network.egress_policy import EgressPolicy
+from sandboxd.isolation.network.egress_verdict import refusal
+
+log = Logger()
+
+SO_ORIGINAL_DST = 80
+"""``getsockopt`` option (``SOL_IP``; ``IP6T_SO_ORIGINAL_DST`` at ``SOL_IPV6``, same value)."""
+
+PER_SANDBOX = 256
+"""The default most connections one sandbox has open through the proxy at once."""
+
+TOTAL = 4096
+"""The default most connections open through the proxy at once, all sandboxes together."""
+
+PEEK_TIMEOUT = 10.0
+"""Longest a connection may take to send the bytes that carry its name (seconds)."""
+
+CONNECT_TIMEOUT = 10.0
+
+RESOLVE_TIMEOUT = (1, 3)
+"""The proxy's waits for a nameserver's answer, retried (seconds; Twisted's default waits up
+to a minute, which the sandbox's connection would hang through)."""
+
+NAMES_TTL_MAX = 60
+"""Longest the proxy keeps a name's addresses (seconds; a shorter TTL wins)."""
+
+NAMES_MAX = 4096
+"""The most names whose addresses the proxy keeps at once."""
+
+ALL_INTERFACES = ("0.0.0.0", "::")
+
+NO_NAME_REASON = "no_name"
+MISMATCH = "mismatch"
+UNRESOLVED = "unresolved"
+TOO_MANY = "too_many"
+UNREACHABLE = "unreachable"
+
+
+class Sandboxes(Protocol):
+    """What the proxy asks of the egress mode."""
+
+    def sandbox_at(self, address: str) -> tuple[str, EgressPolicy] | None:
+        """The sandbox (its id and policy now) whose veth has ``address``, if any."""
+
+
+def original_destination(sock: socket.socket) -> tuple[str, int]:
+    """Where a redirected connection was addressed before nftables redirected it."""
+    if sock.family == socket.AF_INET6:
+        raw = sock.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+        return socket.inet_ntop(socket.AF_INET6, raw[8:24]), struct.unpack("!H", raw[2:4])[0]
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    return socket.inet_ntop(socket.AF_INET, raw[4:8]), struct.unpack("!H", raw[2:4])[0]
+
+
+def answer_addresses(results: list[tuple[bool, Any]]) -> tuple[set[Address], int]:
+    """The A and AAAA addresses of a name's lookups (a failed lookup gives none) and how long
+    they may be kept: their shortest TTL, at most :data:`NAMES_TTL_MAX` seconds."""
+    found: set[Address] = set()
+    ttl = NAMES_TTL_MAX
+    for ok, result in results:
+        if not ok:
+            continue
+        for record in result[0]:
+            if record.type == dns.A:
+                found.add(ipaddress.IPv4Address(record.payload.address))
+            elif record.type == dns.AAAA:
+                found.add(ipaddress.IPv6Address(record.payload.address))
+            else:
+                continue
+            ttl = min(ttl, record.ttl)
+    return found, ttl
+
+
+@define
+class EgressProxy:
+    """The proxy's state: its sandboxes, resolver, deny list and counts (see the module)."""
+
+    reactor: Any
+    sandboxes: Sandboxes
+    resolver: Any
+    """A Twisted ``IResolver`` (``lookupAddress``, ``lookupIPV6Address``)."""
+    denied: list[Network]
+    """The operator's denied ranges (see :func:`.egress_verdict.operator_denied`)."""
+    is_host: Callable[[Address], bool]
+    per_sandbox: int = PER_SANDBOX
+    total: int = TOTAL
+    on_refused: Callable[[str, str], None] = lambda rid, reason: None
+    on_forget: Callable[[str, str], None] = lambda rid, reason: None
+    """Called for each (sandbox, reason) counted when :meth:`forget` drops its counts."""
+    refused: Counter[tuple[str, str]] = field(factory=Counter)
+    """Refused connections by (sandbox id, reason)."""
+    open: Counter[str] = field(factory=Counter)
+    """Connections open now, by sandbox id."""
+    names_max: int = NAMES_MAX
+    interfaces: Sequence[str] = ALL_INTERFACES
+    """Where it listens: every IPv4 address, and every IPv6 one when the pool has IPv6."""
+    _ports: list[Any] = field(factory=list)
+    _names: dict[str, tuple[float, frozenset[Address]]] = field(factory=dict)
+    """Names resolved lately: when each answer expires, its addresses."""
+
+    def listen(self) -> int:
+        """Start listening on :attr:`interfaces`, all on one port; that port.
+
+        Only redirected connections from sandbox veths reach it: the egress table refuses
+        the rest from sandboxes, and anyone else's (the egress mode listens only while its
+        table is loaded, which names the port); anyone else that got through would not be a
+        sandbox and is closed at once."""
+        port = 0
+        factory = ProxyFactory(self)
+        for address in self.interfaces:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                if family == socket.AF_INET6:  # the IPv4 listener has IPv4's
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((address, port))
+                port = sock.getsockname()[1]
+                sock.listen(128)
+                sock.setblocking(False)
+                self._ports.append(self.reactor.adoptStreamPort(sock.fileno(), family, factory))
+        log.info("egress proxy: listening on port {port}", port=port)
+        return port
+
+    def close(self) -> None:
+        """Stop listening (open connections stay until they end)."""
+        for port in self._ports:
+            port.stopListening()
+        self._ports.clear()
+
+    def refuse(self, rid: str, reason: str, name: str, address: str) -> None:
+        """Count and log a refused connection."""
+        self.refused[(rid, reason)] += 1
+        self.on_refused(rid, reason)
+        log.info(
+            "egress proxy: refused {rid} to {name} at {address}: {reason}",
+            rid=rid,
+            name=name or "(no name)",
+            address=address,
+            reason=reason,
+        )
+
+    def forget(self, rid: str) -> None:
+        """Drop the counts of a sandbox that went (so that they do not pile up forever)."""
+        for key in [key for key in self.refused if key[0] == rid]:
+            del self.refused[key]
+            self.on_forget(*key)
+
+    def resolve(self, name: str) -> "Deferred[set[Address]]":
+        """The name's addresses (A and AAAA) by the proxy's own resolver, kept for their TTL
+        (at most a minute) so that a name's connections after the first wait for no lookup."""
+        now = self.reactor.seconds()
+        kept = self._names.get(name)
+        if kept is not None and kept[0] > now:
+            return succeed(set(kept[1]))
+        lookups = [
+            self.resolver.lookupAddress(name, timeout=RESOLVE_TIMEOUT),
+            self.resolver.lookupIPV6Address(name, timeout=RESOLVE_TIMEOUT),
+        ]
+        found: Deferred[Any] = DeferredList(lookups, consumeErrors=True)
+        return found.addCallback(self._remember, name, now)
+
+    def _remember(self, results: list[tuple[bool, Any]], name: str, now: float) -> set[Address]:
+        addresses, ttl = answer_addresses(results)
+        if addresses and ttl > 0:
+            self._names.pop(name, None)
+            while len(self._names) >= self.names_max:  # the oldest answer goes first
+                del self._names[next(iter(self._names))]
+            self._names[name] = (now + ttl, frozenset(addresses))
+        return addresses
+
+
+class ProxyFactory(protocol.Factory):
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
+
+    def buildProtocol(self, addr: Any) -> "SandboxSide":
+        return SandboxSide(self.proxy)
+
+
+@implementer(IHalfCloseableProtocol)
+class Side(protocol.Protocol):
+    """One side of a spliced connection. A side whose peer stops sending (a half-close, as
+    ``shutdown(SHUT_WR)`` makes) closes its own writing once what it holds is written, and the
+    connection closes once neither way is left."""
+
+    read_done = False
+    write_done = False
+    spliced_to: "Side | None" = None
+    """The side it passes what it reads to (a sandbox's: ``None`` until its upstream is up)."""
+
+    @property
+    def tcp(self) -> Any:
+        """The TCP transport (``abortConnection``, the producer methods)."""
+        return self.transport
+
+    def readConnectionLost(self) -> None:
+        self.read_done = True
+        if self.spliced_to is not None:
+            self.spliced_to.tcp.loseWriteConnection()
+        self._close_when_done()
+
+    def writeConnectionLost(self) -> None:
+        self.write_done = True
+        self._close_when_done()
+
+    def _close_when_done(self) -> None:
+        if self.read_done and self.write_done:
+            self.tcp.loseConnection()
+
+
+class SandboxSide(Side):
+    """A sandbox's connection: peeked, checked, then spliced to its upstream."""
+
+    def __init__(self, proxy: EgressProxy) -> None:
+        self.proxy = proxy
+        self.rid = ""
+        self.buffer = b""
+        self.destination: tuple[str, int] = ("", 0)
+        self.upstream: UpstreamSide | None = None
+        self.deciding = False
+        self.gone = False
+        """Closed, or refused: nothing more is done for it."""
+        self.timer: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        peer = self.tcp.getPeer().host
+        found = self.proxy.sandboxes.sandbox_at(peer)
+        if found is None:
+            self.tcp.abortConnection()
+            return
+        rid, _ = found
+        try:
+            self.destination = original_destination(self.tcp.getHandle())
+        except OSError:  # a connection nftables did not redirect (none such passes its rules)
+            self.tcp.abortConnection()
+            return
+        if (
+            self.proxy.open[rid] >= self.proxy.per_sandbox
+            or sum(self.proxy.open.values()) >= self.proxy.total
+        ):
+            self.proxy.refuse(rid, TOO_MANY, "", self.destination[0])
+            self.tcp.abortConnection()
+            return
+        self.rid = rid
+        self.proxy.open[rid] += 1
+        self.timer = self.proxy.reactor.callLater(PEEK_TIMEOUT, self.fail, NO_NAME_REASON, "")
+
+    def readConnectionLost(self) -> None:
+        if self.upstream is None and not self.deciding:  # its name can never be complete now
+            self.fail(NO_NAME_REASON, "")
+            return
+        super().readConnectionLost()  # (while deciding: its upstream is half-closed at once)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.upstream is not None:
+            self.upstream.tcp.write(data)
+            return
+        self.buffer += data
+        if self.deciding:  # (bytes read before the pause took hold)
+            return
+        name = peek_name(self.buffer[: PEEK_MAX + 5])
+        if name is None and len(self.buffer) <= PEEK_MAX + 5:
+            return
+        if not name:
+            self.fail(NO_NAME_REASON, "")
+            return
+        self.deciding = True
+        self.tcp.pauseProducing()
+        self.proxy.resolve(name).addCallback(self.decide, name)
+
+    def decide(self, addresses: set[Address], name: str) -> None:
+        """Connect upstream, or refuse, once the name's addresses are known."""
+        self._stop_timer()
+        if self.gone:  # hung up, or timed out, while the name was resolved
+            return
+        found = self.proxy.sandboxes.sandbox_at(self.tcp.getPeer().host)
+        if found is None:  # the sandbox went meanwhile
+            self.tcp.abortConnection()
+            return
+        _, policy = found  # the policy now: a change applies to the next connection
+        address = ipaddress.ip_address(self.destination[0])
+        if not addresses:
+            self.fail(UNRESOLVED, name)
+            return
+        if address not in addresses:
+            self.fail(MISMATCH, name)
+            return
+        reason = refusal(policy, name, address, self.proxy.denied, self.proxy.is_host)
+        if reason is not None:
+            self.fail(reason, name)
+            return
+        factory = UpstreamFactory(self, name)
+        self.proxy.reactor.connectTCP(
+            str(address), self.destination[1], factory, timeout=CONNECT_TIMEOUT
+        )
+
+    def spliced(self, upstream: "UpstreamSide") -> None:
+        """The upstream is connected: hand it what was peeked, then each side paces the other."""
+        self.upstream = self.spliced_to = upstream
+        upstream.tcp.write(self.buffer)
+        self.buffer = b""
+        upstream.tcp.registerProducer(self.transport, True)
+        self.tcp.registerProducer(upstream.transport, True)
+        if self.read_done:  # the sandbox said all it had to say while its name was resolved
+            upstream.tcp.loseWriteConnection()
+        else:
+            self.tcp.resumeProducing()
+
+    def fail(self, reason: str, name: str) -> None:
+        """Refuse the connection (once): count it, reset it."""
+        self._stop_timer()
+        if not self.gone:
+            self.gone = True
+            self.proxy.refuse(self.rid, reason, name, self.destination[0])
+            self.tcp.abortConnection()
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        self.timer = None
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.gone = True
+        self._stop_timer()
+        if self.rid:
+            self.proxy.open[self.rid] -= 1
+            if not self.proxy.open[self.rid]:
+                del self.proxy.open[self.rid]
+        if self.upstream is not None:
+            self.upstream.tcp.loseConnection()
+
+
+class UpstreamFactory(protocol.ClientFactory):
+    def __init__(self, sandbox: SandboxSide, name: str) -> None:
+        self.sandbox = sandbox
+        self.name = name
+
+    def buildProtocol(self, addr: Any) -> "UpstreamSide":
+        return UpstreamSide(self.sandbox)
+
+    def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
+        self.sandbox.fail(UNREACHABLE, self.name)
+
+
+class UpstreamSide(Side):
+    """The proxy's connection to the address the name resolved to."""
+
+    def __init__(self, sandbox: SandboxSide) -> None:
+        self.sandbox = sandbox
+        self.spliced_to = sandbox
+
+    def connectionMade(self) -> None:
+        if self.sandbox.gone:
+            self.tcp.loseConnection()
+            return
+        self.sandbox.spliced(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.sandbox.tcp.write(data)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.sandbox.tcp.loseConnection()
