@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sandboxd.core.contexts.events import Count, Error, Event, Output, Result
+
 POLL = 0.1
 """Seconds between looks at whether the kernel died or the call was given up, while waiting."""
 SOCKET_PATH_MAX = 100
