@@ -22,10 +22,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from sbench.stats import pct, summary
+from .stats import pct, summary
 
 if TYPE_CHECKING:
-    from sbench.figures import Bench, Sandboxd
+    from .figures import Bench, Sandboxd
 
 ECHO_TARGET_MS = 2.0
 PROXY_TARGET_MS = 1.0
@@ -143,7 +143,7 @@ def proxied_and_direct(d: Sandboxd, rounds: int) -> dict[str, list[float]]:
 
 
 def section(bench: Bench) -> None:
-    from sbench.figures import at_most
+    from .figures import at_most
 
     quick = bench.sizes.quick
     keys, rounds = (20, 10) if quick else (1000, 500)
@@ -161,11 +161,11 @@ def section(bench: Bench) -> None:
             target=None if quick else at_most(ECHO_TARGET_MS, " ms"),
             extra={"p90_ms": stats["p90"] * 1000, "n": stats["n"]},
         )
-    d = bench.daemons.get("isolated")
-    if d is None:
+    isolated = bench.daemons.get("isolated")
+    if isolated is None:
         bench.notes.append("port proxy rows skipped: they need the isolated daemon (root)")
         return
-    samples = proxied_and_direct(d, rounds)
+    samples = proxied_and_direct(isolated, rounds)
     proxied, direct = (pct(samples[k], 0.5) * 1000 for k in ("proxied", "direct"))
     bench.row(
         "port proxy overhead (p50 proxied - p50 direct)",

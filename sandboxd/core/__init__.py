@@ -35,6 +35,8 @@ from sandboxd.core.processes.process import (
 )
 from sandboxd.core.processes.terminal import DEFAULT_TERM, TerminalRun, TerminalSize
 from sandboxd.core.sandbox import CreateRequest, Sandbox, SandboxListing
+from sandboxd.core.templates.build_files import read_dockerfile
+from sandboxd.core.templates.builder import start_build
 from sandboxd.core.templates.store import Template, TemplateRoot, TemplateStore, check_name
 from sandboxd.core.tools.resolver import Resolution, Resolved, ToolResolver
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
@@ -90,6 +92,8 @@ __all__ = [
     "entries",
     "normalise",
     "parse_env",
+    "read_dockerfile",
+    "start_build",
     "tar_in",
     "tar_out",
     "workspace",

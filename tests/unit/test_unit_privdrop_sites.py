@@ -61,6 +61,15 @@ SITES = {
     " SANDBOXD_KERNEL_PYTHON asked, once, which kernels' modules it has (none imported)",
     ("sandboxd/core/contexts/shell_kernel.py", "Shell.__init__"): "the sandbox: the bash"
     " kernel's bash, started by the kernel inside the sandbox (never run by the daemon)",
+    ("sandboxd/core/templates/builder.py", "Build._spawn"): "root: a template build's RUN"
+    " runner (build_runner.py), never a sandbox's uid: uid 0 of a user namespace of its own"
+    ' in the template being built (docs/extensions.rst, "Building a template")',
+    ("sandboxd/core/templates/build_runner.py", "command"): "root of the build's user"
+    " namespace: the RUN command, in the template's root (pivot_root), no sandbox's uid",
+    ("sandboxd/core/templates/build_runner.py", "main"): "root: the RUN runner forks the"
+    " namespaces' maker (and exits with the command's status)",
+    ("sandboxd/core/templates/build_files.py", "copy_base"): "root: cp -a of a template's"
+    " files (FROM) into the build's directory; runs nothing of the template's",
 }
 """Every place that starts a process: what it starts, and as whom."""
 
@@ -168,6 +177,9 @@ DROPPING_MODULES = {
     # A thread of the daemon takes a sandbox's effective uid for one inotify_init1, so that the
     # sandbox's uid pays for its watches; no process starts, real and saved uids stay root's.
     "sandboxd/core/watch/charge.py",
+    # A template build's RUN takes uid 0 of the user namespace it made (the host's ids mapped
+    # to themselves): the build runs as root by design, never as a sandbox's uid.
+    "sandboxd/core/templates/build_runner.py",
 }
 
 

@@ -10,9 +10,7 @@ from typing import IO, TYPE_CHECKING
 from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
-from sandboxd.core import TemplateRoot, TemplateStore, check_name
-from sandboxd.core.templates import build_files
-from sandboxd.core.templates.builder import start_build
+from sandboxd.core import TemplateRoot, TemplateStore, check_name, read_dockerfile, start_build
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
@@ -90,7 +88,7 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
             if not isinstance(text, str):
                 raise BadRequest("dockerfile: must be the Dockerfile's text")
         else:
-            text = await templates.in_thread(build_files.read_dockerfile, context)
+            text = await templates.in_thread(read_dockerfile, context)
             network = parse.query(request, "network", "none")
         stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
         build = start_build(
