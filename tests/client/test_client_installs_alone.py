@@ -22,7 +22,7 @@ import pytest
 
 from .real_daemon import REPO, Daemon, running_daemon
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.wide]
 
 TOKEN = "installs-alone-token"
 DAEMON_ONLY = ("klein", "prometheus-client", "sandboxd")

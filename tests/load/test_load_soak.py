@@ -291,6 +291,7 @@ async def settle(daemon: SoakDaemon, baseline: ProcessFigures) -> ProcessFigures
 
 
 @pytest.mark.slow
+@pytest.mark.wide
 @pytest_twisted.ensureDeferred
 async def test_soak_mixed_calls_leave_nothing_behind(soak_daemon: SoakDaemon) -> None:
     daemon = soak_daemon

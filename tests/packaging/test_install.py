@@ -17,7 +17,7 @@ from tests.support.daemon import Daemon, free_port, stop_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.wide]
 
 
 @pytest.fixture(scope="module")

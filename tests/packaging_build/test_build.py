@@ -23,7 +23,7 @@ import pytest
 from sandboxd.isolation.exec.helper_build import find_compiler
 from tests.support.daemon import REPO, Daemon, free_port, stop_daemon
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.wide]
 
 
 def clean_env() -> dict[str, str]:

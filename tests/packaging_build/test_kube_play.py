@@ -65,7 +65,7 @@ from .podman_kube import (
 )
 from .test_build import clean_env, tree_copy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.wide]
 
 K8S = REPO / "packaging" / "k8s"
 TOKEN = "kube-play-test-token"
