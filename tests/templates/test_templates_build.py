@@ -262,6 +262,14 @@ async def test_the_client_and_sandboxctl_build_and_report(kd: KernelDaemon, tmp_
     code = await main_async(reactor, argv, Console(out, err, tty=False))
     assert code == 1 and "step 2 (line 2: RUN exit 3) failed" in err.getvalue()
     assert json.loads(out.getvalue().splitlines()[-1])["step"] == 2
+    (tmp_path / "Dockerfile").write_text("FROM busybox\nRUN echo json-ran\n")
+    out, err = io.BytesIO(), io.StringIO()
+    argv = ["--url", url, "--json", "template", "build", "json-cli", str(tmp_path)]
+    code = await main_async(reactor, argv, Console(out, err, tty=False))
+    printed = [json.loads(text) for text in out.getvalue().splitlines()]
+    assert code == 0, err.getvalue()
+    assert {"step": 2, "output": "json-ran"} in printed
+    assert printed[-1]["end"] == "built" and printed[-1]["template"]["name"] == "json-cli"
 
 
 def build_until_killed(daemon: Daemon) -> None:
