@@ -16,7 +16,7 @@ from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
 from sandboxd.core.templates import build_files
-from sandboxd.core.templates.builder import Build, Frame, _RunProtocol, start_build
+from sandboxd.core.templates.builder import LINE_MAX, Build, Frame, _RunProtocol, start_build
 from sandboxd.core.templates.dockerfile import parse_dockerfile
 from sandboxd.core.templates.store import TemplateStore
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplateConflict, TemplateNotFound
@@ -242,3 +242,16 @@ def test_a_runs_output_is_split_into_lines_and_a_kill_is_128_and_9() -> None:
     killed = _RunProtocol(lines.append)
     killed.processEnded(Failure(ProcessTerminated(None, 9)))
     assert result(killed.ended) == 137
+
+
+def test_output_without_newlines_is_cut_into_lines_of_at_most_line_max() -> None:
+    lines: list[str] = []
+    protocol = _RunProtocol(lines.append)
+    for _ in range(5):
+        protocol.childDataReceived(1, b"x" * (LINE_MAX - 1))
+    assert [len(line) for line in lines] == [LINE_MAX] * 4
+    assert len(protocol._partial[1]) == LINE_MAX - 5
+    protocol.childDataReceived(1, b"end\n")
+    protocol.processEnded(Failure(ProcessDone(0)))
+    assert [len(line) for line in lines] == [LINE_MAX] * 4 + [LINE_MAX - 2]
+    assert "".join(lines) == "x" * (5 * (LINE_MAX - 1)) + "end"

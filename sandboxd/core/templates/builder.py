@@ -38,6 +38,9 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NETWORKS = ("none", "host")
 OUTPUT_KEPT = 200
 """The last lines of a failed step's output repeated in the build's end."""
+LINE_MAX = 16384
+"""The longest line of ``RUN``'s output a frame carries: a longer one is cut into pieces of
+this size (output without newlines must not grow the daemon's memory)."""
 
 Frame = dict[str, Any]
 
@@ -59,7 +62,11 @@ class _RunProtocol(ProcessProtocol):
         self._partial = {1: b"", 2: b""}
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
-        *lines, self._partial[childFD] = (self._partial[childFD] + data).split(b"\n")
+        *lines, rest = (self._partial[childFD] + data).split(b"\n")
+        while len(rest) >= LINE_MAX:  # a line without its end yet: its full pieces go now
+            lines.append(rest[:LINE_MAX])
+            rest = rest[LINE_MAX:]
+        self._partial[childFD] = rest
         for line in lines:
             self.line(line.decode("utf-8", "replace"))
 
