@@ -54,6 +54,7 @@ SECTIONS = (
     "neighbours",
     "terminals",
     "density",
+    "bursts",
     "e2b_suite",
     "contexts",
 )

@@ -25,7 +25,18 @@ from twisted.internet.task import LoopingCall, deferLater
 
 from sandboxd_client import HttpSandbox, decode_handle
 
-from . import contexts, density, dockerd, e2bsuite, floor, neighbours, procs, terminals, versus
+from . import (
+    bursts,
+    contexts,
+    density,
+    dockerd,
+    e2bsuite,
+    floor,
+    neighbours,
+    procs,
+    terminals,
+    versus,
+)
 from .rawhttp import CHUNK, RawHTTP
 from .stats import median, summary
 
@@ -69,6 +80,10 @@ class Sizes:
         self.density_image_mib = 256 if quick else 8192
         self.density_seconds = 60.0 if quick else 900.0
         """The fill starts no create after this long (its rows say how many it made)."""
+        self.bursts_single = 5 if quick else 100
+        self.bursts = "5" if quick else "100,1000"
+        """Sandboxes asked for at once in each burst, comma-separated (``--set bursts=100``)."""
+        self.bursts_image_mib = 256 if quick else 4096
         self.neighbour_samples = 10 if quick else 400
         self.neighbour_ramp = 0.1 if quick else 1.0
         self.neighbour_bound = 60 if quick else 240
@@ -502,6 +517,10 @@ class Bench:
     async def terminals(self) -> None:
         """Keystroke echo on a terminal's WebSocket, the ports proxy's overhead (``terminals``)."""
         terminals.section(self)
+
+    async def bursts(self) -> None:
+        """Create → first output alone and in bursts, every layer on (``bursts``)."""
+        bursts.section(self)
 
     async def contexts(self) -> None:
         """``run_code`` warm and cold, native and through the E2B SDK (``contexts``)."""
