@@ -131,6 +131,21 @@ def test_the_templates_env_and_workdir_apply_and_an_execs_env_wins(kd: KernelDae
         box.kill()
 
 
+def test_a_template_named_with_a_tag_runs(kd: KernelDaemon) -> None:
+    # Its files live in ".templates/busybox:1.0/rootfs": the ':' separates the overlay's lower
+    # directories unless escaped (before, the create was a 500 naming the path).
+    answer = kd.client.request("PUT", "/templates/busybox:1.0", rootfs())
+    assert answer.status == 201, answer
+    box = create(kd, "busybox:1.0")
+    try:
+        assert box.ok("whoami; cat /etc/os-release").encode() + b"\n" == b"user\n" + OS_RELEASE
+        box.ok("echo changed > /scratch/note")
+        assert (box.directory / "root/upper/scratch/note").read_bytes() == b"changed\n"
+    finally:
+        box.kill()
+    assert kd.call("DELETE", "/templates/busybox:1.0").status == 204
+
+
 def test_a_template_in_use_cannot_be_deleted(kd: KernelDaemon) -> None:
     answer = kd.client.request("PUT", "/templates/doomed", rootfs())
     assert answer.status == 201, answer

@@ -32,8 +32,16 @@ HOSTS_FILE = "hosts"
 HOSTS_TEXT = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 """A templated sandbox's ``/etc/hosts``: its loopback, whatever its network mode."""
 
-UNSAFE = frozenset(",:\\\n")
-"""Characters the overlay's mount options or the ``root`` file cannot carry in a path."""
+UNSAFE = frozenset("\n")
+"""Characters the ``root`` file cannot carry in a path (one path a line)."""
+
+
+def overlay_escaped(path: str) -> str:
+    """``path`` as the overlay's mount options carry it: the options' separators (``,``
+    between options, ``:`` between lower directories) and the escape itself each behind a
+    ``\\``, which the kernel's overlayfs takes away again (a template named ``name:tag``
+    lives in such a directory)."""
+    return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
 
 
 @frozen
@@ -58,16 +66,14 @@ class RootView:
 
     def prepare(self) -> None:
         """Make the upper, work and mount-point directories (root's): the upper directory's
-        mode is the new root's, 0755. ``OSError`` (``EINVAL``) for a path the overlay's
-        options cannot carry. Where they are made already (a fork's, filled before its
+        mode is the new root's, 0755. ``OSError`` (``EINVAL``) for a path the ``root`` file
+        cannot carry. Where they are made already (a fork's, filled before its
         namespaces are made), nothing is done."""
         if os.path.isdir(self.merged):
             return
         for path in (self.lower, self.upper, self.work):
             if UNSAFE & set(path):
-                raise OSError(
-                    22, "a path the overlay cannot name (',', ':', '\\' or a newline)", path
-                )
+                raise OSError(22, "a path the overlay cannot name (a newline)", path)
         os.mkdir(os.path.join(self.top, ROOT_DIR), 0o700)
         os.mkdir(self.upper, 0o755)
         os.chmod(self.upper, 0o755)  # whatever the daemon's umask
@@ -78,7 +84,8 @@ class RootView:
         """The ``root`` file: mount data, mount point, then the sandbox's top directory, bound
         back at its own path (its commands' working directory, ``HOME`` and ``TMPDIR`` name
         host paths there)."""
-        data = f"lowerdir={self.lower},upperdir={self.upper},workdir={self.work}"
+        lower, upper, work = map(overlay_escaped, (self.lower, self.upper, self.work))
+        data = f"lowerdir={lower},upperdir={upper},workdir={work}"
         return f"{data}\n{self.merged}\n{self.top}\n"
 
 
