@@ -55,6 +55,7 @@ SECTIONS = (
     "terminals",
     "density",
     "bursts",
+    "templates",
     "e2b_suite",
     "contexts",
 )

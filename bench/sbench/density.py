@@ -120,16 +120,17 @@ def census(pid: int, root: Path, instance: str) -> dict[str, int]:
 
 @contextlib.contextmanager
 def layered_daemon(
-    workdir: Path, image_mib: int, notes: list[str]
+    workdir: Path, image_mib: int, notes: list[str], disk_max: str = DISK_MAX
 ) -> Iterator[tuple[procs.Server, str]]:
-    """The section's daemon with every layer on, on a fresh loop btrfs; the network mode its
-    creates ask for. Everything is stopped, unmounted and removed on the way out."""
+    """The section's daemon with every layer on, on a fresh loop btrfs, each sandbox's disk
+    limited to ``disk_max``; the network mode its creates ask for. Everything is stopped,
+    unmounted and removed on the way out."""
     from tests.kernel.disk_fs import loop_filesystem
 
     settings = {
         "SANDBOXD_UID_MIN": str(UIDS[0]),
         "SANDBOXD_UID_MAX": str(UIDS[1]),
-        "SANDBOXD_DISK_MAX": DISK_MAX,
+        "SANDBOXD_DISK_MAX": disk_max,
         "SANDBOXD_NAMESPACES": "all",
         "SANDBOXD_SECCOMP": "default",
         "SANDBOXD_NETWORK_ALLOW": "none,egress",

@@ -34,6 +34,7 @@ from . import (
     floor,
     neighbours,
     procs,
+    templates,
     terminals,
     versus,
 )
@@ -84,6 +85,10 @@ class Sizes:
         self.bursts = "5" if quick else "100,1000"
         """Sandboxes asked for at once in each burst, comma-separated (``--set bursts=100``)."""
         self.bursts_image_mib = 256 if quick else 4096
+        self.template_rounds = 3 if quick else 100
+        self.template_forks = 3 if quick else 20
+        self.template_fork_bytes = 8 * MiB if quick else 1024 * MiB
+        self.template_image_mib = 512 if quick else 8192
         self.neighbour_samples = 10 if quick else 400
         self.neighbour_ramp = 0.1 if quick else 1.0
         self.neighbour_bound = 60 if quick else 240
@@ -521,6 +526,10 @@ class Bench:
     async def bursts(self) -> None:
         """Create → first output alone and in bursts, every layer on (``bursts``)."""
         bursts.section(self)
+
+    async def templates(self) -> None:
+        """Create from a template and fork, every layer on, beside Docker (``templates``)."""
+        templates.section(self)
 
     async def contexts(self) -> None:
         """``run_code`` warm and cold, native and through the E2B SDK (``contexts``)."""

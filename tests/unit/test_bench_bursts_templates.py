@@ -1,5 +1,6 @@
-"""bench: the bursts rows (bench/sbench/bursts.py): the section is registered, its sizes parse,
-and a first exec that did not echo is an error, not a figure.
+"""bench: the bursts and templates rows (bench/sbench/bursts.py, templates.py): the sections
+are registered, their sizes parse, and a first exec that did not echo is an error, not a
+figure.
 
 Shape only: no figure is asserted (``bench/run.py --quick`` runs the section against a real
 daemon with every layer in CI; the figures are a full run's, docs/performance.rst).
@@ -58,3 +59,13 @@ def test_a_first_exec_that_echoed_is_timed() -> None:
 def test_a_first_exec_that_failed_is_an_error(last: dict[str, Any]) -> None:
     with pytest.raises(RuntimeError, match="the first exec in r1"):
         bursts.create_and_first_output(Answers(last), "egress")  # type: ignore[arg-type]
+
+
+def test_the_templates_section_is_one_of_the_bench() -> None:
+    from bench.sbench import templates
+
+    assert "templates" in bench_run.SECTIONS
+    assert callable(figures.Bench.templates)
+    sizes = figures.Sizes(quick=False)
+    assert sizes.template_fork_bytes == 1024 * 2**20  # issue 30: fork of a 1 GiB workspace
+    assert templates.NAME.count(":") == 1  # a tagged name, as images are
