@@ -13,9 +13,9 @@ the connection's original destination (``SO_ORIGINAL_DST``). For each connection
 3. refuses the connection when the original destination is not one of the name's addresses
    (a mismatch: a hard-coded address, an SNI that lies), or when
    :func:`~sandboxd.isolation.network.egress_verdict.refusal` refuses the name or address;
-4. else connects to that address and splices bytes both ways, each side the producer of
-   the other (Twisted's flow control: a side whose peer cannot keep up stops being read, so
-   no buffer grows without bound).
+4. else connects to that address and hands both sockets to a relay
+   (:mod:`~sandboxd.isolation.network.egress_relay`), which splices the bytes both ways in
+   the kernel, with flow control (a side that cannot keep up stops the other being read).
 
 A refused connection is reset and counted per sandbox by reason (:attr:`EgressProxy.refused`,
 ``on_refused``): names and addresses go to the log, never any byte of the payload. At most
@@ -42,6 +42,7 @@ from zope.interface import implementer
 from sandboxd.isolation.network.egress_names import PEEK_MAX, peek_name
 from sandboxd.isolation.network.egress_plan import Address, Network
 from sandboxd.isolation.network.egress_policy import EgressPolicy
+from sandboxd.isolation.network.egress_relay import Relay, take_socket
 from sandboxd.isolation.network.egress_verdict import refusal
 
 log = Logger()
@@ -216,54 +217,34 @@ class ProxyFactory(protocol.Factory):
     def __init__(self, proxy: EgressProxy) -> None:
         self.proxy = proxy
 
+    noisy = False
+
     def buildProtocol(self, addr: Any) -> "SandboxSide":
         return SandboxSide(self.proxy)
 
 
 @implementer(IHalfCloseableProtocol)
-class Side(protocol.Protocol):
-    """One side of a spliced connection. A side whose peer stops sending (a half-close, as
-    ``shutdown(SHUT_WR)`` makes) closes its own writing once what it holds is written, and the
-    connection closes once neither way is left."""
-
-    read_done = False
-    write_done = False
-    spliced_to: "Side | None" = None
-    """The side it passes what it reads to (a sandbox's: ``None`` until its upstream is up)."""
-
-    @property
-    def tcp(self) -> Any:
-        """The TCP transport (``abortConnection``, the producer methods)."""
-        return self.transport
-
-    def readConnectionLost(self) -> None:
-        self.read_done = True
-        if self.spliced_to is not None:
-            self.spliced_to.tcp.loseWriteConnection()
-        self._close_when_done()
-
-    def writeConnectionLost(self) -> None:
-        self.write_done = True
-        self._close_when_done()
-
-    def _close_when_done(self) -> None:
-        if self.read_done and self.write_done:
-            self.tcp.loseConnection()
-
-
-class SandboxSide(Side):
-    """A sandbox's connection: peeked, checked, then spliced to its upstream."""
+class SandboxSide(protocol.Protocol):
+    """A sandbox's connection: peeked, checked, then relayed to its upstream (both sockets
+    are taken out of Twisted then: :mod:`.egress_relay`)."""
 
     def __init__(self, proxy: EgressProxy) -> None:
         self.proxy = proxy
         self.rid = ""
         self.buffer = b""
         self.destination: tuple[str, int] = ("", 0)
-        self.upstream: UpstreamSide | None = None
+        self.relay: Relay | None = None
         self.deciding = False
+        self.read_done = False
+        """The sandbox's end was read while its name was resolved."""
         self.gone = False
-        """Closed, or refused: nothing more is done for it."""
+        """Closed, refused or relayed: nothing more is done for it here."""
         self.timer: IDelayedCall | None = None
+
+    @property
+    def tcp(self) -> Any:
+        """The TCP transport (``abortConnection``, ``pauseProducing``, ``getHandle``)."""
+        return self.transport
 
     def connectionMade(self) -> None:
         peer = self.tcp.getPeer().host
@@ -289,15 +270,16 @@ class SandboxSide(Side):
         self.timer = self.proxy.reactor.callLater(PEEK_TIMEOUT, self.fail, NO_NAME_REASON, "")
 
     def readConnectionLost(self) -> None:
-        if self.upstream is None and not self.deciding:  # its name can never be complete now
+        if not self.deciding:  # its name can never be complete now
             self.fail(NO_NAME_REASON, "")
             return
-        super().readConnectionLost()  # (while deciding: its upstream is half-closed at once)
+        self.read_done = True  # (the upstream is half-closed once the peeked bytes are sent)
+
+    def writeConnectionLost(self) -> None:
+        """Never called: the proxy half-closes no sandbox's connection while Twisted has it
+        (the relay does, once it holds the socket)."""
 
     def dataReceived(self, data: bytes) -> None:
-        if self.upstream is not None:
-            self.upstream.tcp.write(data)
-            return
         self.buffer += data
         if self.deciding:  # (bytes read before the pause took hold)
             return
@@ -337,17 +319,20 @@ class SandboxSide(Side):
             str(address), self.destination[1], factory, timeout=CONNECT_TIMEOUT
         )
 
-    def spliced(self, upstream: "UpstreamSide") -> None:
-        """The upstream is connected: hand it what was peeked, then each side paces the other."""
-        self.upstream = self.spliced_to = upstream
-        upstream.tcp.write(self.buffer)
+    def relay_to(self, upstream: Any) -> None:
+        """The upstream (a TCP transport) is connected: both sockets leave Twisted for a
+        :class:`~.egress_relay.Relay`, which sends what was peeked first; the connection
+        stays counted until the relay ends."""
+        self.gone = True
+        self.relay = Relay.start(
+            self.proxy.reactor,
+            take_socket(self.transport),
+            take_socket(upstream),
+            self.buffer,
+            self.read_done,
+            self.release,
+        )
         self.buffer = b""
-        upstream.tcp.registerProducer(self.transport, True)
-        self.tcp.registerProducer(upstream.transport, True)
-        if self.read_done:  # the sandbox said all it had to say while its name was resolved
-            upstream.tcp.loseWriteConnection()
-        else:
-            self.tcp.resumeProducing()
 
     def fail(self, reason: str, name: str) -> None:
         """Refuse the connection (once): count it, reset it."""
@@ -362,18 +347,23 @@ class SandboxSide(Side):
             self.timer.cancel()
         self.timer = None
 
-    def connectionLost(self, reason: Any = None) -> None:
-        self.gone = True
-        self._stop_timer()
+    def release(self) -> None:
+        """The connection no longer counts against its sandbox's (once)."""
         if self.rid:
             self.proxy.open[self.rid] -= 1
             if not self.proxy.open[self.rid]:
                 del self.proxy.open[self.rid]
-        if self.upstream is not None:
-            self.upstream.tcp.loseConnection()
+            self.rid = ""
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.gone = True
+        self._stop_timer()
+        self.release()
 
 
 class UpstreamFactory(protocol.ClientFactory):
+    noisy = False  # (no log line per connection)
+
     def __init__(self, sandbox: SandboxSide, name: str) -> None:
         self.sandbox = sandbox
         self.name = name
@@ -385,21 +375,14 @@ class UpstreamFactory(protocol.ClientFactory):
         self.sandbox.fail(UNREACHABLE, self.name)
 
 
-class UpstreamSide(Side):
-    """The proxy's connection to the address the name resolved to."""
+class UpstreamSide(protocol.Protocol):
+    """The proxy's connection to the address the name resolved to, until it is relayed."""
 
     def __init__(self, sandbox: SandboxSide) -> None:
         self.sandbox = sandbox
-        self.spliced_to = sandbox
 
     def connectionMade(self) -> None:
-        if self.sandbox.gone:
-            self.tcp.loseConnection()
+        if self.sandbox.gone:  # the sandbox hung up, or the peek timed out, meanwhile
+            self.transport.loseConnection()  # type: ignore[union-attr]
             return
-        self.sandbox.spliced(self)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.sandbox.tcp.write(data)
-
-    def connectionLost(self, reason: Any = None) -> None:
-        self.sandbox.tcp.loseConnection()
+        self.sandbox.relay_to(self.transport)
