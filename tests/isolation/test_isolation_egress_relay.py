@@ -18,7 +18,7 @@ import pytest_twisted
 from twisted.internet import reactor, threads
 from twisted.internet.task import deferLater
 
-from sandboxd.isolation.network.egress_relay import Relay
+from sandboxd.isolation.network.egress_relay import PIPE_SIZE, Relay
 
 T = TypeVar("T")
 
@@ -186,7 +186,7 @@ async def test_a_sandbox_that_stops_reading_holds_its_upstream_back(pairs: list[
     # most, and no more once they are full (the sender waits)
     assert held < 32 << 20 and sent[0] == held
     way = pair.relay.ways[1]
-    assert way.in_pipe <= 1 << 20
+    assert way.in_pipe <= PIPE_SIZE
     got = await in_thread(lambda: read_all(pair.sandbox))
     await sending
     assert hashlib.sha256(got).digest() == hashlib.sha256(down).digest()
