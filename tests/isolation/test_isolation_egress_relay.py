@@ -6,6 +6,8 @@ passes, a reset passes as a reset, a reader that stops holds its writer back (no
 in the daemon), and many relays run at once. The same through a real daemon and nftables:
 ``tests/kernel/test_egress_names_relay.py``."""
 
+import errno
+import fcntl
 import hashlib
 import os
 import socket
@@ -217,3 +219,51 @@ async def test_many_relays_at_once(pairs: list[Pair]) -> None:
     for pair in made:
         pair.close()
     assert len(os.listdir("/proc/self/fd")) == open_fds - 2 * count  # (pipes closed already)
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_descriptor_left_for_a_pipe_resets_both(
+    pairs: list[Pair], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[int] = []
+    real = os.pipe2
+
+    def pipe2(flags: int) -> tuple[int, int]:
+        if made:  # the second way's pipe: the daemon is out of descriptors
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        ends = real(flags)
+        made.extend(ends)
+        return ends
+
+    open_before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "pipe2", pipe2)
+    pair = Pair()
+    monkeypatch.undo()
+    pairs.append(pair)
+    assert pair.relay.closed and len(pair.ended) == 1
+    with pytest.raises(ConnectionResetError):
+        await in_thread(lambda: read_all(pair.sandbox))
+    # the first way's pipe closed, the proxy's sockets too: the outer two alone are left
+    assert len(made) == 2 and len(os.listdir("/proc/self/fd")) == open_before + 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_past_the_pipe_quota_a_relay_works_with_the_default_pipes(
+    pairs: list[Pair], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = fcntl.fcntl
+
+    def refused(fd: int, command: int, arg: int = 0) -> int:
+        if command == fcntl.F_SETPIPE_SZ:  # as for a user past pipe-user-pages-soft
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+        return real(fd, command, arg)
+
+    monkeypatch.setattr(fcntl, "fcntl", refused)
+    pair = Pair()
+    monkeypatch.undo()
+    pairs.append(pair)
+    assert fcntl.fcntl(pair.relay.ways[0].pipe_in, fcntl.F_GETPIPE_SZ) == 65536
+    down = payload(4 << 20, 5)
+    sending = threads.deferToThread(send_then_end, pair.upstream, down)
+    assert await in_thread(lambda: read_all(pair.sandbox)) == down
+    await sending

@@ -20,7 +20,8 @@ the connection's original destination (``SO_ORIGINAL_DST``). For each connection
 A refused connection is reset and counted per sandbox by reason (:attr:`EgressProxy.refused`,
 ``on_refused``): names and addresses go to the log, never any byte of the payload. At most
 ``per_sandbox`` connections of one sandbox, and ``total`` of all, are open at once (each
-holds two of the daemon's descriptors, which its API needs too). Everything runs on the reactor
+holds six of the daemon's descriptors once relayed, two sockets and two pipes, which its API
+needs too). Everything runs on the reactor
 thread and nothing blocks it (the name lookups are Twisted's, asynchronous).
 """
 

@@ -25,7 +25,10 @@ from typing import Any
 
 from attrs import define, field
 from twisted.internet.interfaces import IReadDescriptor, IWriteDescriptor
+from twisted.logger import Logger
 from zope.interface import implementer
+
+log = Logger()
 
 SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
@@ -128,7 +131,12 @@ class Relay:
         near, far = End(relay, sandbox), End(relay, upstream)
         relay.ends = [near, far]
         for source, destination in ((near, far), (far, near)):
-            pipe_out, pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                pipe_out, pipe_in = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as e:  # out of descriptors: reset, never left half made
+                log.warn("egress relay: no pipe ({error}): connection reset", error=e.strerror)
+                relay.abort()
+                return relay
             with suppress(OSError):  # (past the user's pipe quota: the default's 64 KiB)
                 fcntl.fcntl(pipe_in, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
             first, ended = (peeked, sandbox_ended) if source is near else (b"", False)
