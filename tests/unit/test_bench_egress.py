@@ -51,6 +51,8 @@ def test_the_rows_are_p50s_and_median_rates_judged_against_direct() -> None:
     assert bulk["value"] == pytest.approx(rate / 0.11)
     assert rows[(egress.BULK, "direct, 64 MiB")]["value"] == pytest.approx(rate / 0.1)
     assert bulk["share_of_direct"] == pytest.approx(0.1 / 0.11) and bulk["met"] is True
+    assert bulk["target"] == "≥ 80% of direct"
+    assert egress.share_of(100.0).check(80.0) and not egress.share_of(100.0).check(79.9)
     assert bulk["loadavg"] == [[1.0, 1.0, 1.0], [2.0, 1.0, 1.0]]
     quick = bench(quick=True)
     egress.record(quick, SAMPLES)
