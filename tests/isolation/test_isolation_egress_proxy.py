@@ -30,10 +30,10 @@ from sandboxd.isolation.network.egress_proxy import (
     EgressProxy,
     SandboxSide,
     UpstreamSide,
-    answer_addresses,
     original_destination,
 )
 from sandboxd.isolation.network.egress_proxy_start import egress_proxy
+from sandboxd.isolation.network.egress_resolve import answer_addresses
 from sandboxd.isolation.network.egress_verdict import operator_denied, refusal
 from tests.isolation.test_isolation_egress import Host, plan
 from tests.isolation.test_isolation_egress_names import client_hello
@@ -193,18 +193,18 @@ def test_answers_are_kept_for_their_ttl_and_bounded() -> None:
     proxy, reactor = proxy_for(GOOD)
     resolver: Any = proxy.resolver
     seen: list[set[Any]] = []
-    proxy.resolve("good.example").addCallback(seen.append)
-    proxy.resolve("good.example").addCallback(seen.append)
+    proxy.names.resolve("good.example").addCallback(seen.append)
+    proxy.names.resolve("good.example").addCallback(seen.append)
     assert seen == [{A}, {A}] and resolver.asked == ["good.example"]  # the second kept
     reactor.advance(5)  # the records' TTL
-    proxy.resolve("good.example")
+    proxy.names.resolve("good.example")
     assert resolver.asked == ["good.example"] * 2
-    proxy.resolve("other.example")  # NXDOMAIN: not kept
-    proxy.resolve("other.example")
+    proxy.names.resolve("other.example")  # NXDOMAIN: not kept
+    proxy.names.resolve("other.example")
     assert resolver.asked.count("other.example") == 2
-    proxy.names_max = 1
-    proxy.resolve("loop.example")  # the only room: good.example's answer goes
-    proxy.resolve("good.example")
+    proxy.names.names_max = 1
+    proxy.names.resolve("loop.example")  # the only room: good.example's answer goes
+    proxy.names.resolve("good.example")
     assert resolver.asked.count("good.example") == 3
 
 

@@ -9,7 +9,8 @@ the connection's original destination (``SO_ORIGINAL_DST``). For each connection
 1. reads the first bytes until :func:`~sandboxd.isolation.network.egress_names.peek_name`
    gives the TLS SNI or HTTP ``Host`` (none: refused);
 2. resolves that name itself, with its own resolver (``SANDBOXD_EGRESS_DNS``, else the host's
-   nameservers), never the sandbox's ``/etc/hosts`` or DNS answers;
+   nameservers), never the sandbox's ``/etc/hosts`` or DNS answers, its answers kept for
+   their TTL (:mod:`~sandboxd.isolation.network.egress_resolve`);
 3. refuses the connection when the original destination is not one of the name's addresses
    (a mismatch: a hard-coded address, an SNI that lies), or when
    :func:`~sandboxd.isolation.network.egress_verdict.refusal` refuses the name or address;
@@ -34,16 +35,15 @@ from typing import Any, Protocol
 
 from attrs import define, field
 from twisted.internet import protocol
-from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
 from twisted.logger import Logger
-from twisted.names import dns
 from zope.interface import implementer
 
 from sandboxd.isolation.network.egress_names import PEEK_MAX, peek_name
 from sandboxd.isolation.network.egress_plan import Address, Network
 from sandboxd.isolation.network.egress_policy import EgressPolicy
 from sandboxd.isolation.network.egress_relay import Relay, take_socket
+from sandboxd.isolation.network.egress_resolve import NameCache
 from sandboxd.isolation.network.egress_verdict import refusal
 
 log = Logger()
@@ -61,16 +61,6 @@ PEEK_TIMEOUT = 10.0
 """Longest a connection may take to send the bytes that carry its name (seconds)."""
 
 CONNECT_TIMEOUT = 10.0
-
-RESOLVE_TIMEOUT = (1, 3)
-"""The proxy's waits for a nameserver's answer, retried (seconds; Twisted's default waits up
-to a minute, which the sandbox's connection would hang through)."""
-
-NAMES_TTL_MAX = 60
-"""Longest the proxy keeps a name's addresses (seconds; a shorter TTL wins)."""
-
-NAMES_MAX = 4096
-"""The most names whose addresses the proxy keeps at once."""
 
 ALL_INTERFACES = ("0.0.0.0", "::")
 
@@ -97,25 +87,6 @@ def original_destination(sock: socket.socket) -> tuple[str, int]:
     return socket.inet_ntop(socket.AF_INET, raw[4:8]), struct.unpack("!H", raw[2:4])[0]
 
 
-def answer_addresses(results: list[tuple[bool, Any]]) -> tuple[set[Address], int]:
-    """The A and AAAA addresses of a name's lookups (a failed lookup gives none) and how long
-    they may be kept: their shortest TTL, at most :data:`NAMES_TTL_MAX` seconds."""
-    found: set[Address] = set()
-    ttl = NAMES_TTL_MAX
-    for ok, result in results:
-        if not ok:
-            continue
-        for record in result[0]:
-            if record.type == dns.A:
-                found.add(ipaddress.IPv4Address(record.payload.address))
-            elif record.type == dns.AAAA:
-                found.add(ipaddress.IPv6Address(record.payload.address))
-            else:
-                continue
-            ttl = min(ttl, record.ttl)
-    return found, ttl
-
-
 @define
 class EgressProxy:
     """The proxy's state: its sandboxes, resolver, deny list and counts (see the module)."""
@@ -136,12 +107,14 @@ class EgressProxy:
     """Refused connections by (sandbox id, reason)."""
     open: Counter[str] = field(factory=Counter)
     """Connections open now, by sandbox id."""
-    names_max: int = NAMES_MAX
     interfaces: Sequence[str] = ALL_INTERFACES
     """Where it listens: every IPv4 address, and every IPv6 one when the pool has IPv6."""
     _ports: list[Any] = field(factory=list)
-    _names: dict[str, tuple[float, frozenset[Address]]] = field(factory=dict)
-    """Names resolved lately: when each answer expires, its addresses."""
+    names: NameCache = field(init=False)
+    """The names resolved lately (by :attr:`resolver`) and their addresses."""
+
+    def __attrs_post_init__(self) -> None:
+        self.names = NameCache(self.reactor, self.resolver)
 
     def listen(self) -> int:
         """Start listening on :attr:`interfaces`, all on one port; that port.
@@ -189,29 +162,6 @@ class EgressProxy:
         for key in [key for key in self.refused if key[0] == rid]:
             del self.refused[key]
             self.on_forget(*key)
-
-    def resolve(self, name: str) -> "Deferred[set[Address]]":
-        """The name's addresses (A and AAAA) by the proxy's own resolver, kept for their TTL
-        (at most a minute) so that a name's connections after the first wait for no lookup."""
-        now = self.reactor.seconds()
-        kept = self._names.get(name)
-        if kept is not None and kept[0] > now:
-            return succeed(set(kept[1]))
-        lookups = [
-            self.resolver.lookupAddress(name, timeout=RESOLVE_TIMEOUT),
-            self.resolver.lookupIPV6Address(name, timeout=RESOLVE_TIMEOUT),
-        ]
-        found: Deferred[Any] = DeferredList(lookups, consumeErrors=True)
-        return found.addCallback(self._remember, name, now)
-
-    def _remember(self, results: list[tuple[bool, Any]], name: str, now: float) -> set[Address]:
-        addresses, ttl = answer_addresses(results)
-        if addresses and ttl > 0:
-            self._names.pop(name, None)
-            while len(self._names) >= self.names_max:  # the oldest answer goes first
-                del self._names[next(iter(self._names))]
-            self._names[name] = (now + ttl, frozenset(addresses))
-        return addresses
 
 
 class ProxyFactory(protocol.Factory):
@@ -292,7 +242,7 @@ class SandboxSide(protocol.Protocol):
             return
         self.deciding = True
         self.tcp.pauseProducing()
-        self.proxy.resolve(name).addCallback(self.decide, name)
+        self.proxy.names.resolve(name).addCallback(self.decide, name)
 
     def decide(self, addresses: set[Address], name: str) -> None:
         """Connect upstream, or refuse, once the name's addresses are known."""
