@@ -8,19 +8,20 @@ in the daemon), and many relays run at once. The same through a real daemon and 
 
 import errno
 import fcntl
+import gc
 import hashlib
 import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor, threads
+from twisted.internet import protocol, reactor, threads
 from twisted.internet.task import deferLater
 
-from sandboxd.isolation.network.egress_relay import PIPE_SIZE, Relay
+from sandboxd.isolation.network.egress_relay import PIPE_SIZE, Relay, take_socket
 
 T = TypeVar("T")
 
@@ -267,3 +268,52 @@ async def test_past_the_pipe_quota_a_relay_works_with_the_default_pipes(
     sending = threads.deferToThread(send_then_end, pair.upstream, down)
     assert await in_thread(lambda: read_all(pair.sandbox)) == down
     await sending
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_socket_taken_from_twisteds_transports_is_the_takers_alone() -> None:
+    """``take_socket`` on Twisted's own TCP transports (a listener's and a client's): the
+    reactor stops watching them, their protocols hear nothing more, and the connections stay
+    open and usable (Twisted never shuts them down)."""
+    taken: dict[str, socket.socket] = {}
+    heard: list[bytes] = []
+
+    class Taker(protocol.Protocol):
+        def __init__(self, role: str) -> None:
+            self.role = role
+
+        def connectionMade(self) -> None:
+            taken[self.role] = take_socket(self.transport)
+
+        def dataReceived(self, data: bytes) -> None:
+            heard.append(data)
+
+        def connectionLost(self, reason: object = None) -> None:
+            heard.append(b"lost")
+
+    tcp: Any = reactor  # (IReactorTCP's stubs want factories of its own protocol types)
+    server = protocol.Factory.forProtocol(lambda: Taker("accepted"))
+    port = tcp.listenTCP(0, server, interface="127.0.0.1")
+    try:
+        address = port.getHost()
+        outer = socket.create_connection(("127.0.0.1", address.port), timeout=10)
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            client = protocol.ClientFactory.forProtocol(lambda: Taker("dialled"))
+            tcp.connectTCP("127.0.0.1", listener.getsockname()[1], client)
+            dialled_peer, _ = await in_thread(listener.accept)
+        await until(lambda: len(taken) == 2)
+        outer.sendall(b"to the accepted")
+        dialled_peer.sendall(b"to the dialled")
+        await deferLater(reactor, 0.1, lambda: None)
+        gc.collect()  # the transports go: never the connections
+        taken["accepted"].setblocking(True)
+        taken["dialled"].setblocking(True)
+        assert taken["accepted"].recv(100) == b"to the accepted"
+        assert taken["dialled"].recv(100) == b"to the dialled"
+        taken["accepted"].sendall(b"back")
+        assert outer.recv(100) == b"back"
+        assert heard == []  # Twisted read nothing and lost nothing
+    finally:
+        await port.stopListening()
+        for sock in (*taken.values(), outer, dialled_peer):
+            sock.close()
