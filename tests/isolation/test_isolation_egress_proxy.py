@@ -31,8 +31,9 @@ from sandboxd.isolation.network.egress_proxy import (
     SandboxSide,
     UpstreamSide,
     original_destination,
+    total_for,
 )
-from sandboxd.isolation.network.egress_proxy_start import egress_proxy
+from sandboxd.isolation.network.egress_proxy_start import descriptor_limit, egress_proxy
 from sandboxd.isolation.network.egress_resolve import answer_addresses
 from sandboxd.isolation.network.egress_verdict import operator_denied, refusal
 from tests.isolation.test_isolation_egress import Host, plan
@@ -536,3 +537,18 @@ def test_a_connection_nftables_did_not_redirect_is_closed() -> None:
     transport.handle = FakeSocket(socket.AF_INET, b"")
     side.makeConnection(transport)
     assert transport.aborted and not proxy.open
+
+
+def test_the_connections_cap_leaves_the_descriptors_to_the_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Six descriptors a relayed connection, a quarter of the daemon's limit at most.
+    assert total_for(1 << 20) == 4096
+    assert total_for(20_000) == 833 and 833 * 6 <= 20_000 // 4
+    assert total_for(10) == 1
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 524288))
+    assert descriptor_limit() == 524288  # the soft limit is raised to it at start
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, resource.RLIM_INFINITY))
+    assert descriptor_limit() == 1024

@@ -22,8 +22,8 @@ A refused connection is reset and counted per sandbox by reason (:attr:`EgressPr
 ``on_refused``): names and addresses go to the log, never any byte of the payload. At most
 ``per_sandbox`` connections of one sandbox, and ``total`` of all, are open at once (each
 holds six of the daemon's descriptors once relayed, two sockets and two pipes, which its API
-needs too). Everything runs on the reactor
-thread and nothing blocks it (the name lookups are Twisted's, asynchronous).
+needs too: :func:`total_for` sizes ``total`` to the descriptor limit). Everything runs on
+the reactor thread and nothing blocks it (the name lookups are Twisted's, asynchronous).
 """
 
 import ipaddress
@@ -56,6 +56,17 @@ PER_SANDBOX = 256
 
 TOTAL = 4096
 """The default most connections open through the proxy at once, all sandboxes together."""
+
+DESCRIPTORS_PER_CONNECTION = 6
+"""A relayed connection's descriptors: its two sockets and a pipe (two ends) each way."""
+
+
+def total_for(descriptors: int) -> int:
+    """The most connections open through the proxy at once for a daemon that may open
+    ``descriptors``: :data:`TOTAL`, or fewer so that they hold at most a quarter of them
+    (half is the HTTP connections', see docs/operating.rst, "Connections")."""
+    return max(1, min(TOTAL, descriptors // (4 * DESCRIPTORS_PER_CONNECTION)))
+
 
 PEEK_TIMEOUT = 10.0
 """Longest a connection may take to send the bytes that carry its name (seconds)."""
