@@ -5,6 +5,7 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -124,10 +125,10 @@ def test_closing_a_shell_kills_what_it_left_running() -> None:
         raise AssertionError("the background sleep outlived its shell")
 
 
-def gone(pid: int) -> bool:
+def gone(pid: int, looks: int = 100) -> bool:
     """Whether ``pid`` has ended (a zombie waiting for init counts as ended)."""
     stat = Path(f"/proc/{pid}/stat")
-    for _ in range(100):  # killed at once; its reaping is not ours to wait on
+    for _ in range(looks):  # killed at once; its reaping is not ours to wait on
         try:
             if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 return True
@@ -196,3 +197,42 @@ def test_what_comes_after_bash_exited_is_read_up_to_a_bound(
         os.close(read)
         os.close(write)
         shell.close()
+
+
+KERNEL = """
+import sys
+from sandboxd.core.contexts.shell_kernel import Shell
+shell = Shell()
+shell.run("sleep 60 & echo $!", lambda stream, text: stream == "stdout" and print(text, end=""))
+sys.stdout.flush()
+sys.stdin.read()  # until killed
+"""
+
+
+def test_what_a_cell_left_running_dies_with_its_kernel() -> None:
+    """The kernel killed (``SIGKILL``: it can do nothing), its bash's group is killed too."""
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(shell_kernel.__file__).parents[3])},
+    )
+    try:
+        assert kernel.stdout is not None
+        sleeper = int(kernel.stdout.readline())
+        assert not gone(sleeper, looks=1)
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert gone(sleeper)
+
+
+def test_without_a_sentinel_the_shell_runs_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shell_kernel, "SENTINEL", ("/nonexistent/sh",))  # a root without sh
+    cells, said = cells_said()
+    try:
+        assert cells.shell.sentinel is None
+        assert cells.execute("echo still", lambda *s: said.append(s)) is None
+        assert said == [("stdout", "still\n")]
+    finally:
+        cells.shell.close()

@@ -20,6 +20,11 @@ Here bash runs on pipes, which also keeps a cell's stderr apart from its stdout:
   in the background stays in it), and dies with the kernel; an interrupt (``SIGINT`` to the
   kernel, during a cell) is passed on to that group: the command stops, bash drops the rest
   of the ``eval`` line and reads the next, so the token still comes;
+- the group dies with the kernel, whatever kills it (the daemon kills the kernel's own group
+  when it removes or restarts the context, or gives up on a cell): a sentinel in it
+  (:data:`SENTINEL`, a ``sh`` asleep) is sent ``SIGUSR1`` when the kernel dies
+  (``PR_SET_PDEATHSIG``) and kills the group; without ``sh`` there is none, and what a cell
+  left running lives until the sandbox ends;
 - a non-zero status is an ``error`` with name ``""`` and the status as its value, as PyPI's
   ``bash_kernel`` says it (what E2B's interpreter reports); a bash that exits (``exit``) is
   replaced by a new one, said as an error. Its exit is seen as itself (a pidfd, else a look
@@ -42,6 +47,13 @@ import tempfile
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+SENTINEL = (
+    "sh",
+    "-c",
+    'trap "" INT TERM HUP QUIT; trap "kill -KILL 0" USR1; while :; do sleep 86400 & wait $!; done',
+)
+"""In bash's group, sent ``SIGUSR1`` when the kernel dies: it kills the group. Deaf to the
+signals a cell or an interrupt sends the group (a cell's ``kill -USR1 0`` ends bash anyway)."""
 EXIT_POLL = 0.2
 """Seconds between looks at whether bash has exited, where the kernel has no pidfd (Linux
 before 5.3, Python before 3.9)."""
@@ -76,6 +88,7 @@ class Shell:
         self.err_fd = err_write
         self.exited_fd = _pidfd(self.bash.pid)
         """Readable once bash has exited (``None``: no pidfd here, bash is looked at)."""
+        self.sentinel = _sentinel(self.bash.pid)
         self.cells = tempfile.mkdtemp(prefix="sandboxd-shell-")
         self.run(SETUP.format(err=err_write), lambda stream, text: None, setup=True)
 
@@ -90,6 +103,8 @@ class Shell:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.bash.pid, signal.SIGKILL)
         self.bash.wait()
+        if self.sentinel is not None:
+            self.sentinel.wait()
         os.close(self.err_read)
         if self.exited_fd is not None:
             os.close(self.exited_fd)
@@ -184,6 +199,28 @@ def _in_its_own_group() -> None:  # pragma: no cover - in the child, before its 
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _sentinel(group: int) -> subprocess.Popen[bytes] | None:
+    """Start :data:`SENTINEL` in the process group ``group``; ``None`` where it cannot run."""
+    kernel = os.getpid()
+
+    def enter() -> None:  # pragma: no cover - in the child, before its exec
+        os.setpgid(0, group)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
+        if os.getppid() != kernel:  # the kernel died before the line above
+            os.killpg(group, signal.SIGKILL)
+
+    try:
+        return subprocess.Popen(
+            SENTINEL,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=enter,
+        )
+    except OSError:
+        return None
 
 
 class Stream:
