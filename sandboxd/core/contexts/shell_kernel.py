@@ -219,7 +219,7 @@ def _sentinel(group: int) -> subprocess.Popen[bytes] | None:
             stderr=subprocess.DEVNULL,
             preexec_fn=enter,
         )
-    except OSError:
+    except (OSError, subprocess.SubprocessError):  # no sh; bash's group gone meanwhile
         return None
 
 
