@@ -100,7 +100,7 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     body = _json_body(request)
     template = body.get("templateID", "base")
     if template == interpreter.TEMPLATE:
-        missing = front.manager.contexts_missing()
+        missing = await front.manager.contexts_missing()
         if missing is not None:
             raise RestError(400, f"template {template!r}: contexts are not available: {missing}")
         root = None
