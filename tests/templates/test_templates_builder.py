@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.task import deferLater
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
@@ -20,6 +22,7 @@ from sandboxd.core.templates.builder import LINE_MAX, Build, Frame, _RunProtocol
 from sandboxd.core.templates.dockerfile import parse_dockerfile
 from sandboxd.core.templates.store import TemplateStore
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplateConflict, TemplateNotFound
+from tests.support.fakes import SyncPool
 from tests.templates.archives import directory, file, tar
 from tests.templates.test_templates_store import put, result, store_at
 
@@ -255,3 +258,30 @@ def test_output_without_newlines_is_cut_into_lines_of_at_most_line_max() -> None
     protocol.processEnded(Failure(ProcessDone(0)))
     assert [len(line) for line in lines] == [LINE_MAX] * 4 + [LINE_MAX - 2]
     assert "".join(lines) == "x" * (5 * (LINE_MAX - 1)) + "end"
+
+
+@pytest_twisted.ensureDeferred
+async def test_output_paused_is_read_once_resumed_even_after_its_command_ended(
+    tmp_path: Path,
+) -> None:
+    """A command started while its client is behind is not read; it ends meanwhile (its
+    output fits its pipe); a cancel reads it again, to its end (else the build never ends)."""
+    from twisted.internet import reactor
+
+    store = TemplateStore.open(str(tmp_path), 1 << 20, False, reactor, SyncPool())
+    frames: list[Frame] = []
+    build = Build(store, "new", [], None, "none", frames.append)
+    build.pause_output()
+    spawned = Deferred.fromCoroutine(build._spawn(["/bin/sh", "-c", "echo unread"], {}))
+    process = build._process
+    deadline = reactor.seconds() + 30
+    while process.pid is not None:  # not yet reaped
+        assert reactor.seconds() < deadline
+        await deferLater(reactor, 0.01)
+    await deferLater(reactor, 0.1)
+    assert frames == []
+    build.cancel()
+    await spawned
+    assert frames == [{"step": 0, "output": "unread"}]
+    build.pause_output()  # no command runs: nothing to pause
+    build.resume_output()

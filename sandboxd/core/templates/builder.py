@@ -13,6 +13,7 @@ Each step is reported as it goes through ``emit``: its start, each line of its o
 the build's end (:func:`step_frame`, :meth:`Build._line`, :func:`end_frame_failed`).
 """
 
+import contextlib
 import os
 import posixpath
 import signal
@@ -22,6 +23,7 @@ from typing import IO, Any
 
 from attrs import define, field
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -94,6 +96,7 @@ class Build:
     base_digest: str = ""
     cancelled: bool = False
     _process: Any = None
+    _paused: bool = False
     _output: list[str] = field(factory=list)
     _step: int = 0
 
@@ -102,10 +105,27 @@ class Build:
         return os.path.join(self.directory, ROOTFS)
 
     def cancel(self) -> None:
-        """Stop the build (its client went): the running ``RUN`` is killed, nothing is kept."""
+        """Stop the build (its client went): the running ``RUN`` is killed, nothing is kept
+        (its output is read again, to its end: a paused pipe would keep it from ending)."""
         self.cancelled = True
+        self.resume_output()
         if self._process is not None:
-            self._process.signalProcess("KILL")
+            with contextlib.suppress(ProcessExitedAlready):  # it ended, its output unread
+                self._process.signalProcess("KILL")
+
+    def pause_output(self) -> None:
+        """The client is behind: the running command's output is read no more until
+        :meth:`resume_output` (its pipe fills and it waits; so does a command started
+        meanwhile). What the daemon holds for a client that does not read is bounded."""
+        self._paused = True
+        if self._process is not None:
+            self._process.pauseProducing()
+
+    def resume_output(self) -> None:
+        """The client takes frames again: the command's output is read again."""
+        self._paused = False
+        if self._process is not None:
+            self._process.resumeProducing()
 
     async def run(self) -> Template | None:
         """Every step, then the template in place; the end is emitted either way (``None``
@@ -177,6 +197,8 @@ class Build:
         protocol = _RunProtocol(self._line)
         self._process = self.store.reactor.spawnProcess(protocol, argv[0], argv, env)
         self._process.closeStdin()
+        if self._paused:
+            self._process.pauseProducing()
         try:
             code = await protocol.ended
         finally:
