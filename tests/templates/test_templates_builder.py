@@ -18,12 +18,14 @@ from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
 from sandboxd.core.templates import build_files
+from sandboxd.core.templates.build_limits import BuildLimits
 from sandboxd.core.templates.builder import LINE_MAX, Build, Frame, _RunProtocol, start_build
 from sandboxd.core.templates.dockerfile import parse_dockerfile
 from sandboxd.core.templates.store import TemplateStore
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplateConflict, TemplateNotFound
 from tests.support.fakes import SyncPool
 from tests.templates.archives import directory, file, tar
+from tests.templates.rootfs import rootfs
 from tests.templates.test_templates_store import put, result, store_at
 
 
@@ -285,3 +287,60 @@ async def test_output_paused_is_read_once_resumed_even_after_its_command_ended(
     assert frames == [{"step": 0, "output": "unread"}]
     build.pause_output()  # no command runs: nothing to pause
     build.resume_output()
+
+
+def test_a_build_timed_out_during_a_step_that_runs_nothing_fails_at_it(
+    store: TemplateStore,
+) -> None:
+    """The time ends while an ``ENV`` is the step: the build fails there, saying why."""
+    frames: list[Frame] = []
+    store.reserve("late")
+    build = Build(
+        store, "late", parse_dockerfile("FROM base\nENV A=1"), None, "none", frames.append
+    )
+
+    def emit(frame: Frame) -> None:
+        frames.append(frame)
+        if frame.get("instruction") == "ENV A=1":
+            build._time_out()
+
+    build.emit = emit
+    assert result(Deferred.fromCoroutine(build.run())) is None
+    end = frames[-1]
+    assert (end["end"], end["step"]) == ("failed", 2)
+    assert "time limit (1800 s, SANDBOXD_BUILD_TIMEOUT)" in end["error"]
+    assert names(Path(store.directory).parent) == ["base"]
+
+
+@pytest.fixture
+def real_store(tmp_path: Path) -> TemplateStore:
+    """A store whose builds spawn real commands (the reactor's), its ``base`` a busybox root."""
+    if os.geteuid() != 0:
+        pytest.skip("a RUN maps the host's ids: it needs root")
+    from twisted.internet import reactor
+
+    templates = TemplateStore.open(str(tmp_path), 1 << 30, True, reactor, SyncPool())
+    return templates
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_run_without_a_cgroup_driver_runs_and_its_time_still_ends_it(
+    real_store: TemplateStore,
+) -> None:
+    """A store made without the daemon's isolation (no cgroup driver): a ``RUN`` runs in the
+    daemon's own cgroup; the build's time limit still kills it, at its step."""
+    await real_store.put("busybox", io.BytesIO(rootfs()))
+    real_store.build_limits = BuildLimits(timeout=2)
+    frames: list[Frame] = []
+    dockerfile = "FROM busybox\nRUN echo ran; exit 3\n"
+    build = start_build(real_store, "exits", dockerfile, None, "none", frames.append)
+    assert await build.run() is None
+    assert frames[-1]["exit_code"] == 3 and frames[-1]["error"] == "the command exited with 3"
+    frames.clear()
+    dockerfile = "FROM busybox\nRUN echo waiting; sleep 30.5\n"
+    build = start_build(real_store, "slow", dockerfile, None, "none", frames.append)
+    assert await build.run() is None
+    end = frames[-1]
+    assert end["exit_code"] == 137 and "SANDBOXD_BUILD_TIMEOUT" in end["error"], end
+    assert end["output"] == ["waiting"]
+    assert sorted(real_store.templates) == ["busybox"]

@@ -29,6 +29,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.core.templates import build_files, build_runner, debian, dockerfile
+from sandboxd.core.templates.build_limits import BuildLimits
 from sandboxd.core.templates.dockerfile import Step
 from sandboxd.core.templates.store import ROOTFS, Template, TemplateStore
 from sandboxd.errors import BadRequest, SandboxdError, TemplateCannotRun
@@ -95,6 +96,7 @@ class Build:
     directory: str = ""
     base_digest: str = ""
     cancelled: bool = False
+    timed_out: bool = False
     _process: Any = None
     _paused: bool = False
     _output: list[str] = field(factory=list)
@@ -103,6 +105,10 @@ class Build:
     @property
     def rootfs(self) -> str:
         return os.path.join(self.directory, ROOTFS)
+
+    @property
+    def limits(self) -> BuildLimits:
+        return self.store.build_limits
 
     def cancel(self) -> None:
         """Stop the build (its client went): the running ``RUN`` is killed, nothing is kept
@@ -127,19 +133,43 @@ class Build:
         if self._process is not None:
             self._process.resumeProducing()
 
+    def _time_out(self) -> None:
+        """The build ran past its time: its running command is killed, and it fails."""
+        self.timed_out = True
+        self.cancel()
+
+    def _stop_reason(self) -> str:
+        if self.timed_out:
+            return (
+                f"the build ran past its time limit ({self.limits.timeout:g} s,"
+                " SANDBOXD_BUILD_TIMEOUT): its step was stopped"
+            )
+        return "the build was cancelled"
+
     async def run(self) -> Template | None:
         """Every step, then the template in place; the end is emitted either way (``None``
         when the build failed: nothing of it is left; a fault of the daemon's is logged and
-        ends it as a failed step does)."""
+        ends it as a failed step does). Past :attr:`BuildLimits.timeout`, the running
+        command is killed and the build fails at its step, saying so."""
+        timer = self.store.reactor.callLater(self.limits.timeout, self._time_out)
+        try:
+            return await self._run()
+        finally:
+            if timer.active():
+                timer.cancel()
+
+    async def _run(self) -> Template | None:
         created = self.store.reactor.seconds()
         try:
             self.directory = self.store.begin(self.name)
             for number, step in enumerate(self.steps, 1):
                 self._step, self._output = number, []
                 if self.cancelled:
-                    raise StepFailed("the build was cancelled")
+                    raise StepFailed(self._stop_reason())
                 self.emit(step_frame(number, len(self.steps), step))
                 await STEPS[step.instruction](self, step)
+            if self.cancelled:  # during the last step, which was not a command
+                raise StepFailed(self._stop_reason())
             template = await self._finish(created)
         except Exception as e:
             await self.store.abandon(self.directory, self.name)
@@ -182,29 +212,50 @@ class Build:
         await self.execute(dockerfile.run_argv(step))
 
     async def execute(self, argv: list[str]) -> None:
-        """``argv`` as root inside the build's files (``StepFailed`` unless it exits 0)."""
+        """``argv`` as root inside the build's files, in a cgroup of its own with the build's
+        limits (:mod:`~sandboxd.core.templates.build_limits`), killed and removed once it
+        ends. ``StepFailed`` unless it exits 0, saying so when the kernel OOM-killed a
+        process of it."""
         env = {"PATH": PATH, "HOME": "/root", **self.env}
-        runner = [sys.executable, "-I", build_runner.__file__, self.rootfs, self.network]
-        await self._spawn([*runner, self.workdir, *argv], env)
+        group = self.limits.cgroup()
+        try:
+            joins = [] if group is None else [f"--join={path}" for path in group.join_files()]
+            runner = [sys.executable, "-I", build_runner.__file__, *joins, self.rootfs]
+            code = await self._spawn([*runner, self.network, self.workdir, *argv], env)
+            if code != 0 and not self.timed_out and group is not None and group.oom_killed():
+                raise StepFailed(
+                    f"the command exited with {code}: out of memory (a process of it went past"
+                    f" SANDBOXD_BUILD_MEMORY_MAX, {self.limits.limits.memory_bytes} bytes, and"
+                    " was killed)",
+                    code,
+                )
+            self._check(code)
+        finally:
+            if group is not None:
+                await group.end()
 
     async def execute_host(  # pragma: no cover - mmdebstrap's: the SANDBOXD_SLOW_TESTS test's
         self, argv: list[str], env: dict[str, str]
     ) -> None:
         """``argv`` on the host, as the daemon (``mmdebstrap``), its output the step's."""
-        await self._spawn(argv, {"PATH": PATH, **env})
+        self._check(await self._spawn(argv, {"PATH": PATH, **env}))
 
-    async def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
+    def _check(self, code: int) -> None:
+        if code != 0:
+            reason = self._stop_reason() if self.timed_out else f"the command exited with {code}"
+            raise StepFailed(reason, code)
+
+    async def _spawn(self, argv: list[str], env: dict[str, str]) -> int:
+        """``argv`` run to its end, its output the step's: its exit code."""
         protocol = _RunProtocol(self._line)
         self._process = self.store.reactor.spawnProcess(protocol, argv[0], argv, env)
         self._process.closeStdin()
         if self._paused:
             self._process.pauseProducing()
         try:
-            code = await protocol.ended
+            return await protocol.ended
         finally:
             self._process = None
-        if code != 0:
-            raise StepFailed(f"the command exited with {code}", code)
 
     async def copy(self, step: Step) -> None:
         sources, dest = dockerfile.copy_paths(step)
