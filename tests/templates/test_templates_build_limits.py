@@ -249,3 +249,35 @@ def test_a_build_past_its_time_is_killed_and_fails_saying_so(limited: KernelDaem
     assert not Path(f"/proc/{pid}").exists()
     assert cgroup_dirs_named(group) == []
     assert limited.call("GET", "/templates/slow").status == 404
+
+
+def test_a_builds_cgroup_a_killed_daemon_left_is_removed_at_its_restart(tmp_path: Path) -> None:
+    """The daemon is killed (SIGKILL) while a ``RUN`` runs: its processes die with it, its
+    cgroup stays (nothing removed it); the next start on the same root kills and removes it."""
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    marker = b"1000.75"
+    first = KernelDaemon.start(tmp_path, "--template-max=1G")
+    try:
+        answer = first.client.request("PUT", "/templates/busybox", rootfs())
+        assert answer.status == 201, answer
+        response = start(first, "cut", b"FROM busybox\nRUN sleep %s\n" % marker)
+        _, group = build_cgroup(marker)
+    finally:
+        first.daemon.process.kill()  # not stop(): that would drain and remove the state root
+        first.daemon.process.wait(30)
+    response.close()
+    deadline = time.monotonic() + 10
+    while processes_with(marker):
+        assert time.monotonic() < deadline, "the RUN outlived its daemon"
+        time.sleep(0.01)
+    assert cgroup_dirs_named(group) != []
+    second = KernelDaemon.start(tmp_path, "--template-max=1G")
+    try:
+        assert cgroup_dirs_named(group) == []  # recovery ran before the daemon answered
+        assert [t["name"] for t in second.call("GET", "/templates").json()["templates"]] == [
+            "busybox"
+        ]
+    finally:
+        second.stop()
