@@ -9,8 +9,9 @@ what the later steps and the template's sandboxes get. Once every step has passe
 directory is renamed into place as an import's is; a failed or cancelled build is removed,
 and one a killed daemon left is removed at the next start (:meth:`TemplateStore.open`).
 
-Each step is reported as it goes through ``emit``: its start, each line of its output, then
-the build's end (:func:`step_frame`, :meth:`Build._line`, :func:`end_frame_failed`).
+Each step is reported as it goes through ``emit``, as values of
+:mod:`~sandboxd.core.templates.build_events`: its start, each line of its output, then the
+build's end (:func:`step_started`, :meth:`Build._line`, :func:`build_failed`).
 """
 
 import contextlib
@@ -29,6 +30,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.core.templates import build_files, build_runner, debian, dockerfile
+from sandboxd.core.templates.build_events import (
+    BuildEvent,
+    BuildFailed,
+    Built,
+    StepOutput,
+    StepStarted,
+)
 from sandboxd.core.templates.build_limits import BuildLimits
 from sandboxd.core.templates.dockerfile import Step
 from sandboxd.core.templates.store import ROOTFS, Template, TemplateStore
@@ -44,8 +52,6 @@ OUTPUT_KEPT = 200
 LINE_MAX = 16384
 """The longest line of ``RUN``'s output a frame carries: a longer one is cut into pieces of
 this size (output without newlines must not grow the daemon's memory)."""
-
-Frame = dict[str, Any]
 
 
 class StepFailed(Exception):
@@ -90,7 +96,7 @@ class Build:
     steps: list[Step]
     context: IO[bytes] | None
     network: str
-    emit: Callable[[Frame], None]
+    emit: Callable[[BuildEvent], None]
     env: dict[str, str] = field(factory=dict)
     workdir: str = "/"
     directory: str = ""
@@ -166,7 +172,7 @@ class Build:
                 self._step, self._output = number, []
                 if self.cancelled:
                     raise StepFailed(self._stop_reason())
-                self.emit(step_frame(number, len(self.steps), step))
+                self.emit(step_started(number, len(self.steps), step))
                 await STEPS[step.instruction](self, step)
             if self.cancelled:  # during the last step, which was not a command
                 raise StepFailed(self._stop_reason())
@@ -178,9 +184,9 @@ class Build:
                 log.failure("templates: build of {name}", Failure(e), name=self.name)
                 reason = f"{type(e).__name__}: {e}"
             number = max(self._step, 1)  # the first step, where the build could not begin
-            self.emit(end_frame_failed(number, self.steps[number - 1], reason, self._output, e))
+            self.emit(build_failed(number, self.steps[number - 1], reason, self._output, e))
             return None
-        self.emit({"end": "built", "template": template.record()})
+        self.emit(Built(template))
         return template
 
     async def _finish(self, created: float) -> Template:
@@ -196,7 +202,7 @@ class Build:
     def _line(self, line: str) -> None:
         self._output.append(line)
         del self._output[:-OUTPUT_KEPT]
-        self.emit({"step": self._step, "output": line})  # a line of the step's output
+        self.emit(StepOutput(self._step, line))
 
     async def from_(self, step: Step) -> None:
         name = dockerfile.from_name(step)
@@ -291,27 +297,18 @@ STEPS: dict[str, Callable[[Build, Step], Any]] = {
 }
 
 
-def step_frame(number: int, total: int, step: Step) -> Frame:
-    """A step's start: ``{step, steps, line, instruction}``."""
-    return {"step": number, "steps": total, "line": step.line, "instruction": step.text}
+def step_started(number: int, total: int, step: Step) -> StepStarted:
+    """Step ``number`` of ``total`` starts."""
+    return StepStarted(number, total, step.line, step.text)
 
 
-def end_frame_failed(
+def build_failed(
     number: int, step: Step, error: str, output: list[str], exception: BaseException
-) -> Frame:
+) -> BuildFailed:
     """A failed build's end: the step, its line and instruction, why, its output's last lines
     and, for a ``RUN``, its exit code."""
-    frame: Frame = {
-        "end": "failed",
-        "step": number,
-        "line": step.line,
-        "instruction": step.text,
-        "error": error,
-        "output": list(output),
-    }
-    if isinstance(exception, StepFailed) and exception.exit_code is not None:
-        frame["exit_code"] = exception.exit_code
-    return frame
+    exit_code = exception.exit_code if isinstance(exception, StepFailed) else None
+    return BuildFailed(number, step.line, step.text, error, tuple(output), exit_code)
 
 
 def start_build(
@@ -320,7 +317,7 @@ def start_build(
     text: str,
     context: IO[bytes] | None,
     network: str,
-    emit: Callable[[Frame], None],
+    emit: Callable[[BuildEvent], None],
 ) -> Build:
     """A build of ``text`` checked before anything is made: ``TemplateCannotRun`` (``501``)
     unless the daemon runs as root, ``BadRequest`` for a Dockerfile the builder cannot follow

@@ -14,6 +14,7 @@ from sandboxd.core import TemplateRoot, TemplateStore, check_name, read_dockerfi
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
+from sandboxd.http.wire.build import build_frame
 from sandboxd.web.follow import FollowStream
 from sandboxd.web.site import Spool
 
@@ -93,7 +94,7 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
             network = parse.query(request, "network", "none")
         stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
         build = start_build(
-            templates, name, text, context, network, lambda f: stream.write(wire.frame_line(f))
+            templates, name, text, context, network, lambda e: stream.write(build_frame(e))
         )
         stream.pause, stream.resume = build.pause_output, build.resume_output  # back-pressure
         request.setHeader(b"content-type", wire.NDJSON)
