@@ -6,9 +6,9 @@ daemon's instance cgroup, with the memory, CPU and process limits of
 ``SANDBOXD_BUILD_MEMORY_MAX``, ``SANDBOXD_BUILD_CPU_CORES`` and ``SANDBOXD_BUILD_PIDS_MAX``: a
 fork bomb stops at its process limit, a memory hog is OOM-killed and its step says so. The
 cgroup is killed and removed when its command ends, fails or is cancelled. Its name has a
-sandbox id's form, so a daemon killed mid-build leaves one that the next start's recovery kills
-and removes as it does a sandbox's (docs/operating.rst, "Restart recovery"). A whole build
-lasts at most ``SANDBOXD_BUILD_TIMEOUT``.
+sandbox id's form, so a daemon killed mid-build leaves one that the next start's recovery
+kills and removes as it does a sandbox's (docs/operating.rst, "Start-up, idle reaping and
+restarts"). A whole build lasts at most ``SANDBOXD_BUILD_TIMEOUT``.
 """
 
 import secrets
