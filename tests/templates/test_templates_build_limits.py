@@ -295,3 +295,26 @@ def test_a_builds_cgroup_a_killed_daemon_left_is_removed_at_its_restart(tmp_path
         ]
     finally:
         second.stop()
+
+
+def test_a_daemon_stopped_mid_build_ends_it_and_leaves_no_cgroup(tmp_path: Path) -> None:
+    """SIGTERM while a ``RUN`` runs: the daemon cancels the build before its reactor stops
+    (its command killed, its cgroup and directory removed), and stops with nothing left
+    (``KernelDaemon.stop`` checks no cgroup of its instance remains)."""
+    problem = isolation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    marker = b"1000.5"
+    daemon = KernelDaemon.start(tmp_path, "--template-max=1G")
+    try:
+        answer = daemon.client.request("PUT", "/templates/busybox", rootfs())
+        assert answer.status == 201, answer
+        response = start(daemon, "cut", b"FROM busybox\nRUN sleep %s\n" % marker)
+        _, group = build_cgroup(marker)
+    finally:
+        began = time.monotonic()
+        daemon.stop()
+    print(f"stopped in {time.monotonic() - began:.2f} s")
+    response.close()
+    assert cgroup_dirs_named(group) == []
+    assert not processes_with(marker)

@@ -26,7 +26,13 @@ from sandboxd.core.templates.build_events import (
     StepStarted,
 )
 from sandboxd.core.templates.build_limits import BuildLimits
-from sandboxd.core.templates.builder import LINE_MAX, Build, _RunProtocol, start_build
+from sandboxd.core.templates.builder import (
+    LINE_MAX,
+    SHUTDOWN_WAIT,
+    Build,
+    _RunProtocol,
+    start_build,
+)
 from sandboxd.core.templates.dockerfile import parse_dockerfile
 from sandboxd.core.templates.store import TemplateStore
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplateConflict, TemplateNotFound
@@ -359,3 +365,43 @@ async def test_a_run_without_a_cgroup_driver_runs_and_its_time_still_ends_it(
     assert isinstance(end, BuildFailed) and end.exit_code == 137, end
     assert "SANDBOXD_BUILD_TIMEOUT" in end.error and end.output == ("waiting",)
     assert sorted(real_store.templates) == ["busybox"]
+
+
+def test_a_build_the_daemons_stop_finds_running_is_cancelled_and_waited_for(
+    store: TemplateStore, tmp_path: Path
+) -> None:
+    """The reactor's ``before shutdown`` trigger cancels the build, and its Deferred fires
+    once the build has ended (its directory left: the pool stops with the daemon); a build
+    that ended removed its own trigger."""
+    frames: list[BuildEvent] = []
+    store.reserve("new")
+    build = Build(store, "new", parse_dockerfile("FROM base\nENV A=1\n"), None, "none", print)
+    clock = store.reactor
+    stopped: list[Any] = []
+
+    def emit(frame: BuildEvent) -> None:
+        frames.append(frame)
+        if frame == StepStarted(1, 2, 1, "FROM base"):
+            (trigger,) = clock.shutdown
+            stopped.append(trigger())
+
+    build.emit = emit
+    assert result(Deferred.fromCoroutine(build.run())) is None
+    assert frames[-1] == BuildFailed(2, 2, "ENV A=1", "the build was cancelled", ())
+    assert result(stopped[0]) is None  # the reactor may go on stopping
+    (left,) = [n for n in names(tmp_path) if n != "base"]  # for the next start to remove
+    assert left.startswith(".build-")
+    assert clock.shutdown == [build._shut_down]  # fired (a real reactor drops it)
+    clock.shutdown.clear()
+    template, _ = run(store, "FROM base\n", name="other")
+    assert template is not None and clock.shutdown == []
+
+
+def test_a_stopping_daemon_waits_for_a_build_a_bounded_time(store: TemplateStore) -> None:
+    """A build whose end never comes (a step in a pool that stopped): the stop goes on after
+    ``SHUTDOWN_WAIT`` seconds."""
+    build = Build(store, "new", parse_dockerfile("FROM base\n"), None, "none", print)
+    stopping = build._shut_down()  # its run never began: it never ends
+    assert not stopping.called and build.cancelled
+    store.reactor.advance(SHUTDOWN_WAIT)
+    assert result(stopping) is None

@@ -57,7 +57,10 @@ class RunCgroup:
         """Whether the kernel has OOM-killed a process in it (past its memory limit)."""
         return self.cgroups.oom_kills(self.id) > 0
 
-    async def end(self) -> None:
-        """Every process in it killed, then the cgroup removed."""
+    async def end(self, daemon_stopping: bool = False) -> None:
+        """Every process in it killed, then the cgroup removed; when the daemon is stopping,
+        its instance cgroups too, if now empty (its stop found them holding this one)."""
         await self.cgroups.kill(self.id)
         self.cgroups.remove(self.id)
+        if daemon_stopping:
+            self.cgroups.remove_instance()

@@ -48,6 +48,8 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """``RUN``'s ``PATH`` unless the template's or an ``ENV`` sets one."""
 NETWORKS = ("none", "host")
 OUTPUT_KEPT = 200
+SHUTDOWN_WAIT = 10.0
+"""The longest a stopping daemon waits for a build it cancelled to end (its command killed)."""
 """The last lines of a failed step's output repeated in the build's end."""
 LINE_MAX = 16384
 """The longest line of ``RUN``'s output a frame carries: a longer one is cut into pieces of
@@ -107,6 +109,8 @@ class Build:
     _paused: bool = False
     _output: list[str] = field(factory=list)
     _step: int = 0
+    _ended: Deferred[None] = field(factory=Deferred)
+    _shutting_down: bool = False
 
     @property
     def rootfs(self) -> str:
@@ -157,12 +161,29 @@ class Build:
         when the build failed: nothing of it is left; a fault of the daemon's is logged and
         ends it as a failed step does). Past :attr:`BuildLimits.timeout`, the running
         command is killed and the build fails at its step, saying so."""
-        timer = self.store.reactor.callLater(self.limits.timeout, self._time_out)
+        reactor = self.store.reactor
+        timer = reactor.callLater(self.limits.timeout, self._time_out)
+        trigger = reactor.addSystemEventTrigger("before", "shutdown", self._shut_down)
         try:
             return await self._run()
         finally:
             if timer.active():
                 timer.cancel()
+            if not self._shutting_down:
+                reactor.removeSystemEventTrigger(trigger)
+            self._ended.callback(None)
+
+    def _shut_down(self) -> Deferred[None]:
+        """The daemon stops: the build is cancelled, and the reactor waits (for the Deferred)
+        until it has ended, its command killed and its cgroup removed, or
+        :data:`SHUTDOWN_WAIT` seconds (a step in the store's pool, which stops meanwhile,
+        may never end). Its directory is left for the next start to remove."""
+        self._shutting_down = True
+        self.cancel()
+        ended: Deferred[None] = Deferred()
+        self._ended.addBoth(lambda _: None if ended.called else ended.callback(None))
+        ended.addTimeout(SHUTDOWN_WAIT, self.store.reactor)
+        return ended.addErrback(lambda _: None)
 
     async def _run(self) -> Template | None:
         created = self.store.reactor.seconds()
@@ -178,7 +199,10 @@ class Build:
                 raise StepFailed(self._stop_reason())
             template = await self._finish(created)
         except Exception as e:
-            await self.store.abandon(self.directory, self.name)
+            if self._shutting_down:  # the store's pool stops too: the next start removes it
+                log.info("templates: build of {name} stopped with the daemon", name=self.name)
+            else:
+                await self.store.abandon(self.directory, self.name)
             reason = str(e)
             if not isinstance(e, (StepFailed, SandboxdError, OSError)):
                 log.failure("templates: build of {name}", Failure(e), name=self.name)
@@ -238,7 +262,7 @@ class Build:
             self._check(code)
         finally:
             if group is not None:
-                await group.end()
+                await group.end(self._shutting_down)
 
     async def execute_host(  # pragma: no cover - mmdebstrap's: the SANDBOXD_SLOW_TESTS test's
         self, argv: list[str], env: dict[str, str]
