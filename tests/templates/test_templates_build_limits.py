@@ -35,6 +35,7 @@ PRINTED = 200 << 20
 RSS_GROWTH_MAX_KIB = 64 << 10
 BUILD_PIDS = 48
 BUILD_TIMEOUT = 8
+BUILD_CORES = 0.25
 OUTER_PIDS = 600
 """The limited daemon's own cgroup's ``pids.max``: what a fork bomb out of its build's cgroup
 would meet instead."""
@@ -109,8 +110,9 @@ def test_a_client_that_stops_reading_makes_the_run_wait_not_the_daemon_hold(
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
-    """A daemon whose builds' commands may have 48 processes and 64 MiB, whose builds last
-    8 s at most, itself in a ``pids`` cgroup of the test's own (600 processes)."""
+    """A daemon whose builds' commands may have 48 processes, 64 MiB and a quarter of a core,
+    whose builds last 8 s at most, itself in a ``pids`` cgroup of the test's own (600
+    processes)."""
     problem = isolation_problem()
     if problem is not None:
         pytest.skip(problem)
@@ -124,6 +126,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
         env = {
             "SANDBOXD_BUILD_PIDS_MAX": str(BUILD_PIDS),
             "SANDBOXD_BUILD_MEMORY_MAX": "64M",
+            "SANDBOXD_BUILD_CPU_CORES": str(BUILD_CORES),
             "SANDBOXD_BUILD_TIMEOUT": f"{BUILD_TIMEOUT}s",
         }
         daemon = KernelDaemon.start(
@@ -244,6 +247,24 @@ def test_a_memory_hog_is_oom_killed_and_its_step_says_so(limited: KernelDaemon) 
     assert not any("survived" in f.get("output", "") for f in frames)
     assert cgroup_dirs_named(group) == []
     assert limited.call("GET", "/templates/hog").status == 404
+
+
+def test_a_busy_loop_gets_the_builds_cpu_share(limited: KernelDaemon) -> None:
+    """A ``RUN`` spinning for ever uses a quarter of a core at most (its cgroup's CPU time,
+    over two seconds), until the build's time ends it."""
+    marker = b"cpu-hog-4410"
+    response = start(limited, "spin", b"FROM busybox\nRUN echo %s; while :; do :; done\n" % marker)
+    _, group = build_cgroup(marker)
+    (usage,) = [Path(d, "cpuacct.usage") for d in cgroup_dirs_named(group) if "/cpuacct/" in d]
+    time.sleep(0.5)  # the loop under way
+    before, began = int(usage.read_text()), time.monotonic()
+    time.sleep(2)
+    used = (int(usage.read_text()) - before) / 1e9 / (time.monotonic() - began)
+    frames = frames_to_the_end(response)
+    print(f"a busy loop at SANDBOXD_BUILD_CPU_CORES={BUILD_CORES}: {used:.3f} of a core")
+    assert 0.05 < used <= BUILD_CORES * 1.2, used
+    assert "SANDBOXD_BUILD_TIMEOUT" in frames[-1]["error"], frames[-1]
+    assert cgroup_dirs_named(group) == []
 
 
 def test_a_build_past_its_time_is_killed_and_fails_saying_so(limited: KernelDaemon) -> None:
