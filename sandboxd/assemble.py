@@ -37,11 +37,12 @@ from sandboxd.config import Config, ConfigError
 from sandboxd.core.archive.store import Archive, ArchiveUnavailable, build_archive
 from sandboxd.core.layout import Layout
 from sandboxd.core.manager import SandboxManager
+from sandboxd.core.templates.build_limits import BuildLimits
 from sandboxd.core.templates.store import TemplateStore
 from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
 from sandboxd.http.api import SandboxAPI, spool_places
-from sandboxd.isolation.base import Isolation, IsolationUnavailable
+from sandboxd.isolation.base import Isolation, IsolationUnavailable, Limits
 from sandboxd.isolation.network.egress_proxy_start import egress_proxy
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
@@ -119,6 +120,7 @@ def fronts(
     templates = _templates(config, reactor, admin_pool, layout)
     if templates is not None:  # pragma: no branch - every test daemon has a template store
         templates.users = manager.template_users  # a template in use cannot be deleted
+        templates.build_limits = build_limits(config, isolation)
     api = SandboxAPI(
         manager,
         templates=templates,
@@ -142,6 +144,13 @@ def _templates(config: Config, reactor: Any, pool: Any, layout: Layout) -> Templ
     except OSError as e:
         log.warn("templates: unavailable: {error}", error=e)
         return None
+
+
+def build_limits(config: Config, isolation: Isolation) -> BuildLimits:
+    """What a template build's commands may take: a cgroup each from the isolation's driver
+    with the ``SANDBOXD_BUILD_*`` limits, and the build's longest run."""
+    limits = Limits(config.build_memory_max, config.build_cpu_cores, config.build_pids_max)
+    return BuildLimits(isolation.cgroups, limits, config.build_timeout)
 
 
 def in_process(

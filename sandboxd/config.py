@@ -168,6 +168,30 @@ class Config:
         parse_size,
         "Most bytes of one template's files (an import past it is refused)",
     )
+    build_memory_max: int = setting_field(
+        "SANDBOXD_BUILD_MEMORY_MAX",
+        "1G",
+        parse_size,
+        "Memory limit of each command a template build runs (e.g. 1G)",
+    )
+    build_cpu_cores: float = setting_field(
+        "SANDBOXD_BUILD_CPU_CORES",
+        "1.0",
+        parse_cores,
+        "CPU limit of each command a template build runs, in cores",
+    )
+    build_pids_max: int = setting_field(
+        "SANDBOXD_BUILD_PIDS_MAX",
+        "512",
+        parse_count,
+        "Process limit of each command a template build runs",
+    )
+    build_timeout: float = setting_field(
+        "SANDBOXD_BUILD_TIMEOUT",
+        "30m",
+        parse_duration,
+        "Longest a template build may run (then its step is killed and it fails)",
+    )
     tools_dir: str = setting_field(
         "SANDBOXD_TOOLS_DIR",
         "/var/lib/sandboxd/tools",
@@ -420,11 +444,13 @@ class Config:
             "walk_max",
             "walk_bytes_max",
             "template_max",
+            "build_memory_max",
+            "build_pids_max",
             "contexts_max",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{env_name(name)}: must be at least 1")
-        for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive"):
+        for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive", "build_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero")
 

@@ -35,6 +35,13 @@ from sandboxd.core.processes.process import (
 )
 from sandboxd.core.processes.terminal import DEFAULT_TERM, TerminalRun, TerminalSize
 from sandboxd.core.sandbox import CreateRequest, Sandbox, SandboxListing
+from sandboxd.core.templates.build_events import (
+    BuildEvent,
+    BuildFailed,
+    Built,
+    StepOutput,
+    StepStarted,
+)
 from sandboxd.core.templates.build_files import read_dockerfile
 from sandboxd.core.templates.builder import start_build
 from sandboxd.core.templates.store import Template, TemplateRoot, TemplateStore, check_name
@@ -55,6 +62,9 @@ __all__ = [
     "SIGNALS",
     "STDERR",
     "UPLOAD_PREFIX",
+    "BuildEvent",
+    "BuildFailed",
+    "Built",
     "CgroupStats",
     "Chunk",
     "Context",
@@ -79,6 +89,8 @@ __all__ = [
     "SandboxManager",
     "Source",
     "SpawnFailed",
+    "StepOutput",
+    "StepStarted",
     "Template",
     "TemplateRoot",
     "TemplateStore",

@@ -56,3 +56,30 @@ def test_a_missing_program_is_127_naming_it(root: Path) -> None:
     done = runner(root, "none", "/no/such")
     assert done.returncode == 127
     assert "sandboxd: cannot run ['/no/such']" in done.stderr
+
+
+def test_each_leading_join_is_written_then_the_arguments_follow(tmp_path: Path) -> None:
+    """``--join=FILE`` (a cgroup's ``tasks`` for the builder; here plain files) gets ``0``;
+    a ``--join=`` among the command's own arguments is the command's."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    arguments = [f"--join={one}", f"--join={two}", "/root", "none", "/", "echo", "--join=x"]
+    assert build_runner.join_cgroup(arguments) == ["/root", "none", "/", "echo", "--join=x"]
+    assert (one.read_text(), two.read_text()) == ("0", "0")
+    assert build_runner.join_cgroup([]) == []
+
+
+def test_the_runner_joins_a_cgroup_before_its_command_starts(root: Path, tmp_path: Path) -> None:
+    """A real cgroup v1 ``pids`` cgroup: the command (in its own PID namespace) is in it."""
+    pids = Path("/sys/fs/cgroup/pids")
+    if not pids.is_dir():
+        pytest.skip("a cgroup v1 pids hierarchy (the host's)")
+    group = pids / f"sandboxd-test-runner-{os.getpid()}"
+    group.mkdir()
+    try:
+        command = [sys.executable, build_runner.__file__, f"--join={group}/tasks"]
+        command += [str(root), "none", "/", "/bin/cat", "/proc/self/cgroup"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert f"pids:/{group.name}\n" in done.stdout
+    finally:
+        group.rmdir()

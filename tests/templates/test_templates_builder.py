@@ -10,17 +10,35 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.task import deferLater
 from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 
 from sandboxd.core.templates import build_files
-from sandboxd.core.templates.builder import LINE_MAX, Build, Frame, _RunProtocol, start_build
+from sandboxd.core.templates.build_events import (
+    BuildEvent,
+    BuildFailed,
+    Built,
+    StepOutput,
+    StepStarted,
+)
+from sandboxd.core.templates.build_limits import BuildLimits
+from sandboxd.core.templates.builder import (
+    LINE_MAX,
+    SHUTDOWN_WAIT,
+    Build,
+    _RunProtocol,
+    start_build,
+)
 from sandboxd.core.templates.dockerfile import parse_dockerfile
 from sandboxd.core.templates.store import TemplateStore
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplateConflict, TemplateNotFound
+from tests.support.fakes import SyncPool
 from tests.templates.archives import directory, file, tar
+from tests.templates.rootfs import rootfs
 from tests.templates.test_templates_store import put, result, store_at
 
 
@@ -50,8 +68,8 @@ def run(
     ctx: io.BytesIO | None = None,
     emit: Any = None,
     name: str = "new",
-) -> tuple[Any, list[Frame]]:
-    frames: list[Frame] = []
+) -> tuple[Any, list[BuildEvent]]:
+    frames: list[BuildEvent] = []
     store.reserve(name)
     build = Build(store, name, parse_dockerfile(text), ctx, "none", emit or frames.append)
     return result(Deferred.fromCoroutine(build.run())), frames
@@ -79,12 +97,12 @@ def test_a_build_from_a_template_copies_it_and_keeps_the_steps(
         ("one.txt", b"x"),
     )
     template, frames = run(store, text, files)
-    assert frames[-1] == {"end": "built", "template": template.record()}
-    assert [f["instruction"] for f in frames[:-1]] == [
-        "FROM base",
-        "ENV A=1 B=2",
-        "COPY d/ two.txt /srv/",
-        "COPY one.txt /etc/renamed",
+    assert frames == [
+        StepStarted(1, 4, 1, "FROM base"),
+        StepStarted(2, 4, 2, "ENV A=1 B=2"),
+        StepStarted(3, 4, 3, "COPY d/ two.txt /srv/"),
+        StepStarted(4, 4, 4, "COPY one.txt /etc/renamed"),
+        Built(template),
     ]
     assert (template.env, template.workdir, template.size) == ({"A": "1", "B": "2"}, "/", 13)
     rootfs = tmp_path / ".templates" / "new" / "rootfs"
@@ -118,8 +136,9 @@ def test_a_failed_copy_names_its_step_and_leaves_nothing(
     template, frames = run(store, text, ctx)
     assert template is None
     end = frames[-1]
-    assert (end["end"], end["step"], end["line"], end["output"]) == ("failed", 2, 2, [])
-    assert end["error"].startswith(error) and "exit_code" not in end
+    assert isinstance(end, BuildFailed)
+    assert (end.step, end.line, end.instruction, end.output) == (2, 2, text.split("\n")[1], ())
+    assert end.error.startswith(error) and end.exit_code is None
     assert names(tmp_path) == ["base"]
     store.reserve("new")  # the name is free again
 
@@ -127,36 +146,36 @@ def test_a_failed_copy_names_its_step_and_leaves_nothing(
 def test_a_build_cancelled_between_steps_stops_and_leaves_nothing(
     store: TemplateStore, tmp_path: Path
 ) -> None:
-    frames: list[Frame] = []
+    frames: list[BuildEvent] = []
     store.reserve("new")
     build = Build(
         store, "new", parse_dockerfile("FROM base\nENV A=1\n"), None, "none", frames.append
     )
 
-    def emit(frame: Frame) -> None:
+    def emit(frame: BuildEvent) -> None:
         frames.append(frame)
         build.cancel()  # the client goes while the first step runs
 
     build.emit = emit
     assert result(Deferred.fromCoroutine(build.run())) is None
-    assert frames[-1]["step"] == 2 and frames[-1]["error"] == "the build was cancelled"
+    assert frames[-1] == BuildFailed(2, 2, "ENV A=1", "the build was cancelled", ())
     assert names(tmp_path) == ["base"]
 
 
 def test_a_fault_of_the_daemons_ends_the_build_as_a_failed_step_and_is_logged(
     store: TemplateStore, tmp_path: Path
 ) -> None:
-    frames: list[Frame] = []
+    frames: list[BuildEvent] = []
 
-    def emit(frame: Frame) -> None:
-        if "end" not in frame:
+    def emit(frame: BuildEvent) -> None:
+        if isinstance(frame, StepStarted):
             raise RuntimeError("a bug")
         frames.append(frame)
 
     with capturedLogs() as logged:
         template, _ = run(store, "FROM base\n", emit=emit)
     assert template is None
-    assert frames[-1]["error"] == "RuntimeError: a bug"
+    assert frames == [BuildFailed(1, 1, "FROM base", "RuntimeError: a bug", ())]
     assert any(e.get("name") == "new" and "log_failure" in e for e in logged)
     assert names(tmp_path) == ["base"]
 
@@ -169,8 +188,10 @@ def test_a_build_that_cannot_begin_fails_its_first_step_and_frees_its_name(
     store.directory = str(tmp_path / "file" / ".templates")  # a state root that is a file
     template, frames = run(store, "FROM base\nENV A=1\n")
     assert template is None
-    assert (frames[-1]["step"], frames[-1]["instruction"]) == (1, "FROM base")
-    assert "Not a directory" in frames[-1]["error"]
+    (end,) = frames
+    assert isinstance(end, BuildFailed)
+    assert (end.step, end.instruction) == (1, "FROM base")
+    assert "Not a directory" in end.error
     store.reserve("new")
 
 
@@ -184,13 +205,15 @@ def test_from_a_cached_debian_suite_writes_its_tarball(
     )
     monkeypatch.setenv("SANDBOXD_DEBIAN_CACHE", str(cache))
     template, frames = run(store, "FROM debian:testsuite\n")
-    assert frames[-1]["end"] == "built", frames
+    assert frames[-1] == Built(template), frames
     assert template.env["PATH"].startswith("/usr/local/sbin:")
     assert (
         tmp_path / ".templates" / "new" / "rootfs" / "etc" / "debian_version"
     ).read_bytes() == b"12\n"
     template, frames = run(store, "FROM debian:Not_A_Suite\n", name="other")
-    assert frames[-1]["error"] == "debian:Not_A_Suite: not a Debian suite's name"
+    assert frames[-1] == BuildFailed(
+        1, 1, "FROM debian:Not_A_Suite", "debian:Not_A_Suite: not a Debian suite's name", ()
+    )
 
 
 def test_what_a_build_refuses_before_it_starts(tmp_path: Path) -> None:
@@ -255,3 +278,130 @@ def test_output_without_newlines_is_cut_into_lines_of_at_most_line_max() -> None
     protocol.processEnded(Failure(ProcessDone(0)))
     assert [len(line) for line in lines] == [LINE_MAX] * 4 + [LINE_MAX - 2]
     assert "".join(lines) == "x" * (5 * (LINE_MAX - 1)) + "end"
+
+
+@pytest_twisted.ensureDeferred
+async def test_output_paused_is_read_once_resumed_even_after_its_command_ended(
+    tmp_path: Path,
+) -> None:
+    """A command started while its client is behind is not read; it ends meanwhile (its
+    output fits its pipe); a cancel reads it again, to its end (else the build never ends)."""
+    from twisted.internet import reactor
+
+    store = TemplateStore.open(str(tmp_path), 1 << 20, False, reactor, SyncPool())
+    frames: list[BuildEvent] = []
+    build = Build(store, "new", [], None, "none", frames.append)
+    build.pause_output()
+    spawned = Deferred.fromCoroutine(build._spawn(["/bin/sh", "-c", "echo unread"], {}))
+    process = build._process
+    deadline = reactor.seconds() + 30
+    while process.pid is not None:  # not yet reaped
+        assert reactor.seconds() < deadline
+        await deferLater(reactor, 0.01)
+    await deferLater(reactor, 0.1)
+    assert frames == []
+    build.cancel()
+    await spawned
+    assert frames == [StepOutput(0, "unread")]
+    build.pause_output()  # no command runs: nothing to pause
+    build.resume_output()
+
+
+def test_a_build_timed_out_during_a_step_that_runs_nothing_fails_at_it(
+    store: TemplateStore,
+) -> None:
+    """The time ends while an ``ENV`` is the step: the build fails there, saying why."""
+    frames: list[BuildEvent] = []
+    store.reserve("late")
+    build = Build(
+        store, "late", parse_dockerfile("FROM base\nENV A=1"), None, "none", frames.append
+    )
+
+    def emit(frame: BuildEvent) -> None:
+        frames.append(frame)
+        if frame == StepStarted(2, 2, 2, "ENV A=1"):
+            build._time_out()
+
+    build.emit = emit
+    assert result(Deferred.fromCoroutine(build.run())) is None
+    end = frames[-1]
+    assert isinstance(end, BuildFailed) and end.step == 2
+    assert "time limit (1800 s, SANDBOXD_BUILD_TIMEOUT)" in end.error
+    assert names(Path(store.directory).parent) == ["base"]
+
+
+@pytest.fixture
+def real_store(tmp_path: Path) -> TemplateStore:
+    """A store whose builds spawn real commands (the reactor's), its ``base`` a busybox root."""
+    if os.geteuid() != 0:
+        pytest.skip("a RUN maps the host's ids: it needs root")
+    from twisted.internet import reactor
+
+    templates = TemplateStore.open(str(tmp_path), 1 << 30, True, reactor, SyncPool())
+    return templates
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_run_without_a_cgroup_driver_runs_and_its_time_still_ends_it(
+    real_store: TemplateStore,
+) -> None:
+    """A store made without the daemon's isolation (no cgroup driver): a ``RUN`` runs in the
+    daemon's own cgroup; the build's time limit still kills it, at its step."""
+    await real_store.put("busybox", io.BytesIO(rootfs()))
+    real_store.build_limits = BuildLimits(timeout=2)
+    frames: list[BuildEvent] = []
+    dockerfile = "FROM busybox\nRUN echo ran; exit 3\n"
+    build = start_build(real_store, "exits", dockerfile, None, "none", frames.append)
+    assert await build.run() is None
+    assert frames[-2:] == [
+        StepOutput(2, "ran"),
+        BuildFailed(2, 2, "RUN echo ran; exit 3", "the command exited with 3", ("ran",), 3),
+    ]
+    frames.clear()
+    dockerfile = "FROM busybox\nRUN echo waiting; sleep 30.5\n"
+    build = start_build(real_store, "slow", dockerfile, None, "none", frames.append)
+    assert await build.run() is None
+    end = frames[-1]
+    assert isinstance(end, BuildFailed) and end.exit_code == 137, end
+    assert "SANDBOXD_BUILD_TIMEOUT" in end.error and end.output == ("waiting",)
+    assert sorted(real_store.templates) == ["busybox"]
+
+
+def test_a_build_the_daemons_stop_finds_running_is_cancelled_and_waited_for(
+    store: TemplateStore, tmp_path: Path
+) -> None:
+    """The reactor's ``before shutdown`` trigger cancels the build, and its Deferred fires
+    once the build has ended (its directory left: the pool stops with the daemon); a build
+    that ended removed its own trigger."""
+    frames: list[BuildEvent] = []
+    store.reserve("new")
+    build = Build(store, "new", parse_dockerfile("FROM base\nENV A=1\n"), None, "none", print)
+    clock = store.reactor
+    stopped: list[Any] = []
+
+    def emit(frame: BuildEvent) -> None:
+        frames.append(frame)
+        if frame == StepStarted(1, 2, 1, "FROM base"):
+            (trigger,) = clock.shutdown
+            stopped.append(trigger())
+
+    build.emit = emit
+    assert result(Deferred.fromCoroutine(build.run())) is None
+    assert frames[-1] == BuildFailed(2, 2, "ENV A=1", "the build was cancelled", ())
+    assert result(stopped[0]) is None  # the reactor may go on stopping
+    (left,) = [n for n in names(tmp_path) if n != "base"]  # for the next start to remove
+    assert left.startswith(".build-")
+    assert clock.shutdown == [build._shut_down]  # fired (a real reactor drops it)
+    clock.shutdown.clear()
+    template, _ = run(store, "FROM base\n", name="other")
+    assert template is not None and clock.shutdown == []
+
+
+def test_a_stopping_daemon_waits_for_a_build_a_bounded_time(store: TemplateStore) -> None:
+    """A build whose end never comes (a step in a pool that stopped): the stop goes on after
+    ``SHUTDOWN_WAIT`` seconds."""
+    build = Build(store, "new", parse_dockerfile("FROM base\n"), None, "none", print)
+    stopping = build._shut_down()  # its run never began: it never ends
+    assert not stopping.called and build.cancelled
+    store.reactor.advance(SHUTDOWN_WAIT)
+    assert result(stopping) is None

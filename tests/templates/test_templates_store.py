@@ -30,6 +30,20 @@ class ThreadlessClock(Clock):
     def callFromThread(self, f: Any, *args: Any, **kwargs: Any) -> None:
         f(*args, **kwargs)
 
+    def addSystemEventTrigger(self, phase: str, event: str, f: Any) -> Any:
+        """Kept in :attr:`shutdown` (``before``, ``shutdown``: what a build adds)."""
+        assert (phase, event) == ("before", "shutdown")
+        self.shutdown.append(f)
+        return f
+
+    def removeSystemEventTrigger(self, handle: Any) -> None:
+        self.shutdown.remove(handle)
+
+    @property
+    def shutdown(self) -> list[Any]:
+        """The ``before shutdown`` triggers added and not removed."""
+        return self.__dict__.setdefault("_shutdown", [])
+
 
 def result(deferred: Deferred[Any]) -> Any:
     """What a Deferred that has fired gave (its failure raised)."""

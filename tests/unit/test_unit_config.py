@@ -175,6 +175,9 @@ def test_a_bad_option_names_the_variable() -> None:
         ({"SANDBOXD_WATCH_MAX": "0"}, "SANDBOXD_WATCH_MAX"),
         ({"SANDBOXD_WALK_MAX": "0"}, "SANDBOXD_WALK_MAX"),
         ({"SANDBOXD_WALK_BYTES_MAX": "0"}, "SANDBOXD_WALK_BYTES_MAX"),
+        ({"SANDBOXD_BUILD_MEMORY_MAX": "0"}, "SANDBOXD_BUILD_MEMORY_MAX"),
+        ({"SANDBOXD_BUILD_PIDS_MAX": "0"}, "SANDBOXD_BUILD_PIDS_MAX"),
+        ({"SANDBOXD_BUILD_TIMEOUT": "0s"}, "SANDBOXD_BUILD_TIMEOUT"),
     ],
 )
 def test_impossible_combinations_name_the_variable(environ: dict[str, str], variable: str) -> None:

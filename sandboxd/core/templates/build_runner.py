@@ -2,7 +2,10 @@
 (docs/extensions.rst, "Building a template"). A program of its own (the standard library
 only), started by the builder as root:
 
-``python -I build_runner.py ROOTFS NETWORK WORKDIR ARGV...``, its environment the command's.
+``python -I build_runner.py [--join=FILE]... ROOTFS NETWORK WORKDIR ARGV...``, its environment
+the command's. Each ``--join`` names a file it writes ``0`` into first (a cgroup's ``tasks`` or
+``cgroup.procs``): it and all the command's processes are in the build's cgroup
+(:mod:`~sandboxd.core.templates.build_limits`) before any of them starts.
 
 The command runs as uid 0 of a new user namespace whose ids 0 to 65535 are the host's same ids
 (the template's files keep their owners), in new mount, PID, IPC and UTS namespaces and, with
@@ -33,6 +36,7 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+JOIN = "--join="
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 IDS = "0 0 65536\n"
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -148,8 +152,17 @@ def status(wait_status: int) -> int:
     return os.WEXITSTATUS(wait_status)
 
 
+def join_cgroup(arguments: list[str]) -> list[str]:
+    """Write ``0`` into the file of each leading ``--join=FILE`` (this process joins the
+    cgroup, before it forks); the arguments after them."""
+    while arguments and arguments[0].startswith(JOIN):
+        with open(arguments.pop(0)[len(JOIN) :], "w") as file:
+            file.write("0")
+    return arguments
+
+
 def main(arguments: list[str]) -> int:
-    rootfs, network, workdir, *argv = arguments
+    rootfs, network, workdir, *argv = join_cgroup(list(arguments))
     parent = os.getppid()
     die_with_parent()  # a daemon killed mid-build takes its build's processes with it
     if os.getppid() != parent:  # pragma: no cover - a race: the daemon died since the spawn

@@ -9,10 +9,12 @@ what the later steps and the template's sandboxes get. Once every step has passe
 directory is renamed into place as an import's is; a failed or cancelled build is removed,
 and one a killed daemon left is removed at the next start (:meth:`TemplateStore.open`).
 
-Each step is reported as it goes through ``emit``: its start, each line of its output, then
-the build's end (:func:`step_frame`, :meth:`Build._line`, :func:`end_frame_failed`).
+Each step is reported as it goes through ``emit``, as values of
+:mod:`~sandboxd.core.templates.build_events`: its start, each line of its output, then the
+build's end (:func:`step_started`, :meth:`Build._line`, :func:`build_failed`).
 """
 
+import contextlib
 import os
 import posixpath
 import signal
@@ -22,11 +24,20 @@ from typing import IO, Any
 
 from attrs import define, field
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.core.templates import build_files, build_runner, debian, dockerfile
+from sandboxd.core.templates.build_events import (
+    BuildEvent,
+    BuildFailed,
+    Built,
+    StepOutput,
+    StepStarted,
+)
+from sandboxd.core.templates.build_limits import BuildLimits
 from sandboxd.core.templates.dockerfile import Step
 from sandboxd.core.templates.store import ROOTFS, Template, TemplateStore
 from sandboxd.errors import BadRequest, SandboxdError, TemplateCannotRun
@@ -37,12 +48,12 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """``RUN``'s ``PATH`` unless the template's or an ``ENV`` sets one."""
 NETWORKS = ("none", "host")
 OUTPUT_KEPT = 200
+SHUTDOWN_WAIT = 10.0
+"""The longest a stopping daemon waits for a build it cancelled to end (its command killed)."""
 """The last lines of a failed step's output repeated in the build's end."""
 LINE_MAX = 16384
 """The longest line of ``RUN``'s output a frame carries: a longer one is cut into pieces of
 this size (output without newlines must not grow the daemon's memory)."""
-
-Frame = dict[str, Any]
 
 
 class StepFailed(Exception):
@@ -87,50 +98,119 @@ class Build:
     steps: list[Step]
     context: IO[bytes] | None
     network: str
-    emit: Callable[[Frame], None]
+    emit: Callable[[BuildEvent], None]
     env: dict[str, str] = field(factory=dict)
     workdir: str = "/"
     directory: str = ""
     base_digest: str = ""
     cancelled: bool = False
+    timed_out: bool = False
     _process: Any = None
+    _paused: bool = False
     _output: list[str] = field(factory=list)
     _step: int = 0
+    _ended: Deferred[None] = field(factory=Deferred)
+    _shutting_down: bool = False
 
     @property
     def rootfs(self) -> str:
         return os.path.join(self.directory, ROOTFS)
 
+    @property
+    def limits(self) -> BuildLimits:
+        return self.store.build_limits
+
     def cancel(self) -> None:
-        """Stop the build (its client went): the running ``RUN`` is killed, nothing is kept."""
+        """Stop the build (its client went): the running ``RUN`` is killed, nothing is kept
+        (its output is read again, to its end: a paused pipe would keep it from ending)."""
         self.cancelled = True
+        self.resume_output()
         if self._process is not None:
-            self._process.signalProcess("KILL")
+            with contextlib.suppress(ProcessExitedAlready):  # it ended, its output unread
+                self._process.signalProcess("KILL")
+
+    def pause_output(self) -> None:
+        """The client is behind: the running command's output is read no more until
+        :meth:`resume_output` (its pipe fills and it waits; so does a command started
+        meanwhile). What the daemon holds for a client that does not read is bounded."""
+        self._paused = True
+        if self._process is not None:
+            self._process.pauseProducing()
+
+    def resume_output(self) -> None:
+        """The client takes frames again: the command's output is read again."""
+        self._paused = False
+        if self._process is not None:
+            self._process.resumeProducing()
+
+    def _time_out(self) -> None:
+        """The build ran past its time: its running command is killed, and it fails."""
+        self.timed_out = True
+        self.cancel()
+
+    def _stop_reason(self) -> str:
+        if self.timed_out:
+            return (
+                f"the build ran past its time limit ({self.limits.timeout:g} s,"
+                " SANDBOXD_BUILD_TIMEOUT): its step was stopped"
+            )
+        return "the build was cancelled"
 
     async def run(self) -> Template | None:
         """Every step, then the template in place; the end is emitted either way (``None``
         when the build failed: nothing of it is left; a fault of the daemon's is logged and
-        ends it as a failed step does)."""
+        ends it as a failed step does). Past :attr:`BuildLimits.timeout`, the running
+        command is killed and the build fails at its step, saying so."""
+        reactor = self.store.reactor
+        timer = reactor.callLater(self.limits.timeout, self._time_out)
+        trigger = reactor.addSystemEventTrigger("before", "shutdown", self._shut_down)
+        try:
+            return await self._run()
+        finally:
+            if timer.active():
+                timer.cancel()
+            if not self._shutting_down:
+                reactor.removeSystemEventTrigger(trigger)
+            self._ended.callback(None)
+
+    def _shut_down(self) -> Deferred[None]:
+        """The daemon stops: the build is cancelled, and the reactor waits (for the Deferred)
+        until it has ended, its command killed and its cgroup removed, or
+        :data:`SHUTDOWN_WAIT` seconds (a step in the store's pool, which stops meanwhile,
+        may never end). Its directory is left for the next start to remove."""
+        self._shutting_down = True
+        self.cancel()
+        ended: Deferred[None] = Deferred()
+        self._ended.addBoth(lambda _: None if ended.called else ended.callback(None))
+        ended.addTimeout(SHUTDOWN_WAIT, self.store.reactor)
+        return ended.addErrback(lambda _: None)
+
+    async def _run(self) -> Template | None:
         created = self.store.reactor.seconds()
         try:
             self.directory = self.store.begin(self.name)
             for number, step in enumerate(self.steps, 1):
                 self._step, self._output = number, []
                 if self.cancelled:
-                    raise StepFailed("the build was cancelled")
-                self.emit(step_frame(number, len(self.steps), step))
+                    raise StepFailed(self._stop_reason())
+                self.emit(step_started(number, len(self.steps), step))
                 await STEPS[step.instruction](self, step)
+            if self.cancelled:  # during the last step, which was not a command
+                raise StepFailed(self._stop_reason())
             template = await self._finish(created)
         except Exception as e:
-            await self.store.abandon(self.directory, self.name)
+            if self._shutting_down:  # the store's pool stops too: the next start removes it
+                log.info("templates: build of {name} stopped with the daemon", name=self.name)
+            else:
+                await self.store.abandon(self.directory, self.name)
             reason = str(e)
             if not isinstance(e, (StepFailed, SandboxdError, OSError)):
                 log.failure("templates: build of {name}", Failure(e), name=self.name)
                 reason = f"{type(e).__name__}: {e}"
             number = max(self._step, 1)  # the first step, where the build could not begin
-            self.emit(end_frame_failed(number, self.steps[number - 1], reason, self._output, e))
+            self.emit(build_failed(number, self.steps[number - 1], reason, self._output, e))
             return None
-        self.emit({"end": "built", "template": template.record()})
+        self.emit(Built(template))
         return template
 
     async def _finish(self, created: float) -> Template:
@@ -146,7 +226,7 @@ class Build:
     def _line(self, line: str) -> None:
         self._output.append(line)
         del self._output[:-OUTPUT_KEPT]
-        self.emit({"step": self._step, "output": line})  # a line of the step's output
+        self.emit(StepOutput(self._step, line))
 
     async def from_(self, step: Step) -> None:
         name = dockerfile.from_name(step)
@@ -162,27 +242,50 @@ class Build:
         await self.execute(dockerfile.run_argv(step))
 
     async def execute(self, argv: list[str]) -> None:
-        """``argv`` as root inside the build's files (``StepFailed`` unless it exits 0)."""
+        """``argv`` as root inside the build's files, in a cgroup of its own with the build's
+        limits (:mod:`~sandboxd.core.templates.build_limits`), killed and removed once it
+        ends. ``StepFailed`` unless it exits 0, saying so when the kernel OOM-killed a
+        process of it."""
         env = {"PATH": PATH, "HOME": "/root", **self.env}
-        runner = [sys.executable, "-I", build_runner.__file__, self.rootfs, self.network]
-        await self._spawn([*runner, self.workdir, *argv], env)
+        group = self.limits.cgroup()
+        try:
+            joins = [] if group is None else [f"--join={path}" for path in group.join_files()]
+            runner = [sys.executable, "-I", build_runner.__file__, *joins, self.rootfs]
+            code = await self._spawn([*runner, self.network, self.workdir, *argv], env)
+            if code != 0 and not self.timed_out and group is not None and group.oom_killed():
+                raise StepFailed(
+                    f"the command exited with {code}: out of memory (a process of it went past"
+                    f" SANDBOXD_BUILD_MEMORY_MAX, {self.limits.limits.memory_bytes} bytes, and"
+                    " was killed)",
+                    code,
+                )
+            self._check(code)
+        finally:
+            if group is not None:
+                await group.end(self._shutting_down)
 
     async def execute_host(  # pragma: no cover - mmdebstrap's: the SANDBOXD_SLOW_TESTS test's
         self, argv: list[str], env: dict[str, str]
     ) -> None:
         """``argv`` on the host, as the daemon (``mmdebstrap``), its output the step's."""
-        await self._spawn(argv, {"PATH": PATH, **env})
+        self._check(await self._spawn(argv, {"PATH": PATH, **env}))
 
-    async def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
+    def _check(self, code: int) -> None:
+        if code != 0:
+            reason = self._stop_reason() if self.timed_out else f"the command exited with {code}"
+            raise StepFailed(reason, code)
+
+    async def _spawn(self, argv: list[str], env: dict[str, str]) -> int:
+        """``argv`` run to its end, its output the step's: its exit code."""
         protocol = _RunProtocol(self._line)
         self._process = self.store.reactor.spawnProcess(protocol, argv[0], argv, env)
         self._process.closeStdin()
+        if self._paused:
+            self._process.pauseProducing()
         try:
-            code = await protocol.ended
+            return await protocol.ended
         finally:
             self._process = None
-        if code != 0:
-            raise StepFailed(f"the command exited with {code}", code)
 
     async def copy(self, step: Step) -> None:
         sources, dest = dockerfile.copy_paths(step)
@@ -218,27 +321,18 @@ STEPS: dict[str, Callable[[Build, Step], Any]] = {
 }
 
 
-def step_frame(number: int, total: int, step: Step) -> Frame:
-    """A step's start: ``{step, steps, line, instruction}``."""
-    return {"step": number, "steps": total, "line": step.line, "instruction": step.text}
+def step_started(number: int, total: int, step: Step) -> StepStarted:
+    """Step ``number`` of ``total`` starts."""
+    return StepStarted(number, total, step.line, step.text)
 
 
-def end_frame_failed(
+def build_failed(
     number: int, step: Step, error: str, output: list[str], exception: BaseException
-) -> Frame:
+) -> BuildFailed:
     """A failed build's end: the step, its line and instruction, why, its output's last lines
     and, for a ``RUN``, its exit code."""
-    frame: Frame = {
-        "end": "failed",
-        "step": number,
-        "line": step.line,
-        "instruction": step.text,
-        "error": error,
-        "output": list(output),
-    }
-    if isinstance(exception, StepFailed) and exception.exit_code is not None:
-        frame["exit_code"] = exception.exit_code
-    return frame
+    exit_code = exception.exit_code if isinstance(exception, StepFailed) else None
+    return BuildFailed(number, step.line, step.text, error, tuple(output), exit_code)
 
 
 def start_build(
@@ -247,7 +341,7 @@ def start_build(
     text: str,
     context: IO[bytes] | None,
     network: str,
-    emit: Callable[[Frame], None],
+    emit: Callable[[BuildEvent], None],
 ) -> Build:
     """A build of ``text`` checked before anything is made: ``TemplateCannotRun`` (``501``)
     unless the daemon runs as root, ``BadRequest`` for a Dockerfile the builder cannot follow

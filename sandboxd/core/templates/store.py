@@ -24,6 +24,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.core.files.tree import remove_tree
+from sandboxd.core.templates.build_limits import BuildLimits
 from sandboxd.core.templates.extract import Extraction
 from sandboxd.core.templates.sources import hash_file, read_image
 from sandboxd.errors import BadRequest, TemplateConflict, TemplateNotFound
@@ -122,6 +123,9 @@ class TemplateStore:
     pool: Any
     users: Callable[[str], int] = lambda name: 0
     """How many sandboxes use a template (a template in use cannot be deleted)."""
+    build_limits: BuildLimits = field(factory=BuildLimits)
+    """What a build's commands may take of the host, and its longest run (the daemon's are
+    set at start-up, :mod:`~sandboxd.core.templates.build_limits`)."""
     templates: dict[str, Template] = field(factory=dict)
     _busy: set[str] = field(factory=set)
     """Names being imported now."""

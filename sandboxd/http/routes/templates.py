@@ -14,6 +14,7 @@ from sandboxd.core import TemplateRoot, TemplateStore, check_name, read_dockerfi
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
+from sandboxd.http.wire.build import build_frame
 from sandboxd.web.follow import FollowStream
 from sandboxd.web.site import Spool
 
@@ -74,7 +75,8 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
     """The body is the build's context as a tar with its ``Dockerfile`` at the top, or JSON
     ``{dockerfile, network?}`` (no context). A Dockerfile the builder cannot follow, a name
     taken or an unknown base is answered at once; then ``200`` and NDJSON frames: each step's
-    start, its output lines, the end. The client's going cancels the build."""
+    start, its output lines, the end. While the client is behind, the running ``RUN``'s output
+    is not read (it waits on its pipe). The client's going cancels the build."""
     templates = store(api)
     check_name(name)
     parse.refuse_too_large(request, api.manager.config.max_body)
@@ -92,8 +94,9 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
             network = parse.query(request, "network", "none")
         stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
         build = start_build(
-            templates, name, text, context, network, lambda f: stream.write(wire.frame_line(f))
+            templates, name, text, context, network, lambda e: stream.write(build_frame(e))
         )
+        stream.pause, stream.resume = build.pause_output, build.resume_output  # back-pressure
         request.setHeader(b"content-type", wire.NDJSON)
         stream.start()
         ended: Deferred[None] = Deferred()
