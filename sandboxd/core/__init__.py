@@ -37,6 +37,7 @@ from sandboxd.core.processes.terminal import DEFAULT_TERM, TerminalRun, Terminal
 from sandboxd.core.sandbox import CreateRequest, Sandbox, SandboxListing
 from sandboxd.core.templates.build_files import read_dockerfile
 from sandboxd.core.templates.builder import start_build
+from sandboxd.core.templates.recipes import with_recipe
 from sandboxd.core.templates.store import Template, TemplateRoot, TemplateStore, check_name
 from sandboxd.core.tools.resolver import Resolution, Resolved, ToolResolver
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
@@ -96,6 +97,7 @@ __all__ = [
     "start_build",
     "tar_in",
     "tar_out",
+    "with_recipe",
     "workspace",
     "write_in_place",
 ]
