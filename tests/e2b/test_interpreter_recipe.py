@@ -77,6 +77,9 @@ def box(monkeypatch: pytest.MonkeyPatch, front: E2BDaemon) -> Iterator[Sandbox]:
 def test_the_sdks_default_sandbox_runs_its_cells_in_the_template(box: Sandbox) -> None:
     # The template's root, not the host's: the host's mmdebstrap is not there.
     assert box.commands.run("test -e /usr/bin/mmdebstrap || echo absent").stdout == "absent\n"
+    # munkres settled fonttools' alternative: no SciPy, no compiler (docs/extensions.rst)
+    for path in ("/usr/lib/python3/dist-packages/scipy", "/usr/bin/g++"):
+        assert box.commands.run(f"test -e {path} || echo absent").stdout == "absent\n", path
     started = time.monotonic()
     first = box.run_code("import numpy, pandas; x = 1")
     took = time.monotonic() - started

@@ -20,7 +20,8 @@ def test_the_code_interpreter_recipe_installs_the_kernels_from_debian() -> None:
     assert dockerfile.from_name(steps[0]) == "debian:bookworm"
     [shell, flag, command] = dockerfile.run_argv(steps[1])
     assert (shell, flag) == ("/bin/sh", "-c")
-    for package in ("python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib"):
+    wanted = ("python3-ipykernel", "python3-numpy", "python3-pandas", "python3-matplotlib")
+    for package in (*wanted, "python3-munkres"):  # munkres: fonttools' alternative to SciPy
         assert f" {package} " in command
     assert "--no-install-recommends" in command
     assert command.endswith("rm -rf /var/lib/apt/lists/*")  # the lists do not stay
