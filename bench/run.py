@@ -58,6 +58,7 @@ SECTIONS = (
     "templates",
     "e2b_suite",
     "contexts",
+    "egress",
 )
 
 

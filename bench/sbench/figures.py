@@ -31,6 +31,7 @@ from . import (
     density,
     dockerd,
     e2bsuite,
+    egress,
     floor,
     neighbours,
     procs,
@@ -100,6 +101,10 @@ class Sizes:
         self.neighbour_files = 500 if quick else 100_000
         self.neighbour_loads = "stream,fork bomb,cpu,upload,walk"
         """The neighbour loads measured, comma-separated (``--set neighbour_loads=upload``)."""
+        self.egress_rounds = 2 if quick else 10
+        self.egress_requests = 20 if quick else 100
+        """Small requests measured per round and sandbox (``egress``)."""
+        self.egress_bulk_bytes = 8 * MiB if quick else 64 * MiB
 
 
 class PeakWatch:
@@ -530,6 +535,11 @@ class Bench:
     async def templates(self) -> None:
         """Create from a template and fork, every layer on, beside Docker (``templates``)."""
         templates.section(self)
+
+    async def egress(self) -> None:
+        """A small request's latency and a download's throughput from a sandbox, direct and
+        through the egress proxy (``egress``)."""
+        egress.section(self)
 
     async def contexts(self) -> None:
         """``run_code`` warm and cold, native and through the E2B SDK (``contexts``)."""

@@ -92,6 +92,7 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
         self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.metrics.watch(lambda: self.isolation.uids.free, lambda: float(self.draining))
         self.isolation.prepare()
+        self.kernels_probed()  # in a thread, beside the recovery (docs/extensions.rst)
         return self.recover()
 
     def recover(self) -> Deferred[None]:

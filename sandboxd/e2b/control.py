@@ -117,7 +117,7 @@ async def create(front: "E2BFront", request: IRequest) -> bytes:
     template = body.get("templateID", "base")
     if template == interpreter.TEMPLATE:
         root = interpreter_root(front)
-        missing = None if root is not None else front.manager.contexts_missing()
+        missing = None if root is not None else await front.manager.contexts_missing()
         if missing is not None:
             raise RestError(400, f"template {template!r}: contexts are not available: {missing}")
     else:

@@ -107,8 +107,9 @@ class SandboxAPI:
         """What ``POST /drain`` starts: the daemon's service drains and exits (without one,
         creates are refused from then on)."""
         self.capabilities = sorted({*self._collect_capabilities(), *extra_capabilities})
-        """What ``/healthz`` lists: the routes', the isolation's, and the front's
-        (``extra_capabilities``: how the daemon listens, its protections, its other fronts)."""
+        """What ``/healthz`` lists but ``contexts`` (:meth:`capabilities_now`): the routes',
+        the isolation's, and the front's (``extra_capabilities``: how the daemon listens, its
+        protections, its other fronts)."""
         self.streams: set[IRequest] = set()
         """The requests of the exec streams open now."""
 
@@ -132,9 +133,14 @@ class SandboxAPI:
         if self.manager.isolation.disk.enforcing:
             names.add("isolation.disk")
         names.update(routing.ROUTE_CAPABILITIES)
-        if self.manager.contexts_missing() is None:
-            names.add("contexts")
         return sorted(names)
+
+    async def capabilities_now(self) -> list[str]:
+        """What ``/healthz`` lists: :attr:`capabilities`, and ``contexts`` where the kernels'
+        probe (which this waits for) found Python's."""
+        if await self.manager.contexts_missing() is not None:
+            return self.capabilities
+        return sorted([*self.capabilities, "contexts"])
 
     def stream_open(self, request: IRequest) -> None:
         """Count ``request``'s exec stream open until its response is finished."""

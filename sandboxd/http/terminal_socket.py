@@ -83,8 +83,8 @@ class TerminalSocket(WebSocketServerProtocol):
     def _deliver(self, event: ReaderEvent) -> None:
         if self.state != self.STATE_OPEN:
             # The client's close frame came first: autobahn sends nothing more, and would
-            # raise into the terminal's pty reader, which hangs the terminal up (SIGHUP).
-            # What it prints meanwhile stays in its scrollback; the reader stops.
+            # raise (the core would log a failure and drop this reader; the terminal reads
+            # on). What it prints meanwhile stays in its scrollback; the reader stops.
             cast(Reader, self.reader).stop()
             return
         if isinstance(event, Chunk):

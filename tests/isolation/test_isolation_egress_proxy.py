@@ -30,10 +30,11 @@ from sandboxd.isolation.network.egress_proxy import (
     EgressProxy,
     SandboxSide,
     UpstreamSide,
-    answer_addresses,
     original_destination,
+    total_for,
 )
-from sandboxd.isolation.network.egress_proxy_start import egress_proxy
+from sandboxd.isolation.network.egress_proxy_start import descriptor_limit, egress_proxy
+from sandboxd.isolation.network.egress_resolve import answer_addresses
 from sandboxd.isolation.network.egress_verdict import operator_denied, refusal
 from tests.isolation.test_isolation_egress import Host, plan
 from tests.isolation.test_isolation_egress_names import client_hello
@@ -145,9 +146,17 @@ def test_the_mode_knows_its_sandboxes_by_their_veths_address(tmp_path: Path) -> 
 
 
 class FakeSocket:
+    """A redirected socket: its original destination, and a real socket's descriptor
+    (``detach``) for the relay."""
+
     def __init__(self, family: int, raw: bytes) -> None:
         self.family = family
         self.raw = raw
+
+    def detach(self) -> int:
+        sock, self.peer = socket.socketpair()
+        self.peer.settimeout(5)
+        return sock.detach()
 
     def getsockopt(self, level: int, option: int, size: int) -> bytes:
         if not self.raw:
@@ -185,18 +194,18 @@ def test_answers_are_kept_for_their_ttl_and_bounded() -> None:
     proxy, reactor = proxy_for(GOOD)
     resolver: Any = proxy.resolver
     seen: list[set[Any]] = []
-    proxy.resolve("good.example").addCallback(seen.append)
-    proxy.resolve("good.example").addCallback(seen.append)
+    proxy.names.resolve("good.example").addCallback(seen.append)
+    proxy.names.resolve("good.example").addCallback(seen.append)
     assert seen == [{A}, {A}] and resolver.asked == ["good.example"]  # the second kept
     reactor.advance(5)  # the records' TTL
-    proxy.resolve("good.example")
+    proxy.names.resolve("good.example")
     assert resolver.asked == ["good.example"] * 2
-    proxy.resolve("other.example")  # NXDOMAIN: not kept
-    proxy.resolve("other.example")
+    proxy.names.resolve("other.example")  # NXDOMAIN: not kept
+    proxy.names.resolve("other.example")
     assert resolver.asked.count("other.example") == 2
-    proxy.names_max = 1
-    proxy.resolve("loop.example")  # the only room: good.example's answer goes
-    proxy.resolve("good.example")
+    proxy.names.names_max = 1
+    proxy.names.resolve("loop.example")  # the only room: good.example's answer goes
+    proxy.names.resolve("good.example")
     assert resolver.asked.count("good.example") == 3
 
 
@@ -244,6 +253,12 @@ class Redirected(StringTransport):
     def getHandle(self) -> FakeSocket:
         return self.handle
 
+    def stopReading(self) -> None:
+        self.producerState = "taken"
+
+    def stopWriting(self) -> None:
+        pass
+
     def abortConnection(self) -> None:
         self.aborted = True
         self.disconnecting = True
@@ -277,7 +292,29 @@ def connect(
 GOOD = parse_policy(["good.example", "loop.example"], None)
 
 
-def test_an_allowed_name_is_spliced_both_ways_with_flow_control() -> None:
+class Wire(StringTransport):
+    """The upstream's connection: a real socket (``peer``: the upstream's end)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sock, self.peer = socket.socketpair()
+        self.peer.settimeout(5)
+
+    def getHandle(self) -> socket.socket:
+        return self.sock
+
+    def stopReading(self) -> None:
+        pass
+
+    def stopWriting(self) -> None:
+        pass
+
+    def received(self, size: int) -> bytes:
+        """What the upstream has been sent, ``size`` bytes at most."""
+        return self.peer.recv(size)
+
+
+def test_an_allowed_name_is_relayed_both_ways_in_the_kernel() -> None:
     proxy, reactor = proxy_for(GOOD)
     side, transport = connect(proxy)
     hello = client_hello("good.example")
@@ -288,22 +325,31 @@ def test_an_allowed_name_is_spliced_both_ways_with_flow_control() -> None:
     host, port, factory, _timeout, _ = reactor.tcpClients[-1]
     assert (host, port) == ("203.0.113.1", 443)
     upstream: Any = factory.buildProtocol(None)
-    wire = StringTransport()
+    wire = Wire()
     upstream.makeConnection(wire)
-    assert wire.value() == hello  # the peeked bytes go first
-    assert wire.producer is transport and transport.producer is wire  # each paces the other
-    assert transport.producerState == "producing"
-    side.dataReceived(b"more")
-    upstream.dataReceived(b"answer")
-    assert wire.value() == hello + b"more" and transport.value() == b"answer"
+    assert transport.producerState == "taken"  # both sockets left Twisted for the relay
+    assert wire.received(65536) == hello  # the peeked bytes go first
+    assert side.relay is not None and not side.relay.closed
+    sandbox = transport.handle.peer
+    sandbox.sendall(b"more")
+    wire.peer.sendall(b"answer")
+    for end in list(reactor.readers):  # the reactor's turn: each readable end is read
+        end.doRead()
+    assert wire.received(100) == b"more" and sandbox.recv(100) == b"answer"
     assert proxy.open["a"] == 1
     second, _ = connect(proxy)
     assert proxy.open["a"] == 2
     second.connectionLost(None)
     assert proxy.open["a"] == 1
-    upstream.connectionLost(None)
-    side.connectionLost(None)
-    assert transport.disconnecting and wire.disconnecting and not proxy.open
+    wire.peer.close()  # the upstream's end: the sandbox sees it, its own way stays open
+    for end in list(reactor.readers):
+        end.doRead()
+    assert sandbox.recv(100) == b"" and not side.relay.closed and proxy.open["a"] == 1
+    sandbox.close()  # its end too: nothing is left either way
+    for end in list(reactor.readers):
+        end.doRead()
+    assert side.relay.closed and not proxy.open
+    assert not reactor.readers and not reactor.writers
     assert not proxy.refused
     assert not reactor.getDelayedCalls()  # the peek's timer is gone
 
@@ -456,38 +502,6 @@ def test_a_sandboxs_counts_go_with_it(tmp_path: Path) -> None:
     mode.close()
 
 
-class Wire(StringTransport):
-    """The upstream's connection."""
-
-    write_closed = False
-
-    def loseWriteConnection(self) -> None:
-        self.write_closed = True
-
-
-def spliced(proxy: EgressProxy, reactor: MemoryReactorClock) -> tuple[Any, Redirected, Any, Wire]:
-    side, transport = connect(proxy)
-    side.dataReceived(b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n")
-    upstream: Any = reactor.tcpClients[-1][2].buildProtocol(None)
-    wire = Wire()
-    upstream.makeConnection(wire)
-    return side, transport, upstream, wire
-
-
-def test_a_half_close_passes_through_and_both_ends_close_when_done() -> None:
-    proxy, reactor = proxy_for(GOOD)
-    side, transport, upstream, wire = spliced(proxy, reactor)
-    side.readConnectionLost()  # the sandbox's shutdown(SHUT_WR): the upstream sees its end
-    assert wire.write_closed and not transport.disconnecting
-    upstream.dataReceived(b"answer")
-    upstream.readConnectionLost()  # the answer is all: the sandbox sees the end
-    assert transport.write_closed and transport.value() == b"answer"
-    upstream.writeConnectionLost()
-    assert wire.disconnecting  # nothing left either way
-    side.writeConnectionLost()
-    assert transport.disconnecting and not proxy.refused
-
-
 def test_a_half_close_before_the_upstream_is_up() -> None:
     proxy, reactor = proxy_for(GOOD)
     pending: list[Deferred[Any]] = []
@@ -497,7 +511,7 @@ def test_a_half_close_before_the_upstream_is_up() -> None:
         return pending[-1]
 
     proxy.resolver.lookupAddress = later
-    side, transport = connect(proxy)
+    side, _ = connect(proxy)
     side.dataReceived(b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n")
     side.dataReceived(b"body")  # read before the pause took hold: kept
     side.readConnectionLost()
@@ -505,8 +519,11 @@ def test_a_half_close_before_the_upstream_is_up() -> None:
     upstream: Any = reactor.tcpClients[-1][2].buildProtocol(None)
     wire = Wire()
     upstream.makeConnection(wire)
-    assert wire.value().endswith(b"\r\n\r\nbody") and wire.write_closed
-    assert transport.producerState == "paused"  # nothing more to read from it
+    sent = b""
+    while chunk := wire.received(65536):  # all of it, then its end
+        sent += chunk
+    assert sent.endswith(b"\r\n\r\nbody")
+    assert side.relay is not None and not side.relay.closed  # the answer may still come
     peeking, peeking_transport = connect(proxy)
     peeking.dataReceived(b"GET / HTTP/1.1\r\nHo")
     peeking.readConnectionLost()  # its name can never be complete
@@ -520,3 +537,18 @@ def test_a_connection_nftables_did_not_redirect_is_closed() -> None:
     transport.handle = FakeSocket(socket.AF_INET, b"")
     side.makeConnection(transport)
     assert transport.aborted and not proxy.open
+
+
+def test_the_connections_cap_leaves_the_descriptors_to_the_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Six descriptors a relayed connection, a quarter of the daemon's limit at most.
+    assert total_for(1 << 20) == 4096
+    assert total_for(20_000) == 833 and 833 * 6 <= 20_000 // 4
+    assert total_for(10) == 1
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 524288))
+    assert descriptor_limit() == 524288  # the soft limit is raised to it at start
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, resource.RLIM_INFINITY))
+    assert descriptor_limit() == 1024

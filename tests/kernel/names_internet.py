@@ -7,13 +7,15 @@ else the ``Host``), so a test sees which server a sandbox's connection really re
 """
 
 import datetime
+import hashlib
 import ipaddress
 import socket
 import ssl
+import struct
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import suppress
 
 from cryptography import x509
@@ -217,5 +219,97 @@ class UdpEcho:
 
     def close(self) -> None:
         with suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+BLOCK = hashlib.sha256(b"sandboxd bulk").digest() * 32768
+"""1 MiB that is not all one byte: what :class:`BulkServer` sends, over and over."""
+
+
+def bulk(size: int) -> Iterator[memoryview]:
+    """``size`` bytes of :data:`BLOCK` repeated, in blocks."""
+    view = memoryview(BLOCK)
+    while size > 0:
+        yield view[: min(size, len(view))]
+        size -= len(view)
+
+
+def bulk_sha256(size: int) -> str:
+    """The SHA-256 of what :class:`BulkServer` sends for ``GET /bulk/{size}``."""
+    digest = hashlib.sha256()
+    for block in bulk(size):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+class BulkServer:
+    """Plain HTTP/1 on ``address:port`` in ``netns`` for transfers: ``GET /small`` answers
+    ``ok``; ``GET /bulk/N`` answers N bytes (:func:`bulk`); ``GET /reset/N`` sends N of them,
+    then resets the connection; ``POST /sha256`` answers the SHA-256 of its body
+    (``Content-Length`` bytes) in hex. Each connection closes after its answer."""
+
+    def __init__(self, netns: str | None, address: str, port: int) -> None:
+        def make() -> socket.socket:
+            s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((address, port))
+            s.listen(128)
+            return s
+
+        self.sock = in_netns(netns, make)
+        self.sent = 0
+        """Bytes of ``/bulk`` answers handed to the kernel so far (all connections)."""
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        conn.settimeout(60)
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            head, _, rest = head.partition(b"\r\n\r\n")
+            path = head.split(b" ")[1].decode()
+            if path.startswith(("/bulk/", "/reset/")):
+                size = int(path.rsplit("/", 1)[1])
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % size)
+                for block in bulk(size):
+                    conn.sendall(block)
+                    self.sent += len(block)
+                if path.startswith("/reset/"):
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
+            if path == "/sha256":
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                digest = hashlib.sha256(rest)
+                got = len(rest)
+                while got < length:
+                    chunk = conn.recv(min(1 << 20, length - got))
+                    if not chunk:
+                        return
+                    digest.update(chunk)
+                    got += len(chunk)
+                body = digest.hexdigest().encode()
+            else:
+                body = b"ok"
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        with suppress(OSError):  # wakes the thread blocked on the socket, which then ends
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.naming import instance_name
-from tests.kernel.kernel_http import cgroup_dirs_named, isolation_problem, uid_block
+from tests.kernel.kernel_http import SLOW, cgroup_dirs_named, isolation_problem, uid_block
 from tests.support.coverage import coverage_env
 from tests.support.daemon import SHARED_ROOTS, daemon_argv, daemon_environ, free_port
 
@@ -45,7 +45,9 @@ def run_daemon(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "--isolation=auto", f"--uid-min={low}", f"--uid-max={high}", f"--root={root}", *args
     )
     environ = daemon_environ(coverage_env())
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=environ)
+    # A start-up to its failing step: a second or two here, minutes in the emulated VM beside
+    # the host suite.
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120 * SLOW, env=environ)
 
 
 def mounts_under(path: Path) -> list[str]:

@@ -37,6 +37,52 @@ def test_the_probe_names_what_is_missing() -> None:
     assert "cannot run" in kernels.missing["bash"]
 
 
+def test_a_probe_that_does_not_answer_finds_no_kernel(tmp_path: Path) -> None:
+    hanging = tmp_path / "python3"
+    hanging.write_text("#!/bin/sh\nexec sleep 60\n")
+    hanging.chmod(0o755)
+    kernels = probe_kernels(str(hanging), timeout=0.2)
+    assert kernels.languages == ()
+    assert kernels.missing["python"] == (
+        f"{hanging} did not answer within 0.2s: set SANDBOXD_KERNEL_PYTHON"
+    )
+
+
+class HeldPool:
+    """A thread pool whose work runs when the test says (:meth:`run`)."""
+
+    def __init__(self) -> None:
+        self.work: list[tuple[Any, Any]] = []
+
+    def callInThreadWithCallback(self, on_result: Any, f: Any) -> None:
+        self.work.append((on_result, f))
+
+    def run(self) -> None:
+        for on_result, f in self.work:
+            on_result(True, f())
+        self.work.clear()
+
+
+class AtOnce:
+    def callFromThread(self, f: Any, *args: Any) -> None:
+        f(*args)
+
+
+def test_the_kernels_are_probed_once_in_a_thread_every_asker_waiting() -> None:
+    owner = ContextCommands()
+    owner.config = type("Config", (), {"kernel_python": "/usr/bin/python3"})()
+    owner.reactor, owner.admin_pool = AtOnce(), HeldPool()
+    first, second = owner.kernels_probed(), ensureDeferred(owner.contexts_missing())
+    answers: list[Any] = []
+    first.addCallback(answers.append)
+    second.addCallback(answers.append)
+    assert len(owner.admin_pool.work) == 1 and answers == []  # one probe, running
+    owner.admin_pool.run()
+    assert answers[0].languages == ("python", "bash") and answers[1] is None
+    third = owner.kernels_probed()  # answered at once, never asked again
+    assert third.called and owner.admin_pool.work == []
+
+
 def test_connection_info_and_file(tmp_path: Path) -> None:
     prefix = str(tmp_path / "k")
     info = connection_info(prefix)

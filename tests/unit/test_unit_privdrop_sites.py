@@ -61,6 +61,9 @@ SITES = {
     " SANDBOXD_KERNEL_PYTHON asked, once, which kernels' modules it has (none imported)",
     ("sandboxd/core/contexts/shell_kernel.py", "Shell.__init__"): "the sandbox: the bash"
     " kernel's bash, started by the kernel inside the sandbox (never run by the daemon)",
+    ("sandboxd/core/contexts/shell_kernel.py", "_sentinel"): "the sandbox: the bash kernel's"
+    " sentinel sh in its bash's group, started by the kernel inside the sandbox (never run by"
+    " the daemon)",
     ("sandboxd/core/templates/builder.py", "Build._spawn"): "root: a template build's RUN"
     " runner (build_runner.py), never a sandbox's uid: uid 0 of a user namespace of its own"
     ' in the template being built (docs/extensions.rst, "Building a template")',

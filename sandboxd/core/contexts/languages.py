@@ -26,6 +26,9 @@ PROBE = (
 )
 """Which modules the kernel's python finds (none imported), and whether it has a bash."""
 
+PROBE_TIMEOUT = 30.0
+"""Seconds the kernel's python may take to say which modules it has."""
+
 SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -86,16 +89,20 @@ class Kernels:
     missing: Mapping[str, str]
 
 
-def probe_kernels(python: str) -> Kernels:
-    """Ask ``python`` once (tens of ms) which of :data:`LANGUAGES` it has the modules of."""
+def probe_kernels(python: str, timeout: float = PROBE_TIMEOUT) -> Kernels:
+    """Ask ``python`` once (tens of ms) which of :data:`LANGUAGES` it has the modules of; one
+    that does not answer within ``timeout`` seconds has none. Blocking: run in a thread."""
     modules = sorted({need for lang in LANGUAGES.values() for need in lang.needs} - {"bash"})
     try:
         done = subprocess.run(
-            [python, "-c", PROBE, *modules], capture_output=True, timeout=30, check=False
+            [python, "-c", PROBE, *modules], capture_output=True, timeout=timeout, check=False
         )
         found = json.loads(done.stdout) if done.returncode == 0 else {}
     except OSError as e:
         reason = f"{python} cannot run ({e.strerror}): set SANDBOXD_KERNEL_PYTHON"
+        return Kernels((), dict.fromkeys(LANGUAGES, reason))
+    except subprocess.TimeoutExpired:
+        reason = f"{python} did not answer within {timeout:g}s: set SANDBOXD_KERNEL_PYTHON"
         return Kernels((), dict.fromkeys(LANGUAGES, reason))
     except ValueError:
         found = {}

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import define, field
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -71,12 +71,15 @@ class ContextCommands:
 
     _kernel_pool: ThreadPool | None = None
     _kernels: Kernels | None = None
+    _kernel_waiters: list[Deferred[Kernels]] | None = None
+    """Who waits for the kernels' probe while it runs (``None``: none runs)."""
 
     # -- what the manager provides
     config: Any
     reactor: Any
     clock: Any
     layout: Any
+    admin_pool: Any
     sandboxes: dict[str, Sandbox]
     _devnull: int
 
@@ -101,15 +104,36 @@ class ContextCommands:
 
     # -- capability
 
-    def kernels(self) -> Kernels:
-        """The languages whose kernels this host has; asked of it once."""
-        if self._kernels is None:
-            self._kernels = probe_kernels(self.config.kernel_python)
-        return self._kernels
+    def kernels_probed(self) -> Deferred[Kernels]:
+        """The languages whose kernels this host has: ``SANDBOXD_KERNEL_PYTHON`` is asked once,
+        in a thread of the admin pool (a Python starting takes seconds under emulation, and
+        up to :data:`~sandboxd.core.contexts.languages.PROBE_TIMEOUT` if it hangs: the
+        reactor serves meanwhile). The first call starts the probe (the manager's start
+        does); every call fires once it is answered."""
+        if self._kernels is not None:
+            return succeed(self._kernels)
+        waiter: Deferred[Kernels] = Deferred()
+        if self._kernel_waiters is None:
+            self._kernel_waiters = [waiter]
+            python = self.config.kernel_python
+            probing = deferToThreadPool(
+                self.reactor, self.admin_pool, lambda: probe_kernels(python)
+            )
+            probing.addCallback(self._probed)
+        else:
+            self._kernel_waiters.append(waiter)
+        return waiter
 
-    def contexts_missing(self) -> str | None:
-        """Why contexts cannot run here (``None``: they can): Python's kernel is missing."""
-        kernels = self.kernels()
+    def _probed(self, kernels: Kernels) -> None:
+        self._kernels = kernels
+        waiters, self._kernel_waiters = self._kernel_waiters or [], None
+        for waiter in waiters:
+            waiter.callback(kernels)
+
+    async def contexts_missing(self) -> str | None:
+        """Why contexts cannot run here (``None``: they can): Python's kernel is missing.
+        Answered once the probe is (:meth:`kernels_probed`)."""
+        kernels = await self.kernels_probed()
         return None if "python" in kernels.languages else kernels.missing["python"]
 
     def _pool(self) -> ThreadPool:

@@ -20,9 +20,17 @@ Here bash runs on pipes, which also keeps a cell's stderr apart from its stdout:
   in the background stays in it), and dies with the kernel; an interrupt (``SIGINT`` to the
   kernel, during a cell) is passed on to that group: the command stops, bash drops the rest
   of the ``eval`` line and reads the next, so the token still comes;
+- the group dies with the kernel, whatever kills it (the daemon kills the kernel's own group
+  when it removes or restarts the context, or gives up on a cell): a sentinel in it
+  (:data:`SENTINEL`, a ``sh`` asleep) is sent ``SIGUSR1`` when the kernel dies
+  (``PR_SET_PDEATHSIG``) and kills the group; without ``sh`` there is none, and what a cell
+  left running lives until the sandbox ends;
 - a non-zero status is an ``error`` with name ``""`` and the status as its value, as PyPI's
   ``bash_kernel`` says it (what E2B's interpreter reports); a bash that exits (``exit``) is
-  replaced by a new one, said as an error.
+  replaced by a new one, said as an error. Its exit is seen as itself (a pidfd, else a look
+  every :data:`EXIT_POLL` seconds), not as the end of its pipes: what it left running in the
+  background (``sleep 60 & exit``) holds them open. What comes on them once it has exited is
+  read as far as is there already (:data:`AFTER_EXIT_MAX`), then its group is killed.
 """
 
 from __future__ import annotations
@@ -39,6 +47,19 @@ import tempfile
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+SENTINEL = (
+    "sh",
+    "-c",
+    'trap "" INT TERM HUP QUIT; trap "kill -KILL 0" USR1; while :; do sleep 86400 & wait $!; done',
+)
+"""In bash's group, sent ``SIGUSR1`` when the kernel dies: it kills the group. Deaf to the
+signals a cell or an interrupt sends the group (a cell's ``kill -USR1 0`` ends bash anyway)."""
+EXIT_POLL = 0.2
+"""Seconds between looks at whether bash has exited, where the kernel has no pidfd (Linux
+before 5.3, Python before 3.9)."""
+AFTER_EXIT_MAX = 1 << 20
+"""Bytes read from a cell's pipes once bash has exited (what bash and its background jobs
+wrote until then; they may write on, and are killed)."""
 SETUP = (
     "PS1=; PS2=; PS0=; PROMPT_COMMAND=; set +H +m +o history; unset HISTFILE\n"
     '__sbx_done() {{ local s=$?; printf \'%s %d\\n\' "$1" "$s"; printf \'%s\\n\' "$1" >&{err}; }}\n'
@@ -65,6 +86,9 @@ class Shell:
         )
         os.close(err_write)
         self.err_fd = err_write
+        self.exited_fd = _pidfd(self.bash.pid)
+        """Readable once bash has exited (``None``: no pidfd here, bash is looked at)."""
+        self.sentinel = _sentinel(self.bash.pid)
         self.cells = tempfile.mkdtemp(prefix="sandboxd-shell-")
         self.run(SETUP.format(err=err_write), lambda stream, text: None, setup=True)
 
@@ -79,7 +103,11 @@ class Shell:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.bash.pid, signal.SIGKILL)
         self.bash.wait()
+        if self.sentinel is not None:
+            self.sentinel.wait()
         os.close(self.err_read)
+        if self.exited_fd is not None:
+            os.close(self.exited_fd)
         assert self.bash.stdin is not None and self.bash.stdout is not None
         with contextlib.suppress(BrokenPipeError):  # what was left unsent: bash is gone
             self.bash.stdin.close()
@@ -103,23 +131,65 @@ class Shell:
             self.bash.stdin.flush()
         except BrokenPipeError:
             return None
+        stdout = self.bash.stdout.fileno()
         streams = {
-            self.bash.stdout.fileno(): Stream("stdout", f"{token} ", say, status=True),
+            stdout: Stream("stdout", f"{token} ", say, status=True),
             self.err_read: Stream("stderr", f"{token}\n", say),
         }
         with selectors.DefaultSelector() as selector:
             for fd in streams:
                 selector.register(fd, selectors.EVENT_READ)
+            if self.exited_fd is not None:
+                selector.register(self.exited_fd, selectors.EVENT_READ)
             while not all(stream.ended for stream in streams.values()):
-                for key, _ in selector.select():
-                    stream = streams[key.fd]
-                    data = os.read(key.fd, 65536)
-                    if not data and key.fd == self.bash.stdout.fileno():
-                        return None  # bash exited
-                    stream.take(data)
-                    if stream.ended:
-                        selector.unregister(key.fd)
-        return int(streams[self.bash.stdout.fileno()].rest.split("\n", 1)[0])
+                ready = selector.select(None if self.exited_fd is not None else EXIT_POLL)
+                closed = False
+                for key, _ in ready:
+                    if key.fd != self.exited_fd and not _take(selector, streams, key.fd, 65536):
+                        closed = closed or key.fd == stdout  # bash exited (or closed it)
+                if closed or self._exited(ready):
+                    self._read_what_is_there(selector, streams)
+                    return None
+        return int(streams[stdout].rest.split("\n", 1)[0])
+
+    def _exited(self, ready: list[tuple[selectors.SelectorKey, int]]) -> bool:
+        """Whether bash has exited: its pidfd is among ``ready``, or else a look says so."""
+        if self.exited_fd is None:
+            return self.bash.poll() is not None
+        return any(key.fd == self.exited_fd for key, _ in ready)
+
+    def _read_what_is_there(
+        self, selector: selectors.BaseSelector, streams: dict[int, Stream]
+    ) -> None:
+        """Say what the pipes hold now (up to :data:`AFTER_EXIT_MAX` bytes), waiting for no
+        more: bash has exited, and what it left running may hold them open."""
+        if self.exited_fd is not None:
+            selector.unregister(self.exited_fd)
+        budget = AFTER_EXIT_MAX
+        while budget > 0:
+            ready = selector.select(0)
+            if not ready:
+                return
+            for key, _ in ready:
+                budget -= _take(selector, streams, key.fd, budget)
+
+
+def _take(selector: selectors.BaseSelector, streams: dict[int, Stream], fd: int, most: int) -> int:
+    """Read up to ``most`` bytes of ``fd`` into its stream; stop watching it at its end or
+    its token. The bytes read (0: its end)."""
+    data = os.read(fd, most)
+    streams[fd].take(data)
+    if not data or streams[fd].ended:
+        selector.unregister(fd)
+    return len(data)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of ``pid`` (readable once it has exited); ``None`` where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python before 3.9 (its module), Linux before 5.3
+        return None
 
 
 def _in_its_own_group() -> None:  # pragma: no cover - in the child, before its exec
@@ -129,6 +199,28 @@ def _in_its_own_group() -> None:  # pragma: no cover - in the child, before its 
     os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _sentinel(group: int) -> subprocess.Popen[bytes] | None:
+    """Start :data:`SENTINEL` in the process group ``group``; ``None`` where it cannot run."""
+    kernel = os.getpid()
+
+    def enter() -> None:  # pragma: no cover - in the child, before its exec
+        os.setpgid(0, group)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGUSR1)
+        if os.getppid() != kernel:  # the kernel died before the line above
+            os.killpg(group, signal.SIGKILL)
+
+    try:
+        return subprocess.Popen(
+            SENTINEL,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=enter,
+        )
+    except (OSError, subprocess.SubprocessError):  # no sh; bash's group gone meanwhile
+        return None
 
 
 class Stream:

@@ -33,7 +33,7 @@ async def kernels_of(commands: "ContextCommands", sandbox: Sandbox) -> Kernels:
     """The languages whose kernels ``sandbox`` can run: the host's for a sandbox on the
     host's root; for one made from a template, what its python says it has."""
     if sandbox.template is None:
-        return commands.kernels()
+        return await commands.kernels_probed()
     python = commands.config.kernel_python
     modules = sorted({need for lang in LANGUAGES.values() for need in lang.needs} - {"bash"})
     spec = ExecSpec((python, "-c", PROBE, *modules), {}, (), None, None, ())

@@ -23,6 +23,9 @@ from collections import deque
 from collections.abc import Callable
 
 from attrs import define, frozen
+from twisted.logger import Logger
+
+log = Logger()
 
 STDOUT = 1
 STDERR = 2
@@ -116,8 +119,7 @@ class OutputLog:
         if data:
             self._keep(fd, at, data)
         self._trim()
-        for listener in list(self._listeners):
-            listener()
+        tell_each(self._listeners, "an output log")
 
     def _keep(self, fd: int, at: int, data: bytes) -> None:
         last = self._runs[-1] if self._runs else None
@@ -178,6 +180,20 @@ class OutputLog:
         return [runs[i] for i in range(low, min(len(runs), low + 64))]
 
     def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
-        """Call ``listener()`` after each append; returns the call that stops it."""
+        """Call ``listener()`` after each append (one that raises is dropped:
+        :func:`tell_each`); returns the call that stops it."""
         self._listeners.add(listener)
         return lambda: self._listeners.discard(listener)
+
+
+def tell_each(listeners: set[Callable[[], None]], of: str) -> None:
+    """Call each of ``listeners``. One that raises is logged, once, and dropped from the set:
+    the others are still told, and nothing reaches the caller, which is the reader of a
+    process's pipes or pty: an exception there would stop the output for every reader (a
+    terminal's master closed: its command hung up)."""
+    for listener in list(listeners):
+        try:
+            listener()
+        except Exception:
+            listeners.discard(listener)
+            log.failure("a listener of {of} raised: it is told no more", of=of)

@@ -15,9 +15,10 @@ from typing import BinaryIO
 
 from attrs import define, field, frozen
 from twisted.internet.defer import Deferred, DeferredLock
+from twisted.logger import Logger
 
 from sandboxd.core.exec.run import ExecRun, Exited, Outcome
-from sandboxd.core.processes.log import Chunk, OutputLog
+from sandboxd.core.processes.log import Chunk, OutputLog, tell_each
 from sandboxd.core.processes.terminal import TerminalRun, TerminalSize
 from sandboxd.errors import BadRequest, ProcessConflict
 
@@ -27,6 +28,8 @@ SIGNALS: Mapping[str, int] = {
 }
 """The signal names a process may be sent, to their numbers (docs/extensions.rst,
 "Background processes")."""
+
+log = Logger()
 
 
 @frozen
@@ -135,8 +138,7 @@ class Process:
         self.run.abort()
 
     def _tell_end(self) -> None:
-        for listener in list(self._end_listeners):
-            listener()
+        tell_each(self._end_listeners, f"process {self.id}'s end")
 
     # Input and signals
 
@@ -228,7 +230,8 @@ class Reader:
     Pull-based: while not paused it reads the log up to its end and hands each event to
     ``deliver``; paused (its consumer is slow), it reads nothing and holds nothing, and the
     process runs on. It resumes where it stopped, or, if that fell out meanwhile, with a
-    :class:`Dropped` first.
+    :class:`Dropped` first. A consumer that raises is logged, once, and read for no more:
+    the process and its other readers go on.
     """
 
     def __init__(
@@ -279,13 +282,15 @@ class Reader:
                 found = self.process.log.read(self.cursor, until=self.until)
                 if found.dropped:
                     self.cursor += found.dropped
-                    self.deliver(Dropped(found.dropped))
+                    self._tell(Dropped(found.dropped))
+                    if self.done:
+                        break
                 if not found.chunks:
                     self._at_the_end()
                     break
                 for chunk in found.chunks:
                     self.cursor = chunk.end
-                    self.deliver(chunk)
+                    self._tell(chunk)
                     if self._paused or self.done:
                         break
                 if self.until is not None and self.cursor >= self.until:
@@ -302,8 +307,17 @@ class Reader:
             self._finish(CaughtUp(self.cursor))
 
     def _finish(self, event: ReaderEvent) -> None:
+        if self.done:  # its consumer stopped it, or raised, on the last chunk
+            return
         self.stop()
-        self.deliver(event)
+        self._tell(event)
+
+    def _tell(self, event: ReaderEvent) -> None:
+        try:
+            self.deliver(event)
+        except Exception:
+            self.stop()
+            log.failure("a reader of process {id} raised: it reads no more", id=self.process.id)
 
 
 def _listen(listeners: set[Callable[[], None]], listener: Callable[[], None]) -> Callable[[], None]:

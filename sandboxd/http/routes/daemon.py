@@ -18,8 +18,11 @@ log = Logger()
 
 
 @app.route("/healthz", methods=["GET"])
-def healthz(api: "SandboxAPI", request: IRequest) -> bytes:
-    return json_response(request, wire.health_body(api.manager.draining, api.capabilities))
+async def healthz(api: "SandboxAPI", request: IRequest) -> bytes:
+    # Answered once the kernels' probe is, which start-up runs in a thread: what it lists is
+    # whole, and every other request is served meanwhile (docs/extensions.rst, "Contexts").
+    capabilities = await api.capabilities_now()
+    return json_response(request, wire.health_body(api.manager.draining, capabilities))
 
 
 @app.route("/readyz", methods=["GET"])

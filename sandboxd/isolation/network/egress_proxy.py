@@ -9,19 +9,21 @@ the connection's original destination (``SO_ORIGINAL_DST``). For each connection
 1. reads the first bytes until :func:`~sandboxd.isolation.network.egress_names.peek_name`
    gives the TLS SNI or HTTP ``Host`` (none: refused);
 2. resolves that name itself, with its own resolver (``SANDBOXD_EGRESS_DNS``, else the host's
-   nameservers), never the sandbox's ``/etc/hosts`` or DNS answers;
+   nameservers), never the sandbox's ``/etc/hosts`` or DNS answers, its answers kept for
+   their TTL (:mod:`~sandboxd.isolation.network.egress_resolve`);
 3. refuses the connection when the original destination is not one of the name's addresses
    (a mismatch: a hard-coded address, an SNI that lies), or when
    :func:`~sandboxd.isolation.network.egress_verdict.refusal` refuses the name or address;
-4. else connects to that address and splices bytes both ways, each side the producer of
-   the other (Twisted's flow control: a side whose peer cannot keep up stops being read, so
-   no buffer grows without bound).
+4. else connects to that address and hands both sockets to a relay
+   (:mod:`~sandboxd.isolation.network.egress_relay`), which splices the bytes both ways in
+   the kernel, with flow control (a side that cannot keep up stops the other being read).
 
 A refused connection is reset and counted per sandbox by reason (:attr:`EgressProxy.refused`,
 ``on_refused``): names and addresses go to the log, never any byte of the payload. At most
 ``per_sandbox`` connections of one sandbox, and ``total`` of all, are open at once (each
-holds two of the daemon's descriptors, which its API needs too). Everything runs on the reactor
-thread and nothing blocks it (the name lookups are Twisted's, asynchronous).
+holds six of the daemon's descriptors once relayed, two sockets and two pipes, which its API
+needs too: :func:`total_for` sizes ``total`` to the descriptor limit). Everything runs on
+the reactor thread and nothing blocks it (the name lookups are Twisted's, asynchronous).
 """
 
 import ipaddress
@@ -33,15 +35,15 @@ from typing import Any, Protocol
 
 from attrs import define, field
 from twisted.internet import protocol
-from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
 from twisted.logger import Logger
-from twisted.names import dns
 from zope.interface import implementer
 
 from sandboxd.isolation.network.egress_names import PEEK_MAX, peek_name
 from sandboxd.isolation.network.egress_plan import Address, Network
 from sandboxd.isolation.network.egress_policy import EgressPolicy
+from sandboxd.isolation.network.egress_relay import Relay, take_socket
+from sandboxd.isolation.network.egress_resolve import NameCache
 from sandboxd.isolation.network.egress_verdict import refusal
 
 log = Logger()
@@ -55,20 +57,21 @@ PER_SANDBOX = 256
 TOTAL = 4096
 """The default most connections open through the proxy at once, all sandboxes together."""
 
+DESCRIPTORS_PER_CONNECTION = 6
+"""A relayed connection's descriptors: its two sockets and a pipe (two ends) each way."""
+
+
+def total_for(descriptors: int) -> int:
+    """The most connections open through the proxy at once for a daemon that may open
+    ``descriptors``: :data:`TOTAL`, or fewer so that they hold at most a quarter of them
+    (half is the HTTP connections', see docs/operating.rst, "Connections")."""
+    return max(1, min(TOTAL, descriptors // (4 * DESCRIPTORS_PER_CONNECTION)))
+
+
 PEEK_TIMEOUT = 10.0
 """Longest a connection may take to send the bytes that carry its name (seconds)."""
 
 CONNECT_TIMEOUT = 10.0
-
-RESOLVE_TIMEOUT = (1, 3)
-"""The proxy's waits for a nameserver's answer, retried (seconds; Twisted's default waits up
-to a minute, which the sandbox's connection would hang through)."""
-
-NAMES_TTL_MAX = 60
-"""Longest the proxy keeps a name's addresses (seconds; a shorter TTL wins)."""
-
-NAMES_MAX = 4096
-"""The most names whose addresses the proxy keeps at once."""
 
 ALL_INTERFACES = ("0.0.0.0", "::")
 
@@ -95,25 +98,6 @@ def original_destination(sock: socket.socket) -> tuple[str, int]:
     return socket.inet_ntop(socket.AF_INET, raw[4:8]), struct.unpack("!H", raw[2:4])[0]
 
 
-def answer_addresses(results: list[tuple[bool, Any]]) -> tuple[set[Address], int]:
-    """The A and AAAA addresses of a name's lookups (a failed lookup gives none) and how long
-    they may be kept: their shortest TTL, at most :data:`NAMES_TTL_MAX` seconds."""
-    found: set[Address] = set()
-    ttl = NAMES_TTL_MAX
-    for ok, result in results:
-        if not ok:
-            continue
-        for record in result[0]:
-            if record.type == dns.A:
-                found.add(ipaddress.IPv4Address(record.payload.address))
-            elif record.type == dns.AAAA:
-                found.add(ipaddress.IPv6Address(record.payload.address))
-            else:
-                continue
-            ttl = min(ttl, record.ttl)
-    return found, ttl
-
-
 @define
 class EgressProxy:
     """The proxy's state: its sandboxes, resolver, deny list and counts (see the module)."""
@@ -134,12 +118,14 @@ class EgressProxy:
     """Refused connections by (sandbox id, reason)."""
     open: Counter[str] = field(factory=Counter)
     """Connections open now, by sandbox id."""
-    names_max: int = NAMES_MAX
     interfaces: Sequence[str] = ALL_INTERFACES
     """Where it listens: every IPv4 address, and every IPv6 one when the pool has IPv6."""
     _ports: list[Any] = field(factory=list)
-    _names: dict[str, tuple[float, frozenset[Address]]] = field(factory=dict)
-    """Names resolved lately: when each answer expires, its addresses."""
+    names: NameCache = field(init=False)
+    """The names resolved lately (by :attr:`resolver`) and their addresses."""
+
+    def __attrs_post_init__(self) -> None:
+        self.names = NameCache(self.reactor, self.resolver)
 
     def listen(self) -> int:
         """Start listening on :attr:`interfaces`, all on one port; that port.
@@ -188,82 +174,39 @@ class EgressProxy:
             del self.refused[key]
             self.on_forget(*key)
 
-    def resolve(self, name: str) -> "Deferred[set[Address]]":
-        """The name's addresses (A and AAAA) by the proxy's own resolver, kept for their TTL
-        (at most a minute) so that a name's connections after the first wait for no lookup."""
-        now = self.reactor.seconds()
-        kept = self._names.get(name)
-        if kept is not None and kept[0] > now:
-            return succeed(set(kept[1]))
-        lookups = [
-            self.resolver.lookupAddress(name, timeout=RESOLVE_TIMEOUT),
-            self.resolver.lookupIPV6Address(name, timeout=RESOLVE_TIMEOUT),
-        ]
-        found: Deferred[Any] = DeferredList(lookups, consumeErrors=True)
-        return found.addCallback(self._remember, name, now)
-
-    def _remember(self, results: list[tuple[bool, Any]], name: str, now: float) -> set[Address]:
-        addresses, ttl = answer_addresses(results)
-        if addresses and ttl > 0:
-            self._names.pop(name, None)
-            while len(self._names) >= self.names_max:  # the oldest answer goes first
-                del self._names[next(iter(self._names))]
-            self._names[name] = (now + ttl, frozenset(addresses))
-        return addresses
-
 
 class ProxyFactory(protocol.Factory):
     def __init__(self, proxy: EgressProxy) -> None:
         self.proxy = proxy
+
+    noisy = False
 
     def buildProtocol(self, addr: Any) -> "SandboxSide":
         return SandboxSide(self.proxy)
 
 
 @implementer(IHalfCloseableProtocol)
-class Side(protocol.Protocol):
-    """One side of a spliced connection. A side whose peer stops sending (a half-close, as
-    ``shutdown(SHUT_WR)`` makes) closes its own writing once what it holds is written, and the
-    connection closes once neither way is left."""
-
-    read_done = False
-    write_done = False
-    spliced_to: "Side | None" = None
-    """The side it passes what it reads to (a sandbox's: ``None`` until its upstream is up)."""
-
-    @property
-    def tcp(self) -> Any:
-        """The TCP transport (``abortConnection``, the producer methods)."""
-        return self.transport
-
-    def readConnectionLost(self) -> None:
-        self.read_done = True
-        if self.spliced_to is not None:
-            self.spliced_to.tcp.loseWriteConnection()
-        self._close_when_done()
-
-    def writeConnectionLost(self) -> None:
-        self.write_done = True
-        self._close_when_done()
-
-    def _close_when_done(self) -> None:
-        if self.read_done and self.write_done:
-            self.tcp.loseConnection()
-
-
-class SandboxSide(Side):
-    """A sandbox's connection: peeked, checked, then spliced to its upstream."""
+class SandboxSide(protocol.Protocol):
+    """A sandbox's connection: peeked, checked, then relayed to its upstream (both sockets
+    are taken out of Twisted then: :mod:`.egress_relay`)."""
 
     def __init__(self, proxy: EgressProxy) -> None:
         self.proxy = proxy
         self.rid = ""
         self.buffer = b""
         self.destination: tuple[str, int] = ("", 0)
-        self.upstream: UpstreamSide | None = None
+        self.relay: Relay | None = None
         self.deciding = False
+        self.read_done = False
+        """The sandbox's end was read while its name was resolved."""
         self.gone = False
-        """Closed, or refused: nothing more is done for it."""
+        """Closed, refused or relayed: nothing more is done for it here."""
         self.timer: IDelayedCall | None = None
+
+    @property
+    def tcp(self) -> Any:
+        """The TCP transport (``abortConnection``, ``pauseProducing``, ``getHandle``)."""
+        return self.transport
 
     def connectionMade(self) -> None:
         peer = self.tcp.getPeer().host
@@ -289,15 +232,16 @@ class SandboxSide(Side):
         self.timer = self.proxy.reactor.callLater(PEEK_TIMEOUT, self.fail, NO_NAME_REASON, "")
 
     def readConnectionLost(self) -> None:
-        if self.upstream is None and not self.deciding:  # its name can never be complete now
+        if not self.deciding:  # its name can never be complete now
             self.fail(NO_NAME_REASON, "")
             return
-        super().readConnectionLost()  # (while deciding: its upstream is half-closed at once)
+        self.read_done = True  # (the upstream is half-closed once the peeked bytes are sent)
+
+    def writeConnectionLost(self) -> None:
+        """Never called: the proxy half-closes no sandbox's connection while Twisted has it
+        (the relay does, once it holds the socket)."""
 
     def dataReceived(self, data: bytes) -> None:
-        if self.upstream is not None:
-            self.upstream.tcp.write(data)
-            return
         self.buffer += data
         if self.deciding:  # (bytes read before the pause took hold)
             return
@@ -309,7 +253,7 @@ class SandboxSide(Side):
             return
         self.deciding = True
         self.tcp.pauseProducing()
-        self.proxy.resolve(name).addCallback(self.decide, name)
+        self.proxy.names.resolve(name).addCallback(self.decide, name)
 
     def decide(self, addresses: set[Address], name: str) -> None:
         """Connect upstream, or refuse, once the name's addresses are known."""
@@ -337,17 +281,20 @@ class SandboxSide(Side):
             str(address), self.destination[1], factory, timeout=CONNECT_TIMEOUT
         )
 
-    def spliced(self, upstream: "UpstreamSide") -> None:
-        """The upstream is connected: hand it what was peeked, then each side paces the other."""
-        self.upstream = self.spliced_to = upstream
-        upstream.tcp.write(self.buffer)
+    def relay_to(self, upstream: Any) -> None:
+        """The upstream (a TCP transport) is connected: both sockets leave Twisted for a
+        :class:`~.egress_relay.Relay`, which sends what was peeked first; the connection
+        stays counted until the relay ends."""
+        self.gone = True
+        self.relay = Relay.start(
+            self.proxy.reactor,
+            take_socket(self.transport),
+            take_socket(upstream),
+            self.buffer,
+            self.read_done,
+            self.release,
+        )
         self.buffer = b""
-        upstream.tcp.registerProducer(self.transport, True)
-        self.tcp.registerProducer(upstream.transport, True)
-        if self.read_done:  # the sandbox said all it had to say while its name was resolved
-            upstream.tcp.loseWriteConnection()
-        else:
-            self.tcp.resumeProducing()
 
     def fail(self, reason: str, name: str) -> None:
         """Refuse the connection (once): count it, reset it."""
@@ -362,18 +309,23 @@ class SandboxSide(Side):
             self.timer.cancel()
         self.timer = None
 
-    def connectionLost(self, reason: Any = None) -> None:
-        self.gone = True
-        self._stop_timer()
+    def release(self) -> None:
+        """The connection no longer counts against its sandbox's (once)."""
         if self.rid:
             self.proxy.open[self.rid] -= 1
             if not self.proxy.open[self.rid]:
                 del self.proxy.open[self.rid]
-        if self.upstream is not None:
-            self.upstream.tcp.loseConnection()
+            self.rid = ""
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.gone = True
+        self._stop_timer()
+        self.release()
 
 
 class UpstreamFactory(protocol.ClientFactory):
+    noisy = False  # (no log line per connection)
+
     def __init__(self, sandbox: SandboxSide, name: str) -> None:
         self.sandbox = sandbox
         self.name = name
@@ -385,21 +337,14 @@ class UpstreamFactory(protocol.ClientFactory):
         self.sandbox.fail(UNREACHABLE, self.name)
 
 
-class UpstreamSide(Side):
-    """The proxy's connection to the address the name resolved to."""
+class UpstreamSide(protocol.Protocol):
+    """The proxy's connection to the address the name resolved to, until it is relayed."""
 
     def __init__(self, sandbox: SandboxSide) -> None:
         self.sandbox = sandbox
-        self.spliced_to = sandbox
 
     def connectionMade(self) -> None:
-        if self.sandbox.gone:
-            self.tcp.loseConnection()
+        if self.sandbox.gone:  # the sandbox hung up, or the peek timed out, meanwhile
+            self.transport.loseConnection()  # type: ignore[union-attr]
             return
-        self.sandbox.spliced(self)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.sandbox.tcp.write(data)
-
-    def connectionLost(self, reason: Any = None) -> None:
-        self.sandbox.tcp.loseConnection()
+        self.sandbox.relay_to(self.transport)

@@ -3,6 +3,7 @@ by name"): its resolver (``SANDBOXD_EGRESS_DNS``, else the nameservers of
 ``SANDBOXD_RESOLV_CONF``) and its deny list, given to the mode, which has it listen while
 the layer is up."""
 
+import resource
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,8 +11,15 @@ from twisted.names import client
 
 from sandboxd.isolation.network.egress import EgressNetwork
 from sandboxd.isolation.network.egress_policy import is_host_address
-from sandboxd.isolation.network.egress_proxy import ALL_INTERFACES, EgressProxy
+from sandboxd.isolation.network.egress_proxy import ALL_INTERFACES, EgressProxy, total_for
 from sandboxd.isolation.network.egress_verdict import operator_denied
+
+
+def descriptor_limit() -> int:
+    """The descriptors the daemon may open once started: it raises its soft limit to the hard
+    one as it starts (``sandboxd.boot``), which is after the proxy is made."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if hard == resource.RLIM_INFINITY else hard
 
 
 def egress_proxy(
@@ -35,7 +43,13 @@ def egress_proxy(
     if plan.pool6 is None:
         interfaces = [address for address in interfaces if ":" not in address]
     proxy = EgressProxy(
-        reactor, mode, resolver, operator_denied(plan), is_host_address, interfaces=interfaces
+        reactor,
+        mode,
+        resolver,
+        operator_denied(plan),
+        is_host_address,
+        total=total_for(descriptor_limit()),
+        interfaces=interfaces,
     )
     mode.on_detach = proxy.forget  # (a kill's detach runs on the reactor thread, as the proxy)
     mode.proxy = proxy
