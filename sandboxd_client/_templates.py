@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hyperlink import DecodedURL
+from twisted.web.iweb import IResponse
 
 from . import _tars
 from . import _wire as wire
@@ -23,6 +24,7 @@ from ._handles import check_base_url
 from ._ndjson import LineSplitter
 from ._transfers import Progress
 from ._types import ProtocolError, TemplateBuildFailed, TemplateInfo, TemplateNotFound
+from ._wire import JSON, json_bytes
 
 REPLY_LIMIT = 1 << 20
 """Largest template record read (a few hundred bytes, its environment included)."""
@@ -139,6 +141,46 @@ class Templates(ClientBase):
             body=self._http.producer(body),  # type: ignore[arg-type]
             content_type=TAR,
         )
+        return await self._built(response, on_frame, timeout)
+
+    @async_to_deferred
+    async def build_recipe(
+        self,
+        name: str,
+        recipe: str,
+        *,
+        pod_url: str | None = None,
+        network: str | None = None,
+        on_frame: Callable[[dict[str, Any]], object] | None = None,
+        timeout: float = 3600.0,
+    ) -> TemplateInfo:
+        """
+        Build template ``name`` from one of the replica's built-in recipes (``recipe``:
+        ``code-interpreter``, docs/extensions.rst, "Built-in recipes"): its Dockerfile, with
+        the network its ``RUN`` needs unless ``network`` is given. Progress and failure as
+        :meth:`build_template`'s.
+        """
+        payload: dict[str, Any] = {"recipe": recipe}
+        if network is not None:
+            payload["network"] = network
+        response = await self._http.send(
+            "POST",
+            self._templates_url(pod_url, name, "build"),
+            timeout=timeout,
+            service=True,
+            body=self._http.producer(json_bytes(payload)),
+            content_type=JSON,
+        )
+        return await self._built(response, on_frame, timeout)
+
+    async def _built(
+        self,
+        response: IResponse,
+        on_frame: Callable[[dict[str, Any]], object] | None,
+        timeout: float,
+    ) -> TemplateInfo:
+        """A build's answer read to its end: each frame to ``on_frame``, then the template
+        (``TemplateBuildFailed`` when a step failed)."""
         await self._http.check(response, timeout=timeout, service=True)
         lines = LineSplitter(FRAME_LIMIT)
         ends: list[dict[str, Any]] = []

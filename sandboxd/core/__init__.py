@@ -44,6 +44,7 @@ from sandboxd.core.templates.build_events import (
 )
 from sandboxd.core.templates.build_files import read_dockerfile
 from sandboxd.core.templates.builder import start_build
+from sandboxd.core.templates.recipes import with_recipe
 from sandboxd.core.templates.store import Template, TemplateRoot, TemplateStore, check_name
 from sandboxd.core.tools.resolver import Resolution, Resolved, ToolResolver
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
@@ -108,6 +109,7 @@ __all__ = [
     "start_build",
     "tar_in",
     "tar_out",
+    "with_recipe",
     "workspace",
     "write_in_place",
 ]

@@ -2,10 +2,11 @@
 
 A create makes a core sandbox (the same manager, isolation and limits as the native API) and
 registers it with its own access token. The default template (``base``) is the host's root;
-any other is a template of the replica's store, where its isolation can run sandboxes in one
-(docs/e2b.rst, "Templates"); the
-features that have no meaning here (auto-pause, volumes, MCP gateway) are refused, never
-ignored.
+``code-interpreter-v1`` the replica's code-interpreter template where it has one, else the
+host's root with the host's kernels (docs/e2b.rst, "Code interpreter"); any other is a
+template of the replica's store, where its isolation can run sandboxes in one
+(docs/e2b.rst, "Templates"); the features that have no meaning here (auto-pause, volumes,
+MCP gateway) are refused, never ignored.
 """
 
 from collections.abc import Callable
@@ -96,14 +97,29 @@ def template_root(front: "E2BFront", name: object) -> TemplateRoot:
         raise RestError(404, e.detail) from None
 
 
+def interpreter_root(front: "E2BFront") -> TemplateRoot | None:
+    """The template ``code-interpreter-v1`` runs in (docs/e2b.rst, "Code interpreter"): the
+    first of :data:`~sandboxd.e2b.interpreter.TEMPLATES` the replica has, where it can run
+    sandboxes in templates; ``None`` where there is none (the host's root, its python3 and
+    ipykernel, as before templates)."""
+    if front.templates is None or not front.manager.isolation.namespaces.switches_root:
+        return None
+    for name in interpreter.TEMPLATES:
+        try:
+            return front.templates.root(name)
+        except TemplateNotFound:
+            continue
+    return None
+
+
 async def create(front: "E2BFront", request: IRequest) -> bytes:
     body = _json_body(request)
     template = body.get("templateID", "base")
     if template == interpreter.TEMPLATE:
-        missing = await front.manager.contexts_missing()
+        root = interpreter_root(front)
+        missing = None if root is not None else await front.manager.contexts_missing()
         if missing is not None:
             raise RestError(400, f"template {template!r}: contexts are not available: {missing}")
-        root = None
     else:
         root = None if template in TEMPLATES else template_root(front, template)
     for name in REFUSED_FIELDS:

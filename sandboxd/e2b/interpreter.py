@@ -30,6 +30,10 @@ PORT = b"49999"
 """The port the SDK names for its interpreter (``E2b-Sandbox-Port``)."""
 TEMPLATE = "code-interpreter-v1"
 """The template name the SDK creates its sandboxes from."""
+TEMPLATES = (TEMPLATE, "code-interpreter")
+"""The replica's templates a create of :data:`TEMPLATE` runs in, the first it has: one built
+under E2B's name, else one under the built-in recipe's (docs/extensions.rst, "Built-in
+recipes"). A template is never replaced, so no alias is kept: the name is looked up."""
 PATHS = (b"/execute", b"/contexts")
 
 

@@ -5,6 +5,9 @@ template import NAME FILE [--pod URL]   import an archive (a rootfs tarball, an 
 template build NAME DIR [--pod URL] [--network host]
                                         build from DIR's Dockerfile, printing each step,
                                         its output, then the template
+template build NAME --recipe R [--pod URL]
+                                        build a recipe of the replica's (code-interpreter:
+                                        python3, ipykernel, numpy, pandas, matplotlib)
 template ls [--pod URL]                 the replica's templates
 template rm NAME [--pod URL]            delete a template
 
@@ -36,7 +39,8 @@ def add_parsers(add: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--pod", help="the replica to import on (default: the one --url reaches)")
     p = sub.add_parser("build", help="build a template from a Dockerfile", parents=[common])
     p.add_argument("name")
-    p.add_argument("dir", help="the build's context: its Dockerfile at the top")
+    p.add_argument("dir", nargs="?", help="the build's context: its Dockerfile at the top")
+    p.add_argument("--recipe", help="a built-in recipe of the replica instead of DIR")
     p.add_argument("--pod", help="the replica to build on (default: the one --url reaches)")
     p.add_argument("--network", choices=("none", "host"), help="RUN's network (default none)")
     p = sub.add_parser("ls", help="list the templates", parents=[common])
@@ -86,9 +90,14 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Any) -> in
             if text is not None:
                 console.print(text)
 
-        built = await client.build_template(
-            args.name, args.dir, pod_url=args.pod, network=args.network, on_frame=show
-        )
+        if (args.dir is None) == (args.recipe is None):
+            console.error("template build: give DIR or --recipe, one of them")
+            return 2
+        if args.recipe is not None:
+            build = functools.partial(client.build_recipe, args.name, args.recipe)
+        else:
+            build = functools.partial(client.build_template, args.name, args.dir)
+        built = await build(pod_url=args.pod, network=args.network, on_frame=show)
         if not args.json:
             console.print(line(built, time.time()))
         return 0

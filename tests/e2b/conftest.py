@@ -43,23 +43,24 @@ def _stop(front: E2BDaemon) -> None:
     stop_daemon(front.daemon)
 
 
-def _start(tmp: Path, *args: str) -> E2BDaemon:
+def _start(tmp: Path, *args: str, env: dict[str, str] | None = None) -> E2BDaemon:
     token = tmp / "token"
     token.write_text(TOKEN)
     token.chmod(0o600)
     port = free_port()
     listen = f"--e2b-listen=tcp:{port}:interface=127.0.0.1"
-    daemon = start_daemon(tmp, listen, f"--token-file={token}", *args)
+    daemon = start_daemon(tmp, listen, f"--token-file={token}", *args, env=env)
     return E2BDaemon(daemon, port, isolated="--isolation=none" not in args)
 
 
 @contextlib.contextmanager
-def running_front(tmp: Path, *args: str) -> Iterator[E2BDaemon]:
-    """A daemon with the E2B front, started in ``tmp`` with ``args`` and stopped on leaving;
-    one under the real isolation (``args`` without ``--isolation=none``) is skipped as a user."""
+def running_front(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[E2BDaemon]:
+    """A daemon with the E2B front, started in ``tmp`` with ``args`` (and ``env``) and stopped
+    on leaving; one under the real isolation (``args`` without ``--isolation=none``) is
+    skipped as a user."""
     if "--isolation=none" not in args and os.geteuid() != 0:
         pytest.skip("the real isolation needs root")
-    front = _start(tmp, *args)
+    front = _start(tmp, *args, env=env)
     try:
         yield front
     finally:

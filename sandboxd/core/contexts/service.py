@@ -30,6 +30,7 @@ from sandboxd.core.contexts.kernel import (
     write_connection_file,
 )
 from sandboxd.core.contexts.languages import LANGUAGES, Kernels, Language, names, probe_kernels
+from sandboxd.core.contexts.template_kernels import kernels_of
 from sandboxd.core.exec.spec import ExecSpec
 from sandboxd.core.sandbox import Sandbox
 
@@ -165,11 +166,12 @@ class ContextCommands:
     ) -> Context:
         """A new context with a running kernel, ready for its first execution. ``cwd``
         defaults to the workspace (as the sandbox sees it: ``as_home``, its home view)."""
-        missing = await self.contexts_missing()
+        kernels = await kernels_of(self, sandbox)  # a template's own (template_kernels.py)
+        missing = None if "python" in kernels.languages else kernels.missing["python"]
         if missing is not None:
-            raise ContextsUnavailable(f"contexts are not available on this host: {missing}")
+            where = "on this host" if sandbox.template is None else "in this sandbox"
+            raise ContextsUnavailable(f"contexts are not available {where}: {missing}")
         language = language or "python"
-        kernels = await self.kernels_probed()
         if language not in kernels.languages:
             why = kernels.missing.get(language)
             raise BadRequest(

@@ -10,7 +10,14 @@ from typing import IO, TYPE_CHECKING
 from twisted.internet.defer import Deferred
 from twisted.web.iweb import IRequest
 
-from sandboxd.core import TemplateRoot, TemplateStore, check_name, read_dockerfile, start_build
+from sandboxd.core import (
+    TemplateRoot,
+    TemplateStore,
+    check_name,
+    read_dockerfile,
+    start_build,
+    with_recipe,
+)
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
@@ -85,7 +92,7 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
     context = None if is_json else own_copy(request.content)
     try:
         if context is None:
-            body = parse.json_body(request)
+            body = with_recipe(parse.json_body(request))  # {recipe}: a built-in Dockerfile
             text, network = body.get("dockerfile"), body.get("network", "none")
             if not isinstance(text, str):
                 raise BadRequest("dockerfile: must be the Dockerfile's text")
