@@ -131,7 +131,22 @@ mkdir -p "$HOME" "$HYPOTHESIS_STORAGE_DIRECTORY"
 cd "$VM_REPO"
 
 cmd=("$VM_GUEST_PYTHON")
-if [[ "$VM_WITH_COVERAGE" == 1 ]]; then cmd+=(-m coverage run); fi
+if [[ "$VM_WITH_COVERAGE" == 1 ]]; then
+    cmd+=(-m coverage run)
+    if [[ -n "${VM_COVERAGE_SOURCE:-}" ]]; then
+        # pyproject's settings, with only the paths asked for measured (absolute: the daemons
+        # the tests start run elsewhere); subprocesses inherit this configuration.
+        rc=/tmp/vm-coverage.toml
+        {
+            printf '[tool.coverage.run]\nbranch = true\nparallel = true\npatch = ["subprocess"]\n'
+            printf 'disable_warnings = ["no-data-collected", "module-not-imported", "module-not-measured"]\n'
+            printf 'source = ['
+            for path in $VM_COVERAGE_SOURCE; do printf '"%s/%s", ' "$VM_REPO" "$path"; done
+            printf ']\n'
+        } >"$rc"
+        cmd+=("--rcfile=$rc")
+    fi
+fi
 cmd+=(-m pytest -p no:cacheprovider)
 if [[ "$VM_PYTEST_PLUGINS" != auto ]]; then
     # Load only the plugins named (importing all installed ones costs minutes under TCG).

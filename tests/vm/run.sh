@@ -26,6 +26,9 @@
 #   VM_KERNEL     kernel image (default: the cached one of .ci/vm-deps.sh); its modules are
 #                 <root>/lib/modules/<version> of the tree the image lies in (virtme-ng's rule)
 #   VM_ACCEL      kvm, tcg or auto (default: probe /dev/kvm); VM_KVM_PROBE_TIMEOUT (10 s)
+#   VM_COVERAGE_SOURCE  with --coverage: measure only these paths of the work tree (space-
+#                 separated, e.g. the code only this guest reaches); the rest of pyproject's
+#                 [tool.coverage.run] holds (docs/performance.rst, "CI's time").
 #   VM_PASS_ENV   extra variable names to pass into the guest (PYTHONPATH, PYTEST_ADDOPTS,
 #                 CI and SANDBOXD_*/HYPOTHESIS_* variables always are)
 #   VM_PYTEST_PLUGINS  pytest plugins loaded in the guest (default "pytest_twisted"; pytest_cov
@@ -101,6 +104,7 @@ if (($#)); then printf '%s\0' "$@" >"$out/args"; else : >"$out/args"; fi
     printf 'VM_OUT=%q\n' "$out"
     printf 'VM_GUEST_PYTHON=%q\n' "$guest_python"
     printf 'VM_WITH_COVERAGE=%q\n' "$coverage"
+    printf 'VM_COVERAGE_SOURCE=%q\n' "${VM_COVERAGE_SOURCE:-}"
     printf 'VM_HOST_PATH=%q\n' "$PATH"
     printf 'VM_PYTEST_PLUGINS=%q\n' "${VM_PYTEST_PLUGINS:-pytest_twisted}"
     # Where the guest's Python reads its modules from: inside.sh remounts these with 9p page
