@@ -12,7 +12,9 @@ fresh neighbour sandbox runs one load, driven through the daemon's API as a tena
 - ``cpu``: ``busy`` shell loops against the sandbox's CPU quota;
 - ``upload``: ``PUT …/file`` of ``upload`` bytes, again and again;
 - ``walk``: ``GET …/walk`` of a tree of ``files`` empty files the neighbour made in its
-  workspace with one exec, again and again, read at full speed.
+  workspace with one exec, again and again, read at full speed;
+- ``terminal``: a terminal whose program prints ``stream`` bytes of text again and again,
+  its WebSocket read at full speed (issue 32: a terminal printing without end beside others).
 
 The neighbour's client is a process of its own (``python -m sbench.neighbours``), so that its
 work takes nothing from this process's interpreter; it and every command inside the sandbox run
@@ -36,7 +38,7 @@ from .rawhttp import CHUNK, RawHTTP
 from .stats import pct
 
 BENCH = Path(__file__).resolve().parents[1]
-LOADS = ("stream", "fork bomb", "cpu", "upload", "walk")
+LOADS = ("stream", "fork bomb", "cpu", "upload", "walk", "terminal")
 TREE = "/tree"
 TARGET_RATIO = 3.0
 
@@ -62,6 +64,11 @@ def commands(load: str, sizes: Any, bound: int) -> list[str] | None:
     if load == "cpu":
         loops = " ".join(["(while :; do :; done) &"] * sizes.neighbour_busy)
         return [*kill, "sh", "-c", f"{loops} wait"]
+    if load == "terminal":
+        # Text, as a program at a terminal prints it (the pty's line discipline sees every
+        # byte); runs until the bound.
+        text = f"head -c {sizes.neighbour_stream_bytes} /dev/zero | tr '\\0' 'x' | fold -w 79"
+        return [*kill, "sh", "-c", f"while :; do {text}; done"]
     return None
 
 
@@ -112,6 +119,8 @@ def drive(port: int, rid: str, load: str, params: dict[str, Any]) -> None:
 
     base = f"/sandboxes/{rid}"
     try:
+        if load == "terminal":
+            read_terminal(raw, base, params["cmd"], got)
         while True:
             started()
             if params.get("cmd"):
@@ -136,6 +145,23 @@ def drive(port: int, rid: str, load: str, params: dict[str, Any]) -> None:
     finally:
         raw.close()
     print(json.dumps({"cycles": cycles, "bytes": got[0]}), flush=True)
+
+
+def read_terminal(raw: RawHTTP, base: str, cmd: list[str], got: list[int]) -> None:
+    """Open a terminal running ``cmd`` and read its output until SIGTERM (:class:`Stop`)."""
+    from .terminals import TerminalSocket
+
+    terminal = raw.json("POST", f"{base}/terminals", {"cmd": cmd})["id"]
+    socket = TerminalSocket(raw.port, f"{base}/terminals/{terminal}")
+    print("started", flush=True)
+    try:
+        while True:
+            opcode, payload = socket.receive()
+            if opcode != 0x2:
+                raise RuntimeError(f"terminal: the socket ended: {payload[:200]!r}")
+            got[0] += len(payload)
+    finally:
+        socket.close()
 
 
 def zeros(size: int) -> Iterator[bytes]:
@@ -348,6 +374,7 @@ def describe(load: str, sizes: Any) -> str:
         "cpu": f"burns {sizes.neighbour_busy} busy loops against its CPU quota",
         "upload": f"uploads {sizes.neighbour_upload_bytes // mib} MiB, again and again",
         "walk": f"walks {sizes.neighbour_files} files, again and again",
+        "terminal": "prints text on a terminal without end, its WebSocket read",
     }[load]
 
 
