@@ -36,10 +36,17 @@ BURST_100_P99_TARGET_MS = 25.0
 MARK = "first"
 
 
-def create_and_first_output(raw: RawHTTP, mode: str) -> tuple[str, float]:
-    """One create and its first exec on ``raw``'s connection: the id and the seconds taken."""
+def create_and_first_output(
+    raw: RawHTTP, mode: str, template: str | None = None
+) -> tuple[str, float]:
+    """One create (from ``template`` if given) and its first exec of ``echo`` on ``raw``'s
+    connection: the id and the seconds from the create's start to the exec's answer holding
+    the echoed line."""
+    payload: dict[str, str] = {"network": mode}
+    if template is not None:
+        payload["template"] = template
     start = time.perf_counter()
-    rid = str(raw.json("POST", "/sandboxes", {"network": mode})["remote_id"])
+    rid = str(raw.json("POST", "/sandboxes", payload)["remote_id"])
     body = json.dumps({"cmd": ["echo", MARK]}).encode()
     status, data = raw.request(
         "POST", f"/sandboxes/{rid}/exec", body, {"Content-Type": "application/json"}

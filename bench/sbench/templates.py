@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .bursts import create_and_first_output
 from .density import layered_daemon
 from .rawhttp import RawHTTP
 from .stats import pct
@@ -38,7 +39,6 @@ NAME = "bench:latest"
 CREATE_TARGET_MS = 5.0
 CREATE_RATIO_TARGET = 2.0
 FORK_TARGET_MS = 20.0
-MARK = "from the template"
 
 
 def template_archive(quick: bool, workdir: Path) -> tuple[Path, str]:
@@ -68,38 +68,23 @@ def timed_create(raw: RawHTTP, payload: dict[str, Any]) -> tuple[str, float]:
     return rid, time.perf_counter() - start
 
 
-def first_output(raw: RawHTTP, payload: dict[str, Any]) -> tuple[str, float]:
-    """A create and its first exec of ``echo``: the id and the seconds from the create's start
-    to the exec's answer holding the echoed line."""
-    rid, seconds = timed_create(raw, payload)
-    start = time.perf_counter()
-    status, data = raw.request(
-        "POST",
-        f"/sandboxes/{rid}/exec",
-        json.dumps({"cmd": ["echo", MARK]}).encode(),
-        {"Content-Type": "application/json"},
-    )
-    seconds += time.perf_counter() - start
-    last = json.loads(data.splitlines()[-1]) if status == 200 and data else {}
-    if last.get("exit") != 0 or base64.b64decode(last.get("out", "")) != MARK.encode() + b"\n":
-        raise RuntimeError(f"the first exec in {rid} answered {status}: {data[-200:]!r}")
-    return rid, seconds
-
-
 def creates(raw: RawHTTP, rounds: int, mode: str) -> dict[str, list[float]]:
     """Interleaved seconds of a plain create, one from the template, and one from the template
     with its first output; every sandbox killed after its round."""
     samples: dict[str, list[float]] = {"plain": [], "template": [], "first output": []}
     for _ in range(rounds):
         made = []
-        for kind, call, payload in (
-            ("plain", timed_create, {"network": mode}),
-            ("template", timed_create, {"network": mode, "template": NAME}),
-            ("first output", first_output, {"network": mode, "template": NAME}),
+        for kind, payload in (
+            ("plain", {"network": mode}),
+            ("template", {"network": mode, "template": NAME}),
         ):
-            rid, seconds = call(raw, payload)
+            rid, seconds = timed_create(raw, payload)
             samples[kind].append(seconds)
             made.append(rid)
+        raw.ready()
+        rid, seconds = create_and_first_output(raw, mode, NAME)
+        samples["first output"].append(seconds)
+        made.append(rid)
         for rid in made:
             raw.json("DELETE", f"/sandboxes/{rid}")
     return samples
