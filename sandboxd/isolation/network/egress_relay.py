@@ -32,11 +32,12 @@ log = Logger()
 
 SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
-PIPE_SIZE = 1 << 20
+PIPE_SIZE = 1 << 18
 """The room of each way's pipe (``F_SETPIPE_SZ``; 64 KiB by default): the most bytes a way
-holds when its destination cannot take them. A larger pipe moves more per wake-up of the
-daemon: 64 MiB through the proxy went about 40 % faster, at half the daemon's CPU, than with
-64 KiB (docs/performance.rst, "Egress by name")."""
+holds when its destination cannot take them, kernel memory charged to the daemon: a sandbox
+at its cap of connections whose upstreams never read holds 2 x 256 x this. A larger pipe moves
+more per wake-up of the daemon; 256 KiB keeps most of 1 MiB's throughput at a quarter of its
+memory (docs/performance.rst, "Egress by name")."""
 
 CHUNK = 1 << 20
 """The most bytes one splice from a socket asks for (the pipe's room bounds it first)."""
