@@ -44,7 +44,8 @@ from sandboxd.core.templates.build_events import (
 )
 from sandboxd.core.templates.build_files import read_dockerfile
 from sandboxd.core.templates.builder import start_build
-from sandboxd.core.templates.recipes import with_recipe
+from sandboxd.core.templates.recipes import RECIPES
+from sandboxd.core.templates.recipes import names as recipe_names
 from sandboxd.core.templates.store import Template, TemplateRoot, TemplateStore, check_name
 from sandboxd.core.tools.resolver import Resolution, Resolved, ToolResolver
 from sandboxd.core.watch.watch import WatchEvent, WorkspaceWatch
@@ -57,6 +58,7 @@ EXEC_CAPABILITIES = (*_spec.CAPABILITIES, *_run.CAPABILITIES)
 __all__ = [
     "DEFAULT_TERM",
     "EXEC_CAPABILITIES",
+    "RECIPES",
     "RESERVED_PREFIX",
     "RID_PATTERN",
     "SHA256_HEX",
@@ -106,10 +108,10 @@ __all__ = [
     "normalise",
     "parse_env",
     "read_dockerfile",
+    "recipe_names",
     "start_build",
     "tar_in",
     "tar_out",
-    "with_recipe",
     "workspace",
     "write_in_place",
 ]

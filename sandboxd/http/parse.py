@@ -6,13 +6,14 @@ field (``400``), or :class:`~sandboxd.web.body.TooLarge` (``413``).
 import base64
 import binascii
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from twisted.web.iweb import IRequest
 from werkzeug.routing import BaseConverter
 
 from sandboxd.core import (
+    RECIPES,
     RESERVED_PREFIX,
     RID_PATTERN,
     SHA256_HEX,
@@ -20,6 +21,7 @@ from sandboxd.core import (
     ExecSpec,
     normalise,
     parse_env,
+    recipe_names,
 )
 from sandboxd.errors import BadRequest
 from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_policy
@@ -310,3 +312,20 @@ def run_code_body(body: dict[str, Any]) -> tuple[str, dict[str, str], float | No
     ):
         raise BadRequest("timeout: must be a positive number of seconds")
     return code, parse_env(body.get("env"), "env"), timeout
+
+
+def with_recipe(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A build's JSON ``body`` with its ``recipe`` (if any) made into the ``dockerfile`` and
+    ``network`` it stands for (a ``network`` the body gives wins). ``400`` for a recipe that
+    is not one of :data:`RECIPES`, or one given with a ``dockerfile``."""
+    name = body.get("recipe")
+    if name is None:
+        return dict(body)
+    recipe = RECIPES.get(name) if isinstance(name, str) else None
+    if recipe is None:
+        raise BadRequest(
+            f"recipe: {name!r} is not a recipe of this daemon (recipes: {recipe_names()})"
+        )
+    if "dockerfile" in body:
+        raise BadRequest("recipe and dockerfile: give one of them, not both")
+    return {"network": recipe.network, **body, "dockerfile": recipe.dockerfile}

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from sandboxd.core.templates import dockerfile
-from sandboxd.core.templates.recipes import CODE_INTERPRETER, RECIPES, with_recipe
+from sandboxd.core.templates.recipes import CODE_INTERPRETER, RECIPES
 from sandboxd.errors import BadRequest
+from sandboxd.http.parse import with_recipe
 from tests.http.conftest import harness, settings, token  # noqa: F401 (fixtures)
 from tests.http.http_harness import Harness, Reply
 

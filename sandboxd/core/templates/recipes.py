@@ -8,12 +8,7 @@ route's, its progress the build's frames, and a name taken is ``409`` (a templat
 replaced).
 """
 
-from collections.abc import Mapping
-from typing import Any
-
 from attrs import frozen
-
-from sandboxd.errors import BadRequest
 
 
 @frozen
@@ -45,21 +40,6 @@ brings g++, Boost's headers and OpenBLAS's (about 570 MB of the 970 MB it would 
 
 RECIPES = {recipe.name: recipe for recipe in (CODE_INTERPRETER,)}
 """Every built-in recipe by name."""
-
-
-def with_recipe(body: Mapping[str, Any]) -> dict[str, Any]:
-    """A build's JSON ``body`` with its ``recipe`` (if any) made into the ``dockerfile`` and
-    ``network`` it stands for (a ``network`` the body gives wins). ``400`` for a recipe that
-    is not one of :data:`RECIPES`, or one given with a ``dockerfile``."""
-    name = body.get("recipe")
-    if name is None:
-        return dict(body)
-    recipe = RECIPES.get(name) if isinstance(name, str) else None
-    if recipe is None:
-        raise BadRequest(f"recipe: {name!r} is not a recipe of this daemon (recipes: {names()})")
-    if "dockerfile" in body:
-        raise BadRequest("recipe and dockerfile: give one of them, not both")
-    return {"network": recipe.network, **body, "dockerfile": recipe.dockerfile}
 
 
 def names() -> str:

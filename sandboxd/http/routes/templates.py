@@ -16,7 +16,6 @@ from sandboxd.core import (
     check_name,
     read_dockerfile,
     start_build,
-    with_recipe,
 )
 from sandboxd.errors import BadRequest, TemplateCannotRun, TemplatesUnavailable
 from sandboxd.http import parse, wire
@@ -92,7 +91,7 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
     context = None if is_json else own_copy(request.content)
     try:
         if context is None:
-            body = with_recipe(parse.json_body(request))  # {recipe}: a built-in Dockerfile
+            body = parse.with_recipe(parse.json_body(request))  # {recipe}: a built-in Dockerfile
             text, network = body.get("dockerfile"), body.get("network", "none")
             if not isinstance(text, str):
                 raise BadRequest("dockerfile: must be the Dockerfile's text")
