@@ -102,6 +102,24 @@ class ContextCommands:
     def workspace_seen(self, sandbox: Sandbox, request: ExecSpec) -> str:
         raise NotImplementedError  # pragma: no cover - the Commands mixin's
 
+    def start_in_sandbox(
+        self,
+        sandbox: Sandbox,
+        spec: ExecSpec,
+        on_output: Callable[[int, bytes], None],
+        *,
+        max_output: int,
+        timeout: float | None,
+    ) -> "Launch":
+        """``spec`` started as a command of ``sandbox`` (its uid, cgroup, namespaces, root
+        and filter), its stdin ``/dev/null``, no log timeout: a kernel, or a probe of the
+        sandbox's own python."""
+        run = self._launch(
+            sandbox, spec, on_output, max_output=max_output, log_timeout=None, timeout=timeout
+        )
+        run.start(self.reactor, run.argv, run.env, None, self._devnull)
+        return run
+
     # -- capability
 
     def kernels_probed(self) -> Deferred[Kernels]:
@@ -253,8 +271,7 @@ class ContextCommands:
 
         language = LANGUAGES[context.language]
         spec = self._kernel_spec(language, context.as_home, conn)
-        run = self._launch(sandbox, spec, keep, max_output=0, log_timeout=None, timeout=None)
-        run.start(self.reactor, run.argv, run.env, None, self._devnull)
+        run = self.start_in_sandbox(sandbox, spec, keep, max_output=0, timeout=None)
         context.run = run
         context.link = None
         link = await self._in_thread(lambda: KernelLink(info, lambda: not run.ended))

@@ -37,15 +37,9 @@ async def kernels_of(commands: "ContextCommands", sandbox: Sandbox) -> Kernels:
     python = commands.config.kernel_python
     modules = sorted({need for lang in LANGUAGES.values() for need in lang.needs} - {"bash"})
     spec = ExecSpec((python, "-c", PROBE, *modules), {}, (), None, None, ())
-    run = commands._launch(
-        sandbox,
-        spec,
-        lambda _fd, _data: None,
-        max_output=PROBE_OUTPUT,
-        log_timeout=None,
-        timeout=PROBE_TIMEOUT,
+    run = commands.start_in_sandbox(
+        sandbox, spec, lambda _fd, _data: None, max_output=PROBE_OUTPUT, timeout=PROBE_TIMEOUT
     )
-    run.start(commands.reactor, run.argv, run.env, None, commands._devnull)
     outcome = await run.when_finished()
     where = f"{python} in template {sandbox.template.name!r}"
     if not isinstance(outcome, Exited) or outcome.code != 0:
