@@ -132,7 +132,7 @@ def test_bad_bodies(daemon: Daemon) -> None:
 
 BROKEN_KERNEL = """#!/bin/sh
 # python3, but a kernel that fails to start once the sandbox has left the marker
-if [ "$1" = -m ] && [ -e "$TMPDIR/no-kernel" ]; then echo "kernel refused" >&2; exit 3; fi
+if [ "$1" = -c ] && [ -e "$TMPDIR/no-kernel" ]; then echo "kernel refused" >&2; exit 3; fi
 exec /usr/bin/python3 "$@"
 """
 
@@ -224,3 +224,33 @@ def test_a_run_whose_client_went_while_it_waited_never_runs(daemon: Daemon) -> N
     busy.close()  # the first is interrupted: the queue moves on
     frames = run(daemon, rid, cid, "'ran_second' in dir()")
     assert main_text(frames) == "False"
+
+
+def test_what_a_child_process_prints_reaches_its_own_cell(daemon: Daemon) -> None:
+    """Every byte a child wrote to the kernel's descriptor before its cell ended is in that
+    cell's output: a flush waits until the pipe's thread has it
+    (sandboxd/core/contexts/kernel_tuning.py), cell after cell, small writes and large."""
+    rid = daemon.create()
+    cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    for i in range(30):
+        size = 1 + 30_000 * (i % 3)  # (under the fixture's --max-output)
+        code = f"import os; os.system('head -c {size} /dev/zero | tr -c x x; echo child-{i}')"
+        frames = run(daemon, rid, cid, code)
+        said = "".join(f["text"] for f in frames if f["type"] == "stdout")
+        assert said == "x" * size + f"child-{i}\n", (i, len(said), said[-20:])
+
+
+SHADOW = b"raise SystemExit('a module of the working directory was imported')\n"
+
+
+def test_modules_of_the_working_directory_never_shadow_the_kernels(daemon: Daemon) -> None:
+    """The kernel loads with its working directory off ``sys.path`` (as ipykernel_launcher
+    does); the cells then import from it as usual."""
+    rid = daemon.create()
+    files = {f"{name}.py": SHADOW for name in ("struct", "fcntl", "ipykernel")}
+    files["mine.py"] = b"value = 7\n"
+    for path, text in files.items():
+        status, data = daemon.call("PUT", f"/sandboxes/{rid}/file?path={path}", raw=text)
+        assert status in (200, 201, 204), data
+    cid = daemon.json("POST", f"/sandboxes/{rid}/contexts", {})["id"]
+    assert main_text(run(daemon, rid, cid, "import mine; mine.value")) == "7"

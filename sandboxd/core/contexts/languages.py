@@ -18,6 +18,30 @@ from attrs import frozen
 SHELL_KERNEL = Path(__file__).with_name("shell_kernel.py").read_text(encoding="utf-8")
 """The bash kernel's program (run in the sandbox, never imported here)."""
 
+TUNING = Path(__file__).with_name("kernel_tuning.py").read_text(encoding="utf-8")
+"""What both kernels' programs do first (:mod:`sandboxd.core.contexts.kernel_tuning`)."""
+
+TUNING_ARGS = ("--Kernel._execute_sleep=0",)
+"""The command-line half of the tuning: no sleep after each cell."""
+
+PROGRAM_START = (
+    "import sys\n"
+    "if sys.path[0] == '':\n"
+    "    del sys.path[0]\n"  # as ipykernel_launcher does: no module of the cwd shadows one
+    f"{TUNING}\n"
+    "tune_ipykernel()\n"
+)
+"""The start of both kernels' programs: the working directory's modules out of the way while
+the kernel loads (IPython puts it back for the cells), then the tuning."""
+
+PYTHON_PROGRAM = (
+    PROGRAM_START + "from ipykernel import kernelapp\nkernelapp.launch_new_instance()\n"
+)
+"""Python's kernel: ``ipykernel_launcher``'s, tuned."""
+
+BASH_PROGRAM = PROGRAM_START + f"exec(compile({SHELL_KERNEL!r}, 'sandboxd-bash-kernel', 'exec'))\n"
+"""The bash kernel, tuned (compiled apart: its ``__future__`` import must come first)."""
+
 PROBE = (
     "import importlib.util, json, shutil, sys\n"
     "found = {m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}\n"
@@ -64,15 +88,15 @@ class Language:
 
 PYTHON = Language(
     "python",
-    ("-m", "ipykernel_launcher"),
-    ("--HistoryManager.hist_file=:memory:", "--colors=NoColor"),
+    ("-c", PYTHON_PROGRAM),
+    ("--HistoryManager.hist_file=:memory:", "--colors=NoColor", *TUNING_ARGS),
     ("ipykernel",),
     "install ipykernel (Debian: python3-ipykernel) or set SANDBOXD_KERNEL_PYTHON",
 )
 BASH = Language(
     "bash",
-    ("-c", SHELL_KERNEL),
-    (),
+    ("-c", BASH_PROGRAM),
+    TUNING_ARGS,
     ("ipykernel", "bash"),
     "install ipykernel (Debian: python3-ipykernel) and bash",
 )

@@ -1,0 +1,175 @@
+"""The kernels' tuning (sandboxd/core/contexts/kernel_tuning.py) on a stream shaped as
+ipykernel 6's ``OutStream`` (the daemon's python has no ipykernel: the real one is run by
+tests/process/test_contexts.py), over real pipes and threads."""
+
+import contextlib
+import io
+import os
+import threading
+import types
+from typing import Any
+
+import pytest
+
+from sandboxd.core.contexts import kernel_tuning
+from sandboxd.core.contexts.kernel_tuning import (
+    caught_up,
+    nothing_to_send,
+    tune,
+    tune_ipykernel,
+    waiting,
+)
+
+
+class Stream:
+    """What of ipykernel's ``OutStream`` the tuning touches: a pipe read by a thread into a
+    buffer, and a flush that sends the buffer (here: keeps it in :attr:`sent`)."""
+
+    def __init__(self) -> None:
+        self._fid, self.descriptor = os.pipe()
+        self._original_stdstream_copy = os.open(os.devnull, os.O_WRONLY)
+        self._should_watch = True
+        self._buffer = io.StringIO()
+        self._buffer_lock = threading.Lock()
+        self._flush_pending = False
+        self._subprocess_flush_pending = False
+        self._exc: Any = None
+        self.sent: list[str] = []
+        self.flushes = 0
+
+    def write(self, text: str) -> None:
+        with self._buffer_lock:
+            self._buffer.write(text)
+
+    def flush(self) -> None:
+        self.flushes += 1
+        with self._buffer_lock:
+            self.sent.append(self._buffer.getvalue())
+            self._buffer = io.StringIO()
+
+    def _watch_pipe_fd(self) -> None:
+        raise AssertionError("replaced by the tuning")
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._watch_pipe_fd, daemon=True)
+        thread.start()
+        while getattr(self, "watch_lock", None) is None:
+            pass
+        return thread
+
+    def close(self) -> None:
+        for fd in (self._fid, self.descriptor, self._original_stdstream_copy):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@pytest.fixture
+def tuned() -> Any:
+    class Tuned(Stream):
+        pass
+
+    tune(Tuned, lambda seconds: None)
+    stream = Tuned()
+    yield stream
+    stream.close()
+
+
+def test_a_flush_has_every_byte_written_before_it(tuned: Any) -> None:
+    thread = tuned.start()
+    euro = "€".encode()
+    os.write(tuned.descriptor, euro[:1])  # a character cut between two writes
+    tuned.flush()
+    assert tuned.sent == []  # nothing whole yet
+    os.write(tuned.descriptor, euro[1:] + b" said\n")
+    tuned.flush()
+    assert tuned.sent == ["€ said\n"]
+    os.close(tuned.descriptor)  # the pipe ends: so does its thread
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_the_thread_stops_when_told(tuned: Any) -> None:
+    thread = tuned.start()
+    tuned._should_watch = False
+    os.write(tuned.descriptor, b"last")
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_a_flush_with_nothing_to_send_is_skipped(tuned: Any) -> None:
+    tuned.start()
+    tuned.flush()
+    assert tuned.flushes == 0
+    tuned.write("printed")
+    tuned.flush()
+    assert (tuned.flushes, tuned.sent) == (1, ["printed"])
+    tuned._flush_pending = True  # a send scheduled: flushed, whatever the buffer
+    tuned.flush()
+    assert tuned.flushes == 2
+
+
+def test_a_stream_before_its_thread_runs_flushes_as_before(tuned: Any) -> None:
+    tuned.flush()
+    assert tuned.flushes == 1
+
+
+def test_a_failure_of_the_thread_is_kept_for_ipykernel_to_show(tuned: Any) -> None:
+    def broken(text: str) -> None:
+        raise RuntimeError("no room")
+
+    tuned.write = broken
+    thread = tuned.start()
+    os.write(tuned.descriptor, b"x")
+    thread.join(5)
+    assert tuned._exc[0] is RuntimeError
+
+
+def test_nothing_to_send_and_waiting() -> None:
+    stream = Stream()
+    try:
+        assert nothing_to_send(stream)
+        stream._subprocess_flush_pending = True
+        assert not nothing_to_send(stream)
+        assert waiting(stream._fid) == 0
+        os.write(stream.descriptor, b"abc")
+        assert waiting(stream._fid) == 3
+    finally:
+        stream.close()
+    assert waiting(stream._fid) == 0  # closed: cannot be told
+
+
+def test_catching_up_gives_up_when_nobody_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_tuning, "DRAIN_TRIES", 3)
+    stream = Stream()
+    stream.watch_lock = threading.Lock()  # type: ignore[attr-defined]
+    slept: list[float] = []
+    try:
+        os.write(stream.descriptor, b"unread")
+        caught_up(stream, slept.append)
+        assert slept == [kernel_tuning.DRAIN_WAIT] * 3
+    finally:
+        stream.close()
+
+
+def test_an_ipykernel_without_what_it_needs_is_left_alone() -> None:
+    class Other:
+        def flush(self) -> None:
+            pass
+
+    flush = Other.flush
+    tune(Other, lambda seconds: None)
+    assert Other.flush is flush
+
+
+def test_tune_ipykernel_finds_its_stream_or_does_nothing() -> None:
+    def missing(name: str) -> Any:
+        raise ImportError(name)
+
+    tune_ipykernel(missing)
+
+    class Found(Stream):
+        pass
+
+    flush = Found.flush
+    tune_ipykernel(lambda name: types.SimpleNamespace(OutStream=Found))
+    assert Found.flush is not flush
