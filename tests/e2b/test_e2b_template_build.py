@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from e2b import AsyncTemplate, BuildException, Sandbox, Template, TemplateException
 from e2b.template.logger import LogEntry
+from e2b.template.main import TemplateClass
 
 from tests.e2b.conftest import TOKEN, E2BDaemon, point_sdk_at
 from tests.e2b.test_templates import native
@@ -180,7 +181,7 @@ def test_tags_are_names_of_the_template(front: E2BDaemon) -> None:
     ],
 )
 def test_what_does_not_map_is_refused_naming_the_step(
-    front: E2BDaemon, template: Template, message: str
+    front: E2BDaemon, template: TemplateClass, message: str
 ) -> None:
     with pytest.raises(BuildException, match=message):
         Template.build(template, unique())
