@@ -7,6 +7,7 @@ built sees the copied files and the env. Nothing is downloaded."""
 
 import asyncio
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -64,6 +65,7 @@ def context(tmp_path: Path) -> Path:
     (tmp_path / "folder" / "b.txt").write_text("b\n")
     (tmp_path / "folder" / "skip.md").write_text("not copied\n")
     (tmp_path / "run.sh").write_text("#!/bin/sh\necho ran as $(whoami)\n")
+    (tmp_path / "big.bin").write_bytes(os.urandom(300_000))  # spooled by the site: on disk
     return tmp_path
 
 
@@ -75,6 +77,7 @@ def test_the_sdk_builds_a_template_and_a_sandbox_runs_in_it(
         Template(file_context_path=str(context))
         .from_template(BASE)
         .copy("hello.txt", "/opt/app/")
+        .copy("big.bin", "/opt/big.bin")
         .copy("folder/*.txt", "/opt/folder")
         .copy("run.sh", "/opt/app/run.sh", mode=0o755)
         .set_envs({"GREETING": "hi there", "EMPTY": ""})
@@ -99,6 +102,7 @@ def test_the_sdk_builds_a_template_and_a_sandbox_runs_in_it(
         assert run("ls /opt/folder").stdout.split() == ["a.txt", "b.txt"]
         assert run("echo $GREETING").stdout == "hi there\n"
         assert run("/opt/app/run.sh").stdout == "ran as user\n"
+        assert run("stat -c %s /opt/big.bin").stdout == "300000\n"
     finally:
         sbx.kill()
 
@@ -135,7 +139,9 @@ def test_a_failed_run_names_its_step_and_leaves_nothing(front: E2BDaemon) -> Non
 
 def test_a_build_in_background_is_polled_to_its_end(front: E2BDaemon) -> None:
     name = unique()
-    template = Template().from_template(BASE).run_cmd("echo in the background")
+    template = (
+        Template().from_template(BASE).run_cmd("echo in the background").set_ready_cmd("true")
+    )
     info = Template.build_in_background(template, name)
     deadline = time.monotonic() + 60
     status = Template.get_build_status(info)
@@ -144,7 +150,8 @@ def test_a_build_in_background_is_polled_to_its_end(front: E2BDaemon) -> None:
         status = Template.get_build_status(info)
     assert status.status.value == "ready", status
     every = Template.get_build_status(info, logs_offset=0)
-    assert "in the background" in [entry.message for entry in every.log_entries]
+    messages = [entry.message for entry in every.log_entries]
+    assert "in the background" in messages and "the ready command is not run" in messages[0]
     assert Template.get_build_status(info, logs_offset=len(every.log_entries)).log_entries == []
 
 
@@ -166,6 +173,21 @@ def test_tags_are_names_of_the_template(front: E2BDaemon) -> None:
         assert sbx.commands.run("echo tagged").stdout == "tagged\n"
     finally:
         sbx.kill()
+
+
+def test_a_tag_taken_while_building_fails_the_build(front: E2BDaemon) -> None:
+    name = unique()
+    template = Template().from_template(BASE).run_cmd("sleep 1")
+    info = Template.build_in_background(template, f"{name}:v1", tags=["v2"])
+    assert native(front, "PUT", f"/templates/{name}:v2", rootfs()) == 201
+    deadline = time.monotonic() + 60
+    status = Template.get_build_status(info)
+    while status.status.value != "error" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = Template.get_build_status(info)
+    assert status.reason is not None
+    assert f"the template's name '{name}:v2'" in status.reason.message
+    assert status.reason.step == "base"
 
 
 @pytest.mark.parametrize(

@@ -70,10 +70,8 @@ def status_json(build: "E2BBuild", offset: int, limit: int) -> dict[str, Any]:
     }
     if build.reason is not None:
         message, step, last = build.reason
-        reason: dict[str, Any] = {"message": message, "logEntries": [_entry_json(e) for e in last]}
-        if step is not None:
-            reason["step"] = step
-        fields["reason"] = reason
+        entries = [_entry_json(entry) for entry in last]
+        fields["reason"] = {"message": message, "step": step, "logEntries": entries}
     return fields
 
 
