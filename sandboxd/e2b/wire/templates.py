@@ -70,8 +70,8 @@ def status_json(build: "E2BBuild", offset: int, limit: int) -> dict[str, Any]:
     }
     if build.reason is not None:
         message, step, last = build.reason
-        entries = [_entry_json(entry) for entry in last]
-        fields["reason"] = {"message": message, "step": step, "logEntries": entries}
+        last_entries = [_entry_json(entry) for entry in last]
+        fields["reason"] = {"message": message, "step": step, "logEntries": last_entries}
     return fields
 
 
