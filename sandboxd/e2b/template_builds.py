@@ -28,12 +28,14 @@ from attrs import define, field, frozen
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from sandboxd.core import Template, TemplateStore, start_build
-from sandboxd.core.templates.build_events import (
+from sandboxd.core import (
     BuildEvent,
     BuildFailed,
     StepOutput,
     StepStarted,
+    Template,
+    TemplateStore,
+    start_build,
 )
 from sandboxd.e2b.template_steps import BASE_STEP, FILES_HASH, assemble_context, read_plan
 from sandboxd.e2b.wire import RestError

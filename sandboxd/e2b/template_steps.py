@@ -26,7 +26,6 @@ from typing import IO, Any
 
 from attrs import frozen
 
-from sandboxd.core.templates.extract import member_parts
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadArchive
 
@@ -38,6 +37,15 @@ which a template cannot know (its files stay root's and readable)."""
 FILES_HASH = re.compile(r"[0-9a-f]{64}\Z")
 MODE = re.compile(r"[0-7]{3,4}\Z")
 GLOB = re.compile(r"[*?\[]")
+
+
+def _path(name: str) -> str:
+    """A tar member's path as the builder reads it: below the root, ``.`` and empty
+    components dropped (``BadArchive`` for ``..``)."""
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise BadArchive(f"member {name!r}: its path holds '..'")
+    return "/".join(parts)
 
 
 def _refuse(step: str, reason: str) -> RestError:
@@ -243,18 +251,18 @@ def assemble_context(
 
 
 def _add(out: tarfile.TarFile, tar: tarfile.TarFile, member: tarfile.TarInfo, prefix: str) -> str:
-    name = "/".join(member_parts(member))
+    name = _path(member.name)
     data = tar.extractfile(member) if member.isreg() else None
     member.name = f"{prefix}/{name}" if name else prefix
     if member.islnk():
-        member.linkname = f"{prefix}/{'/'.join(member_parts(tarfile.TarInfo(member.linkname)))}"
+        member.linkname = f"{prefix}/{_path(member.linkname)}"
     member.pax_headers = {}
     out.addfile(member, data)
     return name
 
 
 def _sources(copy: Copy, names: list[str]) -> list[str]:
-    pattern = "/".join(member_parts(tarfile.TarInfo(copy.source)))
+    pattern = _path(copy.source)
     if GLOB.search(pattern) is None:
         found = [pattern]
     else:
