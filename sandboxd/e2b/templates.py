@@ -181,7 +181,8 @@ def _tag(template_id: str, tag: str) -> str:
 
 async def assign_tags(front: "E2BFront", request: IRequest) -> bytes:
     """``POST /templates/tags``: each tag made a name of template ``target`` (a copy of it,
-    sharing its files where the state root's filesystem can)."""
+    sharing its files where the state root's filesystem can); a tag that names another
+    template is moved (that template deleted first: ``409`` while sandboxes use it)."""
     body = _json(request)
     target = _name(body.get("target"), "target")
     store = store_of(front)
@@ -190,6 +191,10 @@ async def assign_tags(front: "E2BFront", request: IRequest) -> bytes:
     if not names:
         raise RestError(400, "tags: at least one")
     for name in names:
+        if name == target:
+            continue
+        if name in store.templates:
+            await store.delete(name)  # a tag moves to its new target (409 while in use)
         await builds_of(front).copy(target, name)
     tags = [name.partition(":")[2] for name in names]
     return _answer(request, 201, bodies.tags_json(source, tags))

@@ -162,6 +162,7 @@ def test_tags_are_names_of_the_template(front: E2BDaemon) -> None:
     assert assigned.tags == ["prod", "latest"] and assigned.build_id
     tags = sorted(tag.tag for tag in Template.get_tags(name))
     assert tags == ["latest", "prod", "stable", "v1"]
+    assert Template.assign_tags(f"{name}:v1", "v1").tags == ["v1"]  # itself: nothing to do
     Template.remove_tags(name, ["prod", "latest"])
     assert sorted(tag.tag for tag in Template.get_tags(name)) == ["stable", "v1"]
     with pytest.raises(TemplateException):
