@@ -103,14 +103,14 @@ def receive_upload(
     front: "E2BFront", request: IRequest, template_id: str, files_hash: str
 ) -> bytes:
     """``PUT`` of an upload link: the files kept (the body the site stored, at most
-    ``SANDBOXD_MAX_BODY``) until the build has used them."""
+    ``SANDBOXD_MAX_BODY`` and ``SANDBOXD_TEMPLATE_MAX``) until the build has used them."""
     builds = builds_of(front)
     build = builds.uploading(
         upload.query(request, "build"), upload.query(request, "token"), files_hash
     )
     if build.template_id != template_id:
         raise RestError(404, "this build does not wait for these files")
-    upload.check_stored(request, front.manager.config.max_body)
+    upload.check_stored(request, min(front.manager.config.max_body, builds.store.limit))
     builds.keep_upload(build, files_hash, own_copy(request.content))
     request.setResponseCode(200)
     return b""
