@@ -12,8 +12,8 @@ it. Uploads are closed (their space given back) once the build has ended, or onc
 not triggered is forgotten.
 
 What is kept is bounded: :data:`BUILDS_MAX` builds (the oldest ended, or waiting past
-:data:`WAIT_MAX`, forgotten first), :data:`UPLOADS_MAX` uploads and :data:`LOG_MAX` log
-entries a build.
+:data:`WAIT_MAX`, forgotten first), :data:`UPLOADS_MAX` uploads, :data:`LOG_MAX` log
+entries and :data:`LOG_BYTES_MAX` bytes of them a build.
 """
 
 import hmac
@@ -44,9 +44,12 @@ from sandboxd.errors import SandboxdError
 log = Logger()
 
 WAITING, BUILDING, READY, ERROR = "waiting", "building", "ready", "error"
-BUILDS_MAX = 100
+BUILDS_MAX = 32
 UPLOADS_MAX = 256
 LOG_MAX = 10_000
+LOG_BYTES_MAX = 1 << 20
+"""Bytes of log text a build keeps (past either bound its log is cut: what a build whose
+client never polls costs the daemon)."""
 WAIT_MAX = 3600.0
 """Seconds a requested build may wait to be triggered before it may be forgotten."""
 REASON_ENTRIES = 20
@@ -96,6 +99,8 @@ class E2BBuild:
     uploads: dict[str, IO[bytes] | None] = field(factory=dict)
     """Each upload asked for by its files' hash: the file once uploaded."""
     log: list[LogEntry] = field(factory=list)
+    log_bytes: int = 0
+    log_cut: bool = False
     reason: tuple[str, str, tuple[LogEntry, ...]] | None = None
     """A failed build's message, its E2B step and its last log entries."""
 
@@ -288,11 +293,16 @@ class TemplateBuilds:
             raise SandboxdError(f"the copy of {source!r} as {name!r} failed (see the daemon's log)")
 
     def _log(self, build: E2BBuild, level: str, message: str, step: str | None = None) -> None:
-        if len(build.log) < LOG_MAX:
-            build.log.append(LogEntry(self.clock.seconds(), level, message, step))
-        elif len(build.log) == LOG_MAX:
-            note = f"the log is cut at {LOG_MAX} entries"
-            build.log.append(LogEntry(self.clock.seconds(), "warn", note))
+        if build.log_cut:
+            return
+        now = self.clock.seconds()
+        if len(build.log) >= LOG_MAX or build.log_bytes + len(message) > LOG_BYTES_MAX:
+            build.log_cut = True
+            note = f"the log is cut here (at most {LOG_MAX} entries, {LOG_BYTES_MAX} bytes)"
+            build.log.append(LogEntry(now, "warn", note))
+            return
+        build.log_bytes += len(message)
+        build.log.append(LogEntry(now, level, message, step))
 
     def _fail(self, build: E2BBuild, message: str, step: str) -> None:
         build.status = ERROR

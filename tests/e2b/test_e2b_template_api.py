@@ -350,14 +350,19 @@ def test_builds_are_bounded_and_forgotten_when_old(
     assert first.id not in builds.builds and first.uploads == {}
 
 
-def test_a_builds_log_is_cut(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(template_builds, "LOG_MAX", 2)
+@pytest.mark.parametrize(("entries", "size"), [(2, 100), (100, 2)])
+def test_a_builds_log_is_cut(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch, entries: int, size: int
+) -> None:
+    monkeypatch.setattr(template_builds, "LOG_MAX", entries)
+    monkeypatch.setattr(template_builds, "LOG_BYTES_MAX", size)
     builds = memory.front.builds
     assert builds is not None
     build = builds.request("t-log", [])
     for number in range(4):
         builds._log(build, "info", str(number))
-    assert [e.message for e in build.log] == ["0", "1", "the log is cut at 2 entries"]
+    cut = f"the log is cut here (at most {entries} entries, {size} bytes)"
+    assert [e.message for e in build.log] == ["0", "1", cut]
 
 
 def test_a_template_id_is_its_name_without_its_tag() -> None:
