@@ -70,6 +70,15 @@ def _name(name: object, what: str = "name") -> str:
         raise RestError(400, f"{what}: {e.detail}") from None
 
 
+def _empty(request: IRequest, status: int) -> bytes:
+    """An answer of ``status`` without a body, saying so (``Content-Length: 0``): the JS SDK
+    parses any other answer's body as JSON (openapi-fetch), and an async route's answer
+    is otherwise chunked."""
+    request.setResponseCode(status)
+    request.setHeader(b"content-length", b"0")
+    return b""
+
+
 def _answer(request: IRequest, status: int, value: Any) -> bytes:
     return answer(request, status, wire.body(value))
 
@@ -112,8 +121,7 @@ def receive_upload(
         raise RestError(404, "this build does not wait for these files")
     upload.check_stored(request, min(front.manager.config.max_body, builds.store.limit))
     builds.keep_upload(build, files_hash, own_copy(request.content))
-    request.setResponseCode(200)
-    return b""
+    return _empty(request, 200)
 
 
 def own_copy(content: IO[bytes]) -> IO[bytes]:
@@ -131,8 +139,7 @@ async def trigger(front: "E2BFront", request: IRequest, template_id: str, build_
     builds = builds_of(front)
     build = builds.get(template_id, build_id)
     await builds.trigger(build, _json(request))
-    request.setResponseCode(202)
-    return b""
+    return _empty(request, 202)
 
 
 def status(front: "E2BFront", request: IRequest, template_id: str, build_id: str) -> bytes:
