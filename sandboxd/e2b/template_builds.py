@@ -131,7 +131,8 @@ class TemplateBuilds:
 
     def request(self, name: str, tags: list[str]) -> E2BBuild:
         """A new build of ``name`` (``name`` or ``name:tag``), and of ``name:tag`` for each of
-        ``tags`` (made once it is built); ``409`` if one is a template already."""
+        ``tags`` (made once it is built); ``409`` if one is a template already. An earlier
+        build of ``name`` that waits for its trigger is forgotten (its uploads closed)."""
         names = [name]
         for tag in tags:
             other = f"{template_id_of(name)}:{tag}"
@@ -140,6 +141,9 @@ class TemplateBuilds:
         for each in names:
             if each in self.store.templates:
                 raise RestError(409, f"template {each!r} exists (delete it first)")
+        for earlier in list(self.builds.values()):
+            if earlier.name == name and earlier.status == WAITING:
+                self._forget(earlier)  # a program that stopped before its trigger, run again
         self._forget_old()
         build = E2BBuild(
             str(uuid.uuid4()),
@@ -151,14 +155,17 @@ class TemplateBuilds:
         self.builds[build.id] = build
         return build
 
+    def _forget(self, build: E2BBuild) -> None:
+        build.close_uploads()
+        del self.builds[build.id]
+
     def _forget_old(self) -> None:
         now = self.clock.seconds()
         for build in list(self.builds.values()):
             if len(self.builds) < BUILDS_MAX:
                 return
             if build.ended or (build.status == WAITING and now - build.requested > WAIT_MAX):
-                build.close_uploads()
-                del self.builds[build.id]
+                self._forget(build)
         if len(self.builds) >= BUILDS_MAX:
             raise RestError(429, f"{BUILDS_MAX} template builds are under way: retry later")
 

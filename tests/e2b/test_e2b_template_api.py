@@ -350,6 +350,16 @@ def test_builds_are_bounded_and_forgotten_when_old(
     assert first.id not in builds.builds and first.uploads == {}
 
 
+def test_a_build_requested_again_replaces_the_one_waiting(memory: Memory) -> None:
+    builds = memory.front.builds
+    assert builds is not None
+    first = builds.request("t-again", [])
+    builds.upload_link("t-again", HASH)
+    other = builds.request("t-other", [])
+    second = builds.request("t-again", [])
+    assert set(builds.builds) == {other.id, second.id} and first.uploads == {}
+
+
 @pytest.mark.parametrize(("entries", "size"), [(2, 100), (100, 2)])
 def test_a_builds_log_is_cut(
     memory: Memory, monkeypatch: pytest.MonkeyPatch, entries: int, size: int
