@@ -3,7 +3,8 @@ at the headers (docs/operating.rst, "Connections"), what a request's headers ear
 byte of its body is read; and by its routes, which find the sandbox a call is for.
 
 The control plane and every route that is not envd's need ``X-API-Key`` = the daemon's token
-(any key when it has none). envd's routes need the access token of the sandbox that
+(any key when it has none), but a template build's upload, whose link carries its build's
+token (:mod:`sandboxd.e2b.templates`). envd's routes need the access token of the sandbox that
 ``E2b-Sandbox-Id`` names; a ``/files`` URL signed instead (:mod:`sandboxd.e2b.signing`) needs
 the signature of a sandbox this front holds (the route judges its operation and expiration).
 A request naming a sandbox this front does not hold is answered at once with what the route
@@ -15,6 +16,7 @@ that sandbox's disk limits (:func:`spool_places`).
 """
 
 import hmac
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
@@ -73,6 +75,9 @@ class Authoriser:
     registry: Registry
     ports: "PortAccess | None" = None
     """Who may reach the sandboxes' ports by host (``None``: no port hosts)."""
+    uploads: Callable[[bytes], Admission | None] | None = None
+    """What a template build's upload earns by its link (``None`` for another path:
+    :func:`sandboxd.e2b.templates.upload_admission`)."""
 
     def key_valid(self, key: bytes | None) -> bool:
         """Whether ``key`` (an ``X-API-Key``) is the daemon's token (any, without one)."""
@@ -85,6 +90,10 @@ class Authoriser:
         :meth:`sandboxd.e2b.ports.PortAccess.admit`)."""
         if self.ports is not None:
             verdict = self.ports.admit(headers)
+            if verdict is not None:
+                return verdict
+        if self.uploads is not None:
+            verdict = self.uploads(path)
             if verdict is not None:
                 return verdict
         route = path.split(b"?", 1)[0]

@@ -23,11 +23,12 @@ from twisted.web.resource import IResource
 from werkzeug.exceptions import HTTPException
 
 from sandboxd.core import SandboxManager, TemplateStore
-from sandboxd.e2b import control, files, interpreter, process, signing, upload, wire
+from sandboxd.e2b import control, files, interpreter, process, signing, templates, upload, wire
 from sandboxd.e2b.admit import Authoriser, sandbox_id_of
 from sandboxd.e2b.paths import place_of
 from sandboxd.e2b.ports import PortAccess, PortHosts
 from sandboxd.e2b.registry import E2BSandbox, Registry
+from sandboxd.e2b.template_builds import TemplateBuilds
 from sandboxd.e2b.wire import ConnectError, RestError
 from sandboxd.errors import SandboxdError
 from sandboxd.ports.table import PortTable
@@ -184,7 +185,11 @@ class E2BFront:
         self.templates: TemplateStore | None = None
         """The replica's template store, whose templates a create may name (``None``: only
         ``base``)."""
-        self.authoriser = Authoriser(token, registry, port_access)
+        self.builds: TemplateBuilds | None = None
+        """The template builds of E2B's build API, on :attr:`templates` (``None``: none)."""
+        self.authoriser = Authoriser(
+            token, registry, port_access, lambda path: templates.upload_admission(self, path)
+        )
         """Every key, access-token and signature check, of the routes (:func:`control_plane`,
         :func:`envd`) and of the site's rule at the headers."""
 
@@ -281,6 +286,52 @@ class E2BFront:
     def set_timeout(self, request: IRequest, sandbox_id: str) -> bytes:
         return control.set_timeout(self, request, sandbox_id)
 
+    # Template builds (sandboxd.e2b.templates)
+
+    @app.route("/v3/templates", methods=["POST"])
+    @control_plane
+    def request_build(self, request: IRequest) -> bytes:
+        return templates.request_build(self, request)
+
+    @app.route("/templates/<template_id>/files/<files_hash>", methods=["GET"])
+    @control_plane
+    def upload_link(self, request: IRequest, template_id: str, files_hash: str) -> bytes:
+        return templates.upload_link(self, request, template_id, files_hash)
+
+    @app.route("/templates/<template_id>/files/<files_hash>/upload", methods=["PUT"])
+    def receive_upload(self, request: IRequest, template_id: str, files_hash: str) -> bytes:
+        return templates.receive_upload(self, request, template_id, files_hash)
+
+    @app.route("/v2/templates/<template_id>/builds/<build_id>", methods=["POST"])
+    @control_plane
+    async def trigger_build(self, request: IRequest, template_id: str, build_id: str) -> bytes:
+        return await templates.trigger(self, request, template_id, build_id)
+
+    @app.route("/templates/<template_id>/builds/<build_id>/status", methods=["GET"])
+    @control_plane
+    def build_status(self, request: IRequest, template_id: str, build_id: str) -> bytes:
+        return templates.status(self, request, template_id, build_id)
+
+    @app.route("/templates/aliases/<alias>", methods=["GET"])
+    @control_plane
+    def alias(self, request: IRequest, alias: str) -> bytes:
+        return templates.alias(self, request, alias)
+
+    @app.route("/templates/tags", methods=["POST"])
+    @control_plane
+    async def assign_tags(self, request: IRequest) -> bytes:
+        return await templates.assign_tags(self, request)
+
+    @app.route("/templates/tags", methods=["DELETE"])
+    @control_plane
+    async def remove_tags(self, request: IRequest) -> bytes:
+        return await templates.remove_tags(self, request)
+
+    @app.route("/templates/<template_id>/tags", methods=["GET"])
+    @control_plane
+    def list_tags(self, request: IRequest, template_id: str) -> bytes:
+        return templates.list_tags(self, request, template_id)
+
     @app.route("/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
     @app.route("/v2/sandboxes/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
     @app.route("/<path:rest>", methods=["GET", "POST", "PUT", "DELETE"])
@@ -289,7 +340,7 @@ class E2BFront:
         raise RestError(
             501,
             f"{request.method.decode()} {request.path.decode('utf-8', 'replace')} is not "
-            "supported by sandboxd (no templates, pause/resume, snapshots, metrics or logs)",
+            "supported by sandboxd (no pause/resume, snapshots, metrics or logs)",
         )
 
     # The code interpreter (port 49999: sandboxd.e2b.interpreter)
@@ -396,6 +447,8 @@ def make_front(
     access = None if ports is None or domain is None else PortAccess(registry, ports, domain)
     front = E2BFront(manager, token, registry, access)
     front.templates = templates
+    if templates is not None:
+        front.builds = TemplateBuilds(templates, manager.clock)
     return front
 
 

@@ -18,6 +18,9 @@ from sandboxd.errors import (
     ProcessNotFound,
     SandboxdError,
     SandboxNotFound,
+    TemplateCannotRun,
+    TemplateConflict,
+    TemplateNotFound,
     TooMany,
 )
 
@@ -79,6 +82,9 @@ ERROR_ANSWERS: Mapping[type[SandboxdError], ErrorAnswer] = {
     PathNotFound: ErrorAnswer("not_found", 404),
     ProcessNotFound: ErrorAnswer("not_found", 404),
     ContextNotFound: ErrorAnswer("not_found", 404),
+    TemplateNotFound: ErrorAnswer("not_found", 404),
+    TemplateConflict: ErrorAnswer("already_exists", 409),
+    TemplateCannotRun: ErrorAnswer("unimplemented", 501),
     ContextsUnavailable: ErrorAnswer("unimplemented", 501),
     ProcessConflict: ErrorAnswer("failed_precondition", 400),
     InsufficientStorage: ErrorAnswer("resource_exhausted", 507),  # NotEnoughSpaceException
