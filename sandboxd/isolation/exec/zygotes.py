@@ -68,12 +68,11 @@ def uid_of(pid: int) -> int | None:
     ``/proc`` entry is root's while it is not dumpable (a zygote's child before its exec)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
+            lines = status.readlines()
     except OSError:
-        pass
-    return None  # pragma: no cover (the kernel always lists Uid)
+        return None
+    (line,) = [line for line in lines if line.startswith(b"Uid:")]
+    return int(line.split()[1])
 
 
 def unclaimed_child(pid: int) -> bool:
@@ -180,7 +179,9 @@ class Zygotes:
 
     def _kill(self, key: SandboxKey, zygote: Zygote) -> None:
         """A zygote that did not answer in time, or lied: killed, and retired."""
-        if zygote.pid is not None and not zygote.closed:
+        # only one with a pid answers (or times out), and a closed one answers no more: never a
+        # pid that may be reaped and reused already
+        if zygote.pid is not None and not zygote.closed:  # pragma: no branch
             os.kill(zygote.pid, signal.SIGKILL)
         self._retire(key, zygote)
 
