@@ -15,6 +15,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -27,9 +28,11 @@ from tests.kernel.kernel_http import (
     Box,
     KernelDaemon,
     alive,
+    host_pid,
     isolation_problem,
     wait_for,
 )
+from tests.templates.rootfs import OS_RELEASE, rootfs
 
 WHY_NOT = isolation_problem()
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
@@ -55,6 +58,7 @@ def zygoted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
         tmp_path_factory.mktemp("zygoted"),
         "--memory-max=256M",
         "--pids-max=64",
+        "--template-max=64M",
         env={"SANDBOXD_SPAWNER": "zygote", "SANDBOXD_ZYGOTE_QUIET": f"{QUIET:g}s"},
     )
     try:
@@ -303,3 +307,47 @@ def test_a_zygote_at_pids_max_hands_the_exec_to_the_server(box: Box, zygoted: Ke
     assert result.exit == 0, result
     inner, session = result.out.split()
     assert inner != session, "through the server (its relay), as the helper would"
+
+
+def test_a_templated_sandboxs_zygote_runs_its_execs_in_the_templates_root(
+    zygoted: KernelDaemon,
+) -> None:
+    answer = zygoted.client.request("PUT", "/templates/busybox", rootfs())
+    assert answer.status == 201, answer
+    answer = zygoted.call("POST", "/sandboxes", {"template": "busybox"})
+    assert answer.status == 200, answer
+    box = Box(zygoted, answer.json()["remote_id"])
+    zygoted.rids.append(box.rid)
+    try:
+        view = "whoami; pwd; /bin/pwd -P; ls /"
+        served = box.ok(view)  # the first exec: the server's, with the helper's steps
+        zygote_of(zygoted, box)
+        assert through_zygote(box)
+        assert box.ok(view) == served
+        assert served.split()[0] == "user"
+        assert box.ok("cat /etc/os-release").encode() + b"\n" == OS_RELEASE
+        listing = set(served.split()[3:])
+        assert {"bin", "etc", "scratch", "home"} <= listing and "usr" not in listing
+    finally:
+        box.kill()
+
+
+def test_a_disconnect_kills_the_process_group_of_a_zygotes_command(
+    box: Box, zygoted: KernelDaemon
+) -> None:
+    box.ok("true")
+    zygote_of(zygoted, box)
+    pin = zygoted.root / ".ns" / box.rid / "pid"
+    script = LEADS_ITS_SESSION + 'sleep 300 & echo "$pid $session $!" > bg; wait'
+    body = json.dumps({"cmd": ["sh", "-c", script]}).encode()
+    client = socket.create_connection(("127.0.0.1", zygoted.daemon.port))
+    head = f"POST {box.url('exec')} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    client.sendall(head.encode() + body)
+    pid_file = box.workspace / "bg"
+    assert wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30 * SLOW)
+    inner, session, background = pid_file.read_text().split()
+    assert inner == session, "through the zygote"
+    sleeper = host_pid(int(background), pin)
+    assert sleeper is not None and alive(sleeper)
+    client.close()
+    assert wait_for(lambda: not alive(sleeper), 10 * SLOW)
