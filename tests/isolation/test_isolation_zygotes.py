@@ -141,6 +141,7 @@ class Zygote:
 
 async def server_request(stand_in: StandIn) -> tuple[bytes, list[int]]:
     """The next request the stand-in server gets (once the reactor has sent it)."""
+    await until(lambda: stand_in.peer is not None)
     peer = stand_in.peer
     assert peer is not None
     await until(lambda: bool(select.select([peer], [], [], 0)[0]))
@@ -339,9 +340,21 @@ async def test_a_zygote_the_server_cannot_start_is_no_zygote(
     assert not zygotes.send(reactor, session, request(session, {}), fds, never)
     assert zygotes.live == {}
 
+    assert not zygotes.send(reactor, argv, request(argv, {}), fds, never)
+    zygotes.close()  # retired before the server is asked: it never is
+    await _turns(3)
+    assert stand_in.peer is not None and not select.select([stand_in.peer], [], [], 0)[0]
+
     stand_in.ended = -9  # the server is gone: no zygote either
     assert not zygotes.send(reactor, argv, request(argv, {}), fds, never)
-    assert zygotes.live == {}
+    await until(lambda: zygotes.live == {})
+
+
+async def _turns(count: int) -> None:
+    for _ in range(count):
+        d: Deferred[None] = Deferred()
+        reactor.callLater(0.002, d.callback, None)
+        await d
 
 
 @pytest_twisted.ensureDeferred

@@ -153,14 +153,20 @@ class Zygotes:
         return True
 
     def _start(self, reactor: Any, key: SandboxKey, uid: int, argv: Sequence[str]) -> None:
-        """Ask the spawn server for a zygote of ``argv``'s sandbox (beside its exec)."""
+        """Ask the spawn server for a zygote of ``argv``'s sandbox, once the exec that
+        started it is sent (its request goes to the server first: the zygote's set-up does not
+        delay it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         ours.setblocking(False)
         zygote = Zygote(uid, _Answers(reactor, ours, lambda: self._retire(key, zygote)))
         zygote.quiet = reactor.callLater(self.quiet, self._retire, key, zygote)
         self.live[key] = zygote
+        body = request([argv[0], "zygote", *argv[1:]], {})
+        reactor.callLater(0, self._ask_server, reactor, key, zygote, body, theirs)
 
+    def _ask_server(
+        self, reactor: Any, key: SandboxKey, zygote: Zygote, body: bytes, theirs: socket.socket
+    ) -> None:
         def started(result: int | OSError) -> None:
             if isinstance(result, OSError) or zygote.closed:
                 self._retire(key, zygote)
@@ -170,10 +176,12 @@ class Zygotes:
             if not zygote.closed:
                 zygote.answers.startReading()  # type: ignore[no-untyped-call]
 
-        body = request([argv[0], "zygote", *argv[1:]], {})
-        sent = self.server.send(reactor, body, [theirs.fileno(), devnull, devnull], started)
+        sent = False
+        if not zygote.closed:
+            devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            sent = self.server.send(reactor, body, [theirs.fileno(), devnull, devnull], started)
+            os.close(devnull)
         theirs.close()
-        os.close(devnull)
         if not sent:
             self._retire(key, zygote)
 
