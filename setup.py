@@ -80,6 +80,7 @@ setup(
             "sandboxd_exec_noptrace.h",
             "sandboxd_exec_root.h",
             "sandboxd_exec_spawn.h",
+            "sandboxd_exec_zygote.h",
             "sandboxd_seccomp.h",
         ],
         "sandboxd_client": ["py.typed"],

@@ -14,7 +14,9 @@ from twisted.internet.process import (
     Process,
     ProcessReader,
     ProcessWriter,
+    reapProcessHandlers,
     registerReapProcessHandler,
+    unregisterReapProcessHandler,
 )
 from twisted.web.http import HTTPChannel
 
@@ -128,6 +130,38 @@ class ServedProcess(Process):
         if self.pid is None and not self.lostProcess:
             return  # no answer yet (the pipes may end first), or refused
         super().maybeCallProcessEnded()
+
+
+def reap_handled(pid: int) -> bool:
+    """Twisted reaps ``pid`` already (``twisted.internet.process.reapProcessHandlers``, the
+    private table of pid → process its SIGCHLD handling reaps)."""
+    return pid in reapProcessHandlers
+
+
+class _Reaper:
+    """Reaps one child through Twisted's SIGCHLD handling and says when it has ended."""
+
+    def __init__(self, pid: int, ended: Callable[[], None]) -> None:
+        self.pid = pid
+        self.ended = ended
+
+    def reapProcess(self) -> None:
+        try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # pragma: no cover (only this reaps it)
+            pid = self.pid
+        if pid:
+            unregisterReapProcessHandler(self.pid, self)
+            self.ended()
+
+    def processEnded(self, status: int) -> None:
+        self.ended()
+
+
+def reap_when_ended(pid: int, ended: Callable[[], None]) -> None:
+    """Reap child ``pid`` (one that no ``Process`` stands for: a zygote) when it ends, as
+    Twisted reaps its own (``registerReapProcessHandler``), and then call ``ended``."""
+    registerReapProcessHandler(pid, _Reaper(pid, ended))
 
 
 # Ports: a proxied WebSocket upgrade takes the client's connection over

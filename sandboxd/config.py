@@ -47,7 +47,7 @@ from sandboxd.units import (
 ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
 SECCOMP_MODES = ("default", "off")
 SOCKET_BUFFER_MODES = ("charged", "off")
-SPAWNER_MODES = ("helper", "server")
+SPAWNER_MODES = ("helper", "server", "zygote")
 LOG_FORMATS = ("text", "json")
 AUTH_GATE_MODES = ("headers", "off")
 DEFAULT_LISTEN = "tcp:8080"
@@ -284,8 +284,21 @@ class Config:
         "SANDBOXD_SPAWNER",
         "helper",
         choice(SPAWNER_MODES),
-        "How isolated execs start: helper (a spawn of the exec helper each) or server (a"
-        " long-running spawn server starts them)",
+        "How isolated execs start: helper (a spawn of the exec helper each), server (a"
+        " long-running spawn server starts them) or zygote (the server, and a zygote per"
+        " sandbox running execs forks them)",
+    )
+    zygote_quiet: float = setting_field(
+        "SANDBOXD_ZYGOTE_QUIET",
+        "60s",
+        parse_duration,
+        "A sandbox's zygote is retired after this long with no exec (SANDBOXD_SPAWNER=zygote)",
+    )
+    zygotes_max: int = setting_field(
+        "SANDBOXD_ZYGOTES_MAX",
+        "256",
+        parse_count,
+        "Most zygotes alive at once (one pid each); past it execs go to the spawn server",
     )
     socket_buffers: str = setting_field(
         "SANDBOXD_SOCKET_BUFFERS",

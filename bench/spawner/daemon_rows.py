@@ -10,7 +10,9 @@ that reaches the manager and answers JSON: the HTTP round trip), and ``posix_spa
 ``/bin/true`` from this process (the spawn floor). Prints p50/p90 of each.
 
 ``--server`` starts a second isolated daemon with ``SANDBOXD_SPAWNER=server`` (its own uid
-range) and adds its ``exec true`` as the row ``exec-server``, interleaved with the others.
+range) and adds its ``exec true`` as the row ``exec-server``, interleaved with the others;
+``--zygote`` the same with ``SANDBOXD_SPAWNER=zygote`` (row ``exec-zygote``: after the warm-up
+rounds every exec is forked by the sandbox's zygote, whose quiet spell the rounds never reach).
 """
 
 import argparse
@@ -132,6 +134,9 @@ def main() -> int:
     parser.add_argument(
         "--server", action="store_true", help="add a SANDBOXD_SPAWNER=server daemon's exec row"
     )
+    parser.add_argument(
+        "--zygote", action="store_true", help="add a SANDBOXD_SPAWNER=zygote daemon's exec row"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="spawnbench-daemon-"))
     if args.strace:
@@ -146,13 +151,22 @@ def main() -> int:
         remove_shim()
         raise
     raw = rawhttp.RawHTTP(server.port)
-    served = served_raw = None
-    if args.server:
-        uids = {"SANDBOXD_UID_MIN": "612500", "SANDBOXD_UID_MAX": "614999"}
-        served = procs.start_sandboxd(
-            "spawnbench-server", True, workdir, {**uids, "SANDBOXD_SPAWNER": "server"}
-        )
-        served_raw = rawhttp.RawHTTP(served.port)
+    others: dict[str, tuple[procs.Server, rawhttp.RawHTTP]] = {}
+    uid_ranges = {"server": ("612500", "614999"), "zygote": ("615000", "617499")}
+    try:
+        for mode in [m for m in ("server", "zygote") if getattr(args, m)]:
+            low, high = uid_ranges[mode]
+            settings = {"SANDBOXD_UID_MIN": low, "SANDBOXD_UID_MAX": high}
+            other = procs.start_sandboxd(
+                f"spawnbench-{mode}", True, workdir, {**settings, "SANDBOXD_SPAWNER": mode}
+            )
+            others[mode] = (other, rawhttp.RawHTTP(other.port))
+    except BaseException:
+        for other, other_raw in others.values():
+            other_raw.close()
+            other.stop()
+        server.stop()
+        raise
     try:
         print("load average at start:", Path("/proc/loadavg").read_text().strip())
         status, body = raw.request("POST", "/sandboxes", b"{}")
@@ -182,24 +196,26 @@ def main() -> int:
             assert status == 200, (status, body)
             return took
 
-        rows: dict[str, Callable[[], float]] = {"exec": exec_true}
-        if served_raw is not None:
-            status, body = served_raw.request("POST", "/sandboxes", b"{}")
+        def exec_row(other_raw: rawhttp.RawHTTP) -> Callable[[], float]:
+            status, body = other_raw.request("POST", "/sandboxes", b"{}")
             assert status == 200, (status, body)
-            served_rid = json.loads(body)["remote_id"]
+            other_rid = json.loads(body)["remote_id"]
 
-            def exec_served() -> float:
-                assert served_raw is not None
+            def exec_other() -> float:
                 start = time.perf_counter()
-                status, body = served_raw.ready().request(
-                    "POST", f"/sandboxes/{served_rid}/exec", exec_body
+                status, body = other_raw.ready().request(
+                    "POST", f"/sandboxes/{other_rid}/exec", exec_body
                 )
                 took = time.perf_counter() - start
                 last = json.loads(body.splitlines()[-1])
                 assert status == 200 and last.get("exit") == 0, (status, body)
                 return took
 
-            rows["exec-server"] = exec_served
+            return exec_other
+
+        rows: dict[str, Callable[[], float]] = {"exec": exec_true}
+        for mode, (_, other_raw) in others.items():
+            rows[f"exec-{mode}"] = exec_row(other_raw)
         rows |= {
             "http": round_trip,
             "floor": lambda: spawned(["/bin/true"], ENV),
@@ -217,9 +233,9 @@ def main() -> int:
         exec_p50 = statistics.median(times["exec"])
         ref = statistics.median(times["http"]) + statistics.median(times["floor"])
         print(f"exec p50 / (floor p50 + http p50) = {exec_p50 / ref:.2f}")
-        if "exec-server" in times:
-            served_p50 = statistics.median(times["exec-server"])
-            print(f"exec-server p50 / (floor p50 + http p50) = {served_p50 / ref:.2f}")
+        for mode in others:
+            other_p50 = statistics.median(times[f"exec-{mode}"])
+            print(f"exec-{mode} p50 / (floor p50 + http p50) = {other_p50 / ref:.2f}")
         raw.request("DELETE", f"/sandboxes/{rid}")
         print(
             "daemon pid",
@@ -232,9 +248,9 @@ def main() -> int:
         if args.strace:
             stop_traced(server)
         server.stop()
-        if served is not None and served_raw is not None:
-            served_raw.close()
-            served.stop()
+        for other, other_raw in others.values():
+            other_raw.close()
+            other.stop()
         remove_shim()
     return 0
 

@@ -18,6 +18,7 @@ from sandboxd.isolation.namespaces.root_view import RootView
 if TYPE_CHECKING:
     from sandboxd.isolation.disk.base import DiskDriver
     from sandboxd.isolation.exec.spawn_server import SpawnServer
+    from sandboxd.isolation.exec.zygotes import Zygotes
     from sandboxd.isolation.namespaces.pins import Namespaces
     from sandboxd.isolation.network.modes import NetworkMode
     from sandboxd.isolation.sandbox import SandboxIsolation
@@ -253,6 +254,9 @@ class Isolation:
     spawn_server: "SpawnServer | None" = None
     """Starts the execs' helper argv without spawning it (``SANDBOXD_SPAWNER=server``;
     :mod:`sandboxd.isolation.exec.spawn_server`); ``None``: every command is spawned."""
+    zygotes: "Zygotes | None" = None
+    """The sandboxes' zygotes that fork their execs (``SANDBOXD_SPAWNER=zygote``, beside
+    :attr:`spawn_server`: :mod:`sandboxd.isolation.exec.zygotes`); ``None``: none."""
     layers: tuple[str, ...] = ()
     """The capability names of the layers in force beyond uid + cgroup
     (:mod:`sandboxd.isolation.layers`), for ``/healthz``."""
@@ -335,8 +339,10 @@ class Isolation:
 
     def close(self) -> None:
         """The daemon stops, its sandboxes gone: unmount the pins directory, close the network
-        modes, stop the spawn server."""
+        modes, retire the zygotes, stop the spawn server."""
         self.namespaces.close()
+        if self.zygotes is not None:
+            self.zygotes.close()
         if self.spawn_server is not None:
             self.spawn_server.close()
 
@@ -350,4 +356,4 @@ class Isolation:
             return reactor
         from sandboxd.isolation.exec.spawn_server import Spawner
 
-        return cast(IReactorProcess, Spawner(reactor, self.spawn_server))
+        return cast(IReactorProcess, Spawner(reactor, self.spawn_server, self.zygotes))

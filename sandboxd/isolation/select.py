@@ -28,6 +28,7 @@ from sandboxd.isolation.exec.helper import (
 )
 from sandboxd.isolation.exec.spawn_server import SpawnServer
 from sandboxd.isolation.exec.wrapper import spawn_env
+from sandboxd.isolation.exec.zygotes import Zygotes
 from sandboxd.isolation.fscreds import (
     FsCredentialThreads,
     FsIds,
@@ -232,7 +233,10 @@ def build_isolation(
         require_seccomp(helper, host.run)
     else:
         _log_off(SECCOMP, "SANDBOXD_SECCOMP=off: commands may make every system call")
-    served = " (execs: its spawn server)" if config.spawner == "server" else ""
+    served = {
+        "server": " (execs: its spawn server)",
+        "zygote": " (execs: a zygote per sandbox, through its spawn server)",
+    }.get(config.spawner, "")
     wrap, own_work_wrap = wraps(helper, seccomp, config.umask, host.which, host.read)
     driver = choose_driver(config, reactor, host)
     sockets = charge_socket_buffers(driver, config.socket_buffers == "charged", host)
@@ -247,6 +251,7 @@ def build_isolation(
         driver.unprepare()  # start-up stops here: no instance cgroup is left behind
         raise
     threads_reactor: IReactorFromThreads = reactor  # type: ignore[assignment]
+    server = SpawnServer(helper) if helper and served else None
     return Isolation(
         name=driver.name,
         uids=NumericUidPool(config.uid_min, config.uid_max),
@@ -257,7 +262,12 @@ def build_isolation(
         owns_files=True,
         spawn_env=spawn_env,
         exec_chain="shell" if helper is None else f"helper {helper}" + served,
-        spawn_server=SpawnServer(helper) if helper and served else None,
+        spawn_server=server,
+        zygotes=(
+            Zygotes(server, config.zygote_quiet, config.zygotes_max)
+            if server is not None and config.spawner == "zygote"
+            else None
+        ),
         namespaces=namespaces,
         layers=tuple(
             name

@@ -1,12 +1,14 @@
 """Choosing the bundle at start-up: loud refusals, never a silent fallback to no isolation."""
 
 import os
+import socket
 import stat
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from attrs import evolve
+from twisted.internet import reactor
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 from twisted.python.threadpool import ThreadPool
@@ -18,8 +20,9 @@ from sandboxd.isolation.base import Identity, IsolationUnavailable, plain_env
 from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroups.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.exec.helper import HelperSession, HelperWrapper
-from sandboxd.isolation.exec.spawn_server import SpawnServer
+from sandboxd.isolation.exec.spawn_server import Spawner, SpawnServer, _Answers
 from sandboxd.isolation.exec.wrapper import Wrapper, spawn_env
+from sandboxd.isolation.exec.zygotes import Zygote, Zygotes
 from sandboxd.isolation.fscreds import FsCredentialThreads
 from sandboxd.isolation.none import CountingPool, SweptUidPool, live_processes_of
 from sandboxd.isolation.select import DAEMON_OOM_SCORE_ADJ, Host, build_isolation, protect_daemon
@@ -327,6 +330,28 @@ def test_the_spawn_server_is_the_helpers_when_asked_for(
     assert iso.exec_chain.endswith("(execs: its spawn server)") is served
     assert getattr(iso.spawn_server, "helper", helper) == helper
     assert getattr(iso.spawn_server, "pid", None) is None  # started at the first exec
+
+
+def test_zygotes_come_with_their_spawn_server_and_go_with_the_daemon(tmp_path: Path) -> None:
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    settings = evolve(config(tmp_path, "auto"), spawner="zygote", zygote_quiet=7.0, zygotes_max=9)
+    iso = build_isolation(settings, Clock(), POOL, machine.host(helper="/opt/sd/sandboxd-exec"))
+    assert iso.exec_chain.endswith("(execs: a zygote per sandbox, through its spawn server)")
+    zygotes = iso.zygotes
+    assert isinstance(zygotes, Zygotes) and zygotes.server is iso.spawn_server
+    assert (zygotes.quiet, zygotes.limit) == (7.0, 9)
+    spawner = iso.spawner(Clock())  # type: ignore[arg-type]
+    assert isinstance(spawner, Spawner) and spawner.zygotes is zygotes
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    clock = Clock()
+    answers = _Answers(reactor, ours, lambda: None)
+    zygotes.live[("a",)] = Zygote(1, answers, quiet=clock.callLater(7, lambda: None))
+    iso.close()
+    assert zygotes.live == {} and theirs.recv(1) == b"", "retired: its socket ended"
+    assert clock.getDelayedCalls() == []
+    theirs.close()
+    server = evolve(settings, spawner="server")
+    assert build_isolation(server, Clock(), POOL, machine.host()).zygotes is None
 
 
 def test_none_has_no_spawn_server(tmp_path: Path) -> None:

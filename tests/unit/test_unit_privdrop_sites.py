@@ -222,6 +222,7 @@ def test_the_helper_drops_privilege_once_and_filters_right_after() -> None:
     assert main.count("drop_privilege(uid, gid);") == 1
     assert re.search(
         r"drop_privilege\(uid, gid\);\s*if \(options\.seccomp\)\s*apply_seccomp\(\);\s*"
+        r"if \(zygote_mode\)\s*return serve_zygote\(\);\s*"  # the same steps, then a fork each
         r"return run\(cwd, argv \+ 6 \+ procs, 1, options\.umask, options\.no_ptrace\);",
         main,
     )

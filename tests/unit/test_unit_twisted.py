@@ -185,3 +185,25 @@ def test_a_channel_handling_a_request_is_taken_over_with_what_it_buffered() -> N
     channel.dataReceived(b"late")
     channel.connectionLost(None)
     assert events == [b"late", "taker lost", "channel lost"]
+
+
+def test_a_child_is_reaped_through_twisteds_table_and_its_end_told() -> None:
+    from twisted.internet.process import reapProcessHandlers
+
+    ended: list[str] = []
+    sleeper = os.posix_spawn("/bin/sleep", ["sleep", "30"], {})
+    _twisted.reap_when_ended(sleeper, lambda: ended.append("sleeper"))
+    assert _twisted.reap_handled(sleeper)
+    reaper = reapProcessHandlers[sleeper]
+    reaper.reapProcess()  # still running: nothing
+    assert ended == [] and _twisted.reap_handled(sleeper)
+    os.kill(sleeper, 9)
+    os.waitid(os.P_PID, sleeper, os.WEXITED | os.WNOWAIT)
+    reaper.reapProcess()
+    assert ended == ["sleeper"] and not _twisted.reap_handled(sleeper)
+
+    done = os.posix_spawn("/bin/true", ["true"], {})
+    os.waitid(os.P_PID, done, os.WEXITED | os.WNOWAIT)  # ended before it is registered
+    _twisted.reap_when_ended(done, lambda: ended.append("done"))
+    assert ended == ["sleeper", "done"] and not _twisted.reap_handled(done)
+    assert not _twisted.reap_handled(os.getpid())

@@ -8,6 +8,8 @@
  *   sandboxd-exec namespaces NSROOT RID KINDS TMP WORKSPACE SHM_BYTES [KEEP..]   (sandboxd_exec_ns.h)
  *   sandboxd-exec namespace-server   (sandboxd_exec_ns.h)
  *   sandboxd-exec spawn-server   (sandboxd_exec_spawn.h: each request runs this main path in a child)
+ *   sandboxd-exec zygote enter N NS.. HELPER sandbox ...   (sandboxd_exec_zygote.h: a spawn
+ *       server's child that takes the steps, then forks each exec of the sandbox)
  *
  * "sandbox" (run as root by the isolated daemon), in this order:
  *   1. write 0 (itself) into every JOIN file (the sandbox's cgroup.procs, or each v1 hierarchy's
@@ -71,6 +73,7 @@ extern char **environ;
 static void fail(int code, const char *what, const char *arg, int error);
 static int open_for_writing(const char *path);
 static void new_session(int ctty);
+static int zygote_mode; /* sandboxd_exec_zygote.h */
 #include "sandboxd_exec_ns.h" /* namespaces at create, and "enter" before an exec */
 #include "sandboxd_exec_spawn.h" /* the spawn server: this main path, without a program start */
 #include "sandboxd_exec_noptrace.h" /* --no-ptrace: the daemon's own work as a sandbox */
@@ -303,6 +306,8 @@ static int run(const char *cwd, char **argv, int unpack, mode_t mask, int no_ptr
     return code;
 }
 
+#include "sandboxd_exec_zygote.h" /* a zygote: the steps once, then a fork per exec */
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "namespace-server") == 0)
@@ -315,6 +320,13 @@ int main(int argc, char **argv)
 /* Everything but the servers (a spawn server's child runs this on the request's argv). */
 static int helper_main(int argc, char **argv)
 {
+    if (argc >= 3 && strcmp(argv[1], "zygote") == 0) {
+        zygote_mode = 1;
+        argc--;
+        argv++;
+        zygote_join_first(argc, argv);
+        reset_oom_score_adj(); /* here: past "enter", a pid namespace's /proc has no "self" */
+    }
     if (argc >= 2 && strcmp(argv[1], "enter") == 0)
         argv = enter_namespaces(&argc, argv);
     if (argc >= 2 && strcmp(argv[1], "namespaces") == 0)
@@ -345,7 +357,8 @@ static int helper_main(int argc, char **argv)
         fail(SETUP_FAILED, "bad", "procs count", EINVAL);
     for (long i = 0; i < procs; i++)
         write_all(argv[6 + i], "0\n", "cannot join cgroup");
-    reset_oom_score_adj();
+    if (!zygote_mode)
+        reset_oom_score_adj();
     /* A relayed command is in its relay's session already, but a terminal's leads its own
      * (relay_release_terminal), and dies with its relay (relay_signals). */
     if (!ns_relayed || options.ctty)
@@ -354,5 +367,7 @@ static int helper_main(int argc, char **argv)
     drop_privilege(uid, gid);
     if (options.seccomp)
         apply_seccomp();
+    if (zygote_mode)
+        return serve_zygote();
     return run(cwd, argv + 6 + procs, 1, options.umask, options.no_ptrace);
 }

@@ -787,7 +787,7 @@ static char **enter_namespaces(int *argc, char **argv)
         pid |= namespace_type(path) == CLONE_NEWPID;
         close(fd);
     }
-    if (pid)
+    if (pid && !zygote_mode)
         relay_pid_namespace(*argc - 3 - (int)count, argv + 3 + count);
     *argc -= 3 + (int)count;
     return argv + 3 + count;

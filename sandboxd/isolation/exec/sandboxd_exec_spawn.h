@@ -17,6 +17,10 @@
  * exit code is the helper's. The answer is one native int: the child's pid, or -errno when no
  * child was made (EAGAIN, ENOMEM from clone; EBADMSG, EMSGSIZE for a request it cannot read).
  *
+ * A request whose ARG_1 is "zygote" starts a sandbox's zygote the same way
+ * (sandboxd_exec_zygote.h): its child runs the helper's steps and then serves that sandbox's
+ * execs on its stdin instead of exec'ing a command.
+ *
  * The server resets every signal's disposition and its signal mask at start (the child's are
  * then what a program started by the daemon has), and ends at the end of its stdin.
  */
@@ -81,8 +85,12 @@ static int spawn_parse(char *buf, size_t size, char **args, int *argc)
     return 0;
 }
 
-/* One request read, answered; 0 to go on, -1 when the daemon has gone. */
-static int spawn_one(int sock, char *buf, char **args)
+/* What a request's child runs: its descriptors, argv and environment; it never returns. */
+typedef void (*spawn_child_fn)(const int fds[3], int argc, char **argv, char **env);
+
+/* One request read, answered (its child runs ``child``); 0 to go on, -1 when the daemon has
+ * gone. */
+static int spawn_one(int sock, char *buf, char **args, spawn_child_fn child)
 {
     int fds[3] = {-1, -1, -1};
     union {
@@ -124,7 +132,7 @@ static int spawn_one(int sock, char *buf, char **args)
     if (answer == 0) {
         pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PARENT | SIGCHLD, NULL, NULL, NULL, NULL);
         if (pid == 0)
-            spawn_child(fds, argc, args, args + argc + 1);
+            child(fds, argc, args, args + argc + 1);
         answer = pid < 0 ? -errno : pid;
     }
     for (int k = 0; k < 3; k++)
@@ -143,7 +151,7 @@ static int serve_spawns(void)
     spawn_reset_signals();
     static char buf[SPAWN_MESSAGE_MAX + 1];
     static char *args[SPAWN_ARGS_MAX + 2];
-    while (spawn_one(0, buf, args) == 0)
+    while (spawn_one(0, buf, args, spawn_child) == 0)
         ;
     return 0;
 }

@@ -24,7 +24,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from twisted.internet import abstract
 from twisted.internet.interfaces import IReactorProcess
@@ -34,10 +34,13 @@ from zope.interface import implementer
 from sandboxd._twisted import ServedProcess
 from sandboxd.isolation.base import PLAIN_ENV
 
+if TYPE_CHECKING:
+    from sandboxd.isolation.exec.zygotes import Zygotes
+
 MESSAGE_MAX = 256 << 10
 """The largest request the server reads (``SPAWN_MESSAGE_MAX``); a larger one is spawned."""
 
-SPAWNERS = ("helper", "server")
+SPAWNERS = ("helper", "server", "zygote")
 
 Answer = Callable[[int | OSError], None]
 """Told the server's answer to one request: the child's pid, or why there is none."""
@@ -191,12 +194,13 @@ class SpawnServer:
 
 @implementer(IReactorProcess)
 class Spawner:
-    """``spawnProcess`` for the execs: the helper's own argv goes to the server, any other
-    through the reactor."""
+    """``spawnProcess`` for the execs: the helper's own argv goes to its sandbox's zygote
+    (``zygotes``, where they run) or to the server, any other through the reactor."""
 
-    def __init__(self, reactor: Any, server: SpawnServer) -> None:
+    def __init__(self, reactor: Any, server: SpawnServer, zygotes: "Zygotes | None" = None) -> None:
         self.reactor = reactor
         self.server = server
+        self.zygotes = zygotes
 
     def spawnProcess(
         self,
@@ -210,7 +214,8 @@ class Spawner:
         usePTY: bool = False,
         childFDs: Mapping[int, int | str] | None = None,
     ) -> Any:
-        """Through the server when it can take the command (see the module), else
+        """Through the sandbox's zygote or the server when they can take the command (see
+        the module and :mod:`sandboxd.isolation.exec.zygotes`), else
         ``reactor.spawnProcess`` with the same arguments."""
         argv = [os.fsdecode(arg) for arg in args]
         if argv[0] == self.server.helper and isinstance(processProtocol, Served):
@@ -228,7 +233,12 @@ class Spawner:
                     process.answered(result)
 
             fds = [process.child_side[fd] for fd in (0, 1, 2)]
-            if self.server.send(self.reactor, request(argv, env or {}), fds, answered):
+            body = request(argv, env or {})
+            zygotes = self.zygotes
+            if zygotes is not None and zygotes.send(self.reactor, argv, body, fds, answered):
+                process.connect()
+                return process
+            if self.server.send(self.reactor, body, fds, answered):
                 process.connect()
                 return process
             process.abandon()

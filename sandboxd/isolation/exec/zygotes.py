@@ -1,0 +1,221 @@
+"""Per-sandbox zygotes for the isolated execs (``SANDBOXD_SPAWNER=zygote``; the zygote is
+``sandboxd_exec_zygote.h``; docs/operating.rst, "Zygotes (opt-in)").
+
+A zygote is one small process per sandbox that runs commands: it has taken the helper's steps
+once (the sandbox's cgroups, namespaces, uid and gid, no_new_privs, seccomp filter) and then
+forks each exec of that sandbox, whose child only puts its descriptors in place, leads a new
+session, enters the exec's cwd and execs the command. The child is the daemon's own
+(``CLONE_PARENT``): its pipes are read and it is reaped as a spawn server's child
+(:class:`sandboxd._twisted.ServedProcess`).
+
+Life of a zygote: the spawn server starts it beside a sandbox's first exec (which the server
+runs); it serves the execs after that; it is retired (its socket closed: it exits) after a quiet
+spell with no exec, and dies with its sandbox's cgroups at the kill. At most ``limit`` live at
+once: past that, an exec goes to the server. A zygote runs as the sandbox's uid, so the
+sandbox can kill or stop it (it cannot ptrace it: it is not dumpable): the daemon accepts only
+an answer naming its own unreaped child of the sandbox's uid that nothing reaps yet, gives up on
+a zygote that does not answer in time, and sends the exec to the server whenever the zygote
+cannot take it (gone, killed, an error, a lie, no answer); the next exec starts a fresh one.
+"""
+
+import errno
+import os
+import signal
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import define, field
+
+from sandboxd._twisted import reap_handled, reap_when_ended
+from sandboxd.isolation.exec.spawn_server import Answer, SpawnServer, _Answers, request
+
+QUIET = 60.0
+"""Seconds with no exec after which a zygote is retired (``SANDBOXD_ZYGOTE_QUIET``)."""
+
+LIMIT = 256
+"""Live zygotes per daemon (``SANDBOXD_ZYGOTES_MAX``): one pid each, within ``pid_max``."""
+
+ANSWER_TIMEOUT = 5.0
+"""Seconds a zygote has to answer an exec before it is killed and the exec sent to the server."""
+
+SandboxKey = tuple[str, ...]
+"""What names a sandbox in an exec's helper argv: all of it but the cwd and the command."""
+
+
+def sandbox_of(argv: Sequence[str]) -> tuple[SandboxKey, int] | None:
+    """The sandbox part of an exec's helper argv and its uid (``None``: an argv a zygote does
+    not take: not the helper's ``sandbox`` step, a terminal's or the daemon's own command)."""
+    at = 1
+    if len(argv) > 3 and argv[1] == "enter":
+        if not argv[2].isdigit():
+            return None
+        at = 4 + int(argv[2])
+    while at < len(argv) and argv[at].startswith("--"):
+        if argv[at] in ("--ctty", "--no-ptrace"):
+            return None
+        at += 1
+    if len(argv) < at + 6 or argv[at] != "sandbox" or not argv[at + 4].isdigit():
+        return None
+    end = at + 5 + int(argv[at + 4])
+    if len(argv) <= end or not argv[at + 1].isdigit():
+        return None
+    return (*argv[: at + 3], *argv[at + 4 : end]), int(argv[at + 1])
+
+
+def uid_of(pid: int) -> int | None:
+    """The real uid of process ``pid`` (``None``: gone). Read from its status, since its
+    ``/proc`` entry is root's while it is not dumpable (a zygote's child before its exec)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            lines = status.readlines()
+    except OSError:
+        return None
+    (line,) = [line for line in lines if line.startswith(b"Uid:")]
+    return int(line.split()[1])
+
+
+def unclaimed_child(pid: int) -> bool:
+    """``pid`` is an unreaped child of the daemon that no handler reaps yet."""
+    if reap_handled(pid):
+        return False
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+@define(eq=False)
+class Zygote:
+    """One sandbox's zygote: its socket, and its pid once the server has answered."""
+
+    uid: int
+    answers: _Answers
+    pid: int | None = None
+    quiet: Any = None
+    """The reactor's call that retires it after the quiet spell."""
+    closed: bool = False
+
+
+@define
+class Zygotes:
+    """The daemon's live zygotes, by sandbox (:data:`SandboxKey`)."""
+
+    server: SpawnServer
+    quiet: float = QUIET
+    limit: int = LIMIT
+    answer_timeout: float = ANSWER_TIMEOUT
+    live: dict[SandboxKey, Zygote] = field(factory=dict)
+
+    def send(
+        self, reactor: Any, argv: Sequence[str], body: bytes, fds: Sequence[int], answer: Answer
+    ) -> bool:
+        """Send exec ``body`` (``argv``'s request, with its descriptors ``fds``) to its
+        sandbox's zygote; ``answer`` is told the child's pid, or the server's answer where the
+        zygote could not take it. ``False`` (nothing sent): no zygote serves that sandbox yet
+        (one is started now, if there is room), or ``argv`` is none a zygote takes."""
+        found = sandbox_of(argv)
+        if found is None:
+            return False
+        key, uid = found
+        zygote = self.live.get(key)
+        if zygote is None:
+            if len(self.live) < self.limit:
+                self._start(reactor, key, uid, argv)
+            return False
+        if zygote.pid is None:
+            return False
+        kept = [os.dup(fd) for fd in fds]  # for the server, should the zygote not answer
+        try:
+            socket.send_fds(zygote.answers.sock, [body], kept)
+        except OSError:
+            self._retire(key, zygote)
+            _close(kept)
+            return False
+        timeout = reactor.callLater(self.answer_timeout, self._kill, key, zygote)
+        zygote.quiet.reset(self.quiet)
+
+        def answered(result: int | OSError) -> None:
+            if timeout.active():
+                timeout.cancel()
+            if isinstance(result, int) and unclaimed_child(result) and uid_of(result) == uid:
+                _close(kept)
+                answer(result)
+                return
+            if isinstance(result, int):
+                self._kill(key, zygote)  # it lies: the sandbox's own code runs in it
+            if not self.server.send(reactor, body, kept, answer):
+                answer(OSError(errno.EPIPE, "neither the zygote nor the spawn server answered"))
+            _close(kept)
+
+        zygote.answers.pending.append(answered)
+        return True
+
+    def _start(self, reactor: Any, key: SandboxKey, uid: int, argv: Sequence[str]) -> None:
+        """Ask the spawn server for a zygote of ``argv``'s sandbox, once the exec that
+        started it is sent (its request goes to the server first: the zygote's set-up does not
+        delay it)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
+        zygote = Zygote(uid, _Answers(reactor, ours, lambda: self._retire(key, zygote)))
+        zygote.quiet = reactor.callLater(self.quiet, self._retire, key, zygote)
+        self.live[key] = zygote
+        body = request([argv[0], "zygote", *argv[1:]], {})
+        reactor.callLater(0, self._ask_server, reactor, key, zygote, body, theirs)
+
+    def _ask_server(
+        self, reactor: Any, key: SandboxKey, zygote: Zygote, body: bytes, theirs: socket.socket
+    ) -> None:
+        def started(result: int | OSError) -> None:
+            if isinstance(result, OSError) or zygote.closed:
+                self._retire(key, zygote)
+                return
+            zygote.pid = result
+            reap_when_ended(result, lambda: self._retire(key, zygote))
+            if not zygote.closed:
+                zygote.answers.startReading()  # type: ignore[no-untyped-call]
+
+        sent = False
+        if not zygote.closed:
+            devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            sent = self.server.send(reactor, body, [theirs.fileno(), devnull, devnull], started)
+            os.close(devnull)
+        theirs.close()
+        if not sent:
+            self._retire(key, zygote)
+
+    def _kill(self, key: SandboxKey, zygote: Zygote) -> None:
+        """A zygote that did not answer in time, or lied: killed, and retired."""
+        # only one with a pid answers (or times out), and a closed one answers no more: never a
+        # pid that may be reaped and reused already
+        if zygote.pid is not None and not zygote.closed:  # pragma: no branch
+            os.kill(zygote.pid, signal.SIGKILL)
+        self._retire(key, zygote)
+
+    def _retire(self, key: SandboxKey, zygote: Zygote) -> None:
+        """Close a zygote's socket (it exits at its end; its exec in flight goes to the
+        server); the next exec of its sandbox starts a new one."""
+        if self.live.get(key) is zygote:
+            del self.live[key]
+        if zygote.closed:
+            return
+        zygote.closed = True
+        if zygote.quiet.active():
+            zygote.quiet.cancel()
+        answers = zygote.answers
+        answers.stopReading()  # type: ignore[no-untyped-call]
+        answers.sock.close()
+        pending, answers.pending = answers.pending, answers.pending.__class__()
+        for waiting in pending:
+            waiting(OSError(errno.EPIPE, "the zygote ended"))
+
+    def close(self) -> None:
+        """Retire every zygote (the daemon stops)."""
+        for key, zygote in list(self.live.items()):
+            self._retire(key, zygote)
+
+
+def _close(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
