@@ -151,6 +151,27 @@ def test_catching_up_gives_up_when_nobody_reads(monkeypatch: pytest.MonkeyPatch)
         stream.close()
 
 
+def test_a_stream_without_what_the_thread_needs_keeps_its_own() -> None:
+    kept: list[bool] = []
+
+    class Elsewhere(Stream):  # another ipykernel's stream: no _original_stdstream_copy
+        def _watch_pipe_fd(self) -> None:
+            kept.append(True)
+
+    tune(Elsewhere, lambda seconds: None)
+    stream = Elsewhere()
+    try:
+        os.close(stream._original_stdstream_copy)
+        del stream._original_stdstream_copy
+        stream._watch_pipe_fd()
+        assert kept == [True]
+        stream.flush()  # and its flush is ipykernel's
+        assert stream.flushes == 1
+    finally:
+        os.close(stream._fid)
+        os.close(stream.descriptor)
+
+
 def test_an_ipykernel_without_what_it_needs_is_left_alone() -> None:
     class Other:
         def flush(self) -> None:

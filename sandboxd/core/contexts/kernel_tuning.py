@@ -49,7 +49,10 @@ DRAIN_TRIES = 5000
 READ_SIZE = 65536
 
 NEEDS = ("_fid", "_buffer", "_buffer_lock", "_flush_pending", "_subprocess_flush_pending")
-"""The attributes of ipykernel's ``OutStream`` this relies on (ipykernel 6)."""
+"""The attributes of ipykernel's ``OutStream`` the flush relies on (ipykernel 6)."""
+
+WATCH_NEEDS = ("_fid", "_original_stdstream_copy", "_should_watch", "write")
+"""Those :func:`watch` relies on; a stream without one keeps ipykernel's own thread."""
 
 
 def waiting(fd: int) -> int:
@@ -104,9 +107,12 @@ def tune(out_stream: Any, sleep: Callable[[float], None]) -> None:
     that waits for it and skips sending nothing; unchanged if it lacks what they need."""
     if not all(hasattr(out_stream, name) for name in ("_watch_pipe_fd", "flush")):
         return
-    flush_as_before = out_stream.flush
+    flush_as_before, watch_as_before = out_stream.flush, out_stream._watch_pipe_fd
 
     def watch_pipe_fd(self: Any) -> None:
+        if not all(hasattr(self, name) for name in WATCH_NEEDS):
+            watch_as_before(self)
+            return
         self.watch_lock = threading.Lock()
         watch(self)
 
