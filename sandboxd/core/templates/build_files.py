@@ -102,12 +102,14 @@ def copy_context(
     rootfs: str, context: IO[bytes], sources: list[str], dest: str, workdir: str, limit: int
 ) -> int:
     """``COPY sources dest`` from the context tar into ``rootfs``, with an import's checks
-    (:class:`~sandboxd.core.templates.extract.Extraction`: no ``..``, no path through a link,
-    no device): files are root's. Returns the bytes written."""
+    (:class:`~sandboxd.core.templates.extract.Extraction`: no ``..``, no device), except that
+    a path goes through the tree's links as they resolve inside it (Debian's ``/bin`` →
+    ``usr/bin``; :mod:`~sandboxd.core.templates.in_root`): files are root's. Returns the
+    bytes written."""
     context.seek(0)
     root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        extraction = Extraction(root_fd, limit, keep_owners=False)
+        extraction = Extraction(root_fd, limit, keep_owners=False, links_in_root=True)
         with tarfile.open(fileobj=context, mode="r:*") as tar:
             extraction.apply(copy_members(tar, sources, dest, workdir))
         extraction.finish()

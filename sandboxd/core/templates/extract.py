@@ -33,6 +33,7 @@ from contextlib import suppress
 from attrs import define, field
 
 from sandboxd.core.files.tree import remove_dir
+from sandboxd.core.templates.in_root import open_directory
 from sandboxd.errors import BadArchive, InsufficientStorage, TemplateTooLarge
 
 ENTRY_COST = 512
@@ -70,6 +71,11 @@ class Extraction:
     """The root's directory, open (the caller closes it)."""
     limit: int
     keep_owners: bool
+    links_in_root: bool = False
+    """Whether a member's path may go through a link of the tree, resolved inside the tree
+    (:mod:`~sandboxd.core.templates.in_root`: ``COPY``'s), instead of being refused (an
+    archive's). A member's own name is never followed, except a directory's: the directory
+    a link there resolves to is the member's."""
     size: int = 0
     """Bytes of the regular files written so far (hard links counted once)."""
     counted: int = 0
@@ -129,7 +135,10 @@ class Extraction:
         self.counted += grows + ENTRY_COST
 
     def _open_dir(self, parts: Parts) -> int:
-        """The directory at ``parts``, reached without following a link."""
+        """The directory at ``parts``, reached without following a link (or through links
+        resolved inside the tree, :attr:`links_in_root`)."""
+        if self.links_in_root:
+            return open_directory(self.root_fd, parts)
         fd = os.dup(self.root_fd)
         try:
             for part in parts:
@@ -151,7 +160,7 @@ class Extraction:
                     with suppress(FileExistsError):
                         os.mkdir(part, 0o700, dir_fd=fd)
                         self._directories.setdefault(parts[:depth], (0o755, 0, 0))
-                    below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    below = self._below(fd, parts[:depth])
                 except OSError as e:
                     if e.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise _refuse(member, "its path goes through a link or a file") from None
@@ -162,6 +171,12 @@ class Extraction:
             os.close(fd)
             raise
         return fd
+
+    def _below(self, parent: int, parts: Parts) -> int:
+        """The directory ``parts`` (``parent`` holds its last component), open."""
+        if self.links_in_root:
+            return open_directory(self.root_fd, parts)
+        return os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
 
     def _clear(self, parent: int, name: str, keep_directory: bool) -> None:
         """Remove what is at ``name`` (a directory only unless ``keep_directory``)."""
@@ -176,7 +191,8 @@ class Extraction:
             os.unlink(name, dir_fd=parent)
 
     def _write(self, member: tarfile.TarInfo, tar: tarfile.TarFile, parent: int, name: str) -> None:
-        self._clear(parent, name, keep_directory=member.isdir())
+        if not (member.isdir() and self._linked_directory(parent, name, member_parts(member))):
+            self._clear(parent, name, keep_directory=member.isdir())
         if member.isdir():
             with suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=parent)
@@ -198,6 +214,19 @@ class Extraction:
                 os.close(fd)
         else:
             self.skipped += 1  # device nodes: a sandbox gets its own /dev
+
+    def _linked_directory(self, parent: int, name: str, parts: Parts) -> bool:
+        """Whether ``name`` is a link that resolves to a directory inside the tree, which a
+        directory of a ``COPY`` goes into (:attr:`links_in_root`)."""
+        if not self.links_in_root:
+            return False
+        try:
+            if not stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                return False
+            os.close(open_directory(self.root_fd, parts))
+        except OSError:
+            return False  # nothing there, or a link to nothing or to a file: replaced
+        return True
 
     def _write_file(
         self, member: tarfile.TarInfo, tar: tarfile.TarFile, parent: int, name: str
