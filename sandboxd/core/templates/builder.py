@@ -39,6 +39,7 @@ from sandboxd.core.templates.build_events import (
 )
 from sandboxd.core.templates.build_limits import BuildLimits, RunCgroup
 from sandboxd.core.templates.dockerfile import Step
+from sandboxd.core.templates.extract import Stopped
 from sandboxd.core.templates.store import ROOTFS, Template, TemplateStore
 from sandboxd.errors import BadRequest, SandboxdError, TemplateCannotRun
 
@@ -241,7 +242,17 @@ class Build:
         base = self.store.get(name)
         self.base_digest = base.digest
         self.env, self.workdir = dict(base.env), base.workdir
-        await self.store.in_thread(build_files.copy_base, self.store.rootfs(base), self.rootfs)
+        await self.stoppable(build_files.copy_base, self.store.rootfs(base), self.rootfs)
+
+    async def stoppable(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args, stopped)`` in the store's pool (a copy), ``stopped()`` saying whether
+        the build was cancelled or ran past its time, which ``work`` asks as it goes and then
+        raises :class:`~sandboxd.core.templates.extract.Stopped`: ``StepFailed`` saying
+        which."""
+        try:
+            return await self.store.in_thread(work, *args, lambda: self.cancelled)
+        except Stopped:
+            raise StepFailed(self._stop_reason()) from None
 
     async def run_step(self, step: Step) -> None:
         await self.execute(dockerfile.run_argv(step))
@@ -303,7 +314,7 @@ class Build:
         sources, dest = dockerfile.copy_paths(step)
         if self.context is None:
             raise StepFailed("COPY needs a context: send the build as a tar")
-        await self.store.in_thread(
+        await self.stoppable(
             build_files.copy_context,
             self.rootfs,
             self.context,

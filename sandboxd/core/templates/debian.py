@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import tarfile
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sandboxd.core.templates.extract import Extraction
@@ -35,12 +36,15 @@ def mirrors() -> list[str]:
     return [mirror] if mirror else []
 
 
-def extract(tarball: str, rootfs: str, limit: int, keep_owners: bool) -> int:
-    """The suite's tarball written into the new directory ``rootfs``; its files' bytes."""
+def extract(
+    tarball: str, rootfs: str, limit: int, keep_owners: bool, stopped: Callable[[], bool]
+) -> int:
+    """The suite's tarball written into the new directory ``rootfs``; its files' bytes
+    (:class:`~sandboxd.core.templates.extract.Stopped` once ``stopped()`` says so)."""
     os.mkdir(rootfs, 0o755)
     root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        extraction = Extraction(root_fd, limit, keep_owners)
+        extraction = Extraction(root_fd, limit, keep_owners, stopped=stopped)
         with tarfile.open(tarball, "r:*") as tar:
             extraction.apply((member, tar) for member in tar)
         extraction.finish()
@@ -75,6 +79,6 @@ async def bootstrap(build: "Build", suite: str) -> None:
         finally:
             if os.path.lexists(partial):  # pragma: no branch - else a download (as above)
                 os.unlink(partial)  # a download cut short
-    await build.store.in_thread(
+    await build.stoppable(
         extract, tarball, build.rootfs, build.store.limit, build.store.keep_owners
     )

@@ -27,7 +27,7 @@ import os
 import stat
 import tarfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 
 from attrs import define, field
@@ -46,6 +46,15 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _COPY_SIZE = 1 << 20
 
 Parts = tuple[str, ...]
+
+
+class Stopped(Exception):
+    """The work was told to stop (its build was cancelled or ran past its time)."""
+
+
+def never() -> bool:
+    """A stop that never comes (an import's)."""
+    return False
 
 
 def member_parts(member: tarfile.TarInfo) -> Parts:
@@ -76,6 +85,9 @@ class Extraction:
     (:mod:`~sandboxd.core.templates.in_root`: ``COPY``'s), instead of being refused (an
     archive's). A member's own name is never followed, except a directory's: the directory
     a link there resolves to is the member's."""
+    stopped: Callable[[], bool] = never
+    """Asked before each member and each MiB of a file: ``True`` ends the extraction with
+    :class:`Stopped` (a build's ``COPY`` or ``FROM``, cancelled or past its time)."""
     size: int = 0
     """Bytes of the regular files written so far (hard links counted once)."""
     counted: int = 0
@@ -90,6 +102,7 @@ class Extraction:
         """Write one layer: each member with the tar it is read from, in order."""
         self._layer = set()
         for member, tar in members:
+            self._go_on()
             self._count(member)
             parts = member_parts(member)
             if not parts:
@@ -124,6 +137,10 @@ class Extraction:
                 self._attributes(fd, mode, uid, gid)
             finally:
                 os.close(fd)
+
+    def _go_on(self) -> None:
+        if self.stopped():
+            raise Stopped()
 
     def _count(self, member: tarfile.TarInfo) -> None:
         grows = member.size if member.isreg() else 0
@@ -238,6 +255,7 @@ class Extraction:
             assert source is not None  # a regular member always has a file
             while chunk := source.read(_COPY_SIZE):
                 os.write(fd, chunk)
+                self._go_on()
             self._attributes(fd, member.mode, member.uid, member.gid)
             os.utime(fd, (member.mtime, member.mtime))
         finally:
