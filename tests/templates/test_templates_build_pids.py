@@ -11,6 +11,7 @@ import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,7 @@ def kd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelDaemon]:
         daemon.stop()
 
 
-def build(kd: KernelDaemon, name: str, dockerfile: str) -> list[dict[str, object]]:
+def build(kd: KernelDaemon, name: str, dockerfile: str) -> list[dict[str, Any]]:
     """The build's frames, to its end."""
     body = io.BytesIO()
     with tarfile.open(fileobj=body, mode="w") as archive:
