@@ -6,7 +6,9 @@ directory descriptor one component at a time (``openat`` with ``O_NOFOLLOW``), s
 in the tree, whatever it points at, is never followed, and no path leaves the root:
 
 - a member whose path holds ``..``, or that goes through a symlink or a file, is refused
-  (:class:`~sandboxd.errors.BadArchive` naming it); a leading ``/`` is dropped;
+  (:class:`~sandboxd.errors.BadArchive` naming it); a leading ``/`` is dropped (a build's
+  ``COPY`` instead goes through the tree's links as they resolve with the tree as ``/``,
+  never out of it: :attr:`Extraction.links_in_root`);
 - symlinks are kept as they are (absolute ones too: they resolve inside the sandbox's own
   root, never on the host);
 - a hard link must name a file written earlier by the same layer (not a lower layer's);
