@@ -83,3 +83,26 @@ def test_the_runner_joins_a_cgroup_before_its_command_starts(root: Path, tmp_pat
         assert f"pids:/{group.name}\n" in done.stdout
     finally:
         group.rmdir()
+
+
+def test_a_host_command_mounts_only_in_a_namespace_of_its_own(tmp_path: Path) -> None:
+    """``--host`` (``mmdebstrap``'s way): what the command mounts is gone with it, never a
+    mount of the host's (nor left for the build's removal to walk into); a missing program
+    is 127 naming it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    target = tmp_path / "mounted"
+    target.mkdir()
+    script = f"mount -t tmpfs none {target} && touch {target}/inside && ls {target}"
+    command = [sys.executable, build_runner.__file__, "--host", "sh", "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    try:
+        assert (done.returncode, done.stdout) == (0, "inside\n"), done.stderr
+        assert not os.path.ismount(target) and os.listdir(target) == []
+    finally:
+        if os.path.ismount(target):  # the protection failed: the test takes it down
+            subprocess.run(["umount", str(target)], check=False)
+    command = [sys.executable, build_runner.__file__, "--host", "/no/such"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 127
+    assert "sandboxd: cannot run ['/no/such']" in done.stderr

@@ -66,11 +66,15 @@ SITES = {
     " the daemon)",
     ("sandboxd/core/templates/builder.py", "Build._spawn"): "root: a template build's RUN"
     " runner (build_runner.py), never a sandbox's uid: uid 0 of a user namespace of its own"
-    ' in the template being built (docs/extensions.rst, "Building a template")',
+    ' in the template being built (docs/extensions.rst, "Building a template"), or the'
+    " runner's --host mode for FROM debian's mmdebstrap",
     ("sandboxd/core/templates/build_runner.py", "command"): "root of the build's user"
     " namespace: the RUN command, in the template's root (pivot_root), no sandbox's uid",
     ("sandboxd/core/templates/build_runner.py", "main"): "root: the RUN runner forks the"
     " namespaces' maker (and exits with the command's status)",
+    ("sandboxd/core/templates/build_runner.py", "on_the_host"): "root: FROM debian's"
+    " mmdebstrap (the daemon's own argv, never a sandbox's), in the build's cgroup and a mount"
+    " namespace of its own",
     ("sandboxd/core/templates/build_files.py", "copy_base"): "root: cp -a of a template's"
     " files (FROM) into the build's directory; runs nothing of the template's",
 }

@@ -7,26 +7,39 @@ import posixpath
 import stat
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO
 
-from sandboxd.core.templates.extract import Extraction, member_parts
+from sandboxd.core.templates.extract import Extraction, Stopped, member_parts, never
 from sandboxd.core.templates.sources import hash_file
 from sandboxd.errors import BadArchive, BadRequest
 
 DOCKERFILE = "Dockerfile"
 """The member of a context tar that holds the build's Dockerfile."""
 DOCKERFILE_MAX = 1 << 20
+STOP_POLL = 0.05
+"""How often, in seconds, a copy made by ``cp`` asks whether to stop."""
 
 
-def copy_base(source: str, target: str) -> None:
+def copy_base(source: str, target: str, stopped: Callable[[], bool] = never) -> None:
     """``source``'s tree (a template's files) as ``target`` (new): owners, modes, links and
-    hard links kept, shared with the source where the filesystem can (``--reflink=auto``)."""
-    subprocess.run(
-        ["cp", "-a", "--reflink=auto", "--no-target-directory", source, target],
-        check=True,
-        capture_output=True,
-    )
+    hard links kept, shared with the source where the filesystem can (``--reflink=auto``).
+    ``cp`` is killed, and :class:`~sandboxd.core.templates.extract.Stopped` raised, once
+    ``stopped()`` (asked every :data:`STOP_POLL` seconds) says so; ``CalledProcessError``
+    when it fails."""
+    argv = ["cp", "-a", "--reflink=auto", "--no-target-directory", source, target]
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as process:
+        while True:
+            try:
+                _, errors = process.communicate(timeout=STOP_POLL)
+                break
+            except subprocess.TimeoutExpired:
+                if stopped():
+                    process.kill()
+                    process.communicate()
+                    raise Stopped() from None
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, argv, stderr=errors)
 
 
 def read_dockerfile(context: IO[bytes]) -> str:
@@ -99,15 +112,26 @@ def _renamed(member: tarfile.TarInfo, name: str) -> tarfile.TarInfo:
 
 
 def copy_context(
-    rootfs: str, context: IO[bytes], sources: list[str], dest: str, workdir: str, limit: int
+    rootfs: str,
+    context: IO[bytes],
+    sources: list[str],
+    dest: str,
+    workdir: str,
+    limit: int,
+    stopped: Callable[[], bool] = never,
 ) -> int:
     """``COPY sources dest`` from the context tar into ``rootfs``, with an import's checks
-    (:class:`~sandboxd.core.templates.extract.Extraction`: no ``..``, no path through a link,
-    no device): files are root's. Returns the bytes written."""
+    (:class:`~sandboxd.core.templates.extract.Extraction`: no ``..``, no device), except that
+    a path goes through the tree's links as they resolve inside it (Debian's ``/bin`` →
+    ``usr/bin``; :mod:`~sandboxd.core.templates.in_root`): files are root's. Returns the
+    bytes written; :class:`~sandboxd.core.templates.extract.Stopped` once ``stopped()``
+    says so (asked before each file and each MiB)."""
     context.seek(0)
     root_fd = os.open(rootfs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
-        extraction = Extraction(root_fd, limit, keep_owners=False)
+        extraction = Extraction(
+            root_fd, limit, keep_owners=False, links_in_root=True, stopped=stopped
+        )
         with tarfile.open(fileobj=context, mode="r:*") as tar:
             extraction.apply(copy_members(tar, sources, dest, workdir))
         extraction.finish()

@@ -15,6 +15,7 @@ import secrets
 from collections.abc import Sequence
 
 from attrs import define, frozen
+from twisted.internet.defer import Deferred
 
 from sandboxd.isolation.base import CgroupDriver, Limits
 
@@ -57,10 +58,14 @@ class RunCgroup:
         """Whether the kernel has OOM-killed a process in it (past its memory limit)."""
         return self.cgroups.oom_kills(self.id) > 0
 
+    def kill(self) -> Deferred[None]:
+        """Every process in it killed (fires once none is left)."""
+        return self.cgroups.kill(self.id)
+
     async def end(self, daemon_stopping: bool = False) -> None:
         """Every process in it killed, then the cgroup removed; when the daemon is stopping,
         its instance cgroups too, if now empty (its stop found them holding this one)."""
-        await self.cgroups.kill(self.id)
+        await self.kill()
         self.cgroups.remove(self.id)
         if daemon_stopping:
             self.cgroups.remove_instance()

@@ -3,9 +3,13 @@
 only), started by the builder as root:
 
 ``python -I build_runner.py [--join=FILE]... ROOTFS NETWORK WORKDIR ARGV...``, its environment
-the command's. Each ``--join`` names a file it writes ``0`` into first (a cgroup's ``tasks`` or
-``cgroup.procs``): it and all the command's processes are in the build's cgroup
-(:mod:`~sandboxd.core.templates.build_limits`) before any of them starts.
+the command's; or ``python -I build_runner.py [--join=FILE]... --host ARGV...``: ``ARGV`` on
+the host (``FROM debian:<suite>``'s ``mmdebstrap``), in a mount namespace of its own whose
+mounts are private (what it mounts, ``/proc`` or ``/dev`` in the root it makes, goes with its
+last process, and is never left for the build's removal to walk into). Each ``--join`` names
+a file it writes ``0`` into first (a cgroup's ``tasks`` or ``cgroup.procs``): it and all the
+command's processes are in the build's cgroup (:mod:`~sandboxd.core.templates.build_limits`)
+before any of them starts.
 
 The command runs as uid 0 of a new user namespace whose ids 0 to 65535 are the host's same ids
 (the template's files keep their owners), in new mount, PID, IPC and UTS namespaces and, with
@@ -37,6 +41,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
 JOIN = "--join="
+HOST = "--host"
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 IDS = "0 0 65536\n"
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -161,12 +166,26 @@ def join_cgroup(arguments: list[str]) -> list[str]:
     return arguments
 
 
+def on_the_host(argv: list[str]) -> None:  # pragma: no cover - it execs: never measured
+    """``argv`` started in place of this process, in a mount namespace of its own."""
+    try:
+        check(libc.unshare(CLONE_NEWNS), "unshare")
+        mount("none", "/", None, MS_REC | MS_PRIVATE)
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        print(f"sandboxd: cannot run {argv[:1]}: {e}", file=sys.stderr, flush=True)
+        os._exit(127)
+
+
 def main(arguments: list[str]) -> int:
-    rootfs, network, workdir, *argv = join_cgroup(list(arguments))
+    arguments = join_cgroup(list(arguments))
     parent = os.getppid()
     die_with_parent()  # a daemon killed mid-build takes its build's processes with it
     if os.getppid() != parent:  # pragma: no cover - a race: the daemon died since the spawn
         return 128 + signal.SIGKILL  # it died before this process could follow it
+    if arguments[:1] == [HOST]:  # pragma: no cover - it execs: this process is never measured
+        on_the_host(arguments[1:])
+    rootfs, network, workdir, *argv = arguments
     flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     if network == "none":
         flags |= CLONE_NEWNET

@@ -37,8 +37,9 @@ from sandboxd.core.templates.build_events import (
     StepOutput,
     StepStarted,
 )
-from sandboxd.core.templates.build_limits import BuildLimits
+from sandboxd.core.templates.build_limits import BuildLimits, RunCgroup
 from sandboxd.core.templates.dockerfile import Step
+from sandboxd.core.templates.extract import Stopped
 from sandboxd.core.templates.store import ROOTFS, Template, TemplateStore
 from sandboxd.errors import BadRequest, SandboxdError, TemplateCannotRun
 
@@ -106,6 +107,7 @@ class Build:
     cancelled: bool = False
     timed_out: bool = False
     _process: Any = None
+    _group: RunCgroup | None = None
     _paused: bool = False
     _output: list[str] = field(factory=list)
     _step: int = 0
@@ -121,13 +123,17 @@ class Build:
         return self.store.build_limits
 
     def cancel(self) -> None:
-        """Stop the build (its client went): the running ``RUN`` is killed, nothing is kept
-        (its output is read again, to its end: a paused pipe would keep it from ending)."""
+        """Stop the build (its client went): the running command is killed, every process of
+        its cgroup with it (what it started would keep its output's pipe open: its end
+        would never come), and nothing is kept (its output is read again, to its end: a
+        paused pipe would keep it from ending)."""
         self.cancelled = True
         self.resume_output()
         if self._process is not None:
             with contextlib.suppress(ProcessExitedAlready):  # it ended, its output unread
                 self._process.signalProcess("KILL")
+        if self._group is not None:  # its end kills it again, and fails if it cannot
+            self._group.kill().addErrback(lambda _: None)
 
     def pause_output(self) -> None:
         """The client is behind: the running command's output is read no more until
@@ -236,22 +242,44 @@ class Build:
         base = self.store.get(name)
         self.base_digest = base.digest
         self.env, self.workdir = dict(base.env), base.workdir
-        await self.store.in_thread(build_files.copy_base, self.store.rootfs(base), self.rootfs)
+        await self.stoppable(build_files.copy_base, self.store.rootfs(base), self.rootfs)
+
+    async def stoppable(self, work: Callable[..., Any], *args: Any) -> Any:
+        """``work(*args, stopped)`` in the store's pool (a copy), ``stopped()`` saying whether
+        the build was cancelled or ran past its time, which ``work`` asks as it goes and then
+        raises :class:`~sandboxd.core.templates.extract.Stopped`: ``StepFailed`` saying
+        which."""
+        try:
+            return await self.store.in_thread(work, *args, lambda: self.cancelled)
+        except Stopped:
+            raise StepFailed(self._stop_reason()) from None
 
     async def run_step(self, step: Step) -> None:
         await self.execute(dockerfile.run_argv(step))
 
     async def execute(self, argv: list[str]) -> None:
-        """``argv`` as root inside the build's files, in a cgroup of its own with the build's
-        limits (:mod:`~sandboxd.core.templates.build_limits`), killed and removed once it
+        """``argv`` as root inside the build's files (:meth:`_contained`)."""
+        env = {"PATH": PATH, "HOME": "/root", **self.env}
+        await self._contained([self.rootfs, self.network, self.workdir, *argv], env)
+
+    async def execute_host(self, argv: list[str], env: dict[str, str]) -> None:
+        """``argv`` on the host, as the daemon (``mmdebstrap``), in a mount namespace of its
+        own (:data:`~sandboxd.core.templates.build_runner.HOST`) and in the build's cgroup
+        (:meth:`_contained`), its output the step's."""
+        await self._contained([build_runner.HOST, *argv], {"PATH": PATH, **env})
+
+    async def _contained(self, arguments: list[str], env: dict[str, str]) -> None:
+        """The runner with ``arguments`` in a cgroup of its own with the build's limits
+        (:mod:`~sandboxd.core.templates.build_limits`), killed whole when the build is
+        cancelled or runs past its time (:meth:`cancel`), and killed and removed once it
         ends. ``StepFailed`` unless it exits 0, saying so when the kernel OOM-killed a
         process of it."""
-        env = {"PATH": PATH, "HOME": "/root", **self.env}
         group = self.limits.cgroup()
+        self._group = group
         try:
             joins = [] if group is None else [f"--join={path}" for path in group.join_files()]
-            runner = [sys.executable, "-I", build_runner.__file__, *joins, self.rootfs]
-            code = await self._spawn([*runner, self.network, self.workdir, *argv], env)
+            runner = [sys.executable, "-I", build_runner.__file__, *joins]
+            code = await self._spawn([*runner, *arguments], env)
             if code != 0 and not self.timed_out and group is not None and group.oom_killed():
                 raise StepFailed(
                     f"the command exited with {code}: out of memory (a process of it went past"
@@ -261,14 +289,9 @@ class Build:
                 )
             self._check(code)
         finally:
+            self._group = None
             if group is not None:
                 await group.end(self._shutting_down)
-
-    async def execute_host(  # pragma: no cover - mmdebstrap's: the SANDBOXD_SLOW_TESTS test's
-        self, argv: list[str], env: dict[str, str]
-    ) -> None:
-        """``argv`` on the host, as the daemon (``mmdebstrap``), its output the step's."""
-        self._check(await self._spawn(argv, {"PATH": PATH, **env}))
 
     def _check(self, code: int) -> None:
         if code != 0:
@@ -291,7 +314,7 @@ class Build:
         sources, dest = dockerfile.copy_paths(step)
         if self.context is None:
             raise StepFailed("COPY needs a context: send the build as a tar")
-        await self.store.in_thread(
+        await self.stoppable(
             build_files.copy_context,
             self.rootfs,
             self.context,

@@ -6,7 +6,9 @@ directory descriptor one component at a time (``openat`` with ``O_NOFOLLOW``), s
 in the tree, whatever it points at, is never followed, and no path leaves the root:
 
 - a member whose path holds ``..``, or that goes through a symlink or a file, is refused
-  (:class:`~sandboxd.errors.BadArchive` naming it); a leading ``/`` is dropped;
+  (:class:`~sandboxd.errors.BadArchive` naming it); a leading ``/`` is dropped (a build's
+  ``COPY`` instead goes through the tree's links as they resolve with the tree as ``/``,
+  never out of it: :attr:`Extraction.links_in_root`);
 - symlinks are kept as they are (absolute ones too: they resolve inside the sandbox's own
   root, never on the host);
 - a hard link must name a file written earlier by the same layer (not a lower layer's);
@@ -27,12 +29,13 @@ import os
 import stat
 import tarfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 
 from attrs import define, field
 
 from sandboxd.core.files.tree import remove_dir
+from sandboxd.core.templates.in_root import open_directory
 from sandboxd.errors import BadArchive, InsufficientStorage, TemplateTooLarge
 
 ENTRY_COST = 512
@@ -45,6 +48,15 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _COPY_SIZE = 1 << 20
 
 Parts = tuple[str, ...]
+
+
+class Stopped(Exception):
+    """The work was told to stop (its build was cancelled or ran past its time)."""
+
+
+def never() -> bool:
+    """A stop that never comes (an import's)."""
+    return False
 
 
 def member_parts(member: tarfile.TarInfo) -> Parts:
@@ -70,6 +82,14 @@ class Extraction:
     """The root's directory, open (the caller closes it)."""
     limit: int
     keep_owners: bool
+    links_in_root: bool = False
+    """Whether a member's path may go through a link of the tree, resolved inside the tree
+    (:mod:`~sandboxd.core.templates.in_root`: ``COPY``'s), instead of being refused (an
+    archive's). A member's own name is never followed, except a directory's: the directory
+    a link there resolves to is the member's."""
+    stopped: Callable[[], bool] = never
+    """Asked before each member and each MiB of a file: ``True`` ends the extraction with
+    :class:`Stopped` (a build's ``COPY`` or ``FROM``, cancelled or past its time)."""
     size: int = 0
     """Bytes of the regular files written so far (hard links counted once)."""
     counted: int = 0
@@ -84,6 +104,7 @@ class Extraction:
         """Write one layer: each member with the tar it is read from, in order."""
         self._layer = set()
         for member, tar in members:
+            self._go_on()
             self._count(member)
             parts = member_parts(member)
             if not parts:
@@ -119,6 +140,10 @@ class Extraction:
             finally:
                 os.close(fd)
 
+    def _go_on(self) -> None:
+        if self.stopped():
+            raise Stopped()
+
     def _count(self, member: tarfile.TarInfo) -> None:
         grows = member.size if member.isreg() else 0
         if self.counted + grows + ENTRY_COST > self.limit:
@@ -129,7 +154,10 @@ class Extraction:
         self.counted += grows + ENTRY_COST
 
     def _open_dir(self, parts: Parts) -> int:
-        """The directory at ``parts``, reached without following a link."""
+        """The directory at ``parts``, reached without following a link (or through links
+        resolved inside the tree, :attr:`links_in_root`)."""
+        if self.links_in_root:
+            return open_directory(self.root_fd, parts)
         fd = os.dup(self.root_fd)
         try:
             for part in parts:
@@ -151,7 +179,7 @@ class Extraction:
                     with suppress(FileExistsError):
                         os.mkdir(part, 0o700, dir_fd=fd)
                         self._directories.setdefault(parts[:depth], (0o755, 0, 0))
-                    below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    below = self._below(fd, parts[:depth])
                 except OSError as e:
                     if e.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise _refuse(member, "its path goes through a link or a file") from None
@@ -162,6 +190,12 @@ class Extraction:
             os.close(fd)
             raise
         return fd
+
+    def _below(self, parent: int, parts: Parts) -> int:
+        """The directory ``parts`` (``parent`` holds its last component), open."""
+        if self.links_in_root:
+            return open_directory(self.root_fd, parts)
+        return os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)
 
     def _clear(self, parent: int, name: str, keep_directory: bool) -> None:
         """Remove what is at ``name`` (a directory only unless ``keep_directory``)."""
@@ -176,7 +210,8 @@ class Extraction:
             os.unlink(name, dir_fd=parent)
 
     def _write(self, member: tarfile.TarInfo, tar: tarfile.TarFile, parent: int, name: str) -> None:
-        self._clear(parent, name, keep_directory=member.isdir())
+        if not (member.isdir() and self._linked_directory(parent, name, member_parts(member))):
+            self._clear(parent, name, keep_directory=member.isdir())
         if member.isdir():
             with suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=parent)
@@ -199,6 +234,19 @@ class Extraction:
         else:
             self.skipped += 1  # device nodes: a sandbox gets its own /dev
 
+    def _linked_directory(self, parent: int, name: str, parts: Parts) -> bool:
+        """Whether ``name`` is a link that resolves to a directory inside the tree, which a
+        directory of a ``COPY`` goes into (:attr:`links_in_root`)."""
+        if not self.links_in_root:
+            return False
+        try:
+            if not stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                return False
+            os.close(open_directory(self.root_fd, parts))
+        except OSError:
+            return False  # nothing there, or a link to nothing or to a file: replaced
+        return True
+
     def _write_file(
         self, member: tarfile.TarInfo, tar: tarfile.TarFile, parent: int, name: str
     ) -> None:
@@ -209,6 +257,7 @@ class Extraction:
             assert source is not None  # a regular member always has a file
             while chunk := source.read(_COPY_SIZE):
                 os.write(fd, chunk)
+                self._go_on()
             self._attributes(fd, member.mode, member.uid, member.gid)
             os.utime(fd, (member.mtime, member.mtime))
         finally:

@@ -22,7 +22,6 @@ from sandboxd.http import parse, wire
 from sandboxd.http.routing import app, authorized, json_response, no_content
 from sandboxd.http.wire.build import build_frame
 from sandboxd.web.follow import FollowStream
-from sandboxd.web.site import Spool
 
 if TYPE_CHECKING:
     from sandboxd.http.api import SandboxAPI
@@ -120,14 +119,15 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
 
 def own_copy(content: IO[bytes]) -> IO[bytes]:
     """The body as a file of the import's own, at its start: the request closes its content
-    when its client goes, and the import goes on without it (a spooled body is the same file
-    through a descriptor of its own; one held in memory is copied, being small). The store
-    closes it."""
-    if isinstance(content, Spool):
-        copy = os.fdopen(os.dup(content.fileno()), "rb")
-        copy.seek(0)
-        return copy
-    return io.BytesIO(content.getvalue())  # type: ignore[attr-defined]
+    when its client goes, and the import goes on without it (a body held in memory is
+    copied, being small; a spooled one is the same file through a descriptor of its own,
+    whether in the daemon's spool or, on a state root without unnamed files, twisted.web's
+    temporary file). The store closes it."""
+    if isinstance(content, io.BytesIO):
+        return io.BytesIO(content.getvalue())
+    copy = os.fdopen(os.dup(content.fileno()), "rb")
+    copy.seek(0)
+    return copy
 
 
 @app.route("/templates/<name>", methods=["DELETE"])
