@@ -3,8 +3,9 @@ the SDK's ``Template.build``, ``build_in_background``, ``get_build_status``, ``e
 ``alias_exists`` and its tags, parsed here and answered from the builds the front keeps
 (:mod:`sandboxd.e2b.template_builds`) on the replica's template store.
 
-Every call but the upload needs the API key (the routes' :func:`~sandboxd.e2b.api.control_plane`);
-the upload's link carries its build's own token instead, judged at the headers
+Every call but the upload needs the API key (the routes'
+:func:`~sandboxd.e2b.guards.control_plane`); the upload's link carries its build's own token
+instead, judged at the headers
 (:func:`upload_admission`) before a byte of its body is stored.
 """
 
