@@ -167,6 +167,15 @@ async def until(done: Callable[[], bool]) -> None:
     raise AssertionError("never")
 
 
+async def served_by_the_server(
+    stand_in: StandIn, body: bytes, told: list[int | OSError], pid: int
+) -> None:
+    """The exec ``body`` reaches the server, which answers ``pid``; wait until it is told."""
+    assert (await server_request(stand_in))[0] == body
+    answer_server(stand_in, pid)
+    await until(lambda: bool(told))
+
+
 @pytest.fixture
 def fds() -> Iterator[list[int]]:
     opened = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) for _ in range(3)]
@@ -246,9 +255,7 @@ async def test_an_error_a_lie_or_silence_sends_the_exec_to_the_server(
     assert zygotes.send(reactor, argv, body, fds, told.append)
     zygote.take()
     zygote.answer(-errno.EAGAIN)  # its clone at pids.max: the server's child joins past it
-    assert (await server_request(stand_in))[0] == body
-    answer_server(stand_in, 4343)
-    await until(lambda: bool(told))
+    await served_by_the_server(stand_in, body, told, 4343)
     assert told == [4343] and zygotes.live, "the zygote stays"
 
     for lie in (os.getpid(), zygote.pid, 1):  # not a child; its own pid, reaped already; init
@@ -256,9 +263,7 @@ async def test_an_error_a_lie_or_silence_sends_the_exec_to_the_server(
         assert zygotes.send(reactor, argv, body, fds, told.append)
         zygote.take()
         zygote.answer(lie)
-        assert (await server_request(stand_in))[0] == body
-        answer_server(stand_in, 4444)
-        await until(lambda: bool(told))
+        await served_by_the_server(stand_in, body, told, 4444)
         assert told == [4444]
         await until(zygote.gone)  # killed, reaped
         assert zygotes.live == {}, "a liar is retired"
@@ -269,9 +274,7 @@ async def test_an_error_a_lie_or_silence_sends_the_exec_to_the_server(
     told.clear()
     assert zygotes.send(reactor, argv, body, fds, told.append)
     zygote.take()  # and never answers
-    assert (await server_request(stand_in))[0] == body
-    answer_server(stand_in, 4545)
-    await until(lambda: bool(told))
+    await served_by_the_server(stand_in, body, told, 4545)
     assert told == [4545]
     await until(zygote.gone)
     zygote.close()
@@ -288,9 +291,7 @@ async def test_a_zygote_that_ends_or_cannot_be_reached_is_replaced(
     assert zygotes.send(reactor, argv, body, fds, told.append)
     zygote.take()
     zygote.sock.close()  # it ends with the exec in flight
-    assert (await server_request(stand_in))[0] == body
-    answer_server(stand_in, 4646)
-    await until(lambda: bool(told))
+    await served_by_the_server(stand_in, body, told, 4646)
     assert told == [4646] and zygotes.live == {}
     os.kill(zygote.pid, signal.SIGKILL)
 
