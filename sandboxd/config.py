@@ -50,6 +50,7 @@ SOCKET_BUFFER_MODES = ("charged", "off")
 SPAWNER_MODES = ("helper", "server", "zygote")
 LOG_FORMATS = ("text", "json")
 AUTH_GATE_MODES = ("headers", "off")
+BUILD_NETWORKS = ("none", "host")
 DEFAULT_LISTEN = "tcp:8080"
 
 
@@ -92,6 +93,13 @@ class Config:
         None,
         optional_text,
         "Domain of the E2B front's port hosts, {port}-{sandbox_id}.DOMAIN (default: off)",
+    )
+    build_network: str = setting_field(
+        "SANDBOXD_BUILD_NETWORK",
+        "none",
+        choice(BUILD_NETWORKS),
+        "Network of a template build's RUN steps when the build names none (E2B's never do):"
+        " none, or host (apt-get, pip install)",
     )
     pod_url: str | None = setting_field(
         "SANDBOXD_POD_URL",

@@ -358,7 +358,7 @@ def make_front(
     front = E2BFront(manager, token, registry, access)
     front.templates = templates
     if templates is not None:
-        front.builds = TemplateBuilds(templates, manager.clock)
+        front.builds = TemplateBuilds(templates, manager.clock, manager.config.build_network)
     return front
 
 

@@ -54,8 +54,6 @@ WAIT_MAX = 3600.0
 """Seconds a requested build may wait to be triggered before it may be forgotten."""
 REASON_ENTRIES = 20
 """The last log entries a failed build's reason repeats."""
-NETWORK = "none"
-"""The network of a build's ``RUN`` steps (the builder's default: none)."""
 
 
 def _ignored(event: BuildEvent) -> None:
@@ -125,6 +123,8 @@ class TemplateBuilds:
 
     store: TemplateStore
     clock: Any
+    network: str = "none"
+    """The network of its builds' ``RUN`` steps (``SANDBOXD_BUILD_NETWORK``)."""
     builds: dict[str, E2BBuild] = field(factory=dict)
 
     # Request, uploads
@@ -242,7 +242,7 @@ class TemplateBuilds:
                 sources = await self.store.in_thread(assemble_context, context, uploads)
             text, steps = plan.dockerfile(sources)
             running = start_build(
-                self.store, build.name, text, context, NETWORK, self._emit(build, steps)
+                self.store, build.name, text, context, self.network, self._emit(build, steps)
             )
         except Exception as e:
             if context is not None:
@@ -295,7 +295,7 @@ class TemplateBuilds:
     async def copy(self, source: str, name: str) -> None:
         """Template ``name`` made as a copy of template ``source`` (a build of ``FROM
         source`` alone; ``TemplateConflict`` when ``name`` is taken)."""
-        running = start_build(self.store, name, f"FROM {source}\n", None, NETWORK, _ignored)
+        running = start_build(self.store, name, f"FROM {source}\n", None, "none", _ignored)
         if await running.run() is None:  # pragma: no cover - only for want of space (cp -a)
             raise SandboxdError(f"the copy of {source!r} as {name!r} failed (see the daemon's log)")
 

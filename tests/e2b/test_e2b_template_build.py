@@ -21,7 +21,7 @@ from e2b import AsyncTemplate, BuildException, Sandbox, Template, TemplateExcept
 from e2b.template.logger import LogEntry
 from e2b.template.main import TemplateClass
 
-from tests.e2b.conftest import TOKEN, E2BDaemon, point_sdk_at
+from tests.e2b.conftest import TOKEN, E2BDaemon, point_sdk_at, running_front
 from tests.e2b.test_templates import native
 from tests.templates.rootfs import rootfs
 
@@ -228,3 +228,30 @@ def test_an_upload_without_its_link_is_refused_at_its_headers(front: E2BDaemon) 
         answer = connection.recv(65536)
     assert answer.startswith(b"HTTP/1.1 401 "), answer
     assert b"Invalid API key or access token" in answer
+
+
+@pytest.fixture(scope="module")
+def networked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2BDaemon]:
+    """A daemon whose E2B builds' RUN steps have the host's network."""
+    with running_front(tmp_path_factory.mktemp("e2b-build-net"), "--build-network=host") as daemon:
+        assert native(daemon, "PUT", f"/templates/{BASE}", rootfs("/bin/bash")) == 201
+        yield daemon
+
+
+def test_run_steps_reach_the_network_only_where_the_operator_says(
+    monkeypatch: pytest.MonkeyPatch, front: E2BDaemon, networked: E2BDaemon
+) -> None:
+    """``SANDBOXD_BUILD_NETWORK=host`` (what the SDK's ``pip_install`` needs): a RUN step
+    reaches a server on the host's loopback; by default it reaches nothing."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        knock = f"bash -c 'echo knock > /dev/tcp/127.0.0.1/{port}'"
+        template = Template().from_template(BASE).run_cmd(knock)
+        with pytest.raises(BuildException, match="exited with"):
+            Template.build(template, unique())  # the default daemon: network none
+        point_sdk_at(monkeypatch, networked)
+        Template.build(template, unique())
+        server.settimeout(30)
+        connection, _ = server.accept()
+        with connection:
+            assert connection.recv(16) == b"knock\n"

@@ -78,7 +78,8 @@ async def import_template(api: "SandboxAPI", request: IRequest, name: str) -> by
 @authorized
 async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> None:
     """The body is the build's context as a tar with its ``Dockerfile`` at the top, or JSON
-    ``{dockerfile, network?}`` (no context). A Dockerfile the builder cannot follow, a name
+    ``{dockerfile, network?}`` (no context); without a ``network`` (or a recipe's), its
+    ``RUN`` steps have ``SANDBOXD_BUILD_NETWORK``'s. A Dockerfile the builder cannot follow, a name
     taken or an unknown base is answered at once; then ``200`` and NDJSON frames: each step's
     start, its output lines, the end. While the client is behind, the running ``RUN``'s output
     is not read (it waits on its pipe). The client's going cancels the build."""
@@ -88,15 +89,16 @@ async def build_template(api: "SandboxAPI", request: IRequest, name: str) -> Non
     content_type = request.getHeader(b"content-type") or b""
     is_json = content_type.split(b";")[0].strip() == wire.JSON
     context = None if is_json else own_copy(request.content)
+    default_network = api.manager.config.build_network  # a build that names none
     try:
         if context is None:
             body = parse.with_recipe(parse.json_body(request))  # {recipe}: a built-in Dockerfile
-            text, network = body.get("dockerfile"), body.get("network", "none")
+            text, network = body.get("dockerfile"), body.get("network", default_network)
             if not isinstance(text, str):
                 raise BadRequest("dockerfile: must be the Dockerfile's text")
         else:
             text = await templates.in_thread(read_dockerfile, context)
-            network = parse.query(request, "network", "none")
+            network = parse.query(request, "network", default_network)
         stream = FollowStream(request, api.manager.clock, api.manager.config.keepalive)
         build = start_build(
             templates, name, text, context, network, lambda e: stream.write(build_frame(e))
