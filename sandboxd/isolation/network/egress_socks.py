@@ -179,9 +179,11 @@ class SocksFactory(protocol.ClientFactory):
     def buildProtocol(self, addr: Any) -> "SocksClient":
         client = SocksClient(self.attempt)
         self.attempt.client = client
+        self.attempt.connector = None  # (connected: nothing to stop)
         return client
 
     def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
+        self.attempt.connector = None  # (no longer connecting: nothing to stop)
         self.attempt.fail(UNREACHABLE)
 
 
