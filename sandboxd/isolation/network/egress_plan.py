@@ -232,13 +232,13 @@ class EgressPlan:
         guard = ""
         if self.proxy_port:  # the proxy listens on every address: for sandboxes alone
             guard = f"\n    iifname != {veth} tcp dport {self.proxy_port} reject with tcp reset"
+        nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255"
         reject = "reject with icmpx type admin-prohibited"
         to_proxy = only_dns = proxy_all = ""
         if self.proxy_all:  # (no port: nothing is redirected, and nothing leaves either)
             to_proxy = f"\n    iifname {veth} meta l4proto tcp ct status dnat accept"
             only_dns = f"\n    {reject}"
             proxy_all = self._proxy_all(veth)
-        nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255"
         return f"""table inet {self.table}
 delete table inet {self.table}
 table inet {self.table} {{
