@@ -210,6 +210,7 @@ def world() -> Iterator[World]:
     ca = NamesCA(sorted(ZONE))
     servers: list[Any] = []
     work = Path(tempfile.mkdtemp(prefix="egress-socks-"))
+    socks: Socks | None = None
     try:
         with scene() as s:
             inet = s.netns("inet")
@@ -239,18 +240,19 @@ def world() -> Iterator[World]:
                     "SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE": str(password),
                 },
             )
-            world = World(daemon, socks, ca, inet, peers, servers)
-            with socket.create_connection((A4, PEER_PORT), timeout=5) as direct:
-                assert direct.recv(100) == f"peer {HOST4}".encode()  # how a direct one looks
-            world.direct_seen = world.direct_packets()
-            assert world.direct_seen > 0
-            peers.peers.clear()
             try:
+                world = World(daemon, socks, ca, inet, peers, servers)
+                with socket.create_connection((A4, PEER_PORT), timeout=5) as direct:
+                    assert direct.recv(100) == f"peer {HOST4}".encode()  # a direct one
+                world.direct_seen = world.direct_packets()
+                assert world.direct_seen > 0
+                peers.peers.clear()
                 yield world
             finally:
                 stop_daemon(daemon)
-                socks.stop()
     finally:
+        if socks is not None:
+            socks.stop()
         for server in servers:
             server.close()
         ca.close()
