@@ -43,7 +43,8 @@ from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
 from sandboxd.http.api import SandboxAPI, spool_places
 from sandboxd.isolation.base import Isolation, IsolationUnavailable, Limits
-from sandboxd.isolation.network.egress_proxy_start import egress_proxy
+from sandboxd.isolation.network.egress_proxy_start import egress_proxy, socks_upstream
+from sandboxd.isolation.network.egress_socks import SocksUpstream
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
 from sandboxd.service import ExitStatus, SandboxdService
@@ -191,7 +192,8 @@ def assemble(
     layout = attrs.evolve(layout, owns_files=isolation.owns_files)
     isolation = attrs.evolve(isolation, disk=start_disk(config, layout))
     # before the namespaces' prepare, which may start the egress layer (and its proxy)
-    proxy = egress_proxy(config, reactor, isolation.namespaces.network.offered.get("egress"))
+    egress = isolation.namespaces.network.offered.get("egress")
+    proxy = egress_proxy(config, reactor, egress, socks=_socks5(config))
     _namespaces(isolation, undo)
     archive = _archive(config, reactor, pools.admin)
     tools = build_tools(config.tools_dir, reactor, pools.admin)
@@ -263,6 +265,17 @@ def assemble(
         child.setServiceParent(service)
     log.info("configuration: {settings}", settings=config.friendly())
     return Daemon(served, site, service)
+
+
+def _socks5(config: Config) -> SocksUpstream | None:
+    """The operator's SOCKS5 proxy for egress, if set, with its password (boot step
+    ``egress``)."""
+    setting = "SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE"
+    try:
+        password = read_token(config.egress_socks5_password_file, setting=setting)
+        return socks_upstream(config, password)
+    except (OSError, ValueError, ConfigError) as e:
+        fail("egress", e)
 
 
 def _token(config: Config) -> bytes | None:

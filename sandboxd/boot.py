@@ -31,8 +31,11 @@ def reap_interval(idle_ttl: float) -> float:
     return max(1.0, min(idle_ttl / 4, 60.0))
 
 
-def read_token(path: str | None, euid: int | None = None) -> bytes | None:
-    """The bearer token from its file (surrounding whitespace removed).
+def read_token(
+    path: str | None, euid: int | None = None, setting: str = "SANDBOXD_TOKEN_FILE"
+) -> bytes | None:
+    """The bearer token (or another secret: ``setting`` names its variable) from its file
+    (surrounding whitespace removed).
 
     The file must be a regular file owned by the daemon's user (root, when it runs as root)
     and grant no access at all to group or others; else start-up stops, naming the problem.
@@ -45,21 +48,19 @@ def read_token(path: str | None, euid: int | None = None) -> bytes | None:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a directory
         os.close(fd)
-        raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is not a regular file")
+        raise ConfigError(f"{setting}: {path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if st.st_uid != euid:
-            raise ConfigError(
-                f"SANDBOXD_TOKEN_FILE: {path} is owned by uid {st.st_uid}, not by {owner}"
-            )
+            raise ConfigError(f"{setting}: {path} is owned by uid {st.st_uid}, not by {owner}")
         if st.st_mode & 0o077:
             raise ConfigError(
-                f"SANDBOXD_TOKEN_FILE: {path} has mode {stat.S_IMODE(st.st_mode):04o}, must "
+                f"{setting}: {path} has mode {stat.S_IMODE(st.st_mode):04o}, must "
                 "grant group and others no access (chmod 600)"
             )
         token = f.read().strip()
     if not token:
-        raise ConfigError(f"SANDBOXD_TOKEN_FILE: {path} is empty")
+        raise ConfigError(f"{setting}: {path} is empty")
     return token
 
 

@@ -21,6 +21,7 @@ from sandboxd.isolation.network.egress_plan import (
     parse_pool4,
     parse_pool6,
 )
+from sandboxd.isolation.network.egress_socks import SocksAddress, parse_socks_address
 from sandboxd.isolation.network.modes import parse_mode, parse_modes
 from sandboxd.listen import DUAL_STACK_MODES
 from sandboxd.settings import (
@@ -270,6 +271,26 @@ class Config:
         "Nameservers the egress proxy resolves policies' host names with, ADDRESS or"
         " ADDRESS:PORT, separated by commas (empty: those of SANDBOXD_RESOLV_CONF)",
     )
+    egress_socks5: SocksAddress | None = setting_field(  # noqa: RUF009 (frozen: immutable)
+        "SANDBOXD_EGRESS_SOCKS5",
+        "",
+        optional(parse_socks_address),
+        "SOCKS5 proxy, HOST:PORT, that every TCP connection of egress sandboxes leaves"
+        " through, never directly (empty: none)",
+    )
+    egress_socks5_user: str | None = setting_field(
+        "SANDBOXD_EGRESS_SOCKS5_USER",
+        "",
+        optional_text,
+        "User name sent to the SOCKS5 proxy (with SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE)",
+    )
+    egress_socks5_password_file: str | None = setting_field(
+        "SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE",
+        None,
+        optional_text,
+        "File holding the password sent to the SOCKS5 proxy (root-only)",
+        secret=True,
+    )
     resolv_conf: str = setting_field(
         "SANDBOXD_RESOLV_CONF",
         "/etc/resolv.conf",
@@ -474,6 +495,13 @@ class Config:
         for name in ("exec_timeout", "log_timeout", "idle_ttl", "keepalive", "build_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{env_name(name)}: must be above zero")
+        if (self.egress_socks5_user is None) != (self.egress_socks5_password_file is None):
+            raise ConfigError(
+                "SANDBOXD_EGRESS_SOCKS5_USER and SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE:"
+                " set both or neither"
+            )
+        if self.egress_socks5_user is not None and self.egress_socks5 is None:
+            raise ConfigError("SANDBOXD_EGRESS_SOCKS5_USER: needs SANDBOXD_EGRESS_SOCKS5")
 
     def redacted(self) -> dict[str, Any]:
         """The effective settings by variable name, secrets replaced by ``<set>``."""

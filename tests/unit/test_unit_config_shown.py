@@ -30,6 +30,9 @@ MORE: dict[str, str] = {
     "SANDBOXD_EGRESS_DENY": "192.168.0.0/16 10.0.0.0/8,fc00::/7",
     "SANDBOXD_EGRESS_POLICY_MAX": "64",
     "SANDBOXD_EGRESS_DNS": "192.0.2.53, [2001:db8::53]:5353",
+    "SANDBOXD_EGRESS_SOCKS5": "[2001:db8::80]:1080",
+    "SANDBOXD_EGRESS_SOCKS5_USER": "sandboxd",
+    "SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE": "/etc/sandboxd/socks5-password",
     "SANDBOXD_RESOLV_CONF": "/run/systemd/resolve/resolv.conf",
     "SANDBOXD_PROCESS_LOG_MAX": "1000",
     "SANDBOXD_TERMINAL_SCROLLBACK": "64K",
@@ -86,6 +89,10 @@ def test_the_line_reads_back_to_the_same_configuration(environ: dict[str, str]) 
     if config.token_file is not None:
         assert line.pop(SECRET) == "<set>"
         config = evolve(config, token_file=None)
+    password = "SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE"
+    if config.egress_socks5_password_file is not None:  # a secret too: never shown
+        assert line[password] == "<set>"
+        line[password] = environ[password]
     assert Config.load(line) == config
 
 

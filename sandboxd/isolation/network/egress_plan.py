@@ -20,7 +20,10 @@ A sandbox whose policy names hosts has its veth in the ``proxied`` set: its web 
 redirected (``proxy_redirect``, a NAT chain made with the first such policy, so that a
 kernel without NAT in the ``inet`` family, before Linux 5.2, loses only names) to the
 daemon's egress proxy, the one thing of the host such a sandbox reaches (and only so
-redirected).
+redirected). With :attr:`EgressPlan.proxy_all` (an operator's SOCKS5 proxy is the way out)
+every sandbox's TCP is redirected so (``proxy_all`` chain; TCP DNS to the nameservers
+aside) and nothing of a sandbox's is forwarded but DNS to :attr:`EgressPlan.dns`: no
+connection leaves directly, even while the proxy is down.
 """
 
 import ipaddress
@@ -120,6 +123,10 @@ class EgressPlan:
     prefix: str = "sbx"
     proxy_port: int = 0
     """The egress proxy's port while it listens (``0``: none), which only sandbox veths reach."""
+    proxy_all: bool = False
+    """Every sandbox's TCP goes to the egress proxy, nothing but DNS is forwarded (the
+    operator's SOCKS5 proxy is the only way out: docs/isolation.rst, "Egress through a
+    SOCKS5 proxy")."""
 
     @property
     def slots(self) -> int:
@@ -227,6 +234,11 @@ class EgressPlan:
             guard = f"\n    iifname != {veth} tcp dport {self.proxy_port} reject with tcp reset"
         nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255"
         reject = "reject with icmpx type admin-prohibited"
+        to_proxy = only_dns = proxy_all = ""
+        if self.proxy_all:  # (no port: nothing is redirected, and nothing leaves either)
+            to_proxy = f"\n    iifname {veth} meta l4proto tcp ct status dnat accept"
+            only_dns = f"\n    {reject}"
+            proxy_all = self._proxy_all(veth)
         return f"""table inet {self.table}
 delete table inet {self.table}
 table inet {self.table} {{
@@ -242,7 +254,7 @@ table inet {self.table} {{
   chain input {{
     type filter hook input priority 0; policy accept;{guard}
     iifname {veth} {nd} accept
-    iifname @proxied meta l4proto tcp ct status dnat accept
+    iifname @proxied meta l4proto tcp ct status dnat accept{to_proxy}
     iifname {veth} {reject}
   }}
   chain output {{
@@ -259,7 +271,7 @@ table inet {self.table} {{
   }}
   chain from_sandbox {{
     oifname {veth} {reject}
-    ct state established,related accept{dns}
+    ct state established,related accept{dns}{only_dns}
     ip daddr @deny4 {reject}
     ip6 daddr @deny6 {reject}
     fib daddr type {{ local, broadcast, multicast, anycast }} {reject}
@@ -270,9 +282,27 @@ table inet {self.table} {{
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     ip saddr {self.pool4} oifname != {veth} masquerade{masquerade6.format(veth=veth)}
-  }}
+  }}{proxy_all}
 }}
 """
+
+    def _proxy_all(self, veth: str) -> str:
+        """The NAT chain redirecting every sandbox's TCP to the proxy (TCP DNS to the
+        nameservers aside, which the forward chain lets through)."""
+        if not self.proxy_port:
+            return ""
+        dns = ""
+        for family, version in (("ip", 4), ("ip6", 6)):
+            servers = [str(a) for a in self.dns if a.version == version]
+            if servers:
+                dns += (
+                    f"\n    {family} daddr {{ {', '.join(servers)} }} tcp dport {DNS_PORT} accept"
+                )
+        return f"""
+  chain proxy_all {{
+    type nat hook prerouting priority -100; policy accept;{dns}
+    iifname {veth} meta l4proto tcp redirect to :{self.proxy_port}
+  }}"""
 
     def resolv_conf(self, nameservers: Sequence[str]) -> str:
         """A ``resolv.conf`` naming ``nameservers`` (for a sandbox's mount namespace)."""

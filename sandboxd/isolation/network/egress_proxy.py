@@ -18,6 +18,13 @@ the connection's original destination (``SO_ORIGINAL_DST``). For each connection
    (:mod:`~sandboxd.isolation.network.egress_relay`), which splices the bytes both ways in
    the kernel, with flow control (a side that cannot keep up stops the other being read).
 
+With an operator's SOCKS5 proxy (:attr:`EgressProxy.socks`, ``SANDBOXD_EGRESS_SOCKS5``),
+nftables redirects every TCP connection of every sandbox here (but DNS to the host's
+nameservers), and step 4 asks that proxy instead (:mod:`.egress_socks`): a connection that
+needs no name (its sandbox's policy names no host, or its port is not 80 or 443) is not
+peeked but judged by its address alone, as the kernel would have judged it, then handed on.
+Whatever the SOCKS5 proxy does but connect, the connection is refused: never sent directly.
+
 A refused connection is reset and counted per sandbox by reason (:attr:`EgressProxy.refused`,
 ``on_refused``): names and addresses go to the log, never any byte of the payload. At most
 ``per_sandbox`` connections of one sandbox, and ``total`` of all, are open at once (each
@@ -41,9 +48,10 @@ from zope.interface import implementer
 
 from sandboxd.isolation.network.egress_names import PEEK_MAX, peek_name
 from sandboxd.isolation.network.egress_plan import Address, Network
-from sandboxd.isolation.network.egress_policy import EgressPolicy
+from sandboxd.isolation.network.egress_policy import PROXIED_PORTS, EgressPolicy
 from sandboxd.isolation.network.egress_relay import Relay, take_socket
 from sandboxd.isolation.network.egress_resolve import NameCache
+from sandboxd.isolation.network.egress_socks import SocksUpstream
 from sandboxd.isolation.network.egress_verdict import refusal
 
 log = Logger()
@@ -120,6 +128,8 @@ class EgressProxy:
     """Connections open now, by sandbox id."""
     interfaces: Sequence[str] = ALL_INTERFACES
     """Where it listens: every IPv4 address, and every IPv6 one when the pool has IPv6."""
+    socks: SocksUpstream | None = None
+    """The operator's SOCKS5 proxy, the only way out when set (see the module)."""
     _ports: list[Any] = field(factory=list)
     names: NameCache = field(init=False)
     """The names resolved lately (by :attr:`resolver`) and their addresses."""
@@ -229,6 +239,14 @@ class SandboxSide(protocol.Protocol):
             return
         self.rid = rid
         self.proxy.open[rid] += 1
+        _, policy = found
+        if self.proxy.socks is not None and not (
+            policy.by_name and self.destination[1] in PROXIED_PORTS
+        ):  # no name to read: the sandbox's first bytes wait in its socket for the relay
+            self.deciding = True
+            self.tcp.pauseProducing()
+            self.decide({ipaddress.ip_address(self.destination[0])}, "")
+            return
         self.timer = self.proxy.reactor.callLater(PEEK_TIMEOUT, self.fail, NO_NAME_REASON, "")
 
     def readConnectionLost(self) -> None:
@@ -256,7 +274,8 @@ class SandboxSide(protocol.Protocol):
         self.proxy.names.resolve(name).addCallback(self.decide, name)
 
     def decide(self, addresses: set[Address], name: str) -> None:
-        """Connect upstream, or refuse, once the name's addresses are known."""
+        """Connect upstream, or refuse, once the name's addresses are known (``name``
+        empty: a connection judged by its address alone, which is all of ``addresses``)."""
         self._stop_timer()
         if self.gone:  # hung up, or timed out, while the name was resolved
             return
@@ -276,15 +295,29 @@ class SandboxSide(protocol.Protocol):
         if reason is not None:
             self.fail(reason, name)
             return
+        if self.proxy.socks is not None:
+            self.proxy.socks.connect(
+                self.proxy.reactor,
+                address,
+                self.destination[1],
+                self.relay_to,
+                lambda reason: self.fail(reason, name),
+            )
+            return
         factory = UpstreamFactory(self, name)
         self.proxy.reactor.connectTCP(
             str(address), self.destination[1], factory, timeout=CONNECT_TIMEOUT
         )
 
-    def relay_to(self, upstream: Any) -> None:
+    def relay_to(self, upstream: Any, answered: bytes = b"") -> None:
         """The upstream (a TCP transport) is connected: both sockets leave Twisted for a
-        :class:`~.egress_relay.Relay`, which sends what was peeked first; the connection
-        stays counted until the relay ends."""
+        :class:`~.egress_relay.Relay`, which sends what was peeked upstream first, and
+        ``answered`` (what the upstream sent with the SOCKS5 proxy's answer) to the sandbox
+        first; the connection stays counted until the relay ends. A sandbox that hung up, or
+        timed out, meanwhile: the upstream is closed."""
+        if self.gone:
+            upstream.loseConnection()
+            return
         self.gone = True
         self.relay = Relay.start(
             self.proxy.reactor,
@@ -293,6 +326,7 @@ class SandboxSide(protocol.Protocol):
             self.buffer,
             self.read_done,
             self.release,
+            answered,
         )
         self.buffer = b""
 
@@ -344,7 +378,4 @@ class UpstreamSide(protocol.Protocol):
         self.sandbox = sandbox
 
     def connectionMade(self) -> None:
-        if self.sandbox.gone:  # the sandbox hung up, or the peek timed out, meanwhile
-            self.transport.loseConnection()  # type: ignore[union-attr]
-            return
         self.sandbox.relay_to(self.transport)

@@ -1,18 +1,24 @@
 """The egress proxy of a daemon whose ``egress`` mode is offered (docs/isolation.rst, "Egress
 by name"): its resolver (``SANDBOXD_EGRESS_DNS``, else the nameservers of
-``SANDBOXD_RESOLV_CONF``) and its deny list, given to the mode, which has it listen while
-the layer is up."""
+``SANDBOXD_RESOLV_CONF``), its deny list and the operator's SOCKS5 proxy
+(``SANDBOXD_EGRESS_SOCKS5``, "Egress through a SOCKS5 proxy"), given to the mode, which has it
+listen while the layer is up."""
 
 import resource
 from collections.abc import Sequence
 from typing import Any
 
+from attrs import evolve
+from twisted.logger import Logger
 from twisted.names import client
 
 from sandboxd.isolation.network.egress import EgressNetwork
 from sandboxd.isolation.network.egress_policy import is_host_address
 from sandboxd.isolation.network.egress_proxy import ALL_INTERFACES, EgressProxy, total_for
+from sandboxd.isolation.network.egress_socks import SocksUpstream
 from sandboxd.isolation.network.egress_verdict import operator_denied
+
+log = Logger()
 
 
 def descriptor_limit() -> int:
@@ -22,17 +28,41 @@ def descriptor_limit() -> int:
     return soft if hard == resource.RLIM_INFINITY else hard
 
 
+def socks_upstream(config: Any, password: bytes | None) -> SocksUpstream | None:
+    """The operator's SOCKS5 proxy (``None``: not set) with ``SANDBOXD_EGRESS_SOCKS5_USER``
+    and ``password`` (read from ``SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE``, both set or
+    neither: :meth:`sandboxd.config.Config.check`); ``ValueError`` naming what cannot be
+    sent (RFC 1929: 1 to 255 bytes each)."""
+    if config.egress_socks5 is None:
+        return None
+    user = None if config.egress_socks5_user is None else config.egress_socks5_user.encode()
+    try:
+        return SocksUpstream(config.egress_socks5, user, password)
+    except ValueError as e:
+        raise ValueError(f"SANDBOXD_EGRESS_SOCKS5_USER or _PASSWORD_FILE: {e}") from None
+
+
 def egress_proxy(
     config: Any,
     reactor: Any,
     mode: object,
     interfaces: Sequence[str] = ALL_INTERFACES,
+    socks: SocksUpstream | None = None,
 ) -> EgressProxy | None:
     """The proxy of ``mode`` when it is the egress mode (``None`` otherwise), given to it:
-    the mode starts and stops its listening with the layer. The caller sets ``on_refused``
-    and ``on_forget`` (the metrics) once it has them."""
+    the mode starts and stops its listening with the layer. With ``socks``, every sandbox's
+    TCP goes through the proxy and out through that SOCKS5 proxy alone (the plan's
+    ``proxy_all``). The caller sets ``on_refused`` and ``on_forget`` (the metrics) once it
+    has them."""
     if not isinstance(mode, EgressNetwork):
         return None
+    if socks is not None:  # before the layer's table is made: it redirects all TCP then
+        mode.egress.plan = evolve(mode.egress.plan, proxy_all=True)
+        log.info(
+            "egress: every connection of egress sandboxes leaves through the SOCKS5 proxy"
+            " {socks} (SANDBOXD_EGRESS_SOCKS5), never directly",
+            socks=str(socks.address),
+        )
     servers = config.egress_dns
     if servers:
         addresses = [(server.host, server.port) for server in servers]
@@ -50,6 +80,7 @@ def egress_proxy(
         is_host_address,
         total=total_for(descriptor_limit()),
         interfaces=interfaces,
+        socks=socks,
     )
     mode.on_detach = proxy.forget  # (a kill's detach runs on the reactor thread, as the proxy)
     mode.proxy = proxy

@@ -125,9 +125,11 @@ class Relay:
         peeked: bytes,
         sandbox_ended: bool,
         on_end: Callable[[], None],
+        answered: bytes = b"",
     ) -> "Relay":
         """Relay ``sandbox`` and ``upstream``: ``peeked`` goes upstream first, and when
-        ``sandbox_ended`` (the sandbox's end was read already) nothing more follows it."""
+        ``sandbox_ended`` (the sandbox's end was read already) nothing more follows it;
+        ``answered`` (the upstream's bytes read already) goes to the sandbox first."""
         relay = cls(reactor, on_end)
         near, far = End(relay, sandbox), End(relay, upstream)
         relay.ends = [near, far]
@@ -140,7 +142,7 @@ class Relay:
                 return relay
             with suppress(OSError):  # (past the user's pipe quota: the default's 64 KiB)
                 fcntl.fcntl(pipe_in, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-            first, ended = (peeked, sandbox_ended) if source is near else (b"", False)
+            first, ended = (peeked, sandbox_ended) if source is near else (answered, False)
             way = Way(source, destination, first, ended, pipe_out, pipe_in)
             source.outgoing = destination.incoming = way
             relay.ways.append(way)
