@@ -44,6 +44,7 @@ MORE: dict[str, str] = {
     "SANDBOXD_BUILD_CPU_CORES": "0.5",
     "SANDBOXD_BUILD_PIDS_MAX": "100",
     "SANDBOXD_BUILD_TIMEOUT": "90s",
+    "SANDBOXD_BUILD_NETWORK": "host",
     "SANDBOXD_WATCH_MAX": "2",
     "SANDBOXD_CONTEXTS_MAX": "1",
     "SANDBOXD_KERNEL_PYTHON": "/opt/python/bin/python3",
