@@ -29,6 +29,7 @@ MORE: dict[str, str] = {
     "SANDBOXD_EGRESS_POOL6": "fd00:1::/100",
     "SANDBOXD_EGRESS_DENY": "192.168.0.0/16 10.0.0.0/8,fc00::/7",
     "SANDBOXD_EGRESS_POLICY_MAX": "64",
+    "SANDBOXD_NETNS_POOL": "4",
     "SANDBOXD_EGRESS_DNS": "192.0.2.53, [2001:db8::53]:5353",
     "SANDBOXD_RESOLV_CONF": "/run/systemd/resolve/resolv.conf",
     "SANDBOXD_PROCESS_LOG_MAX": "1000",
