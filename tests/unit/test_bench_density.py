@@ -92,3 +92,15 @@ def test_host_leftovers_names_what_is_still_there(tmp_path: Path) -> None:
     kept.mkdir()
     assert density.host_leftovers([gone, kept], tmp_path / "nothing") == [str(kept)]
     assert density.host_leftovers([], tmp_path) == [str(tmp_path)]
+
+
+def test_the_pool_is_waited_for_and_named_in_the_labels(tmp_path: Path) -> None:
+    density.wait_pool(tmp_path, 0)  # no pool: nothing to wait for
+    density.wait_pool(tmp_path, 2, limit=0.01)  # none yet: gives up at the limit
+    pool = tmp_path / ".ns" / ".pool"
+    pool.mkdir(parents=True)
+    (pool / "0").touch()
+    (pool / "1").touch()
+    density.wait_pool(tmp_path, 2, limit=60)  # full: returns at once
+    assert density.pool_label(0) == ""
+    assert density.pool_label(8) == ", netns pool 8"
