@@ -269,8 +269,13 @@ def cold_creates(
     return samples
 
 
-def settle(seconds: float, server: procs.Server, root: Path, instance: str) -> dict[str, int]:
+def settle(
+    seconds: float, server: procs.Server, root: Path, instance: str, netns_pool: int = 0
+) -> dict[str, int]:
+    """The census after ``seconds``, the pool of network namespaces full (its pins and veths
+    count the same in each census)."""
     time.sleep(seconds)
+    wait_pool(root, netns_pool)
     return census(server.pid, root, instance)
 
 
@@ -288,20 +293,18 @@ def measure(workdir: Path, sizes: Any, notes: list[str]) -> dict[str, Any]:
         health = RawHTTP(server.port)
         capabilities = health.json("GET", "/healthz").get("capabilities", [])
         health.close()
-        cold = cold_creates(
-            server.port, sizes.density_cold, mode, lambda: wait_pool(root, pool)
-        )
+        cold = cold_creates(server.port, sizes.density_cold, mode, lambda: wait_pool(root, pool))
         # Warm the allocator and the connections: their one-off growth is not per sandbox.
         kill_all(server.port, fill(server.port, in_flight * 4, in_flight, mode)[0], in_flight)
         start_load = procs.loadavg()
-        before = settle(pause, server, root, instance)
+        before = settle(pause, server, root, instance, pool)
         ids, seconds, wall = fill(
             server.port, sizes.density, in_flight, mode, sizes.density_seconds
         )
         n = len(ids)
-        full = settle(pause, server, root, instance)
+        full = settle(pause, server, root, instance, pool)
         kill_wall = kill_all(server.port, ids, in_flight)
-        after = settle(pause * 2, server, root, instance)
+        after = settle(pause * 2, server, root, instance, pool)
         cgroups = instance_dirs(server.pid, instance)
     tenth = max(1, n // 10)
     return {
