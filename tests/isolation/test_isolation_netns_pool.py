@@ -105,6 +105,7 @@ def pool(tmp_path: Path, mode: Mode, size: int = 2, mounts: Mounts | None = None
         mounts=mounts or Mounts(),  # type: ignore[arg-type]
         make=touch,
         retry=0.001,
+        retry_max=0.002,
     )
 
 
@@ -118,21 +119,22 @@ def wait_ready(p: NetnsPool, count: int) -> None:
 
 
 def test_the_pool_refills_hands_out_once_and_removes_the_rest_at_close(tmp_path: Path) -> None:
-    mode = Mode(fail=[OSError(errno.ENOSPC, "full"), NetworkUnavailable("no egress")])
+    no_egress = NetworkUnavailable("no egress")
+    mode = Mode(fail=[OSError(errno.ENOSPC, "full"), no_egress, no_egress])
     p = pool(tmp_path, mode)
     assert p.take() is None  # not started: empty, the create makes its own
     p.start()
     wait_ready(p, 2)  # after two refusals, retried
-    assert sorted(os.listdir(tmp_path / ".pool")) == ["2", "3"]
+    assert sorted(os.listdir(tmp_path / ".pool")) == ["3", "4"]
     assert p.serves(mode) and not p.serves(NoNetwork())
     first = p.take()
-    assert first == PooledNetns(str(tmp_path / ".pool" / "2"), 0)
+    assert first == PooledNetns(str(tmp_path / ".pool" / "3"), 0)
     target = tmp_path / "sandbox-net"
     target.touch()
     p.hand_over(first, RID, str(target))
     assert mode.adopted == {RID: 0} and not os.path.exists(first.pin)
     wait_ready(p, 2)  # refilled
-    assert p.made == 5 and p.taken == 1
+    assert p.made == 6 and p.taken == 1
     p.close()
     assert sorted(mode.released) == [1, 2]  # the two never handed out
     assert not (tmp_path / ".pool").exists()

@@ -41,7 +41,10 @@ POOL_DIR = ".pool"
 """The pool's directory in ``{root}/.ns`` (not a sandbox id: never taken for a leftover)."""
 CLONE_NEWNET = 0x40000000
 RETRY = 1.0
-"""Seconds the refill waits after a failure before it tries again."""
+"""Seconds the refill waits after a failure before it tries again (doubled after each further
+failure in a row, up to :data:`RETRY_MAX`: another daemon holding the host's egress layer for
+long costs a line a minute, not one a second)."""
+RETRY_MAX = 60.0
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -120,6 +123,7 @@ class NetnsPool:
     mounts: MountCalls = field(factory=MountCalls)
     make: Callable[[str, MountCalls], None] = make_netns
     retry: float = RETRY
+    retry_max: float = RETRY_MAX
     made: int = 0
     """How many namespaces the pool has made so far (each is handed out at most once)."""
     taken: int = 0
@@ -201,6 +205,7 @@ class NetnsPool:
 
     def _refill(self) -> None:
         """The refill thread: one namespace at a time while the pool holds fewer than ``size``."""
+        wait = self.retry
         while True:
             with self._wake:
                 while not self._closing and len(self._ready) >= self.size:
@@ -210,10 +215,16 @@ class NetnsPool:
             try:
                 pooled = self._fill_one()
             except (OSError, NetworkUnavailable) as e:
-                log.warn("netns pool: cannot make a namespace ahead: {why}", why=e)
+                log.warn(
+                    "netns pool: cannot make a namespace ahead: {why} (again in {s:g} s)",
+                    why=e,
+                    s=wait,
+                )
                 with self._wake:
-                    self._wake.wait_for(lambda: self._closing, self.retry)
+                    self._wake.wait_for(lambda: self._closing, wait)
+                wait = min(wait * 2, self.retry_max)
                 continue
+            wait = self.retry
             with self._wake:
                 self._ready.append(pooled)
 
