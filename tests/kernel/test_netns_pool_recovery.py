@@ -26,15 +26,17 @@ pytestmark = [
 ]
 
 
-def pinned_anywhere() -> set[int]:
-    """The inodes of every network namespace bound somewhere in the host's mount table."""
-    found = set()
+def pinned_under(root: Path) -> list[str]:
+    """The network namespace pins mounted under ``root`` in the host's mount table. (A
+    namespace's inode number is reused once it is gone: the pins, and the veths' ifindexes,
+    which the host never reuses soon, tell the namespaces apart.)"""
+    found = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
-            if fields[3].startswith("net:["):
-                found.add(int(fields[3][5:-1]))
-    return found
+            if fields[3].startswith("net:[") and fields[4].startswith(f"{root}/"):
+                found.append(fields[4])
+    return sorted(found)
 
 
 def test_a_crashed_daemons_pool_is_reclaimed_and_a_stop_leaves_nothing(tmp_path: Path) -> None:
@@ -43,29 +45,28 @@ def test_a_crashed_daemons_pool_is_reclaimed_and_a_stop_leaves_nothing(tmp_path:
     env = {"SANDBOXD_NETNS_POOL": str(POOL), "SANDBOXD_EGRESS_POOL6": "none"}
     first = start_daemon(tmp_path, *args, env=env)
     try:
-        crashed = set(wait_full(first).values())
+        wait_full(first)
+        root = Path(os.path.realpath(first.root))
         crashed_ends = set(host_ends())
         first.process.send_signal(signal.SIGKILL)
         first.process.wait()
-        assert crashed <= pinned_anywhere()  # left behind: still pinned, veths with them
+        assert len(pinned_under(root / ".ns" / ".pool")) == POOL  # left behind, veths with them
         assert crashed_ends <= set(host_ends())
         second = start_daemon(tmp_path, *args, env=env)
     finally:
         if first.process.poll() is None:  # the test failed before its kill
             stop_daemon(first)
     try:
-        fresh = set(wait_full(second).values())
-        assert not crashed & fresh
-        assert not crashed & pinned_anywhere()  # unpinned: the kernel deletes them
-        for _ in range(500):  # their veths go with them, asynchronously
+        wait_full(second)
+        assert len(pinned_under(root / ".ns" / ".pool")) == POOL  # its own alone
+        for _ in range(500):  # the predecessor's veths go with their namespaces, asynchronously
             if not crashed_ends & set(host_ends()):
                 break
             time.sleep(0.01)
         assert not crashed_ends & set(host_ends())
-        root = Path(second.root)
     finally:
         stop_daemon(second)
-    assert not fresh & pinned_anywhere()
+    assert pinned_under(root) == []
     assert not (root / ".ns").exists() or not pool_pins_left(root)
     for _ in range(500):
         if not host_ends():
