@@ -127,14 +127,15 @@ def pool_label(netns_pool: int) -> str:
 
 def wait_pool(root: Path, netns_pool: int, limit: float = 10.0) -> None:
     """Wait (at most ``limit`` seconds) until the daemon's pool of network namespaces holds
-    ``netns_pool`` (its pins in ``{root}/.ns/.pool``)."""
+    ``netns_pool`` (its pins in ``{root}/.ns/.pool``, made at start-up: without it, as when the
+    egress layer was off, the daemon has no pool and nothing is waited for)."""
     deadline = time.monotonic() + limit
     while netns_pool and time.monotonic() < deadline:
         try:
             if len(os.listdir(root / ".ns" / ".pool")) >= netns_pool:
                 return
         except FileNotFoundError:
-            pass
+            return
         time.sleep(0.005)
 
 

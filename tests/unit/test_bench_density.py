@@ -96,9 +96,10 @@ def test_host_leftovers_names_what_is_still_there(tmp_path: Path) -> None:
 
 def test_the_pool_is_waited_for_and_named_in_the_labels(tmp_path: Path) -> None:
     density.wait_pool(tmp_path, 0)  # no pool: nothing to wait for
-    density.wait_pool(tmp_path, 2, limit=0.01)  # none yet: gives up at the limit
+    density.wait_pool(tmp_path, 2, limit=60)  # the daemon has no pool: nothing to wait for
     pool = tmp_path / ".ns" / ".pool"
     pool.mkdir(parents=True)
+    density.wait_pool(tmp_path, 2, limit=0.01)  # none made yet: gives up at the limit
     (pool / "0").touch()
     (pool / "1").touch()
     density.wait_pool(tmp_path, 2, limit=60)  # full: returns at once
