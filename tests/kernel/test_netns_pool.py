@@ -9,6 +9,7 @@ previous sandbox: one that listens and is killed leaves nothing in the next one'
 which is another. (Stop and a crash's leftovers: ``test_netns_pool_recovery.py``.)
 """
 
+import json
 import os
 import subprocess
 import time
@@ -72,7 +73,7 @@ def host_ends() -> dict[int, str]:
         if name.startswith("sbx"):
             try:
                 ends[int(Path(f"/sys/class/net/{name}/ifindex").read_text())] = name
-            except FileNotFoundError:  # deleted meanwhile
+            except OSError:  # deleted meanwhile (ENOENT, or EINVAL while it goes)
                 continue
     return ends
 
@@ -95,10 +96,10 @@ def pooled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, i
         s.wire("p", inet, ["203.0.113.254/24"], [f"{INET4}/24"])
         server = s.serve(inet, INET4, "internet")
         base = 436000 + os.getpid() % 1000 * 20
-        daemon = start_daemon(
+        daemon = start_daemon(  # few uids: a freed slot comes round again soon
             tmp_path_factory.mktemp("pool"),
             f"--uid-min={base}",
-            f"--uid-max={base + 19}",
+            f"--uid-max={base + 4}",
             "--network-allow=none,egress",
             env={"SANDBOXD_NETNS_POOL": str(POOL), "SANDBOXD_EGRESS_POOL6": "none"},
         )
@@ -172,3 +173,33 @@ def test_a_pooled_namespace_carries_nothing_of_a_previous_sandbox(
     assert len(routes) == 2 and routes[0].startswith("default via "), routes
     assert " dev eth0 " in routes[1] and "scope link" in routes[1], routes
     daemon.call("DELETE", f"/sandboxes/{second}")
+
+
+def eth0_address(daemon: Daemon, rid: str) -> str:
+    line = exec_out(daemon, rid, "/bin/ip", "-o", "-4", "addr", "show", "dev", "eth0")
+    return line.split()[3]
+
+
+def test_a_policy_holds_in_a_pooled_namespace_and_leaves_with_its_sandbox(
+    pooled: tuple[Daemon, int],
+) -> None:
+    daemon, port = pooled
+    before = wait_full(daemon)
+    status, body = daemon.call(
+        "POST", "/sandboxes", {"network": {"mode": "egress", "deny_out": [f"{INET4}/32"]}}
+    )
+    assert status == 200, body
+    denied = str(json.loads(body)["remote_id"])
+    assert netns_inode(daemon, denied) in before.values()
+    assert reach(daemon, denied, INET4, port).startswith("refused")
+    address = eth0_address(daemon, denied)
+    daemon.call("DELETE", f"/sandboxes/{denied}")
+    for _ in range(40):  # until its slot (its address) serves another sandbox, through the pool
+        wait_full(daemon)
+        rid = create(daemon, "egress")
+        if eth0_address(daemon, rid) == address:
+            assert reach(daemon, rid, INET4, port) == "ok internet"  # nothing of the policy
+            daemon.call("DELETE", f"/sandboxes/{rid}")
+            return
+        daemon.call("DELETE", f"/sandboxes/{rid}")
+    raise AssertionError(f"slot of {address} never served again")
