@@ -270,6 +270,11 @@ def test_an_egress_create_takes_a_pooled_namespace_and_others_do_not(tmp_path: P
     assert runner.argvs[-1][4] == "imn"  # none: its own, never the pool's
     ns.remove("f" * 16)
     wait_ready(ns.pool, 1)
+    os.mkdir(tmp_path / ".ns" / ("d" * 16))  # a create that fails before its namespaces
+    with pytest.raises(FileExistsError):
+        ns.create("d" * 16, "/t", "/w", egress)
+    assert ns.pool.ready() == 1 and ns.pool.taken == 1  # the pool's namespace stays ready
+    os.rmdir(tmp_path / ".ns" / ("d" * 16))
     runner.code = 1  # the helper refuses: the pooled namespace goes with the sandbox's pins
     with pytest.raises(OSError):
         ns.create("e" * 16, "/t", "/w", egress)

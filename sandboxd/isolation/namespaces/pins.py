@@ -275,10 +275,6 @@ class Namespaces:
         kinds = set(self.kinds)
         if not mode.own_namespace:
             kinds.discard("net")
-        pool = self.pool
-        pooled = None
-        if pool is not None and "net" in kinds and pool.serves(mode):
-            pooled = pool.take()
         directory = os.path.join(self.nsroot, rid)
         os.mkdir(directory, 0o700)
         if user is not None and "mount" in kinds:
@@ -289,6 +285,9 @@ class Namespaces:
         if root is not None:
             pins["host-view"] = os.path.join(directory, HOST_VIEW_PIN)
         self._pins[rid] = pins
+        pool = self.pool
+        # Taken only now: a namespace taken is handed over or removed, never lost.
+        pooled = pool.take() if pool is not None and "net" in kinds and pool.serves(mode) else None
         if pooled is not None:
             assert pool is not None
             self._modes[rid] = mode  # from here on, remove(rid) detaches the slot
