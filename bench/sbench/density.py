@@ -125,16 +125,24 @@ def pool_label(netns_pool: int) -> str:
     return f", netns pool {netns_pool}" if netns_pool else ""
 
 
-def wait_pool(root: Path, netns_pool: int, limit: float = 10.0) -> None:
+def pinned(directory: Path, mountinfo: str = "/proc/self/mountinfo") -> int:
+    """How many mounts are on files in ``directory`` (the pool's pins: a pin file is made just
+    before its namespace is mounted on it, so the files alone count one too many)."""
+    prefix = f"{directory}/"
+    with open(mountinfo) as f:
+        return sum(1 for line in f if line.split(" ", 5)[4].startswith(prefix))
+
+
+def wait_pool(
+    root: Path, netns_pool: int, limit: float = 10.0, mountinfo: str = "/proc/self/mountinfo"
+) -> None:
     """Wait (at most ``limit`` seconds) until the daemon's pool of network namespaces holds
     ``netns_pool`` (its pins in ``{root}/.ns/.pool``, made at start-up: without it, as when the
     egress layer was off, the daemon has no pool and nothing is waited for)."""
+    directory = root.resolve() / ".ns" / ".pool"  # as the mount table names it
     deadline = time.monotonic() + limit
-    while netns_pool and time.monotonic() < deadline:
-        try:
-            if len(os.listdir(root / ".ns" / ".pool")) >= netns_pool:
-                return
-        except FileNotFoundError:
+    while netns_pool and directory.is_dir() and time.monotonic() < deadline:
+        if pinned(directory, mountinfo) >= netns_pool:
             return
         time.sleep(0.005)
 
