@@ -258,6 +258,13 @@ class Config:
         "Ranges egress sandboxes may not reach, besides loopback, link-local, the host, the pool"
         " (default: the private and shared ranges; empty: none)",
     )
+    netns_pool: int = setting_field(
+        "SANDBOXD_NETNS_POOL",
+        "0",
+        parse_count,
+        "Network namespaces of the egress mode made and wired ahead of need (0: none, each"
+        " create makes its own)",
+    )
     egress_policy_max: int = setting_field(
         "SANDBOXD_EGRESS_POLICY_MAX",
         "1024",

@@ -22,9 +22,10 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .density import kill_all, layered_daemon
+from .density import kill_all, layered_daemon, pool_label, wait_pool
 from .rawhttp import RawHTTP
 from .stats import pct
 
@@ -58,12 +59,16 @@ def create_and_first_output(
     return rid, elapsed
 
 
-def one_at_a_time(port: int, count: int, mode: str) -> list[float]:
-    """Seconds of ``count`` create → first output, each sandbox killed before the next."""
+def one_at_a_time(
+    port: int, count: int, mode: str, before: Callable[[], None] = lambda: None
+) -> list[float]:
+    """Seconds of ``count`` create → first output, each sandbox killed before the next and
+    ``before`` run (untimed) ahead of each."""
     raw = RawHTTP(port)
     samples = []
     try:
         for _ in range(count):
+            before()
             raw.ready()
             rid, seconds = create_and_first_output(raw, mode)
             samples.append(seconds)
@@ -121,12 +126,25 @@ def section(bench: Bench) -> None:
         bench.notes.append("bursts rows skipped (not root: every layer needs root)")
         return
     sizes = bench.sizes
-    with layered_daemon(bench.workdir, sizes.bursts_image_mib, bench.notes) as (server, mode):
+    pool = sizes.netns_pool
+    with layered_daemon(bench.workdir, sizes.bursts_image_mib, bench.notes, netns_pool=pool) as (
+        server,
+        mode,
+    ):
+        assert server.root is not None
+        root = server.root
+
+        def full() -> None:  # each create, and each burst, starts with the pool full
+            wait_pool(root, pool)
+
         # Warm the daemon's allocator and its first layers' one-off work.
         one_at_a_time(server.port, 3, mode)
-        single = one_at_a_time(server.port, sizes.bursts_single, mode)
-        bursts = {n: burst(server.port, n, mode) for n in map(int, sizes.bursts.split(","))}
-    layers = f"every layer, network {mode}"
+        single = one_at_a_time(server.port, sizes.bursts_single, mode, full)
+        bursts = {}
+        for n in map(int, sizes.bursts.split(",")):
+            full()
+            bursts[n] = burst(server.port, n, mode)
+    layers = f"every layer, network {mode}{pool_label(pool)}"
     bench.row(
         "create → first output, one at a time",
         f"isolated (raw; {layers})",

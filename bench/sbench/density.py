@@ -11,7 +11,9 @@ on this host) the section says so in a note and goes on without it.
 Rows:
 
 - cold create p50: one ``POST /sandboxes`` at a time into the empty daemon, each killed before
-  the next (no pool: every create makes its cgroups, namespaces, subvolume and veth);
+  the next (every create makes its cgroups, namespaces, subvolume and veth; with
+  ``--set netns_pool=N``, ``SANDBOXD_NETNS_POOL=N``, its network namespace and veth are taken
+  from the pool, full before each create);
 - creates sustained: the fill of ``density`` sandboxes, ``density_in_flight`` at once, each on
   a thread and kept-alive connection of its own, with the p50 and p99 of those creates and the
   p50 of the first and the last tenth of them (what the N-th create costs beside the first);
@@ -118,13 +120,40 @@ def census(pid: int, root: Path, instance: str) -> dict[str, int]:
     }
 
 
+def pool_label(netns_pool: int) -> str:
+    """What the rows' labels add for a daemon with a pool of network namespaces."""
+    return f", netns pool {netns_pool}" if netns_pool else ""
+
+
+def pinned(directory: Path, mountinfo: str = "/proc/self/mountinfo") -> int:
+    """How many mounts are on files in ``directory`` (the pool's pins: a pin file is made just
+    before its namespace is mounted on it, so the files alone count one too many)."""
+    prefix = f"{directory}/"
+    with open(mountinfo) as f:
+        return sum(1 for line in f if line.split(" ", 5)[4].startswith(prefix))
+
+
+def wait_pool(
+    root: Path, netns_pool: int, limit: float = 10.0, mountinfo: str = "/proc/self/mountinfo"
+) -> None:
+    """Wait (at most ``limit`` seconds) until the daemon's pool of network namespaces holds
+    ``netns_pool`` (its pins in ``{root}/.ns/.pool``, made at start-up: without it, as when the
+    egress layer was off, the daemon has no pool and nothing is waited for)."""
+    directory = root.resolve() / ".ns" / ".pool"  # as the mount table names it
+    deadline = time.monotonic() + limit
+    while netns_pool and directory.is_dir() and time.monotonic() < deadline:
+        if pinned(directory, mountinfo) >= netns_pool:
+            return
+        time.sleep(0.005)
+
+
 @contextlib.contextmanager
 def layered_daemon(
-    workdir: Path, image_mib: int, notes: list[str], disk_max: str = DISK_MAX
+    workdir: Path, image_mib: int, notes: list[str], disk_max: str = DISK_MAX, netns_pool: int = 0
 ) -> Iterator[tuple[procs.Server, str]]:
     """The section's daemon with every layer on, on a fresh loop btrfs, each sandbox's disk
-    limited to ``disk_max``; the network mode its creates ask for. Everything is stopped,
-    unmounted and removed on the way out."""
+    limited to ``disk_max`` (and ``netns_pool`` egress namespaces wired ahead); the network
+    mode its creates ask for. Everything is stopped, unmounted and removed on the way out."""
     from tests.kernel.disk_fs import loop_filesystem
 
     settings = {
@@ -134,6 +163,7 @@ def layered_daemon(
         "SANDBOXD_NAMESPACES": "all",
         "SANDBOXD_SECCOMP": "default",
         "SANDBOXD_NETWORK_ALLOW": "none,egress",
+        "SANDBOXD_NETNS_POOL": str(netns_pool),
     }
     with loop_filesystem("btrfs", image_mib) as mount:
         root = mount / "root"
@@ -228,12 +258,16 @@ def kill_all(port: int, ids: list[str], in_flight: int) -> float:
     return wall
 
 
-def cold_creates(port: int, count: int, mode: str) -> list[float]:
-    """Seconds of ``count`` creates one at a time, each killed (untimed) before the next."""
+def cold_creates(
+    port: int, count: int, mode: str, before: Callable[[], None] = lambda: None
+) -> list[float]:
+    """Seconds of ``count`` creates one at a time, each killed (untimed) before the next and
+    ``before`` run (untimed) ahead of each."""
     raw = RawHTTP(port)
     samples = []
     try:
         for _ in range(count):
+            before()
             raw.ready()
             start = time.perf_counter()
             rid = raw.json("POST", "/sandboxes", {"network": mode})["remote_id"]
@@ -244,8 +278,13 @@ def cold_creates(port: int, count: int, mode: str) -> list[float]:
     return samples
 
 
-def settle(seconds: float, server: procs.Server, root: Path, instance: str) -> dict[str, int]:
+def settle(
+    seconds: float, server: procs.Server, root: Path, instance: str, netns_pool: int = 0
+) -> dict[str, int]:
+    """The census after ``seconds``, the pool of network namespaces full (its pins and veths
+    count the same in each census)."""
     time.sleep(seconds)
+    wait_pool(root, netns_pool)
     return census(server.pid, root, instance)
 
 
@@ -253,24 +292,28 @@ def measure(workdir: Path, sizes: Any, notes: list[str]) -> dict[str, Any]:
     """Everything the rows report (see the module's docstring)."""
     in_flight = sizes.density_in_flight
     pause = 0.3 if sizes.quick else 3.0
-    with layered_daemon(workdir, sizes.density_image_mib, notes) as (server, mode):
+    pool = sizes.netns_pool
+    with layered_daemon(workdir, sizes.density_image_mib, notes, netns_pool=pool) as (
+        server,
+        mode,
+    ):
         assert server.root is not None
         root, instance = server.root, instance_name(str(server.root))
         health = RawHTTP(server.port)
         capabilities = health.json("GET", "/healthz").get("capabilities", [])
         health.close()
-        cold = cold_creates(server.port, sizes.density_cold, mode)
+        cold = cold_creates(server.port, sizes.density_cold, mode, lambda: wait_pool(root, pool))
         # Warm the allocator and the connections: their one-off growth is not per sandbox.
         kill_all(server.port, fill(server.port, in_flight * 4, in_flight, mode)[0], in_flight)
         start_load = procs.loadavg()
-        before = settle(pause, server, root, instance)
+        before = settle(pause, server, root, instance, pool)
         ids, seconds, wall = fill(
             server.port, sizes.density, in_flight, mode, sizes.density_seconds
         )
         n = len(ids)
-        full = settle(pause, server, root, instance)
+        full = settle(pause, server, root, instance, pool)
         kill_wall = kill_all(server.port, ids, in_flight)
-        after = settle(pause * 2, server, root, instance)
+        after = settle(pause * 2, server, root, instance, pool)
         cgroups = instance_dirs(server.pid, instance)
     tenth = max(1, n // 10)
     return {
@@ -279,6 +322,7 @@ def measure(workdir: Path, sizes: Any, notes: list[str]) -> dict[str, Any]:
         "budget_s": sizes.density_seconds,
         "in_flight": in_flight,
         "network": mode,
+        "netns_pool": pool,
         "capabilities": capabilities,
         "cold_ms": [round(x * 1e3, 3) for x in cold],
         "create_ms": [round(x * 1e3, 3) for x in seconds],
@@ -321,7 +365,7 @@ def add_rows(bench: Any, m: dict[str, Any]) -> None:
     from .figures import at_least, at_most
 
     n, mode = m["count"], m["network"]
-    layers = f"every layer, network {mode}"
+    layers = f"every layer, network {mode}{pool_label(m.get('netns_pool', 0))}"
     cold = [x / 1e3 for x in m["cold_ms"]]
     creates = [x / 1e3 for x in m["create_ms"]]
     load = " ".join(f"{x:.1f}" for x in m["loadavg_fill_start"])

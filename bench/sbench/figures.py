@@ -86,6 +86,8 @@ class Sizes:
         self.bursts = "5" if quick else "100,1000"
         """Sandboxes asked for at once in each burst, comma-separated (``--set bursts=100``)."""
         self.bursts_image_mib = 256 if quick else 4096
+        self.netns_pool = 0
+        """``SANDBOXD_NETNS_POOL`` of the density and bursts daemons (``--set netns_pool=64``)."""
         self.template_rounds = 3 if quick else 100
         self.template_forks = 3 if quick else 20
         self.template_fork_bytes = 8 * MiB if quick else 1024 * MiB

@@ -46,6 +46,7 @@ from sandboxd.isolation.layers import (
 )
 from sandboxd.isolation.namespaces.creators import Creator, HelperCreator
 from sandboxd.isolation.namespaces.kinds import AllLayers
+from sandboxd.isolation.namespaces.netns_pool import build_pool
 from sandboxd.isolation.namespaces.pins import NS_DIR, PLACES, Namespaces, kept_directories
 from sandboxd.isolation.namespaces.pins import run_program as run_namespace_program
 from sandboxd.isolation.namespaces.server import NamespaceServer
@@ -376,12 +377,14 @@ def build_namespaces(config: Config, helper: str | None, host: Host) -> Namespac
     keep = []
     if "mount" in kinds:
         keep = kept_directories(PLACES, [root, os.path.realpath(config.tools_dir)])
+    nsroot = os.path.join(root, NS_DIR)
     return Namespaces(
         kinds=kinds,
-        nsroot=os.path.join(root, NS_DIR),
+        nsroot=nsroot,
         network=policy,
         creator=creator,
         keep=keep,
         shm_bytes=config.memory_max or 64 << 20,
         run=run,
+        pool=build_pool(config.netns_pool, kinds, policy.offered, nsroot),
     )

@@ -92,3 +92,21 @@ def test_host_leftovers_names_what_is_still_there(tmp_path: Path) -> None:
     kept.mkdir()
     assert density.host_leftovers([gone, kept], tmp_path / "nothing") == [str(kept)]
     assert density.host_leftovers([], tmp_path) == [str(tmp_path)]
+
+
+def test_the_pool_is_waited_for_and_named_in_the_labels(tmp_path: Path) -> None:
+    pool = tmp_path / ".ns" / ".pool"
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        f"36 35 0:4 net:[1] {pool}/0 rw - nsfs nsfs rw\n"
+        f"37 35 0:4 net:[2] {pool}x/1 rw - nsfs nsfs rw\n"
+        f"38 35 0:4 net:[3] {pool}/1 rw - nsfs nsfs rw\n"
+    )
+    density.wait_pool(tmp_path, 0)  # no pool: nothing to wait for
+    density.wait_pool(tmp_path, 2, limit=60)  # the daemon has no pool: nothing to wait for
+    pool.mkdir(parents=True)
+    assert density.pinned(pool, str(info)) == 2
+    density.wait_pool(tmp_path, 3, limit=0.01, mountinfo=str(info))  # not full: gives up
+    density.wait_pool(tmp_path, 2, limit=60, mountinfo=str(info))  # full: returns at once
+    assert density.pool_label(0) == ""
+    assert density.pool_label(8) == ", netns pool 8"

@@ -12,6 +12,7 @@ import os
 from attrs import define, field
 
 MS_BIND = 4096
+MS_MOVE = 8192
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
@@ -58,6 +59,10 @@ class MountCalls:
 
     def bind(self, source: str, target: str) -> None:
         self._mount(source, target, MS_BIND)
+
+    def move(self, source: str, target: str) -> None:
+        """Move the mount on ``source`` to ``target`` (one call: nothing is left on ``source``)."""
+        self._mount(source, target, MS_MOVE)
 
     def make_private(self, target: str) -> None:
         self._mount(None, target, MS_PRIVATE)

@@ -49,6 +49,7 @@ from sandboxd.isolation.namespaces.creators import Creator, HelperCreator
 from sandboxd.isolation.namespaces.identity_files import write_identity_files
 from sandboxd.isolation.namespaces.kinds import HOST_VIEW_PIN, KINDS, PIN, AllLayers
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
+from sandboxd.isolation.namespaces.netns_pool import NetnsPool
 from sandboxd.isolation.namespaces.pidns import kill_init
 from sandboxd.isolation.namespaces.root_view import RootView, probe_root, write_root_files
 from sandboxd.isolation.naming import is_rid
@@ -127,6 +128,8 @@ class Namespaces:
     mounts: MountCalls = field(factory=MountCalls)
     home_covered: Callable[[], bool] = home_coverable
     """Whether the host's ``/home`` is a directory the mount namespace covers."""
+    pool: NetnsPool | None = None
+    """Network namespaces of one mode wired ahead (``SANDBOXD_NETNS_POOL``); ``None``: none."""
     _pins: dict[str, dict[str, str]] = field(factory=dict)
     _modes: dict[str, NetworkMode] = field(factory=dict)
     _prepared: bool = False
@@ -181,10 +184,14 @@ class Namespaces:
             self.mounts.make_private(self.nsroot)
         except OSError as e:
             raise IsolationUnavailable(f"namespaces: cannot pin in {self.nsroot}: {e}") from None
+        if self.pool is not None:
+            self.pool.reclaim()  # a crashed predecessor's, before its veths' slots are reused
         try:
             for mode in self.network.offered.values():
                 mode.prepare()  # egress: the host's side (table, forwarding) before the probe
             self._probe()
+            if self.pool is not None:
+                self.pool.start()
         except BaseException:
             for mode in self.network.offered.values():
                 mode.close()  # start-up stops here: nothing of the modes is left on the host
@@ -278,6 +285,15 @@ class Namespaces:
         if root is not None:
             pins["host-view"] = os.path.join(directory, HOST_VIEW_PIN)
         self._pins[rid] = pins
+        pool = self.pool
+        # Taken only now: a namespace taken is handed over or removed, never lost.
+        pooled = pool.take() if pool is not None and "net" in kinds and pool.serves(mode) else None
+        if pooled is not None:
+            assert pool is not None
+            self._modes[rid] = mode  # from here on, remove(rid) detaches the slot
+            os.close(os.open(pins["net"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400))
+            pool.hand_over(pooled, rid, pins["net"])
+            kinds.discard("net")  # made and wired already: the helper leaves it out
         places = (tmp, workspace)
         argv = self.creator.argv(
             self.nsroot, rid, frozenset(kinds), places, self.shm_bytes, self.keep
@@ -344,9 +360,11 @@ class Namespaces:
         return sorted(name for name in names if is_rid(name))
 
     def close(self) -> None:
-        """Close the network modes, unmount ``{root}/.ns`` (the daemon stops: every sandbox is
-        gone), end the runner."""
+        """Remove the pool's namespaces, close the network modes, unmount ``{root}/.ns`` (the
+        daemon stops: every sandbox is gone), end the runner."""
         self._prepared = False
+        if self.pool is not None:
+            self.pool.close()
         for mode in self.network.offered.values():
             mode.close()
         end_runner = getattr(self.run, "close", None)

@@ -12,6 +12,7 @@ import errno
 import ipaddress
 import os
 import shutil
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -109,6 +110,12 @@ class EgressNetwork:
     """Slots whose last sandbox's policy could not be cleared at detach (cleared at attach)."""
     _free: deque[int] = field(init=False)
     _started: bool = field(default=False)
+    _ahead: set[int] = field(factory=set)
+    """Slots wired ahead into a pooled namespace, for no sandbox yet
+    (:mod:`sandboxd.isolation.namespaces.netns_pool`)."""
+    _lock: threading.RLock = field(factory=threading.RLock)
+    """Held over the slots' books and the layer's start and stop: the pool's refill thread
+    wires ahead while creates attach."""
 
     def __attrs_post_init__(self) -> None:
         self._free = deque(range(self.capacity))
@@ -174,25 +181,54 @@ class EgressNetwork:
             self.egress.plan = evolve(self.egress.plan, proxy_port=0)
 
     def attach(self, rid: str, netns: str) -> None:
-        if not self._free:
-            raise OSError(errno.ENOSPC, "egress: every slot of the pool is taken")
-        if not self._started:  # lazy: the first egress sandbox starts the layer
-            try:
-                self._start()
-            except (EgressError, OSError) as e:
-                raise NetworkUnavailable(
-                    f"network mode egress cannot start on this host: {e}"
-                    f" (egress is offered by default; {FORBID})"
-                ) from None
-        slot = self._free.popleft()
+        self.adopt(rid, self._wire(netns))
+
+    def wire_ahead(self, netns: str) -> int:
+        """Wire a free slot into the namespace pinned at ``netns``, which no sandbox has yet
+        (the pool's refill thread); the slot, which :meth:`adopt` later gives to a sandbox
+        or :meth:`release_ahead` frees. Fails as :meth:`attach` does."""
+        return self._wire(netns)
+
+    def _wire(self, netns: str) -> int:
+        with self._lock:
+            if not self._free:
+                raise OSError(errno.ENOSPC, "egress: every slot of the pool is taken")
+            if not self._started:  # lazy: the first egress sandbox starts the layer
+                try:
+                    self._start()
+                except (EgressError, OSError) as e:
+                    raise NetworkUnavailable(
+                        f"network mode egress cannot start on this host: {e}"
+                        f" (egress is offered by default; {FORBID})"
+                    ) from None
+            slot = self._free.popleft()
+            self._ahead.add(slot)  # the layer stays up while the slot is being wired
         try:
             self.egress.attach(netns, slot)
         except EgressError as e:
-            self._free.appendleft(slot)
-            self._stop_when_idle()
+            self.release_ahead(slot, first=True)
             raise OSError(errno.EIO, f"egress: {e}") from None
-        self._slots[rid] = slot
-        self._rids[slot] = rid
+        return slot
+
+    def release_ahead(self, slot: int, first: bool = False) -> None:
+        """Give back ``slot``, wired ahead for no sandbox, whose namespace is gone (``first``:
+        it is the next one taken again)."""
+        with self._lock:
+            self._ahead.discard(slot)
+            if first:
+                self._free.appendleft(slot)
+            else:
+                self._free.append(slot)
+            self._stop_when_idle()
+
+    def adopt(self, rid: str, slot: int) -> None:
+        """Give sandbox ``rid`` the wired ``slot`` (its namespace is now the sandbox's) and
+        apply the policy staged for it; ``OSError`` when ``nft`` refuses it (the create fails
+        and its detach frees the slot)."""
+        with self._lock:
+            self._ahead.discard(slot)
+            self._slots[rid] = slot
+            self._rids[slot] = rid
         policy = self._staged.pop(rid, OPEN)
         if slot in self._stale or not policy.empty:
             # An OSError fails the create: the pin goes and detach frees the slot again.
@@ -200,7 +236,8 @@ class EgressNetwork:
             self._stale.discard(slot)
 
     def detach(self, rid: str, netns: str) -> None:
-        slot = self._slots.pop(rid, None)
+        with self._lock:
+            slot = self._slots.pop(rid, None)
         policy = self._policies.pop(rid, OPEN)
         self.on_detach(rid)
         if slot is not None:  # (a predecessor's veths went when the layer started)
@@ -211,8 +248,9 @@ class EgressNetwork:
                 except EgressError as e:
                     log.warn("egress: cannot clear the policy of slot {slot}: {e}", slot=slot, e=e)
                     self._stale.add(slot)  # its next attach clears it before any use
-            self._free.append(slot)
-            self._stop_when_idle()
+            with self._lock:
+                self._free.append(slot)
+                self._stop_when_idle()
 
     # Per-sandbox policy (docs/isolation.rst, "Egress policy per sandbox")
 
@@ -263,8 +301,9 @@ class EgressNetwork:
         return None if rid is None else (rid, self.policy(rid))
 
     def _stop_when_idle(self) -> None:
-        """Lazy, with no egress sandbox left: give the host back what the layer changed."""
-        if self.lazy and self._started and not self._slots:
+        """Lazy, with no egress sandbox left (nor a slot wired ahead): give the host back what
+        the layer changed."""
+        if self.lazy and self._started and not self._slots and not self._ahead:
             try:
                 self.close()
             except (EgressError, OSError) as e:
@@ -309,7 +348,8 @@ def network_mode(config: Any) -> EgressNetwork | None:
         pool6 = None
     plan = EgressPlan(config.egress_pool, pool6, config.egress_deny)
     plan = plan.with_nameservers(read_text(config.resolv_conf))
-    capacity = config.uid_max - config.uid_min + 1
+    # a slot per uid, and one per namespace of the pool (SANDBOXD_NETNS_POOL) wired ahead
+    capacity = config.uid_max - config.uid_min + 1 + config.netns_pool
     try:
         plan.check(capacity)
     except ValueError as e:

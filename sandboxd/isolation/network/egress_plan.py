@@ -141,7 +141,8 @@ class EgressPlan:
         if self.slots < slots_needed:
             raise EgressConfigError(
                 f"the pool has {self.slots} slots (a /31 and a /127 per sandbox),"
-                f" {slots_needed} needed (one per uid of the pool)"
+                f" {slots_needed} needed (one per uid of the pool and per namespace of"
+                " SANDBOXD_NETNS_POOL)"
             )
         if len(self.ifname(max(slots_needed - 1, 0))) > MAX_IFNAME:
             raise EgressConfigError(f"interface prefix {self.prefix!r} is too long")
