@@ -21,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -166,15 +166,26 @@ class Ruled:
     rid: str
 
 
+@contextmanager
+def rules_internet() -> Iterator[HeaderRecorder]:
+    """The "internet": a namespace behind a veth, a :class:`HeaderRecorder` on A4 (which
+    :data:`API` and :data:`PLAIN` resolve to) and a DNS server on DNS4."""
+    servers: list[Any] = []
+    try:
+        with scene() as s:
+            inet = s.netns("inet")
+            s.wire("r", inet, [f"{HOST4}/24"], [f"{A4}/24", f"{B4}/24", f"{DNS4}/24"])
+            servers += [HeaderRecorder(inet, A4), NameServer(inet, DNS4, ZONE)]
+            yield servers[0]
+    finally:
+        for server in servers:
+            server.close()
+
+
 @pytest.fixture(scope="module")
 def rules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ruled]:
     """One daemon and one "internet" for the module; a sandbox with a rule for :data:`API`."""
-    servers: list[Any] = []
-    with scene() as s:
-        inet = s.netns("inet")
-        s.wire("r", inet, [f"{HOST4}/24"], [f"{A4}/24", f"{B4}/24", f"{DNS4}/24"])
-        recorder = HeaderRecorder(inet, A4)
-        servers += [recorder, NameServer(inet, DNS4, ZONE)]
+    with rules_internet() as recorder:
         base = 491000 + os.getpid() % 1000 * 20
         daemon = start_daemon(
             tmp_path_factory.mktemp("rules"),
@@ -192,8 +203,6 @@ def rules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ruled]:
             yield Ruled(daemon, recorder, created(daemon, network))
         finally:
             stop_daemon(daemon)
-            for server in servers:
-                server.close()
 
 
 def talk(
