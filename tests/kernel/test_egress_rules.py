@@ -74,12 +74,12 @@ class HeaderRecorder:
     def _serve(self) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._answer, args=(conn, peer[0]), daemon=True).start()
 
-    def _answer(self, conn: socket.socket) -> None:
+    def _answer(self, conn: socket.socket, peer: str) -> None:
         conn.settimeout(10)
         reader = conn.makefile("rb")
         try:
@@ -101,7 +101,9 @@ class HeaderRecorder:
                         reader.readline(10)
                     while reader.readline(65536) not in (b"\r\n", b""):
                         pass
-                self.seen.append({"line": line.decode().strip(), "headers": headers, "body": body})
+                self.seen.append(
+                    {"line": line.decode().strip(), "headers": headers, "body": body, "peer": peer}
+                )
                 answer = json.dumps(
                     {"n": number, "len": len(body), "sha": hashlib.sha256(body).hexdigest()}
                 ).encode()
@@ -167,16 +169,18 @@ class Ruled:
 
 
 @contextmanager
-def rules_internet() -> Iterator[HeaderRecorder]:
-    """The "internet": a namespace behind a veth, a :class:`HeaderRecorder` on A4 (which
-    :data:`API` and :data:`PLAIN` resolve to) and a DNS server on DNS4."""
+def rules_internet(*more: str) -> Iterator[tuple[HeaderRecorder, str]]:
+    """The "internet" and its namespace: behind a veth, a :class:`HeaderRecorder` on A4
+    (which :data:`API` and :data:`PLAIN` resolve to), a DNS server on DNS4, and ``more``
+    addresses of its own."""
     servers: list[Any] = []
     try:
         with scene() as s:
             inet = s.netns("inet")
-            s.wire("r", inet, [f"{HOST4}/24"], [f"{A4}/24", f"{B4}/24", f"{DNS4}/24"])
+            inside = [f"{a}/24" for a in (A4, B4, DNS4, *more)]
+            s.wire("r", inet, [f"{HOST4}/24"], inside)
             servers += [HeaderRecorder(inet, A4), NameServer(inet, DNS4, ZONE)]
-            yield servers[0]
+            yield servers[0], inet
     finally:
         for server in servers:
             server.close()
@@ -185,7 +189,7 @@ def rules_internet() -> Iterator[HeaderRecorder]:
 @pytest.fixture(scope="module")
 def rules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ruled]:
     """One daemon and one "internet" for the module; a sandbox with a rule for :data:`API`."""
-    with rules_internet() as recorder:
+    with rules_internet() as (recorder, _):
         base = 491000 + os.getpid() % 1000 * 20
         daemon = start_daemon(
             tmp_path_factory.mktemp("rules"),

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.kernel]
 
 @pytest.fixture
 def recorder() -> Iterator[HeaderRecorder]:
-    with rules_internet() as started:
+    with rules_internet() as (started, _):
         yield started
 
 
