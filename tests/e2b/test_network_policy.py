@@ -134,7 +134,14 @@ def test_static_header_rules_map_and_are_shown_without_their_values(
     }
     assert SECRET not in str(detail)
     path = f"/sandboxes/{entry.id}/network"
-    assert front.control("PUT", path, {"rules": {"b.example": []}}).status == 204
+    assert (
+        front.control(
+            "PUT",
+            path,
+            {"rules": {"b.example": [{"transform": {}}, {"transform": {"headers": {"X": "1"}}}]}},
+        ).status
+        == 204
+    )
     assert egress.policies[entry.sandbox.rid].rules[0].pattern == "b.example"
 
 

@@ -239,7 +239,10 @@ def test_what_could_be_read_otherwise_upstream_is_refused(sent: bytes, reason: s
 
 
 def test_the_proxy_refuses_a_rule_over_tls() -> None:
-    proxy, reactor = proxy_for(parse_policy(["good.example"], None, {"good.example": []}))
+    assert parse_rules({"good.example": [], "b.example": [{"headers": {}}]}) == ()
+    proxy, reactor = proxy_for(
+        parse_policy(["good.example"], None, {"good.example": [{"headers": {"X": "1"}}]})
+    )
     side, transport = connect(proxy)
     side.dataReceived(client_hello("good.example"))
     assert transport.aborted and not reactor.tcpClients

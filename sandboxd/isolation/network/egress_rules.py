@@ -4,7 +4,8 @@ request on the way out, so that a secret (an ``Authorization``) never enters the
 
 A request says ``"rules": {"api.example.com": [{"headers": {"Authorization": "Bearer x"}}]}``:
 each host (an exact name or ``*.`` and a name, as the lists take them) maps to a list of rule
-objects whose ``headers`` are merged in order (a later value wins). The rule a connection
+objects whose ``headers`` are merged in order (a later value wins); a host whose rules set no
+header has none. The rule a connection
 gets is its name's exact one, else the longest wildcard that matches it (E2B's precedence).
 
 Values are secrets: :class:`HeaderRule` never shows them (its ``repr`` names the headers
@@ -89,7 +90,8 @@ def parse_rules(value: object, where: str = "rules") -> tuple[HeaderRule, ...]:
             ) from None
         headers = _merged(f"{where}.{host}", entries)
         total += sum(len(n) + len(v) for n, v in headers)
-        found[pattern] = HeaderRule(pattern, headers)
+        if headers:  # (a rule that sets nothing changes nothing: none is kept)
+            found[pattern] = HeaderRule(pattern, headers)
     if total > TOTAL_MAX:
         raise ValueError(f"{where}: {total} bytes of headers, at most {TOTAL_MAX}")
     return tuple(found.values())
