@@ -203,6 +203,10 @@ def test_a_body_passes_as_it_comes_without_being_held() -> None:
         ),
         (b"GET / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: -1\r\n\r\n", "malformed"),
         (
+            b"POST / HTTP/1.0\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "malformed",
+        ),
+        (
             b"GET / HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
             "malformed",
         ),

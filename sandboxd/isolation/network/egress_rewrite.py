@@ -12,7 +12,8 @@ headers, not only the first. Anything that could make the upstream read the requ
 differently from the proxy is refused (:class:`Refused`, its reason counted): a ``Host``
 other than the connection's name (no second host past the check), an absolute or CONNECT
 target, ``Upgrade`` (the bytes after it would no longer be requests), both or several
-``Content-Length`` and ``Transfer-Encoding``, a coding other than ``chunked``, folded or
+``Content-Length`` and ``Transfer-Encoding``, a coding other than ``chunked`` or one in an
+HTTP/1.0 request, folded or
 malformed header lines, bare CR or LF, a head or chunk line too long.
 
 :class:`RuleConnection` drives it on the reactor: both sockets stay Twisted's transports
@@ -156,6 +157,8 @@ class RequestRewriter:
                 kept.append(line)
         if len(hosts) != 1 or self._host(hosts[0]) != self.name:
             raise Refused(HOST_CHANGED)
+        if codings and parts[2] == b"HTTP/1.0":  # (a coding a 1.0 server may not read)
+            raise Refused(MALFORMED)
         self._framing(lengths, codings)
         return b"\r\n".join(kept) + b"\r\n" + self.headers + b"\r\n"
 
