@@ -7,7 +7,9 @@ sandbox and upstream: ``tests/kernel/test_egress_rules.py``."""
 from typing import Any
 
 import pytest
+from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 
 from sandboxd.errors import BadRequest
 from sandboxd.http.parse import network_request, network_update
@@ -315,6 +317,16 @@ def test_the_proxy_resets_a_connection_that_sends_a_second_host() -> None:
     side.dataReceived(GET)  # (read before the reset took hold): nothing more goes up
     side.readConnectionLost()
     assert upstream.value().count(b"X-Key") == 1 and not upstream.write_closed
+
+
+def test_a_reset_of_either_side_resets_the_other() -> None:
+    _, side, upstream, transport = rule_connection(RULED, GET)
+    upstream.protocol.connectionLost(Failure(ConnectionDone()))
+    assert transport.disconnecting and not transport.aborted
+    upstream.protocol.connectionLost(Failure(ConnectionLost()))
+    assert transport.aborted
+    side.connectionLost(Failure(ConnectionLost()))
+    assert upstream.aborted
 
 
 def test_a_sandbox_that_ended_before_the_upstream_was_up() -> None:

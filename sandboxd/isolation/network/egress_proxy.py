@@ -388,7 +388,7 @@ class SandboxSide(protocol.Protocol):
         self.gone = True
         self._stop_timer()
         if self.rule_connection is not None:
-            self.rule_connection.sandbox_lost()
+            self.rule_connection.sandbox_lost(reason)
         self.release()
 
 

@@ -25,6 +25,7 @@ one head are held per connection).
 import re
 from typing import Any
 
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.internet.protocol import Protocol
 from zope.interface import implementer
@@ -234,9 +235,18 @@ class RuleConnection:
         if not self.refused:
             self.upstream.loseWriteConnection()
 
-    def sandbox_lost(self) -> None:
-        """The sandbox's connection is gone: so goes the upstream's."""
-        self.upstream.loseConnection()
+    def sandbox_lost(self, reason: Any) -> None:
+        """The sandbox's connection is gone: so goes the upstream's (reset when the
+        sandbox's was, so that a cut request never looks whole)."""
+        if clean(reason):
+            self.upstream.loseConnection()
+        else:
+            self.upstream.abortConnection()
+
+
+def clean(reason: Any) -> bool:
+    """Whether a connection ended cleanly (``reason``: the Failure Twisted gives)."""
+    return reason is None or reason.check(ConnectionDone) is not None
 
 
 @implementer(IHalfCloseableProtocol)
@@ -256,4 +266,7 @@ class UpstreamReader(Protocol):
         """Nothing to do: the sandbox's end was read to its end already."""
 
     def connectionLost(self, reason: Any = None) -> None:
-        self.connection.sandbox.loseConnection()
+        if clean(reason):
+            self.connection.sandbox.loseConnection()
+        else:  # a reset, an error: the sandbox sees one too, never a cut answer as whole
+            self.connection.sandbox.abortConnection()
