@@ -121,37 +121,43 @@ def create_request(body: dict[str, Any]) -> CreateRequest:
     return CreateRequest(env=env, item_id=item_id, network=network, egress=egress)
 
 
+POLICY_FIELDS = ("allow_out", "deny_out", "rules")
+"""The fields of a ``network`` object that make an egress policy."""
+
+
 def network_request(value: object) -> tuple[str | None, EgressPolicy | None]:
     """A create's ``network``: a mode's name, or ``{"mode": ..., "allow_out": [...],
-    "deny_out": [...]}`` (docs/isolation.rst, "Egress policy per sandbox"); an object with
-    a list and no mode asks for ``egress``, the only mode that takes lists."""
+    "deny_out": [...], "rules": {...}}`` (docs/isolation.rst, "Egress policy per sandbox",
+    "Header rules"); an object with a list or rules and no mode asks for ``egress``, the
+    only mode that takes them."""
     if value is None or isinstance(value, str):
         return value, None
     if not isinstance(value, dict):
         raise BadRequest("network: must be a network mode's name or an object")
-    unknown = sorted(set(value) - {"mode", "allow_out", "deny_out"})
+    unknown = sorted(set(value) - {"mode", *POLICY_FIELDS})
     if unknown:
         raise BadRequest(f"network: unknown field {unknown[0]!r}")
     mode = value.get("mode")
     if mode is not None and not isinstance(mode, str):
         raise BadRequest("network: mode must be a string naming a network mode")
-    if value.get("allow_out") is None and value.get("deny_out") is None:
+    if all(value.get(name) is None for name in POLICY_FIELDS):
         return mode, None
     return mode or "egress", egress_policy(value)
 
 
 def egress_policy(value: dict[str, Any]) -> EgressPolicy:
-    """The ``allow_out`` and ``deny_out`` lists of a body (``400`` naming a bad entry)."""
+    """The ``allow_out`` and ``deny_out`` lists and the ``rules`` of a body (``400`` naming
+    a bad entry, never a header's value)."""
     try:
-        return parse_policy(value.get("allow_out"), value.get("deny_out"))
+        return parse_policy(value.get("allow_out"), value.get("deny_out"), value.get("rules"))
     except ValueError as e:
         raise BadRequest(f"network: {e}") from None
 
 
 def network_update(body: dict[str, Any]) -> EgressPolicy:
-    """``PUT /sandboxes/{rid}/network``: the sandbox's new ``allow_out`` and ``deny_out`` (an
-    absent list: none; both absent: the policy that restricts nothing)."""
-    unknown = sorted(set(body) - {"allow_out", "deny_out"})
+    """``PUT /sandboxes/{rid}/network``: the sandbox's new ``allow_out``, ``deny_out`` and
+    ``rules`` (absent: none; all absent: the policy that restricts nothing)."""
+    unknown = sorted(set(body) - set(POLICY_FIELDS))
     if unknown:
         raise BadRequest(f"network: unknown field {unknown[0]!r}")
     return egress_policy(body)

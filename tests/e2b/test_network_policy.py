@@ -108,3 +108,63 @@ def test_update_network_replaces_the_lists(memory: tuple[Memory, PolicedMode]) -
     offline = front.create(allow_internet_access=False).id
     reply = front.control("PUT", f"/sandboxes/{offline}/network", {"denyOut": ["192.0.2.1"]})
     assert reply.status == 400 and "need mode egress, not none" in reply.json()["message"]
+
+
+SECRET = "Bearer e2b-s3cr3t"
+
+
+def test_static_header_rules_map_and_are_shown_without_their_values(
+    memory: tuple[Memory, PolicedMode],
+) -> None:
+    front, egress = memory
+    rules = {
+        "API.example.com": [
+            {"transform": {"headers": {"Authorization": "old"}}},
+            {"transform": {"headers": {"Authorization": SECRET}}},
+            {},
+        ]
+    }
+    entry = front.create(network={"allowOut": ["api.example.com"], "rules": rules})
+    staged = egress.staged[entry.sandbox.rid]
+    assert staged.rules[0].pattern == "api.example.com"
+    assert staged.rules[0].headers == (("Authorization", SECRET),)
+    detail = front.control("GET", f"/sandboxes/{entry.id}").json()
+    assert detail["network"]["rules"] == {
+        "api.example.com": [{"transform": {"headers": {"Authorization": "***"}}}]
+    }
+    assert SECRET not in str(detail)
+    path = f"/sandboxes/{entry.id}/network"
+    assert (
+        front.control(
+            "PUT",
+            path,
+            {"rules": {"b.example": [{"transform": {}}, {"transform": {"headers": {"X": "1"}}}]}},
+        ).status
+        == 204
+    )
+    assert egress.policies[entry.sandbox.rid].rules[0].pattern == "b.example"
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ([], "network.rules: must be an object"),
+        ({"a.example": {}}, "network.rules.a.example: must be a list"),
+        ({"a.example": [{"x": 1}]}, 'a rule is {"transform"'),
+        ({"a.example": [{"transform": {"body": "x"}}]}, "a transform sets headers alone"),
+        (
+            {"a.example": [{"transform": {"headers": {"A": "${e2b.identity.tokens['x']}"}}}]},
+            "workload identity tokens",
+        ),
+        ({"a.example": [{"transform": {"headers": {"Host": "b"}}}]}, "Host cannot be set"),
+        ({"10.0.0.1": []}, "is not a host name"),
+    ],
+)
+def test_rules_that_cannot_be_honoured_are_a_400(
+    memory: tuple[Memory, PolicedMode], rules: Any, message: str
+) -> None:
+    front, _ = memory
+    reply = front.control(
+        "POST", "/v2/sandboxes", {"templateID": "base", "network": {"rules": rules}}
+    )
+    assert reply.status == 400 and message in reply.json()["message"]

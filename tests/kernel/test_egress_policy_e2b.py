@@ -87,8 +87,8 @@ def test_no_internet_with_exceptions_and_what_is_refused(
             "'exa_mple.com' is not an address, CIDR or host name",
         ),
         (
-            {"rules": {"api.example.com": [{"transform": {"headers": {"A": "b"}}}]}},
-            "network.rules: not supported",
+            {"rules": {"api.example.com": [{"transform": {"headers": {"Host": "b"}}}]}},
+            "Host cannot be set by a rule",
         ),
     ):
         with pytest.raises(Exception, match=named):

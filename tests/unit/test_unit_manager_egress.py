@@ -128,7 +128,7 @@ def test_the_create_bodys_network(network: object, wanted: tuple[Any, Any]) -> N
     ("network", "message"),
     [
         (3, "a network mode's name or an object"),
-        ({"mode": "egress", "rules": {}}, "unknown field 'rules'"),
+        ({"mode": "egress", "rulez": {}}, "unknown field 'rulez'"),
         ({"mode": 1}, "mode must be a string"),
         ({"allow_out": ["example..com"]}, "'example..com' is not an address, CIDR or host"),
     ],

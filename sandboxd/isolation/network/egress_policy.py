@@ -32,6 +32,7 @@ from attrs import frozen
 
 from sandboxd.isolation.network.egress_names import parse_pattern
 from sandboxd.isolation.network.egress_plan import Address, EgressPlan, Network
+from sandboxd.isolation.network.egress_rules import HeaderRule, parse_rules, rules_json
 
 DEFAULT_ENTRIES_MAX = 1024
 """The default of ``SANDBOXD_EGRESS_POLICY_MAX``: entries per list of one sandbox's policy."""
@@ -55,10 +56,15 @@ class EgressPolicy:
     names alone)."""
     deny_names: tuple[str, ...] = ()
     """Name patterns of ``deny_out``."""
+    rules: tuple[HeaderRule, ...] = ()
+    """Headers set on the way out per host (:mod:`.egress_rules`); a policy with rules is
+    one by name (its web traffic goes through the proxy, which applies them)."""
 
     @property
     def empty(self) -> bool:
-        """True when the policy restricts nothing."""
+        """True when the policy restricts nothing and sets no header."""
+        if self.rules:
+            return False
         if self.allow_wins:
             return not self.deny_out and not self.deny_names
         return self.allow_out is None and not self.deny_out and not self.deny_names
@@ -66,7 +72,7 @@ class EgressPolicy:
     @property
     def by_name(self) -> bool:
         """Whether the policy names hosts (its web traffic then goes through the proxy)."""
-        return bool(self.allow_names or self.deny_names)
+        return bool(self.allow_names or self.deny_names or self.rules)
 
     def to_json(self) -> dict[str, Any]:
         """The policy as the API shows it (``allow_out`` is ``null`` when not restricted)."""
@@ -77,6 +83,8 @@ class EgressPolicy:
         shown: dict[str, Any] = {"allow_out": allow, "deny_out": deny}
         if self.allow_wins:
             shown["allow_wins"] = True
+        if self.rules:
+            shown["rules"] = rules_json(self.rules)
         return shown
 
 
@@ -124,11 +132,12 @@ def parse_list(name: str, value: object) -> tuple[tuple[Network, ...], tuple[str
     return tuple(dict.fromkeys(found)), tuple(dict.fromkeys(names))
 
 
-def parse_policy(allow_out: object, deny_out: object) -> EgressPolicy:
-    """A policy from a request's two lists (``None``: the list is absent)."""
+def parse_policy(allow_out: object, deny_out: object, rules: object = None) -> EgressPolicy:
+    """A policy from a request's two lists and its header rules (``None``: absent)."""
     allow, allow_names = (None, ()) if allow_out is None else parse_list("allow_out", allow_out)
     deny, deny_names = ((), ()) if deny_out is None else parse_list("deny_out", deny_out)
-    return EgressPolicy(allow, deny, allow_names=allow_names, deny_names=deny_names)
+    parsed = () if rules is None else parse_rules(rules)
+    return EgressPolicy(allow, deny, allow_names=allow_names, deny_names=deny_names, rules=parsed)
 
 
 def is_host_address(address: Address) -> bool:

@@ -18,6 +18,10 @@ the connection's original destination (``SO_ORIGINAL_DST``). For each connection
    (:mod:`~sandboxd.isolation.network.egress_relay`), which splices the bytes both ways in
    the kernel, with flow control (a side that cannot keep up stops the other being read).
 
+When the sandbox's policy has a header rule for the name (:mod:`.egress_rules`), step 4
+differs: a TLS connection is refused (its headers cannot be set without terminating TLS), an
+HTTP one is not relayed but rewritten request by request (:mod:`.egress_rewrite`).
+
 With an operator's SOCKS5 proxy (:attr:`EgressProxy.socks`, ``SANDBOXD_EGRESS_SOCKS5``),
 nftables redirects every TCP connection of every sandbox here (but DNS to the host's
 nameservers), and step 4 asks that proxy instead (:mod:`.egress_socks`): a connection that
@@ -51,6 +55,8 @@ from sandboxd.isolation.network.egress_plan import Address, Network
 from sandboxd.isolation.network.egress_policy import PROXIED_PORTS, EgressPolicy
 from sandboxd.isolation.network.egress_relay import Relay, take_socket
 from sandboxd.isolation.network.egress_resolve import NameCache
+from sandboxd.isolation.network.egress_rewrite import RequestRewriter, RuleConnection
+from sandboxd.isolation.network.egress_rules import rule_for
 from sandboxd.isolation.network.egress_socks import SocksUpstream
 from sandboxd.isolation.network.egress_verdict import refusal
 
@@ -88,6 +94,7 @@ MISMATCH = "mismatch"
 UNRESOLVED = "unresolved"
 TOO_MANY = "too_many"
 UNREACHABLE = "unreachable"
+RULE_OVER_TLS = "rule_over_tls"
 
 
 class Sandboxes(Protocol):
@@ -212,6 +219,9 @@ class SandboxSide(protocol.Protocol):
         self.gone = False
         """Closed, refused or relayed: nothing more is done for it here."""
         self.timer: IDelayedCall | None = None
+        self.rewriter: RequestRewriter | None = None
+        """The name's header rule applies: the requests go through it, not a relay."""
+        self.rule_connection: RuleConnection | None = None
 
     @property
     def tcp(self) -> Any:
@@ -250,6 +260,9 @@ class SandboxSide(protocol.Protocol):
         self.timer = self.proxy.reactor.callLater(PEEK_TIMEOUT, self.fail, NO_NAME_REASON, "")
 
     def readConnectionLost(self) -> None:
+        if self.rule_connection is not None:
+            self.rule_connection.sandbox_ended()
+            return
         if not self.deciding:  # its name can never be complete now
             self.fail(NO_NAME_REASON, "")
             return
@@ -260,6 +273,9 @@ class SandboxSide(protocol.Protocol):
         (the relay does, once it holds the socket)."""
 
     def dataReceived(self, data: bytes) -> None:
+        if self.rule_connection is not None:
+            self.rule_connection.from_sandbox(data)
+            return
         self.buffer += data
         if self.deciding:  # (bytes read before the pause took hold)
             return
@@ -295,6 +311,12 @@ class SandboxSide(protocol.Protocol):
         if reason is not None:
             self.fail(reason, name)
             return
+        rule = rule_for(policy.rules, name) if name else None
+        if rule is not None:
+            if self.buffer[:1] == b"\x16":  # its headers cannot be set inside TLS
+                self.fail(RULE_OVER_TLS, name)
+                return
+            self.rewriter = RequestRewriter(name, rule.headers)
         if self.proxy.socks is not None:
             self.proxy.socks.connect(
                 self.proxy.reactor,
@@ -319,6 +341,17 @@ class SandboxSide(protocol.Protocol):
             upstream.loseConnection()
             return
         self.gone = True
+        if self.rewriter is not None:
+            name, address = self.rewriter.name, self.destination[0]
+            self.rule_connection = RuleConnection(
+                self.tcp,
+                upstream,
+                self.rewriter,
+                lambda reason: self.proxy.refuse(self.rid, reason, name, address),
+            )
+            self.rule_connection.start(self.buffer, self.read_done, answered)
+            self.buffer = b""
+            return
         self.relay = Relay.start(
             self.proxy.reactor,
             take_socket(self.transport),
@@ -354,6 +387,8 @@ class SandboxSide(protocol.Protocol):
     def connectionLost(self, reason: Any = None) -> None:
         self.gone = True
         self._stop_timer()
+        if self.rule_connection is not None:
+            self.rule_connection.sandbox_lost(reason)
         self.release()
 
 
