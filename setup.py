@@ -129,6 +129,7 @@ setup(
             "e2b==2.63.0",
             "e2b-code-interpreter==2.11.5",
             "pproxy==2.7.9",  # a real SOCKS5 server (tests/kernel/test_egress_socks.py)
+            "docutils>=0.20",  # the pages render (tests/unit/test_unit_docs_render.py)
         ],
     },
     entry_points={"console_scripts": ["sandboxctl = sandboxd_client.cli:main"]},
