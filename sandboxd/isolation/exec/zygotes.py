@@ -172,9 +172,8 @@ class Zygotes:
                 self._retire(key, zygote)
                 return
             zygote.pid = result
-            reap_when_ended(result, lambda: self._retire(key, zygote))
-            if not zygote.closed:
-                zygote.answers.startReading()  # type: ignore[no-untyped-call]
+            reap_when_ended(reactor, result, lambda: self._retire(key, zygote))  # not at once
+            zygote.answers.startReading()  # type: ignore[no-untyped-call]
 
         sent = False
         if not zygote.closed:
