@@ -16,6 +16,8 @@ from twisted.internet.process import (
     ProcessReader,
     ProcessWriter,
     reapProcessHandlers,
+    registerReapProcessHandler,
+    unregisterReapProcessHandler,
 )
 from twisted.web.http import HTTPChannel
 
@@ -154,14 +156,22 @@ class _ExitWatch(abstract.FileDescriptor):
     """Reaps one child of ours when its pidfd becomes readable (it has ended), then tells
     ``ended`` its wait status. Twisted's own reap calls ``waitpid`` for every child in its
     table on every SIGCHLD, so that each exec's end costs one call per live zygote and
-    background process; this costs one per end of the child watched."""
+    background process; this costs one per end of the child watched. Where no pidfd can be
+    had (no descriptor left: ``EMFILE``), the child goes in Twisted's table after all
+    (``registerReapProcessHandler``, which calls :meth:`reapProcess` and
+    :meth:`processEnded`)."""
 
     def __init__(self, reactor: Any, pid: int, ended: Callable[[int], None]) -> None:
         super().__init__(reactor)
         self.pid = pid
         self.ended = ended
-        self.pidfd = os.pidfd_open(pid)
         _watched.add(pid)
+        try:
+            self.pidfd = os.pidfd_open(pid)
+        except OSError:
+            self.pidfd = -1
+            registerReapProcessHandler(pid, self)  # ended already: processEnded at once
+            return
         self.startReading()
 
     def fileno(self) -> int:
@@ -174,10 +184,19 @@ class _ExitWatch(abstract.FileDescriptor):
         """Reap the child if it has ended."""
         pid, status = os.waitpid(self.pid, os.WNOHANG)
         if pid:
+            self.processEnded(status)
+
+    reapProcess = reap
+
+    def processEnded(self, status: int) -> None:
+        """The child is reaped: stop watching, tell ``ended``."""
+        if self.pidfd >= 0:
             self.stopReading()
             os.close(self.pidfd)
-            _watched.discard(self.pid)
-            self.ended(status)
+        elif self.pid in reapProcessHandlers:  # not when Twisted reaped it as it came in
+            unregisterReapProcessHandler(self.pid, self)
+        _watched.discard(self.pid)
+        self.ended(status)
 
 
 def reap_when_ended(reactor: Any, pid: int, ended: Callable[[], None]) -> None:

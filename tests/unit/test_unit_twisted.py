@@ -3,6 +3,7 @@ Twisted: an upgrade that removes or renames one fails here, by name."""
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -211,3 +212,29 @@ async def test_a_child_is_reaped_by_its_pidfd_and_its_end_told() -> None:
     await _until(lambda: len(ended) == 2)
     assert ended == ["sleeper", "done"] and not _twisted.reap_handled(done)
     assert not _twisted.reap_handled(os.getpid())
+
+
+def test_without_a_pidfd_a_child_is_reaped_through_twisteds_table(monkeypatch: Any) -> None:
+    """No descriptor left (``EMFILE``): Twisted's SIGCHLD handling reaps it after all."""
+    from twisted.internet.process import reapAllProcesses, reapProcessHandlers
+
+    def exhausted(pid: int) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(os, "pidfd_open", exhausted)
+    ended: list[str] = []
+    sleeper = os.posix_spawn("/bin/sleep", ["sleep", "30"], {})
+    _twisted.reap_when_ended(reactor, sleeper, lambda: ended.append("sleeper"))
+    assert sleeper in reapProcessHandlers and _twisted.reap_handled(sleeper)
+    reapAllProcesses()  # still running: nothing
+    assert ended == []
+    os.kill(sleeper, 9)
+    os.waitid(os.P_PID, sleeper, os.WEXITED | os.WNOWAIT)
+    reapAllProcesses()
+    assert ended == ["sleeper"] and not _twisted.reap_handled(sleeper)
+    assert sleeper not in reapProcessHandlers
+
+    done = os.posix_spawn("/bin/true", ["true"], {})
+    os.waitid(os.P_PID, done, os.WEXITED | os.WNOWAIT)  # reaped as it is registered
+    _twisted.reap_when_ended(reactor, done, lambda: ended.append("done"))
+    assert ended == ["sleeper", "done"] and not _twisted.reap_handled(done)
