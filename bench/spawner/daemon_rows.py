@@ -5,9 +5,10 @@
 
 One isolated daemon (``twistd -n sandboxd``, every layer at its default: cgroups, namespaces,
 seccomp), one sandbox, one kept-alive raw HTTP connection (``bench/sbench/rawhttp.py``), in
-interleaved rounds: ``exec true`` (request to the exit frame), ``GET …/processes`` (a request
-that reaches the manager and answers JSON: the HTTP round trip), and ``posix_spawn`` of
-``/bin/true`` from this process (the spawn floor). Prints p50/p90 of each.
+interleaved rounds: ``exec true`` through the helper (``SANDBOXD_SPAWNER=helper``; request to
+the exit frame), ``GET …/processes`` (a request that reaches the manager and answers JSON: the
+HTTP round trip), and ``posix_spawn`` of ``/bin/true`` from this process (the spawn floor).
+Prints p50/p90 of each.
 
 ``--server`` starts a second isolated daemon with ``SANDBOXD_SPAWNER=server`` (its own uid
 range) and adds its ``exec true`` as the row ``exec-server``, interleaved with the others;
@@ -153,7 +154,9 @@ def main() -> int:
     if args.shim:
         install_shim()
     try:
-        server = procs.start_sandboxd("spawnbench", True, workdir)
+        # the helper's path, the reference row (no longer the default: SANDBOXD_SPAWNER=zygote)
+        helper = {"SANDBOXD_SPAWNER": "helper"}
+        server = procs.start_sandboxd("spawnbench", True, workdir, helper)
     except BaseException:
         remove_shim()
         raise

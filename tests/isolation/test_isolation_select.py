@@ -271,7 +271,9 @@ def test_the_helper_replaces_the_shell_chain_when_only_root_can_change_it(tmp_pa
         iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, host)
         assert isinstance(iso.wrap, HelperWrapper)
         assert iso.wrap.helper == "/opt/sd/sandboxd-exec"
-        assert iso.exec_chain == "helper /opt/sd/sandboxd-exec"
+        # execs by default: a zygote per sandbox (SANDBOXD_SPAWNER=zygote)
+        served = " (execs: a zygote per sandbox, through its spawn server)"
+        assert iso.exec_chain == "helper /opt/sd/sandboxd-exec" + served
         assert iso.spawn_env is spawn_env
         # the daemon's own work as a sandbox: the same chain, and not ptrace-able
         assert iso.own_work_wrap == evolve(iso.wrap, no_ptrace=True)

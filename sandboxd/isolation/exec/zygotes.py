@@ -1,5 +1,5 @@
 """Per-sandbox zygotes for the isolated execs (``SANDBOXD_SPAWNER=zygote``; the zygote is
-``sandboxd_exec_zygote.h``; docs/operating.rst, "Zygotes (opt-in)").
+``sandboxd_exec_zygote.h``; docs/operating.rst, "Zygotes").
 
 A zygote is one small process per sandbox that runs commands: it has taken the helper's steps
 once (the sandbox's cgroups, namespaces, uid and gid, no_new_privs, seccomp filter) and then
