@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from twisted.internet import abstract
 from twisted.internet._baseprocess import BaseProcess
 from twisted.internet.process import (
     Process,
@@ -75,8 +76,8 @@ class ServedProcess(Process):
 
     ``Process.__init__`` forks, so it is skipped for ``BaseProcess.__init__`` (private), and
     the attributes it would set are set here: ``pipes`` (child fd → ``ProcessReader`` or
-    ``ProcessWriter``, both internal), ``_reactor``. The reap goes through Twisted's SIGCHLD
-    handling (``registerReapProcessHandler``, ``_BaseProcess.reapProcess``).
+    ``ProcessWriter``, both internal), ``_reactor``. The reap is by the child's pidfd
+    (:class:`_ExitWatch`), through ``Process``'s own ``reapProcess`` hook.
     """
 
     def __init__(self, reactor: Any, proto: Any, child_fds: Mapping[int, int | str]) -> None:
@@ -87,6 +88,7 @@ class ServedProcess(Process):
         """The descriptor each child fd is to be (what the spawn server is sent)."""
         self._parent_side: dict[int, tuple[int, str]] = {}
         self._made: list[int] = []
+        self._exit_watch: _ExitWatch | None = None
         for child_fd, target in sorted(child_fds.items()):
             if isinstance(target, int):
                 self.child_side[child_fd] = target
@@ -118,9 +120,16 @@ class ServedProcess(Process):
         self._made = []
 
     def answered(self, pid: int) -> None:
-        """The child is ``pid``: reap it through Twisted (at once, if it has ended already)."""
+        """The child is ``pid``: reap it when its pidfd says it has ended (at once, if it has
+        already), not on every SIGCHLD as Twisted's table would (:class:`_ExitWatch`)."""
         self.pid = pid
-        registerReapProcessHandler(pid, self)
+        self._exit_watch = _ExitWatch(self._reactor, pid, self.processEnded)
+
+    def reapProcess(self) -> None:
+        """Reap the child now if it has ended (``Process`` calls this when its pipes close,
+        which :meth:`maybeCallProcessEnded` lets it do only once the child is answered)."""
+        assert self._exit_watch is not None
+        self._exit_watch.reap()
 
     def refused(self) -> None:
         """No child was made: close the pipes; the protocol is never told ``processEnded``."""
@@ -132,36 +141,68 @@ class ServedProcess(Process):
         super().maybeCallProcessEnded()
 
 
+_watched: set[int] = set()
+"""The children an :class:`_ExitWatch` reaps."""
+
+
 def reap_handled(pid: int) -> bool:
-    """Twisted reaps ``pid`` already (``twisted.internet.process.reapProcessHandlers``, the
-    private table of pid → process its SIGCHLD handling reaps)."""
-    return pid in reapProcessHandlers
+    """Something reaps ``pid`` already: an :class:`_ExitWatch`, or Twisted
+    (``twisted.internet.process.reapProcessHandlers``, the private table of pid → process its
+    SIGCHLD handling reaps)."""
+    return pid in _watched or pid in reapProcessHandlers
 
 
-class _Reaper:
-    """Reaps one child through Twisted's SIGCHLD handling and says when it has ended."""
+class _ExitWatch(abstract.FileDescriptor):
+    """Reaps one child of ours when its pidfd becomes readable (it has ended), then tells
+    ``ended`` its wait status. Twisted's own reap calls ``waitpid`` for every child in its
+    table on every SIGCHLD, so that each exec's end costs one call per live zygote and
+    background process; this costs one per end of the child watched. Where no pidfd can be
+    had (no descriptor left: ``EMFILE``), the child goes in Twisted's table after all
+    (``registerReapProcessHandler``, which calls :meth:`reapProcess` and
+    :meth:`processEnded`)."""
 
-    def __init__(self, pid: int, ended: Callable[[], None]) -> None:
+    def __init__(self, reactor: Any, pid: int, ended: Callable[[int], None]) -> None:
+        super().__init__(reactor)
         self.pid = pid
         self.ended = ended
-
-    def reapProcess(self) -> None:
+        _watched.add(pid)
         try:
-            pid, _ = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:  # pragma: no cover (only this reaps it)
-            pid = self.pid
+            self.pidfd = os.pidfd_open(pid)
+        except OSError:
+            self.pidfd = -1
+            registerReapProcessHandler(pid, self)  # ended already: processEnded at once
+            return
+        self.startReading()
+
+    def fileno(self) -> int:
+        return self.pidfd
+
+    def doRead(self) -> None:
+        self.reap()
+
+    def reap(self) -> None:
+        """Reap the child if it has ended."""
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
         if pid:
-            unregisterReapProcessHandler(self.pid, self)
-            self.ended()
+            self.processEnded(status)
+
+    reapProcess = reap
 
     def processEnded(self, status: int) -> None:
-        self.ended()
+        """The child is reaped: stop watching, tell ``ended``."""
+        if self.pidfd >= 0:
+            self.stopReading()
+            os.close(self.pidfd)
+        elif self.pid in reapProcessHandlers:  # not when Twisted reaped it as it came in
+            unregisterReapProcessHandler(self.pid, self)
+        _watched.discard(self.pid)
+        self.ended(status)
 
 
-def reap_when_ended(pid: int, ended: Callable[[], None]) -> None:
-    """Reap child ``pid`` (one that no ``Process`` stands for: a zygote) when it ends, as
-    Twisted reaps its own (``registerReapProcessHandler``), and then call ``ended``."""
-    registerReapProcessHandler(pid, _Reaper(pid, ended))
+def reap_when_ended(reactor: Any, pid: int, ended: Callable[[], None]) -> None:
+    """Reap child ``pid`` (one that no ``Process`` stands for: a zygote) when it ends, by its
+    pidfd (:class:`_ExitWatch`), and then call ``ended``."""
+    _ExitWatch(reactor, pid, lambda status: ended())
 
 
 # Ports: a proxied WebSocket upgrade takes the client's connection over

@@ -318,11 +318,11 @@ class Config:
     )
     spawner: str = setting_field(
         "SANDBOXD_SPAWNER",
-        "helper",
+        "zygote",
         choice(SPAWNER_MODES),
-        "How isolated execs start: helper (a spawn of the exec helper each), server (a"
-        " long-running spawn server starts them) or zygote (the server, and a zygote per"
-        " sandbox running execs forks them)",
+        "How isolated execs start: zygote (a spawn server, and a zygote per sandbox running"
+        " execs forks them), server (the spawn server alone starts them) or helper (a spawn"
+        " of the exec helper each)",
     )
     zygote_quiet: float = setting_field(
         "SANDBOXD_ZYGOTE_QUIET",

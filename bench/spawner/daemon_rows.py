@@ -5,14 +5,17 @@
 
 One isolated daemon (``twistd -n sandboxd``, every layer at its default: cgroups, namespaces,
 seccomp), one sandbox, one kept-alive raw HTTP connection (``bench/sbench/rawhttp.py``), in
-interleaved rounds: ``exec true`` (request to the exit frame), ``GET …/processes`` (a request
-that reaches the manager and answers JSON: the HTTP round trip), and ``posix_spawn`` of
-``/bin/true`` from this process (the spawn floor). Prints p50/p90 of each.
+interleaved rounds: ``exec true`` through the helper (``SANDBOXD_SPAWNER=helper``; request to
+the exit frame), ``GET …/processes`` (a request that reaches the manager and answers JSON: the
+HTTP round trip), and ``posix_spawn`` of ``/bin/true`` from this process (the spawn floor).
+Prints p50/p90 of each.
 
 ``--server`` starts a second isolated daemon with ``SANDBOXD_SPAWNER=server`` (its own uid
 range) and adds its ``exec true`` as the row ``exec-server``, interleaved with the others;
 ``--zygote`` the same with ``SANDBOXD_SPAWNER=zygote`` (row ``exec-zygote``: after the warm-up
 rounds every exec is forked by the sandbox's zygote, whose quiet spell the rounds never reach).
+``--processes`` adds, for each daemon, a background ``true`` (``POST …/processes``, then its
+output followed to the exit frame: what E2B's ``commands.run`` costs) as ``process[-MODE]``.
 """
 
 import argparse
@@ -137,6 +140,11 @@ def main() -> int:
     parser.add_argument(
         "--zygote", action="store_true", help="add a SANDBOXD_SPAWNER=zygote daemon's exec row"
     )
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="add each daemon's background `true`: started, then followed to its exit",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="spawnbench-daemon-"))
     if args.strace:
@@ -146,7 +154,9 @@ def main() -> int:
     if args.shim:
         install_shim()
     try:
-        server = procs.start_sandboxd("spawnbench", True, workdir)
+        # the helper's path, the reference row (no longer the default: SANDBOXD_SPAWNER=zygote)
+        helper = {"SANDBOXD_SPAWNER": "helper"}
+        server = procs.start_sandboxd("spawnbench", True, workdir, helper)
     except BaseException:
         remove_shim()
         raise
@@ -196,10 +206,12 @@ def main() -> int:
             assert status == 200, (status, body)
             return took
 
-        def exec_row(other_raw: rawhttp.RawHTTP) -> Callable[[], float]:
+        def create(other_raw: rawhttp.RawHTTP) -> str:
             status, body = other_raw.request("POST", "/sandboxes", b"{}")
             assert status == 200, (status, body)
-            other_rid = json.loads(body)["remote_id"]
+            return str(json.loads(body)["remote_id"])
+
+        def exec_row(other_raw: rawhttp.RawHTTP, other_rid: str) -> Callable[[], float]:
 
             def exec_other() -> float:
                 start = time.perf_counter()
@@ -213,9 +225,31 @@ def main() -> int:
 
             return exec_other
 
+        def process_row(raw: rawhttp.RawHTTP, rid: str) -> Callable[[], float]:
+            """A background ``true`` (E2B's ``commands.run`` is one): its start, then its
+            output followed to the exit frame."""
+            processes = f"/sandboxes/{rid}/processes"
+
+            def process_true() -> float:
+                start = time.perf_counter()
+                status, body = raw.ready().request("POST", processes, exec_body)
+                assert status == 200, (status, body)
+                output = f"{processes}/{json.loads(body)['id']}/output?follow=true"
+                status, body = raw.ready().request("GET", output)
+                took = time.perf_counter() - start
+                assert status == 200 and json.loads(body.splitlines()[-1]) == {"exit": 0}, body
+                return took
+
+            return process_true
+
         rows: dict[str, Callable[[], float]] = {"exec": exec_true}
+        if args.processes:
+            rows["process"] = process_row(raw, rid)
         for mode, (_, other_raw) in others.items():
-            rows[f"exec-{mode}"] = exec_row(other_raw)
+            other_rid = create(other_raw)
+            rows[f"exec-{mode}"] = exec_row(other_raw, other_rid)
+            if args.processes:
+                rows[f"process-{mode}"] = process_row(other_raw, other_rid)
         rows |= {
             "http": round_trip,
             "floor": lambda: spawned(["/bin/true"], ENV),

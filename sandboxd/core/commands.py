@@ -111,8 +111,7 @@ class Commands:
         An exec is a run that a request follows to its end: it counts as running (the idle
         reaper and the drain wait for it), keeps its output for the final frame, and is
         killed when its follower goes (the front's :meth:`ExecRun.abort`). It starts through
-        the isolation's spawn server when there is one (a background process is always
-        spawned: its pid is answered at once).
+        the isolation's spawn server (or its sandbox's zygote) when there is one.
         """
         timeout = self.config.exec_timeout
         if request.timeout is not None:
@@ -156,7 +155,10 @@ class Commands:
         (docs/extensions.rst, "Background processes"): the same run as an exec, its output
         into a bounded log instead of a request. It runs until it ends, is signalled, reaches
         ``request.timeout`` (124) or its sandbox dies; it does not count as running (a silent
-        one lets its sandbox be reaped), its output counts as activity."""
+        one lets its sandbox be reaped), its output counts as activity. Like an exec, it
+        starts through the isolation's spawn server or zygote when there is one: its pid may
+        come later (``process.run.when_started()``; a front that answers the pid waits
+        for it)."""
         sandbox.processes.make_room()
         output = OutputLog(self.config.process_log_max)
         run = self._launch(
@@ -177,9 +179,8 @@ class Commands:
             stdin=stdin,
         )
         run.on_end = _chain(run.on_end, process.ended)
-        run.start(
-            self.reactor, run.argv, run.env, request.stdin, self._devnull, keep_stdin_open=stdin
-        )
+        spawner = self.isolation.spawner(self.reactor)
+        run.start(spawner, run.argv, run.env, request.stdin, self._devnull, keep_stdin_open=stdin)
         sandbox.processes.add(process)
         log.info("process {id} started in {rid}", id=process.id, rid=sandbox.rid)
         return process

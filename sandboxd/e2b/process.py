@@ -157,6 +157,7 @@ async def start(
     listed: dict[str, Any] = {"cmd": cmd, "args": args, "envs": envs}
     listed["cwd"] = place_of(config["cwd"]).display if config.get("cwd") else HOME
     entry.processes[process.id] = listed
+    await process.run.when_started()  # its pid, from a spawn server's answer
     await follow(manager, entry, request, process, 0, bounded=True)
 
 

@@ -4,6 +4,7 @@ test of ``test_http_exec`` again, each command started by a real ``sandboxd-exec
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -14,7 +15,7 @@ import pytest_twisted
 from sandboxd._twisted import ServedProcess
 from sandboxd.isolation.exec.helper import HELPER
 from sandboxd.isolation.exec.spawn_server import SpawnServer
-from tests.http.http_harness import Harness
+from tests.http.http_harness import Harness, unb64
 from tests.http.test_http_exec import *  # noqa: F403 (the same tests, the server on)
 from tests.http.test_http_exec import started
 
@@ -55,3 +56,28 @@ async def test_the_drain_ends_the_server(harness: Harness, rid: str) -> None:
     assert harness.call("DELETE", f"/sandboxes/{rid}").status == 204
     await harness.manager.drain()  # nothing left to wait for
     assert server.pid is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_background_process_starts_through_the_server_and_answers_its_pid(
+    harness: Harness, rid: str
+) -> None:
+    """The answer waits for the server's: its pid is the server's child, the daemon's own."""
+    server = harness.manager.isolation.spawn_server
+    assert server is not None
+    body = {"cmd": ["sh", "-c", "echo $PPID; read line; echo got $line"], "stdin": True}
+    reply = await harness.acall("POST", f"/sandboxes/{rid}/processes", json_body=body)
+    assert reply.status == 200, reply
+    started = reply.json()
+    (process,) = harness.manager.sandboxes[rid].processes.all()
+    assert isinstance(process.run.transport, ServedProcess) and server.pid is not None
+    assert started["pid"] == process.pid and process.pid is not None
+    process.run.write_stdin(b"in\n")
+    process.run.close_stdin()
+    assert (await process.run.when_finished()).code == 0
+    output = harness.call("GET", f"/sandboxes/{rid}/processes/{started['id']}/output")
+    frames = [json.loads(line) for line in output.body.splitlines()]
+    assert (
+        b"".join(unb64(f["o"]) for f in frames if "o" in f) == f"{os.getpid()}\ngot in\n".encode()
+    )
+    assert frames[-1] == {"exit": 0}

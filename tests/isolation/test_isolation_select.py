@@ -271,13 +271,20 @@ def test_the_helper_replaces_the_shell_chain_when_only_root_can_change_it(tmp_pa
         iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, host)
         assert isinstance(iso.wrap, HelperWrapper)
         assert iso.wrap.helper == "/opt/sd/sandboxd-exec"
-        assert iso.exec_chain == "helper /opt/sd/sandboxd-exec"
+        # execs by default: a zygote per sandbox (SANDBOXD_SPAWNER=zygote)
+        served = " (execs: a zygote per sandbox, through its spawn server)"
+        assert iso.exec_chain == "helper /opt/sd/sandboxd-exec" + served
         assert iso.spawn_env is spawn_env
         # the daemon's own work as a sandbox: the same chain, and not ptrace-able
         assert iso.own_work_wrap == evolve(iso.wrap, no_ptrace=True)
         sandbox = iso.attach("0123456789abcdef", SANDBOX, Layout(str(tmp_path), False))
         assert sandbox.start_argv("/w", ["/bin/x"], own_work=True)[3] == "--no-ptrace"
         assert "--no-ptrace" not in sandbox.start_argv("/w", ["/bin/x"])
+        # its cgroup's join files, derived once for all its commands
+        assert sandbox.join_files is sandbox.join_files
+        assert sandbox.join_files == tuple(iso.cgroups.join_files("0123456789abcdef"))
+        joins = sandbox.start_argv("/w", ["/bin/x"])
+        assert joins[joins.index(str(len(sandbox.join_files))) + 1 :][:1] == [sandbox.join_files[0]]
 
 
 @pytest.mark.parametrize("place", ["user", "open", "plain", "missing"])

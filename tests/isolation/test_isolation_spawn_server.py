@@ -120,6 +120,43 @@ async def test_the_server_runs_the_helpers_path_with_stdin_output_and_exit_code(
 
 
 @built
+@pytest_twisted.ensureDeferred
+async def test_a_run_is_started_once_the_server_answers_its_pid(server: SpawnServer) -> None:
+    """What a front that answers a background process's pid waits for."""
+    run = exec_run()
+    start(Spawner(reactor, server), run, session("sleep", "300"))
+    waiting = run.when_started()
+    assert not waiting.called and run.pid is None
+    await waiting
+    assert (
+        run.pid is not None
+        and os.waitid(os.P_PID, run.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    )
+    assert run.when_started().called  # from now on, at once
+    run.abort()
+    assert (await run.when_finished()).code == 128 + 9
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_run_the_server_refuses_or_the_reactor_spawns_is_started_at_once() -> None:
+    stand_in = StandIn()
+    spawner = Spawner(reactor, SpawnServer(HELPER, popen=stand_in))
+    refused = exec_run()
+    start(spawner, refused, session("true"))
+    waiting = refused.when_started()
+    assert not waiting.called
+    stand_in.answer(-errno.EAGAIN)
+    await waiting
+    assert refused.pid is None and isinstance(refused.outcome, SpawnFailed)
+    assert refused.when_started().called
+    spawned = exec_run()
+    start(spawner, spawned, ["sh", "-c", "exit 4"])  # not the helper's: the reactor's
+    assert spawned.when_started().called and spawned.pid is not None
+    assert (await spawned.when_finished()).code == 4  # type: ignore[union-attr]
+    spawner.server.close()
+
+
+@built
 @pytest.mark.parametrize(
     ("cwd", "cmd", "code", "message"),
     [

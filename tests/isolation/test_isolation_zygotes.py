@@ -92,18 +92,20 @@ def spawn(*argv: str) -> int:
     return os.posix_spawn(f"/bin/{argv[0]}", list(argv), {})
 
 
-def test_only_an_unreaped_child_that_nothing_reaps_is_accepted() -> None:
+@pytest_twisted.ensureDeferred
+async def test_only_an_unreaped_child_that_nothing_reaps_is_accepted() -> None:
     assert uid_of(os.getpid()) == UID
     assert not unclaimed_child(os.getpid()), "not a child"
     child = spawn("sleep", "30")
     assert unclaimed_child(child)
-    ended: list[int] = []
-    _twisted.reap_when_ended(child, lambda: ended.append(child))
-    assert not unclaimed_child(child), "reaped by Twisted already"
+    ended: Deferred[None] = Deferred()
+    _twisted.reap_when_ended(reactor, child, lambda: ended.callback(None))
+    assert not unclaimed_child(child), "reaped by its pidfd already"
     os.kill(child, signal.SIGKILL)
     os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)
-    reapAllProcesses()
-    assert ended == [child]
+    reapAllProcesses()  # Twisted's SIGCHLD handling does not reap it: its pidfd's reader does
+    assert os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    await ended
     assert uid_of(child) is None, "gone"
 
 

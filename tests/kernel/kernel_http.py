@@ -133,6 +133,21 @@ def processes_of(uids: Iterable[int]) -> list[int]:
     return found
 
 
+def zygotes_of(uid: int) -> list[int]:
+    """The live zygotes running as ``uid`` (``sandboxd-zygote``: one per sandbox that runs
+    execs, with ``SANDBOXD_SPAWNER=zygote``). Each is one of its sandbox's pids
+    (docs/operating.rst, "Zygotes")."""
+    found = []
+    for pid in processes_of([uid]):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue  # gone meanwhile
+        if comm == "sandboxd-zygote":
+            found.append(pid)
+    return found
+
+
 def wait_for(predicate: Any, timeout: float, step: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while True:

@@ -283,7 +283,10 @@ def test_a_fork_copies_one_moment_of_a_busy_sandbox(kd: KernelDaemon) -> None:
 def test_a_templated_sandbox_in_a_pid_namespace(tmp_path: Path) -> None:
     """With ``isolation.pid`` the namespace's init mounts its ``/proc`` in the template's root
     and the relay joins the cgroups through the descriptors opened before ``setns``."""
-    kd = KernelDaemon.start(tmp_path, "--memory-max=128M", "--namespaces=ipc,mount,net,pid")
+    # the server's child runs the helper's steps, relay included (a zygote's child has none)
+    kd = KernelDaemon.start(
+        tmp_path, "--memory-max=128M", "--namespaces=ipc,mount,net,pid", "--spawner=server"
+    )
     try:
         assert kd.client.request("PUT", "/templates/busybox", rootfs()).status == 201
         box = create(kd, "busybox")

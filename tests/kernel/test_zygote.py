@@ -203,25 +203,37 @@ def test_a_zygote_forks_the_execs_after_the_first_with_the_helpers_semantics(
 def test_an_exec_through_the_zygote_runs_as_the_helpers_background_process(
     box: Box, zygoted: KernelDaemon
 ) -> None:
+    """The reference is the helper's spawn: a request over one spawn server message
+    (``MESSAGE_MAX``) still goes through it. A background process is the zygote's too."""
     box.ok("true")
     zygote_of(zygoted, box)
     assert through_zygote(box)
     exec_identity = box.ok(IDENTITY)
-    script = f"({IDENTITY}) > ident.part; mv ident.part ident.done"
-    answer = zygoted.call("POST", box.url("processes"), {"cmd": ["sh", "-c", script]})
-    assert answer.status == 200, answer
-    done = box.workspace / "ident.done"
-    assert wait_for(done.exists, 30 * SLOW)
+    padding = {f"PAD{i}": "x" * (100 << 10) for i in range(3)}  # 300 KiB of environment
+    spawned = box.exec(
+        ["sh", "-c", LEADS_ITS_SESSION + 'echo "$pid $session"\n' + IDENTITY], env=padding
+    )
+    assert spawned.exit == 0, spawned
+    session, *helper = spawned.text.splitlines()
+    assert len(set(session.split())) == 2, "in its relay's session: the helper's spawn"
     # glibc's posix_spawn (the reactor's spawn of the helper) leaves its signals 32 and 33
     # ignored; a zygote's child, as a server's, has every signal at its default
     strip = [line for line in exec_identity.splitlines() if not line.startswith("SigIgn:")]
-    helper = [line for line in done.read_text().splitlines() if not line.startswith("SigIgn:")]
-    assert strip == helper
+    assert strip == [line for line in helper if not line.startswith("SigIgn:")]
     assert int(strip[0]) == box.uid() >= zygoted.uid_min
     assert strip[-4:] == ["0", "1", "2", "3"]  # exactly 0, 1, 2 (3: the listing's own)
     assert "Seccomp:\t2" in strip and "NoNewPrivs:\t1" in strip
     assert any(box.rid in line for line in strip if ":" in line), "in the sandbox's cgroups"
     assert "SigIgn:\t0000000000000000" in exec_identity
+    leads = LEADS_ITS_SESSION + 'echo "$pid $session" > ident.part; '
+    script = f"{leads}({IDENTITY}) >> ident.part; mv ident.part ident.done"
+    answer = zygoted.call("POST", box.url("processes"), {"cmd": ["sh", "-c", script]})
+    assert answer.status == 200, answer
+    done = box.workspace / "ident.done"
+    assert wait_for(done.exists, 30 * SLOW)
+    session, *background = done.read_text().splitlines()
+    assert len(set(session.split())) == 1, "leads its session: forked by the zygote"
+    assert background == exec_identity.splitlines()
 
 
 def test_the_zygote_is_out_of_its_sandboxs_reach(box: Box, zygoted: KernelDaemon) -> None:

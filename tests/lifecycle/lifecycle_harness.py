@@ -348,6 +348,16 @@ def processes_with_uids(low: int, high: int) -> list[int]:
     return sorted({pid for pids in processes_by_uid(low, high).values() for pid in pids})
 
 
+def is_zygote(pid: int) -> bool:
+    """``pid`` is a sandbox's zygote (``sandboxd-zygote``: with ``SANDBOXD_SPAWNER=zygote``, one
+    per sandbox that ran a command, until it is retired or its sandbox killed)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip() == b"sandboxd-zygote"
+    except OSError:
+        return False  # gone
+
+
 def describe(pids: list[int]) -> list[str]:
     """``pid state ppid cmdline`` of each process (for failure messages)."""
     lines = []

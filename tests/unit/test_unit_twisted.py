@@ -3,9 +3,11 @@ Twisted: an upgrade that removes or renames one fails here, by name."""
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
+import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
@@ -187,23 +189,52 @@ def test_a_channel_handling_a_request_is_taken_over_with_what_it_buffered() -> N
     assert events == [b"late", "taker lost", "channel lost"]
 
 
-def test_a_child_is_reaped_through_twisteds_table_and_its_end_told() -> None:
+@pytest_twisted.ensureDeferred
+async def test_a_child_is_reaped_by_its_pidfd_and_its_end_told() -> None:
+    """Not through Twisted's table: its SIGCHLD handling never calls ``waitpid`` for it."""
     from twisted.internet.process import reapProcessHandlers
 
     ended: list[str] = []
     sleeper = os.posix_spawn("/bin/sleep", ["sleep", "30"], {})
-    _twisted.reap_when_ended(sleeper, lambda: ended.append("sleeper"))
-    assert _twisted.reap_handled(sleeper)
-    reaper = reapProcessHandlers[sleeper]
-    reaper.reapProcess()  # still running: nothing
+    _twisted.reap_when_ended(reactor, sleeper, lambda: ended.append("sleeper"))
+    assert _twisted.reap_handled(sleeper) and sleeper not in reapProcessHandlers
+    await _until(lambda: True)  # a turn of the reactor: still running, nothing
     assert ended == [] and _twisted.reap_handled(sleeper)
     os.kill(sleeper, 9)
-    os.waitid(os.P_PID, sleeper, os.WEXITED | os.WNOWAIT)
-    reaper.reapProcess()
+    await _until(lambda: bool(ended))
     assert ended == ["sleeper"] and not _twisted.reap_handled(sleeper)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(sleeper, os.WNOHANG)  # reaped
 
     done = os.posix_spawn("/bin/true", ["true"], {})
-    os.waitid(os.P_PID, done, os.WEXITED | os.WNOWAIT)  # ended before it is registered
-    _twisted.reap_when_ended(done, lambda: ended.append("done"))
+    os.waitid(os.P_PID, done, os.WEXITED | os.WNOWAIT)  # ended before it is watched
+    _twisted.reap_when_ended(reactor, done, lambda: ended.append("done"))
+    await _until(lambda: len(ended) == 2)
     assert ended == ["sleeper", "done"] and not _twisted.reap_handled(done)
     assert not _twisted.reap_handled(os.getpid())
+
+
+def test_without_a_pidfd_a_child_is_reaped_through_twisteds_table(monkeypatch: Any) -> None:
+    """No descriptor left (``EMFILE``): Twisted's SIGCHLD handling reaps it after all."""
+    from twisted.internet.process import reapAllProcesses, reapProcessHandlers
+
+    def exhausted(pid: int) -> int:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(os, "pidfd_open", exhausted)
+    ended: list[str] = []
+    sleeper = os.posix_spawn("/bin/sleep", ["sleep", "30"], {})
+    _twisted.reap_when_ended(reactor, sleeper, lambda: ended.append("sleeper"))
+    assert sleeper in reapProcessHandlers and _twisted.reap_handled(sleeper)
+    reapAllProcesses()  # still running: nothing
+    assert ended == []
+    os.kill(sleeper, 9)
+    os.waitid(os.P_PID, sleeper, os.WEXITED | os.WNOWAIT)
+    reapAllProcesses()
+    assert ended == ["sleeper"] and not _twisted.reap_handled(sleeper)
+    assert sleeper not in reapProcessHandlers
+
+    done = os.posix_spawn("/bin/true", ["true"], {})
+    os.waitid(os.P_PID, done, os.WEXITED | os.WNOWAIT)  # reaped as it is registered
+    _twisted.reap_when_ended(reactor, done, lambda: ended.append("done"))
+    assert ended == ["sleeper", "done"] and not _twisted.reap_handled(done)

@@ -120,6 +120,7 @@ class ExecRun(ProcessProtocol):
         self._unsent: list[int] | None = None
         """Signals for a command whose pid a spawn server has yet to answer (``None``: none
         awaited)."""
+        self._start_waiters: list[Deferred[None]] = []
 
     def start(
         self,
@@ -168,6 +169,17 @@ class ExecRun(ProcessProtocol):
     @property
     def ended(self) -> bool:
         return self.outcome is not None
+
+    def when_started(self) -> Deferred[None]:
+        """A new Deferred firing once the command has a pid or will never have one: at once
+        for a spawned command (or one that ended), else when the spawn server answers (its
+        :meth:`spawned` or :meth:`spawn_failed`)."""
+        waiter: Deferred[None] = Deferred()
+        if self._unsent is None or self.ended:
+            waiter.callback(None)
+        else:
+            self._start_waiters.append(waiter)
+        return waiter
 
     def when_finished(self) -> Deferred[Outcome]:
         """A new Deferred firing with the outcome (cancelling it does not stop the run)."""
@@ -245,11 +257,18 @@ class ExecRun(ProcessProtocol):
         unsent, self._unsent = self._unsent or [], None
         for signum in unsent:
             self._send(signum)
+        self._started()
 
     def spawn_failed(self, error: OSError) -> None:
         """The server made no child (``EAGAIN``, ``ENOMEM``...): the command never ran."""
         self._unsent = None
         self._end(SpawnFailed(f"cannot start the command: {error}"))
+        self._started()
+
+    def _started(self) -> None:
+        waiters, self._start_waiters = self._start_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
 
     # Input and signals (a background process)
 

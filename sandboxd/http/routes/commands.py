@@ -37,10 +37,11 @@ async def exec(api: "SandboxAPI", request: IRequest, rid: str) -> None:
 @app.route("/sandboxes/<rid:rid>/processes", methods=["POST"])
 @authorized
 @capability("processes")
-def start_process(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
+async def start_process(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     sandbox = api.manager.get(rid)
     spec, tag, stdin = parse.process_start_body(parse.json_body(request))
     process = api.manager.start_process(sandbox, spec, tag=tag, stdin=stdin)
+    await process.run.when_started()  # its pid, from a spawn server's answer
     return json_response(request, wire.process_started_body(process))
 
 

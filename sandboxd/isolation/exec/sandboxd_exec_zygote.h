@@ -1,6 +1,6 @@
 /*
  * sandboxd-exec's per-sandbox zygote (included by sandboxd_exec.c; the daemon's side is
- * sandboxd/isolation/exec/zygotes.py, docs/operating.rst "Zygotes (opt-in)").
+ * sandboxd/isolation/exec/zygotes.py, docs/operating.rst "Zygotes").
  *
  *   sandboxd-exec zygote HELPER-ARGV..   (a spawn server's request: its child, the daemon's own)
  *

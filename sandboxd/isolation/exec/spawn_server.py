@@ -1,16 +1,17 @@
 """One long-running ``sandboxd-exec spawn-server`` that starts the isolated execs
-(``SANDBOXD_SPAWNER=server``; the server is ``sandboxd_exec_spawn.h``).
+(``SANDBOXD_SPAWNER=server``, and under the default ``zygote``; the server is
+``sandboxd_exec_spawn.h``; docs/operating.rst, "The spawn server").
 
-By default an isolated exec is ``reactor.spawnProcess`` of the helper: ``posix_spawnp`` holds the
-reactor until the child has exec'd the helper, and the helper's own program start comes before
-the command's (docs/spawner-design.rst). The server is started once, at the first exec (after it
-died, the exec that finds it gone is spawned and the next starts a new server). Each exec sends
-it one message: the helper's argv and environment, exactly as they would be spawned, with the
-command's stdin, stdout and stderr passed as descriptors. The server's child, the daemon's own by
-``CLONE_PARENT``, runs the helper's steps
-in-process and execs the command. Its answer (the pid, or why no child was made) is read by the
-reactor; the pipes are read by the reactor and the child is reaped by Twisted's SIGCHLD
-handling, as a spawned one (:class:`sandboxd._twisted.ServedProcess`).
+With ``SANDBOXD_SPAWNER=helper`` an isolated exec is ``reactor.spawnProcess`` of the helper:
+``posix_spawnp`` holds the reactor until the child has exec'd the helper, and the helper's own
+program start comes before the command's (docs/spawner-design.rst). The server is started once,
+at the first exec (after it died, the exec that finds it gone is spawned and the next starts a
+new server). Each exec sends it one message: the helper's argv and environment, exactly as they
+would be spawned, with the command's stdin, stdout and stderr passed as descriptors. The
+server's child, the daemon's own by ``CLONE_PARENT``, runs the helper's steps in-process and
+execs the command. Its answer (the pid, or why no child was made) is read by the reactor; the
+pipes are read by the reactor and the child is reaped when its pidfd says it has ended
+(:class:`sandboxd._twisted.ServedProcess`).
 
 The helper is still spawned for a command whose argv is not the helper's (the shell chain), for
 a protocol that cannot take a pid given later (:class:`Served`), for a request over one

@@ -1,5 +1,5 @@
 """Per-sandbox zygotes for the isolated execs (``SANDBOXD_SPAWNER=zygote``; the zygote is
-``sandboxd_exec_zygote.h``; docs/operating.rst, "Zygotes (opt-in)").
+``sandboxd_exec_zygote.h``; docs/operating.rst, "Zygotes").
 
 A zygote is one small process per sandbox that runs commands: it has taken the helper's steps
 once (the sandbox's cgroups, namespaces, uid and gid, no_new_privs, seccomp filter) and then
@@ -172,9 +172,8 @@ class Zygotes:
                 self._retire(key, zygote)
                 return
             zygote.pid = result
-            reap_when_ended(result, lambda: self._retire(key, zygote))
-            if not zygote.closed:
-                zygote.answers.startReading()  # type: ignore[no-untyped-call]
+            reap_when_ended(reactor, result, lambda: self._retire(key, zygote))  # not at once
+            zygote.answers.startReading()  # type: ignore[no-untyped-call]
 
         sent = False
         if not zygote.closed:
