@@ -17,7 +17,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TypeVar
 
+import pytest
+
 T = TypeVar("T")
+
+EGRESS_MARKS = [
+    pytest.mark.kernel,
+    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
+    pytest.mark.skipif(
+        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
+        reason="needs nft (nftables)",
+    ),
+]
+"""The marks of every test that builds networks of its own: kernel, root, and nftables."""
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -19,17 +19,10 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.network.egress_host import FORWARDING_V4, FORWARDING_V6
-from tests.kernel.netns_helpers import Scene, scene
+from tests.kernel.netns_helpers import EGRESS_MARKS, Scene, scene
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
-    pytest.mark.skipif(
-        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
-        reason="needs nft (nftables)",
-    ),
-]
+pytestmark = EGRESS_MARKS
 
 INET4 = "198.51.100.1"
 INET6 = "2001:db8:51::1"

@@ -10,7 +10,6 @@ many connections at once all arrive whole.
 """
 
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,19 +19,12 @@ import pytest
 
 from tests.isolation.test_isolation_egress_relay import in_flight_max
 from tests.kernel.names_internet import BulkServer, NameServer, bulk_sha256
-from tests.kernel.netns_helpers import scene
+from tests.kernel.netns_helpers import EGRESS_MARKS, scene
 from tests.kernel.test_egress_daemon import exec_out
 from tests.kernel.test_egress_names import created
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
-    pytest.mark.skipif(
-        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
-        reason="needs nft (nftables)",
-    ),
-]
+pytestmark = EGRESS_MARKS
 
 SERVER, DNS, HOST = "198.18.0.1", "198.18.0.53", "198.18.0.254"
 NAME = "bulk.example"

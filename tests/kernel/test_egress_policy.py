@@ -11,7 +11,6 @@ next one after a ``SIGKILL``, inherits nothing of its last one's policy.
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,18 +18,11 @@ from typing import Any
 
 import pytest
 
-from tests.kernel.netns_helpers import scene
+from tests.kernel.netns_helpers import EGRESS_MARKS, scene
 from tests.kernel.test_egress_daemon import reach
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
-    pytest.mark.skipif(
-        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
-        reason="needs nft (nftables)",
-    ),
-]
+pytestmark = EGRESS_MARKS
 
 A4, B4 = "203.0.113.1", "203.0.113.2"
 A6, B6 = "2001:db8:33::1", "2001:db8:33::2"

@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -29,19 +28,12 @@ import pytest
 from attrs import frozen
 
 from tests.kernel.names_internet import NameServer
-from tests.kernel.netns_helpers import in_netns, scene
+from tests.kernel.netns_helpers import EGRESS_MARKS, in_netns, scene
 from tests.kernel.test_egress_daemon import exec_out
 from tests.kernel.test_egress_names import created, refused_counts
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
-    pytest.mark.skipif(
-        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
-        reason="needs nft (nftables)",
-    ),
-]
+pytestmark = EGRESS_MARKS
 
 A4, B4, DNS4, HOST4 = "203.0.113.1", "203.0.113.2", "203.0.113.53", "203.0.113.254"
 API, PLAIN = "api.rules.example", "plain.rules.example"

@@ -31,19 +31,12 @@ import pytest
 from attrs import define, field
 
 from tests.kernel.names_internet import NamesCA, NameServer, UdpEcho, WebServer
-from tests.kernel.netns_helpers import in_netns, scene, sh
+from tests.kernel.netns_helpers import EGRESS_MARKS, in_netns, scene, sh
 from tests.kernel.test_egress_daemon import exec_out
 from tests.kernel.test_egress_names import DATAGRAM, created, fetch, refused_counts
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
-    pytest.mark.skipif(
-        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
-        reason="needs nft (nftables)",
-    ),
-]
+pytestmark = EGRESS_MARKS
 
 A4, B4, DNS4, SOCKS4 = "203.0.113.1", "203.0.113.2", "203.0.113.53", "203.0.113.80"
 HOST4 = "203.0.113.254"

@@ -11,25 +11,17 @@ which is another. (Stop and a crash's leftovers: ``test_netns_pool_recovery.py``
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kernel.netns_helpers import scene
+from tests.kernel.netns_helpers import EGRESS_MARKS, scene
 from tests.kernel.test_egress_daemon import create, exec_out, reach
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
-    pytest.mark.skipif(
-        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
-        reason="needs nft (nftables)",
-    ),
-]
+pytestmark = EGRESS_MARKS
 
 INET4 = "203.0.113.1"
 POOL = 2

@@ -6,24 +6,15 @@ pin, no veth, no table. (The pool at work: ``test_netns_pool.py``.)
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
+from tests.kernel.netns_helpers import EGRESS_MARKS
 from tests.kernel.test_egress_daemon import table_exists
 from tests.kernel.test_netns_pool import POOL, host_ends, wait_full
 from tests.support.daemon import start_daemon, stop_daemon
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root"),
-    pytest.mark.skipif(
-        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
-        reason="needs nft (nftables)",
-    ),
-]
+pytestmark = EGRESS_MARKS
 
 
 def pinned_under(root: Path) -> list[str]:

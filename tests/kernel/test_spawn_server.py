@@ -8,7 +8,6 @@ timeout and disconnect kill the process group) are the helper's; a server that c
 answers the error a failed spawn gives today; a killed server is replaced, its exec spawned.
 """
 
-import base64
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.exec.helper import HELPER
+from tests.kernel.exec_semantics import check_the_helpers_exit_codes, exec_frames
 from tests.kernel.kernel_http import (
     SLOW,
     Box,
@@ -92,36 +92,12 @@ def zombie(pid: int) -> bool:
         return True
 
 
-def exec_frames(kd: KernelDaemon, box: Box, body: dict[str, object]) -> dict[str, object]:
-    answer = kd.call("POST", box.url("exec"), body, timeout=60 * SLOW)
-    assert answer.status == 200, answer
-    last: dict[str, object] = json.loads(answer.body.splitlines()[-1])
-    return last
-
-
 def test_execs_go_through_one_server_with_the_helpers_exit_codes(
     served: KernelDaemon, box: Box
 ) -> None:
     assert box.ok("echo ready") == "ready"
     (server,) = servers(served)
-    result = box.run("echo out; echo err >&2; exit 3")
-    assert (result.exit, result.out, result.err) == (3, b"out\n", b"err\n")
-    script = box.workspace / "script"
-    script.write_text("#!/bin/sh\necho never\n")
-    script.chmod(0o644)
-    not_executable = box.exec(["./script"])
-    assert not_executable.exit == 126, not_executable
-    assert b"Permission denied" in not_executable.err
-    not_found = box.exec(["no-such-command"])
-    assert (not_found.exit, not_found.err) == (
-        127,
-        b"sandboxd-exec: no-such-command: command not found\n",
-    )
-    no_cwd = exec_frames(served, box, {"cmd": ["true"], "cwd": "gone"})
-    assert no_cwd["exit"] == 2, no_cwd
-    assert b"sandboxd-exec: cd " in base64.b64decode(str(no_cwd["err"]))
-    stdin = exec_frames(served, box, {"cmd": ["cat"], "stdin": base64.b64encode(b"in\n").decode()})
-    assert (stdin["exit"], base64.b64decode(str(stdin["out"]))) == (0, b"in\n")
+    check_the_helpers_exit_codes(served, box)
     assert servers(served) == [server], "one server for them all"
 
 

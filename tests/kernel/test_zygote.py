@@ -11,7 +11,6 @@ reach altogether; a killed zygote costs no exec; the kill of its sandbox ends it
 is retired.
 """
 
-import base64
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernel.exec_semantics import check_the_helpers_exit_codes
 from tests.kernel.kernel_http import (
     SLOW,
     Box,
@@ -159,13 +159,6 @@ def attack(target: int, uid: int) -> list[str]:
     return done.stdout.splitlines()
 
 
-def exec_frames(kd: KernelDaemon, box: Box, body: dict[str, object]) -> dict[str, object]:
-    answer = kd.call("POST", box.url("exec"), body, timeout=60 * SLOW)
-    assert answer.status == 200, answer
-    last: dict[str, object] = json.loads(answer.body.splitlines()[-1])
-    return last
-
-
 def test_a_zygote_forks_the_execs_after_the_first_with_the_helpers_semantics(
     zygoted: KernelDaemon, box: Box
 ) -> None:
@@ -173,24 +166,7 @@ def test_a_zygote_forks_the_execs_after_the_first_with_the_helpers_semantics(
     assert not through_zygote(box), "the first exec: the server's (and its relay)"
     zygote = zygote_of(zygoted, box)
     assert through_zygote(box)
-    result = box.run("echo out; echo err >&2; exit 3")
-    assert (result.exit, result.out, result.err) == (3, b"out\n", b"err\n")
-    script = box.workspace / "script"
-    script.write_text("#!/bin/sh\necho never\n")
-    script.chmod(0o644)
-    not_executable = box.exec(["./script"])
-    assert not_executable.exit == 126, not_executable
-    assert b"Permission denied" in not_executable.err
-    not_found = box.exec(["no-such-command"])
-    assert (not_found.exit, not_found.err) == (
-        127,
-        b"sandboxd-exec: no-such-command: command not found\n",
-    )
-    no_cwd = exec_frames(zygoted, box, {"cmd": ["true"], "cwd": "gone"})
-    assert no_cwd["exit"] == 2, no_cwd
-    assert b"sandboxd-exec: cd " in base64.b64decode(str(no_cwd["err"]))
-    stdin = exec_frames(zygoted, box, {"cmd": ["cat"], "stdin": base64.b64encode(b"in\n").decode()})
-    assert (stdin["exit"], base64.b64decode(str(stdin["out"]))) == (0, b"in\n")
+    check_the_helpers_exit_codes(zygoted, box)
     env = box.exec(["sh", "-c", 'echo "$GREETING"'], env={"GREETING": "hello there"})
     assert env.out == b"hello there\n"
     killed = box.run("kill -TERM $$")
