@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from sandboxd.e2b import template_builds
+from sandboxd.e2b.api import make_front
 from sandboxd.e2b.template_builds import TemplateBuilds
 from sandboxd.e2b.template_steps import Copy, assemble_context, read_plan
 from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadArchive
-from tests.e2b.memory import Memory, memory_front
+from tests.e2b.memory import KEY, Memory, memory_front
 from tests.http.http_harness import result_of
 from tests.templates.archives import directory, file, link, tar
 
@@ -319,6 +320,8 @@ def test_aliases_and_tags_name_the_stores_templates(memory: Memory) -> None:
 
 
 def test_a_replica_without_templates_builds_none(memory: Memory) -> None:
+    bare = make_front(memory.manager, KEY.encode())  # a replica with no template store
+    assert (bare.templates, bare.builds) == (None, None)
     memory.front.builds = None
     assert status_of(memory.control("POST", "/v3/templates", {"name": "t"})) == (
         400,
