@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from attrs import define, field
 
-from sandboxd.isolation.namespaces import netns_pool
 from sandboxd.isolation.namespaces.creators import HelperCreator
 from sandboxd.isolation.namespaces.mounts import MountCalls
 from sandboxd.isolation.namespaces.netns_pool import (
@@ -23,6 +22,7 @@ from sandboxd.isolation.namespaces.netns_pool import (
     make_netns,
 )
 from sandboxd.isolation.namespaces.pins import Namespaces
+from sandboxd.isolation.network import netns_calls
 from sandboxd.isolation.network.egress import EgressNetwork
 from sandboxd.isolation.network.modes import (
     HostNetwork,
@@ -187,11 +187,11 @@ def test_make_netns_hands_the_kernels_refusal_over(
 ) -> None:
     class Unshare(FakeLibc):
         def unshare(self, flags: int) -> int:
-            assert flags == netns_pool.CLONE_NEWNET
+            assert flags == netns_calls.CLONE_NEWNET
             return self._next()
 
     mounts = Mounts()
-    monkeypatch.setattr(netns_pool, "_libc", Unshare([(-1, errno.EPERM), (0, 0)]))
+    monkeypatch.setattr(netns_calls, "_libc", Unshare([(-1, errno.EPERM), (0, 0)]))
     with pytest.raises(OSError, match="unshare"):
         make_netns(str(tmp_path / "pin"), mounts)  # type: ignore[arg-type]
     make_netns(str(tmp_path / "pin"), mounts)  # type: ignore[arg-type]

@@ -20,8 +20,6 @@ each one's veth with it) and their slots given back; at start-up, a crashed pred
 directory is emptied the same way (:meth:`NetnsPool.reclaim`).
 """
 
-import ctypes
-import ctypes.util
 import os
 import threading
 from collections import deque
@@ -34,19 +32,17 @@ from twisted.logger import Logger
 
 from sandboxd.isolation.namespaces.mounts import MountCalls
 from sandboxd.isolation.network.modes import NetworkUnavailable
+from sandboxd.isolation.network.netns_calls import in_a_thread_of_its_own, unshare_net
 
 log = Logger()
 
 POOL_DIR = ".pool"
 """The pool's directory in ``{root}/.ns`` (not a sandbox id: never taken for a leftover)."""
-CLONE_NEWNET = 0x40000000
 RETRY = 1.0
 """Seconds the refill waits after a failure before it tries again (doubled after each further
 failure in a row, up to :data:`RETRY_MAX`: another daemon holding the host's egress layer for
 long costs a line a minute, not one a second)."""
 RETRY_MAX = 60.0
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 @runtime_checkable
@@ -94,22 +90,12 @@ def make_netns(pin: str, mounts: MountCalls) -> None:
     """A new network namespace pinned on the (existing, empty) file ``pin``: made by a thread of
     its own that unshares it and binds its ``/proc/thread-self/ns/net`` there, then ends (the
     caller's thread never leaves its own namespace); ``OSError`` when the kernel refuses."""
-    failure: list[OSError] = []
 
     def work() -> None:
-        try:
-            if _libc.unshare(CLONE_NEWNET) != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, f"unshare: {os.strerror(code)}")
-            mounts.bind("/proc/thread-self/ns/net", pin)
-        except OSError as e:  # handed to the caller
-            failure.append(e)
+        unshare_net()
+        mounts.bind("/proc/thread-self/ns/net", pin)
 
-    thread = threading.Thread(target=work, name="sandboxd-netns-pool-unshare")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
+    in_a_thread_of_its_own(work, "sandboxd-netns-pool-unshare")
 
 
 @define

@@ -7,13 +7,12 @@ there, so :func:`socket_in` opens one in a sandbox's namespace from a short-live
 kernel's acknowledgement; a refusal raises ``OSError`` with the kernel's errno.
 """
 
-import ctypes
 import os
 import socket
 import struct
-import threading
 
 from sandboxd.isolation.network.egress_plan import Address
+from sandboxd.isolation.network.netns_calls import in_a_thread_of_its_own, setns_net
 
 NETLINK_ROUTE = 0
 RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 20, 24
@@ -28,9 +27,6 @@ IFA_F_NODAD = 0x02
 RTA_GATEWAY, RTA_OIF = 5, 4
 RT_TABLE_MAIN, RTPROT_BOOT, RT_SCOPE_UNIVERSE, RTN_UNICAST = 254, 3, 0, 1
 NLA_F_NESTED = 0x8000
-CLONE_NEWNET = 0x40000000
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -137,22 +133,9 @@ def socket_in(netns_fd: int) -> tuple[Rtnl, int, int]:
     """An rtnetlink socket in the namespace of ``netns_fd``, with the indexes there of
     ``eth0`` and ``lo``: opened by a thread that enters that namespace and then ends (the
     caller's thread never leaves its own)."""
-    out: list[tuple[Rtnl, int, int]] = []
-    failure: list[BaseException] = []
 
-    def work() -> None:
-        try:
-            if _libc.setns(netns_fd, CLONE_NEWNET) != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, f"setns: {os.strerror(code)}")
-            rtnl = open_here()
-            out.append((rtnl, socket.if_nametoindex("eth0"), socket.if_nametoindex("lo")))
-        except BaseException as e:  # handed to the caller
-            failure.append(e)
+    def work() -> tuple[Rtnl, int, int]:
+        setns_net(netns_fd)
+        return open_here(), socket.if_nametoindex("eth0"), socket.if_nametoindex("lo")
 
-    thread = threading.Thread(target=work, name="sandboxd-egress-netns")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return out[0]
+    return in_a_thread_of_its_own(work, "sandboxd-egress-netns")
