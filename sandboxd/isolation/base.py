@@ -5,6 +5,7 @@ start-up from the configuration (``sandboxd.isolation.select``). ``--isolation=n
 development bundle of ``sandboxd.isolation.none``; the cgroup drivers give real isolation.
 """
 
+import errno
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from sandboxd.isolation.sandbox import SandboxIsolation
 
 T = TypeVar("T")
+
+REMOVAL_ROUNDS = 5
+"""Kills and removals of a sandbox's cgroup before a busy one is given up (the sandbox's uid
+is then kept out of the pool until the next start-up reclaims it)."""
 
 RunProgram = Callable[[Sequence[str]], tuple[int, str]]
 """Runs an argv to its end, blocking: its exit code and the text it wrote (which streams, each
@@ -322,10 +327,22 @@ class Isolation:
         :meth:`~sandboxd.isolation.sandbox.SandboxIsolation.dispose`) or a predecessor's
         leftover: kill every process in its cgroup; once nothing runs inside, unpin its
         namespaces; remove the (empty) cgroup; last, remove its directories (``in_thread``: a
-        tree can be large)."""
+        tree can be large).
+
+        A process whose start was under way at the kill (an exec's helper, a zygote) joins the
+        cgroup only once it runs, and so can join after the kill found it empty: its removal is
+        then busy, and the kill and removal are tried again, :data:`REMOVAL_ROUNDS` times in
+        all. A process that joins once the cgroup is gone fails its join and never runs."""
         await self.cgroups.kill(rid)
         self.namespaces.remove(rid)
-        self.cgroups.remove(rid)
+        for round_ in range(REMOVAL_ROUNDS):
+            try:
+                self.cgroups.remove(rid)
+                break
+            except OSError as e:
+                if e.errno != errno.EBUSY or round_ == REMOVAL_ROUNDS - 1:
+                    raise
+            await self.cgroups.kill(rid)
         await in_thread(lambda rid: directories.destroy(rid, self.disk), rid)
 
     def leftovers(self) -> set[str]:

@@ -14,20 +14,24 @@ those are injected no-ops.
 import contextlib
 import os
 import random
+import signal
 import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
 from attrs import define, field
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred, succeed
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.config import Config
+from sandboxd.core.layout import Layout
 from sandboxd.isolation.base import Identity, Isolation, Limits
 from sandboxd.isolation.cgroups.cgfiles import read_pids
 from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
@@ -267,6 +271,41 @@ class DriverBehaviour:
         cgroups.remove(rid)
         assert all(not os.path.exists(os.path.dirname(p)) for p in cgroups.join_files(rid))
         assert rid not in cgroups.leftovers()
+
+    @pytest_twisted.ensureDeferred
+    async def test_a_process_that_joins_after_the_kill_is_killed_before_the_removal(
+        self, bundle: Bundle, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An exec's helper or a zygote whose start was under way at a sandbox's kill joins
+        its cgroup after the kill found it empty: the sandbox's disposal kills it as well, and
+        the cgroup is still removed."""
+        rid, _ = bundle.sandbox()
+        iso = bundle.isolation
+        late = subprocess.Popen(["sleep", "1000"], stdin=subprocess.DEVNULL)
+        namespaces = type(iso.namespaces)
+        unpin = namespaces.remove
+
+        def join_then_unpin(self: Any, rid: str) -> None:
+            for path in iso.cgroups.join_files(rid):
+                Path(path).write_text(str(late.pid))
+            unpin(self, rid)
+
+        monkeypatch.setattr(namespaces, "remove", join_then_unpin)
+        layout = Layout(str(bundle.state_root), owns_files=False)
+        os.mkdir(layout.directory(rid))
+
+        def at_once(work: Callable[[str], None], rid: str) -> Deferred[None]:
+            work(rid)
+            return succeed(None)
+
+        try:
+            await iso.dispose_leftover(rid, layout, at_once)
+        finally:
+            if not dead(late.pid):
+                late.kill()
+        assert late.wait(timeout=30) == -signal.SIGKILL
+        assert not any(os.path.exists(os.path.dirname(p)) for p in iso.cgroups.join_files(rid))
+        assert not os.path.exists(layout.directory(rid))
 
     @pytest_twisted.ensureDeferred
     async def test_kill_latency_with_many_processes(self, bundle: Bundle) -> None:

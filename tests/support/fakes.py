@@ -113,6 +113,7 @@ class FakeCgroups:
         self.leftover: list[str] = []
         self.create_error: BaseException | None = None
         self.kill_results: dict[str, Deferred[None] | BaseException] = {}
+        self.remove_errors: list[BaseException] = []
         self.stats_value = CgroupStats(1, 2, 3, 4, 0)
         self.stats_error: BaseException | None = None
 
@@ -141,7 +142,10 @@ class FakeCgroups:
         return succeed(None)
 
     def remove(self, rid: str) -> None:
+        """Recorded; the first of ``remove_errors`` (if any) is raised, and dropped."""
         self.removed.append(rid)
+        if self.remove_errors:
+            raise self.remove_errors.pop(0)
 
     def stats(self, rid: str) -> CgroupStats:
         if self.stats_error is not None:

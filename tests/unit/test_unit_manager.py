@@ -3,6 +3,7 @@ reactor."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from sandboxd.core.sandbox import CreateRequest, SandboxListing
 from sandboxd.e2b.registry import Registry
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.http import parse, wire
-from sandboxd.isolation.base import Isolation
+from sandboxd.isolation.base import REMOVAL_ROUNDS, Isolation
 from tests.support.fakes import (
     FakeCgroups,
     FakeReactor,
@@ -215,6 +216,36 @@ def test_kill(world: World) -> None:
     assert world.isolation.uids.free == 4
     with pytest.raises(SandboxNotFound):
         fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
+
+
+def test_a_cgroup_busy_at_its_removal_is_killed_again(world: World) -> None:
+    """A process that joined after the kill (its start was under way) is killed by a second
+    round, and the sandbox ends as usual."""
+    sandbox = world.manager.create()
+    world.cgroups.remove_errors = [OSError(errno.EBUSY, "busy")]
+    fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
+    assert world.cgroups.killed == world.cgroups.removed == [sandbox.rid] * 2
+    assert not os.path.exists(world.layout.directory(sandbox.rid))
+    assert world.isolation.uids.free == 4
+
+
+@pytest.mark.parametrize(
+    ("errors", "rounds"),
+    [
+        ([OSError(errno.EBUSY, "busy")] * REMOVAL_ROUNDS, REMOVAL_ROUNDS),
+        ([OSError(errno.EIO, "broken")], 1),
+    ],
+)
+def test_a_cgroup_that_stays_busy_or_fails_keeps_the_uid_out_of_the_pool(
+    world: World, errors: list[OSError], rounds: int
+) -> None:
+    sandbox = world.manager.create()
+    world.cgroups.remove_errors = list(errors)
+    with pytest.raises(OSError):
+        fired(Deferred.fromCoroutine(world.manager.kill(sandbox.rid)))
+    assert world.cgroups.killed == world.cgroups.removed == [sandbox.rid] * rounds
+    assert world.isolation.uids.free == 3
+    assert world.manager.sandboxes == {}
 
 
 def test_a_sandboxs_body_place_is_its_directory_and_its_end_aborts_its_bodies(
