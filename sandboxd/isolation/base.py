@@ -335,13 +335,15 @@ class Isolation:
         all. A process that joins once the cgroup is gone fails its join and never runs."""
         await self.cgroups.kill(rid)
         self.namespaces.remove(rid)
-        for round_ in range(REMOVAL_ROUNDS):
+        rounds = 1
+        while True:
             try:
                 self.cgroups.remove(rid)
                 break
             except OSError as e:
-                if e.errno != errno.EBUSY or round_ == REMOVAL_ROUNDS - 1:
+                if e.errno != errno.EBUSY or rounds == REMOVAL_ROUNDS:
                     raise
+            rounds += 1
             await self.cgroups.kill(rid)
         await in_thread(lambda rid: directories.destroy(rid, self.disk), rid)
 
