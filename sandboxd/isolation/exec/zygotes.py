@@ -28,7 +28,7 @@ from typing import Any
 from attrs import define, field
 
 from sandboxd._twisted import reap_handled, reap_when_ended
-from sandboxd.isolation.exec.spawn_server import Answer, SpawnServer, _Answers, request
+from sandboxd.isolation.exec.spawn_server import Answer, Answers, SpawnServer, request
 
 QUIET = 60.0
 """Seconds with no exec after which a zygote is retired (``SANDBOXD_ZYGOTE_QUIET``)."""
@@ -91,7 +91,7 @@ class Zygote:
     """One sandbox's zygote: its socket, and its pid once the server has answered."""
 
     uid: int
-    answers: _Answers
+    answers: Answers
     pid: int | None = None
     quiet: Any = None
     """The reactor's call that retires it after the quiet spell."""
@@ -158,7 +158,7 @@ class Zygotes:
         delay it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setblocking(False)
-        zygote = Zygote(uid, _Answers(reactor, ours, lambda: self._retire(key, zygote)))
+        zygote = Zygote(uid, Answers(reactor, ours, lambda: self._retire(key, zygote)))
         zygote.quiet = reactor.callLater(self.quiet, self._retire, key, zygote)
         self.live[key] = zygote
         body = request([argv[0], "zygote", *argv[1:]], {})
@@ -202,12 +202,7 @@ class Zygotes:
         zygote.closed = True
         if zygote.quiet.active():
             zygote.quiet.cancel()
-        answers = zygote.answers
-        answers.stopReading()  # type: ignore[no-untyped-call]
-        answers.sock.close()
-        pending, answers.pending = answers.pending, answers.pending.__class__()
-        for waiting in pending:
-            waiting(OSError(errno.EPIPE, "the zygote ended"))
+        zygote.answers.close("the zygote ended")
 
     def close(self) -> None:
         """Retire every zygote (the daemon stops)."""
