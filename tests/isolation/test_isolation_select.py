@@ -352,7 +352,7 @@ def test_zygotes_come_with_their_spawn_server_and_go_with_the_daemon(tmp_path: P
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     clock = Clock()
     answers = Answers(reactor, ours, lambda: None)
-    zygotes.live[("a",)] = Zygote(1, answers, quiet=clock.callLater(7, lambda: None))
+    zygotes.live["a"] = Zygote(1, answers, quiet=clock.callLater(7, lambda: None))
     iso.close()
     assert zygotes.live == {} and theirs.recv(1) == b"", "retired: its socket ended"
     assert clock.getDelayedCalls() == []

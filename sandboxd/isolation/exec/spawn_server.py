@@ -36,7 +36,7 @@ from sandboxd._twisted import ServedProcess
 from sandboxd.isolation.base import PLAIN_ENV
 
 if TYPE_CHECKING:
-    from sandboxd.isolation.exec.zygotes import Zygotes
+    from sandboxd.isolation.exec.zygotes import Zygotes, ZygoteSpec
 
 MESSAGE_MAX = 256 << 10
 """The largest request the server reads (``SPAWN_MESSAGE_MAX``); a larger one is spawned."""
@@ -202,13 +202,22 @@ class SpawnServer:
 
 @implementer(IReactorProcess)
 class Spawner:
-    """``spawnProcess`` for the execs: the helper's own argv goes to its sandbox's zygote
-    (``zygotes``, where they run) or to the server, any other through the reactor."""
+    """``spawnProcess`` for the execs: the helper's own argv goes to the server, any other
+    through the reactor. With ``zygotes`` and ``sandbox`` (a spawner of that sandbox's execs
+    and background processes: :meth:`sandboxd.isolation.sandbox.SandboxIsolation.spawner`),
+    the helper's argv goes to the sandbox's zygote first."""
 
-    def __init__(self, reactor: Any, server: SpawnServer, zygotes: "Zygotes | None" = None) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        server: SpawnServer,
+        zygotes: "Zygotes | None" = None,
+        sandbox: "ZygoteSpec | None" = None,
+    ) -> None:
         self.reactor = reactor
         self.server = server
         self.zygotes = zygotes
+        self.sandbox = sandbox
 
     def spawnProcess(
         self,
@@ -242,8 +251,12 @@ class Spawner:
 
             fds = [process.child_side[fd] for fd in (0, 1, 2)]
             body = request(argv, env or {})
-            zygotes = self.zygotes
-            if zygotes is not None and zygotes.send(self.reactor, argv, body, fds, answered):
+            zygotes, sandbox = self.zygotes, self.sandbox
+            if (
+                zygotes is not None
+                and sandbox is not None
+                and zygotes.send(self.reactor, sandbox, body, fds, answered)
+            ):
                 process.connect()
                 return process
             if self.server.send(self.reactor, body, fds, answered):
