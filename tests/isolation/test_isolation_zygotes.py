@@ -297,6 +297,8 @@ async def test_a_zygote_the_server_cannot_start_is_no_zygote(
     zygotes.close()  # retired before the server's answer: the zygote is told to end
     answer_server(stand_in, zygote.pid)
     assert zygote.sock.recv(8) == b""
+    os.kill(zygote.pid, signal.SIGKILL)  # it ends (at its socket's end): reaped, no zombie
+    await until(zygote.gone)
     zygote.close()
 
     assert not zygotes.send(reactor, sandbox, request(argv, {}), fds, never)

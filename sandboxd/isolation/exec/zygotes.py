@@ -163,11 +163,15 @@ class Zygotes:
         self, reactor: Any, key: str, zygote: Zygote, body: bytes, theirs: socket.socket
     ) -> None:
         def started(result: int | OSError) -> None:
-            if isinstance(result, OSError) or zygote.closed:
+            if isinstance(result, OSError):
                 self._retire(key, zygote)
                 return
+            # reaped when it ends (then retired), also one retired before this answer: it ends
+            # at its socket's end, and must not stay a zombie of the daemon
+            reap_when_ended(reactor, result, lambda: self._retire(key, zygote))
+            if zygote.closed:
+                return
             zygote.pid = result
-            reap_when_ended(reactor, result, lambda: self._retire(key, zygote))  # not at once
             zygote.answers.startReading()  # type: ignore[no-untyped-call]
 
         sent = False
