@@ -126,6 +126,9 @@ class SandboxIsolation:
 
     async def dispose(self, in_thread: InThread) -> None:
         """End its layers (:meth:`~sandboxd.isolation.base.Isolation.dispose_leftover`):
+        its zygote retired first (:meth:`~sandboxd.isolation.exec.zygotes.Zygotes.retire`),
         every process killed, its namespaces unpinned, its cgroup and directories removed.
         ``identity`` stays the caller's to release."""
+        if self.bundle.zygotes is not None:
+            self.bundle.zygotes.retire(self.rid)
         await self.bundle.dispose_leftover(self.rid, self.directories, in_thread)

@@ -184,7 +184,7 @@ async def ready(zygotes: Zygotes, stand_in: StandIn, sandbox: ZygoteSpec, fds: l
     assert not zygotes.send(reactor, sandbox, body, fds, never)
     assert not zygotes.send(reactor, sandbox, body, fds, never), "no pid yet"
     started, zygote_fds = await server_request(stand_in)
-    assert started == request([HELPER, "zygote", *sandbox.argv[1:]], {})
+    assert started == request([sandbox.argv[0], "zygote", *sandbox.argv[1:]], {})
     zygote = Zygote(zygote_fds, started)
     answer_server(stand_in, zygote.pid)
     await until(lambda: zygotes.live[sandbox.rid].pid == zygote.pid)

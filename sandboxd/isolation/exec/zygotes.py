@@ -12,12 +12,13 @@ the argv it is started with (:class:`ZygoteSpec`), are said where the sandbox's 
 
 Life of a zygote: the spawn server starts it beside a sandbox's first exec (which the server
 runs); it serves the execs after that; it is retired (its socket closed: it exits) after a quiet
-spell with no exec, and dies with its sandbox's cgroups at the kill. At most ``limit`` live at
-once: past that, an exec goes to the server. A zygote runs as the sandbox's uid, so the
-sandbox can kill or stop it (it cannot ptrace it: it is not dumpable): the daemon accepts only
-an answer naming its own unreaped child of the sandbox's uid that nothing reaps yet, gives up on
-a zygote that does not answer in time, and sends the exec to the server whenever the zygote
-cannot take it (gone, killed, an error, a lie, no answer); the next exec starts a fresh one.
+spell with no exec, and at its sandbox's kill, before the cgroup's (:meth:`Zygotes.retire`). At
+most ``limit`` live at once: past that, an exec goes to the server. A zygote runs as the
+sandbox's uid, so the sandbox can kill or stop it (it cannot ptrace it: it is not dumpable):
+the daemon accepts only an answer naming its own unreaped child of the sandbox's uid that
+nothing reaps yet, gives up on a zygote that does not answer in time, and sends the exec to the
+server whenever the zygote cannot take it (gone, killed, an error, a lie, no answer); the next
+exec starts a fresh one.
 """
 
 import errno
@@ -202,6 +203,16 @@ class Zygotes:
         if zygote.quiet.active():
             zygote.quiet.cancel()
         zygote.answers.close("the zygote ended")
+
+    def retire(self, rid: str) -> None:
+        """Retire sandbox ``rid``'s zygote, if it has one (the sandbox's kill, before its
+        cgroup's): its socket is closed first, so that one whose start is under way ends at its
+        first read instead of serving, and is never asked for. One that joins the cgroup after
+        the kill is killed by the disposal's next round
+        (:meth:`~sandboxd.isolation.base.Isolation.dispose_leftover`)."""
+        zygote = self.live.get(rid)
+        if zygote is not None:
+            self._retire(rid, zygote)
 
     def close(self) -> None:
         """Retire every zygote (the daemon stops)."""
