@@ -138,7 +138,7 @@ class Commands:
         sandbox.execs += 1
         sandbox.running.add(run)
         self.metrics.execs_in_flight.inc()
-        spawner = self.isolation.spawner(self.reactor)
+        spawner = sandbox.isolation.spawner(self.reactor)
         try:
             run.start(spawner, run.argv, run.env, request.stdin, self._devnull)
         except BaseException:
@@ -179,7 +179,7 @@ class Commands:
             stdin=stdin,
         )
         run.on_end = _chain(run.on_end, process.ended)
-        spawner = self.isolation.spawner(self.reactor)
+        spawner = sandbox.isolation.spawner(self.reactor)
         run.start(spawner, run.argv, run.env, request.stdin, self._devnull, keep_stdin_open=stdin)
         sandbox.processes.add(process)
         log.info("process {id} started in {rid}", id=process.id, rid=sandbox.rid)

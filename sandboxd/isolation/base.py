@@ -19,7 +19,7 @@ from sandboxd.isolation.namespaces.root_view import RootView
 if TYPE_CHECKING:
     from sandboxd.isolation.disk.base import DiskDriver
     from sandboxd.isolation.exec.spawn_server import SpawnServer
-    from sandboxd.isolation.exec.zygotes import Zygotes
+    from sandboxd.isolation.exec.zygotes import Zygotes, ZygoteSpec
     from sandboxd.isolation.namespaces.pins import Namespaces
     from sandboxd.isolation.network.modes import NetworkMode
     from sandboxd.isolation.sandbox import SandboxIsolation
@@ -365,14 +365,19 @@ class Isolation:
         if self.spawn_server is not None:
             self.spawn_server.close()
 
-    def spawner(self, reactor: IReactorProcess) -> IReactorProcess:
+    def spawner(
+        self, reactor: IReactorProcess, sandbox: "ZygoteSpec | None" = None
+    ) -> IReactorProcess:
         """What spawns an argv of a sandbox's
         :meth:`~sandboxd.isolation.sandbox.SandboxIsolation.start_argv`: ``reactor`` itself,
         or where the spawn server runs (:attr:`spawn_server`), its
         :class:`~sandboxd.isolation.exec.spawn_server.Spawner`, which hands the helper's argv
-        to the server and spawns any other."""
+        to the server and spawns any other; with ``sandbox`` (a spawner of that sandbox's
+        execs: :meth:`~sandboxd.isolation.sandbox.SandboxIsolation.spawner`), to its zygote
+        first where :attr:`zygotes` run."""
         if self.spawn_server is None:
             return reactor
         from sandboxd.isolation.exec.spawn_server import Spawner
 
-        return cast(IReactorProcess, Spawner(reactor, self.spawn_server, self.zygotes))
+        spawner = Spawner(reactor, self.spawn_server, self.zygotes, sandbox)
+        return cast(IReactorProcess, spawner)

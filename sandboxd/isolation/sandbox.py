@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from attrs import frozen
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorProcess
 
 from sandboxd.isolation.base import (
     CgroupStats,
@@ -21,6 +22,8 @@ from sandboxd.isolation.base import (
     SandboxDirectories,
     terminal_wrap,
 )
+from sandboxd.isolation.exec.helper import HelperWrapper
+from sandboxd.isolation.exec.zygotes import PLACEHOLDER_COMMAND, PLACEHOLDER_CWD, ZygoteSpec
 
 if TYPE_CHECKING:
     from sandboxd.isolation.base import Isolation
@@ -64,6 +67,35 @@ class SandboxIsolation:
         wrapped = wrap(self.identity, self.join_files, cwd, argv)
         return bundle.namespaces.enter(self.rid, wrapped, own_work)
 
+    def spawner(self, reactor: IReactorProcess) -> IReactorProcess:
+        """What spawns this sandbox's execs and background processes, and nothing else: an
+        argv of :meth:`start_argv` with neither ``own_work`` nor ``terminal``
+        (:meth:`~sandboxd.isolation.base.Isolation.spawner`: ``reactor``, or the spawn
+        server's, which hands them to this sandbox's zygote, :attr:`zygote`, first)."""
+        return self.bundle.spawner(reactor, self.zygote)
+
+    @cached_property
+    def zygote(self) -> ZygoteSpec | None:
+        """What this sandbox's zygote is made from (docs/operating.rst, "Zygotes"); ``None``:
+        no zygotes run, or the chain is not the exec helper's (the zygote is its ``zygote``
+        step: the namespaces entered by the helper, then its ``sandbox`` step).
+
+        A zygote takes the sandbox's execs and background processes (:meth:`spawner`): the
+        chain of :meth:`start_argv` with neither ``own_work`` nor ``terminal``, the same for
+        each but its cwd and command, which each exec brings (the zygote takes the chain's
+        steps once, all but the last). It takes no other command: a terminal's (``--ctty``)
+        is made its session's controlling terminal by the helper's own steps; the daemon's
+        own work (``--no-ptrace``) runs from an execute-only copy and, in a template's
+        sandbox, in the mount namespace as it was before the root switch. Both are spawned
+        (and a zygote's child refuses them: ``sandboxd_exec_zygote.h``)."""
+        zygotes = self.bundle.zygotes
+        if zygotes is None:
+            return None
+        argv = self.start_argv(PLACEHOLDER_CWD, PLACEHOLDER_COMMAND)
+        if not isinstance(self.bundle.wrap, HelperWrapper) or argv[0] != zygotes.server.helper:
+            return None
+        return ZygoteSpec(self.rid, self.identity.uid, tuple(argv))
+
     @cached_property
     def join_files(self) -> tuple[str, ...]:
         """The files a process writes to join its cgroup (the driver's ``join_files``),
@@ -94,6 +126,9 @@ class SandboxIsolation:
 
     async def dispose(self, in_thread: InThread) -> None:
         """End its layers (:meth:`~sandboxd.isolation.base.Isolation.dispose_leftover`):
+        its zygote retired first (:meth:`~sandboxd.isolation.exec.zygotes.Zygotes.retire`),
         every process killed, its namespaces unpinned, its cgroup and directories removed.
         ``identity`` stays the caller's to release."""
+        if self.bundle.zygotes is not None:
+            self.bundle.zygotes.retire(self.rid)
         await self.bundle.dispose_leftover(self.rid, self.directories, in_thread)

@@ -20,7 +20,7 @@ from sandboxd.isolation.base import Identity, IsolationUnavailable, plain_env
 from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroups.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.exec.helper import HelperSession, HelperWrapper
-from sandboxd.isolation.exec.spawn_server import Spawner, SpawnServer, _Answers
+from sandboxd.isolation.exec.spawn_server import Answers, Spawner, SpawnServer
 from sandboxd.isolation.exec.wrapper import Wrapper, spawn_env
 from sandboxd.isolation.exec.zygotes import Zygote, Zygotes
 from sandboxd.isolation.fscreds import FsCredentialThreads
@@ -351,8 +351,8 @@ def test_zygotes_come_with_their_spawn_server_and_go_with_the_daemon(tmp_path: P
     assert isinstance(spawner, Spawner) and spawner.zygotes is zygotes
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     clock = Clock()
-    answers = _Answers(reactor, ours, lambda: None)
-    zygotes.live[("a",)] = Zygote(1, answers, quiet=clock.callLater(7, lambda: None))
+    answers = Answers(reactor, ours, lambda: None)
+    zygotes.live["a"] = Zygote(1, answers, quiet=clock.callLater(7, lambda: None))
     iso.close()
     assert zygotes.live == {} and theirs.recv(1) == b"", "retired: its socket ended"
     assert clock.getDelayedCalls() == []

@@ -25,9 +25,9 @@ from sandboxd.core.exec.run import ExecRun, Exited, Outcome, SpawnFailed
 from sandboxd.isolation.exec.helper import HELPER
 from sandboxd.isolation.exec.spawn_server import (
     MESSAGE_MAX,
+    Answers,
     Spawner,
     SpawnServer,
-    _Answers,
     answer_of,
     request,
 )
@@ -317,6 +317,6 @@ async def _turn() -> None:
 def test_a_broken_socket_is_a_lost_connection() -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # never connected: ENOTCONN
     sock.setblocking(False)
-    answers = _Answers(reactor, sock, lambda: None)
+    answers = Answers(reactor, sock, lambda: None)
     assert answers.doRead() is CONNECTION_LOST
     sock.close()

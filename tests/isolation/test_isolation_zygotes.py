@@ -1,6 +1,7 @@
-"""The daemon's side of the zygotes (``sandboxd.isolation.exec.zygotes``): which execs go to a
-sandbox's zygote, its start through the spawn server, its life, and what the daemon does with
-each answer a zygote can give, true or not. A stand-in spawn server and a stand-in zygote: the
+"""The daemon's side of the zygotes (``sandboxd.isolation.exec.zygotes``): a sandbox's zygote,
+its start through the spawn server, its life, and what the daemon does with each answer a
+zygote can give, true or not (which commands of a sandbox go to its zygote:
+tests/isolation/test_isolation_zygote_spec.py). A stand-in spawn server and a stand-in zygote: the
 test holds their ends of the sockets, and real children of this process stand for the pids
 they answer (the real zygote under real isolation: tests/kernel/test_zygote.py)."""
 
@@ -25,8 +26,9 @@ from sandboxd.core.exec.run import Exited
 from sandboxd.isolation.exec.helper import HELPER
 from sandboxd.isolation.exec.spawn_server import MESSAGE_MAX, Spawner, SpawnServer, request
 from sandboxd.isolation.exec.zygotes import (
+    PLACEHOLDER_COMMAND,
     Zygotes,
-    sandbox_of,
+    ZygoteSpec,
     uid_of,
     unclaimed_child,
 )
@@ -35,9 +37,7 @@ from tests.isolation.test_isolation_spawn_server import StandIn, exec_run, start
 UID = os.getuid()
 
 
-def exec_argv(
-    *command: str, rid: str = "a", uid: int = UID, options: tuple[str, ...] = ()
-) -> list[str]:
+def exec_argv(*command: str, rid: str = "a") -> list[str]:
     """An exec's helper argv as the daemon builds it, for sandbox ``rid``."""
     pins = [f"/ns/{rid}/ipc", f"/ns/{rid}/pid", f"/ns/{rid}/mnt"]
     return [
@@ -47,7 +47,6 @@ def exec_argv(
         *pins,
         HELPER,
         "--umask=077",
-        *options,
         "sandbox",
         str(UID),
         str(UID),
@@ -58,33 +57,9 @@ def exec_argv(
     ]
 
 
-def test_an_execs_sandbox_is_its_argv_but_its_cwd_and_command() -> None:
-    key, uid = sandbox_of(exec_argv("true")) or ((), 0)
-    assert uid == UID
-    assert key == (*exec_argv("true")[:11], "1", "/cg/a/tasks")
-    other = list(exec_argv("ls", "-l"))
-    other[11] = "/tmp"
-    assert sandbox_of(other) == (key, UID), "another cwd and command: the same sandbox"
-    assert sandbox_of(exec_argv("true", rid="b"))[0] != key  # type: ignore[index]
-    plain = [HELPER, "--umask=077", "sandbox", "7", "7", "/", "0", "true"]
-    assert sandbox_of(plain) == ((HELPER, "--umask=077", "sandbox", "7", "7", "0"), 7)
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        exec_argv("sh", options=("--ctty",)),
-        exec_argv("rsync", options=("--no-ptrace",)),
-        [HELPER, "session", "/", "true"],
-        [HELPER, "enter", "x", "/ns/a/ipc", HELPER, "sandbox", "7", "7", "/", "0", "true"],
-        exec_argv()[:-1],  # no command
-        [HELPER, "sandbox", "7", "7", "/", "many", "true"],
-        [HELPER, "sandbox", "someone", "7", "/", "0", "true"],
-        [HELPER, "sandbox", "7"],
-    ],
-)
-def test_no_zygote_takes_a_terminal_own_work_or_a_malformed_argv(argv: list[str]) -> None:
-    assert sandbox_of(argv) is None
+def spec(rid: str = "a") -> ZygoteSpec:
+    """Sandbox ``rid``'s zygote as its isolation would make it."""
+    return ZygoteSpec(rid, UID, tuple(exec_argv(*PLACEHOLDER_COMMAND, rid=rid)))
 
 
 def spawn(*argv: str) -> int:
@@ -199,25 +174,20 @@ def zygotes(stand_in: StandIn) -> Iterator[Zygotes]:
     made.server.close()
 
 
-def key_of(argv: list[str]) -> tuple[str, ...]:
-    found = sandbox_of(argv)
-    assert found is not None
-    return found[0]
-
-
 def never(result: int | OSError) -> None:
     raise AssertionError(result)
 
 
-async def ready(zygotes: Zygotes, stand_in: StandIn, argv: list[str], fds: list[int]) -> Zygote:
-    """``argv``'s sandbox with a zygote that answers (the first exec: not the zygote's)."""
-    assert not zygotes.send(reactor, argv, request(argv, {}), fds, never)
-    assert not zygotes.send(reactor, argv, request(argv, {}), fds, never), "no pid yet"
-    body, zygote_fds = await server_request(stand_in)
-    assert body == request([HELPER, "zygote", *argv[1:]], {})
-    zygote = Zygote(zygote_fds, body)
+async def ready(zygotes: Zygotes, stand_in: StandIn, sandbox: ZygoteSpec, fds: list[int]) -> Zygote:
+    """``sandbox`` with a zygote that answers (the first exec: not the zygote's)."""
+    body = request(exec_argv("true", rid=sandbox.rid), {})
+    assert not zygotes.send(reactor, sandbox, body, fds, never)
+    assert not zygotes.send(reactor, sandbox, body, fds, never), "no pid yet"
+    started, zygote_fds = await server_request(stand_in)
+    assert started == request([sandbox.argv[0], "zygote", *sandbox.argv[1:]], {})
+    zygote = Zygote(zygote_fds, started)
     answer_server(stand_in, zygote.pid)
-    await until(lambda: zygotes.live[key_of(argv)].pid == zygote.pid)
+    await until(lambda: zygotes.live[sandbox.rid].pid == zygote.pid)
     return zygote
 
 
@@ -225,20 +195,20 @@ async def ready(zygotes: Zygotes, stand_in: StandIn, argv: list[str], fds: list[
 async def test_a_zygote_answers_the_execs_of_its_sandbox_with_its_own_children(
     zygotes: Zygotes, stand_in: StandIn, fds: list[int]
 ) -> None:
-    argv = exec_argv("true")
-    zygote = await ready(zygotes, stand_in, argv, fds)
+    sandbox = spec()
+    zygote = await ready(zygotes, stand_in, sandbox, fds)
     told: list[int | OSError] = []
     body = request(exec_argv("ls", "-l"), {"K": "v"})
-    assert zygotes.send(reactor, exec_argv("ls", "-l"), body, fds, told.append)
+    assert zygotes.send(reactor, sandbox, body, fds, told.append)
     assert zygote.take() == body
     child = spawn("true")
     zygote.answer(child)
     await until(lambda: bool(told))
     assert told == [child]
     os.waitpid(child, 0)
-    assert not zygotes.send(reactor, exec_argv("true", rid="b"), body, fds, never), "b's own"
+    assert not zygotes.send(reactor, spec("b"), body, fds, never), "b's own"
     assert len(zygotes.live) == 2
-    assert not zygotes.send(reactor, exec_argv("true", rid="c"), body, fds, never)
+    assert not zygotes.send(reactor, spec("c"), body, fds, never)
     assert len(zygotes.live) == 2, "at the limit: c's execs go to the server"
     zygotes.close()
     assert zygotes.live == {}
@@ -250,11 +220,11 @@ async def test_a_zygote_answers_the_execs_of_its_sandbox_with_its_own_children(
 async def test_an_error_a_lie_or_silence_sends_the_exec_to_the_server(
     zygotes: Zygotes, stand_in: StandIn, fds: list[int]
 ) -> None:
-    argv = exec_argv("true")
-    zygote = await ready(zygotes, stand_in, argv, fds)
+    argv, sandbox = exec_argv("true"), spec()
+    zygote = await ready(zygotes, stand_in, sandbox, fds)
     told: list[int | OSError] = []
     body = request(argv, {})
-    assert zygotes.send(reactor, argv, body, fds, told.append)
+    assert zygotes.send(reactor, sandbox, body, fds, told.append)
     zygote.take()
     zygote.answer(-errno.EAGAIN)  # its clone at pids.max: the server's child joins past it
     await served_by_the_server(stand_in, body, told, 4343)
@@ -262,7 +232,7 @@ async def test_an_error_a_lie_or_silence_sends_the_exec_to_the_server(
 
     for lie in (os.getpid(), zygote.pid, 1):  # not a child; its own pid, reaped already; init
         told.clear()
-        assert zygotes.send(reactor, argv, body, fds, told.append)
+        assert zygotes.send(reactor, sandbox, body, fds, told.append)
         zygote.take()
         zygote.answer(lie)
         await served_by_the_server(stand_in, body, told, 4444)
@@ -270,11 +240,11 @@ async def test_an_error_a_lie_or_silence_sends_the_exec_to_the_server(
         await until(zygote.gone)  # killed, reaped
         assert zygotes.live == {}, "a liar is retired"
         zygote.close()
-        zygote = await ready(zygotes, stand_in, argv, fds)
+        zygote = await ready(zygotes, stand_in, sandbox, fds)
 
     zygotes.answer_timeout = 0.05
     told.clear()
-    assert zygotes.send(reactor, argv, body, fds, told.append)
+    assert zygotes.send(reactor, sandbox, body, fds, told.append)
     zygote.take()  # and never answers
     await served_by_the_server(stand_in, body, told, 4545)
     assert told == [4545]
@@ -286,25 +256,25 @@ async def test_an_error_a_lie_or_silence_sends_the_exec_to_the_server(
 async def test_a_zygote_that_ends_or_cannot_be_reached_is_replaced(
     zygotes: Zygotes, stand_in: StandIn, fds: list[int]
 ) -> None:
-    argv = exec_argv("true")
-    zygote = await ready(zygotes, stand_in, argv, fds)
+    argv, sandbox = exec_argv("true"), spec()
+    zygote = await ready(zygotes, stand_in, sandbox, fds)
     told: list[int | OSError] = []
     body = request(argv, {})
-    assert zygotes.send(reactor, argv, body, fds, told.append)
+    assert zygotes.send(reactor, sandbox, body, fds, told.append)
     zygote.take()
     zygote.sock.close()  # it ends with the exec in flight
     await served_by_the_server(stand_in, body, told, 4646)
     assert told == [4646] and zygotes.live == {}
     os.kill(zygote.pid, signal.SIGKILL)
 
-    zygote = await ready(zygotes, stand_in, argv, fds)
+    zygote = await ready(zygotes, stand_in, sandbox, fds)
     os.kill(zygote.pid, signal.SIGKILL)  # its end of the socket stays open: found at the reap
     await until(lambda: zygotes.live == {})
     zygote.close()
 
-    zygote = await ready(zygotes, stand_in, argv, fds)
+    zygote = await ready(zygotes, stand_in, sandbox, fds)
     zygote.sock.shutdown(socket.SHUT_RDWR)  # a send finds it gone: nothing sent
-    assert not zygotes.send(reactor, argv, body, fds, never)
+    assert not zygotes.send(reactor, sandbox, body, fds, never)
     assert zygotes.live == {}
     zygote.close()
 
@@ -313,23 +283,25 @@ async def test_a_zygote_that_ends_or_cannot_be_reached_is_replaced(
 async def test_a_zygote_the_server_cannot_start_is_no_zygote(
     zygotes: Zygotes, stand_in: StandIn, fds: list[int]
 ) -> None:
-    argv = exec_argv("true")
-    assert not zygotes.send(reactor, argv, request(argv, {}), fds, never)
+    argv, sandbox = exec_argv("true"), spec()
+    assert not zygotes.send(reactor, sandbox, request(argv, {}), fds, never)
     _, zygote_fds = await server_request(stand_in)
     for fd in zygote_fds:
         os.close(fd)
     answer_server(stand_in, -errno.EAGAIN)
     await until(lambda: zygotes.live == {})
 
-    assert not zygotes.send(reactor, argv, request(argv, {}), fds, never)
+    assert not zygotes.send(reactor, sandbox, request(argv, {}), fds, never)
     _, zygote_fds = await server_request(stand_in)
     zygote = Zygote(zygote_fds, b"")
     zygotes.close()  # retired before the server's answer: the zygote is told to end
     answer_server(stand_in, zygote.pid)
     assert zygote.sock.recv(8) == b""
+    os.kill(zygote.pid, signal.SIGKILL)  # it ends (at its socket's end): reaped, no zombie
+    await until(zygote.gone)
     zygote.close()
 
-    assert not zygotes.send(reactor, argv, request(argv, {}), fds, never)
+    assert not zygotes.send(reactor, sandbox, request(argv, {}), fds, never)
     _, zygote_fds = await server_request(stand_in)
     zygote = Zygote(zygote_fds, b"")
     os.kill(zygote.pid, signal.SIGKILL)  # it has ended by the time its pid is known
@@ -339,17 +311,13 @@ async def test_a_zygote_the_server_cannot_start_is_no_zygote(
     assert zygote.sock.recv(8) == b""
     zygote.close()
 
-    session = [HELPER, "session", "/", "true"]  # no sandbox: the server's, no zygote
-    assert not zygotes.send(reactor, session, request(session, {}), fds, never)
-    assert zygotes.live == {}
-
-    assert not zygotes.send(reactor, argv, request(argv, {}), fds, never)
+    assert not zygotes.send(reactor, sandbox, request(argv, {}), fds, never)
     zygotes.close()  # retired before the server is asked: it never is
     await _turns(3)
     assert stand_in.peer is not None and not select.select([stand_in.peer], [], [], 0)[0]
 
     stand_in.ended = -9  # the server is gone: no zygote either
-    assert not zygotes.send(reactor, argv, request(argv, {}), fds, never)
+    assert not zygotes.send(reactor, sandbox, request(argv, {}), fds, never)
     await until(lambda: zygotes.live == {})
 
 
@@ -364,10 +332,10 @@ async def _turns(count: int) -> None:
 async def test_neither_zygote_nor_server_is_a_failed_spawn(
     zygotes: Zygotes, stand_in: StandIn, fds: list[int]
 ) -> None:
-    argv = exec_argv("true")
-    zygote = await ready(zygotes, stand_in, argv, fds)
+    argv, sandbox = exec_argv("true"), spec()
+    zygote = await ready(zygotes, stand_in, sandbox, fds)
     told: list[int | OSError] = []
-    assert zygotes.send(reactor, argv, request(argv, {}), fds, told.append)
+    assert zygotes.send(reactor, sandbox, request(argv, {}), fds, told.append)
     zygote.take()
     stand_in.ended = -9
     zygote.answer(-errno.ENOMEM)
@@ -380,7 +348,7 @@ async def test_neither_zygote_nor_server_is_a_failed_spawn(
 @pytest_twisted.ensureDeferred
 async def test_a_quiet_zygote_is_retired(stand_in: StandIn, fds: list[int]) -> None:
     zygotes = Zygotes(SpawnServer(HELPER, popen=stand_in), quiet=0.05)
-    zygote = await ready(zygotes, stand_in, exec_argv("true"), fds)
+    zygote = await ready(zygotes, stand_in, spec(), fds)
     await until(lambda: zygotes.live == {})
     assert zygote.sock.recv(8) == b""
     zygote.close()
@@ -391,9 +359,9 @@ async def test_a_quiet_zygote_is_retired(stand_in: StandIn, fds: list[int]) -> N
 async def test_the_spawner_hands_an_exec_to_its_sandboxs_zygote(
     zygotes: Zygotes, stand_in: StandIn, fds: list[int]
 ) -> None:
-    argv = exec_argv("true")
-    zygote = await ready(zygotes, stand_in, argv, fds)
-    spawner = Spawner(reactor, zygotes.server, zygotes)
+    argv, sandbox = exec_argv("true"), spec()
+    zygote = await ready(zygotes, stand_in, sandbox, fds)
+    spawner = Spawner(reactor, zygotes.server, zygotes, sandbox)
     run = exec_run()
     start(spawner, run, argv)
     body, command_fds, _, _ = socket.recv_fds(zygote.sock, MESSAGE_MAX, 3)

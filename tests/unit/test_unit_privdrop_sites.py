@@ -83,8 +83,10 @@ SITES = {
 START_ARGV_CALLERS = {
     ("sandboxd/core/commands.py", "Commands._launch"),
     ("sandboxd/core/manager.py", "SandboxManager._workspace_end.start"),
+    ("sandboxd/isolation/sandbox.py", "SandboxIsolation.zygote"),
 }
-"""Where an argv to run as a sandbox is made: commands, and the archive's rsync end."""
+"""Where an argv to run as a sandbox is made: commands, the archive's rsync end, and the
+sandbox's zygote (its execs' chain, which it takes once for them)."""
 
 
 def _calls(path: Path) -> list[tuple[str, ast.Call]]:

@@ -36,7 +36,7 @@ from sandboxd._twisted import ServedProcess
 from sandboxd.isolation.base import PLAIN_ENV
 
 if TYPE_CHECKING:
-    from sandboxd.isolation.exec.zygotes import Zygotes
+    from sandboxd.isolation.exec.zygotes import Zygotes, ZygoteSpec
 
 MESSAGE_MAX = 256 << 10
 """The largest request the server reads (``SPAWN_MESSAGE_MAX``); a larger one is spawned."""
@@ -74,9 +74,11 @@ def answer_of(data: bytes) -> int | OSError:
     return OSError(code, os.strerror(code))
 
 
-class _Answers(abstract.FileDescriptor):
-    """The daemon's end of the server's socket, read by the reactor: each answer goes to the
-    oldest request still waiting (the server answers in order)."""
+class Answers(abstract.FileDescriptor):
+    """The daemon's end of a socket that answers requests in their order (the spawn server's,
+    and each zygote's: :mod:`sandboxd.isolation.exec.zygotes`), read by the reactor: each
+    answer (:func:`answer_of`) goes to the oldest request still waiting (:attr:`pending`).
+    ``lost`` is called once the socket ends or breaks; :meth:`close` ends it from our side."""
 
     def __init__(self, reactor: Any, sock: socket.socket, lost: Callable[[], None]) -> None:
         super().__init__(reactor)
@@ -104,6 +106,15 @@ class _Answers(abstract.FileDescriptor):
         super().connectionLost(reason)  # type: ignore[no-untyped-call]
         self.lost()
 
+    def close(self, why: str) -> None:
+        """Stop reading and close the socket (its peer reads its end); each request still
+        waiting is told ``EPIPE`` with ``why``. ``lost`` is not called."""
+        self.stopReading()  # type: ignore[no-untyped-call]
+        self.sock.close()
+        pending, self.pending = self.pending, collections.deque()
+        for answer in pending:
+            answer(OSError(errno.EPIPE, why))
+
 
 class SpawnServer:
     """The server process and its socket (started at the first request)."""
@@ -112,7 +123,7 @@ class SpawnServer:
         self.helper = helper
         self._popen = popen
         self._process: subprocess.Popen[bytes] | None = None
-        self._answers: _Answers | None = None
+        self._answers: Answers | None = None
         self._lost = False
         """The server ended by itself: the next request goes to the helper (not a new server
         at once, for a server that keeps failing)."""
@@ -143,7 +154,7 @@ class SpawnServer:
         answers.pending.append(answer)
         return True
 
-    def _running(self, reactor: Any) -> _Answers | None:
+    def _running(self, reactor: Any) -> Answers | None:
         process = self._process
         if process is not None and process.poll() is not None:
             self.close()  # gone: this request goes to the helper, the next starts a new server
@@ -166,7 +177,7 @@ class SpawnServer:
             finally:
                 theirs.close()
             ours.setblocking(False)
-            self._answers = _Answers(reactor, ours, self._ended)
+            self._answers = Answers(reactor, ours, self._ended)
             self._answers.startReading()  # type: ignore[no-untyped-call]
         return self._answers
 
@@ -180,11 +191,7 @@ class SpawnServer:
         answers, self._answers = self._answers, None
         process, self._process = self._process, None
         if answers is not None:
-            answers.stopReading()  # type: ignore[no-untyped-call]
-            answers.sock.close()
-            pending, answers.pending = answers.pending, collections.deque()
-            for answer in pending:
-                answer(OSError(errno.EPIPE, "the spawn server ended"))
+            answers.close("the spawn server ended")
         if process is not None:
             try:
                 process.wait(timeout=10)
@@ -195,13 +202,22 @@ class SpawnServer:
 
 @implementer(IReactorProcess)
 class Spawner:
-    """``spawnProcess`` for the execs: the helper's own argv goes to its sandbox's zygote
-    (``zygotes``, where they run) or to the server, any other through the reactor."""
+    """``spawnProcess`` for the execs: the helper's own argv goes to the server, any other
+    through the reactor. With ``zygotes`` and ``sandbox`` (a spawner of that sandbox's execs
+    and background processes: :meth:`sandboxd.isolation.sandbox.SandboxIsolation.spawner`),
+    the helper's argv goes to the sandbox's zygote first."""
 
-    def __init__(self, reactor: Any, server: SpawnServer, zygotes: "Zygotes | None" = None) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        server: SpawnServer,
+        zygotes: "Zygotes | None" = None,
+        sandbox: "ZygoteSpec | None" = None,
+    ) -> None:
         self.reactor = reactor
         self.server = server
         self.zygotes = zygotes
+        self.sandbox = sandbox
 
     def spawnProcess(
         self,
@@ -235,8 +251,12 @@ class Spawner:
 
             fds = [process.child_side[fd] for fd in (0, 1, 2)]
             body = request(argv, env or {})
-            zygotes = self.zygotes
-            if zygotes is not None and zygotes.send(self.reactor, argv, body, fds, answered):
+            zygotes, sandbox = self.zygotes, self.sandbox
+            if (
+                zygotes is not None
+                and sandbox is not None
+                and zygotes.send(self.reactor, sandbox, body, fds, answered)
+            ):
                 process.connect()
                 return process
             if self.server.send(self.reactor, body, fds, answered):
