@@ -7,10 +7,9 @@ zygote): tests/isolation/test_isolation_zygotes.py."""
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import pytest_twisted
 from attrs import evolve
 from twisted.internet import reactor
@@ -131,15 +130,6 @@ def test_no_zygote_without_zygotes_or_off_the_helpers_chain(tmp_path: Path) -> N
 
 def in_thread(work: Callable[[str], None], rid: str) -> Deferred[None]:
     return maybeDeferred(work, rid)
-
-
-@pytest.fixture
-def fds() -> Iterator[list[int]]:
-    """An exec's stdin, stdout and stderr."""
-    opened = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) for _ in range(3)]
-    yield opened
-    for fd in opened:
-        os.close(fd)
 
 
 @pytest_twisted.ensureDeferred

@@ -154,14 +154,6 @@ async def served_by_the_server(
 
 
 @pytest.fixture
-def fds() -> Iterator[list[int]]:
-    opened = [os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) for _ in range(3)]
-    yield opened
-    for fd in opened:
-        os.close(fd)
-
-
-@pytest.fixture
 def stand_in() -> StandIn:
     return StandIn()
 
