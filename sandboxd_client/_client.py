@@ -89,6 +89,7 @@ from ._types import (
     SandboxSpec,
     SandboxStats,
     ToolsResolution,
+    rules_body,
 )
 
 
@@ -271,13 +272,18 @@ class HttpSandbox(Processes, Contexts, Files, Transfers, Trees, Templates, Termi
         handle: Handle,
         allow_out: Sequence[str] | None = None,
         deny_out: Sequence[str] = (),
+        rules: Mapping[str, Mapping[str, str]] | None = None,
     ) -> NetworkInfo:
-        """Replace an ``egress`` sandbox's lists (docs/isolation.rst, "Egress policy per
-        sandbox"): its next new connection obeys them. ``allow_out`` ``None``: everything the
-        operator permits. ``BadRequest`` names an entry the host refuses."""
+        """Replace an ``egress`` sandbox's lists and header rules (docs/isolation.rst,
+        "Egress policy per sandbox", "Header rules"; ``rules`` as
+        :attr:`SandboxSpec.rules`, ``None``: none): its next new connection obeys them.
+        ``allow_out`` ``None``: everything the operator permits. ``BadRequest`` names an
+        entry the host refuses (never a header's value)."""
         body: dict[str, Any] = {"deny_out": list(deny_out)}
         if allow_out is not None:
             body["allow_out"] = list(allow_out)
+        if rules:
+            body["rules"] = rules_body(rules)
         url = self._url(handle, "network")
         return wire.decode_network(await self._idempotent("PUT", url, body))
 

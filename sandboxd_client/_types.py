@@ -37,6 +37,14 @@ def _opt_strs(values: Iterable[str] | None) -> tuple[str, ...] | None:
     return None if values is None else tuple(values)
 
 
+def _rules(value: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, str]]:
+    return {host: dict(headers) for host, headers in value.items()}
+
+
+def _rule_names(value: Mapping[str, Iterable[str]]) -> dict[str, tuple[str, ...]]:
+    return {host: tuple(names) for host, names in value.items()}
+
+
 def _objects(values: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
     return tuple(values)
 
@@ -96,6 +104,11 @@ class SandboxSpec:
     the operator permits."""
     deny_out: tuple[str, ...] = field(default=(), converter=_strs)
     """Addresses, CIDRs and host names it may not reach (wins over ``allow_out``)."""
+    rules: Mapping[str, Mapping[str, str]] = field(factory=dict, converter=_rules, repr=False)
+    """An ``egress`` sandbox's header rules, ``{host: {header: value}}``: headers set on
+    every plain HTTP request it sends to that host (``api.example.com`` or
+    ``*.example.com``), whose values it never holds (docs/isolation.rst, "Header rules"). The
+    values are secrets: not in the ``repr``."""
     template: str | None = None
     """The template whose files are the sandbox's root (docs/extensions.rst, "Templates");
     ``None``: the host's root, and nothing is sent."""
@@ -111,8 +124,8 @@ class SandboxSpec:
             body["exposed_ports"] = list(self.exposed_ports)
         if self.item_id is not None:
             body["item_id"] = self.item_id
-        if self.allow_out is not None or self.deny_out:
-            body["network"] = network_lists(self.network, self.allow_out, self.deny_out)
+        if self.allow_out is not None or self.deny_out or self.rules:
+            body["network"] = network_lists(self.network, self.allow_out, self.deny_out, self.rules)
         elif self.network is not None:
             body["network"] = self.network
         if self.template is not None:
@@ -121,13 +134,24 @@ class SandboxSpec:
 
 
 def network_lists(
-    mode: str | None, allow_out: tuple[str, ...] | None, deny_out: tuple[str, ...]
+    mode: str | None,
+    allow_out: tuple[str, ...] | None,
+    deny_out: tuple[str, ...],
+    rules: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The object form of a create's ``network``: the lists given (no mode: ``egress``)."""
+    """The object form of a create's ``network``: the lists and rules given (no mode:
+    ``egress``)."""
     body: dict[str, Any] = {"mode": mode or "egress", "deny_out": list(deny_out)}
     if allow_out is not None:
         body["allow_out"] = list(allow_out)
+    if rules:
+        body["rules"] = rules_body(rules)
     return body
+
+
+def rules_body(rules: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    """Header rules as the wire takes them: ``{host: [{"headers": {name: value}}]}``."""
+    return {host: [{"headers": dict(headers)}] for host, headers in rules.items()}
 
 
 @frozen
@@ -217,6 +241,8 @@ class NetworkInfo:
     mode: str
     allow_out: tuple[str, ...] | None = field(default=None, converter=_opt_strs)
     deny_out: tuple[str, ...] = field(default=(), converter=_strs)
+    rules: Mapping[str, tuple[str, ...]] = field(factory=dict, converter=_rule_names)
+    """Each host's header rule, as the host shows it: the header names, never the values."""
 
 
 @frozen

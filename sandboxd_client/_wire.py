@@ -198,10 +198,12 @@ def decode_network(reply: object) -> NetworkInfo:
     """``GET``/``PUT /sandboxes/{rid}/network`` (and a list entry's ``network``)."""
     obj = _obj(reply, "network")
     allow = obj.get("allow_out")
+    rules = _obj(obj.get("rules") or {}, "network rules")
     return NetworkInfo(
         mode=_get(obj, "mode", str, "network"),
         allow_out=None if allow is None else _strings(allow, "network allow_out"),
         deny_out=_strings(obj.get("deny_out", []), "network deny_out"),
+        rules={host: _strings(names, "network rules") for host, names in rules.items()},
     )
 
 

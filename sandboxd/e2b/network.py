@@ -10,8 +10,10 @@ also denies ``::/0``, so "all traffic" stays all of it. Host names (``example.co
 static ``transform`` of ``headers`` become the policy's header rules (docs/isolation.rst,
 "Header rules"; plain HTTP only: a TLS connection to a name with a rule is refused); a
 callable transform reaches the wire as workload-identity placeholders
-(``${e2b.identity...}``), which have no counterpart: ``400``. What has no counterpart yet
-is refused with ``400``: an ``egressProxy``, a ``maskRequestHost``,
+(``${e2b.identity...}``), which have no counterpart: ``400``. An ``egressProxy`` becomes the
+policy's own SOCKS5 proxy (docs/isolation.rst, "A sandbox's own SOCKS5 proxy": an IP
+address, no TLS); the detail shows it without its password. What has no counterpart yet
+is refused with ``400``: a ``maskRequestHost``,
 ``httpsPorts`` (``allowPublicTraffic`` is the ports', read by :mod:`sandboxd.e2b.ports`).
 ``dnsServers`` is accepted and has no effect: the daemon resolves names with its own
 resolver (``SANDBOXD_EGRESS_DNS``), whatever the sandbox uses.
@@ -23,6 +25,7 @@ from sandboxd.e2b.wire import RestError
 from sandboxd.errors import BadRequest
 from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_list
 from sandboxd.isolation.network.egress_rules import HeaderRule, parse_rules
+from sandboxd.isolation.network.egress_socks_own import own_socks_json, parse_own_socks
 
 if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
@@ -33,7 +36,7 @@ ALL_TRAFFIC = "0.0.0.0/0"
 
 EVERYTHING = parse_list("all traffic", [ALL_TRAFFIC, "::/0"])[0]
 
-KNOWN = ("allowOut", "denyOut", "dnsServers", "allowPublicTraffic", "rules")
+KNOWN = ("allowOut", "denyOut", "dnsServers", "allowPublicTraffic", "rules", "egressProxy")
 
 IDENTITY_PLACEHOLDER = "${e2b."
 """What a callable transform's workload-identity tokens look like on the wire."""
@@ -59,13 +62,15 @@ def e2b_policy(network: object, internet: object) -> EgressPolicy | None:
         denied, deny_names = parse_list("network.denyOut", network.get("denyOut") or [])
         allowed, allow_names = parse_list("network.allowOut", network.get("allowOut") or [])
         rules = e2b_rules(network.get("rules"))
+        proxy = network.get("egressProxy")
+        socks = None if proxy is None else parse_own_socks(proxy, "network.egressProxy")
     except ValueError as e:
         raise RestError(400, str(e)) from None
     if internet is False:
         if not allowed and not allow_names:
             return None  # the caller's choice: no network at all, or all of it denied
         denied = (*denied, *EVERYTHING)
-    if not denied and not deny_names and not rules:
+    if not denied and not deny_names and not rules and socks is None:
         return None
     if any(str(net) == ALL_TRAFFIC for net in denied):
         denied = (*denied, *EVERYTHING)
@@ -76,6 +81,7 @@ def e2b_policy(network: object, internet: object) -> EgressPolicy | None:
         allow_names=allow_names,
         deny_names=deny_names,
         rules=rules,
+        socks5=socks,
     )
 
 
@@ -137,4 +143,6 @@ def network_json(policy: EgressPolicy | None) -> dict[str, Any] | None:
             rule.pattern: [{"transform": {"headers": dict.fromkeys(rule.names, HIDDEN)}}]
             for rule in policy.rules
         }
+    if policy.socks5 is not None:
+        shown["egressProxy"] = own_socks_json(policy.socks5)
     return shown

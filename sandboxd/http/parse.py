@@ -121,15 +121,15 @@ def create_request(body: dict[str, Any]) -> CreateRequest:
     return CreateRequest(env=env, item_id=item_id, network=network, egress=egress)
 
 
-POLICY_FIELDS = ("allow_out", "deny_out", "rules")
+POLICY_FIELDS = ("allow_out", "deny_out", "rules", "socks5")
 """The fields of a ``network`` object that make an egress policy."""
 
 
 def network_request(value: object) -> tuple[str | None, EgressPolicy | None]:
     """A create's ``network``: a mode's name, or ``{"mode": ..., "allow_out": [...],
-    "deny_out": [...], "rules": {...}}`` (docs/isolation.rst, "Egress policy per sandbox",
-    "Header rules"); an object with a list or rules and no mode asks for ``egress``, the
-    only mode that takes them."""
+    "deny_out": [...], "rules": {...}, "socks5": {...}}`` (docs/isolation.rst, "Egress policy
+    per sandbox", "Header rules", "A sandbox's own SOCKS5 proxy"); an object with a list,
+    rules or a proxy and no mode asks for ``egress``, the only mode that takes them."""
     if value is None or isinstance(value, str):
         return value, None
     if not isinstance(value, dict):
@@ -146,10 +146,12 @@ def network_request(value: object) -> tuple[str | None, EgressPolicy | None]:
 
 
 def egress_policy(value: dict[str, Any]) -> EgressPolicy:
-    """The ``allow_out`` and ``deny_out`` lists and the ``rules`` of a body (``400`` naming
-    a bad entry, never a header's value)."""
+    """The ``allow_out`` and ``deny_out`` lists, the ``rules`` and the ``socks5`` proxy of a
+    body (``400`` naming a bad entry, never a header's value or a password)."""
     try:
-        return parse_policy(value.get("allow_out"), value.get("deny_out"), value.get("rules"))
+        return parse_policy(
+            value.get("allow_out"), value.get("deny_out"), value.get("rules"), value.get("socks5")
+        )
     except ValueError as e:
         raise BadRequest(f"network: {e}") from None
 

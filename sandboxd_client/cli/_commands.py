@@ -44,6 +44,7 @@ machine-readable results on stdout. On a terminal, large transfers show bytes, r
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -61,6 +62,7 @@ from ._exec import EXEC_FAILED, _exec
 from ._files import _get, _put
 from ._handle import resolve_handle
 from ._parser import build_parser, parse_args
+from ._rules import rules_of
 
 __all__ = ["Console", "build_parser", "main_async", "parse_args", "run"]
 
@@ -87,6 +89,7 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
             args.network,
             allow_out=args.allow,
             deny_out=args.deny,
+            rules=rules_of(args.rule, args.rule_env, args.rules_file, os.environ),
             template=args.template,
         )
         return _print_handle(await client.create(spec), as_json, console)

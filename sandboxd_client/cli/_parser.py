@@ -29,6 +29,15 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _rule(text: str) -> tuple[str, str, str]:
+    """``HOST:HEADER=VALUE`` (the error never repeats the text: it may hold a secret)."""
+    host, colon, rest = text.partition(":")
+    header, equals, value = rest.partition("=")
+    if not (host and colon and header and equals):
+        raise argparse.ArgumentTypeError("expected HOST:HEADER=VALUE")
+    return host, header, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; global options are accepted before or after the subcommand."""
     parser = argparse.ArgumentParser(
@@ -72,6 +81,28 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="egress: an address, CIDR or host name it may not reach",
+    )
+    p.add_argument(
+        "--rule",
+        type=_rule,
+        action="append",
+        default=[],
+        metavar="HOST:HEADER=VALUE",
+        help="egress: a header set on its plain HTTP requests to HOST (repeatable; the value"
+        " lands in the shell's history: see --rule-env, --rules-file)",
+    )
+    p.add_argument(
+        "--rule-env",
+        type=_rule,
+        action="append",
+        default=[],
+        metavar="HOST:HEADER=VARIABLE",
+        help="egress: as --rule, the value read from the environment variable VARIABLE",
+    )
+    p.add_argument(
+        "--rules-file",
+        metavar="FILE",
+        help='egress: header rules from a JSON file, {"HOST": {"HEADER": "VALUE"}}',
     )
     p.add_argument("--template", help="a template of the replica, as the sandbox's root")
     add("kill", "kill a sandbox").add_argument("handle")

@@ -171,7 +171,9 @@ def build_server(
             "omitted means the host's default. allow_out and deny_out (egress only): "
             "addresses, CIDRs and host names (api.example.com, *.example.com) it may reach, and "
             "may not (deny wins; no allow_out: all the "
-            "host permits). "
+            "host permits). rules (egress only): {host: {header: value}}, headers the host sets "
+            "on the sandbox's plain HTTP requests to that host (api.example.com, "
+            "*.example.com); the sandbox never sees the values. "
             "item_id restores a saved workspace of that name first (slower: a copy)."
         ),
     )
@@ -190,9 +192,17 @@ def build_server(
         deny_out: Annotated[
             list[str] | None, Field(description="egress: never these addresses/CIDRs/host names.")
         ] = None,
+        rules: Annotated[
+            dict[str, dict[str, str]] | None,
+            Field(description="egress: headers set per host, {host: {header: value}}."),
+        ] = None,
     ) -> CreatedSandbox:
         spec = SandboxSpec(
-            item_id=item_id, network=network, allow_out=allow_out, deny_out=deny_out or ()
+            item_id=item_id,
+            network=network,
+            allow_out=allow_out,
+            deny_out=deny_out or (),
+            rules=rules or {},
         )
         handle = await tool_call(bridge.call(client.create, spec))
         workspace = await workspace_of(handle)

@@ -17,6 +17,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from sandboxd_client import HttpSandbox, encode_handle
 from sandboxd_client.cli import Console, main_async, parse_args, run
 from sandboxd_client.cli._progress import MIB
+from sandboxd_client.cli._rules import rules_of
 from tests.support.coverage import coverage_env
 
 from .servers import Served
@@ -67,6 +68,27 @@ async def test_commands_in_process(client: HttpSandbox, fake: Served, tmp_path: 
         "network": {"mode": "egress", "allow_out": ["192.0.2.0/24"], "deny_out": ["192.0.2.9"]}
     }
     assert (await ctl(client, "kill", policed.decode().strip()))[0] == 0
+    rules_file = tmp_path / "rules.json"
+    rules_file.write_text(json.dumps({"b.example": {"X-Key": "from-file"}}))
+    os.environ["SANDBOXD_TEST_RULE"] = "from-env"
+    try:
+        code, ruled, _ = await ctl(
+            client,
+            "create",
+            "--rule",
+            "a.example:X-Plain=literal=1",
+            "--rule-env",
+            "a.example:Authorization=SANDBOXD_TEST_RULE",
+            "--rules-file",
+            str(rules_file),
+        )
+    finally:
+        del os.environ["SANDBOXD_TEST_RULE"]
+    assert code == 0 and json.loads(fake.state.seen[-1].body)["network"]["rules"] == {
+        "a.example": [{"headers": {"X-Plain": "literal=1", "Authorization": "from-env"}}],
+        "b.example": [{"headers": {"X-Key": "from-file"}}],
+    }
+    assert (await ctl(client, "kill", ruled.decode().strip()))[0] == 0
     assert (await ctl(client, "kill", other.decode().strip()))[0] == 0
     code, out, _ = await ctl(client, "exec", handle, "--", "both")
     assert code == 3 and out == b"to stdout\nto stderr\n"
@@ -287,3 +309,17 @@ def test_list_shows_human_times() -> None:
     ]
     assert ago(now, now + 5) == "0s ago"  # a clock a little ahead
     assert ago(now, None) == ago(now, "2026-12-01") == ago(now, True) == "-"
+
+
+def test_rule_options_say_what_is_wrong_never_the_value(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["create", "--rule", "a.example=X"])  # no header
+    assert rules_of([], [], None, {}) == {}
+    with pytest.raises(ValueError, match=r"--rule-env a\.example:X: the environment has no V"):
+        rules_of([], [("a.example", "X", "V")], None, {})
+    bad = tmp_path / "rules.json"
+    for text in ("not json s3cret", '{"a.example": {"X": 1}}', '{"a.example": "s3cret"}', "[]"):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match="expected a JSON object") as caught:
+            rules_of([], [], str(bad), {})
+        assert "s3cret" not in str(caught.value)

@@ -69,6 +69,14 @@ async def test_lifecycle_probes_and_service_calls(
         await client.set_network(handle)  # (restricting nothing)
     with pytest.raises(ValueError, match="need mode egress"):
         await client.create(SandboxSpec(network="host", deny_out=["192.0.2.2"]))
+    rules = {"api.example.com": {"Authorization": "Bearer s3cret"}}
+    with pytest.raises(ValueError, match="need mode egress"):  # the daemon took the rules
+        await client.create(SandboxSpec(network="host", rules=rules))
+    with pytest.raises(ValueError, match="need mode egress"):
+        await client.set_network(handle, rules=rules)
+    with pytest.raises(ValueError, match="Host cannot be set") as caught:  # its parser's
+        await client.set_network(handle, rules={"api.example.com": {"Host": "s3cret"}})
+    assert "s3cret" not in str(caught.value)
     manifest = f"http://127.0.0.1:{closed_port}/none.json"  # refused: nothing listens
     refused = await client.resolve_tools({"nothing": manifest})
     assert set(refused.refused) == {"nothing"} and not refused.tools

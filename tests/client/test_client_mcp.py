@@ -112,6 +112,10 @@ def test_each_tool(daemon: Daemon) -> None:
                 session, "create_sandbox", network="host", allow_out=["192.0.2.1"], deny_out=[]
             )
             assert "need mode egress, not host" in refused  # the lists reach the daemon
+            refused = await tool_error(
+                session, "create_sandbox", rules={"api.example.com": {"Host": "b.example"}}
+            )
+            assert "Host cannot be set" in refused  # and the rules, in its shape
             sb = made["sandbox"]
             (rid,) = live_sandboxes(daemon) - before
 

@@ -249,6 +249,15 @@ def test_spec_sends_only_what_is_set() -> None:
     assert SandboxSpec(network="egress", allow_out=[]).to_json() == {
         "network": {"mode": "egress", "allow_out": [], "deny_out": []}
     }
+    ruled = SandboxSpec(rules={"api.example.com": {"Authorization": "Bearer s3cret"}})
+    assert ruled.to_json() == {
+        "network": {
+            "mode": "egress",
+            "deny_out": [],
+            "rules": {"api.example.com": [{"headers": {"Authorization": "Bearer s3cret"}}]},
+        }
+    }
+    assert "s3cret" not in repr(ruled)
 
 
 def test_network_replies_are_checked() -> None:
@@ -258,6 +267,12 @@ def test_network_replies_are_checked() -> None:
     assert wire.decode_network({"mode": "egress", "allow_out": ["b"]}).allow_out == ("b",)
     with pytest.raises(ProtocolError, match="allow_out: expected a list of strings"):
         wire.decode_network({"mode": "egress", "allow_out": [1]})
+    shown = {"mode": "egress", "rules": {"api.example.com": ["Authorization"]}}
+    assert wire.decode_network(shown).rules == {"api.example.com": ("Authorization",)}
+    with pytest.raises(ProtocolError, match="network rules: expected a JSON object"):
+        wire.decode_network({"mode": "egress", "rules": ["x"]})
+    with pytest.raises(ProtocolError, match="network rules: expected a list of strings"):
+        wire.decode_network({"mode": "egress", "rules": {"a.example": "X"}})
 
 
 def test_ipv6_literal_hosts_survive_treq() -> None:

@@ -70,7 +70,10 @@ def test_bodies_become_policies(
     ("network", "message"),
     [
         ([], "network: must be an object"),
-        ({"egressProxy": {"address": "x"}}, "network.egressProxy: not supported"),
+        ({"maskRequestHost": "x"}, "network.maskRequestHost: not supported"),
+        ({"egressProxy": {"address": "x"}}, "network.egressProxy.address: 'x' is not HOST:PORT"),
+        ({"egressProxy": {"address": "proxy.example:1080"}}, "a host name is not supported"),
+        ({"egressProxy": {"address": "203.0.113.80:1080", "tls": True}}, "TLS to the SOCKS5"),
         ({"allowPublicTraffic": "no"}, "network.allowPublicTraffic: must be true or false"),
         ({"allowOut": ["exa mple.com"], "denyOut": ["0.0.0.0/0"]}, "'exa mple.com' is not an"),
         ({"denyOut": "0.0.0.0/0"}, "network.denyOut: must be a list"),
@@ -168,3 +171,31 @@ def test_rules_that_cannot_be_honoured_are_a_400(
         "POST", "/v2/sandboxes", {"templateID": "base", "network": {"rules": rules}}
     )
     assert reply.status == 400 and message in reply.json()["message"]
+
+
+PROXY_PASSWORD = "pr0xy-s3cret"
+
+
+def test_an_egress_proxy_is_the_policys_own_socks5_shown_without_its_password(
+    memory: tuple[Memory, PolicedMode],
+) -> None:
+    front, egress = memory
+    proxy = {"address": "203.0.113.80:1080", "username": "me", "password": PROXY_PASSWORD}
+    entry = front.create(network={"egressProxy": {**proxy, "tls": {"enabled": False}}})
+    assert entry.sandbox.network == "egress"  # (a proxy alone asks for the mode that has one)
+    socks = egress.staged[entry.sandbox.rid].socks5
+    assert socks is not None and str(socks.address) == "203.0.113.80:1080"
+    assert (socks.user, socks.password) == (b"me", PROXY_PASSWORD.encode())
+    assert PROXY_PASSWORD not in repr(egress.staged[entry.sandbox.rid])
+    detail = front.control("GET", f"/sandboxes/{entry.id}").json()
+    assert detail["network"]["egressProxy"] == {"address": "203.0.113.80:1080", "username": "me"}
+    assert PROXY_PASSWORD not in str(detail)
+    path = f"/sandboxes/{entry.id}/network"
+    assert (
+        front.control("PUT", path, {"egressProxy": {"address": "[2001:db8::1]:1080"}}).status == 204
+    )
+    assert egress.policies[entry.sandbox.rid].to_json()["socks5"] == {
+        "address": "[2001:db8::1]:1080"
+    }
+    assert front.control("PUT", path, {}).status == 204  # omitted: tunneled no more
+    assert egress.policies[entry.sandbox.rid].socks5 is None

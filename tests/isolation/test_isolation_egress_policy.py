@@ -98,6 +98,8 @@ def test_the_script_replaces_the_slots_chain_in_one_go() -> None:
         "flush chain inet sandboxd policy3",
         'add element inet sandboxd policies { "sbx3" : jump policy3 }',
         'add element inet sandboxd proxied { "sbx3" }',  # (added to be deleted: never an error)
+        'add element inet sandboxd tunneled { "sbx3" }',
+        'delete element inet sandboxd tunneled { "sbx3" }',  # no SOCKS5 proxy of its own
         'delete element inet sandboxd proxied { "sbx3" }',  # no names: not proxied
         "add rule inet sandboxd policy3 ip daddr { 192.0.2.7/32 }"
         " reject with icmpx type admin-prohibited",
@@ -107,7 +109,7 @@ def test_the_script_replaces_the_slots_chain_in_one_go() -> None:
         " reject with icmpx type admin-prohibited",
         "add rule inet sandboxd policy3 meta nfproto ipv6 reject with icmpx type admin-prohibited",
     ]
-    assert len(policy_script(p, 0, OPEN).splitlines()) == 5  # emptied: nothing rejected
+    assert len(policy_script(p, 0, OPEN).splitlines()) == 7  # emptied: nothing rejected
     assert "iifname vmap @policies" in p.ruleset("drop")
 
 
@@ -165,7 +167,7 @@ def test_a_policy_that_cannot_be_cleared_is_cleared_by_the_slots_next_attach(
 
 def test_e2bs_reading_lets_the_exceptions_through_first() -> None:
     e2b = EgressPolicy(nets("192.0.2.1", "2001:db8::1"), nets("0.0.0.0/0", "::/0"), True)
-    assert policy_script(plan(), 0, e2b).splitlines()[5:] == [
+    assert policy_script(plan(), 0, e2b).splitlines()[7:] == [
         "add rule inet sandboxd policy0 ip daddr { 192.0.2.1/32 } return",
         "add rule inet sandboxd policy0 ip6 daddr { 2001:db8::1/128 } return",
         "add rule inet sandboxd policy0 ip daddr { 0.0.0.0/0 }"

@@ -83,7 +83,7 @@ def test_names_in_lists_are_shown_counted_and_need_the_proxy(tmp_path: Path) -> 
         policy_script(plan(), 0, p)
     script = policy_script(attrs.evolve(plan(), proxy_port=4711), 2, p).splitlines()
     assert 'add element inet sandboxd proxied { "sbx2" }' in script
-    assert not any(line.startswith("delete element") for line in script)
+    assert not any(line.startswith("delete element inet sandboxd proxied") for line in script)
     assert (
         "add rule inet sandboxd proxy_redirect iifname @proxied tcp dport { 80, 443 }"
         " redirect to :4711" in script

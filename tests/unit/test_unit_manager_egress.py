@@ -116,6 +116,10 @@ def test_a_live_sandboxs_policy_is_replaced(world: Any) -> None:
         ({"mode": "host"}, ("host", None)),
         ({"allow_out": ["192.0.2.1"]}, ("egress", parse_policy(["192.0.2.1"], None))),
         ({"mode": "egress", "deny_out": []}, ("egress", OPEN)),
+        (
+            {"socks5": {"address": "203.0.113.80:1080"}},
+            ("egress", parse_policy(None, None, None, {"address": "203.0.113.80:1080"})),
+        ),
     ],
 )
 def test_the_create_bodys_network(network: object, wanted: tuple[Any, Any]) -> None:
@@ -131,6 +135,7 @@ def test_the_create_bodys_network(network: object, wanted: tuple[Any, Any]) -> N
         ({"mode": "egress", "rulez": {}}, "unknown field 'rulez'"),
         ({"mode": 1}, "mode must be a string"),
         ({"allow_out": ["example..com"]}, "'example..com' is not an address, CIDR or host"),
+        ({"socks5": {"address": "p.example:1"}}, "network: socks5.address: .* host name is not"),
     ],
 )
 def test_bad_network_bodies_are_400s(network: object, message: str) -> None:
@@ -143,3 +148,14 @@ def test_the_update_body() -> None:
     assert parse.network_update({"allow_out": []}) == EgressPolicy((), ())
     with pytest.raises(BadRequest, match="unknown field 'mode'"):
         parse.network_update({"mode": "egress"})
+
+
+def test_a_sandboxs_own_socks5_is_listed_without_its_password(world: Any) -> None:
+    w, mode = world
+    own = {"address": "203.0.113.80:1080", "username": "me", "password": "pr0xy-s3cret"}
+    policy = parse.network_request({"socks5": own})[1]
+    sandbox = w.manager.create(CreateRequest(network="egress", egress=policy))
+    body = wire.sandboxes_body(w.manager.listing())["sandboxes"]
+    assert body[0]["network"]["socks5"] == {"address": "203.0.113.80:1080", "username": "me"}
+    assert "pr0xy-s3cret" not in str(body) and mode.staged[sandbox.rid].socks5 is not None
+    assert parse.network_update({"socks5": own}) == policy

@@ -260,6 +260,8 @@ class EgressNetwork:
         check_allowed(self.egress.plan, policy, self.policy_entries_max)
         if policy.by_name and self.proxy is None:
             raise ValueError("host names in allow_out or deny_out need the egress proxy")
+        if policy.socks5 is not None and self.proxy is None:
+            raise ValueError("a SOCKS5 proxy of the sandbox's own needs the egress proxy")
 
     def stage_policy(self, rid: str, policy: EgressPolicy | None) -> None:
         """Keep ``policy`` for the sandbox ``rid``: its :meth:`attach` applies it before the

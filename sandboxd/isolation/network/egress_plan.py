@@ -247,6 +247,7 @@ table inet {self.table} {{
   set deny6 {{ type ipv6_addr; flags interval; elements = {{ {", ".join(deny6)} }} }}
   map policies {{ type ifname : verdict; }}
   set proxied {{ type ifname; }}
+  set tunneled {{ type ifname; }}
   chain prerouting {{
     type filter hook prerouting priority -300; policy accept;
     iifname {veth} ip6 saddr fe80::/10 accept

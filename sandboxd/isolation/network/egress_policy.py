@@ -21,6 +21,12 @@ Host names (``example.com``, ``*.example.com``) may stand in either list beside 
 handed to the daemon's egress proxy (:mod:`sandboxd.isolation.network.egress_proxy`), which
 matches the TLS SNI or HTTP ``Host`` the connection carries; its UDP other than DNS is
 refused (QUIC carries its name encrypted: nothing to match).
+
+A policy may name a SOCKS5 proxy of the sandbox's own (``socks5``,
+:mod:`~sandboxd.isolation.network.egress_socks_own`): then all its TCP is handed to the
+egress proxy, which sends what its lists allow through that SOCKS5 proxy alone (its
+forwarded TCP is refused: never direct); its address is checked as an ``allow_out`` entry is
+(:func:`check_allowed`).
 """
 
 import ipaddress
@@ -33,6 +39,8 @@ from attrs import frozen
 from sandboxd.isolation.network.egress_names import parse_pattern
 from sandboxd.isolation.network.egress_plan import Address, EgressPlan, Network
 from sandboxd.isolation.network.egress_rules import HeaderRule, parse_rules, rules_json
+from sandboxd.isolation.network.egress_socks import SocksUpstream
+from sandboxd.isolation.network.egress_socks_own import own_socks_json, parse_own_socks
 
 DEFAULT_ENTRIES_MAX = 1024
 """The default of ``SANDBOXD_EGRESS_POLICY_MAX``: entries per list of one sandbox's policy."""
@@ -59,11 +67,13 @@ class EgressPolicy:
     rules: tuple[HeaderRule, ...] = ()
     """Headers set on the way out per host (:mod:`.egress_rules`); a policy with rules is
     one by name (its web traffic goes through the proxy, which applies them)."""
+    socks5: SocksUpstream | None = None
+    """The sandbox's own SOCKS5 proxy, all its TCP's only way out (see the module)."""
 
     @property
     def empty(self) -> bool:
-        """True when the policy restricts nothing and sets no header."""
-        if self.rules:
+        """True when the policy restricts nothing, sets no header and names no proxy."""
+        if self.rules or self.socks5 is not None:
             return False
         if self.allow_wins:
             return not self.deny_out and not self.deny_names
@@ -85,6 +95,8 @@ class EgressPolicy:
             shown["allow_wins"] = True
         if self.rules:
             shown["rules"] = rules_json(self.rules)
+        if self.socks5 is not None:
+            shown["socks5"] = own_socks_json(self.socks5)
         return shown
 
 
@@ -132,12 +144,18 @@ def parse_list(name: str, value: object) -> tuple[tuple[Network, ...], tuple[str
     return tuple(dict.fromkeys(found)), tuple(dict.fromkeys(names))
 
 
-def parse_policy(allow_out: object, deny_out: object, rules: object = None) -> EgressPolicy:
-    """A policy from a request's two lists and its header rules (``None``: absent)."""
+def parse_policy(
+    allow_out: object, deny_out: object, rules: object = None, socks5: object = None
+) -> EgressPolicy:
+    """A policy from a request's two lists, its header rules and its SOCKS5 proxy (``None``:
+    absent)."""
     allow, allow_names = (None, ()) if allow_out is None else parse_list("allow_out", allow_out)
     deny, deny_names = ((), ()) if deny_out is None else parse_list("deny_out", deny_out)
     parsed = () if rules is None else parse_rules(rules)
-    return EgressPolicy(allow, deny, allow_names=allow_names, deny_names=deny_names, rules=parsed)
+    socks = None if socks5 is None else parse_own_socks(socks5, "socks5")
+    return EgressPolicy(
+        allow, deny, allow_names=allow_names, deny_names=deny_names, rules=parsed, socks5=socks
+    )
 
 
 def is_host_address(address: Address) -> bool:
@@ -159,7 +177,7 @@ def check_allowed(
 ) -> None:
     """``ValueError`` naming the first thing of ``policy`` the operator's ``plan`` forbids: a
     list longer than ``entries_max``, an ``allow_out`` entry inside a denied range, or one
-    that is a single address of the host itself."""
+    that is a single address of the host itself; or a SOCKS5 proxy at such an address."""
     for name, count in (
         ("allow_out", len(policy.allow_out or ()) + len(policy.allow_names)),
         ("deny_out", len(policy.deny_out) + len(policy.deny_names)),
@@ -182,6 +200,28 @@ def check_allowed(
                 f"allow_out: {entry.network_address} is an address of the host itself"
                 " (the daemon's API), which no sandbox reaches"
             )
+    if policy.socks5 is not None:
+        check_proxy(ipaddress.ip_address(policy.socks5.address.host), denied, is_host)
+
+
+def check_proxy(
+    address: Address, denied: Sequence[Network], is_host: Callable[[Address], bool]
+) -> None:
+    """``ValueError`` when a sandbox's own SOCKS5 proxy is at ``address`` in a range the
+    operator denies (loopback, link-local and the metadata address, the pools, the private
+    ranges unless allowed) or one of the host's own (the daemon's): the daemon connects to
+    it from the host, where the sandbox must reach nothing it could not reach itself."""
+    for net in denied:
+        if address in net:
+            raise ValueError(
+                f"the SOCKS5 proxy's address {address} is inside {net}, which the operator"
+                " denies to every sandbox (SANDBOXD_EGRESS_DENY and the built-in ranges)"
+            )
+    if is_host(address):
+        raise ValueError(
+            f"the SOCKS5 proxy's address {address} is an address of the host itself"
+            " (the daemon's API), which no sandbox reaches"
+        )
 
 
 def chain_name(slot: int) -> str:
@@ -201,7 +241,10 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
     policy leaves the chain empty (a slot is cleared so at detach, and its next sandbox starts
     from nothing). A policy by name puts the veth in the ``proxied`` set, whose TCP to
     :data:`PROXIED_PORTS` the ``proxy_redirect`` chain redirects to the plan's ``proxy_port``
-    on the host end of the veth (the proxy's listener); any other policy takes it out.
+    on the host end of the veth (the proxy's listener); any other policy takes it out. A
+    policy with a SOCKS5 proxy puts the veth in ``proxied`` (whose redirected TCP the host
+    accepts) and ``tunneled``, whose TCP ``proxy_redirect`` redirects whatever its port (but
+    DNS to the nameservers), and its chain refuses TCP forwarded all the same (fail closed).
     """
     table = f"inet {plan.table}"
     chain = chain_name(slot)
@@ -211,27 +254,54 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
         f"flush chain {table} {chain}",
         f"add element {table} policies {{ {veth} : jump {chain} }}",
         f"add element {table} proxied {{ {veth} }}",
+        f"add element {table} tunneled {{ {veth} }}",
     ]
-    if policy.by_name:
+    if policy.by_name or policy.socks5 is not None:
         if not plan.proxy_port:
-            raise ValueError("host names in a policy need the egress proxy, which is not running")
-        ports = ", ".join(str(port) for port in PROXIED_PORTS)
-        lines += [
-            f"add chain {table} proxy_redirect"
-            " { type nat hook prerouting priority -100; policy accept; }",
-            f"flush chain {table} proxy_redirect",
-            f"add rule {table} proxy_redirect iifname @proxied tcp dport {{ {ports} }}"
-            f" redirect to :{plan.proxy_port}",
-        ]
-    else:
-        lines.append(f"delete element {table} proxied {{ {veth} }}")
+            raise ValueError(
+                "host names or a SOCKS5 proxy in a policy need the egress proxy,"
+                " which is not running"
+            )
+        lines += _redirect(plan)
+    if policy.socks5 is None:
+        lines.append(f"delete element {table} tunneled {{ {veth} }}")
+        if not policy.by_name:
+            lines.append(f"delete element {table} proxied {{ {veth} }}")
     lines += [f"add rule {table} {chain} {rule}" for rule in _rules(policy)]
     return "\n".join(lines) + "\n"
+
+
+def _redirect(plan: EgressPlan) -> list[str]:
+    """The ``proxy_redirect`` chain, made anew: TCP of ``tunneled`` veths (DNS to the
+    nameservers aside), then web TCP of ``proxied`` ones, to the proxy."""
+    table = f"inet {plan.table}"
+    ports = ", ".join(str(port) for port in PROXIED_PORTS)
+    lines = [
+        f"add chain {table} proxy_redirect"
+        " { type nat hook prerouting priority -100; policy accept; }",
+        f"flush chain {table} proxy_redirect",
+    ]
+    for family, version in (("ip", 4), ("ip6", 6)):
+        servers = [str(a) for a in plan.dns if a.version == version]
+        if servers:
+            lines.append(
+                f"add rule {table} proxy_redirect iifname @tunneled"
+                f" {family} daddr {{ {', '.join(servers)} }} tcp dport 53 accept"
+            )
+    return [
+        *lines,
+        f"add rule {table} proxy_redirect iifname @tunneled meta l4proto tcp"
+        f" redirect to :{plan.proxy_port}",
+        f"add rule {table} proxy_redirect iifname @proxied tcp dport {{ {ports} }}"
+        f" redirect to :{plan.proxy_port}",
+    ]
 
 
 def _rules(policy: EgressPolicy) -> list[str]:
     # QUIC (UDP) carries its name encrypted: under a policy by name, UDP is DNS or nothing.
     rules = [f"meta l4proto udp udp dport != 53 {REJECT}"] if policy.by_name else []
+    if policy.socks5 is not None:  # its TCP leaves through its SOCKS5 proxy, never forwarded
+        rules.insert(0, f"meta l4proto tcp {REJECT}")
     if policy.allow_wins:
         return rules + _exceptions_first(policy)
     for family, version in (("ip", 4), ("ip6", 6)):

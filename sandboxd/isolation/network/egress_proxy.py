@@ -28,6 +28,9 @@ nameservers), and step 4 asks that proxy instead (:mod:`.egress_socks`): a conne
 needs no name (its sandbox's policy names no host, or its port is not 80 or 443) is not
 peeked but judged by its address alone, as the kernel would have judged it, then handed on.
 Whatever the SOCKS5 proxy does but connect, the connection is refused: never sent directly.
+A sandbox whose policy names a SOCKS5 proxy of its own (``socks5``, E2B's ``egressProxy``)
+has all its TCP redirected here the same way, and its connections leave through that proxy
+instead of the operator's (:meth:`EgressProxy.upstream_for`).
 
 A refused connection is reset and counted per sandbox by reason (:attr:`EgressProxy.refused`,
 ``on_refused``): names and addresses go to the log, never any byte of the payload. At most
@@ -185,6 +188,11 @@ class EgressProxy:
             reason=reason,
         )
 
+    def upstream_for(self, policy: EgressPolicy) -> SocksUpstream | None:
+        """The SOCKS5 proxy a sandbox with ``policy`` goes out through: its own, else the
+        operator's (``None``: neither, its connections are made directly)."""
+        return policy.socks5 or self.socks
+
     def forget(self, rid: str) -> None:
         """Drop the counts of a sandbox that went (so that they do not pile up forever)."""
         for key in [key for key in self.refused if key[0] == rid]:
@@ -250,7 +258,7 @@ class SandboxSide(protocol.Protocol):
         self.rid = rid
         self.proxy.open[rid] += 1
         _, policy = found
-        if self.proxy.socks is not None and not (
+        if self.proxy.upstream_for(policy) is not None and not (
             policy.by_name and self.destination[1] in PROXIED_PORTS
         ):  # no name to read: the sandbox's first bytes wait in its socket for the relay
             self.deciding = True
@@ -317,8 +325,9 @@ class SandboxSide(protocol.Protocol):
                 self.fail(RULE_OVER_TLS, name)
                 return
             self.rewriter = RequestRewriter(name, rule.headers)
-        if self.proxy.socks is not None:
-            self.proxy.socks.connect(
+        socks = self.proxy.upstream_for(policy)
+        if socks is not None:
+            socks.connect(
                 self.proxy.reactor,
                 address,
                 self.destination[1],

@@ -23,7 +23,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from attrs import define, frozen
+from attrs import define, field, frozen
 from twisted.internet import protocol
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
@@ -85,7 +85,8 @@ class SocksUpstream:
 
     address: SocksAddress
     user: bytes | None = None
-    password: bytes | None = None
+    password: bytes | None = field(default=None, repr=False)
+    """A secret: never shown (not in the ``repr`` either)."""
 
     def __attrs_post_init__(self) -> None:
         for what, value in (("user", self.user), ("password", self.password)):
