@@ -58,6 +58,7 @@ from sandboxd.isolation.network.egress_resolve import NameCache
 from sandboxd.isolation.network.egress_rewrite import RequestRewriter, RuleConnection
 from sandboxd.isolation.network.egress_rules import rule_for
 from sandboxd.isolation.network.egress_socks import SocksUpstream
+from sandboxd.isolation.network.egress_upstream import UpstreamFactory
 from sandboxd.isolation.network.egress_verdict import refusal
 
 log = Logger()
@@ -326,7 +327,7 @@ class SandboxSide(protocol.Protocol):
                 lambda reason: self.fail(reason, name),
             )
             return
-        factory = UpstreamFactory(self, name)
+        factory = UpstreamFactory(self, name, UNREACHABLE)
         self.proxy.reactor.connectTCP(
             str(address), self.destination[1], factory, timeout=CONNECT_TIMEOUT
         )
@@ -390,27 +391,3 @@ class SandboxSide(protocol.Protocol):
         if self.rule_connection is not None:
             self.rule_connection.sandbox_lost(reason)
         self.release()
-
-
-class UpstreamFactory(protocol.ClientFactory):
-    noisy = False  # (no log line per connection)
-
-    def __init__(self, sandbox: SandboxSide, name: str) -> None:
-        self.sandbox = sandbox
-        self.name = name
-
-    def buildProtocol(self, addr: Any) -> "UpstreamSide":
-        return UpstreamSide(self.sandbox)
-
-    def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
-        self.sandbox.fail(UNREACHABLE, self.name)
-
-
-class UpstreamSide(protocol.Protocol):
-    """The proxy's connection to the address the name resolved to, until it is relayed."""
-
-    def __init__(self, sandbox: SandboxSide) -> None:
-        self.sandbox = sandbox
-
-    def connectionMade(self) -> None:
-        self.sandbox.relay_to(self.transport)
