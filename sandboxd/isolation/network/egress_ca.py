@@ -3,7 +3,7 @@
 
 The egress proxy terminates the TLS of a connection whose name has a header rule, so it shows
 the sandbox a certificate for that name: a leaf this CA signs. The CA is made at the daemon's
-first start, into ``{root}/egress-ca/`` (a directory of root's alone, mode 0700: no sandbox
+first start, into ``{root}/.egress-ca/`` (a directory of root's alone, mode 0700: no sandbox
 uid can enter it), its key in ``key.pem`` (mode 0600) and its certificate in ``cert.pem``,
 and read again at each later start (delete the directory and restart to rotate it). Only
 sandboxes whose policy has a rule trust it (the certificate, never the key, is added to the
@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from twisted.internet.ssl import CertificateOptions
 
-CA_DIR = "egress-ca"
+CA_DIR = ".egress-ca"
 KEY_FILE = "key.pem"
 CERT_FILE = "cert.pem"
 """Where the CA lives in the state root, and its two files."""
@@ -90,7 +90,7 @@ def _write(path: str, data: bytes, mode: int) -> None:
 
 
 def load_or_make(root: str, now: float) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """The CA of the state root ``root``: read from ``{root}/egress-ca/``, or made there when
+    """The CA of the state root ``root``: read from ``{root}/.egress-ca/``, or made there when
     either file is missing (the key written last: a CA is read only once whole)."""
     directory = os.path.join(root, CA_DIR)
     os.makedirs(directory, 0o700, exist_ok=True)

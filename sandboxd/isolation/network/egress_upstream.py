@@ -6,6 +6,8 @@ sandbox's connection refused when it cannot be made."""
 from typing import Any, Protocol
 
 from twisted.internet import protocol
+from twisted.internet.interfaces import IHandshakeListener
+from zope.interface import implementer
 
 
 class Sandbox(Protocol):
@@ -18,26 +20,49 @@ class Sandbox(Protocol):
         """Refuse the sandbox's connection for ``reason``."""
 
 
+UPSTREAM_TLS = "upstream_tls"
+"""The reason a connection is refused whose upstream's TLS did not complete: its certificate
+did not verify for the name, or it spoke no TLS."""
+
+
 class UpstreamFactory(protocol.ClientFactory):
+    """Connects the upstream of ``sandbox`` for ``name``; with ``tls``, the factory a TLS
+    client factory wraps (:mod:`.egress_tls`), whose protocol waits for the handshake."""
+
     noisy = False  # (no log line per connection)
 
-    def __init__(self, sandbox: Sandbox, name: str, unreachable: str) -> None:
+    def __init__(self, sandbox: Sandbox, name: str, unreachable: str, tls: bool = False) -> None:
         self.sandbox = sandbox
         self.name = name
         self.unreachable = unreachable
+        self.tls = tls
 
     def buildProtocol(self, addr: Any) -> "UpstreamSide":
-        return UpstreamSide(self.sandbox)
+        return UpstreamSide(self.sandbox, self.name, self.tls)
 
     def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
         self.sandbox.fail(self.unreachable, self.name)
 
 
+@implementer(IHandshakeListener)
 class UpstreamSide(protocol.Protocol):
-    """The proxy's connection to the address the name resolved to, until it is relayed."""
+    """The proxy's connection to the address the name resolved to, until it is relayed: at
+    once over TCP; over TLS once the handshake verified the upstream, the connection being
+    refused (:data:`UPSTREAM_TLS`) when it ends before."""
 
-    def __init__(self, sandbox: Sandbox) -> None:
+    def __init__(self, sandbox: Sandbox, name: str = "", tls: bool = False) -> None:
         self.sandbox = sandbox
+        self.name = name
+        self.tls = tls
 
     def connectionMade(self) -> None:
+        if not self.tls:
+            self.sandbox.relay_to(self.transport)
+
+    def handshakeCompleted(self) -> None:
         self.sandbox.relay_to(self.transport)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        """Before the handshake (after it, the connection's reader has it): refused. A
+        sandbox refused or gone already is not counted again (:meth:`Sandbox.fail`)."""
+        self.sandbox.fail(UPSTREAM_TLS, self.name)
