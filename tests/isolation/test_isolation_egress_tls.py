@@ -18,10 +18,12 @@ from twisted.internet.ssl import Certificate, trustRootFromCertificates
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
+from sandboxd.isolation.network.egress import EgressNetwork
 from sandboxd.isolation.network.egress_ca import CA_DIR, EgressCA
 from sandboxd.isolation.network.egress_policy import parse_policy
-from sandboxd.isolation.network.egress_proxy_start import rule_tls
+from sandboxd.isolation.network.egress_proxy_start import egress_proxy, rule_tls
 from sandboxd.isolation.network.egress_tls import RuleTLS, upstream_trust
+from tests.isolation.test_isolation_egress import Host
 from tests.isolation.test_isolation_egress_proxy import connect, proxy_for
 from tests.isolation.test_isolation_egress_rules import Upstream
 
@@ -170,3 +172,17 @@ def test_the_daemon_makes_its_ca_and_gives_the_proxy_the_means(tmp_path: Path) -
     tls = rule_tls(config, clock)
     assert (tmp_path / CA_DIR / "key.pem").exists() and tls.clock is clock
     assert rule_tls(config, clock).ca.pem == tls.ca.pem  # (read again at a restart)
+
+
+def test_only_a_sandbox_with_a_rule_gets_the_hosts_bundle_and_the_ca(tmp_path: Path) -> None:
+    mode = EgressNetwork(Host().egress(tmp_path), capacity=1)
+    config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent")
+    assert mode.trust_bundle(RULED) == b""  # (no CA: no termination, nothing to trust)
+    tls = rule_tls(SimpleNamespace(root=str(tmp_path), egress_upstream_ca=None), Clock())
+    assert egress_proxy(config, Clock(), mode, ("127.0.0.1",), tls=tls) is not None
+    assert mode.trusted == tls.ca.pem
+    assert mode.trust_bundle(parse_policy(["good.example"], None)) == b""
+    mode.host_bundle = str(tmp_path / "bundle.crt")
+    assert mode.trust_bundle(RULED) == tls.ca.pem  # (a host without a bundle)
+    (tmp_path / "bundle.crt").write_bytes(b"HOST CAS")
+    assert mode.trust_bundle(RULED) == b"HOST CAS\n" + tls.ca.pem

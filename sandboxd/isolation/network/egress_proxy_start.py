@@ -102,6 +102,8 @@ def egress_proxy(
         socks=socks,
         tls=tls,
     )
+    if tls is not None:  # (sandboxes with a header rule trust it: egress.trust_bundle)
+        mode.trusted = tls.ca.pem
     mode.on_detach = proxy.forget  # (a kill's detach runs on the reactor thread, as the proxy)
     mode.proxy = proxy
     return proxy
