@@ -1,5 +1,5 @@
 """The daemon's certificate authority for header rules over HTTPS (docs/isolation.rst,
-"Header rules over HTTPS"; docs/operating.rst, "Egress").
+"Header rules over HTTPS"; docs/operating.rst, "The egress network mode").
 
 The egress proxy terminates the TLS of a connection whose name has a header rule, so it shows
 the sandbox a certificate for that name: a leaf this CA signs. The CA is made at the daemon's
