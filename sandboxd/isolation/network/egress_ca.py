@@ -37,8 +37,9 @@ CA_DAYS = 3650
 LEAF_SECONDS = 86400.0
 """How long a leaf is valid from when it is made (seconds)."""
 
-LEAVES_MAX = 1024
-"""The most names whose leaf is kept."""
+LEAVES_MAX = 256
+"""The most names whose leaf and TLS context are kept (their memory: docs/performance.rst,
+"Egress by name")."""
 
 ALPN = [b"http/1.1"]
 """The one protocol offered on either side (the request rewriter speaks HTTP/1.1)."""
