@@ -235,7 +235,11 @@ def test_the_sandbox_never_holds_the_value_nor_the_cas_key(world: World) -> None
     assert json.loads(result[0])["status"] == "200"
     for path in world.daemon.root.rglob("*"):  # the sandbox's files, the daemon's state
         if path.is_file() and not path.is_symlink():
-            assert SECRET.encode() not in path.read_bytes(), path
+            try:
+                held = path.read_bytes()
+            except OSError:  # (a namespace's pin)
+                continue
+            assert SECRET.encode() not in held, path
     assert SECRET not in world.daemon.log.read_text()
 
 
