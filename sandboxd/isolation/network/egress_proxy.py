@@ -385,10 +385,12 @@ class SandboxSide(protocol.Protocol):
             self.rewriter,
             lambda reason: self.proxy.refuse(self.rid, reason, name, address),
         )
-        self.rule_connection.start(b"" if self.tls else self.buffer, self.read_done, answered)
-        if self.tls is not None:
-            self.tls.dataReceived(self.buffer)  # (the ClientHello, peeked)
-        self.buffer = b""
+        peeked, self.buffer = self.buffer, b""
+        if self.tls is None:
+            self.rule_connection.start(peeked, self.read_done, answered)
+            return
+        self.rule_connection.start(b"", self.read_done, answered)
+        self.tls.dataReceived(peeked)  # (the ClientHello)
 
     def fail(self, reason: str, name: str) -> None:
         """Refuse the connection (once): count it, reset it."""
