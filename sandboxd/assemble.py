@@ -197,7 +197,7 @@ def assemble(
     isolation = attrs.evolve(isolation, disk=start_disk(config, layout))
     # before the namespaces' prepare, which may start the egress layer (and its proxy)
     egress = isolation.namespaces.network.offered.get("egress")
-    tls = None if egress is None else rule_tls(config, reactor)
+    tls = None if egress is None else rule_tls(config, reactor, undo)
     proxy = egress_proxy(config, reactor, egress, socks=_socks5(config), tls=tls)
     _namespaces(isolation, undo)
     archive = _archive(config, reactor, pools.admin)

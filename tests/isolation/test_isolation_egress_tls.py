@@ -23,6 +23,7 @@ from sandboxd.isolation.network.egress_ca import CA_DIR, EgressCA
 from sandboxd.isolation.network.egress_policy import parse_policy
 from sandboxd.isolation.network.egress_proxy_start import egress_proxy, rule_tls
 from sandboxd.isolation.network.egress_tls import RuleTLS, upstream_trust
+from sandboxd.undo import StartupUndo
 from tests.isolation.test_isolation_egress import Host
 from tests.isolation.test_isolation_egress_proxy import connect, proxy_for
 from tests.isolation.test_isolation_egress_rules import Upstream
@@ -167,18 +168,24 @@ def test_the_upstreams_trust_is_the_hosts_or_the_operators_bundle(tmp_path: Path
 
 
 def test_the_daemon_makes_its_ca_and_gives_the_proxy_the_means(tmp_path: Path) -> None:
-    clock = Clock()
+    clock, undo = Clock(), StartupUndo()
     config = SimpleNamespace(root=str(tmp_path), egress_upstream_ca=None)
-    tls = rule_tls(config, clock)
+    tls = rule_tls(config, clock, undo)
     assert (tmp_path / CA_DIR / "key.pem").exists() and tls.clock is clock
-    assert rule_tls(config, clock).ca.pem == tls.ca.pem  # (read again at a restart)
+    again = StartupUndo()
+    assert rule_tls(config, clock, again).ca.pem == tls.ca.pem  # (read again at a restart)
+    again.run()  # (a start that fails keeps a CA it did not make)
+    assert (tmp_path / CA_DIR).exists()
+    undo.run()  # (the first start's failing: it leaves nothing)
+    assert not (tmp_path / CA_DIR).exists()
 
 
 def test_only_a_sandbox_with_a_rule_gets_the_hosts_bundle_and_the_ca(tmp_path: Path) -> None:
     mode = EgressNetwork(Host().egress(tmp_path), capacity=1)
     config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent")
     assert mode.trust_bundle(RULED) == b""  # (no CA: no termination, nothing to trust)
-    tls = rule_tls(SimpleNamespace(root=str(tmp_path), egress_upstream_ca=None), Clock())
+    config_tls = SimpleNamespace(root=str(tmp_path), egress_upstream_ca=None)
+    tls = rule_tls(config_tls, Clock(), StartupUndo())
     assert egress_proxy(config, Clock(), mode, ("127.0.0.1",), tls=tls) is not None
     assert mode.trusted == tls.ca.pem
     assert mode.trust_bundle(parse_policy(["good.example"], None)) == b""

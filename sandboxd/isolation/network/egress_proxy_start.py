@@ -5,7 +5,9 @@ by name"): its resolver (``SANDBOXD_EGRESS_DNS``, else the nameservers of
 rules over HTTPS (:func:`rule_tls`, "Header rules over HTTPS"), given to the mode, which has it
 listen while the layer is up."""
 
+import os
 import resource
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,12 +16,13 @@ from twisted.logger import Logger
 from twisted.names import client
 
 from sandboxd.isolation.network.egress import EgressNetwork
-from sandboxd.isolation.network.egress_ca import EgressCA
+from sandboxd.isolation.network.egress_ca import CA_DIR, EgressCA
 from sandboxd.isolation.network.egress_policy import is_host_address
 from sandboxd.isolation.network.egress_proxy import ALL_INTERFACES, EgressProxy, total_for
 from sandboxd.isolation.network.egress_socks import SocksUpstream
 from sandboxd.isolation.network.egress_tls import RuleTLS, upstream_trust
 from sandboxd.isolation.network.egress_verdict import operator_denied
+from sandboxd.undo import StartupUndo
 
 log = Logger()
 
@@ -45,10 +48,14 @@ def socks_upstream(config: Any, password: bytes | None) -> SocksUpstream | None:
         raise ValueError(f"SANDBOXD_EGRESS_SOCKS5_USER or _PASSWORD_FILE: {e}") from None
 
 
-def rule_tls(config: Any, reactor: Any) -> RuleTLS:
+def rule_tls(config: Any, reactor: Any, undo: StartupUndo) -> RuleTLS:
     """What header rules over HTTPS need: the state root's CA (made at the first start,
-    :mod:`.egress_ca`) and the upstreams' trust (``SANDBOXD_EGRESS_UPSTREAM_CA``, else the
-    host's trust store); ``OSError`` or ``ValueError`` when either cannot be read."""
+    :mod:`.egress_ca`; removed by ``undo`` when that start fails, as all it made) and the
+    upstreams' trust (``SANDBOXD_EGRESS_UPSTREAM_CA``, else the host's trust store);
+    ``OSError`` or ``ValueError`` when either cannot be read."""
+    directory = os.path.join(config.root, CA_DIR)
+    if not os.path.lexists(directory):
+        undo.add("egress CA", lambda: shutil.rmtree(directory, ignore_errors=True))
     ca = EgressCA.of_root(config.root, reactor)
     trust = upstream_trust(config.egress_upstream_ca)
     log.info(
