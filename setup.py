@@ -98,7 +98,8 @@ setup(
     cmdclass={"build_py": BuildWithHelper, "bdist_wheel": HelperWheel},
     distclass=HelperDistribution,
     install_requires=[
-        "twisted>=24.7",
+        "twisted[tls]>=24.7",  # the egress proxy's TLS (pyOpenSSL, service_identity)
+        "cryptography>=42",  # the egress CA (sandboxd.isolation.network.egress_ca)
         "klein>=24.8",
         "treq>=24.9",
         "attrs>=23.1",

@@ -43,7 +43,11 @@ from sandboxd.core.tools.resolver import ToolResolver, build_tools
 from sandboxd.e2b.api import E2BFront, make_front
 from sandboxd.http.api import SandboxAPI, spool_places
 from sandboxd.isolation.base import Isolation, IsolationUnavailable, Limits
-from sandboxd.isolation.network.egress_proxy_start import egress_proxy, socks_upstream
+from sandboxd.isolation.network.egress_proxy_start import (
+    egress_proxy,
+    rule_tls,
+    socks_upstream,
+)
 from sandboxd.isolation.network.egress_socks import SocksUpstream
 from sandboxd.isolation.select import build_isolation
 from sandboxd.listen import Listeners, capabilities, reaches_beyond_loopback
@@ -193,7 +197,8 @@ def assemble(
     isolation = attrs.evolve(isolation, disk=start_disk(config, layout))
     # before the namespaces' prepare, which may start the egress layer (and its proxy)
     egress = isolation.namespaces.network.offered.get("egress")
-    proxy = egress_proxy(config, reactor, egress, socks=_socks5(config))
+    tls = None if egress is None else rule_tls(config, reactor, undo)
+    proxy = egress_proxy(config, reactor, egress, socks=_socks5(config), tls=tls)
     _namespaces(isolation, undo)
     archive = _archive(config, reactor, pools.admin)
     tools = build_tools(config.tools_dir, reactor, pools.admin)

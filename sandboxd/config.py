@@ -298,6 +298,13 @@ class Config:
         "File holding the password sent to the SOCKS5 proxy (root-only)",
         secret=True,
     )
+    egress_upstream_ca: str | None = setting_field(
+        "SANDBOXD_EGRESS_UPSTREAM_CA",
+        None,
+        optional_text,
+        "PEM file of the CAs an upstream of a header rule over HTTPS must chain to (empty:"
+        " the host's trust store)",
+    )
     resolv_conf: str = setting_field(
         "SANDBOXD_RESOLV_CONF",
         "/etc/resolv.conf",

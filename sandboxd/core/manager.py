@@ -36,7 +36,7 @@ from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
-from sandboxd.isolation.network.egress_policy import EgressPolicy, PolicyHolder
+from sandboxd.isolation.network.egress_policy import TRUST_ENV, EgressPolicy, PolicyHolder
 from sandboxd.isolation.network.modes import NetworkMode, NetworkUnavailable
 from sandboxd.metrics import Metrics
 
@@ -148,11 +148,18 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
         holder = None if request.egress is None else checked_holder(mode, request.egress)
         rid, identity = made or (secrets.token_hex(8), self._identity())
         directories = self.layout if made is None else Prefilled(self.layout)
+        trust = b""
         if holder is not None:
+            assert request.egress is not None
             holder.stage_policy(rid, request.egress)
+            trust = holder.trust_bundle(request.egress)
+        if trust:  # (runtimes that read no system bundle: docs/isolation.rst)
+            create_env = {**TRUST_ENV, **create_env}
         try:
             root = None if template is None else template.rootfs
-            isolation = self.isolation.create(rid, identity, self.limits, directories, mode, root)
+            isolation = self.isolation.create(
+                rid, identity, self.limits, directories, mode, root, trust
+            )
         except BaseException as e:
             if holder is not None:
                 holder.stage_policy(rid, None)

@@ -281,12 +281,14 @@ class Isolation:
         directories: SandboxDirectories,
         network: "NetworkMode",
         root: str | None = None,
+        trust: bytes = b"",
     ) -> "SandboxIsolation":
         """Make sandbox ``rid``'s layers, in their order, and return its isolation: its cgroup
         with ``limits``, its directories (``directories``, their top made by :attr:`disk`:
         the disk limit comes with them; with ``root``, a template's files, the directories of
         its own root among them), then its namespaces, made and pinned once with ``network``
-        wired in (and their root switched to ``root``'s), and entered by every process of the
+        wired in (and their root switched to ``root``'s; ``trust``, when not empty, the CA
+        bundle its programs see: :meth:`Namespaces.create`), and entered by every process of the
         sandbox (:meth:`~sandboxd.isolation.sandbox.SandboxIsolation.start_argv`). Where one
         fails, every layer is undone, the last first, and the error raised: nothing of the
         sandbox is left but ``identity``, still the caller's to release."""
@@ -303,6 +305,7 @@ class Isolation:
                 network,
                 (identity, directories.home(rid)),
                 view,
+                trust,
             )
         except BaseException:
             self.namespaces.remove(rid)

@@ -29,12 +29,12 @@ from sandboxd.isolation.network.egress_proxy import (
     PEEK_TIMEOUT,
     EgressProxy,
     SandboxSide,
-    UpstreamSide,
     original_destination,
     total_for,
 )
 from sandboxd.isolation.network.egress_proxy_start import descriptor_limit, egress_proxy
 from sandboxd.isolation.network.egress_resolve import answer_addresses
+from sandboxd.isolation.network.egress_upstream import UpstreamSide
 from sandboxd.isolation.network.egress_verdict import operator_denied, refusal
 from tests.isolation.test_isolation_egress import Host, plan
 from tests.isolation.test_isolation_egress_names import client_hello

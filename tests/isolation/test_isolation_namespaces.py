@@ -8,6 +8,7 @@ recording stand-ins.
 import ctypes
 import errno
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -229,6 +230,17 @@ def test_create_pins_enters_mount_last_and_removes(tmp_path: Path) -> None:
     assert not pins.exists() and ns.leftovers() == []
     assert ns.enter(RID, ["cmd"]) == ["cmd"]
     ns.remove(RID)  # twice: nothing left, no error
+
+
+def test_a_sandbox_given_a_bundle_has_it_beside_its_pins(tmp_path: Path) -> None:
+    ns = namespaces(tmp_path, Runner())
+    os.makedirs(ns.nsroot)
+    ns.create(RID, "/t", "/w", HostNetwork(), trust=b"HOST CAS\nDAEMON CA\n")
+    bundle = tmp_path / ".ns" / RID / "ca-certificates.crt"  # (the helper binds it)
+    assert bundle.read_bytes() == b"HOST CAS\nDAEMON CA\n"
+    assert stat.S_IMODE(bundle.stat().st_mode) == 0o644
+    ns.create(RID + "1", "/t", "/w", HostNetwork())
+    assert not (tmp_path / ".ns" / (RID + "1") / "ca-certificates.crt").exists()
 
 
 def test_a_host_sandbox_gets_no_network_pin_and_a_refusal_is_an_oserror(tmp_path: Path) -> None:

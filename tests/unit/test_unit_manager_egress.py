@@ -15,7 +15,7 @@ from sandboxd.core.sandbox import CreateRequest
 from sandboxd.errors import BadRequest
 from sandboxd.http import parse, wire
 from sandboxd.isolation.namespaces.pins import Namespaces
-from sandboxd.isolation.network.egress_policy import OPEN, EgressPolicy, parse_policy
+from sandboxd.isolation.network.egress_policy import OPEN, TRUST_ENV, EgressPolicy, parse_policy
 from sandboxd.isolation.network.modes import HostNetwork, NetworkPolicy
 from tests.support.fakes import fake_isolation
 from tests.unit.test_unit_manager import World
@@ -51,6 +51,9 @@ class PolicedMode:
     def policy(self, rid: str) -> EgressPolicy:
         return self.policies.get(rid, self.staged.get(rid, OPEN))
 
+    def trust_bundle(self, policy: EgressPolicy) -> bytes:
+        return b"CA" if policy.rules else b""
+
 
 @pytest.fixture
 def world(tmp_path: Path) -> Any:
@@ -77,6 +80,15 @@ def test_a_create_stages_a_checked_policy_and_the_listing_shows_it(world: Any) -
         sandbox.rid: {"mode": "egress", "allow_out": ["192.0.2.1/32"], "deny_out": []},
         plain.rid: {"mode": "host"},
     }
+
+
+def test_a_sandbox_with_a_header_rule_is_told_where_its_bundle_is(world: Any) -> None:
+    w, _ = world
+    ruled = parse_policy(None, None, {"api.example": [{"headers": {"X-Key": "k"}}]})
+    request = CreateRequest(egress=ruled, env={"CURL_CA_BUNDLE": "/mine.pem"})
+    sandbox = w.manager.create(request)
+    assert sandbox.env == {**TRUST_ENV, "CURL_CA_BUNDLE": "/mine.pem"}  # (its own wins)
+    assert not w.manager.create(CreateRequest(egress=OPEN)).env
 
 
 def test_policies_the_mode_or_operator_refuses_are_400s(world: Any) -> None:

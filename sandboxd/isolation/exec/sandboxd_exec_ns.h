@@ -23,7 +23,8 @@
  * KEEP is a host directory directly inside one of those places
  * (the state root's, in test set-ups) that is bound back at its own path, with what is mounted
  * below it. Where NSROOT/RID holds "passwd" and "group" (the sandbox's, naming its uid), they
- * are bound over /etc/passwd and /etc/group. Where it holds "root", the namespace's root is
+ * are bound over /etc/passwd and /etc/group; "ca-certificates.crt" likewise over
+ * /etc/ssl/certs/ca-certificates.crt. Where it holds "root", the namespace's root is
  * switched to a template's (sandboxd_exec_root.h). A new network namespace gets its loopback up. The kernel pins a mount namespace
  * only when it is numbered above the pinner's own, and numbers them in per-CPU batches: a holder
  * whose new mount namespace is numbered too low makes it anew on another CPU, and the maker
@@ -88,8 +89,12 @@
 
 static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
 static const char NS_HOME[] = "/home", NS_HOME_USER[] = "/home/user";
-static const char *const NS_IDENTITY[] = {"/etc/passwd", "/etc/group"};
-static const char *const NS_IDENTITY_FILE[] = {"passwd", "group"}; /* beside the pins */
+/* The sandbox's passwd and group, then (only where the sandbox's egress policy has a header
+ * rule: egress_tls.py) the CA bundle its programs read, the host's with the daemon's CA. */
+static const char *const NS_IDENTITY[] = {"/etc/passwd", "/etc/group",
+                                          "/etc/ssl/certs/ca-certificates.crt"};
+static const char *const NS_IDENTITY_FILE[] = {"passwd", "group",
+                                               "ca-certificates.crt"}; /* beside the pins */
 static const char NS_RUN[] = "/run", NS_RUN_LOCK[] = "/run/lock", NS_VAR_RUN[] = "/var/run";
 static const char NS_RUN_DATA[] = "size=1m,nr_inodes=256,mode=0755";
 static const char NS_RESOLV[] = "/etc/resolv.conf";
@@ -357,11 +362,12 @@ static int ns_number_above(unsigned long long pinner, const cpu_set_t *allowed)
 
 /* Bind the sandbox's own passwd and group files (identity_files.py, written beside its pins)
  * over /etc/passwd and /etc/group, where both are there: the sandbox's uid has a name, and
- * nothing changes on the host. Called in the new mount namespace, where NSROOT's mount is gone
+ * nothing changes on the host. Its CA bundle likewise, where it has one and the host has
+ * /etc/ssl/certs/ca-certificates.crt (docs/isolation.rst, "Header rules over HTTPS"). Called in the new mount namespace, where NSROOT's mount is gone
  * (a bind from another namespace's mount is refused) but the directory under it is the same. */
 static void ns_identity_bind(const char *nsroot, const char *rid)
 {
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         char path[4096];
         struct stat st;
         snprintf(path, sizeof path, "%s/%s/%s", nsroot, rid, NS_IDENTITY_FILE[k]);

@@ -36,14 +36,29 @@ def group_text(identity: Identity) -> str:
     return f"root:x:0:\nnogroup:x:65534:\n{USER_NAME}:x:{identity.gid}:\n"
 
 
+TRUST_FILE = "ca-certificates.crt"
+"""A sandbox's own CA bundle, bound over ``/etc/ssl/certs/ca-certificates.crt`` (written only
+for a sandbox whose egress policy has a header rule: docs/isolation.rst, "Header rules over
+HTTPS"); its name is ``sandboxd_exec_ns.h``'s."""
+
+
+def write_trust_file(directory: str, bundle: bytes) -> None:
+    """Write the sandbox's CA ``bundle`` into ``directory`` (mode 0644, root's)."""
+    _write(directory, TRUST_FILE, bundle)
+
+
+def _write(directory: str, name: str, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(os.path.join(directory, name), flags, 0o644)
+    try:
+        os.fchmod(fd, 0o644)  # whatever the daemon's umask
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def write_identity_files(directory: str, identity: Identity, home: str) -> None:
     """Write the sandbox's ``passwd`` and ``group`` into ``directory`` (mode 0644, owned by
     whoever writes them: root), never following a link there."""
     for name, text in ((PASSWD, passwd_text(identity, home)), (GROUP, group_text(identity))):
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(os.path.join(directory, name), flags, 0o644)
-        try:
-            os.fchmod(fd, 0o644)  # whatever the daemon's umask
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
+        _write(directory, name, text.encode())

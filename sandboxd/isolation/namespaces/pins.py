@@ -46,7 +46,7 @@ from twisted.logger import Logger
 
 from sandboxd.isolation.base import PLAIN_ENV, Identity, IsolationUnavailable, RunProgram
 from sandboxd.isolation.namespaces.creators import Creator, HelperCreator
-from sandboxd.isolation.namespaces.identity_files import write_identity_files
+from sandboxd.isolation.namespaces.identity_files import write_identity_files, write_trust_file
 from sandboxd.isolation.namespaces.kinds import HOST_VIEW_PIN, KINDS, PIN, AllLayers
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespaces.netns_pool import NetnsPool
@@ -247,11 +247,14 @@ class Namespaces:
         mode: NetworkMode,
         user: tuple[Identity, str] | None = None,
         root: RootView | None = None,
+        trust: bytes = b"",
     ) -> None:
         """Make and pin the sandbox's namespaces (its network one only for a mode that wants
         one; its ``tmp`` and ``workspace`` directories in their places; with ``user``, its
         identity and home, an ``/etc/passwd`` and ``/etc/group`` naming it; with ``root``, a
-        template's files as its root), then attach the network mode; ``OSError`` when the
+        template's files as its root; with ``trust``, the CA bundle it sees at
+        ``/etc/ssl/certs/ca-certificates.crt``, a file of its own beside the pins, root's,
+        bound there), then attach the network mode; ``OSError`` when the
         kernel refused, or for a ``root`` where no root can be switched
         (:attr:`switches_root`)."""
         if root is not None and not self.switches_root:
@@ -260,7 +263,7 @@ class Namespaces:
             )
         if not self.kinds:
             return
-        self._make(rid, tmp, workspace, mode, user, root)
+        self._make(rid, tmp, workspace, mode, user, root, trust)
 
     def _make(
         self,
@@ -270,6 +273,7 @@ class Namespaces:
         mode: NetworkMode,
         user: tuple[Identity, str] | None,
         root: RootView | None = None,
+        trust: bytes = b"",
     ) -> None:
         assert self.creator is not None
         kinds = set(self.kinds)
@@ -279,6 +283,8 @@ class Namespaces:
         os.mkdir(directory, 0o700)
         if user is not None and "mount" in kinds:
             write_identity_files(directory, *user)
+        if trust and "mount" in kinds:
+            write_trust_file(directory, trust)
         if root is not None:
             write_root_files(directory, root)
         pins = {kind: os.path.join(directory, PIN[kind]) for kind in KINDS if kind in kinds}

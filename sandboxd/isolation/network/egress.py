@@ -31,6 +31,7 @@ from sandboxd.isolation.network.egress_plan import (
 from sandboxd.isolation.network.egress_policy import (
     DEFAULT_ENTRIES_MAX,
     OPEN,
+    TRUST_PATH,
     EgressPolicy,
     check_allowed,
     policy_script,
@@ -101,6 +102,10 @@ class EgressNetwork:
     ``None``: a policy naming hosts is refused."""
     on_detach: Callable[[str], None] = lambda rid: None
     """Told each sandbox that goes (the proxy drops its counts)."""
+    trusted: bytes = b""
+    """The egress proxy's CA (PEM), when it terminates TLS for header rules."""
+    host_bundle: str = TRUST_PATH
+    """The host's CA bundle, which a sandbox's own bundle extends."""
     _slots: dict[str, int] = field(factory=dict)
     _rids: dict[int, str] = field(factory=dict)
     """The sandbox of each slot taken (the inverse of ``_slots``)."""
@@ -286,6 +291,19 @@ class EgressNetwork:
     def policy(self, rid: str) -> EgressPolicy:
         """The policy the attached sandbox ``rid`` has now."""
         return self._policies.get(rid, OPEN)
+
+    def trust_bundle(self, policy: EgressPolicy) -> bytes:
+        """The host's bundle and :attr:`trusted`, for a ``policy`` with a header rule (see
+        :class:`~sandboxd.isolation.network.egress_policy.PolicyHolder`); a host without a
+        bundle: the CA alone."""
+        if not policy.rules or not self.trusted:
+            return b""
+        try:
+            with open(self.host_bundle, "rb") as f:
+                host = f.read()
+        except FileNotFoundError:
+            host = b""
+        return host.rstrip(b"\n") + b"\n" + self.trusted if host else self.trusted
 
     def sandbox_at(self, address: str) -> tuple[str, EgressPolicy] | None:
         """The attached sandbox whose veth's sandbox end has ``address``, with its policy now

@@ -103,6 +103,18 @@ class EgressPolicy:
 OPEN = EgressPolicy()
 """The policy of a sandbox that asked for none."""
 
+TRUST_PATH = "/etc/ssl/certs/ca-certificates.crt"
+"""The CA bundle a sandbox's programs read (the host's, seen in the sandbox)."""
+
+TRUST_ENV = {
+    "SSL_CERT_FILE": TRUST_PATH,
+    "REQUESTS_CA_BUNDLE": TRUST_PATH,
+    "CURL_CA_BUNDLE": TRUST_PATH,
+    "NODE_EXTRA_CA_CERTS": TRUST_PATH,
+}
+"""The environment of a sandbox with its own bundle, for runtimes that read no system bundle
+by default (Python's requests, Node.js): all name :data:`TRUST_PATH`."""
+
 
 @runtime_checkable
 class PolicyHolder(Protocol):
@@ -119,6 +131,11 @@ class PolicyHolder(Protocol):
 
     def policy(self, rid: str) -> EgressPolicy:
         """The policy of the attached sandbox ``rid``."""
+
+    def trust_bundle(self, policy: EgressPolicy) -> bytes:
+        """The CA bundle a sandbox created with ``policy`` sees at :data:`TRUST_PATH`: the
+        host's and the egress proxy's CA when the policy has a header rule (the proxy
+        terminates its TLS), else nothing (the host's, untouched)."""
 
 
 def parse_list(name: str, value: object) -> tuple[tuple[Network, ...], tuple[str, ...]]:

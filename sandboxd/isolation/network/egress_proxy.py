@@ -19,8 +19,10 @@ the connection's original destination (``SO_ORIGINAL_DST``). For each connection
    the kernel, with flow control (a side that cannot keep up stops the other being read).
 
 When the sandbox's policy has a header rule for the name (:mod:`.egress_rules`), step 4
-differs: a TLS connection is refused (its headers cannot be set without terminating TLS), an
-HTTP one is not relayed but rewritten request by request (:mod:`.egress_rewrite`).
+differs: an HTTP connection is not relayed but rewritten request by request
+(:mod:`.egress_rewrite`); a TLS one too, once its TLS is terminated (:mod:`.egress_tls`),
+its upstream verified first, or refused (``rule_over_tls``) where the proxy has no CA, or
+sends through a SOCKS5 proxy.
 
 With an operator's SOCKS5 proxy (:attr:`EgressProxy.socks`, ``SANDBOXD_EGRESS_SOCKS5``),
 nftables redirects every TCP connection of every sandbox here (but DNS to the host's
@@ -51,6 +53,7 @@ from attrs import define, field
 from twisted.internet import protocol
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from zope.interface import implementer
 
 from sandboxd.isolation.network.egress_names import PEEK_MAX, peek_name
@@ -61,6 +64,8 @@ from sandboxd.isolation.network.egress_resolve import NameCache
 from sandboxd.isolation.network.egress_rewrite import RequestRewriter, RuleConnection
 from sandboxd.isolation.network.egress_rules import rule_for
 from sandboxd.isolation.network.egress_socks import SocksUpstream
+from sandboxd.isolation.network.egress_tls import RuleTLS, rewritten
+from sandboxd.isolation.network.egress_upstream import UpstreamFactory
 from sandboxd.isolation.network.egress_verdict import refusal
 
 log = Logger()
@@ -140,6 +145,8 @@ class EgressProxy:
     """Where it listens: every IPv4 address, and every IPv6 one when the pool has IPv6."""
     socks: SocksUpstream | None = None
     """The operator's SOCKS5 proxy, the only way out when set (see the module)."""
+    tls: RuleTLS | None = None
+    """The CA and upstream trust that header rules over TLS need (none: refused)."""
     _ports: list[Any] = field(factory=list)
     names: NameCache = field(init=False)
     """The names resolved lately (by :attr:`resolver`) and their addresses."""
@@ -230,6 +237,10 @@ class SandboxSide(protocol.Protocol):
         self.rewriter: RequestRewriter | None = None
         """The name's header rule applies: the requests go through it, not a relay."""
         self.rule_connection: RuleConnection | None = None
+        self.terminate = False
+        """The rule's connection is TLS: terminated (:mod:`.egress_tls`)."""
+        self.tls: TLSMemoryBIOProtocol | None = None
+        """Then the TLS server on the sandbox's connection, which reads what it sends."""
 
     @property
     def tcp(self) -> Any:
@@ -281,6 +292,9 @@ class SandboxSide(protocol.Protocol):
         (the relay does, once it holds the socket)."""
 
     def dataReceived(self, data: bytes) -> None:
+        if self.tls is not None:
+            self.tls.dataReceived(data)
+            return
         if self.rule_connection is not None:
             self.rule_connection.from_sandbox(data)
             return
@@ -321,8 +335,9 @@ class SandboxSide(protocol.Protocol):
             return
         rule = rule_for(policy.rules, name) if name else None
         if rule is not None:
-            if self.buffer[:1] == b"\x16":  # its headers cannot be set inside TLS
-                self.fail(RULE_OVER_TLS, name)
+            self.terminate = self.buffer[:1] == b"\x16"
+            if self.terminate and (self.proxy.tls is None or self.proxy.socks is not None):
+                self.fail(RULE_OVER_TLS, name)  # its headers cannot be set inside TLS
                 return
             self.rewriter = RequestRewriter(name, rule.headers)
         socks = self.proxy.upstream_for(policy)
@@ -335,7 +350,10 @@ class SandboxSide(protocol.Protocol):
                 lambda reason: self.fail(reason, name),
             )
             return
-        factory = UpstreamFactory(self, name)
+        factory: Any = UpstreamFactory(self, name, UNREACHABLE, self.terminate)
+        if self.terminate:
+            assert self.proxy.tls is not None
+            factory = self.proxy.tls.client_factory(name, factory)
         self.proxy.reactor.connectTCP(
             str(address), self.destination[1], factory, timeout=CONNECT_TIMEOUT
         )
@@ -351,15 +369,7 @@ class SandboxSide(protocol.Protocol):
             return
         self.gone = True
         if self.rewriter is not None:
-            name, address = self.rewriter.name, self.destination[0]
-            self.rule_connection = RuleConnection(
-                self.tcp,
-                upstream,
-                self.rewriter,
-                lambda reason: self.proxy.refuse(self.rid, reason, name, address),
-            )
-            self.rule_connection.start(self.buffer, self.read_done, answered)
-            self.buffer = b""
+            self._rewrite(upstream, answered)
             return
         self.relay = Relay.start(
             self.proxy.reactor,
@@ -371,6 +381,25 @@ class SandboxSide(protocol.Protocol):
             answered,
         )
         self.buffer = b""
+
+    def _rewrite(self, upstream: Any, answered: bytes) -> None:
+        """The rule's path: the sandbox's requests rewritten on their way to ``upstream``,
+        once decrypted when its connection is TLS (the upstream's then, too)."""
+        assert self.rewriter is not None
+        name, address = self.rewriter.name, self.destination[0]
+        self.rule_connection, self.tls = rewritten(
+            self.proxy.tls if self.terminate else None,
+            self.tcp,
+            upstream,
+            self.rewriter,
+            lambda reason: self.proxy.refuse(self.rid, reason, name, address),
+        )
+        peeked, self.buffer = self.buffer, b""
+        if self.tls is None:
+            self.rule_connection.start(peeked, self.read_done, answered)
+            return
+        self.rule_connection.start(b"", self.read_done, answered)
+        self.tls.dataReceived(peeked)  # (the ClientHello)
 
     def fail(self, reason: str, name: str) -> None:
         """Refuse the connection (once): count it, reset it."""
@@ -396,30 +425,8 @@ class SandboxSide(protocol.Protocol):
     def connectionLost(self, reason: Any = None) -> None:
         self.gone = True
         self._stop_timer()
-        if self.rule_connection is not None:
+        if self.tls is not None:  # (its plain side tells the rule connection)
+            self.tls.connectionLost(reason)
+        elif self.rule_connection is not None:
             self.rule_connection.sandbox_lost(reason)
         self.release()
-
-
-class UpstreamFactory(protocol.ClientFactory):
-    noisy = False  # (no log line per connection)
-
-    def __init__(self, sandbox: SandboxSide, name: str) -> None:
-        self.sandbox = sandbox
-        self.name = name
-
-    def buildProtocol(self, addr: Any) -> "UpstreamSide":
-        return UpstreamSide(self.sandbox)
-
-    def clientConnectionFailed(self, connector: Any, reason: Any) -> None:
-        self.sandbox.fail(UNREACHABLE, self.name)
-
-
-class UpstreamSide(protocol.Protocol):
-    """The proxy's connection to the address the name resolved to, until it is relayed."""
-
-    def __init__(self, sandbox: SandboxSide) -> None:
-        self.sandbox = sandbox
-
-    def connectionMade(self) -> None:
-        self.sandbox.relay_to(self.transport)

@@ -1,10 +1,13 @@
 """The egress proxy of a daemon whose ``egress`` mode is offered (docs/isolation.rst, "Egress
 by name"): its resolver (``SANDBOXD_EGRESS_DNS``, else the nameservers of
-``SANDBOXD_RESOLV_CONF``), its deny list and the operator's SOCKS5 proxy
-(``SANDBOXD_EGRESS_SOCKS5``, "Egress through a SOCKS5 proxy"), given to the mode, which has it
+``SANDBOXD_RESOLV_CONF``), its deny list, the operator's SOCKS5 proxy
+(``SANDBOXD_EGRESS_SOCKS5``, "Egress through a SOCKS5 proxy") and the daemon's CA for header
+rules over HTTPS (:func:`rule_tls`, "Header rules over HTTPS"), given to the mode, which has it
 listen while the layer is up."""
 
+import os
 import resource
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,10 +16,13 @@ from twisted.logger import Logger
 from twisted.names import client
 
 from sandboxd.isolation.network.egress import EgressNetwork
+from sandboxd.isolation.network.egress_ca import CA_DIR, EgressCA
 from sandboxd.isolation.network.egress_policy import is_host_address
 from sandboxd.isolation.network.egress_proxy import ALL_INTERFACES, EgressProxy, total_for
 from sandboxd.isolation.network.egress_socks import SocksUpstream
+from sandboxd.isolation.network.egress_tls import RuleTLS, upstream_trust
 from sandboxd.isolation.network.egress_verdict import operator_denied
+from sandboxd.undo import StartupUndo
 
 log = Logger()
 
@@ -42,17 +48,37 @@ def socks_upstream(config: Any, password: bytes | None) -> SocksUpstream | None:
         raise ValueError(f"SANDBOXD_EGRESS_SOCKS5_USER or _PASSWORD_FILE: {e}") from None
 
 
+def rule_tls(config: Any, reactor: Any, undo: StartupUndo) -> RuleTLS:
+    """What header rules over HTTPS need: the state root's CA (made at the first start,
+    :mod:`.egress_ca`; removed by ``undo`` when that start fails, as all it made) and the
+    upstreams' trust (``SANDBOXD_EGRESS_UPSTREAM_CA``, else the host's trust store);
+    ``OSError`` or ``ValueError`` when either cannot be read."""
+    directory = os.path.join(config.root, CA_DIR)
+    if not os.path.lexists(directory):
+        undo.add("egress CA", lambda: shutil.rmtree(directory, ignore_errors=True))
+    ca = EgressCA.of_root(config.root, reactor)
+    trust = upstream_trust(config.egress_upstream_ca)
+    log.info(
+        "egress: header rules over HTTPS with the CA of {root}, upstreams verified against {trust}",
+        root=config.root,
+        trust=config.egress_upstream_ca or "the host's trust store",
+    )
+    return RuleTLS(ca, trust, reactor)
+
+
 def egress_proxy(
     config: Any,
     reactor: Any,
     mode: object,
     interfaces: Sequence[str] = ALL_INTERFACES,
     socks: SocksUpstream | None = None,
+    tls: RuleTLS | None = None,
 ) -> EgressProxy | None:
     """The proxy of ``mode`` when it is the egress mode (``None`` otherwise), given to it:
     the mode starts and stops its listening with the layer. With ``socks``, every sandbox's
     TCP goes through the proxy and out through that SOCKS5 proxy alone (the plan's
-    ``proxy_all``). The caller sets ``on_refused`` and ``on_forget`` (the metrics) once it
+    ``proxy_all``). With ``tls`` (:func:`rule_tls`), header rules apply over TLS too. The
+    caller sets ``on_refused`` and ``on_forget`` (the metrics) once it
     has them."""
     if not isinstance(mode, EgressNetwork):
         return None
@@ -81,7 +107,10 @@ def egress_proxy(
         total=total_for(descriptor_limit()),
         interfaces=interfaces,
         socks=socks,
+        tls=tls,
     )
+    if tls is not None:  # (sandboxes with a header rule trust it: egress.trust_bundle)
+        mode.trusted = tls.ca.pem
     mode.on_detach = proxy.forget  # (a kill's detach runs on the reactor thread, as the proxy)
     mode.proxy = proxy
     return proxy

@@ -23,6 +23,7 @@ one head are held per connection).
 """
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.error import ConnectionDone
@@ -188,23 +189,33 @@ class RequestRewriter:
 class RuleConnection:
     """A sandbox's connection and its upstream, the sandbox's requests rewritten (see the
     module). ``sandbox`` is the sandbox's transport, ``upstream`` the upstream's (its
-    protocol replaced by this connection's); ``on_refused(reason)`` is told once when the
-    sandbox sent what is refused (both connections are reset then)."""
+    protocol replaced by this connection's, or given to ``attach``: a TLS layer's,
+    :mod:`.egress_tls`); ``on_refused(reason)`` is told once when the sandbox sent what is
+    refused (both connections are reset then)."""
 
     def __init__(
-        self, sandbox: Any, upstream: Any, rewriter: RequestRewriter, on_refused: Any
+        self,
+        sandbox: Any,
+        upstream: Any,
+        rewriter: RequestRewriter,
+        on_refused: Any,
+        attach: Callable[[Protocol], None] | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.upstream = upstream
         self.rewriter = rewriter
         self.on_refused = on_refused
+        self.attach = attach
         self.refused = False
 
     def start(self, peeked: bytes, sandbox_ended: bool, answered: bytes) -> None:
         """Send ``peeked`` (rewritten) upstream and ``answered`` to the sandbox, then let
         both sides flow, each pausing the other when it cannot keep up."""
         reader = UpstreamReader(self)
-        self.upstream.protocol = reader
+        if self.attach is None:
+            self.upstream.protocol = reader
+        else:
+            self.attach(reader)
         reader.transport = self.upstream
         self.sandbox.registerProducer(self.upstream, True)
         self.upstream.registerProducer(self.sandbox, True)
@@ -238,7 +249,8 @@ class RuleConnection:
     def sandbox_lost(self, reason: Any) -> None:
         """The sandbox's connection is gone: so goes the upstream's (reset when the
         sandbox's was, so that a cut request never looks whole)."""
-        if clean(reason):
+        if clean(reason):  # (a TLS layer closes only once its producer is gone)
+            self.upstream.unregisterProducer()
             self.upstream.loseConnection()
         else:
             self.upstream.abortConnection()
@@ -267,6 +279,7 @@ class UpstreamReader(Protocol):
 
     def connectionLost(self, reason: Any = None) -> None:
         if clean(reason):
+            self.connection.sandbox.unregisterProducer()
             self.connection.sandbox.loseConnection()
         else:  # a reset, an error: the sandbox sees one too, never a cut answer as whole
             self.connection.sandbox.abortConnection()
