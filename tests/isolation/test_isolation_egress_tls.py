@@ -29,7 +29,8 @@ from tests.isolation.test_isolation_egress_proxy import connect, proxy_for
 from tests.isolation.test_isolation_egress_rules import Upstream
 
 SECRET = "Bearer tls-s3cr3t"
-RULED = parse_policy(["good.example"], None, {"good.example": [{"headers": {"X-Key": SECRET}}]})
+RULED_RULES = {"good.example": [{"headers": {"X-Key": SECRET}}]}
+RULED = parse_policy(["good.example"], None, RULED_RULES)
 
 
 def a_ca(path: Path) -> EgressCA:
@@ -148,10 +149,17 @@ def test_an_upstream_that_does_not_verify_is_refused(tmp_path: Path) -> None:
     assert pieces.proxy.refused == {("a", "upstream_tls"): 1}
 
 
-def test_without_a_ca_or_through_socks_a_rule_over_tls_is_refused(tmp_path: Path) -> None:
-    proxy, _ = proxy_for(RULED)
+@pytest.mark.parametrize("whose", ["operator's", "sandbox's own"])
+def test_without_a_ca_or_through_socks_a_rule_over_tls_is_refused(
+    tmp_path: Path, whose: str
+) -> None:
+    if whose == "operator's":
+        proxy, _ = proxy_for(RULED)
+        proxy.socks = object()  # type: ignore[assignment]
+    else:
+        own = {"address": "198.18.0.1:1080"}
+        proxy, _ = proxy_for(parse_policy(["good.example"], None, RULED_RULES, own))
     proxy.tls = RuleTLS(a_ca(tmp_path), None, Clock())
-    proxy.socks = object()  # type: ignore[assignment]
     side, transport = connect(proxy)
     side.dataReceived(Client(proxy.tls.ca.pem, "good.example").take(b""))
     assert transport.aborted and proxy.refused == {("a", "rule_over_tls"): 1}

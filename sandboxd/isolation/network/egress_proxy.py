@@ -334,13 +334,13 @@ class SandboxSide(protocol.Protocol):
             self.fail(reason, name)
             return
         rule = rule_for(policy.rules, name) if name else None
+        socks = self.proxy.upstream_for(policy)
         if rule is not None:
             self.terminate = self.buffer[:1] == b"\x16"
-            if self.terminate and (self.proxy.tls is None or self.proxy.socks is not None):
+            if self.terminate and (self.proxy.tls is None or socks is not None):
                 self.fail(RULE_OVER_TLS, name)  # its headers cannot be set inside TLS
                 return
             self.rewriter = RequestRewriter(name, rule.headers)
-        socks = self.proxy.upstream_for(policy)
         if socks is not None:
             socks.connect(
                 self.proxy.reactor,
