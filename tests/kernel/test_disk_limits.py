@@ -28,6 +28,7 @@ from sandboxd.isolation.disk import btrfs_ioctl
 from sandboxd.isolation.disk.base import DiskLimits, DiskUnavailable, DiskUsage
 from sandboxd.isolation.disk.btrfs import PROBE, BtrfsQuotas
 from sandboxd.isolation.namespaces.pins import NS_DIR
+from sandboxd.isolation.network.egress_ca import CA_DIR
 from tests.kernel.disk_fs import loop_filesystem, root_on, sh, stats, upload
 from tests.support.daemon import SHARED_ROOTS, start_daemon, stop_daemon
 
@@ -142,8 +143,9 @@ def test_quota_goes_at_kill_and_a_new_sandbox_starts_empty(tmp_path: Path) -> No
             assert daemon.call("DELETE", f"/sandboxes/{rid}")[0] == 204
             assert not (mount / rid).exists()
             assert qgroups(mount) == set()
-            # The state root keeps its lock and the (now empty) directory of namespace pins.
-            assert sorted(os.listdir(mount)) == [".lock", NS_DIR]
+            # The state root keeps its lock, the (now empty) directory of namespace pins and
+            # the egress proxy's CA (the daemon's, made at its start).
+            assert sorted(os.listdir(mount)) == sorted([".lock", NS_DIR, CA_DIR])
             assert os.listdir(mount / NS_DIR) == []
 
             fresh = daemon.create()
