@@ -19,19 +19,18 @@ from twisted.names import dns
 
 from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.network.egress import EgressNetwork
+from sandboxd.isolation.network.egress_connection import (
+    PEEK_TIMEOUT,
+    SandboxSide,
+    original_destination,
+)
 from sandboxd.isolation.network.egress_plan import parse_dns_servers
 from sandboxd.isolation.network.egress_policy import (
     EgressPolicy,
     parse_policy,
     policy_script,
 )
-from sandboxd.isolation.network.egress_proxy import (
-    PEEK_TIMEOUT,
-    EgressProxy,
-    SandboxSide,
-    original_destination,
-    total_for,
-)
+from sandboxd.isolation.network.egress_proxy import EgressProxy, total_for
 from sandboxd.isolation.network.egress_proxy_start import descriptor_limit, egress_proxy
 from sandboxd.isolation.network.egress_resolve import answer_addresses
 from sandboxd.isolation.network.egress_upstream import UpstreamSide

@@ -1,6 +1,6 @@
 """The egress proxy's connection to a sandbox's upstream (docs/isolation.rst, "Egress by
 name"): made once the proxy let the connection pass, handed to the sandbox's side
-(:class:`~sandboxd.isolation.network.egress_proxy.SandboxSide`) as soon as it is up, or the
+(:class:`~sandboxd.isolation.network.egress_connection.SandboxSide`) as soon as it is up, or the
 sandbox's connection refused when it cannot be made."""
 
 from typing import Any, Protocol
