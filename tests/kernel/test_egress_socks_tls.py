@@ -1,0 +1,198 @@
+"""TLS to a sandbox's own SOCKS5 proxy, as the unmodified E2B SDK asks for it
+(``egress_proxy={"address": ..., "tls": {"ca_cert": PEM, "server_name": ...}}``), on a real
+daemon as root: a real ``pproxy`` serving SOCKS5 over TLS in the test's own "internet", its
+certificate signed by a CA the test makes (docs/isolation.rst, "A sandbox's own SOCKS5
+proxy").
+
+With the right CA the sandbox's TCP leaves through the proxy (the peer sees the proxy's
+address), whether the certificate is verified for ``server_name`` or for the address (its IP
+SAN); the listing shows ``server_name``, never the CA. With another CA's certificate it fails
+closed: refused, nothing sent directly, the peer never reached.
+"""
+
+import datetime
+import ipaddress
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from attrs import define
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from e2b import Sandbox
+from e2b.sandbox.sandbox_api import SandboxEgressProxyOpts, SandboxEgressProxyTLSOpts
+
+from tests.e2b.conftest import E2BDaemon, point_sdk_at, running_front
+from tests.kernel.netns_helpers import EGRESS_MARKS, scene, sh
+from tests.kernel.test_egress_socks import (
+    A4,
+    B4,
+    HOST4,
+    PASSWORD,
+    PEER_PORT,
+    SOCKS4,
+    SOCKS_PORT,
+    USER,
+    WATCH,
+    PeerServer,
+    Socks,
+)
+from tests.kernel.test_egress_socks_own import Internet, reach
+
+pytestmark = EGRESS_MARKS
+
+SERVER_NAME = "socks.test"
+
+
+def make_ca(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A CA of the test's own."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def make_leaf(ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate], work: Path) -> str:
+    """The proxy's certificate (for ``SERVER_NAME`` and ``SOCKS4``) and key, as pproxy's
+    ``--ssl CERT,KEY``."""
+    ca_key, ca_cert = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    sans = [x509.DNSName(SERVER_NAME), x509.IPAddress(ipaddress.ip_address(SOCKS4))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SERVER_NAME)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (work / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (work / "key.pem").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return f"{work / 'cert.pem'},{work / 'key.pem'}"
+
+
+def pem(cert: x509.Certificate) -> str:
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+@define
+class TLSSocks(Socks):
+    """``pproxy`` serving SOCKS5 over TLS with the certificate ``ssl`` names."""
+
+    ssl: str = ""
+
+    def start(self, password: str = PASSWORD) -> None:
+        uri = f"socks5+ssl://{SOCKS4}:{SOCKS_PORT}/@in#{USER}:{password}"
+        command = [sys.executable, "-m", "pproxy", "-l", uri, "--ssl", self.ssl, "-v"]
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(
+                ["nsenter", f"--net={self.netns}", *command],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        self.wait_listening()
+
+
+@define
+class TLSInternet(Internet):
+    ca: str
+
+
+@pytest.fixture(scope="module")
+def internet() -> Iterator[TLSInternet]:
+    """The "internet": the peer server on A4 and B4, the SOCKS5 server over TLS."""
+    work = Path(tempfile.mkdtemp(prefix="egress-socks-tls-"))
+    socks: TLSSocks | None = None
+    peers: PeerServer | None = None
+    try:
+        ca = make_ca("sandboxd test proxy CA")
+        with scene() as s:
+            inet = s.netns("inet")
+            s.wire("o", inet, [f"{HOST4}/24"], [f"{a}/24" for a in (A4, B4, SOCKS4)])
+            sh("nsenter", f"--net={inet}", "nft", "-f", "-", stdin=WATCH)
+            peers = PeerServer(inet, "0.0.0.0", PEER_PORT)
+            socks = TLSSocks(inet, work / "pproxy.log", ssl=make_leaf(ca, work))
+            socks.start()
+            yield TLSInternet(inet, socks, peers, pem(ca[1]))
+    finally:
+        if socks is not None:
+            socks.stop()
+        if peers is not None:
+            peers.close()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+@pytest.fixture
+def front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[E2BDaemon]:
+    base = 494000 + os.getpid() % 1000 * 20
+    args = ("--network-allow=egress", f"--uid-min={base}", f"--uid-max={base + 3}")
+    with running_front(tmp_path, *args) as started:
+        yield point_sdk_at(monkeypatch, started)
+
+
+def proxy(tls: SandboxEgressProxyTLSOpts) -> SandboxEgressProxyOpts:
+    return {"address": f"{SOCKS4}:{SOCKS_PORT}", "username": USER, "password": PASSWORD, "tls": tls}
+
+
+def test_its_tcp_leaves_through_its_proxy_over_tls(front: E2BDaemon, internet: TLSInternet) -> None:
+    direct_seen = internet.direct_packets()
+    named: SandboxEgressProxyTLSOpts = {"ca_cert": internet.ca, "server_name": SERVER_NAME}
+    sbx = Sandbox.create(timeout=120, network={"egress_proxy": proxy(named)})
+    by_address = Sandbox.create(
+        timeout=120, network={"egress_proxy": proxy({"ca_cert": internet.ca})}
+    )
+    try:
+        assert reach(sbx, A4) == f"ok peer {SOCKS4}"
+        assert reach(by_address, A4) == f"ok peer {SOCKS4}"  # verified for its IP SAN
+        assert internet.direct_packets() == direct_seen
+        network = sbx.get_info().network or {}
+        assert network["egress_proxy"] == {
+            "address": f"{SOCKS4}:{SOCKS_PORT}",
+            "username": USER,
+            "tls": {"server_name": SERVER_NAME},
+        }
+        assert "BEGIN CERTIFICATE" not in str(network) and PASSWORD not in str(network)
+    finally:
+        sbx.kill()
+        by_address.kill()
+
+
+def test_another_ca_fails_closed(front: E2BDaemon, internet: TLSInternet) -> None:
+    direct_seen, peers_seen = internet.direct_packets(), len(internet.peers.peers)
+    other = pem(make_ca("someone else's CA")[1])
+    sbx = Sandbox.create(timeout=120, network={"egress_proxy": proxy({"ca_cert": other})})
+    try:
+        assert reach(sbx, A4).startswith("refused")
+        assert reach(sbx, B4).startswith("refused")
+        assert internet.direct_packets() == direct_seen
+        assert len(internet.peers.peers) == peers_seen
+    finally:
+        sbx.kill()
