@@ -10,8 +10,6 @@ SAN); the listing shows ``server_name``, never the CA. With another CA's certifi
 closed: refused, nothing sent directly, the peer never reached.
 """
 
-import datetime
-import ipaddress
 import os
 import subprocess
 import sys
@@ -21,14 +19,18 @@ from pathlib import Path
 
 import pytest
 from attrs import define
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from e2b import Sandbox
 from e2b.sandbox.sandbox_api import SandboxEgressProxyOpts, SandboxEgressProxyTLSOpts
 
 from tests.e2b.conftest import E2BDaemon, point_sdk_at, running_front
+from tests.isolation.test_isolation_egress_socks_tls import (
+    SERVER_NAME,
+    Authority,
+    certificate,
+    leaf_pem,
+    pem,
+    proxy_leaf,
+)
 from tests.kernel.netns_helpers import EGRESS_MARKS, scene, sh
 from tests.kernel.test_egress_socks import (
     A4,
@@ -47,59 +49,13 @@ from tests.kernel.test_egress_socks_own import Internet, reach
 
 pytestmark = EGRESS_MARKS
 
-SERVER_NAME = "socks.test"
 
-
-def make_ca(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """A CA of the test's own."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def make_leaf(ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate], work: Path) -> str:
-    """The proxy's certificate (for ``SERVER_NAME`` and ``SOCKS4``) and key, as pproxy's
-    ``--ssl CERT,KEY``."""
-    ca_key, ca_cert = ca
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    sans = [x509.DNSName(SERVER_NAME), x509.IPAddress(ipaddress.ip_address(SOCKS4))]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SERVER_NAME)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    (work / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (work / "key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return f"{work / 'cert.pem'},{work / 'key.pem'}"
-
-
-def pem(cert: x509.Certificate) -> str:
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
+def make_leaf(ca: Authority, work: Path) -> str:
+    """The proxy's certificate (for ``SERVER_NAME`` and ``SOCKS4``) with its key, as
+    pproxy's ``--ssl`` takes it."""
+    path = work / "proxy.pem"
+    path.write_bytes(leaf_pem(proxy_leaf(ca, SOCKS4)))
+    return str(path)
 
 
 @define
@@ -133,7 +89,7 @@ def internet() -> Iterator[TLSInternet]:
     socks: TLSSocks | None = None
     peers: PeerServer | None = None
     try:
-        ca = make_ca("sandboxd test proxy CA")
+        ca = certificate("sandboxd test proxy CA", None, [])
         with scene() as s:
             inet = s.netns("inet")
             s.wire("o", inet, [f"{HOST4}/24"], [f"{a}/24" for a in (A4, B4, SOCKS4)])
@@ -187,7 +143,7 @@ def test_its_tcp_leaves_through_its_proxy_over_tls(front: E2BDaemon, internet: T
 
 def test_another_ca_fails_closed(front: E2BDaemon, internet: TLSInternet) -> None:
     direct_seen, peers_seen = internet.direct_packets(), len(internet.peers.peers)
-    other = pem(make_ca("someone else's CA")[1])
+    other = pem(certificate("someone else's CA", None, [])[1])
     sbx = Sandbox.create(timeout=120, network={"egress_proxy": proxy({"ca_cert": other})})
     try:
         assert reach(sbx, A4).startswith("refused")
