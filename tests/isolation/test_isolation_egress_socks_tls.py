@@ -7,6 +7,7 @@ failing closed. The real thing (the unmodified E2B SDK, a real ``pproxy`` over T
 
 import datetime
 import ipaddress
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -21,7 +22,11 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.test.iosim import FakeTransport, connect
 
 from sandboxd.isolation.network.egress_policy import parse_policy
-from sandboxd.isolation.network.egress_socks import SocksAddress, SocksUpstream
+from sandboxd.isolation.network.egress_socks import (
+    HANDSHAKE_TIMEOUT,
+    SocksAddress,
+    SocksUpstream,
+)
 from sandboxd.isolation.network.egress_socks_own import own_socks_json, parse_own_socks
 from sandboxd.isolation.network.egress_socks_tls import (
     CA_CERT_MAX,
@@ -137,10 +142,12 @@ class FakeSocksServer(protocol.Protocol):
 
     def __init__(self) -> None:
         self.stage = 0
+        self.received = b""
         self.tunnelled = b""
         self.closed = False
 
     def dataReceived(self, data: bytes) -> None:
+        self.received += data
         if self.stage < 2:
             self.stage += 1
             self.transport.write(b"\x05\x00" if self.stage == 1 else OK_V4 + b"hi ")  # type: ignore[union-attr]
@@ -152,10 +159,26 @@ class FakeSocksServer(protocol.Protocol):
         self.closed = True
 
 
-def tunnel(ca: Authority, tls: SocksTLS) -> tuple[SandboxSide, Any, FakeSocksServer, Any]:
+@attrs.define
+class Tunnel:
+    """A sandbox's connection through a SOCKS5 server (see :func:`tunnel`)."""
+
+    side: SandboxSide
+    transport: Any
+    """The sandbox's connection (a ``StringTransport``)."""
+    server: FakeSocksServer
+    proxy: Any
+    wire: Any
+    """The daemon's connection to the SOCKS5 server (iosim's ``FakeTransport``)."""
+    flush: Callable[[], None]
+    """Move what can move between the daemon and the server, with the TLS layers' writes."""
+    reactor: Any
+
+
+def tunnel(ca: Authority | None, tls: SocksTLS) -> Tunnel:
     """A sandbox's connection to 203.0.113.1:22 through a SOCKS5 server over TLS whose
-    certificate ``ca`` signed, the sandbox's policy asking ``tls``: its side, transport, the
-    server, and a pump that moves the bytes between the daemon and the server."""
+    certificate ``ca`` signed (``None``: a server speaking SOCKS5 in the clear), the
+    sandbox's policy asking ``tls``."""
     policy = attrs.evolve(
         parse_policy(None, None), socks5=SocksUpstream(SocksAddress(SOCKS, 1080), tls=tls)
     )
@@ -164,19 +187,17 @@ def tunnel(ca: Authority, tls: SocksTLS) -> tuple[SandboxSide, Any, FakeSocksSer
     host, port, factory, _, _ = reactor.tcpClients[-1]
     assert (host, port) == (SOCKS, 1080)
     server = FakeSocksServer()
-    options = PrivateCertificate.loadPEM(leaf_pem(proxy_leaf(ca, SOCKS))).options()
-    server_tls = TLSMemoryBIOFactory(
-        options, False, protocol.Factory.forProtocol(lambda: server), clock=reactor
-    )
-    server_side = server_tls.buildProtocol(None)
+    server_side: Any = server
+    if ca is not None:
+        options = PrivateCertificate.loadPEM(leaf_pem(proxy_leaf(ca, SOCKS))).options()
+        server_tls = TLSMemoryBIOFactory(
+            options, False, protocol.Factory.forProtocol(lambda: server), clock=reactor
+        )
+        server_side = server_tls.buildProtocol(None)
     client = factory.buildProtocol(None)
+    wire = FakeTransport(client, False)
     pump = connect(
-        server_side,
-        FakeTransport(server_side, True),
-        client,
-        FakeTransport(client, False),
-        greet=False,
-        clock=reactor,
+        server_side, FakeTransport(server_side, True), client, wire, greet=False, clock=reactor
     )
 
     def flush() -> None:
@@ -185,36 +206,59 @@ def tunnel(ca: Authority, tls: SocksTLS) -> tuple[SandboxSide, Any, FakeSocksSer
             pump.flush()
 
     flush()
-    return side, transport, server, (proxy, flush)
+    return Tunnel(side, transport, server, proxy, wire, flush, reactor)
 
 
 @pytest.mark.parametrize("server_name", [SERVER_NAME, None])
 def test_a_connection_is_tunnelled_inside_verified_tls(server_name: str | None) -> None:
-    side, transport, server, (proxy, flush) = tunnel(CA, SocksTLS(server_name, pem(CA[1])))
-    assert not proxy.refused and side.rule_connection is not None
-    assert transport.value() == b"hi "  # what came with the answer goes first
-    side.dataReceived(b"ping")
-    flush()
-    assert server.tunnelled == b"ping" and transport.value() == b"hi PING"
-    side.readConnectionLost()  # the sandbox's half-close: a close_notify, which ends the
-    flush()  # server's side, then the sandbox's
-    assert server.closed and transport.disconnecting
-    assert not proxy.refused
-    side.connectionLost(None)
-    assert not proxy.open
+    t = tunnel(CA, SocksTLS(server_name, pem(CA[1])))
+    assert not t.proxy.refused and t.side.rule_connection is not None
+    assert t.transport.value() == b"hi "  # what came with the answer goes first
+    t.side.dataReceived(b"ping")
+    t.flush()
+    assert t.server.tunnelled == b"ping" and t.transport.value() == b"hi PING"
+    t.side.readConnectionLost()  # the sandbox's half-close: a close_notify, which ends the
+    t.flush()  # server's side, then the sandbox's
+    assert t.server.closed and t.transport.disconnecting
+    assert not t.proxy.refused
+    t.side.connectionLost(None)
+    assert not t.proxy.open
+
+
+def test_a_side_that_cannot_keep_up_pauses_the_other() -> None:
+    t = tunnel(CA, SocksTLS(None, pem(CA[1])))
+    t.wire.producer.pauseProducing()  # the upstream's socket is full
+    assert t.transport.producerState == "paused"  # the sandbox's is no longer read
+    t.wire.producer.resumeProducing()
+    assert t.transport.producerState == "producing"
+    wire: list[str] = []
+    t.wire.pauseProducing = lambda: wire.append("paused")
+    t.wire.resumeProducing = lambda: wire.append("resumed")
+    t.transport.producer.pauseProducing()  # the sandbox's socket is full: the proxy's is
+    t.transport.producer.resumeProducing()  # no longer read, until it has room again
+    assert wire == ["paused", "resumed"]
 
 
 def test_another_cas_certificate_fails_closed() -> None:
-    side, transport, server, (proxy, _) = tunnel(OTHER_CA, SocksTLS(None, pem(CA[1])))
-    assert transport.aborted and side.rule_connection is None
-    assert proxy.refused == {("a", "socks_tls"): 1}
-    assert server.stage == 0  # no SOCKS5 byte, no credential, ever reached it
+    t = tunnel(OTHER_CA, SocksTLS(None, pem(CA[1])))
+    assert t.transport.aborted and t.side.rule_connection is None
+    assert t.proxy.refused == {("a", "socks_tls"): 1}
+    assert t.server.stage == 0  # no SOCKS5 byte, no credential, ever reached it
+
+
+def test_a_proxy_without_tls_is_never_spoken_to_in_the_clear() -> None:
+    t = tunnel(None, SocksTLS(None, pem(CA[1])))
+    t.reactor.advance(HANDSHAKE_TIMEOUT)  # its SOCKS5 answer is no TLS: never a handshake
+    assert t.transport.aborted and t.side.rule_connection is None
+    assert t.proxy.refused == {("a", "socks_timeout"): 1}
+    assert t.server.received[:1] == b"\x16"  # a TLS handshake, never SOCKS5's greeting
+    assert b"\x05\x01\x00" not in t.server.received
 
 
 def test_a_refused_tunnel_sends_no_close() -> None:
-    side, _, server, (_, flush) = tunnel(CA, SocksTLS(None, pem(CA[1])))
-    assert side.rule_connection is not None
-    side.rule_connection.refused = True
-    side.rule_connection.sandbox_ended()
-    flush()
-    assert not server.closed
+    t = tunnel(CA, SocksTLS(None, pem(CA[1])))
+    assert t.side.rule_connection is not None
+    t.side.rule_connection.refused = True
+    t.side.rule_connection.sandbox_ended()
+    t.flush()
+    assert not t.server.closed
