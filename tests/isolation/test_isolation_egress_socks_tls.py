@@ -21,7 +21,7 @@ from twisted.internet.ssl import PrivateCertificate
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.test.iosim import FakeTransport, connect
 
-from sandboxd.isolation.network.egress_policy import parse_policy
+from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_policy
 from sandboxd.isolation.network.egress_socks import (
     HANDSHAKE_TIMEOUT,
     SocksAddress,
@@ -85,6 +85,7 @@ def leaf_pem(leaf: Authority) -> bytes:
     return key + leaf[1].public_bytes(serialization.Encoding.PEM)
 
 
+NO_LISTS = parse_policy(None, None)
 CA = certificate("test proxy CA", None, [])
 OTHER_CA = certificate("someone else's CA", None, [])
 TLS_ON = {"address": f"{SOCKS}:1080", "tls": {"ca_cert": pem(CA[1])}}
@@ -175,15 +176,18 @@ class Tunnel:
     reactor: Any
 
 
-def tunnel(ca: Authority | None, tls: SocksTLS) -> Tunnel:
-    """A sandbox's connection to 203.0.113.1:22 through a SOCKS5 server over TLS whose
-    certificate ``ca`` signed (``None``: a server speaking SOCKS5 in the clear), the
-    sandbox's policy asking ``tls``."""
-    policy = attrs.evolve(
-        parse_policy(None, None), socks5=SocksUpstream(SocksAddress(SOCKS, 1080), tls=tls)
-    )
+def tunnel(
+    ca: Authority | None, tls: SocksTLS, policy: EgressPolicy = NO_LISTS, first: bytes = b""
+) -> Tunnel:
+    """A sandbox's connection to 203.0.113.1 (port 22; 80 when it sends ``first``, which
+    carries its name) through a SOCKS5 server over TLS whose certificate ``ca`` signed
+    (``None``: a server speaking SOCKS5 in the clear), the sandbox's ``policy`` asking
+    ``tls``."""
+    policy = attrs.evolve(policy, socks5=SocksUpstream(SocksAddress(SOCKS, 1080), tls=tls))
     proxy, reactor = proxy_for(policy)
-    side, transport = redirected(proxy, "203.0.113.1", 22)
+    side, transport = redirected(proxy, "203.0.113.1", 80 if first else 22)
+    if first:
+        side.dataReceived(first)
     host, port, factory, _, _ = reactor.tcpClients[-1]
     assert (host, port) == (SOCKS, 1080)
     server = FakeSocksServer()
@@ -223,6 +227,16 @@ def test_a_connection_is_tunnelled_inside_verified_tls(server_name: str | None) 
     assert not t.proxy.refused
     t.side.connectionLost(None)
     assert not t.proxy.open
+
+
+def test_a_header_rule_applies_inside_the_tunnel() -> None:
+    rules = {"good.example": [{"headers": {"X-Key": "k"}}]}
+    request = b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n"
+    t = tunnel(CA, SocksTLS(None, pem(CA[1])), parse_policy(["good.example"], None, rules), request)
+    assert not t.proxy.refused
+    assert t.server.tunnelled == b"GET / HTTP/1.1\r\nHost: good.example\r\nX-Key: k\r\n\r\n"
+    t.side.dataReceived(b"GET / HTTP/1.1\r\nHost: other.example\r\n\r\n")
+    assert t.proxy.refused == {("a", "host_changed"): 1} and t.transport.aborted
 
 
 def test_a_side_that_cannot_keep_up_pauses_the_other() -> None:
