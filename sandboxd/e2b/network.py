@@ -26,6 +26,7 @@ from sandboxd.errors import BadRequest
 from sandboxd.isolation.network.egress_policy import EgressPolicy, parse_list
 from sandboxd.isolation.network.egress_rules import HeaderRule, parse_rules
 from sandboxd.isolation.network.egress_socks_own import own_socks_json, parse_own_socks
+from sandboxd.isolation.network.egress_socks_tls import E2B_NAMES
 
 if TYPE_CHECKING:
     from sandboxd.e2b.api import E2BFront
@@ -63,7 +64,7 @@ def e2b_policy(network: object, internet: object) -> EgressPolicy | None:
         allowed, allow_names = parse_list("network.allowOut", network.get("allowOut") or [])
         rules = e2b_rules(network.get("rules"))
         proxy = network.get("egressProxy")
-        socks = None if proxy is None else parse_own_socks(proxy, "network.egressProxy")
+        socks = None if proxy is None else parse_own_socks(proxy, "network.egressProxy", E2B_NAMES)
     except ValueError as e:
         raise RestError(400, str(e)) from None
     if internet is False:
@@ -144,5 +145,5 @@ def network_json(policy: EgressPolicy | None) -> dict[str, Any] | None:
             for rule in policy.rules
         }
     if policy.socks5 is not None:
-        shown["egressProxy"] = own_socks_json(policy.socks5)
+        shown["egressProxy"] = own_socks_json(policy.socks5, E2B_NAMES)
     return shown

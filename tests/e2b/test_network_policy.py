@@ -73,7 +73,10 @@ def test_bodies_become_policies(
         ({"maskRequestHost": "x"}, "network.maskRequestHost: not supported"),
         ({"egressProxy": {"address": "x"}}, "network.egressProxy.address: 'x' is not HOST:PORT"),
         ({"egressProxy": {"address": "proxy.example:1080"}}, "a host name is not supported"),
-        ({"egressProxy": {"address": "203.0.113.80:1080", "tls": True}}, "TLS to the SOCKS5"),
+        (
+            {"egressProxy": {"address": "203.0.113.80:1080", "tls": {"caCert": "x"}}},
+            "network.egressProxy.tls.caCert: holds no PEM certificate",
+        ),
         ({"allowPublicTraffic": "no"}, "network.allowPublicTraffic: must be true or false"),
         ({"allowOut": ["exa mple.com"], "denyOut": ["0.0.0.0/0"]}, "'exa mple.com' is not an"),
         ({"denyOut": "0.0.0.0/0"}, "network.denyOut: must be a list"),

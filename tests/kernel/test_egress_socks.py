@@ -141,6 +141,10 @@ class Socks:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
+        self.wait_listening()
+
+    def wait_listening(self) -> None:
+        """Return once it listens."""
         for _ in range(200):
             with socket.socket() as s:
                 s.settimeout(1)

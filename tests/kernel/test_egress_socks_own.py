@@ -9,7 +9,8 @@ SOCKS5 server's address, never the host's, and the "internet" counts no packet f
 host's address to the upstreams' ports); its ``deny_out`` still holds before any ``CONNECT``;
 a sandbox without a proxy, beside it, goes out directly. With a wrong password it fails
 closed: refused and counted, nothing sent directly. The detail shows the proxy without its
-password; an address the operator denies, or TLS, is a 400 naming it.
+password; an address the operator denies, or a CA that is no PEM, is a 400 naming it (TLS to
+the proxy: ``test_egress_socks_tls``).
 """
 
 import os
@@ -145,7 +146,7 @@ def test_what_cannot_be_honoured_is_refused_by_name(front: E2BDaemon) -> None:
         ({"address": "127.0.0.1:1080"}, r"127\.0\.0\.1 is inside 127\.0\.0\.0/8"),
         ({"address": "169.254.169.254:1080"}, r"inside 169\.254\.0\.0/16"),
         ({"address": "10.0.0.5:1080"}, r"inside 10\.0\.0\.0/8"),
-        ({**PROXY, "tls": True}, "TLS to the SOCKS5 proxy is not supported"),
+        ({**PROXY, "tls": {"ca_cert": "x"}}, "tls.caCert: holds no PEM certificate"),
         ({"address": "proxy.example:1080"}, "a host name is not supported"),
     ]
     for proxy, named in cases:

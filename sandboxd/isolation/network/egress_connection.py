@@ -20,6 +20,7 @@ from sandboxd.isolation.network.egress_policy import PROXIED_PORTS
 from sandboxd.isolation.network.egress_relay import Relay, take_socket
 from sandboxd.isolation.network.egress_rewrite import RequestRewriter, RuleConnection
 from sandboxd.isolation.network.egress_rules import rule_for
+from sandboxd.isolation.network.egress_socks_tls import SocksTunnel, Unchanged
 from sandboxd.isolation.network.egress_tls import rewritten
 from sandboxd.isolation.network.egress_upstream import UpstreamFactory
 from sandboxd.isolation.network.egress_verdict import refusal
@@ -203,8 +204,8 @@ class SandboxSide(protocol.Protocol):
             upstream.loseConnection()
             return
         self.gone = True
-        if self.rewriter is not None:
-            self._rewrite(upstream, answered)
+        if self.rewriter is not None or isinstance(upstream, TLSMemoryBIOProtocol):
+            self._rewrite(upstream, answered)  # (a TLS tunnel to a SOCKS5 proxy: not spliced)
             return
         self.relay = Relay.start(
             self.proxy.reactor,
@@ -219,16 +220,23 @@ class SandboxSide(protocol.Protocol):
 
     def _rewrite(self, upstream: Any, answered: bytes) -> None:
         """The rule's path: the sandbox's requests rewritten on their way to ``upstream``,
-        once decrypted when its connection is TLS (the upstream's then, too)."""
-        assert self.rewriter is not None
-        name, address = self.rewriter.name, self.destination[0]
-        self.rule_connection, self.tls = rewritten(
-            self.proxy.tls if self.terminate else None,
-            self.tcp,
-            upstream,
-            self.rewriter,
-            lambda reason: self.proxy.refuse(self.rid, reason, name, address),
-        )
+        once decrypted when its connection is TLS (the upstream's then, too); and a TLS
+        tunnel to a sandbox's own SOCKS5 proxy, which cannot be spliced: its bytes pass
+        through Twisted's transports (:class:`~.egress_socks_tls.SocksTunnel`), rewritten
+        where a rule says so, else unchanged."""
+        rewriter = self.rewriter or Unchanged()
+        name, address = rewriter.name, self.destination[0]
+        refused = lambda reason: self.proxy.refuse(self.rid, reason, name, address)  # noqa: E731
+        if isinstance(upstream, TLSMemoryBIOProtocol) and not self.terminate:
+            self.rule_connection = SocksTunnel(self.tcp, upstream, rewriter, refused)
+        else:
+            self.rule_connection, self.tls = rewritten(
+                self.proxy.tls if self.terminate else None,
+                self.tcp,
+                upstream,
+                rewriter,
+                refused,
+            )
         peeked, self.buffer = self.buffer, b""
         if self.tls is None:
             self.rule_connection.start(peeked, self.read_done, answered)

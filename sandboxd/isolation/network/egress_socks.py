@@ -11,11 +11,13 @@ with a user name and password (RFC 1929) when ``SANDBOXD_EGRESS_SOCKS5_USER`` an
 :class:`SocksClient` is a Twisted protocol: the handshake never blocks the reactor, takes at
 most :data:`HANDSHAKE_TIMEOUT` seconds, connect included, and keeps no more than its
 messages (the longest, the ``CONNECT``'s answer, is 262 bytes). What
-comes after that answer is the upstream's first bytes, handed on with the connection. It
-**fails closed**: a SOCKS5 proxy that cannot be reached, refuses, or answers anything but the
-protocol ends the attempt with a reason (:data:`UNREACHABLE`, :data:`AUTH`, :data:`REFUSED`,
-:data:`PROTOCOL`, :data:`TIMEOUT`), which the egress proxy counts and resets the sandbox's
-connection for; nothing is ever sent another way.
+comes after that answer is the upstream's first bytes, handed on with the connection. With
+TLS to the proxy (a sandbox's own, :mod:`.egress_socks_tls`) all of it runs inside a
+verified TLS session. It **fails closed**: a SOCKS5 proxy that cannot be reached, refuses,
+or answers anything but the protocol ends the attempt with a reason (:data:`UNREACHABLE`,
+:data:`AUTH`, :data:`REFUSED`, :data:`PROTOCOL`, :data:`TIMEOUT`, :data:`TLS`), which the
+egress proxy counts and resets the sandbox's connection for; nothing is ever sent another
+way.
 """
 
 import ipaddress
@@ -24,11 +26,13 @@ from collections.abc import Callable
 from typing import Any
 
 from attrs import define, field, frozen
+from OpenSSL import SSL
 from twisted.internet import protocol
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
 from sandboxd.isolation.network.egress_plan import Address
+from sandboxd.isolation.network.egress_socks_tls import SocksTLS
 
 log = Logger()
 
@@ -45,6 +49,8 @@ PROTOCOL = "socks_protocol"
 """It answered something that is not SOCKS5, or hung up before answering."""
 TIMEOUT = "socks_timeout"
 """It did not finish within :data:`HANDSHAKE_TIMEOUT`."""
+TLS = "socks_tls"
+"""The TLS to it failed: its certificate did not verify, or its TLS is not TLS 1.2 or newer."""
 
 NO_AUTH, USER_PASSWORD, NO_METHOD = 0x00, 0x02, 0xFF
 CONNECT = 0x01
@@ -87,6 +93,8 @@ class SocksUpstream:
     user: bytes | None = None
     password: bytes | None = field(default=None, repr=False)
     """A secret: never shown (not in the ``repr`` either)."""
+    tls: SocksTLS | None = None
+    """TLS to the proxy, when on (:mod:`.egress_socks_tls`)."""
 
     def __attrs_post_init__(self) -> None:
         for what, value in (("user", self.user), ("password", self.password)):
@@ -107,15 +115,16 @@ class SocksUpstream:
         on_failed: Callable[[str], None],
     ) -> "SocksAttempt":
         """Ask the SOCKS5 proxy for a connection to ``address:port``: then
-        ``on_connected(transport, first_bytes)`` (the transport Twisted's, its protocol done
-        with it), or ``on_failed(reason)``; exactly one of them, once."""
+        ``on_connected(transport, first_bytes)`` (the transport Twisted's TCP one, or with
+        :attr:`tls` its TLS layer, its protocol done with it), or ``on_failed(reason)``;
+        exactly one of them, once."""
         attempt = SocksAttempt(self, address, port, on_connected, on_failed)
         attempt.timer = reactor.callLater(HANDSHAKE_TIMEOUT, attempt.fail, TIMEOUT)
+        factory: Any = SocksFactory(attempt)
+        if self.tls is not None:
+            factory = self.tls.client_factory(self.address.host, factory, reactor)
         attempt.connector = reactor.connectTCP(
-            self.address.host,
-            self.address.port,
-            SocksFactory(attempt),
-            timeout=HANDSHAKE_TIMEOUT,
+            self.address.host, self.address.port, factory, timeout=HANDSHAKE_TIMEOUT
         )
         return attempt
 
@@ -261,4 +270,7 @@ class SocksClient(protocol.Protocol):
 
     def connectionLost(self, reason: Any = None) -> None:
         self.attempt.client = None  # (nothing left to abort)
-        self.attempt.fail(AUTH if self.stage == "auth" else PROTOCOL)
+        if reason is not None and reason.check(SSL.Error) is not None:
+            self.attempt.fail(TLS)
+        else:
+            self.attempt.fail(AUTH if self.stage == "auth" else PROTOCOL)

@@ -8,16 +8,21 @@ for that sandbox's connections instead of the operator's (``SANDBOXD_EGRESS_SOCK
 fallback). The address must be an IP address: the operator's check of it
 (:func:`~sandboxd.isolation.network.egress_policy.check_allowed`) is made once, when the
 policy is given, and a name could resolve elsewhere later. The user name and password go as
-RFC 1929 says (1 to 255 bytes each; a password needs a user name). TLS to the proxy is not
-supported: ``tls`` on is refused rather than ignored. The password is a secret: no error
-names it, :func:`own_socks_json` leaves it out, and :class:`SocksUpstream` keeps it out of
-its ``repr``.
+RFC 1929 says (1 to 255 bytes each; a password needs a user name). ``tls`` asks for TLS to
+the proxy (:mod:`.egress_socks_tls`). The password is a secret: no error names it,
+:func:`own_socks_json` leaves it out (and the ``ca_cert``), and :class:`SocksUpstream`
+keeps it out of its ``repr``.
 """
 
 import ipaddress
 from typing import Any
 
 from sandboxd.isolation.network.egress_socks import SocksUpstream, parse_socks_address
+from sandboxd.isolation.network.egress_socks_tls import (
+    NAMES,
+    parse_socks_tls,
+    socks_tls_json,
+)
 
 FIELDS = ("address", "username", "password", "tls")
 
@@ -25,9 +30,10 @@ SECRET_MAX = 255
 """Longest user name and password, in bytes (RFC 1929)."""
 
 
-def parse_own_socks(value: object, where: str) -> SocksUpstream:
+def parse_own_socks(value: object, where: str, tls_names: tuple[str, str] = NAMES) -> SocksUpstream:
     """A request's SOCKS5 proxy object as an upstream; ``ValueError`` naming the field
-    (``where`` its name in the request) and never a user name's or password's value."""
+    (``where`` its name in the request) and never a user name's or password's value
+    (``tls_names``: how its ``tls`` fields are spelt, :mod:`.egress_socks_tls`)."""
     if not isinstance(value, dict):
         raise ValueError(f"{where}: must be an object with an address")
     unknown = sorted(set(value) - set(FIELDS))
@@ -47,9 +53,8 @@ def parse_own_socks(value: object, where: str) -> SocksUpstream:
     password = _secret(value, "password", where)
     if password is not None and user is None:
         raise ValueError(f"{where}.password: needs a username")
-    if _tls_on(value.get("tls"), where):
-        raise ValueError(f"{where}.tls: TLS to the SOCKS5 proxy is not supported by sandboxd")
-    return SocksUpstream(address, user, password)
+    tls = parse_socks_tls(value.get("tls"), f"{where}.tls", tls_names)
+    return SocksUpstream(address, user, password, tls)
 
 
 def _secret(value: dict[str, Any], name: str, where: str) -> bytes | None:
@@ -65,19 +70,12 @@ def _secret(value: dict[str, Any], name: str, where: str) -> bytes | None:
     return raw
 
 
-def _tls_on(value: object, where: str) -> bool:
-    """Whether ``tls`` asks for TLS: ``true``, or an object (E2B's ``{"enabled": true, ...}``)
-    whose ``enabled`` is not ``false``."""
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    if not isinstance(value, dict):
-        raise ValueError(f"{where}.tls: must be true, false or an object")
-    return value.get("enabled") is not False
-
-
-def own_socks_json(upstream: SocksUpstream) -> dict[str, Any]:
-    """The proxy as a listing shows it: its address and user name, never the password."""
+def own_socks_json(upstream: SocksUpstream, tls_names: tuple[str, str] = NAMES) -> dict[str, Any]:
+    """The proxy as a listing shows it: its address, user name and TLS, never the password
+    (nor the CA)."""
     shown: dict[str, Any] = {"address": str(upstream.address)}
     if upstream.user is not None:
         shown["username"] = upstream.user.decode()
+    if upstream.tls is not None:
+        shown["tls"] = socks_tls_json(upstream.tls, tls_names)
     return shown
