@@ -1,12 +1,13 @@
-"""The manager's egress policies (docs/isolation.rst, "Egress policy per sandbox"): a
-create's policy checked, a live sandbox's policy read and replaced."""
+"""The manager's egress policies (docs/isolation.rst, "Egress policy per sandbox"): a live
+sandbox's policy read and replaced, and the CA bundle a sandbox of the ``egress`` mode sees
+("Header rules over HTTPS"), made at its create and rewritten when its rules change."""
 
 from twisted.logger import Logger
 
 from sandboxd.core.sandbox import Sandbox
 from sandboxd.errors import BadRequest
 from sandboxd.isolation.base import Isolation
-from sandboxd.isolation.network.egress_policy import EgressPolicy, PolicyHolder
+from sandboxd.isolation.network.egress_policy import OPEN, EgressPolicy, PolicyHolder
 from sandboxd.isolation.network.modes import NetworkMode
 
 log = Logger()
@@ -25,6 +26,16 @@ def checked_holder(mode: NetworkMode, policy: EgressPolicy) -> PolicyHolder:
     return holder
 
 
+def trust_at_create(mode: NetworkMode, policy: EgressPolicy | None) -> bytes:
+    """The CA bundle a sandbox created in ``mode`` with ``policy`` sees: for every sandbox of
+    a mode that holds policies (a rule may come later, and the bundle must be bound at create
+    to be rewritten then), the host's, with the proxy's CA when ``policy`` has a header rule;
+    nothing for any other mode."""
+    if not isinstance(mode, PolicyHolder):
+        return b""
+    return mode.trust_bundle(OPEN if policy is None else policy)
+
+
 class EgressPolicies:
     """The manager's egress policies (a mixin: the manager provides these attributes)."""
 
@@ -40,11 +51,16 @@ class EgressPolicies:
 
     def set_egress(self, rid: str, policy: EgressPolicy) -> EgressPolicy:
         """Replace the live sandbox's egress policy: its next new connection obeys it
-        (connections open stay). ``400`` when its mode takes none or the operator forbids
-        what it names; the policy in force after."""
+        (connections open stay), and the CA bundle it sees is rewritten in place to trust the
+        proxy's CA while the policy has a header rule (the host's alone once it has none).
+        ``400`` when its mode takes none or the operator forbids what it names; the policy in
+        force after."""
         sandbox = self.get(rid)
         mode = self.isolation.namespaces.network.offered[sandbox.network]
         holder = checked_holder(mode, policy)
         holder.set_policy(rid, policy)
+        bundle = holder.trust_bundle(policy)
+        if bundle:
+            self.isolation.namespaces.retrust(rid, bundle)
         log.info("egress policy of {rid} replaced", rid=rid)
         return holder.policy(rid)

@@ -25,7 +25,7 @@ from sandboxd.core.archive.store import Archive
 from sandboxd.core.commands import BASE_PATH, Commands
 from sandboxd.core.contexts.service import ContextCommands
 from sandboxd.core.drain import Drains
-from sandboxd.core.egress import EgressPolicies, checked_holder
+from sandboxd.core.egress import EgressPolicies, checked_holder, trust_at_create
 from sandboxd.core.exec.spec import check_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
@@ -136,11 +136,10 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains, EgressPolicies):
         holder = None if request.egress is None else checked_holder(mode, request.egress)
         rid, identity = made or (secrets.token_hex(8), self._identity())
         directories = self.layout if made is None else Prefilled(self.layout)
-        trust = b""
         if holder is not None:
             assert request.egress is not None
             holder.stage_policy(rid, request.egress)
-            trust = holder.trust_bundle(request.egress)
+        trust = trust_at_create(mode, request.egress)
         if trust:  # (runtimes that read no system bundle: docs/isolation.rst)
             create_env = {**TRUST_ENV, **create_env}
         try:

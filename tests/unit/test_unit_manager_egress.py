@@ -27,6 +27,8 @@ class PolicedMode:
 
     name: str = "egress"
     own_namespace: bool = False
+    trusted: bool = True
+    """Whether the proxy terminates TLS (every sandbox then gets a bundle)."""
     staged: dict[str, EgressPolicy] = attrs.field(factory=dict)
     policies: dict[str, EgressPolicy] = attrs.field(factory=dict)
 
@@ -52,7 +54,9 @@ class PolicedMode:
         return self.policies.get(rid, self.staged.get(rid, OPEN))
 
     def trust_bundle(self, policy: EgressPolicy) -> bytes:
-        return b"CA" if policy.rules else b""
+        if not self.trusted:
+            return b""
+        return b"HOST+CA" if policy.rules else b"HOST"
 
 
 @pytest.fixture
@@ -88,7 +92,30 @@ def test_a_sandbox_with_a_header_rule_is_told_where_its_bundle_is(world: Any) ->
     request = CreateRequest(egress=ruled, env={"CURL_CA_BUNDLE": "/mine.pem"})
     sandbox = w.manager.create(request)
     assert sandbox.env == {**TRUST_ENV, "CURL_CA_BUNDLE": "/mine.pem"}  # (its own wins)
-    assert not w.manager.create(CreateRequest(egress=OPEN)).env
+    assert w.manager.create(CreateRequest(egress=OPEN)).env == TRUST_ENV  # (a rule may come)
+    assert not w.manager.create(CreateRequest(network="host")).env
+
+
+def test_without_tls_termination_no_sandbox_is_told_of_a_bundle(world: Any) -> None:
+    w, mode = world
+    mode.trusted = False
+    ruled = parse_policy(None, None, {"api.example": [{"headers": {"X-Key": "k"}}]})
+    assert not w.manager.create(CreateRequest(egress=ruled)).env
+
+
+def test_a_live_sandboxs_bundle_follows_its_rules(world: Any, monkeypatch: Any) -> None:
+    w, mode = world
+    rewritten: list[tuple[str, bytes]] = []
+    monkeypatch.setattr(
+        Namespaces, "retrust", lambda _, rid, bundle: rewritten.append((rid, bundle))
+    )
+    rid = w.manager.create().rid
+    ruled = parse_policy(None, None, {"api.example": [{"headers": {"X-Key": "k"}}]})
+    w.manager.set_egress(rid, ruled)
+    w.manager.set_egress(rid, OPEN)
+    mode.trusted = False
+    w.manager.set_egress(rid, ruled)  # (no termination: nothing to rewrite)
+    assert rewritten == [(rid, b"HOST+CA"), (rid, b"HOST")]
 
 
 def test_policies_the_mode_or_operator_refuses_are_400s(world: Any) -> None:

@@ -37,14 +37,37 @@ def group_text(identity: Identity) -> str:
 
 
 TRUST_FILE = "ca-certificates.crt"
-"""A sandbox's own CA bundle, bound over ``/etc/ssl/certs/ca-certificates.crt`` (written only
-for a sandbox whose egress policy has a header rule: docs/isolation.rst, "Header rules over
-HTTPS"); its name is ``sandboxd_exec_ns.h``'s."""
+"""A sandbox's own CA bundle, bound over ``/etc/ssl/certs/ca-certificates.crt`` (written for
+every sandbox of the ``egress`` mode, the host's bundle until its policy has a header rule:
+docs/isolation.rst, "Header rules over HTTPS"); its name is ``sandboxd_exec_ns.h``'s."""
 
 
 def write_trust_file(directory: str, bundle: bytes) -> None:
     """Write the sandbox's CA ``bundle`` into ``directory`` (mode 0644, root's)."""
     _write(directory, TRUST_FILE, bundle)
+
+
+def rewrite_trust_file(directory: str, bundle: bytes) -> bool:
+    """Make the sandbox's CA bundle in ``directory`` hold ``bundle``, in place (the same
+    inode: the bind over the sandbox's ``/etc/ssl/certs/ca-certificates.crt`` shows it): the
+    new bytes written over the old from the start, then the file cut to their length, so a
+    reader sees the old bundle, or the old one's start followed by the new one's (the CA
+    comes after the host's bundle). Never follows a link, never creates: ``False`` when there
+    is no such file (a sandbox without a mount namespace, or whose host has no bundle)."""
+    try:
+        fd = os.open(
+            os.path.join(directory, TRUST_FILE), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
+    except FileNotFoundError:
+        return False
+    try:
+        done = 0
+        while done < len(bundle):
+            done += os.pwrite(fd, bundle[done:], done)
+        os.ftruncate(fd, len(bundle))
+    finally:
+        os.close(fd)
+    return True
 
 
 def _write(directory: str, name: str, data: bytes) -> None:

@@ -293,16 +293,20 @@ class EgressNetwork:
         return self._policies.get(rid, OPEN)
 
     def trust_bundle(self, policy: EgressPolicy) -> bytes:
-        """The host's bundle and :attr:`trusted`, for a ``policy`` with a header rule (see
-        :class:`~sandboxd.isolation.network.egress_policy.PolicyHolder`); a host without a
-        bundle: the CA alone."""
-        if not policy.rules or not self.trusted:
+        """The CA bundle a sandbox with ``policy`` sees (see
+        :class:`~sandboxd.isolation.network.egress_policy.PolicyHolder`), while the proxy
+        terminates TLS (:attr:`trusted`; else nothing): the host's, and :attr:`trusted` after
+        it when the policy has a header rule (a host without a bundle: the CA alone, or
+        nothing)."""
+        if not self.trusted:
             return b""
         try:
             with open(self.host_bundle, "rb") as f:
                 host = f.read()
         except FileNotFoundError:
             host = b""
+        if not policy.rules:
+            return host
         return host.rstrip(b"\n") + b"\n" + self.trusted if host else self.trusted
 
     def sandbox_at(self, address: str) -> tuple[str, EgressPolicy] | None:

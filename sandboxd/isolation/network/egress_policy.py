@@ -133,9 +133,10 @@ class PolicyHolder(Protocol):
         """The policy of the attached sandbox ``rid``."""
 
     def trust_bundle(self, policy: EgressPolicy) -> bytes:
-        """The CA bundle a sandbox created with ``policy`` sees at :data:`TRUST_PATH`: the
-        host's and the egress proxy's CA when the policy has a header rule (the proxy
-        terminates its TLS), else nothing (the host's, untouched)."""
+        """The CA bundle a sandbox with ``policy`` sees at :data:`TRUST_PATH`, bound there at
+        its create and rewritten when its policy changes: while the egress proxy terminates
+        TLS, the host's, and the proxy's CA when the policy has a header rule; else nothing
+        (the host's file, untouched)."""
 
 
 def parse_list(name: str, value: object) -> tuple[tuple[Network, ...], tuple[str, ...]]:
