@@ -5,8 +5,10 @@ sandbox's policy read and replaced, and the CA bundle a sandbox of the ``egress`
 from twisted.logger import Logger
 
 from sandboxd.core.sandbox import Sandbox
+from sandboxd.core.templates.store import TemplateRoot
 from sandboxd.errors import BadRequest
 from sandboxd.isolation.base import Isolation
+from sandboxd.isolation.namespaces.identity_files import template_bundle
 from sandboxd.isolation.network.egress_policy import OPEN, EgressPolicy, PolicyHolder
 from sandboxd.isolation.network.modes import NetworkMode
 
@@ -26,14 +28,23 @@ def checked_holder(mode: NetworkMode, policy: EgressPolicy) -> PolicyHolder:
     return holder
 
 
-def trust_at_create(mode: NetworkMode, policy: EgressPolicy | None) -> bytes:
-    """The CA bundle a sandbox created in ``mode`` with ``policy`` sees: for every sandbox of
-    a mode that holds policies (a rule may come later, and the bundle must be bound at create
-    to be rewritten then), the host's, with the proxy's CA when ``policy`` has a header rule;
-    nothing for any other mode."""
+def trust_base(sandbox_template: TemplateRoot | None) -> bytes | None:
+    """The bundle a sandbox's own extends: its template's (empty when it has none), else
+    the host's (``None``)."""
+    return None if sandbox_template is None else template_bundle(sandbox_template.rootfs)
+
+
+def trust_at_create(
+    mode: NetworkMode, policy: EgressPolicy | None, template: TemplateRoot | None
+) -> bytes:
+    """The CA bundle a sandbox created in ``mode`` with ``policy`` (from ``template``) sees:
+    for every sandbox of a mode that holds policies (a rule may come later, and the bundle
+    must be bound at create to be rewritten then), the host's or its template's
+    (:func:`trust_base`), with the proxy's CA when ``policy`` has a header rule; nothing for
+    any other mode."""
     if not isinstance(mode, PolicyHolder):
         return b""
-    return mode.trust_bundle(OPEN if policy is None else policy)
+    return mode.trust_bundle(OPEN if policy is None else policy, trust_base(template))
 
 
 class EgressPolicies:
@@ -59,7 +70,7 @@ class EgressPolicies:
         mode = self.isolation.namespaces.network.offered[sandbox.network]
         holder = checked_holder(mode, policy)
         holder.set_policy(rid, policy)
-        bundle = holder.trust_bundle(policy)
+        bundle = holder.trust_bundle(policy, trust_base(sandbox.template))
         if bundle:
             self.isolation.namespaces.retrust(rid, bundle)
         log.info("egress policy of {rid} replaced", rid=rid)

@@ -139,7 +139,7 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains, EgressPolicies):
         if holder is not None:
             assert request.egress is not None
             holder.stage_policy(rid, request.egress)
-        trust = trust_at_create(mode, request.egress)
+        trust = trust_at_create(mode, request.egress, template)
         if trust:  # (runtimes that read no system bundle: docs/isolation.rst)
             create_env = {**TRUST_ENV, **create_env}
         try:

@@ -202,3 +202,4 @@ def test_only_a_sandbox_with_a_rule_gets_the_ca_beside_the_hosts_bundle(tmp_path
     (tmp_path / "bundle.crt").write_bytes(b"HOST CAS")
     assert mode.trust_bundle(parse_policy(["good.example"], None)) == b"HOST CAS"
     assert mode.trust_bundle(RULED) == b"HOST CAS\n" + tls.ca.pem
+    assert mode.trust_bundle(RULED, b"TEMPLATE'S") == b"TEMPLATE'S\n" + tls.ca.pem

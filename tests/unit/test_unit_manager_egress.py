@@ -12,6 +12,7 @@ import attrs
 import pytest
 
 from sandboxd.core.sandbox import CreateRequest
+from sandboxd.core.templates.store import TemplateRoot
 from sandboxd.errors import BadRequest
 from sandboxd.http import parse, wire
 from sandboxd.isolation.namespaces.pins import Namespaces
@@ -53,10 +54,10 @@ class PolicedMode:
     def policy(self, rid: str) -> EgressPolicy:
         return self.policies.get(rid, self.staged.get(rid, OPEN))
 
-    def trust_bundle(self, policy: EgressPolicy) -> bytes:
+    def trust_bundle(self, policy: EgressPolicy, base: bytes | None = None) -> bytes:
         if not self.trusted:
             return b""
-        return b"HOST+CA" if policy.rules else b"HOST"
+        return (b"HOST" if base is None else base) + (b"+CA" if policy.rules else b"")
 
 
 @pytest.fixture
@@ -116,6 +117,21 @@ def test_a_live_sandboxs_bundle_follows_its_rules(world: Any, monkeypatch: Any) 
     mode.trusted = False
     w.manager.set_egress(rid, ruled)  # (no termination: nothing to rewrite)
     assert rewritten == [(rid, b"HOST+CA"), (rid, b"HOST")]
+
+
+def test_a_templated_sandboxs_bundle_extends_its_templates(
+    world: Any, monkeypatch: Any, tmp_path: Path
+) -> None:
+    w, _ = world
+    rewritten: list[bytes] = []
+    monkeypatch.setattr(Namespaces, "retrust", lambda _, rid, bundle: rewritten.append(bundle))
+    (tmp_path / "t/etc/ssl/certs").mkdir(parents=True)
+    (tmp_path / "t/etc/ssl/certs/ca-certificates.crt").write_bytes(b"TEMPLATE'S")
+    sandbox = w.manager.create()
+    sandbox.template = TemplateRoot("t", str(tmp_path / "t"), {}, "/")
+    ruled = parse_policy(None, None, {"api.example": [{"headers": {"X-Key": "k"}}]})
+    w.manager.set_egress(sandbox.rid, ruled)
+    assert rewritten == [b"TEMPLATE'S+CA"]
 
 
 def test_policies_the_mode_or_operator_refuses_are_400s(world: Any) -> None:

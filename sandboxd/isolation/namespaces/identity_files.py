@@ -11,6 +11,7 @@ where its commands' ``HOME`` points. Nothing changes on the host. See docs/opera
 """
 
 import os
+import stat
 
 from sandboxd.isolation.base import Identity
 
@@ -40,6 +41,40 @@ TRUST_FILE = "ca-certificates.crt"
 """A sandbox's own CA bundle, bound over ``/etc/ssl/certs/ca-certificates.crt`` (written for
 every sandbox of the ``egress`` mode, the host's bundle until its policy has a header rule:
 docs/isolation.rst, "Header rules over HTTPS"); its name is ``sandboxd_exec_ns.h``'s."""
+
+
+TEMPLATE_BUNDLE = ("etc", "ssl", "certs", "ca-certificates.crt")
+"""Where a template's own CA bundle is, in its files."""
+
+TEMPLATE_BUNDLE_MAX = 4 << 20
+"""The largest template bundle read (bytes): a larger one is taken as none (the template's
+file is then left unbound, the daemon holding no unbounded read)."""
+
+
+def template_bundle(rootfs: str) -> bytes:
+    """The CA bundle of the template whose files are ``rootfs``, which a sandbox of it
+    extends (docs/isolation.rst, "Header rules over HTTPS"): empty when it has none, when a
+    part of its path is a link or not what it should be (never followed: a template's link
+    names the host's tree here), or when it is larger than :data:`TEMPLATE_BUNDLE_MAX`."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(rootfs, flags | os.O_DIRECTORY)
+    except OSError:
+        return b""
+    try:
+        for part in TEMPLATE_BUNDLE:
+            last = part == TEMPLATE_BUNDLE[-1]
+            opened = os.open(part, flags | (os.O_NONBLOCK if last else os.O_DIRECTORY), dir_fd=fd)
+            os.close(fd)
+            fd = opened
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        data = os.read(fd, TEMPLATE_BUNDLE_MAX + 1)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return data if len(data) <= TEMPLATE_BUNDLE_MAX else b""
 
 
 def write_trust_file(directory: str, bundle: bytes) -> None:
