@@ -25,6 +25,7 @@ from sandboxd.core.archive.store import Archive
 from sandboxd.core.commands import BASE_PATH, Commands
 from sandboxd.core.contexts.service import ContextCommands
 from sandboxd.core.drain import Drains
+from sandboxd.core.egress import EgressPolicies, checked_holder, trust_at_create
 from sandboxd.core.exec.spec import check_env
 from sandboxd.core.files import workspace
 from sandboxd.core.files.paths import Parts
@@ -36,8 +37,8 @@ from sandboxd.core.watch.budget import WatchBudget, host_budget
 from sandboxd.errors import BadRequest, Draining, NoCapacity, SandboxNotFound
 from sandboxd.isolation.base import CgroupStats, Identity, Isolation, Limits, NoFreeUid
 from sandboxd.isolation.disk.base import DiskUsage
-from sandboxd.isolation.network.egress_policy import TRUST_ENV, EgressPolicy, PolicyHolder
-from sandboxd.isolation.network.modes import NetworkMode, NetworkUnavailable
+from sandboxd.isolation.network.egress_policy import TRUST_ENV
+from sandboxd.isolation.network.modes import NetworkUnavailable
 from sandboxd.metrics import Metrics
 
 T = TypeVar("T")
@@ -47,21 +48,8 @@ log = Logger()
 __all__ = ["BASE_PATH", "Sandbox", "SandboxManager"]
 
 
-def checked_holder(mode: NetworkMode, policy: EgressPolicy) -> PolicyHolder:
-    """The mode, which must enforce egress policies; ``400`` when it takes none, or the
-    operator forbids what ``policy`` names."""
-    if not isinstance(mode, PolicyHolder):
-        raise BadRequest(f"network: allow_out and deny_out need mode egress, not {mode.name}")
-    holder = mode
-    try:
-        holder.check_policy(policy)
-    except ValueError as e:
-        raise BadRequest(f"network: {e}") from None
-    return holder
-
-
 @define
-class SandboxManager(Commands, ContextCommands, Forks, Drains):
+class SandboxManager(Commands, ContextCommands, Forks, Drains, EgressPolicies):
     """Creates, finds, runs commands in, and kills sandboxes."""
 
     config: Config
@@ -148,11 +136,10 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
         holder = None if request.egress is None else checked_holder(mode, request.egress)
         rid, identity = made or (secrets.token_hex(8), self._identity())
         directories = self.layout if made is None else Prefilled(self.layout)
-        trust = b""
         if holder is not None:
             assert request.egress is not None
             holder.stage_policy(rid, request.egress)
-            trust = holder.trust_bundle(request.egress)
+        trust = trust_at_create(mode, request.egress, template)
         if trust:  # (runtimes that read no system bundle: docs/isolation.rst)
             create_env = {**TRUST_ENV, **create_env}
         try:
@@ -392,21 +379,3 @@ class SandboxManager(Commands, ContextCommands, Forks, Drains):
             )
             for s in self.sandboxes.values()
         ]
-
-    # Egress policy (docs/isolation.rst, "Egress policy per sandbox")
-
-    def egress_policy(self, sandbox: Sandbox) -> EgressPolicy | None:
-        """The sandbox's egress policy now (``None``: its network mode takes none)."""
-        mode = self.isolation.namespaces.network.offered.get(sandbox.network)
-        return mode.policy(sandbox.rid) if isinstance(mode, PolicyHolder) else None
-
-    def set_egress(self, rid: str, policy: EgressPolicy) -> EgressPolicy:
-        """Replace the live sandbox's egress policy: its next new connection obeys it
-        (connections open stay). ``400`` when its mode takes none or the operator forbids
-        what it names; the policy in force after."""
-        sandbox = self.get(rid)
-        mode = self.isolation.namespaces.network.offered[sandbox.network]
-        holder = checked_holder(mode, policy)
-        holder.set_policy(rid, policy)
-        log.info("egress policy of {rid} replaced", rid=rid)
-        return holder.policy(rid)

@@ -188,7 +188,7 @@ def test_the_daemon_makes_its_ca_and_gives_the_proxy_the_means(tmp_path: Path) -
     assert not (tmp_path / CA_DIR).exists()
 
 
-def test_only_a_sandbox_with_a_rule_gets_the_hosts_bundle_and_the_ca(tmp_path: Path) -> None:
+def test_only_a_sandbox_with_a_rule_gets_the_ca_beside_the_hosts_bundle(tmp_path: Path) -> None:
     mode = EgressNetwork(Host().egress(tmp_path), capacity=1)
     config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent")
     assert mode.trust_bundle(RULED) == b""  # (no CA: no termination, nothing to trust)
@@ -196,8 +196,10 @@ def test_only_a_sandbox_with_a_rule_gets_the_hosts_bundle_and_the_ca(tmp_path: P
     tls = rule_tls(config_tls, Clock(), StartupUndo())
     assert egress_proxy(config, Clock(), mode, ("127.0.0.1",), tls=tls) is not None
     assert mode.trusted == tls.ca.pem
-    assert mode.trust_bundle(parse_policy(["good.example"], None)) == b""
     mode.host_bundle = str(tmp_path / "bundle.crt")
     assert mode.trust_bundle(RULED) == tls.ca.pem  # (a host without a bundle)
+    assert mode.trust_bundle(parse_policy(["good.example"], None)) == b""
     (tmp_path / "bundle.crt").write_bytes(b"HOST CAS")
+    assert mode.trust_bundle(parse_policy(["good.example"], None)) == b"HOST CAS"
     assert mode.trust_bundle(RULED) == b"HOST CAS\n" + tls.ca.pem
+    assert mode.trust_bundle(RULED, b"TEMPLATE'S") == b"TEMPLATE'S\n" + tls.ca.pem

@@ -6,7 +6,8 @@ a real ``twistd sandboxd`` as root, its upstreams verified against the test CA
 A sandbox with a rule reaches its name over HTTPS with curl and with Python's default trust,
 the upstream seeing the rule's header; the value is in none of its environment, files or
 memory. Only that sandbox trusts the daemon's CA: a sandbox without a rule refuses a server
-showing one of its leaves (a MITM). An upstream whose certificate does not verify is refused;
+showing one of its leaves (a MITM); one given a rule live trusts it from then on (its bundle
+rewritten in place). An upstream whose certificate does not verify is refused;
 a name without a rule is still spliced (its certificate the upstream's own).
 """
 
@@ -35,6 +36,8 @@ from tests.kernel.test_egress_daemon import exec_out
 from tests.kernel.test_egress_names import created, refused_counts
 from tests.kernel.test_egress_rules import HeaderRecorder, memory_holds
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
+from tests.templates.archives import file
+from tests.templates.rootfs import rootfs
 
 pytestmark = EGRESS_MARKS
 
@@ -53,6 +56,7 @@ API, PLAIN, OTHER, MITM = (
 )
 ZONE = {API: [A4], PLAIN: [A4], OTHER: [B4], MITM: [C4]}
 SECRET = "Bearer tls33-" + hashlib.sha256(str(os.getpid()).encode()).hexdigest()[:24]
+TEMPLATE_BUNDLE = "etc/ssl/certs/ca-certificates.crt"
 BASE = 493000 + os.getpid() % 1000 * 20
 
 
@@ -113,6 +117,8 @@ class World:
     recorders: dict[str, TLSRecorder]
     ruled: str
     plain: str
+    late: str
+    """A sandbox created without a rule, given one live (test_a_rule_given_live_...)."""
 
 
 def daemon_leaf(daemon: Daemon, name: str, directory: Path) -> ssl.SSLContext:
@@ -151,7 +157,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "SANDBOXD_EGRESS_UPSTREAM_CA": str(tmp / "upstream-ca.pem"),
         }
         daemon = start_daemon(
-            tmp, f"--uid-min={BASE}", f"--uid-max={BASE + 1}", "--network-allow=egress", env=env
+            tmp,
+            f"--uid-min={BASE}",
+            f"--uid-max={BASE + 3}",
+            "--network-allow=egress",
+            "--template-max=64M",
+            env=env,
         )
         try:
             recorders = {
@@ -168,7 +179,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 daemon, {"mode": "egress", "allow_out": [API, PLAIN, OTHER, MITM], "rules": rules}
             )
             plain = created(daemon, {"mode": "egress", "allow_out": [API, PLAIN, MITM]})
-            yield World(daemon, ca, recorders, ruled, plain)
+            late = created(daemon, {"mode": "egress", "allow_out": [API]})
+            own = file(TEMPLATE_BUNDLE, ca.pem.encode())  # (the template trusts the test CA)
+            template = rootfs("/usr/bin/curl", extra=[own])
+            assert daemon.call("PUT", "/templates/curl", raw=template)[0] == 201
+            yield World(daemon, ca, recorders, ruled, plain, late)
         finally:
             stop_daemon(daemon)
             for server in servers:
@@ -198,7 +213,20 @@ def test_https_to_a_ruled_name_reaches_the_upstream_with_the_header(world: World
     assert auths(recorder) == [[SECRET]] * 2  # (the sandbox's own value replaced)
     env = exec_out(world.daemon, world.ruled, "env")
     assert all(f"{k}={v}" in env for k, v in TRUST_ENV.items())
-    assert "SSL_CERT_FILE" not in exec_out(world.daemon, world.plain, "env")
+    env = exec_out(world.daemon, world.plain, "env")  # (the host's bundle, at that path)
+    assert all(f"{k}={v}" in env for k, v in TRUST_ENV.items())
+
+
+def test_a_rule_given_live_is_trusted_over_https(world: World) -> None:
+    before = fetch(world, world.late, A4, API)  # spliced: the test CA's, trusted by no one
+    assert "CERTIFICATE_VERIFY_FAILED" in before.get("error", ""), before
+    world.recorders[A4].seen.clear()
+    rules = {API: [{"headers": {"Authorization": SECRET}}]}
+    update = {"allow_out": [API], "rules": rules}
+    assert world.daemon.call("PUT", f"/sandboxes/{world.late}/network", update)[0] == 200
+    got = fetch(world, world.late, A4, API)  # its bundle, rewritten in place, has the CA
+    assert got.get("status") == "200", got
+    assert auths(world.recorders[A4]) == [[SECRET]]
 
 
 READ = "import sys\ntry: open(sys.argv[1]).read(); print('read')\nexcept OSError as e: print(e)"
@@ -255,7 +283,7 @@ def sandbox_pids() -> list[int]:
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         status = status_of(int(entry))
-        if status and BASE <= int(status.split("\nUid:")[1].split()[0]) <= BASE + 1:
+        if status and BASE <= int(status.split("\nUid:")[1].split()[0]) <= BASE + 3:
             found.append(int(entry))
     return found
 
@@ -278,3 +306,24 @@ def test_a_name_without_a_rule_is_still_spliced(world: World) -> None:
     for rid in (world.ruled, world.plain):
         got = fetch(world, rid, A4, PLAIN, trust="none")
         assert got["cert"] == hashlib.sha256(der).hexdigest(), got  # the upstream's own
+
+
+def test_a_templated_sandbox_trusts_its_templates_bundle_and_the_ca(world: World) -> None:
+    network = {"mode": "egress", "allow_out": [API, PLAIN]}
+    body = {"template": "curl", "network": network}
+    status, answer = world.daemon.call("POST", "/sandboxes", body)
+    assert status == 200, answer
+    rid = json.loads(answer)["remote_id"]
+    seen = exec_out(world.daemon, rid, "cat", "/" + TEMPLATE_BUNDLE)
+    assert seen == world.ca.pem  # (its template's own, not the host's)
+    curl = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}"]
+    plain = [*curl, "--resolve", f"{PLAIN}:443:{A4}", f"https://{PLAIN}/t"]
+    assert exec_out(world.daemon, rid, *plain) == "200"  # spliced, its template's trust
+    rules = {API: [{"headers": {"Authorization": SECRET}}]}
+    update = {"allow_out": [API, PLAIN], "rules": rules}
+    assert world.daemon.call("PUT", f"/sandboxes/{rid}/network", update)[0] == 200
+    world.recorders[A4].seen.clear()
+    ruled = [*curl, "--resolve", f"{API}:443:{A4}", f"https://{API}/t"]
+    assert exec_out(world.daemon, rid, *ruled) == "200"
+    assert auths(world.recorders[A4]) == [[SECRET]]
+    assert exec_out(world.daemon, rid, *plain) == "200"  # (the template's CA still trusted)

@@ -12,6 +12,7 @@ import attrs
 import pytest
 
 from sandboxd.core.sandbox import CreateRequest
+from sandboxd.core.templates.store import TemplateRoot
 from sandboxd.errors import BadRequest
 from sandboxd.http import parse, wire
 from sandboxd.isolation.namespaces.pins import Namespaces
@@ -27,6 +28,8 @@ class PolicedMode:
 
     name: str = "egress"
     own_namespace: bool = False
+    trusted: bool = True
+    """Whether the proxy terminates TLS (every sandbox then gets a bundle)."""
     staged: dict[str, EgressPolicy] = attrs.field(factory=dict)
     policies: dict[str, EgressPolicy] = attrs.field(factory=dict)
 
@@ -51,8 +54,10 @@ class PolicedMode:
     def policy(self, rid: str) -> EgressPolicy:
         return self.policies.get(rid, self.staged.get(rid, OPEN))
 
-    def trust_bundle(self, policy: EgressPolicy) -> bytes:
-        return b"CA" if policy.rules else b""
+    def trust_bundle(self, policy: EgressPolicy, base: bytes | None = None) -> bytes:
+        if not self.trusted:
+            return b""
+        return (b"HOST" if base is None else base) + (b"+CA" if policy.rules else b"")
 
 
 @pytest.fixture
@@ -88,7 +93,45 @@ def test_a_sandbox_with_a_header_rule_is_told_where_its_bundle_is(world: Any) ->
     request = CreateRequest(egress=ruled, env={"CURL_CA_BUNDLE": "/mine.pem"})
     sandbox = w.manager.create(request)
     assert sandbox.env == {**TRUST_ENV, "CURL_CA_BUNDLE": "/mine.pem"}  # (its own wins)
-    assert not w.manager.create(CreateRequest(egress=OPEN)).env
+    assert w.manager.create(CreateRequest(egress=OPEN)).env == TRUST_ENV  # (a rule may come)
+    assert not w.manager.create(CreateRequest(network="host")).env
+
+
+def test_without_tls_termination_no_sandbox_is_told_of_a_bundle(world: Any) -> None:
+    w, mode = world
+    mode.trusted = False
+    ruled = parse_policy(None, None, {"api.example": [{"headers": {"X-Key": "k"}}]})
+    assert not w.manager.create(CreateRequest(egress=ruled)).env
+
+
+def test_a_live_sandboxs_bundle_follows_its_rules(world: Any, monkeypatch: Any) -> None:
+    w, mode = world
+    rewritten: list[tuple[str, bytes]] = []
+    monkeypatch.setattr(
+        Namespaces, "retrust", lambda _, rid, bundle: rewritten.append((rid, bundle))
+    )
+    rid = w.manager.create().rid
+    ruled = parse_policy(None, None, {"api.example": [{"headers": {"X-Key": "k"}}]})
+    w.manager.set_egress(rid, ruled)
+    w.manager.set_egress(rid, OPEN)
+    mode.trusted = False
+    w.manager.set_egress(rid, ruled)  # (no termination: nothing to rewrite)
+    assert rewritten == [(rid, b"HOST+CA"), (rid, b"HOST")]
+
+
+def test_a_templated_sandboxs_bundle_extends_its_templates(
+    world: Any, monkeypatch: Any, tmp_path: Path
+) -> None:
+    w, _ = world
+    rewritten: list[bytes] = []
+    monkeypatch.setattr(Namespaces, "retrust", lambda _, rid, bundle: rewritten.append(bundle))
+    (tmp_path / "t/etc/ssl/certs").mkdir(parents=True)
+    (tmp_path / "t/etc/ssl/certs/ca-certificates.crt").write_bytes(b"TEMPLATE'S")
+    sandbox = w.manager.create()
+    sandbox.template = TemplateRoot("t", str(tmp_path / "t"), {}, "/")
+    ruled = parse_policy(None, None, {"api.example": [{"headers": {"X-Key": "k"}}]})
+    w.manager.set_egress(sandbox.rid, ruled)
+    assert rewritten == [b"TEMPLATE'S+CA"]
 
 
 def test_policies_the_mode_or_operator_refuses_are_400s(world: Any) -> None:

@@ -89,8 +89,8 @@
 
 static const char *const NS_PLACES[] = {"/tmp", "/var/tmp", "/dev/shm"};
 static const char NS_HOME[] = "/home", NS_HOME_USER[] = "/home/user";
-/* The sandbox's passwd and group, then (only where the sandbox's egress policy has a header
- * rule: egress_tls.py) the CA bundle its programs read, the host's with the daemon's CA. */
+/* The sandbox's passwd and group, then (for a sandbox of the egress mode: egress_tls.py) the
+ * CA bundle its programs read, the host's, with the daemon's CA while it has a header rule. */
 static const char *const NS_IDENTITY[] = {"/etc/passwd", "/etc/group",
                                           "/etc/ssl/certs/ca-certificates.crt"};
 static const char *const NS_IDENTITY_FILE[] = {"passwd", "group",

@@ -15,8 +15,11 @@
  * init mounts its own over it), /dev (the allow-list ns_private_dev made, with its pts, shm
  * and mqueue), /tmp and /var/tmp (the sandbox's tmp), /run a fresh tmpfs holding lock/,
  * /home a small tmpfs holding user (the workspace), /etc/passwd and /etc/group (the
- * sandbox's, beside the pins), /etc/hosts ("hosts" beside the pins) and /etc/resolv.conf
- * (the host's file, as a sandbox without a template sees it). Every source is opened before
+ * sandbox's, beside the pins), /etc/hosts ("hosts" beside the pins), /etc/resolv.conf
+ * (the host's file, as a sandbox without a template sees it), and the sandbox's CA bundle
+ * ("ca-certificates.crt" beside the pins, made from the template's own: identity_files.py)
+ * over /etc/ssl/certs/ca-certificates.crt where the template has that as a file of its own
+ * (a link there is left alone: never replaced nor followed). Every source is opened before
  * the pivot and named by descriptor after it; every target is made inside the new root (a
  * link the template holds there is replaced, never followed out: after the pivot "/" is the
  * template's). Nothing of the host's tree is left in the namespace.
@@ -130,6 +133,10 @@ static int ns_private_root(const char *nsroot, const char *rid, const char *tmp,
     snprintf(path, sizeof path, "%s/%s/%s", nsroot, rid, NS_HOSTS_FILE);
     hosts = ns_source(path);
     struct stat st;
+    int trust = -1;
+    snprintf(path, sizeof path, "%s/%s/%s", nsroot, rid, NS_IDENTITY_FILE[2]);
+    if (lstat(path, &st) == 0)
+        trust = ns_source(path);
     if (stat(NS_RESOLV, &st) == 0 && S_ISREG(st.st_mode))
         resolv = ns_source(NS_RESOLV);
     for (int k = 2; k < count; k++)
@@ -162,6 +169,10 @@ static int ns_private_root(const char *nsroot, const char *rid, const char *tmp,
     ns_bind_fd(hosts, "/etc/hosts", 0, 0, 1);
     if (resolv >= 0)
         ns_bind_fd(resolv, NS_RESOLV, 0, 0, 1);
+    if (trust >= 0 && lstat(NS_IDENTITY[2], &st) == 0 && S_ISREG(st.st_mode))
+        ns_bind_fd(trust, NS_IDENTITY[2], 0, 0, 1);
+    else if (trust >= 0)
+        close(trust);
     for (int k = 2; k < count; k++)
         ns_bind_fd(binds[k - 2], lines[k], 1, 0, 1);
     if (umount2(NS_OLD_ROOT, MNT_DETACH) != 0)

@@ -11,6 +11,7 @@ where its commands' ``HOME`` points. Nothing changes on the host. See docs/opera
 """
 
 import os
+import stat
 
 from sandboxd.isolation.base import Identity
 
@@ -37,14 +38,71 @@ def group_text(identity: Identity) -> str:
 
 
 TRUST_FILE = "ca-certificates.crt"
-"""A sandbox's own CA bundle, bound over ``/etc/ssl/certs/ca-certificates.crt`` (written only
-for a sandbox whose egress policy has a header rule: docs/isolation.rst, "Header rules over
-HTTPS"); its name is ``sandboxd_exec_ns.h``'s."""
+"""A sandbox's own CA bundle, bound over ``/etc/ssl/certs/ca-certificates.crt`` (written for
+every sandbox of the ``egress`` mode, the host's bundle until its policy has a header rule:
+docs/isolation.rst, "Header rules over HTTPS"); its name is ``sandboxd_exec_ns.h``'s."""
+
+
+TEMPLATE_BUNDLE = ("etc", "ssl", "certs", "ca-certificates.crt")
+"""Where a template's own CA bundle is, in its files."""
+
+TEMPLATE_BUNDLE_MAX = 4 << 20
+"""The largest template bundle read (bytes): a larger one is taken as none (the template's
+file is then left unbound, the daemon holding no unbounded read)."""
+
+
+def template_bundle(rootfs: str) -> bytes:
+    """The CA bundle of the template whose files are ``rootfs``, which a sandbox of it
+    extends (docs/isolation.rst, "Header rules over HTTPS"): empty when it has none, when a
+    part of its path is a link or not what it should be (never followed: a template's link
+    names the host's tree here), or when it is larger than :data:`TEMPLATE_BUNDLE_MAX`."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(rootfs, flags | os.O_DIRECTORY)
+    except OSError:
+        return b""
+    try:
+        for part in TEMPLATE_BUNDLE:
+            last = part == TEMPLATE_BUNDLE[-1]
+            opened = os.open(part, flags | (os.O_NONBLOCK if last else os.O_DIRECTORY), dir_fd=fd)
+            os.close(fd)
+            fd = opened
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        data = os.read(fd, TEMPLATE_BUNDLE_MAX + 1)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return data if len(data) <= TEMPLATE_BUNDLE_MAX else b""
 
 
 def write_trust_file(directory: str, bundle: bytes) -> None:
     """Write the sandbox's CA ``bundle`` into ``directory`` (mode 0644, root's)."""
     _write(directory, TRUST_FILE, bundle)
+
+
+def rewrite_trust_file(directory: str, bundle: bytes) -> bool:
+    """Make the sandbox's CA bundle in ``directory`` hold ``bundle``, in place (the same
+    inode: the bind over the sandbox's ``/etc/ssl/certs/ca-certificates.crt`` shows it): the
+    new bytes written over the old from the start, then the file cut to their length, so a
+    reader sees the old bundle, or the old one's start followed by the new one's (the CA
+    comes after the host's bundle). Never follows a link, never creates: ``False`` when there
+    is no such file (a sandbox without a mount namespace, or whose host has no bundle)."""
+    try:
+        fd = os.open(
+            os.path.join(directory, TRUST_FILE), os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
+    except FileNotFoundError:
+        return False
+    try:
+        done = 0
+        while done < len(bundle):
+            done += os.pwrite(fd, bundle[done:], done)
+        os.ftruncate(fd, len(bundle))
+    finally:
+        os.close(fd)
+    return True
 
 
 def _write(directory: str, name: str, data: bytes) -> None:

@@ -46,7 +46,11 @@ from twisted.logger import Logger
 
 from sandboxd.isolation.base import PLAIN_ENV, Identity, IsolationUnavailable, RunProgram
 from sandboxd.isolation.namespaces.creators import Creator, HelperCreator
-from sandboxd.isolation.namespaces.identity_files import write_identity_files, write_trust_file
+from sandboxd.isolation.namespaces.identity_files import (
+    rewrite_trust_file,
+    write_identity_files,
+    write_trust_file,
+)
 from sandboxd.isolation.namespaces.kinds import HOST_VIEW_PIN, KINDS, PIN, AllLayers
 from sandboxd.isolation.namespaces.mounts import MountCalls, is_mount_point
 from sandboxd.isolation.namespaces.netns_pool import NetnsPool
@@ -264,6 +268,12 @@ class Namespaces:
         if not self.kinds:
             return
         self._make(rid, tmp, workspace, mode, user, root, trust)
+
+    def retrust(self, rid: str, bundle: bytes) -> None:
+        """Rewrite in place the CA bundle sandbox ``rid`` sees (:func:`rewrite_trust_file`;
+        nothing when it has none: no mount namespace, or a host without a bundle)."""
+        if "mount" in self.kinds:
+            rewrite_trust_file(os.path.join(self.nsroot, rid), bundle)
 
     def _make(
         self,

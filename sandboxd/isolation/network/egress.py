@@ -292,18 +292,23 @@ class EgressNetwork:
         """The policy the attached sandbox ``rid`` has now."""
         return self._policies.get(rid, OPEN)
 
-    def trust_bundle(self, policy: EgressPolicy) -> bytes:
-        """The host's bundle and :attr:`trusted`, for a ``policy`` with a header rule (see
-        :class:`~sandboxd.isolation.network.egress_policy.PolicyHolder`); a host without a
-        bundle: the CA alone."""
-        if not policy.rules or not self.trusted:
+    def trust_bundle(self, policy: EgressPolicy, base: bytes | None = None) -> bytes:
+        """The CA bundle a sandbox with ``policy`` sees (see
+        :class:`~sandboxd.isolation.network.egress_policy.PolicyHolder`), while the proxy
+        terminates TLS (:attr:`trusted`; else nothing): ``base`` (``None``: the host's
+        bundle), and :attr:`trusted` after it when the policy has a header rule (no base:
+        the CA alone, or nothing)."""
+        if not self.trusted:
             return b""
-        try:
-            with open(self.host_bundle, "rb") as f:
-                host = f.read()
-        except FileNotFoundError:
-            host = b""
-        return host.rstrip(b"\n") + b"\n" + self.trusted if host else self.trusted
+        if base is None:
+            try:
+                with open(self.host_bundle, "rb") as f:
+                    base = f.read()
+            except FileNotFoundError:
+                base = b""
+        if not policy.rules:
+            return base
+        return base.rstrip(b"\n") + b"\n" + self.trusted if base else self.trusted
 
     def sandbox_at(self, address: str) -> tuple[str, EgressPolicy] | None:
         """The attached sandbox whose veth's sandbox end has ``address``, with its policy now

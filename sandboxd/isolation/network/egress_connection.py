@@ -186,7 +186,7 @@ class SandboxSide(protocol.Protocol):
                 lambda reason: self.fail(reason, name),
             )
             return
-        factory: Any = UpstreamFactory(self, name, UNREACHABLE, self.terminate)
+        factory: Any = UpstreamFactory(self, name, UNREACHABLE, self.terminate, self.proxy.reactor)
         if self.terminate:
             assert self.proxy.tls is not None
             factory = self.proxy.tls.client_factory(name, factory)

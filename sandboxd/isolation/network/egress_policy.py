@@ -132,10 +132,11 @@ class PolicyHolder(Protocol):
     def policy(self, rid: str) -> EgressPolicy:
         """The policy of the attached sandbox ``rid``."""
 
-    def trust_bundle(self, policy: EgressPolicy) -> bytes:
-        """The CA bundle a sandbox created with ``policy`` sees at :data:`TRUST_PATH`: the
-        host's and the egress proxy's CA when the policy has a header rule (the proxy
-        terminates its TLS), else nothing (the host's, untouched)."""
+    def trust_bundle(self, policy: EgressPolicy, base: bytes | None = None) -> bytes:
+        """The CA bundle a sandbox with ``policy`` sees at :data:`TRUST_PATH`, bound there at
+        its create and rewritten when its policy changes: while the egress proxy terminates
+        TLS, ``base`` (a template's own bundle; ``None``: the host's), and the proxy's CA
+        when the policy has a header rule; else nothing (the file untouched)."""
 
 
 def parse_list(name: str, value: object) -> tuple[tuple[Network, ...], tuple[str, ...]]:
