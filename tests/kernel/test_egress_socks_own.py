@@ -13,12 +13,13 @@ password; an address the operator denies, or a CA that is no PEM, is a 400 namin
 the proxy: ``test_egress_socks_tls``).
 """
 
+import contextlib
 import os
 import shlex
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,13 @@ class Internet:
         )
 
 
-@pytest.fixture(scope="module")
-def internet() -> Iterator[Internet]:
-    """The "internet": the peer server on A4 and B4, and the SOCKS5 server asking a password."""
-    work = Path(tempfile.mkdtemp(prefix="egress-socks-own-"))
+@contextlib.contextmanager
+def internet_of(
+    prefix: str, make_socks: Callable[[str, Path], Socks]
+) -> Iterator[tuple[str, Socks, PeerServer]]:
+    """The "internet" namespace with the peer server on A4 and B4 and the SOCKS5 server
+    ``make_socks(netns, work directory)`` on SOCKS4, started; all of it removed after."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     socks: Socks | None = None
     peers: PeerServer | None = None
     try:
@@ -82,15 +86,23 @@ def internet() -> Iterator[Internet]:
             s.wire("o", inet, [f"{HOST4}/24"], [f"{a}/24" for a in (A4, B4, SOCKS4)])
             sh("nsenter", f"--net={inet}", "nft", "-f", "-", stdin=WATCH)
             peers = PeerServer(inet, "0.0.0.0", PEER_PORT)
-            socks = Socks(inet, work / "pproxy.log")
+            socks = make_socks(inet, work)
             socks.start()
-            yield Internet(inet, socks, peers)
+            yield inet, socks, peers
     finally:
         if socks is not None:
             socks.stop()
         if peers is not None:
             peers.close()
         subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+@pytest.fixture(scope="module")
+def internet() -> Iterator[Internet]:
+    """The "internet": the peer server on A4 and B4, and the SOCKS5 server asking a password."""
+    plain = internet_of("egress-socks-own-", lambda inet, work: Socks(inet, work / "pproxy.log"))
+    with plain as (inet, socks, peers):
+        yield Internet(inet, socks, peers)
 
 
 @pytest.fixture

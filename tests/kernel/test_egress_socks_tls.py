@@ -13,7 +13,6 @@ closed: refused, nothing sent directly, the peer never reached.
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,21 +30,17 @@ from tests.isolation.test_isolation_egress_socks_tls import (
     pem,
     proxy_leaf,
 )
-from tests.kernel.netns_helpers import EGRESS_MARKS, scene, sh
+from tests.kernel.netns_helpers import EGRESS_MARKS
 from tests.kernel.test_egress_socks import (
     A4,
     B4,
-    HOST4,
     PASSWORD,
-    PEER_PORT,
     SOCKS4,
     SOCKS_PORT,
     USER,
-    WATCH,
-    PeerServer,
     Socks,
 )
-from tests.kernel.test_egress_socks_own import Internet, reach
+from tests.kernel.test_egress_socks_own import Internet, internet_of, reach
 
 pytestmark = EGRESS_MARKS
 
@@ -85,25 +80,13 @@ class TLSInternet(Internet):
 @pytest.fixture(scope="module")
 def internet() -> Iterator[TLSInternet]:
     """The "internet": the peer server on A4 and B4, the SOCKS5 server over TLS."""
-    work = Path(tempfile.mkdtemp(prefix="egress-socks-tls-"))
-    socks: TLSSocks | None = None
-    peers: PeerServer | None = None
-    try:
-        ca = certificate("sandboxd test proxy CA", None, [])
-        with scene() as s:
-            inet = s.netns("inet")
-            s.wire("o", inet, [f"{HOST4}/24"], [f"{a}/24" for a in (A4, B4, SOCKS4)])
-            sh("nsenter", f"--net={inet}", "nft", "-f", "-", stdin=WATCH)
-            peers = PeerServer(inet, "0.0.0.0", PEER_PORT)
-            socks = TLSSocks(inet, work / "pproxy.log", ssl=make_leaf(ca, work))
-            socks.start()
-            yield TLSInternet(inet, socks, peers, pem(ca[1]))
-    finally:
-        if socks is not None:
-            socks.stop()
-        if peers is not None:
-            peers.close()
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+    ca = certificate("sandboxd test proxy CA", None, [])
+
+    def make_socks(inet: str, work: Path) -> Socks:
+        return TLSSocks(inet, work / "pproxy.log", ssl=make_leaf(ca, work))
+
+    with internet_of("egress-socks-tls-", make_socks) as (inet, socks, peers):
+        yield TLSInternet(inet, socks, peers, pem(ca[1]))
 
 
 @pytest.fixture
