@@ -181,15 +181,37 @@ class World:
     the counter sees one)."""
 
     def direct_packets(self) -> int:
-        """Packets the "internet" received from the host's address to the upstreams' ports
-        (:data:`PEER_PORT`, 443): what a connection that left directly would send."""
-        listed = sh("nsenter", f"--net={self.netns}", "nft", "list", "chain", "inet", "watch", "in")
-        return sum(
-            int(line.split("packets ")[1].split()[0])
-            for line in listed.splitlines()
-            if "packets " in line
-        )
+        """:func:`direct_packets` of the "internet"."""
+        return direct_packets(self.netns)
 
+
+def counted_packets(netns: str) -> int:
+    """Packets the "internet" ``netns`` received from the host's address to the upstreams'
+    ports (:data:`PEER_PORT`, 443), counted by :data:`WATCH`'s chain."""
+    listed = sh("nsenter", f"--net={netns}", "nft", "list", "chain", "inet", "watch", "in")
+    return sum(
+        int(line.split("packets ")[1].split()[0])
+        for line in listed.splitlines()
+        if "packets " in line
+    )
+
+
+def direct_packets(netns: str) -> int:
+    """What a connection that left directly would send: :func:`counted_packets`, once it
+    stays the same for :data:`SETTLE` seconds (at most ten tries). The last packets of a
+    connection just closed (its FIN, its ACK of the peer's) are counted by the receiving
+    side, which may run after the sender's ``close`` has returned."""
+    seen = counted_packets(netns)
+    for _ in range(10):
+        time.sleep(SETTLE)
+        now, seen = seen, counted_packets(netns)
+        if now == seen:
+            break
+    return seen
+
+
+SETTLE = 0.3
+"""Seconds the direct packets' count must stay the same to be read (:func:`direct_packets`)."""
 
 WATCH = f"""table inet watch {{
   chain in {{

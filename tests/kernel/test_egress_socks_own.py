@@ -43,6 +43,7 @@ from tests.kernel.test_egress_socks import (
     WATCH,
     PeerServer,
     Socks,
+    direct_packets,
 )
 
 pytestmark = EGRESS_MARKS
@@ -61,14 +62,8 @@ class Internet:
     peers: PeerServer
 
     def direct_packets(self) -> int:
-        """Packets the "internet" received from the host's address to the upstreams' ports:
-        what a connection that left directly would send."""
-        listed = sh("nsenter", f"--net={self.netns}", "nft", "list", "chain", "inet", "watch", "in")
-        return sum(
-            int(line.split("packets ")[1].split()[0])
-            for line in listed.splitlines()
-            if "packets " in line
-        )
+        """:func:`~tests.kernel.test_egress_socks.direct_packets` of the "internet"."""
+        return direct_packets(self.netns)
 
 
 @contextlib.contextmanager

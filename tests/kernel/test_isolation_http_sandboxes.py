@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.namespaces.pins import PLACES, kept_directories
+from sandboxd.isolation.network.egress_ca import CA_DIR
 from tests.kernel.conftest import CANARY_NAME, CANARY_VALUE, OTHER_CANARY_NAME
 from tests.kernel.kernel_http import (
     SLOW,
@@ -236,7 +237,8 @@ def test_kill_and_stop_leave_no_process_cgroup_directory_or_uid(tmp_path: Path) 
         assert not any(alive(pid) for pid in pids)
         assert cgroup_dirs_named(box.rid) == []
         assert not box.directory.exists()
-        assert sorted(os.listdir(kd.root)) == [".lock", ".ns"]  # the (empty) pins' directory
+        # the (empty) pins' directory, and the egress proxy's CA (the daemon's, made at start)
+        assert sorted(os.listdir(kd.root)) == sorted([".lock", ".ns", CA_DIR])
         assert os.listdir(kd.root / ".ns") == []
         assert box.kill().status == 404
         assert kd.call("GET", box.url("ready")).status == 404
