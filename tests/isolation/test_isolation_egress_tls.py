@@ -5,6 +5,7 @@ requests decrypted and given the rule's header, the answers passed back; an upst
 does not verify refused. The real thing: ``tests/kernel/test_egress_rules_tls.py``."""
 
 import contextlib
+import os
 import ssl
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from twisted.internet.ssl import Certificate, trustRootFromCertificates
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
+from sandboxd.isolation.namespaces.identity_files import HostBundle
 from sandboxd.isolation.network.egress import EgressNetwork
 from sandboxd.isolation.network.egress_ca import CA_DIR, EgressCA
 from sandboxd.isolation.network.egress_policy import parse_policy
@@ -196,10 +198,19 @@ def test_only_a_sandbox_with_a_rule_gets_the_ca_beside_the_hosts_bundle(tmp_path
     tls = rule_tls(config_tls, Clock(), StartupUndo())
     assert egress_proxy(config, Clock(), mode, ("127.0.0.1",), tls=tls) is not None
     assert mode.trusted == tls.ca.pem
-    mode.host_bundle = str(tmp_path / "bundle.crt")
+    mode.host_bundle = HostBundle(str(tmp_path / "bundle.crt"))
     assert mode.trust_bundle(RULED) == tls.ca.pem  # (a host without a bundle)
     assert mode.trust_bundle(parse_policy(["good.example"], None)) == b""
     (tmp_path / "bundle.crt").write_bytes(b"HOST CAS")
     assert mode.trust_bundle(parse_policy(["good.example"], None)) == b"HOST CAS"
     assert mode.trust_bundle(RULED) == b"HOST CAS\n" + tls.ca.pem
     assert mode.trust_bundle(RULED, b"TEMPLATE'S") == b"TEMPLATE'S\n" + tls.ca.pem
+    # read once: the same file unchanged (inode, size, time) is not read again...
+    bundle = tmp_path / "bundle.crt"
+    seen = bundle.stat()
+    with open(bundle, "r+b") as f:
+        f.write(b"SAME SIZ")
+    os.utime(bundle, ns=(seen.st_atime_ns, seen.st_mtime_ns))
+    assert mode.trust_bundle(parse_policy(["good.example"], None)) == b"HOST CAS"
+    bundle.write_bytes(b"NEW HOST CAS")  # ...a changed one is
+    assert mode.trust_bundle(parse_policy(["good.example"], None)) == b"NEW HOST CAS"

@@ -13,6 +13,8 @@ where its commands' ``HOME`` points. Nothing changes on the host. See docs/opera
 import os
 import stat
 
+from attrs import define
+
 from sandboxd.isolation.base import Identity
 
 USER_NAME = "user"
@@ -75,6 +77,28 @@ def template_bundle(rootfs: str) -> bytes:
     finally:
         os.close(fd)
     return data if len(data) <= TEMPLATE_BUNDLE_MAX else b""
+
+
+@define
+class HostBundle:
+    """The host's CA bundle at ``path``, which an egress sandbox's own bundle extends: read
+    again only when its file changed (another inode, size or modification time), not at
+    every create; empty while there is none."""
+
+    path: str
+    _read: tuple[tuple[int, int, int], bytes] | None = None
+
+    def read(self) -> bytes:
+        """The bundle's bytes now (empty: no file)."""
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            return b""
+        key = (found.st_ino, found.st_size, found.st_mtime_ns)
+        if self._read is None or self._read[0] != key:
+            with open(self.path, "rb") as f:
+                self._read = (key, f.read())
+        return self._read[1]
 
 
 def write_trust_file(directory: str, bundle: bytes) -> None:

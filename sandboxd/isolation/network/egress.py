@@ -21,6 +21,7 @@ from attrs import define, evolve, field
 from twisted.logger import Logger
 
 from sandboxd.isolation.base import IsolationUnavailable
+from sandboxd.isolation.namespaces.identity_files import HostBundle
 from sandboxd.isolation.network.egress_host import Egress, EgressError
 from sandboxd.isolation.network.egress_plan import (
     DEFAULT_POOL6,
@@ -104,7 +105,7 @@ class EgressNetwork:
     """Told each sandbox that goes (the proxy drops its counts)."""
     trusted: bytes = b""
     """The egress proxy's CA (PEM), when it terminates TLS for header rules."""
-    host_bundle: str = TRUST_PATH
+    host_bundle: HostBundle = field(factory=lambda: HostBundle(TRUST_PATH))
     """The host's CA bundle, which a sandbox's own bundle extends."""
     _slots: dict[str, int] = field(factory=dict)
     _rids: dict[int, str] = field(factory=dict)
@@ -301,11 +302,7 @@ class EgressNetwork:
         if not self.trusted:
             return b""
         if base is None:
-            try:
-                with open(self.host_bundle, "rb") as f:
-                    base = f.read()
-            except FileNotFoundError:
-                base = b""
+            base = self.host_bundle.read()
         if not policy.rules:
             return base
         return base.rstrip(b"\n") + b"\n" + self.trusted if base else self.trusted
