@@ -137,6 +137,13 @@ def test_without_a_ca_the_hosts_trust_store_is_used() -> None:
     assert isinstance(factory, TLSMemoryBIOFactory)
 
 
+def test_a_proxys_client_options_are_made_once() -> None:
+    """The trust store read and the context made at the first connection serve the next."""
+    tls = SocksTLS(SERVER_NAME, pem(CA[1]))
+    assert tls.options(SOCKS) is tls.options(SOCKS)
+    assert tls == SocksTLS(SERVER_NAME, pem(CA[1]))  # (what was made is not its value)
+
+
 class FakeSocksServer(protocol.Protocol):
     """A SOCKS5 server: no method asked, every ``CONNECT`` succeeds; then it answers each
     chunk upper-cased, and records whether its client closed."""

@@ -54,6 +54,8 @@ class SocksTLS:
 
     server_name: str | None = None
     ca_cert: str | None = field(default=None, repr=False)
+    _options: dict[str, Any] = field(factory=dict, init=False, eq=False, repr=False)
+    """The client options made, by proxy host (one per policy's proxy: its address)."""
 
     def trust(self) -> Any:
         """What the proxy's certificate must chain to."""
@@ -63,14 +65,21 @@ class SocksTLS:
             [Certificate.loadPEM(pem) for pem in certificates(self.ca_cert)]
         )
 
+    def options(self, host: str) -> Any:
+        """The client options of a verified connection to the proxy at ``host``: made at its
+        first connection (the trust store read, the context made), then kept for the next."""
+        made = self._options.get(host)
+        if made is None:
+            made = self._options[host] = optionsForClientTLS(
+                self.server_name or host,
+                trustRoot=self.trust(),
+                extraCertificateOptions={"raiseMinimumTo": TLSVersion.TLSv1_2},
+            )
+        return made
+
     def client_factory(self, host: str, wrapped: Any, clock: Any) -> TLSMemoryBIOFactory:
         """``wrapped``'s connections to the proxy at ``host`` made verified TLS clients."""
-        options = optionsForClientTLS(
-            self.server_name or host,
-            trustRoot=self.trust(),
-            extraCertificateOptions={"raiseMinimumTo": TLSVersion.TLSv1_2},
-        )
-        return TLSMemoryBIOFactory(options, True, wrapped, clock=clock)
+        return TLSMemoryBIOFactory(self.options(host), True, wrapped, clock=clock)
 
 
 def certificates(pem: str) -> list[bytes]:
