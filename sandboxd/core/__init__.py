@@ -13,7 +13,7 @@ from sandboxd.core.contexts import events as context_events
 from sandboxd.core.contexts.context import Context
 from sandboxd.core.exec import run as _run
 from sandboxd.core.exec import spec as _spec
-from sandboxd.core.exec.run import ExecRun, Outcome, SpawnFailed
+from sandboxd.core.exec.run import ExecRun, Exited, Outcome, SpawnFailed
 from sandboxd.core.exec.spec import SHA256_HEX, ExecSpec, parse_env
 from sandboxd.core.files import entries, tar_in, tar_out, workspace
 from sandboxd.core.files.entries import Entry
@@ -78,6 +78,7 @@ __all__ = [
     "Entry",
     "ExecRun",
     "ExecSpec",
+    "Exited",
     "Outcome",
     "Parts",
     "Process",

@@ -65,7 +65,7 @@ class ExecStream:
         request = self.request
         try:
             try:
-                parts: Any = wire.frame_parts(wire.final_frame(await run.when_finished()))
+                parts: Any = wire.final_frame_parts(await run.when_finished())
             except CancelledError:
                 raise  # the client went away: finally kills the command
             except Exception as e:  # in band: the status line is already sent

@@ -33,10 +33,19 @@ from sandboxd.core.exec.run import (
     EXIT_TIMEOUT,
     LINGER_AFTER_EXIT,
     ExecRun,
+    Exited,
+    SpawnFailed,
     exit_code_of,
 )
 from sandboxd.http.stream import ExecStream
-from sandboxd.http.wire import KEEPALIVE_FRAME, final_frame, frame_parts, output_frame
+from sandboxd.http.wire import (
+    EXIT_PART,
+    KEEPALIVE_FRAME,
+    final_frame,
+    final_frame_parts,
+    frame_line,
+    output_frame,
+)
 from tests.support.fakes import FakeProcess, FakeReactor
 
 PID = 424242
@@ -55,10 +64,6 @@ class Response:
 
     def registerProducer(self, producer: Any, streaming: bool) -> None:
         self.producer = producer
-
-
-def encode_frame(frame: dict[str, Any]) -> bytes:
-    return b"".join(frame_parts(frame))
 
 
 class Harness:
@@ -136,7 +141,7 @@ def terminated(code: int | None = None, sig: int | None = None) -> ProcessTermin
 def test_frame_encodings() -> None:
     assert output_frame(b"hi") == b'{"o":"aGk="}\n'
     assert json.loads(KEEPALIVE_FRAME) == {"o": ""}
-    assert encode_frame({"exit": 0, "out": ""}) == b'{"exit":0,"out":""}\n'
+    assert frame_line({"exit": 0, "out": ""}) == b'{"exit":0,"out":""}\n'
 
 
 @pytest.mark.parametrize(
@@ -241,7 +246,7 @@ def test_buffers_are_capped_the_stream_is_not() -> None:
     assert b"".join(base64.b64decode(f["o"]) for f in h.decoded()) == b"abcdefghijk1234"
     frame = h.end(terminated(2))
     assert frame == {"exit": 2, "out": b64(b"abcd"), "err": b64(b"1234"), "truncated": True}
-    assert run.buffers == {1: b"", 2: b""}  # given to the frame, not kept twice
+    assert [run.buffers[fd].getvalue() for fd in (1, 2)] == [b"", b""]  # given, not kept twice
 
 
 def test_output_exactly_at_the_cap_is_not_truncated() -> None:
@@ -705,76 +710,74 @@ def test_read_in_large_chunks_replaces_only_output_readers() -> None:
     exec_run.read_in_large_chunks(object())  # no pipes: nothing to do
 
 
-# The exit frame's fast encoding gives exactly json.dumps' bytes
-
-base64_text = st.binary(max_size=64).map(lambda b: base64.b64encode(b).decode())
-any_text = st.one_of(base64_text, st.text(max_size=20), st.integers(), st.none())
+# The exit frame, written in parts, is exactly json.dumps' bytes
 
 
 @settings(derandomize=True, database=None, deadline=None, max_examples=200)
 @given(
-    exit=st.one_of(st.integers(-(2**40), 2**40), st.booleans(), st.floats(allow_nan=False)),
-    out=any_text,
-    err=any_text,
-    truncated=st.one_of(st.none(), st.booleans(), st.integers(0, 1)),
-    oom_killed=st.one_of(st.none(), st.booleans(), st.integers(0, 1)),
-    other=st.sampled_from([None, "truncated", "signal"]),
+    code=st.integers(-(2**40), 2**40),
+    out=st.binary(max_size=64),
+    err=st.binary(max_size=64),
+    truncated=st.booleans(),
+    oom_killed=st.booleans(),
+    timed_out=st.booleans(),
+    signal=st.one_of(st.none(), st.integers(1, 64)),
 )
-def test_encode_frame_is_json_dumps(
-    exit: Any, out: Any, err: Any, truncated: Any, oom_killed: Any, other: str | None
+def test_final_frame_parts_are_the_final_frame_as_json_dumps_writes_it(
+    code: int,
+    out: bytes,
+    err: bytes,
+    truncated: bool,
+    oom_killed: bool,
+    timed_out: bool,
+    signal: int | None,
 ) -> None:
-    frame: dict[str, Any] = {"exit": exit, "out": out, "err": err}
-    for key, value in (("oom_killed", oom_killed), ("truncated", truncated), (other, True)):
-        if key is not None and value is not None:
-            frame[key] = value
-    expected = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
-    assert encode_frame(frame) == expected
-    assert b"".join(frame_parts(frame)) == expected
+    outcome = Exited(code, out, err, truncated, timed_out, signal, oom_killed)
+    expected = json.dumps(final_frame(outcome), separators=(",", ":")).encode() + b"\n"
+    assert b"".join(final_frame_parts(outcome)) == expected == frame_line(final_frame(outcome))
 
 
-def test_frame_parts_keep_the_buffers_apart() -> None:
-    frame = {"exit": 3, "out": "b3V0", "err": "ZXJy", "truncated": True}
-    assert list(frame_parts(frame)) == [
+def test_final_frame_parts_keep_the_buffers_apart() -> None:
+    outcome = Exited(3, b"out", b"err", truncated=True)
+    assert list(final_frame_parts(outcome)) == [
         b'{"exit":3,"out":"',
         b"b3V0",
         b'","err":"',
         b"ZXJy",
         b'","truncated":true}\n',
     ]
-    assert list(frame_parts({**frame, "oom_killed": True}))[-1] == (
-        b'","truncated":true,"oom_killed":true}\n'
-    )
-    assert list(frame_parts({"error": "E", "detail": "d"})) == [b'{"error":"E","detail":"d"}\n']
+    both = Exited(3, b"out", b"err", truncated=True, oom_killed=True)
+    assert list(final_frame_parts(both))[-1] == b'","truncated":true,"oom_killed":true}\n'
+    assert list(final_frame_parts(Exited(0, b"", b""))) == [
+        b'{"exit":0,"out":"',
+        b'","err":"',
+        b'"}\n',
+    ]
+    assert list(final_frame_parts(SpawnFailed("no"))) == [
+        b'{"error":"SpawnFailed","detail":"no"}\n'
+    ]
 
 
-def test_buffers_of_megabytes_are_checked_all_through() -> None:
-    out = base64.b64encode(os.urandom(3 << 20)).decode()
-    parts = list(frame_parts({"exit": 0, "out": out, "err": ""}))
-    assert [len(p) for p in parts[1:-2]] == [1 << 20, 1 << 20, 1 << 20, 1 << 20]  # 4 MiB
-    assert b"".join(parts[1:-2]) == out.encode()
-    bad = out[: 2 << 20] + " " + out[2 << 20 :]  # past the first megabyte checked
-    expected = json.dumps({"exit": 0, "out": bad, "err": ""}, separators=(",", ":"))
-    assert list(frame_parts({"exit": 0, "out": bad, "err": ""})) == [expected.encode() + b"\n"]
+def test_megabytes_of_output_are_encoded_a_part_at_a_time_as_they_are_asked_for() -> None:
+    out = os.urandom(3 * EXIT_PART + 1)
+    parts = final_frame_parts(Exited(0, out, b""))
+    assert next(parts) == b'{"exit":0,"out":"'
+    first = next(parts)  # only this part is encoded so far
+    assert len(first) == 1 << 20 == 4 * EXIT_PART // 3
+    rest = list(parts)
+    assert [len(p) for p in rest[:3]] == [1 << 20, 1 << 20, 4]
+    assert base64.b64decode(first + b"".join(rest[:3])) == out
+    assert rest[3:] == [b'","err":"', b'"}\n']
 
 
-@pytest.mark.parametrize(
-    "frame",
-    [
-        {"exit": 0, "out": "", "err": ""},
-        {"exit": 137, "out": "aGk=", "err": "", "truncated": True},
-        {"exit": 1, "out": "aGk=", "err": "aGk=", "truncated": False},
-        {"exit": 0, "err": "", "out": ""},
-        {"exit": 0, "out": "é", "err": ""},
-        {"exit": 0, "out": "a b", "err": ""},
-        {"exit": 0, "out": b"aGk=", "err": ""},
-        {"error": "SpawnFailed", "detail": "no"},
-    ],
-)
-def test_encode_frame_examples(frame: dict[str, Any]) -> None:
-    try:
-        expected = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
-    except TypeError:
-        with pytest.raises(TypeError):
-            encode_frame(frame)
-        return
-    assert encode_frame(frame) == expected
+def test_the_kept_output_is_handed_over_not_copied() -> None:
+    harness = Harness(max_output=1 << 20)
+    run = harness.start()
+    chunk = os.urandom(1 << 16)
+    for _ in range(4):
+        run.childDataReceived(1, chunk)
+    kept = run.buffers[1]
+    harness.end(ProcessDone(0))
+    assert isinstance(run.outcome, Exited) and run.outcome.out == chunk * 4
+    assert run.outcome.out is kept.getvalue()  # the very bytes the buffer held
+    assert run.buffers[1] is not kept and run.buffers[1].tell() == 0

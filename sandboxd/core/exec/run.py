@@ -9,6 +9,7 @@ so the command blocks on write instead of the daemon buffering without bound.
 """
 
 import contextlib
+import io
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
@@ -104,7 +105,10 @@ class ExecRun(ProcessProtocol):
         """Completes the outcome before it is settled (the OOM kills seen meanwhile)."""
         self.outcome: Outcome | None = None
         self._waiters: list[Deferred[Outcome]] = []
-        self.buffers: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+        self.buffers: dict[int, io.BytesIO] = {1: io.BytesIO(), 2: io.BytesIO()}
+        """What is kept of stdout and stderr for the outcome (``max_output`` each). A
+        ``BytesIO``: its ``getvalue`` hands over the bytes it holds without copying them, so
+        the end of a command that printed megabytes costs the reactor no copy."""
         self.truncated = False
         self.timed_out = False
         self.stdin: bytes | None = None
@@ -206,11 +210,11 @@ class ExecRun(ProcessProtocol):
     def childDataReceived(self, childFD: int, data: bytes) -> None:
         self.on_output(childFD, data)
         kept = self.buffers[childFD]
-        room = self.max_output - len(kept)
+        room = self.max_output - kept.tell()
         if len(data) > room:
             self.truncated = True
             data = data[: max(room, 0)]
-        kept += data
+        kept.write(data)
         self.on_activity()
         if not self._paused:
             self._schedule_silence()
@@ -345,9 +349,9 @@ class ExecRun(ProcessProtocol):
     def _finish(self, code: int, stderr: bytes = b"", signal: int | None = None) -> None:
         if stderr:
             self.on_output(2, stderr)
-            self.buffers[2] += stderr
-        out, err = bytes(self.buffers[1]), bytes(self.buffers[2])
-        self.buffers = {1: bytearray(), 2: bytearray()}  # up to max_output each: not kept twice
+            self.buffers[2].write(stderr)
+        out, err = self.buffers[1].getvalue(), self.buffers[2].getvalue()
+        self.buffers = {1: io.BytesIO(), 2: io.BytesIO()}  # the old ones share out and err
         self._end(Exited(code, out, err, self.truncated, self.timed_out, signal))
 
     def _end(self, outcome: Outcome) -> None:

@@ -13,6 +13,7 @@ from sandboxd.core import (
     Chunk,
     Dropped,
     Ended,
+    Exited,
     Outcome,
     ReaderEvent,
     SandboxGone,
@@ -67,58 +68,39 @@ def final_frame(outcome: Outcome) -> dict[str, Any]:
     return frame
 
 
-_BASE64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
-_EXIT_KEYS = ["exit", "out", "err"]
-_EXIT_MARKS = ("truncated", "oom_killed")
-"""Keys an exit frame may carry after its output, each ``true`` or ``false``."""
-
-PART_SIZE = 1 << 20
-"""Bytes of an exit frame's base64 checked, encoded and written at a time."""
+EXIT_PART = 3 << 18
+"""Bytes of kept output encoded at a time in an exit frame (a multiple of 3, so that the
+parts' base64 joins into the whole's): a megabyte of base64 each."""
 
 
-def _is_base64_text(value: object) -> bool:
-    """``value`` is base64 text (which JSON writes as is), checked a megabyte at a time
-    (``bytes.translate`` allocates a result as large as its input)."""
-    if not isinstance(value, str) or not value.isascii():
-        return False
-    for start in range(0, len(value), PART_SIZE):
-        if value[start : start + PART_SIZE].encode("ascii").translate(None, _BASE64):
-            return False
-    return True
+def final_frame_parts(outcome: Outcome) -> Iterator[bytes]:
+    """The final frame of an exec stream, :func:`final_frame` as :func:`frame_line` writes it,
+    in parts whose concatenation is that line.
 
-
-def _slices(text: str) -> Iterator[bytes]:
-    for start in range(0, len(text), PART_SIZE):
-        yield text[start : start + PART_SIZE].encode("ascii")
-
-
-def frame_parts(frame: Mapping[str, Any]) -> Iterator[bytes]:
-    """An NDJSON line, in parts whose concatenation is the line.
-
-    The exit frame carries up to ``max_output`` of output in base64: its parts are the very
-    bytes ``json.dumps`` gives, its buffers a megabyte at a time, encoded as they are asked
-    for. Written as the connection takes them, the line is never held whole as bytes, nor
-    copied whole into the connection's buffer.
+    An exit frame carries up to ``max_output`` of stdout and of stderr in base64: each part
+    is encoded from the kept bytes as it is asked for, a megabyte of base64 at a time, so
+    the writer that takes them as the connection does never holds the line whole, nor
+    spends one long turn of the reactor on it.
     """
-    keys = list(frame)
-    marks = keys[3:]
-    if (
-        keys[:3] == _EXIT_KEYS
-        and type(frame["exit"]) is int
-        and all(key in _EXIT_MARKS and type(frame[key]) is bool for key in marks)
-    ):
-        out, err = frame["out"], frame["err"]
-        if _is_base64_text(out) and _is_base64_text(err):
-            tail = b'"%s}\n' % b"".join(
-                b',"%s":%s' % (key.encode(), b"true" if frame[key] else b"false") for key in marks
-            )
-            yield b'{"exit":%d,"out":"' % frame["exit"]
-            yield from _slices(out)
-            yield b'","err":"'
-            yield from _slices(err)
-            yield tail
-            return
-    yield frame_line(frame)
+    if not isinstance(outcome, Exited):
+        yield frame_line(final_frame(outcome))
+        return
+    marks = b"".join(
+        b',"%s":true' % key
+        for key, value in ((b"truncated", outcome.truncated), (b"oom_killed", outcome.oom_killed))
+        if value
+    )
+    yield b'{"exit":%d,"out":"' % outcome.code
+    yield from _base64_parts(outcome.out)
+    yield b'","err":"'
+    yield from _base64_parts(outcome.err)
+    yield b'"%s}\n' % marks
+
+
+def _base64_parts(data: bytes) -> Iterator[bytes]:
+    view = memoryview(data)
+    for start in range(0, len(view), EXIT_PART):
+        yield pybase64.b64encode(view[start : start + EXIT_PART])
 
 
 # Background processes (docs/extensions.rst, "Background processes")
