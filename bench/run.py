@@ -73,9 +73,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--spawner",
-        choices=("helper", "server"),
-        default="helper",
-        help="how the isolated daemon starts execs (SANDBOXD_SPAWNER, default helper)",
+        choices=("zygote", "server", "helper"),
+        default="zygote",
+        help="how the isolated daemon starts execs (SANDBOXD_SPAWNER; default zygote, the"
+        " daemon's own default)",
     )
     parser.add_argument(
         "--e2b-mirror",
