@@ -5,7 +5,8 @@ Nothing here sees a request, a status code or a wire frame; the fronts (:mod:`sa
 only here (``tests/unit/test_unit_core_boundary.py`` checks both directions): the manager
 and its entry points, the values it takes and returns (with the isolation's counts the
 manager hands on: ``CgroupStats``, ``DiskUsage``), and the file operations a front runs
-in a file thread (:mod:`~sandboxd.core.files.workspace`, ``entries``, ``tar_in``, ``tar_out``).
+in a file thread (:mod:`~sandboxd.core.files.workspace`, ``walking``, ``entries``,
+``tar_in``, ``tar_out``).
 """
 
 from sandboxd.core.archive.store import RESERVED_PREFIX
@@ -15,7 +16,7 @@ from sandboxd.core.exec import run as _run
 from sandboxd.core.exec import spec as _spec
 from sandboxd.core.exec.run import ExecRun, Exited, Outcome, SpawnFailed
 from sandboxd.core.exec.spec import SHA256_HEX, ExecSpec, parse_env
-from sandboxd.core.files import entries, tar_in, tar_out, workspace
+from sandboxd.core.files import entries, tar_in, tar_out, walking, workspace
 from sandboxd.core.files.entries import Entry
 from sandboxd.core.files.in_place import Source, write_in_place
 from sandboxd.core.files.paths import Parts, normalise
@@ -113,6 +114,7 @@ __all__ = [
     "start_build",
     "tar_in",
     "tar_out",
+    "walking",
     "workspace",
     "write_in_place",
 ]

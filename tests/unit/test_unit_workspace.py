@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from sandboxd.core.files import tree as trees
-from sandboxd.core.files import workspace
+from sandboxd.core.files import walking, workspace
 from sandboxd.errors import BadRequest, InsufficientStorage, PathNotFound, TooManyEntries
 from sandboxd.http import wire
 from sandboxd.http.routes.files import measure_walk
@@ -65,6 +65,7 @@ class FaultyOs:
 def fault_os(monkeypatch: pytest.MonkeyPatch, faulty: FaultyOs) -> None:
     """``faulty`` in place of ``os`` for the file operations and the tree walks they use."""
     monkeypatch.setattr(workspace, "os", faulty)
+    monkeypatch.setattr(walking, "os", faulty)
     monkeypatch.setattr(trees, "os", faulty)
 
 
@@ -80,7 +81,7 @@ def fail_on(name: str, error: OSError) -> Callable[..., Any]:
 
 
 def files(ws: Path) -> set[str]:
-    return {e.path for e in workspace.walk(str(ws), ())}
+    return {e.path for e in walking.walk(str(ws), ())}
 
 
 def tree(path: Path) -> list[str]:
@@ -308,10 +309,10 @@ def test_walk_lists_regular_files_only(ws: Path, outside: Path) -> None:
     os.mkfifo(ws / "fifo")
     (ws / ".sandboxd-upload-0123456789abcdef").write_bytes(b"half an upload")
     (ws / "a" / ".sandboxd-upload-feedfacefeedface").write_bytes(b"half")
-    entries = {e.path: e for e in workspace.walk(str(ws), ())}
+    entries = {e.path: e for e in walking.walk(str(ws), ())}
     assert set(entries) == {"/a/b/f", "/top"}
     assert entries["/a/b/f"].size == 3
-    assert workspace.disk_usage(str(ws)) == 4
+    assert walking.disk_usage(str(ws)) == 4
 
 
 def test_walk_from_a_root(ws: Path) -> None:
@@ -319,31 +320,31 @@ def test_walk_from_a_root(ws: Path) -> None:
     (ws / "a" / "b" / "f").write_bytes(b"123")
     (ws / "a" / "g").write_bytes(b"1")
     os.mkfifo(ws / "fifo")
-    assert {e.path for e in workspace.walk(str(ws), ("a",))} == {"/a/b/f", "/a/g"}
-    (only,) = workspace.walk(str(ws), ("a", "g"))
+    assert {e.path for e in walking.walk(str(ws), ("a",))} == {"/a/b/f", "/a/g"}
+    (only,) = walking.walk(str(ws), ("a", "g"))
     assert (only.path, only.size) == ("/a/g", 1)
-    assert workspace.walk(str(ws), ("missing",)) == []
-    assert workspace.walk(str(ws), ("missing", "deeper")) == []
-    assert workspace.walk(str(ws), ("fifo",)) == []
+    assert walking.walk(str(ws), ("missing",)) == []
+    assert walking.walk(str(ws), ("missing", "deeper")) == []
+    assert walking.walk(str(ws), ("fifo",)) == []
 
 
 def test_walk_version_changes_with_content(ws: Path) -> None:
     workspace.write_from(str(ws), ("f",), io.BytesIO(b"aaaa"))
-    (first,) = workspace.walk(str(ws), ())
-    (again,) = workspace.walk(str(ws), ())
+    (first,) = walking.walk(str(ws), ())
+    (again,) = walking.walk(str(ws), ())
     assert first == again
     workspace.write_from(str(ws), ("f",), io.BytesIO(b"bbbb"))
-    (second,) = workspace.walk(str(ws), ())
+    (second,) = walking.walk(str(ws), ())
     assert second.version != first.version
     os.truncate(ws / "f", 2)
-    (third,) = workspace.walk(str(ws), ())
+    (third,) = walking.walk(str(ws), ())
     assert third.version != second.version
 
 
 def test_version_of_uses_inode_times_and_size(ws: Path) -> None:
     (ws / "f").write_bytes(b"x")
     st = os.stat(ws / "f")
-    parts = workspace.version_of(st).split(".")
+    parts = walking.version_of(st).split(".")
     assert [int(p, 16) for p in parts] == [st.st_ino, st.st_mtime_ns, st.st_ctime_ns, 1]
 
 
@@ -382,9 +383,9 @@ def shallow_stack(room: int = 100) -> Iterator[None]:
 def test_walk_is_not_limited_by_recursion(ws: Path) -> None:
     make_deep(ws, DEPTH)
     with shallow_stack():
-        (entry,) = workspace.walk(str(ws), ())
+        (entry,) = walking.walk(str(ws), ())
         assert entry.path == "/d" * DEPTH + "/f"
-        assert workspace.disk_usage(str(ws)) == 0
+        assert walking.disk_usage(str(ws)) == 0
         trees.remove_tree(str(ws / "d"))
     assert tree(ws) == []
 
@@ -440,7 +441,7 @@ def test_walk_skips_a_file_whose_stat_fails(ws: Path, monkeypatch: pytest.Monkey
             self._it.close()
 
     fault_os(monkeypatch, FaultyOs(scandir=lambda real, fd: Listing(fd)))
-    assert [e.path for e in workspace.walk(str(ws), ())] == ["/kept"]
+    assert [e.path for e in walking.walk(str(ws), ())] == ["/kept"]
 
 
 def test_walk_stops_when_a_directory_is_moved_away(ws: Path, tmp_path: Path) -> None:
@@ -474,10 +475,10 @@ def test_walk_answers_nothing_when_the_tree_changes_under_it(
 
     assert measure_walk(str(ws), (), 10, 1 << 20) == len(walk_body(str(ws), ()))
     fault_os(monkeypatch, FaultyOs(open=moved))
-    assert workspace.walk(str(ws), ()) == []
+    assert walking.walk(str(ws), ()) == []
     assert walk_body(str(ws), ()) == b'{"entries": []}'
     assert measure_walk(str(ws), (), 10, 1 << 20) == 0  # as the walk answers: nothing
-    assert [e.path for e in workspace.walk(str(ws), ("a",))] == ["/a/f"]
+    assert [e.path for e in walking.walk(str(ws), ("a",))] == ["/a/f"]
 
 
 # delete, mkdir, rmdir
@@ -769,7 +770,7 @@ def test_rename_never_follows_links(ws: Path, outside: Path) -> None:
 
 
 def walk_body(ws: str, root: tuple[str, ...]) -> bytes:
-    return wire.walk_body(workspace.walk_map(ws, root, wire.walk_entries))
+    return wire.walk_body(walking.walk_map(ws, root, wire.walk_entries))
 
 
 @pytest.mark.parametrize("root", [(), ("d",), ("d", "f"), ("missing",)])
@@ -781,8 +782,7 @@ def test_walk_body_is_json_dumps_of_walk(ws: Path, root: tuple[str, ...]) -> Non
     (ws / "d" / "f").write_bytes(b"f")
     os.close(os.open(os.path.join(os.fsencode(ws), b"d", b"bad-\xff-utf8"), os.O_CREAT, 0o644))
     entries = [
-        {"path": e.path, "size": e.size, "version": e.version}
-        for e in workspace.walk(str(ws), root)
+        {"path": e.path, "size": e.size, "version": e.version} for e in walking.walk(str(ws), root)
     ]
     body = walk_body(str(ws), root)
     assert body == json.dumps({"entries": entries}).encode()
@@ -908,9 +908,9 @@ def test_a_linked_body_whose_rename_fails_leaves_nothing(
 def test_a_walk_past_its_limit_raises_naming_it(ws: Path) -> None:
     for n in range(5):
         (ws / f"f{n}").write_bytes(b"")
-    assert len(workspace.walk_map(str(ws), (), wire.walk_entries, limit=5)) == 5
+    assert len(walking.walk_map(str(ws), (), wire.walk_entries, limit=5)) == 5
     with pytest.raises(TooManyEntries, match=r"more than 4 files \(SANDBOXD_WALK_MAX\)"):
-        workspace.walk_map(str(ws), (), wire.walk_entries, limit=4)
+        walking.walk_map(str(ws), (), wire.walk_entries, limit=4)
 
 
 def test_a_directory_of_long_paths_is_walked_a_slice_at_a_time(
@@ -919,8 +919,8 @@ def test_a_directory_of_long_paths_is_walked_a_slice_at_a_time(
     (ws / ("d" * 200)).mkdir()
     for n in range(5):
         (ws / ("d" * 200) / f"f{n}").write_bytes(b"")
-    monkeypatch.setattr(workspace, "BATCH_CHARS", 2 * (201 + workspace.NAME_MAX))
-    batches = list(workspace.walk_batches(str(ws), (), wire.walk_entries))
+    monkeypatch.setattr(walking, "BATCH_CHARS", 2 * (201 + walking.NAME_MAX))
+    batches = list(walking.walk_batches(str(ws), (), wire.walk_entries))
     assert [len(b) for b in batches] == [2, 2, 1]
     assert wire.walk_body([e for b in batches for e in b]) == walk_body(str(ws), ())
 

@@ -13,45 +13,28 @@ import os
 import secrets
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import BinaryIO, TypeVar
 
-from attrs import frozen
-
 from sandboxd.core.files.paths import Parts, display
-from sandboxd.core.files.tree import UPLOAD_PREFIX, DirFiles, opened_dir, remove_dir, scan_dirs
+from sandboxd.core.files.tree import UPLOAD_PREFIX, remove_dir
 from sandboxd.errors import (
     BadRequest,
     InsufficientStorage,
     PathNotFound,
     SandboxdError,
-    TooManyEntries,
 )
 
 T = TypeVar("T")
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 """The modes of the files and directories the file calls make (envd's), whatever the
 daemon's umask: the workspace itself (0700) keeps other uids out."""
 _COPY_CHUNK = 1 << 20
 _SENDFILE_CHUNK = 1 << 26
-
-
-@frozen
-class WalkEntry:
-    """One regular file: ``/``-rooted path, size, and a version that changes with content."""
-
-    path: str
-    size: int
-    version: str
-
-
-def version_of(st: os.stat_result) -> str:
-    """Inode, mtime, ctime and size: any write, replace or rename changes at least one."""
-    return f"{st.st_ino:x}.{st.st_mtime_ns:x}.{st.st_ctime_ns:x}.{st.st_size:x}"
 
 
 def translate(error: OSError, parts: Parts) -> SandboxdError:
@@ -82,17 +65,17 @@ def parent_of(workspace: str, parts: Parts, create: bool = False) -> Iterator[in
 def open_dir(workspace: str, parts: Parts, create: bool = False) -> int:
     """A descriptor of the directory ``parts`` (the caller closes it), reached one component
     at a time without following a link; with ``create``, missing directories are made."""
-    fd = os.open(workspace, _DIR_FLAGS)
+    fd = os.open(workspace, DIR_FLAGS)
     try:
         for name in parts:
             try:
-                next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                next_fd = os.open(name, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
                     raise
                 with suppress(FileExistsError):
                     make_directory(fd, name)
-                next_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                next_fd = os.open(name, DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = next_fd
     except BaseException:
@@ -105,7 +88,7 @@ def make_directory(parent: int, name: str) -> None:
     """Make the directory ``name`` in ``parent``, of mode :data:`DIR_MODE` exactly;
     ``FileExistsError`` when something is there already."""
     os.mkdir(name, DIR_MODE, dir_fd=parent)
-    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    fd = os.open(name, DIR_FLAGS, dir_fd=parent)
     try:
         os.fchmod(fd, DIR_MODE)  # mkdir's mode went through the umask
     finally:
@@ -249,105 +232,6 @@ def size(workspace: str, parts: Parts) -> int | None:
     if st is None or not stat.S_ISREG(st.st_mode):
         return None
     return st.st_size
-
-
-def _walk_dirs(workspace: str, parts: Parts) -> Iterator[DirFiles]:
-    """:func:`~sandboxd.core.files.tree.scan_dirs` of the path, as it goes: directories with
-    their files. A regular file at the path is one directory of one file; anything else is
-    none. ``OSError`` for a path that cannot be walked, or a tree that changed under the walk
-    (see :func:`~sandboxd.core.files.tree.climb`).
-
-    Each directory's stats are dropped once the caller is done with them: a walk of many files
-    keeps no stat object per file alive (that many tracked objects also cost garbage
-    collections that grow with the walk).
-    """
-    with parent_of(workspace, parts) as parent:
-        if not parts:
-            yield from scan_dirs(parent, "")
-            return
-        st = lstat(parent, parts[-1])
-        if st is None:
-            return
-        if stat.S_ISREG(st.st_mode):
-            yield "".join(f"/{p}" for p in parts[:-1]), [(parts[-1], st)]
-        elif stat.S_ISDIR(st.st_mode):
-            with opened_dir(os.open(parts[-1], _DIR_FLAGS, dir_fd=parent)) as top:
-                yield from scan_dirs(top, display(parts))
-
-
-def walk(workspace: str, parts: Parts) -> list[WalkEntry]:
-    """Every regular file under the path (none when it is missing, or on any error)."""
-    try:
-        return [
-            WalkEntry(f"{path}/{name}", st.st_size, version_of(st))
-            for path, found in _walk_dirs(workspace, parts)
-            for name, st in found
-        ]
-    except OSError:
-        return []
-
-
-def walk_map(
-    workspace: str,
-    parts: Parts,
-    each_dir: Callable[[str, list[tuple[str, os.stat_result]]], list[T]],
-    limit: int | None = None,
-) -> list[T]:
-    """``each_dir(path, [(name, stat)...])`` for each directory holding regular files under
-    the path (``path`` ``/``-rooted, ``""`` for the workspace root), one directory at a time,
-    its results joined: nothing when the path is missing, or on any error (a walk can list
-    hundreds of thousands of files: no object per entry is kept, only what ``each_dir`` gives).
-
-    Bounded as :func:`walk_batches` is.
-    """
-    results: list[T] = []
-    try:
-        for batch in walk_batches(workspace, parts, each_dir, limit):
-            results += batch
-    except OSError:
-        return []
-    return results
-
-
-BATCH_CHARS = 1 << 20
-"""Characters of paths one batch of :func:`walk_batches` holds at most (about)."""
-
-NAME_MAX = 256
-"""The longest file name, and its ``/``."""
-
-
-def walk_batches(
-    workspace: str,
-    parts: Parts,
-    each_dir: Callable[[str, list[tuple[str, os.stat_result]]], list[T]],
-    limit: int | None = None,
-) -> Iterator[list[T]]:
-    """``each_dir``'s results, one directory at a time, as the walk goes (``OSError`` as
-    :func:`_walk_dirs` raises it). The generator may be resumed from any file thread.
-
-    Paths of any length are listed (a tree deeper than ``PATH_MAX`` too: the walk goes one
-    directory at a time). More than ``limit`` files raise
-    :class:`~sandboxd.errors.TooManyEntries` naming the limit, as soon as the walk finds one
-    more. A directory of many files deep in a tree of long names is given to ``each_dir`` a
-    slice at a time, about :data:`BATCH_CHARS` characters of paths each: what one call makes
-    stays bounded however long the paths.
-    """
-    count = 0
-    for path, found in _walk_dirs(workspace, parts):
-        count += len(found)
-        if limit is not None and count > limit:
-            raise TooManyEntries(
-                f"the walk lists more than {limit} files (SANDBOXD_WALK_MAX): walk a narrower root"
-            )
-        step = max(1, BATCH_CHARS // (len(path) + NAME_MAX))
-        for first in range(0, len(found), step):
-            yield each_dir(path, found[first : first + step])
-
-
-def disk_usage(workspace: str) -> int:
-    """Total bytes of the regular files in the workspace."""
-    with opened_dir(os.open(workspace, _DIR_FLAGS)) as root:
-        return sum(st.st_size for _, found in scan_dirs(root, "") for _, st in found)
 
 
 def delete(workspace: str, parts: Parts) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
 
-from sandboxd.core import Parts, WatchEvent, normalise, workspace
+from sandboxd.core import Parts, WatchEvent, normalise, walking, workspace
 from sandboxd.errors import TooManyEntries
 from sandboxd.http import parse, wire
 from sandboxd.http.parse import query
@@ -95,7 +95,7 @@ async def size(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
 @authorized
 async def disk_usage(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     sandbox = api.manager.get(rid)
-    total = await api.manager.files(sandbox, workspace.disk_usage)
+    total = await api.manager.files(sandbox, walking.disk_usage)
     return json_response(request, wire.field_body("bytes", total))
 
 
@@ -104,7 +104,7 @@ def measure_walk(ws: str, parts: Parts, limit: int, most: int) -> int:
     ``most`` bytes), one batch in memory at a time; 0 on an error, as a walk answers nothing
     then."""
     try:
-        return wire.walk_size(workspace.walk_batches(ws, parts, wire.walk_entries, limit), most)
+        return wire.walk_size(walking.walk_batches(ws, parts, wire.walk_entries, limit), most)
     except OSError:
         return 0
 
@@ -120,14 +120,14 @@ async def walk(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
     parts = normalise(query(request, "root", "/"), "root")
     limit = api.manager.config.walk_max
     most = api.manager.config.walk_bytes_max
-    walking: list[Iterator[list[str]]] = []
+    walks: list[Iterator[list[str]]] = []
 
     def first(ws: str) -> tuple[list[str], bool]:
-        walking.append(workspace.walk_batches(ws, parts, wire.walk_entries, limit))
-        return wire.next_walk_part(walking[0], WALK_PART)
+        walks.append(walking.walk_batches(ws, parts, wire.walk_entries, limit))
+        return wire.next_walk_part(walks[0], WALK_PART)
 
     def more(ws: str) -> tuple[list[str], bool]:
-        return wire.next_walk_part(walking[0], WALK_PART)
+        return wire.next_walk_part(walks[0], WALK_PART)
 
     try:
         try:
@@ -165,7 +165,7 @@ async def walk(api: "SandboxAPI", request: IRequest, rid: str) -> bytes:
             writer.close()
         return b""
     finally:
-        for batches in walking:
+        for batches in walks:
             batches.close()  # type: ignore[attr-defined]
 
 

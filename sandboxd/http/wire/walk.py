@@ -11,7 +11,7 @@ from sandboxd.errors import TooManyEntries
 
 _WALK_ENTRY = '{"path": %s, "size": %d, "version": "%x.%x.%x.%x"}'
 """One entry of the walk body, as ``json.dumps`` writes it (the version of
-:func:`sandboxd.core.files.workspace.version_of` inlined)."""
+:func:`sandboxd.core.files.walking.version_of` inlined)."""
 
 
 def walk_entries(where: str, found: Iterable[tuple[str, os.stat_result]]) -> list[str]:
