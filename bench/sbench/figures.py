@@ -33,6 +33,7 @@ from . import (
     e2bsuite,
     egress,
     floor,
+    limits,
     neighbours,
     procs,
     templates,
@@ -236,6 +237,7 @@ class Bench:
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Record one figure; ``on`` says whether the target applies to the value or the ratio.
+        A figure that misses its target says what limits it (:mod:`sbench.limits`).
 
         The ratio is value / reference for times, reference / value for rates (MB/s, /s): above
         1 is always slower than the reference. ``ratio_of`` takes the ratio of another figure
@@ -262,6 +264,8 @@ class Bench:
             "met": met,
             **(extra or {}),
         }
+        if met is False and (why := limits.limited_by(figure, variant)) is not None:
+            row["limited_by"] = why
         self.rows.append(row)
         return row
 

@@ -68,9 +68,19 @@ def table(result: dict[str, Any]) -> str:
     ]
     for r in lines:
         out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    out += [f"not met: {line}" for line in unmet(result)]
     for note in result["notes"]:
         out.append(f"note: {note}")
     return "\n".join(out)
+
+
+def unmet(result: dict[str, Any]) -> list[str]:
+    """A line for each row that missed its target and says what limits it (``limited_by``)."""
+    return [
+        f"{row['figure']} ({row['variant']}): {row['limited_by']}"
+        for row in result["rows"]
+        if row["met"] is False and row.get("limited_by")
+    ]
 
 
 def fmt_load(load: list[float] | None) -> str:
@@ -104,7 +114,8 @@ def write(result: dict[str, Any], directory: Path) -> Path:
 
 
 def rst(result: dict[str, Any]) -> str:
-    """The rows with a target or measured against Docker, as an RST table for README.rst."""
+    """The rows with a target or measured against Docker, as an RST table for README.rst, then
+    what limits each target not met (:func:`unmet`)."""
     meta = result["meta"]
     head = ("figure", "sandboxd", "p50 / rate", "reference", "ratio", "target", "met")
     lines = []
@@ -134,4 +145,8 @@ def rst(result: dict[str, Any]) -> str:
     for r in lines:
         out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
     out.append(rule)
+    why = unmet(result)
+    if why:
+        out += ["", "What limits each target not met, from its profile:", ""]
+        out += [f"- {line}" for line in why]
     return "\n".join(out)

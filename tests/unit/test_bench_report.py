@@ -99,3 +99,32 @@ def test_readme_table_leaves_a_peer_row_without_a_target_blank() -> None:
     line = next(row for row in report.rst(result).splitlines() if "docker 20.10" in row)
     assert line.split()[-2:] == ["9.50", "ms"]
     assert "None" not in report.rst(result)
+
+
+def test_a_row_that_misses_its_target_says_what_limits_it() -> None:
+    from bench.sbench import limits
+
+    assert limits.limited_by("exec true", "isolated (raw)") is not None
+    fork = limits.limited_by(limits.NEIGHBOURS, "isolated: neighbour fork-bombs to its pids limit")
+    assert fork is not None and "pids limit" in fork and limits.WHERE in fork
+    assert limits.limited_by(limits.NEIGHBOURS, "isolated: neighbour hums quietly") is None
+    assert limits.limited_by("a figure nobody profiled", "x") is None
+
+    result = _result(quick=False)
+    result["rows"][0]["limited_by"] = "the reactor's own work"
+    result["rows"][1]["limited_by"] = "kept only where a target is missed"
+    assert report.unmet(result) == ["exec true (client): the reactor's own work"]
+    assert "not met: exec true (client): the reactor's own work" in report.table(result)
+    readme = report.rst(result)
+    assert readme.endswith("- exec true (client): the reactor's own work")
+    del result["rows"][0]["limited_by"]
+    assert report.unmet(result) == [] and "What limits" not in report.rst(result)
+
+
+def test_an_unisolated_exec_is_limited_by_its_helper_not_a_zygote() -> None:
+    from bench.sbench import limits
+
+    isolated = limits.limited_by("exec true", "isolated (raw)")
+    unisolated = limits.limited_by("exec true", "none (raw)")
+    assert isolated is not None and "zygote" in isolated and "py-spy" in isolated
+    assert unisolated is not None and "helper program" in unisolated
