@@ -37,4 +37,3 @@ class Socks5:
         if self.tls:
             body["tls"] = True
         return body
-
