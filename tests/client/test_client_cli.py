@@ -372,9 +372,12 @@ def test_socks5_options_say_what_is_wrong_never_the_password(tmp_path: Path) -> 
         parse_args(["create", "--socks5-password-env", "A", "--socks5-password-file", "f"])
     assert socks5_of(None, None, None, None, False, {}) is None
     assert socks5_of("192.0.2.1:1", None, None, None, False, {}) == Socks5("192.0.2.1:1")
-    for given in (("u", None, None, False), (None, "V", None, False), (None, None, "f", False)):
-        with pytest.raises(ValueError, match="need --socks5"):
-            socks5_of(None, *given, {})
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, "u", None, None, False, {})
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, None, "V", None, False, {})
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, None, None, "f", False, {})
     with pytest.raises(ValueError, match="need --socks5"):
         socks5_of(None, None, None, None, True, {})
     with pytest.raises(ValueError, match="--socks5-password-env: the environment has no V"):
