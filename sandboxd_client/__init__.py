@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._contexts import CellError, ContextInfo, Execution
     from ._handles import Route, decode_handle, encode_handle
     from ._retry import RetryPolicy
+    from ._socks5 import Socks5
     from ._types import (
         ContextNotFound,
         ExecResult,
@@ -73,6 +74,7 @@ _LAZY = {
     "SandboxSpec": "._types",
     "SandboxStats": "._types",
     "SandboxUnavailable": "._types",
+    "Socks5": "._socks5",
     "TemplateBuildFailed": "._types",
     "TemplateInfo": "._types",
     "TemplateNotFound": "._types",
@@ -119,6 +121,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxStats",
     "SandboxUnavailable",
+    "Socks5",
     "TemplateBuildFailed",
     "TemplateInfo",
     "TemplateNotFound",

@@ -75,6 +75,7 @@ from ._execstream import ExecStreamDecoder, OutputCallback
 from ._files import Files
 from ._handles import check_base_url, decode_handle
 from ._processes import Processes
+from ._socks5 import Socks5
 from ._templates import Templates
 from ._terminals import Terminals
 from ._transfers import Transfers
@@ -273,17 +274,21 @@ class HttpSandbox(Processes, Contexts, Files, Transfers, Trees, Templates, Termi
         allow_out: Sequence[str] | None = None,
         deny_out: Sequence[str] = (),
         rules: Mapping[str, Mapping[str, str]] | None = None,
+        socks5: Socks5 | None = None,
     ) -> NetworkInfo:
-        """Replace an ``egress`` sandbox's lists and header rules (docs/isolation.rst,
-        "Egress policy per sandbox", "Header rules"; ``rules`` as
-        :attr:`SandboxSpec.rules`, ``None``: none): its next new connection obeys them.
-        ``allow_out`` ``None``: everything the operator permits. ``BadRequest`` names an
-        entry the host refuses (never a header's value)."""
+        """Replace an ``egress`` sandbox's lists, header rules and SOCKS5 proxy
+        (docs/isolation.rst, "Egress policy per sandbox", "Header rules", "A sandbox's own
+        SOCKS5 proxy"; ``rules`` as :attr:`SandboxSpec.rules`, ``None``: none; ``socks5``
+        ``None``: no proxy of its own, it stops tunneling): its next new connection obeys
+        them. ``allow_out`` ``None``: everything the operator permits. ``BadRequest`` names
+        an entry the host refuses (never a header's value nor a password)."""
         body: dict[str, Any] = {"deny_out": list(deny_out)}
         if allow_out is not None:
             body["allow_out"] = list(allow_out)
         if rules:
             body["rules"] = rules_body(rules)
+        if socks5 is not None:
+            body["socks5"] = socks5.to_json()
         url = self._url(handle, "network")
         return wire.decode_network(await self._idempotent("PUT", url, body))
 

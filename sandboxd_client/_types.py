@@ -24,6 +24,8 @@ from typing import Any
 
 from attrs import field, frozen
 
+from ._socks5 import Socks5
+
 
 def _ints(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(values)
@@ -109,6 +111,9 @@ class SandboxSpec:
     every plain HTTP request it sends to that host (``api.example.com`` or
     ``*.example.com``), whose values it never holds (docs/isolation.rst, "Header rules"). The
     values are secrets: not in the ``repr``."""
+    socks5: Socks5 | None = None
+    """An ``egress`` sandbox's own SOCKS5 proxy, which all its TCP leaves through
+    (docs/isolation.rst, "A sandbox's own SOCKS5 proxy"); ``None``: none."""
     template: str | None = None
     """The template whose files are the sandbox's root (docs/extensions.rst, "Templates");
     ``None``: the host's root, and nothing is sent."""
@@ -124,8 +129,10 @@ class SandboxSpec:
             body["exposed_ports"] = list(self.exposed_ports)
         if self.item_id is not None:
             body["item_id"] = self.item_id
-        if self.allow_out is not None or self.deny_out or self.rules:
-            body["network"] = network_lists(self.network, self.allow_out, self.deny_out, self.rules)
+        if self.allow_out is not None or self.deny_out or self.rules or self.socks5 is not None:
+            body["network"] = network_lists(
+                self.network, self.allow_out, self.deny_out, self.rules, self.socks5
+            )
         elif self.network is not None:
             body["network"] = self.network
         if self.template is not None:
@@ -138,14 +145,17 @@ def network_lists(
     allow_out: tuple[str, ...] | None,
     deny_out: tuple[str, ...],
     rules: Mapping[str, Mapping[str, str]] | None = None,
+    socks5: Socks5 | None = None,
 ) -> dict[str, Any]:
-    """The object form of a create's ``network``: the lists and rules given (no mode:
+    """The object form of a create's ``network``: the lists, rules and proxy given (no mode:
     ``egress``)."""
     body: dict[str, Any] = {"mode": mode or "egress", "deny_out": list(deny_out)}
     if allow_out is not None:
         body["allow_out"] = list(allow_out)
     if rules:
         body["rules"] = rules_body(rules)
+    if socks5 is not None:
+        body["socks5"] = socks5.to_json()
     return body
 
 
@@ -243,6 +253,9 @@ class NetworkInfo:
     deny_out: tuple[str, ...] = field(default=(), converter=_strs)
     rules: Mapping[str, tuple[str, ...]] = field(factory=dict, converter=_rule_names)
     """Each host's header rule, as the host shows it: the header names, never the values."""
+    socks5: Socks5 | None = None
+    """Its own SOCKS5 proxy as the host shows it: address, user name and TLS, never the
+    password (``None``: none)."""
 
 
 @frozen

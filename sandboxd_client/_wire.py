@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from ._handles import encode_handle
+from ._socks5 import Socks5
 from ._types import (
     Health,
     NetworkInfo,
@@ -204,7 +205,22 @@ def decode_network(reply: object) -> NetworkInfo:
         allow_out=None if allow is None else _strings(allow, "network allow_out"),
         deny_out=_strings(obj.get("deny_out", []), "network deny_out"),
         rules={host: _strings(names, "network rules") for host, names in rules.items()},
+        socks5=decode_socks5(obj.get("socks5")),
     )
+
+
+def decode_socks5(value: object) -> Socks5 | None:
+    """A listed network's ``socks5`` (``None``: no proxy of its own): its address, user
+    name and whether TLS is on (the host shows ``tls`` as ``{"enabled": true, ...}``)."""
+    if value is None:
+        return None
+    obj = _obj(value, "network socks5")
+    username = obj.get("username")
+    if username is not None and not isinstance(username, str):
+        raise ProtocolError("network socks5: username must be a string")
+    tls = obj.get("tls")
+    on = tls.get("enabled", True) is True if isinstance(tls, dict) else tls is True
+    return Socks5(_get(obj, "address", str, "network socks5"), username, tls=on)
 
 
 def _strings(value: object, what: str) -> tuple[str, ...]:

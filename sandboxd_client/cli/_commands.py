@@ -5,6 +5,8 @@
 
     create [--image I] [--env K=V]... [--port P]... [--item-id ID] [--network M]
            [--allow ADDR|HOST]... [--deny ADDR|HOST]...
+           [--socks5 ADDR:PORT [--socks5-user U] [--socks5-tls]
+            [--socks5-password-env VAR | --socks5-password-file F]]
            [--template T]            print a new handle
     fork HANDLE                      a new sandbox with a copy of HANDLE's files: its handle
     kill HANDLE
@@ -63,6 +65,7 @@ from ._files import _get, _put
 from ._handle import resolve_handle
 from ._parser import build_parser, parse_args
 from ._rules import rules_of
+from ._socks5 import socks5_of
 
 __all__ = ["Console", "build_parser", "main_async", "parse_args", "run"]
 
@@ -90,6 +93,14 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
             allow_out=args.allow,
             deny_out=args.deny,
             rules=rules_of(args.rule, args.rule_env, args.rules_file, os.environ),
+            socks5=socks5_of(
+                args.socks5,
+                args.socks5_user,
+                args.socks5_password_env,
+                args.socks5_password_file,
+                args.socks5_tls,
+                os.environ,
+            ),
             template=args.template,
         )
         return _print_handle(await client.create(spec), as_json, console)

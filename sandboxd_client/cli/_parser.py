@@ -38,6 +38,28 @@ def _rule(text: str) -> tuple[str, str, str]:
     return host, header, value
 
 
+def _add_socks5_options(p: argparse.ArgumentParser) -> None:
+    """``create``'s own SOCKS5 proxy: the password only from the environment or a file."""
+    p.add_argument(
+        "--socks5",
+        metavar="ADDRESS:PORT",
+        help="egress: all its TCP leaves through this SOCKS5 proxy (an IP address and a port)",
+    )
+    p.add_argument("--socks5-user", metavar="NAME", help="egress: the SOCKS5 proxy's user name")
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument(
+        "--socks5-password-env",
+        metavar="VARIABLE",
+        help="egress: the SOCKS5 proxy's password, read from the environment variable VARIABLE",
+    )
+    secret.add_argument(
+        "--socks5-password-file",
+        metavar="FILE",
+        help="egress: the SOCKS5 proxy's password, the first line of FILE",
+    )
+    p.add_argument("--socks5-tls", action="store_true", help="egress: TLS to the SOCKS5 proxy")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; global options are accepted before or after the subcommand."""
     parser = argparse.ArgumentParser(
@@ -104,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help='egress: header rules from a JSON file, {"HOST": {"HEADER": "VALUE"}}',
     )
+    _add_socks5_options(p)
     p.add_argument("--template", help="a template of the replica, as the sandbox's root")
     add("kill", "kill a sandbox").add_argument("handle")
     add("fork", "copy a sandbox's files into a new one and print its handle").add_argument("handle")

@@ -23,6 +23,7 @@ from pydantic import Field
 from .. import HttpSandbox, SandboxError, SandboxHandle, SandboxSpec, WalkEntry
 from ._bridge import ReactorThread
 from ._code import add_run_code
+from ._inputs import Socks5Proxy
 from ._output import LiveText, clip, file_bytes, file_content
 from ._paths import shown, to_workspace
 from ._results import (
@@ -173,7 +174,8 @@ def build_server(
             "may not (deny wins; no allow_out: all the "
             "host permits). rules (egress only): {host: {header: value}}, headers the host sets "
             "on the sandbox's plain HTTP requests to that host (api.example.com, "
-            "*.example.com); the sandbox never sees the values. "
+            "*.example.com); the sandbox never sees the values. socks5 (egress only): a "
+            "SOCKS5 proxy all its TCP leaves through. "
             "item_id restores a saved workspace of that name first (slower: a copy)."
         ),
     )
@@ -196,6 +198,7 @@ def build_server(
             dict[str, dict[str, str]] | None,
             Field(description="egress: headers set per host, {host: {header: value}}."),
         ] = None,
+        socks5: Annotated[Socks5Proxy | None, Field(description="egress: its own proxy.")] = None,
     ) -> CreatedSandbox:
         spec = SandboxSpec(
             item_id=item_id,
@@ -203,6 +206,7 @@ def build_server(
             allow_out=allow_out,
             deny_out=deny_out or (),
             rules=rules or {},
+            socks5=None if socks5 is None else socks5.to_socks5(),
         )
         handle = await tool_call(bridge.call(client.create, spec))
         workspace = await workspace_of(handle)

@@ -14,10 +14,11 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from sandboxd_client import HttpSandbox, encode_handle
+from sandboxd_client import HttpSandbox, Socks5, encode_handle
 from sandboxd_client.cli import Console, main_async, parse_args, run
 from sandboxd_client.cli._progress import MIB
 from sandboxd_client.cli._rules import rules_of
+from sandboxd_client.cli._socks5 import socks5_of
 from tests.support.coverage import coverage_env
 
 from .servers import Served
@@ -323,3 +324,66 @@ def test_rule_options_say_what_is_wrong_never_the_value(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="expected a JSON object") as caught:
             rules_of([], [], str(bad), {})
         assert "s3cret" not in str(caught.value)
+
+
+@pytest_twisted.ensureDeferred
+async def test_create_sends_a_socks5_proxy_whose_password_is_not_on_the_command_line(
+    client: HttpSandbox, fake: Served, tmp_path: Path
+) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("pw-from-file\n")
+    code, out, _ = await ctl(
+        client,
+        "create",
+        "--socks5",
+        "203.0.113.80:1080",
+        "--socks5-user",
+        "me",
+        "--socks5-password-file",
+        str(secret),
+    )
+    assert code == 0 and json.loads(fake.state.seen[-1].body)["network"] == {
+        "mode": "egress",
+        "deny_out": [],
+        "socks5": {"address": "203.0.113.80:1080", "username": "me", "password": "pw-from-file"},
+    }
+    assert (await ctl(client, "kill", out.decode().strip()))[0] == 0
+    os.environ["SANDBOXD_TEST_SOCKS5"] = "pw-from-env"
+    try:
+        argv = ["create", "--socks5", "203.0.113.80:1", "--socks5-user", "me", "--socks5-tls"]
+        code, out, _ = await ctl(client, *argv, "--socks5-password-env", "SANDBOXD_TEST_SOCKS5")
+    finally:
+        del os.environ["SANDBOXD_TEST_SOCKS5"]
+    assert code == 0 and json.loads(fake.state.seen[-1].body)["network"]["socks5"] == {
+        "address": "203.0.113.80:1",
+        "username": "me",
+        "password": "pw-from-env",
+        "tls": True,
+    }
+    assert (await ctl(client, "kill", out.decode().strip()))[0] == 0
+    seen = len(fake.state.seen)
+    with pytest.raises(ValueError, match="need --socks5"):
+        await ctl(client, "create", "--socks5-user", "me")
+    assert len(fake.state.seen) == seen  # nothing sent
+
+
+def test_socks5_options_say_what_is_wrong_never_the_password(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):  # one source of the password
+        parse_args(["create", "--socks5-password-env", "A", "--socks5-password-file", "f"])
+    assert socks5_of(None, None, None, None, False, {}) is None
+    assert socks5_of("192.0.2.1:1", None, None, None, False, {}) == Socks5("192.0.2.1:1")
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, "u", None, None, False, {})
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, None, "V", None, False, {})
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, None, None, "f", False, {})
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, None, None, None, True, {})
+    with pytest.raises(ValueError, match="--socks5-password-env: the environment has no V"):
+        socks5_of("192.0.2.1:1", "u", "V", None, False, {})
+    empty = tmp_path / "empty"
+    empty.write_text("\ns3cret on the second line\n")
+    with pytest.raises(ValueError, match="its first line is empty") as caught:
+        socks5_of("192.0.2.1:1", "u", None, str(empty), False, {})
+    assert "s3cret" not in str(caught.value)

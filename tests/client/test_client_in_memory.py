@@ -22,6 +22,7 @@ from sandboxd_client import (
     NetworkInfo,
     SandboxNotFound,
     SandboxSpec,
+    Socks5,
     decode_handle,
 )
 
@@ -77,6 +78,12 @@ async def test_lifecycle_probes_and_service_calls(
     with pytest.raises(ValueError, match="Host cannot be set") as caught:  # its parser's
         await client.set_network(handle, rules={"api.example.com": {"Host": "s3cret"}})
     assert "s3cret" not in str(caught.value)
+    proxy = Socks5("203.0.113.80:1080", "me", "pw-s3cret")
+    with pytest.raises(ValueError, match="need mode egress"):  # the daemon took the proxy
+        await client.set_network(handle, socks5=proxy)
+    with pytest.raises(ValueError, match="a host name is not supported") as caught:
+        await client.set_network(handle, socks5=Socks5("proxy.example:1080", "me", "pw-s3cret"))
+    assert "pw-s3cret" not in str(caught.value)
     manifest = f"http://127.0.0.1:{closed_port}/none.json"  # refused: nothing listens
     refused = await client.resolve_tools({"nothing": manifest})
     assert set(refused.refused) == {"nothing"} and not refused.tools

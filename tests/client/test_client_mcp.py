@@ -116,6 +116,10 @@ def test_each_tool(daemon: Daemon) -> None:
                 session, "create_sandbox", rules={"api.example.com": {"Host": "b.example"}}
             )
             assert "Host cannot be set" in refused  # and the rules, in its shape
+            socks5 = {"address": "proxy.example:1080", "username": "u", "password": "pw-s3cret"}
+            refused = await tool_error(session, "create_sandbox", socks5=socks5)
+            assert "socks5.address" in refused and "a host name is not supported" in refused
+            assert "pw-s3cret" not in refused  # the proxy, in its shape, never its password
             sb = made["sandbox"]
             (rid,) = live_sandboxes(daemon) - before
 

@@ -37,6 +37,7 @@ from sandboxd_client import (
     SandboxNotFound,
     SandboxSpec,
     SandboxUnavailable,
+    Socks5,
     TooLarge,
     decode_handle,
     encode_handle,
@@ -273,6 +274,44 @@ def test_network_replies_are_checked() -> None:
         wire.decode_network({"mode": "egress", "rules": ["x"]})
     with pytest.raises(ProtocolError, match="network rules: expected a list of strings"):
         wire.decode_network({"mode": "egress", "rules": {"a.example": "X"}})
+
+
+def test_a_socks5_proxy_is_sent_with_its_password_and_never_shows_it() -> None:
+    proxy = Socks5("203.0.113.80:1080", "me", "pw-s3cret")
+    spec = SandboxSpec(socks5=proxy)
+    assert spec.to_json() == {
+        "network": {
+            "mode": "egress",
+            "deny_out": [],
+            "socks5": {"address": "203.0.113.80:1080", "username": "me", "password": "pw-s3cret"},
+        }
+    }
+    for shown in (repr(proxy), str(proxy), repr(spec), str(spec)):
+        assert "pw-s3cret" not in shown and "203.0.113.80:1080" in shown
+    tls = SandboxSpec(
+        network="egress", deny_out=["192.0.2.1"], socks5=Socks5("[2001:db8::1]:1", tls=True)
+    )
+    assert tls.to_json()["network"] == {
+        "mode": "egress",
+        "deny_out": ["192.0.2.1"],
+        "socks5": {"address": "[2001:db8::1]:1", "tls": True},
+    }
+
+
+def test_a_listed_socks5_proxy_is_read_back() -> None:
+    shown = {"mode": "egress", "socks5": {"address": "203.0.113.80:1080", "username": "me"}}
+    assert wire.decode_network(shown).socks5 == Socks5("203.0.113.80:1080", "me")
+    assert wire.decode_network({"mode": "egress"}).socks5 is None
+    for tls, on in ((True, True), (False, False), ({"enabled": True, "server_name": "p"}, True)):
+        listed = wire.decode_network({"mode": "egress", "socks5": {"address": "a:1", "tls": tls}})
+        assert listed.socks5 == Socks5("a:1", tls=on)
+    for bad, message in (
+        (["a:1"], "network socks5: expected a JSON object"),
+        ({"username": "me"}, "network socks5: field 'address' missing"),
+        ({"address": "a:1", "username": 7}, "network socks5: username must be a string"),
+    ):
+        with pytest.raises(ProtocolError, match=message):
+            wire.decode_network({"mode": "egress", "socks5": bad})
 
 
 def test_ipv6_literal_hosts_survive_treq() -> None:

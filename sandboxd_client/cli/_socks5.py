@@ -1,0 +1,38 @@
+"""``sandboxctl create``'s own SOCKS5 proxy (docs/client.rst, "A SOCKS5 proxy from
+sandboxctl"): ``--socks5 ADDRESS:PORT``, ``--socks5-user NAME`` and the password never on the
+command line (where the shell's history and the process list would keep it), read from
+``--socks5-password-env VARIABLE`` or from the first line of ``--socks5-password-file FILE``,
+as ``--rule-env`` and ``--rules-file`` read header values. No error repeats the password."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .._socks5 import Socks5
+
+
+def socks5_of(
+    address: str | None,
+    username: str | None,
+    password_env: str | None,
+    password_file: str | None,
+    tls: bool,
+    environ: Mapping[str, str],
+) -> Socks5 | None:
+    """The proxy the options give (``None``: no ``--socks5``); ``ValueError`` naming an
+    option given without ``--socks5``, a missing variable or an empty file."""
+    if address is None:
+        if username is not None or password_env or password_file or tls:
+            raise ValueError("--socks5-user, --socks5-password-* and --socks5-tls need --socks5")
+        return None
+    password = None
+    if password_env is not None:
+        if password_env not in environ:
+            raise ValueError(f"--socks5-password-env: the environment has no {password_env}")
+        password = environ[password_env]
+    elif password_file is not None:
+        with open(password_file, encoding="utf-8") as f:
+            password = f.readline().rstrip("\r\n")
+        if not password:
+            raise ValueError(f"--socks5-password-file {password_file}: its first line is empty")
+    return Socks5(address, username, password, tls)

@@ -1,0 +1,78 @@
+"""A sandbox's own SOCKS5 proxy through the client, on a real ``twistd sandboxd`` as root
+with its egress layer (docs/isolation.rst, "A sandbox's own SOCKS5 proxy"): created with
+``SandboxSpec.socks5``, the sandbox lists its proxy back (address and user name, never the
+password) in ``list_sandboxes`` and ``network``; ``set_network`` replaces it and, without one,
+stops the tunneling. The tunnel itself (a real SOCKS5 server, nothing leaving directly) is
+``tests/kernel/test_egress_socks_own.py``'s; nothing here connects to the proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+
+from sandboxd_client import HttpSandbox, NetworkInfo, SandboxSpec, Socks5, decode_handle
+from tests.support.daemon import Daemon, start_daemon, stop_daemon
+from tests.support.uids import uid_block
+
+pytestmark = [
+    pytest.mark.kernel,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the egress layer needs root"),
+    pytest.mark.skipif(
+        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
+        reason="needs nft (nftables)",
+    ),
+]
+
+PASSWORD = "pw33-" + str(os.getpid())
+PROXY = Socks5("203.0.113.80:1080", "me", PASSWORD)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    low, high = uid_block()
+    started = start_daemon(
+        tmp_path, f"--uid-min={low}", f"--uid-max={high}", "--network-allow=egress"
+    )
+    try:
+        yield started
+    finally:
+        stop_daemon(started)
+
+
+@pytest.fixture
+def client(daemon: Daemon) -> Iterator[HttpSandbox]:
+    from twisted.internet import reactor
+
+    c = HttpSandbox(daemon.url, reactor=reactor)
+    yield c
+    pytest_twisted.blockon(c.close())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_proxy_given_at_create_is_listed_without_its_password(
+    client: HttpSandbox, daemon: Daemon
+) -> None:
+    handle = await client.create(SandboxSpec(deny_out=["192.0.2.0/24"], socks5=PROXY))
+    shown = NetworkInfo("egress", None, ("192.0.2.0/24",), socks5=Socks5("203.0.113.80:1080", "me"))
+    assert await client.network(handle) == shown
+    rid = decode_handle(handle).remote_id
+    (listed,) = [s for s in await client.list_sandboxes() if s.remote_id == rid]
+    assert listed.network == shown
+    raw = daemon.call("GET", "/sandboxes")[1] + daemon.call("GET", f"/sandboxes/{rid}/network")[1]
+    assert PASSWORD.encode() not in raw and b"203.0.113.80:1080" in raw
+    other = Socks5("203.0.113.81:1081", "you", PASSWORD, tls=True)
+    changed = await client.set_network(handle, socks5=other)
+    assert changed.socks5 == Socks5("203.0.113.81:1081", "you", tls=True)
+    assert (await client.set_network(handle)).socks5 is None  # no proxy: no tunneling
+    assert (await client.network(handle)).socks5 is None
+    denied = r"SOCKS5 proxy's address 127\.0\.0\.1 is inside"  # the operator denies it
+    with pytest.raises(ValueError, match=denied) as caught:
+        await client.set_network(handle, socks5=Socks5("127.0.0.1:1080", "me", PASSWORD))
+    assert PASSWORD not in str(caught.value)
+    await client.kill(handle)
