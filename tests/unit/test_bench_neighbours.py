@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH)]
 
 from bench import run as bench_run  # noqa: E402
-from bench.sbench import figures, neighbours, report  # noqa: E402
+from bench.sbench import figures, neighbour_driver, neighbours, report  # noqa: E402
 
 
 def test_the_section_is_one_of_the_bench() -> None:
@@ -44,12 +44,12 @@ def test_a_quick_bomb_stops_short_of_the_pids_limit_and_says_so() -> None:
 def test_the_daemons_own_timeout_comes_after_the_kill_bound() -> None:
     import json
 
-    assert json.loads(neighbours.exec_body(["true"], 7)) == {"cmd": ["true"], "timeout": 12}
+    assert json.loads(neighbour_driver.exec_body(["true"], 7)) == {"cmd": ["true"], "timeout": 12}
 
 
 def test_an_upload_body_is_exactly_its_size() -> None:
-    size = 2 * neighbours.CHUNK + 5
-    assert sum(len(chunk) for chunk in neighbours.zeros(size)) == size
+    size = 2 * neighbour_driver.CHUNK + 5
+    assert sum(len(chunk) for chunk in neighbour_driver.zeros(size)) == size
 
 
 def test_the_loads_measured_can_be_chosen() -> None:
