@@ -4,14 +4,18 @@ takes nothing from the bench's interpreter. It runs one load through the daemon'
 and again, until SIGTERM."""
 
 import json
+import select
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from .rawhttp import CHUNK, RawHTTP
 from .terminals import TerminalSocket
 
+KEY_FRAME = 50
+"""Bytes per WebSocket message of the ``keystrokes`` load: a fast typist's burst or a paste."""
 TREE = "/tree"
 
 
@@ -27,7 +31,7 @@ def exec_body(cmd: list[str], bound: float) -> bytes:
 
 def drive(port: int, rid: str, load: str, params: dict[str, Any]) -> None:
     """Run ``load`` again and again until SIGTERM; print ``started`` once the first request is
-    on its way, and a JSON summary (cycles, bytes) at the end."""
+    on its way, and a JSON summary (cycles, bytes read; ``typed`` for keystrokes) at the end."""
 
     def stop(signum: int, frame: Any) -> None:
         # ``timeout`` passes a SIGTERM on to its child and then to its whole group: only the
@@ -37,7 +41,7 @@ def drive(port: int, rid: str, load: str, params: dict[str, Any]) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     raw = RawHTTP(port)
-    got = [0]
+    got = [0, 0]  # bytes read, bytes typed
     cycles = 0
 
     def sink(chunk: bytes) -> None:
@@ -51,6 +55,8 @@ def drive(port: int, rid: str, load: str, params: dict[str, Any]) -> None:
     try:
         if load == "terminal":
             read_terminal(raw, base, params["cmd"], got)
+        if load == "keystrokes":
+            type_keys(raw, base, params["cmd"], params["rate"], got)
         while True:
             started()
             if params.get("cmd"):
@@ -74,7 +80,10 @@ def drive(port: int, rid: str, load: str, params: dict[str, Any]) -> None:
         pass
     finally:
         raw.close()
-    print(json.dumps({"cycles": cycles, "bytes": got[0]}), flush=True)
+    summary = {"cycles": cycles, "bytes": got[0]}
+    if load == "keystrokes":
+        summary["typed"] = got[1]
+    print(json.dumps(summary), flush=True)
 
 
 def read_terminal(raw: RawHTTP, base: str, cmd: list[str], got: list[int]) -> None:
@@ -85,6 +94,28 @@ def read_terminal(raw: RawHTTP, base: str, cmd: list[str], got: list[int]) -> No
     try:
         while True:
             take(socket, got)
+    finally:
+        socket.close()
+
+
+def type_keys(raw: RawHTTP, base: str, cmd: list[str], rate: int, got: list[int]) -> None:
+    """Open a terminal running ``cmd`` (a program that prints ``ready`` then echoes what it
+    reads) and type ``rate`` bytes a second into it, :data:`KEY_FRAME` to a message, paced by
+    the monotonic clock, its echo read as it comes, until SIGTERM (:class:`Stop`)."""
+    terminal = raw.json("POST", f"{base}/terminals", {"cmd": cmd})["id"]
+    socket = TerminalSocket(raw.port, f"{base}/terminals/{terminal}")
+    try:
+        socket.until(b"ready")  # the pty is raw: typed now, the bytes pass as they come
+        print("started", flush=True)
+        keys = (b"abcdefghijklmnopqrstuvwxyz" * (KEY_FRAME // 26 + 1))[:KEY_FRAME]
+        start = time.monotonic()
+        while True:
+            socket.send(keys)
+            got[1] += len(keys)
+            deadline = start + got[1] / rate
+            while (left := deadline - time.monotonic()) > 0:
+                if socket.buffer or select.select([socket.sock], [], [], left)[0]:
+                    take(socket, got)
     finally:
         socket.close()
 

@@ -14,7 +14,10 @@ fresh neighbour sandbox runs one load, driven through the daemon's API as a tena
 - ``walk``: ``GET …/walk`` of a tree of ``files`` empty files the neighbour made in its
   workspace with one exec, again and again, read at full speed;
 - ``terminal``: a terminal whose program prints ``stream`` bytes of text again and again,
-  its WebSocket read at full speed (issue 32: a terminal printing without end beside others).
+  its WebSocket read at full speed (issue 32: a terminal printing without end beside others);
+- ``keystrokes``: a terminal whose program echoes what it reads (``cat``, the pty raw), typed
+  ``keystroke_rate`` bytes a second in 50-byte WebSocket messages, its echo read as it comes
+  (issue 32: 10 000 bytes/s of keystrokes beside others).
 
 The neighbour's client is a process of its own (``python -m sbench.neighbour_driver``), so
 that its work takes nothing from this process's interpreter; it and every command inside the
@@ -39,7 +42,7 @@ from .rawhttp import RawHTTP
 from .stats import pct
 
 BENCH = Path(__file__).resolve().parents[1]
-LOADS = ("stream", "fork bomb", "cpu", "upload", "walk", "terminal")
+LOADS = ("stream", "fork bomb", "cpu", "upload", "walk", "terminal", "keystrokes")
 TARGET_RATIO = 3.0
 
 
@@ -65,6 +68,11 @@ def commands(load: str, sizes: Any, bound: int) -> list[str] | None:
         # byte); runs until the bound.
         text = f"head -c {sizes.neighbour_stream_bytes} /dev/zero | tr '\\0' 'x' | fold -w 79"
         return [*kill, "sh", "-c", f"while :; do {text}; done"]
+    if load == "keystrokes":
+        # A program that reads what is typed and echoes it, the pty raw (every byte passes
+        # the line discipline as it comes), as a shell's line editor does; ``ready`` once the
+        # pty is raw, before which nothing is typed.
+        return [*kill, "sh", "-c", "stty raw -echo && echo ready && exec cat"]
     return None
 
 
@@ -138,6 +146,8 @@ class Neighbour:
         self.rid = str(self.raw.json("POST", "/sandboxes", {})["remote_id"])
         self.uid = int(self.exec_output(["id", "-u"]))
         self.params: dict[str, Any] = {"bound": bound, "cmd": commands(load, sizes, bound)}
+        if load == "keystrokes":
+            self.params["rate"] = sizes.neighbour_keystroke_rate
         if load == "upload":
             self.params["bytes"] = sizes.neighbour_upload_bytes
         if load == "walk":
@@ -291,6 +301,9 @@ def describe(load: str, sizes: Any) -> str:
         "upload": f"uploads {sizes.neighbour_upload_bytes // mib} MiB, again and again",
         "walk": f"walks {sizes.neighbour_files} files, again and again",
         "terminal": "prints text on a terminal without end, its WebSocket read",
+        "keystrokes": (
+            f"is typed {sizes.neighbour_keystroke_rate} bytes/s on a terminal, its echo read"
+        ),
     }[load]
 
 

@@ -41,6 +41,19 @@ def test_a_quick_bomb_stops_short_of_the_pids_limit_and_says_so() -> None:
     assert neighbours.describe("fork bomb", full) == "fork-bombs to its pids limit"
 
 
+def test_the_keystrokes_neighbour_types_at_its_rate_into_a_raw_echo() -> None:
+    sizes = figures.Sizes(quick=True)
+    assert sizes.neighbour_keystroke_rate == 10_000  # issue 32's rate, quick or not
+    assert (neighbours.commands("keystrokes", sizes, 7) or [])[4:] == [
+        "sh",
+        "-c",
+        "stty raw -echo && echo ready && exec cat",
+    ]
+    assert neighbours.describe("keystrokes", sizes) == (
+        "is typed 10000 bytes/s on a terminal, its echo read"
+    )
+
+
 def test_the_daemons_own_timeout_comes_after_the_kill_bound() -> None:
     import json
 
