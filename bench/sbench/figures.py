@@ -102,7 +102,9 @@ class Sizes:
         """Forks of each process of the fork bomb (0: for ever, held by the pids limit)."""
         self.neighbour_upload_bytes = 4 * MiB if quick else 1024 * MiB
         self.neighbour_files = 500 if quick else 100_000
-        self.neighbour_loads = "stream,fork bomb,cpu,upload,walk,terminal"
+        self.neighbour_keystroke_rate = 10_000
+        """Bytes a second the ``keystrokes`` neighbour types on its terminal (issue 32)."""
+        self.neighbour_loads = "stream,fork bomb,cpu,upload,walk,terminal,keystrokes"
         """The neighbour loads measured, comma-separated (``--set neighbour_loads=upload``)."""
         self.egress_rounds = 2 if quick else 10
         self.egress_requests = 20 if quick else 100

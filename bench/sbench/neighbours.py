@@ -14,13 +14,16 @@ fresh neighbour sandbox runs one load, driven through the daemon's API as a tena
 - ``walk``: ``GET …/walk`` of a tree of ``files`` empty files the neighbour made in its
   workspace with one exec, again and again, read at full speed;
 - ``terminal``: a terminal whose program prints ``stream`` bytes of text again and again,
-  its WebSocket read at full speed (issue 32: a terminal printing without end beside others).
+  its WebSocket read at full speed (issue 32: a terminal printing without end beside others);
+- ``keystrokes``: a terminal whose program echoes what it reads (``cat``, the pty raw), typed
+  ``keystroke_rate`` bytes a second in 50-byte WebSocket messages, its echo read as it comes
+  (issue 32: 10 000 bytes/s of keystrokes beside others).
 
-The neighbour's client is a process of its own (``python -m sbench.neighbours``), so that its
-work takes nothing from this process's interpreter; it and every command inside the sandbox run
-under ``timeout -s KILL`` (an outer bound that does not rely on the daemon). After each row the
-neighbour is deleted, and no process of its uid may be left (any found is killed by pid and the
-row fails).
+The neighbour's client is a process of its own (``python -m sbench.neighbour_driver``), so
+that its work takes nothing from this process's interpreter; it and every command inside the
+sandbox run under ``timeout -s KILL`` (an outer bound that does not rely on the daemon). After
+each row the neighbour is deleted, and no process of its uid may be left (any found is killed by
+pid and the row fails).
 """
 
 import contextlib
@@ -30,21 +33,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .rawhttp import CHUNK, RawHTTP
+from .neighbour_driver import TREE, exec_body
+from .rawhttp import RawHTTP
 from .stats import pct
 
 BENCH = Path(__file__).resolve().parents[1]
-LOADS = ("stream", "fork bomb", "cpu", "upload", "walk", "terminal")
-TREE = "/tree"
+LOADS = ("stream", "fork bomb", "cpu", "upload", "walk", "terminal", "keystrokes")
 TARGET_RATIO = 3.0
-
-
-class Stop(Exception):
-    """Raised in the driver by SIGTERM: stop the load and report."""
 
 
 def commands(load: str, sizes: Any, bound: int) -> list[str] | None:
@@ -69,6 +68,11 @@ def commands(load: str, sizes: Any, bound: int) -> list[str] | None:
         # byte); runs until the bound.
         text = f"head -c {sizes.neighbour_stream_bytes} /dev/zero | tr '\\0' 'x' | fold -w 79"
         return [*kill, "sh", "-c", f"while :; do {text}; done"]
+    if load == "keystrokes":
+        # A program that reads what is typed and echoes it, the pty raw (every byte passes
+        # the line discipline as it comes), as a shell's line editor does; ``ready`` once the
+        # pty is raw, before which nothing is typed.
+        return [*kill, "sh", "-c", "stty raw -echo && echo ready && exec cat"]
     return None
 
 
@@ -84,92 +88,6 @@ def tree_command(files: int, bound: int) -> list[str]:
         "        os.close(os.open('%s/f%04d' % (d, j), os.O_CREAT | os.O_WRONLY, 0o644))\n"
     )
     return ["timeout", "-s", "KILL", str(bound), "python3", "-c", script, str(files)]
-
-
-def exec_body(cmd: list[str], bound: float) -> bytes:
-    """An exec request whose own timeout comes after the ``timeout -s KILL bound`` inside it
-    (that one kills the command's whole process group; the daemon's kills its process)."""
-    return json.dumps({"cmd": cmd, "timeout": bound + 5}).encode()
-
-
-# The driver: the neighbour's tenant, a process of its own
-
-
-def drive(port: int, rid: str, load: str, params: dict[str, Any]) -> None:
-    """Run ``load`` again and again until SIGTERM; print ``started`` once the first request is
-    on its way, and a JSON summary (cycles, bytes) at the end."""
-
-    def stop(signum: int, frame: Any) -> None:
-        # ``timeout`` passes a SIGTERM on to its child and then to its whole group: only the
-        # first one stops the load, the second must not interrupt the summary.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Stop
-
-    signal.signal(signal.SIGTERM, stop)
-    raw = RawHTTP(port)
-    got = [0]
-    cycles = 0
-
-    def sink(chunk: bytes) -> None:
-        got[0] += len(chunk)
-
-    def started() -> None:
-        if cycles == 0:
-            print("started", flush=True)
-
-    base = f"/sandboxes/{rid}"
-    try:
-        if load == "terminal":
-            read_terminal(raw, base, params["cmd"], got)
-        while True:
-            started()
-            if params.get("cmd"):
-                body = exec_body(params["cmd"], params["bound"])
-                status, _ = raw.request("POST", f"{base}/exec", body, sink=sink)
-            elif load == "upload":
-                size = int(params["bytes"])
-                status, _ = raw.request(
-                    "PUT",
-                    f"{base}/file?path=/upload.bin",
-                    zeros(size),
-                    {"Content-Length": str(size), "Content-Type": "application/octet-stream"},
-                )
-                got[0] += size
-            else:
-                status, _ = raw.request("GET", f"{base}/walk?root={TREE}", sink=sink)
-            if not 200 <= status < 300:
-                raise RuntimeError(f"{load}: HTTP {status}")
-            cycles += 1
-    except Stop:
-        pass
-    finally:
-        raw.close()
-    print(json.dumps({"cycles": cycles, "bytes": got[0]}), flush=True)
-
-
-def read_terminal(raw: RawHTTP, base: str, cmd: list[str], got: list[int]) -> None:
-    """Open a terminal running ``cmd`` and read its output until SIGTERM (:class:`Stop`)."""
-    from .terminals import TerminalSocket
-
-    terminal = raw.json("POST", f"{base}/terminals", {"cmd": cmd})["id"]
-    socket = TerminalSocket(raw.port, f"{base}/terminals/{terminal}")
-    print("started", flush=True)
-    try:
-        while True:
-            opcode, payload = socket.receive()
-            if opcode != 0x2:
-                raise RuntimeError(f"terminal: the socket ended: {payload[:200]!r}")
-            got[0] += len(payload)
-    finally:
-        socket.close()
-
-
-def zeros(size: int) -> Iterator[bytes]:
-    block = bytes(CHUNK)
-    left = size
-    while left > 0:
-        yield block[: min(left, CHUNK)]
-        left -= min(left, CHUNK)
 
 
 # The section, in the bench's process
@@ -228,6 +146,8 @@ class Neighbour:
         self.rid = str(self.raw.json("POST", "/sandboxes", {})["remote_id"])
         self.uid = int(self.exec_output(["id", "-u"]))
         self.params: dict[str, Any] = {"bound": bound, "cmd": commands(load, sizes, bound)}
+        if load == "keystrokes":
+            self.params["rate"] = sizes.neighbour_keystroke_rate
         if load == "upload":
             self.params["bytes"] = sizes.neighbour_upload_bytes
         if load == "walk":
@@ -251,7 +171,13 @@ class Neighbour:
 
     def start(self) -> None:
         argv = ["timeout", "-s", "KILL", str(self.bound), sys.executable, "-m"]
-        argv += ["sbench.neighbours", str(self.port), self.rid, self.load, json.dumps(self.params)]
+        argv += [
+            "sbench.neighbour_driver",
+            str(self.port),
+            self.rid,
+            self.load,
+            json.dumps(self.params),
+        ]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), str(BENCH.parent)])}
         # A session of its own: if the driver outlives its stop, its whole group is killed.
         self.driver = subprocess.Popen(
@@ -375,6 +301,9 @@ def describe(load: str, sizes: Any) -> str:
         "upload": f"uploads {sizes.neighbour_upload_bytes // mib} MiB, again and again",
         "walk": f"walks {sizes.neighbour_files} files, again and again",
         "terminal": "prints text on a terminal without end, its WebSocket read",
+        "keystrokes": (
+            f"is typed {sizes.neighbour_keystroke_rate} bytes/s on a terminal, its echo read"
+        ),
     }[load]
 
 
@@ -405,7 +334,3 @@ def add_rows(bench: Any, measured: dict[str, dict[str, Any]]) -> None:
                 "neighbour": m["neighbour"],
             },
         )
-
-
-if __name__ == "__main__":
-    drive(int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))

@@ -8,7 +8,7 @@ import time
 from tests.support.daemon import Daemon
 from tests.support.ws_client import WebSocket
 
-FLOOD_MIB = 512
+FLOOD_MIB = 1024
 
 
 def test_a_flooding_terminal_with_a_slow_client_keeps_the_daemon_flat(daemon: Daemon) -> None:

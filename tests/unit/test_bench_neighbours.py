@@ -15,7 +15,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH)]
 
 from bench import run as bench_run  # noqa: E402
-from bench.sbench import figures, neighbours, report  # noqa: E402
+from bench.sbench import figures, neighbour_driver, neighbours, report  # noqa: E402
 
 
 def test_the_section_is_one_of_the_bench() -> None:
@@ -41,15 +41,28 @@ def test_a_quick_bomb_stops_short_of_the_pids_limit_and_says_so() -> None:
     assert neighbours.describe("fork bomb", full) == "fork-bombs to its pids limit"
 
 
+def test_the_keystrokes_neighbour_types_at_its_rate_into_a_raw_echo() -> None:
+    sizes = figures.Sizes(quick=True)
+    assert sizes.neighbour_keystroke_rate == 10_000  # issue 32's rate, quick or not
+    assert (neighbours.commands("keystrokes", sizes, 7) or [])[4:] == [
+        "sh",
+        "-c",
+        "stty raw -echo && echo ready && exec cat",
+    ]
+    assert neighbours.describe("keystrokes", sizes) == (
+        "is typed 10000 bytes/s on a terminal, its echo read"
+    )
+
+
 def test_the_daemons_own_timeout_comes_after_the_kill_bound() -> None:
     import json
 
-    assert json.loads(neighbours.exec_body(["true"], 7)) == {"cmd": ["true"], "timeout": 12}
+    assert json.loads(neighbour_driver.exec_body(["true"], 7)) == {"cmd": ["true"], "timeout": 12}
 
 
 def test_an_upload_body_is_exactly_its_size() -> None:
-    size = 2 * neighbours.CHUNK + 5
-    assert sum(len(chunk) for chunk in neighbours.zeros(size)) == size
+    size = 2 * neighbour_driver.CHUNK + 5
+    assert sum(len(chunk) for chunk in neighbour_driver.zeros(size)) == size
 
 
 def test_the_loads_measured_can_be_chosen() -> None:
