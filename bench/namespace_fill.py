@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+sys.path.insert(0, str(BENCH.parent))
 
-from sbench.stats import pct  # noqa: E402
-
+from bench.sbench.stats import pct  # noqa: E402
 from sandboxd.isolation.exec.helper import HELPER  # noqa: E402
 from sandboxd.isolation.namespaces.creators import HelperCreator  # noqa: E402
 from sandboxd.isolation.namespaces.kinds import parse_namespaces  # noqa: E402

@@ -30,12 +30,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 REPO = Path(__file__).resolve().parents[2]
 
-from run import ENV, spawned, summary  # noqa: E402
-from sbench import procs, rawhttp  # noqa: E402
+from bench.sbench import procs, rawhttp  # noqa: E402
+from bench.spawner.run import ENV, spawned, summary  # noqa: E402
 
 TRACED = "recvfrom,pipe2,clone3,execve,exit_group,wait4,sendto"
 

@@ -371,8 +371,8 @@ def twisted_times(
 ) -> dict[str, list[float]]:
     from twisted.internet import reactor
 
-    sys.path.insert(0, str(HERE))
-    import twisted_rows
+    sys.path.insert(0, str(REPO))
+    from bench.spawner import twisted_rows
 
     result: list[object] = []
 
