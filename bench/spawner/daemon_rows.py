@@ -146,10 +146,11 @@ def main() -> int:
     )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="spawnbench-daemon-"))
+    # procs.start_sandboxd starts the daemon with subprocess.Popen: the wrapped one, from here.
     if args.strace:
-        procs.subprocess.Popen = traced_popen(args.strace)  # type: ignore[misc]
+        subprocess.Popen = traced_popen(args.strace)  # type: ignore[assignment,misc]
     if args.profile:
-        procs.subprocess.Popen = profiled_popen(args.profile)  # type: ignore[misc]
+        subprocess.Popen = profiled_popen(args.profile)  # type: ignore[assignment,misc]
     if args.shim:
         install_shim()
     try:
