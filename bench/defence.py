@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+sys.path.insert(0, str(BENCH.parent))
 
-from sbench import procs  # noqa: E402
-from sbench.rawhttp import RawHTTP  # noqa: E402
-from sbench.stats import pct  # noqa: E402
+from bench.sbench import procs  # noqa: E402
+from bench.sbench.rawhttp import RawHTTP  # noqa: E402
+from bench.sbench.stats import pct  # noqa: E402
 
 ATTACKER = r"""
 import resource, selectors, socket, sys

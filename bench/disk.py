@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.kernel.disk_fs import loop_filesystem, root_on
-from tests.process.conftest import Daemon, start_daemon, stop_daemon
+from tests.support.daemon import Daemon, start_daemon, stop_daemon
 
 
 def timed(
@@ -42,38 +42,45 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def layout_rounds(rounds: int) -> None:
-    """The layer alone, in-process: ``Layout.create``/``destroy`` on one btrfs, with the btrfs
-    driver (subvolume + qgroup) and with plain directories, interleaved."""
+    """The layer alone, in-process: ``Layout.create``/``destroy`` on one btrfs, handed the btrfs
+    driver (subvolume + qgroup) or plain directories, interleaved (the disk driver is the
+    isolation bundle's, ``Isolation.disk``: docs/architecture.rst)."""
     from sandboxd.core.layout import Layout
     from sandboxd.isolation.base import Identity
-    from sandboxd.isolation.disk.base import DiskLimits
+    from sandboxd.isolation.disk.base import DiskDriver, DiskLimits
     from sandboxd.isolation.disk.select import build_disk
 
     with loop_filesystem("btrfs", 512) as mount:
         (mount / "q").mkdir()
         (mount / "p").mkdir()
-        quota = Layout(
-            str(mount / "q"), True, disk=build_disk(str(mount / "q"), DiskLimits(1 << 30, None))
-        )
-        plain = Layout(str(mount / "p"), True)
+        drivers: dict[str, tuple[Layout, DiskDriver]] = {
+            "subvolume + qgroup": (
+                Layout(str(mount / "q"), True),
+                build_disk(str(mount / "q"), DiskLimits(1 << 30, None)),
+            ),
+            "plain directory": (
+                Layout(str(mount / "p"), True),
+                build_disk(str(mount / "p"), DiskLimits(None, None)),
+            ),
+        }
         times: dict[str, tuple[list[float], list[float]]] = {
             "subvolume + qgroup": ([], []),
             "plain directory": ([], []),
         }
         for i in range(rounds):
-            for name, layout in (("subvolume + qgroup", quota), ("plain directory", plain)):
+            for name, (layout, disk) in drivers.items():
                 rid = f"{i:016x}"
                 start = time.perf_counter()
-                layout.create(rid, Identity(700_000, 700_000))
+                layout.create(rid, Identity(700_000, 700_000), disk)
                 made = time.perf_counter()
-                layout.destroy(rid)
+                layout.destroy(rid, disk)
                 done = time.perf_counter()
                 times[name][0].append(made - start)
                 times[name][1].append(done - made)
         print(f"layout alone, {rounds} rounds; ms")
-        for name, (made, gone) in times.items():
-            figures = [percentile(made, 0.5), percentile(made, 0.9)]
-            figures += [percentile(gone, 0.5), percentile(gone, 0.9)]
+        for name, (creates, destroys) in times.items():
+            figures = [percentile(creates, 0.5), percentile(creates, 0.9)]
+            figures += [percentile(destroys, 0.5), percentile(destroys, 0.9)]
             print(f"{name:<22}", "  ".join(f"{f:8.3f}" for f in figures))
 
 

@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+sys.path.insert(0, str(BENCH.parent))
 
-from sbench.rawhttp import RawHTTP  # noqa: E402
-from sbench.stats import pct  # noqa: E402
-
+from bench.sbench.rawhttp import RawHTTP  # noqa: E402
+from bench.sbench.stats import pct  # noqa: E402
 from tests.support.daemon import free_port, start_daemon, stop_daemon  # noqa: E402
 
 

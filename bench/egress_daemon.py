@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+sys.path.insert(0, str(BENCH.parent))
 
-from sbench import procs  # noqa: E402
-from sbench.rawhttp import RawHTTP  # noqa: E402
-from sbench.stats import pct  # noqa: E402
+from bench.sbench import procs  # noqa: E402
+from bench.sbench.rawhttp import RawHTTP  # noqa: E402
+from bench.sbench.stats import pct  # noqa: E402
 
 MODES = ("none", "egress")
 
@@ -32,10 +32,12 @@ def main(argv: list[str]) -> int:
     server = procs.start_sandboxd("egress", True, work, {"SANDBOXD_NETWORK_ALLOW": "none,egress"})
     try:
         conn = RawHTTP(server.port)
-        samples = {mode: {"create": [], "exec true": [], "kill": []} for mode in MODES}
+        samples: dict[str, dict[str, list[float]]] = {
+            mode: {"create": [], "exec true": [], "kill": []} for mode in MODES
+        }
         for _ in range(args.rounds):
             for mode in MODES:
-                figures: dict[str, list[float]] = samples[mode]
+                figures = samples[mode]
                 conn.ready()
                 start = time.perf_counter()
                 rid = conn.json("POST", "/sandboxes", {"network": mode})["remote_id"]

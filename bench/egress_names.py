@@ -81,7 +81,10 @@ def run(rounds: int, requests: int, bulk_bytes: int) -> dict[str, Any]:
     with scene() as s, tempfile.TemporaryDirectory(prefix="egress-bench-") as tmp:
         inet = s.netns("inet")
         s.wire("b", inet, [f"{HOST}/24"], [f"{SERVER}/24", f"{DNS}/24"])
-        servers = [BulkServer(inet, SERVER, 80), NameServer(inet, DNS, {NAME: [SERVER]})]
+        servers: list[BulkServer | NameServer] = [
+            BulkServer(inet, SERVER, 80),
+            NameServer(inet, DNS, {NAME: [SERVER]}),
+        ]
         base = 470000 + os.getpid() % 1000 * 20
         daemon = start_daemon(
             Path(tmp),

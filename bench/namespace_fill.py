@@ -2,7 +2,8 @@
 
     python bench/namespace_fill.py [--count N] [--helper PATH]     # as root
 
-Makes ``N`` sets of IPC, mount and network namespaces (network ``none``) one after the other
+Makes ``N`` sets of the namespaces a default daemon makes (``SANDBOXD_NAMESPACES=all``: IPC,
+mount, network, and PID where the kernel allows it; network ``none``) one after the other
 through ``Namespaces`` and one ``sandboxd-exec namespace-server`` (``--helper``: another build
 of the helper, e.g. an older one to compare), each pinned under a scratch state root as the
 daemon pins them, none removed until the end: no daemon, cgroup, disk or veth, so what grows
@@ -20,18 +21,13 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+sys.path.insert(0, str(BENCH.parent))
 
-from sbench.stats import pct  # noqa: E402
-
+from bench.sbench.stats import pct  # noqa: E402
 from sandboxd.isolation.exec.helper import HELPER  # noqa: E402
-from sandboxd.isolation.namespaces.pins import (  # noqa: E402
-    ALL,
-    PLACES,
-    HelperCreator,
-    Namespaces,
-    kept_directories,
-)
+from sandboxd.isolation.namespaces.creators import HelperCreator  # noqa: E402
+from sandboxd.isolation.namespaces.kinds import parse_namespaces  # noqa: E402
+from sandboxd.isolation.namespaces.pins import PLACES, Namespaces, kept_directories  # noqa: E402
 from sandboxd.isolation.namespaces.server import NamespaceServer  # noqa: E402
 from sandboxd.isolation.network.modes import NetworkPolicy, NoNetwork  # noqa: E402
 
@@ -44,7 +40,7 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="sandboxd-bench-nsfill-", dir="/var/tmp"))
     root.chmod(0o711)
     ns = Namespaces(
-        kinds=frozenset(ALL),
+        kinds=parse_namespaces("all"),
         nsroot=str(root / ".ns"),
         network=NetworkPolicy({"none": NoNetwork()}, ("none",), "none"),
         creator=HelperCreator(args.helper),

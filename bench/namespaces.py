@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+sys.path.insert(0, str(BENCH.parent))
 
-from sbench import procs  # noqa: E402
-from sbench.rawhttp import RawHTTP  # noqa: E402
-from sbench.stats import pct  # noqa: E402
+from bench.sbench import procs  # noqa: E402
+from bench.sbench.rawhttp import RawHTTP  # noqa: E402
+from bench.sbench.stats import pct  # noqa: E402
 
 LAYERS = {"all": {"SANDBOXD_NAMESPACES": "all"}, "none": {"SANDBOXD_NAMESPACES": "none"}}
 

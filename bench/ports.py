@@ -22,12 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+sys.path.insert(0, str(BENCH.parent))
 
-from sbench import procs  # noqa: E402
-from sbench.rawhttp import RawHTTP  # noqa: E402
-from sbench.stats import pct  # noqa: E402
-
+from bench.sbench import procs  # noqa: E402
+from bench.sbench.rawhttp import RawHTTP  # noqa: E402
+from bench.sbench.stats import pct  # noqa: E402
+from sandboxd.isolation.namespaces.kinds import PIN  # noqa: E402
+from sandboxd.isolation.namespaces.pins import NS_DIR  # noqa: E402
 from sandboxd.ports.dial import setns_net  # noqa: E402
 
 PORT = 8000
@@ -74,7 +75,8 @@ def main(argv: list[str]) -> int:
         while conn.request("GET", path)[0] != 200:
             assert time.monotonic() < deadline, "the server in the sandbox never answered"
             time.sleep(0.1)
-        pin = str(server.root / ".ns" / rid / "net")
+        assert server.root is not None  # start_sandboxd always names the state root
+        pin = os.path.join(server.root, NS_DIR, rid, PIN["net"])
         samples: dict[str, list[float]] = {"proxied": [], "direct": []}
         with ThreadPoolExecutor(1, initializer=enter, initargs=(pin,)) as inside:
             for _ in range(args.rounds):

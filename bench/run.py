@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+sys.path.insert(0, str(BENCH.parent))
 
-from sbench import dockerd, figures, floor, procs, report  # noqa: E402
-from sbench.rawhttp import RawHTTP  # noqa: E402
 from twisted.internet.defer import Deferred  # noqa: E402
 from twisted.internet.task import react  # noqa: E402
+
+from bench.sbench import dockerd, figures, floor, procs, report  # noqa: E402
+from bench.sbench.rawhttp import RawHTTP  # noqa: E402
 
 SECTIONS = (
     "latency",

@@ -30,12 +30,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 REPO = Path(__file__).resolve().parents[2]
 
-from run import ENV, spawned, summary  # noqa: E402
-from sbench import procs, rawhttp  # noqa: E402
+from bench.sbench import procs, rawhttp  # noqa: E402
+from bench.spawner.run import ENV, spawned, summary  # noqa: E402
 
 TRACED = "recvfrom,pipe2,clone3,execve,exit_group,wait4,sendto"
 
@@ -147,10 +146,11 @@ def main() -> int:
     )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="spawnbench-daemon-"))
+    # procs.start_sandboxd starts the daemon with subprocess.Popen: the wrapped one, from here.
     if args.strace:
-        procs.subprocess.Popen = traced_popen(args.strace)  # type: ignore[misc]
+        subprocess.Popen = traced_popen(args.strace)  # type: ignore[assignment,misc]
     if args.profile:
-        procs.subprocess.Popen = profiled_popen(args.profile)  # type: ignore[misc]
+        subprocess.Popen = profiled_popen(args.profile)  # type: ignore[assignment,misc]
     if args.shim:
         install_shim()
     try:

@@ -273,7 +273,10 @@ def pidfd_pid(fd: int) -> int:
 
 def summary(name: str, times: list[float]) -> str:
     ms = sorted(t * 1e3 for t in times)
-    p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
+
+    def p(q: float) -> float:
+        return ms[min(len(ms) - 1, int(q * len(ms)))]
+
     return (
         f"{name:<12} p50 {statistics.median(ms):6.3f} ms  p10 {p(0.1):6.3f}  "
         f"p90 {p(0.9):6.3f}  p99 {p(0.99):6.3f}  min {ms[0]:6.3f}  (n={len(ms)})"
@@ -302,7 +305,10 @@ def idle_zygotes(binary: str, sandbox: Sandbox, count: int, join_first: bool) ->
     os.mkdir(memory)
     setup = sandbox.setup_args()
     setup[4] = os.path.join(memory, "tasks")  # the first join file is the memory hierarchy's
-    usage = lambda name: int(Path(memory, name).read_text())  # noqa: E731
+
+    def usage(name: str) -> int:
+        return int(Path(memory, name).read_text())
+
     try:
         charge0, kmem0, info0 = (
             usage("memory.usage_in_bytes"),
@@ -330,7 +336,10 @@ def idle_zygotes(binary: str, sandbox: Sandbox, count: int, join_first: bool) ->
                 break
             except OSError:
                 time.sleep(0.02)
-    per = lambda a, b: (b - a) / count / 1024  # noqa: E731
+
+    def per(a: int, b: int) -> float:
+        return (b - a) / count / 1024
+
     host = ", ".join(f"{k} {per(info0[k], info1[k]):+.1f}" for k in MEMINFO)
     when = "joined before exec" if join_first else "joined in set-up"
     return (
@@ -371,18 +380,18 @@ def twisted_times(
 ) -> dict[str, list[float]]:
     from twisted.internet import reactor
 
-    sys.path.insert(0, str(HERE))
-    import twisted_rows
+    sys.path.insert(0, str(REPO))
+    from bench.spawner import twisted_rows
 
     result: list[object] = []
 
     def stop(outcome: object) -> None:
         result.append(outcome)
-        reactor.stop()  # type: ignore[attr-defined]
+        reactor.stop()
 
     d = twisted_rows.rows(reactor, sandbox.helper_argv(["true"]), true, zygote, ENV, rounds)
     d.addBoth(stop)
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.run()
     if not isinstance(result[0], dict):
         raise SystemExit(f"twisted rows: {result[0]}")
     return result[0]

@@ -18,9 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import run
+from bench.spawner import run
 
 
 def command_fds(zygote: run.Server) -> str:

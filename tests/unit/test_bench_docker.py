@@ -5,6 +5,7 @@ started here (a full run starts it; a quick run only when it is cached).
 """
 
 import argparse
+import os
 import struct
 import sys
 from pathlib import Path
@@ -35,8 +36,8 @@ def _args(quick: bool, no_docker: bool = False) -> argparse.Namespace:
 def test_missing_dockerd_skips_the_rows_with_one_line_and_a_quick_run_installs_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    module = bench_run.dockerd
-    monkeypatch.setattr(module.os, "geteuid", lambda: 0)
+    module = dockerd
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(module, "dockerd_program", lambda: None)
 
     def no_install() -> str:
@@ -57,8 +58,8 @@ def test_missing_dockerd_skips_the_rows_with_one_line_and_a_quick_run_installs_n
 def test_a_quick_run_needs_the_cached_image(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    module = bench_run.dockerd
-    monkeypatch.setattr(module.os, "geteuid", lambda: 0)
+    module = dockerd
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(module, "dockerd_program", lambda: "/usr/sbin/dockerd")
     monkeypatch.setattr(module, "IMAGE_READY", tmp_path / "absent")
     assert "not cached" in str(module.unavailable(setup=False))
@@ -70,7 +71,7 @@ def test_a_quick_run_needs_the_cached_image(
 def test_other_skip_reasons(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, uid: int, no_docker: bool, why: str
 ) -> None:
-    monkeypatch.setattr(bench_run.dockerd.os, "geteuid", lambda: uid)
+    monkeypatch.setattr(os, "geteuid", lambda: uid)
     notes: list[str] = []
     assert bench_run.start_docker(_args(False, no_docker), tmp_path, notes, {}) is None
     assert len(notes) == 1 and notes[0].startswith(f"Docker rows skipped: {why}")

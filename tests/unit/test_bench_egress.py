@@ -5,6 +5,8 @@ Shape only: the figures are a full run's as root (docs/performance.rst); the mea
 is ``bench/egress_names.py``, run by the section.
 """
 
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,10 +62,10 @@ def test_the_rows_are_p50s_and_median_rates_judged_against_direct() -> None:
 
 
 def test_where_it_cannot_run_one_note_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(egress.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     b = bench(quick=True)
     egress.section(b)
     assert b.notes == ["egress rows skipped: not root"] and not b.rows
-    monkeypatch.setattr(egress.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(egress.shutil, "which", lambda name: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     assert egress.unavailable() == "no nft (nftables)"

@@ -16,6 +16,7 @@ sys.path[:0] = [str(BENCH)]
 
 from bench import run as bench_run  # noqa: E402
 from bench.sbench import figures, neighbour_driver, neighbours, report  # noqa: E402
+from bench.sbench.rawhttp import CHUNK  # noqa: E402
 
 
 def test_the_section_is_one_of_the_bench() -> None:
@@ -61,7 +62,7 @@ def test_the_daemons_own_timeout_comes_after_the_kill_bound() -> None:
 
 
 def test_an_upload_body_is_exactly_its_size() -> None:
-    size = 2 * neighbour_driver.CHUNK + 5
+    size = 2 * CHUNK + 5
     assert sum(len(chunk) for chunk in neighbour_driver.zeros(size)) == size
 
 
