@@ -115,6 +115,7 @@ def test_a_row_that_misses_its_target_says_what_limits_it() -> None:
     result["rows"][1]["limited_by"] = "kept only where a target is missed"
     assert report.unmet(result) == ["exec true (client): the reactor's own work"]
     assert "not met: exec true (client): the reactor's own work" in report.table(result)
+    assert "not met" not in report.table({**result, "meta": {**result["meta"], "quick": True}})
     readme = report.rst(result)
     assert readme.endswith("- exec true (client): the reactor's own work")
     del result["rows"][0]["limited_by"]
