@@ -80,6 +80,7 @@ NEIGHBOUR_LIMITS: Mapping[str, str] = {
         " cores (py-spy)"
     ),
     "walks": "the walk's JSON, made in a file thread and sent by the reactor",
+    "typed": "each typed message, and its echo, crosses the reactor thread",
     "terminal": "the terminal's output, read from its pty and sent by the reactor",
 }
 """For :data:`NEIGHBOURS`: a word of the variant (the load) → what limits it."""

@@ -108,6 +108,10 @@ def test_a_row_that_misses_its_target_says_what_limits_it() -> None:
     fork = limits.limited_by(limits.NEIGHBOURS, "isolated: neighbour fork-bombs to its pids limit")
     assert fork is not None and "pids limit" in fork and limits.WHERE in fork
     assert limits.limited_by(limits.NEIGHBOURS, "isolated: neighbour hums quietly") is None
+    typed = limits.limited_by(
+        limits.NEIGHBOURS, "isolated: neighbour is typed 10000 bytes/s on a terminal"
+    )
+    assert typed is not None and typed.startswith("each typed message")
     assert limits.limited_by("a figure nobody profiled", "x") is None
 
     result = _result(quick=False)
