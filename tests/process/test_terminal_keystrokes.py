@@ -50,7 +50,7 @@ def test_keystrokes_at_10000_bytes_a_second_all_arrive_and_keep_the_daemon_flat(
         # is written to the pty; allocator slack (a pymalloc arena is 1 MiB, touched a page at
         # a time). 2 MiB fails a daemon that keeps 2 kB per message typed (1000 of them) or the
         # typed bytes 40 times over; one that kept them once would pass (docs/performance.rst,
-        # "Terminal neighbours and bad input").
+        # "Terminal neighbours and bad input (issue 32)").
         assert growth_mib < 2, growth_mib
     finally:
         ws.close()
