@@ -9,7 +9,6 @@ stops the tunneling. The tunnel itself (a real SOCKS5 server, nothing leaving di
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,17 +16,11 @@ import pytest
 import pytest_twisted
 
 from sandboxd_client import HttpSandbox, NetworkInfo, SandboxSpec, Socks5, decode_handle
+from tests.kernel.netns_helpers import EGRESS_MARKS
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 from tests.support.uids import uid_block
 
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(os.geteuid() != 0, reason="the egress layer needs root"),
-    pytest.mark.skipif(
-        subprocess.run(["sh", "-c", "command -v nft"], capture_output=True).returncode != 0,
-        reason="needs nft (nftables)",
-    ),
-]
+pytestmark = EGRESS_MARKS
 
 PASSWORD = "pw33-" + str(os.getpid())
 PROXY = Socks5("203.0.113.80:1080", "me", PASSWORD)
