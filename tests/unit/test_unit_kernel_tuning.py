@@ -5,7 +5,9 @@ tests/process/test_contexts.py), over real pipes and threads."""
 import contextlib
 import io
 import os
+import resource
 import threading
+import time
 import types
 from typing import Any
 
@@ -51,14 +53,27 @@ class Stream:
         raise AssertionError("replaced by the tuning")
 
     def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._watch_pipe_fd, daemon=True)
-        thread.start()
+        self.thread = threading.Thread(target=self._watch_pipe_fd, daemon=True)
+        self.thread.start()
         while getattr(self, "watch_lock", None) is None:
             pass
-        return thread
+        return self.thread
+
+    def close_descriptor(self) -> None:
+        """Close the pipe's writing end (once): its thread reads the end and stops."""
+        if self.descriptor >= 0:
+            os.close(self.descriptor)
+            self.descriptor = -1
 
     def close(self) -> None:
-        for fd in (self._fid, self.descriptor, self._original_stdstream_copy):
+        """Stop the pipe's thread, then close every descriptor: a thread left reading would
+        read the next test's pipe, which reuses the numbers."""
+        self.close_descriptor()
+        thread = getattr(self, "thread", None)
+        if thread is not None:
+            thread.join(60)  # an outer bound only: the end is read at once
+            assert not thread.is_alive()
+        for fd in (self._fid, self._original_stdstream_copy):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -68,7 +83,7 @@ def tuned() -> Any:
     class Tuned(Stream):
         pass
 
-    tune(Tuned, lambda seconds: None)
+    tune(Tuned, time.sleep)  # as in the kernel: a sleep lets the pipe's thread take the GIL
     stream = Tuned()
     yield stream
     stream.close()
@@ -83,7 +98,7 @@ def test_a_flush_has_every_byte_written_before_it(tuned: Any) -> None:
     os.write(tuned.descriptor, euro[1:] + b" said\n")
     tuned.flush()
     assert tuned.sent == ["€ said\n"]
-    os.close(tuned.descriptor)  # the pipe ends: so does its thread
+    tuned.close_descriptor()  # the pipe ends: so does its thread
     thread.join(60)  # an outer bound only: it ends at once unless the machine is loaded
     assert not thread.is_alive()
 
@@ -135,7 +150,8 @@ def test_nothing_to_send_and_waiting() -> None:
         assert waiting(stream._fid) == 3
     finally:
         stream.close()
-    assert waiting(stream._fid) == 0  # closed: cannot be told
+    never_open = resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # past the highest number
+    assert waiting(never_open) == 0  # no such descriptor: cannot be told
 
 
 def test_catching_up_gives_up_when_nobody_reads(monkeypatch: pytest.MonkeyPatch) -> None:
