@@ -56,6 +56,17 @@ DOUBLE_FORK = "import os, time; os.fork() or os.setsid(); os.fork() or time.slee
 """Python daemonizing itself: fork, setsid in the child, fork again; the grandchildren sleep."""
 
 
+def running(uid: int, cmdline: bytes) -> bool:
+    """Whether a process of ``uid`` has the command line ``cmdline`` (NUL-terminated words)."""
+    for pid in processes_of([uid]):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+                return True
+        except OSError:
+            pass  # ended meanwhile
+    return False
+
+
 def background_sleeper(box: Box, seconds: int = 300) -> tuple[int, int]:
     """Start ``sleep`` in the sandbox, outliving its exec: its pid as the host numbers it, and
     as the sandbox does (the same, unless it has a PID namespace)."""
@@ -226,7 +237,10 @@ def test_kill_and_stop_leave_no_process_cgroup_directory_or_uid(tmp_path: Path) 
 
         streamer = threading.Thread(target=stream)
         streamer.start()
-        assert wait_for(lambda: len(processes_of([uid])) >= 8, 10 * SLOW), processes_of([uid])
+        # the streaming command's sleep runs: the kill comes while it streams (counting the
+        # uid's processes alone let the kill come before the exec was asked for: a 404)
+        assert wait_for(lambda: running(uid, b"sleep\x00304\x00"), 10 * SLOW), processes_of([uid])
+        assert len(processes_of([uid])) >= 8, processes_of([uid])
         pids = processes_of([uid])
         assert kd.call("DELETE", f"/sandboxes/{box.rid}").status == 204
         streamer.join(30 * SLOW)
