@@ -694,24 +694,21 @@ static void relay_release_terminal(void)
 /* ... and, the command being in another process group than the relay's (which the daemon
  * signals), every signal the relay is sent goes on to the command's group; a SIGKILL, which
  * cannot, reaches the command as its parent-death signal (set after its privilege drop).
- * Returns the command's wait status. */
+ * Returns the command's wait status. The command is looked for before each wait: it may have
+ * ended before the first (its SIGCHLD then pending already, or taken). */
 static int relay_signals(pid_t command, const sigset_t *all)
 {
     for (;;) {
-        siginfo_t info;
-        int sig = sigwaitinfo(all, &info);
-        if (sig < 0)
-            continue; /* EINTR */
-        if (sig != SIGCHLD) {
-            kill(-command, sig);
-            continue;
-        }
         int status = 0;
         pid_t done = waitpid(command, &status, WNOHANG);
         if (done == command)
             return status;
         if (done < 0 && errno != EINTR)
             fail(SETUP_FAILED, "waitpid", "the command", errno);
+        siginfo_t info;
+        int sig = sigwaitinfo(all, &info);
+        if (sig > 0 && sig != SIGCHLD) /* else EINTR, or the command ended: looked for above */
+            kill(-command, sig);
     }
 }
 
@@ -748,7 +745,8 @@ static void relay_pid_namespace(int argc, char **argv)
     sigpending(&early);
     struct timespec now = {0, 0};
     for (int sig = 1; sig < NSIG; sig++) {
-        if (sigismember(&early, sig) != 1)
+        /* SIGCHLD is the command's own end (it may be over already), not one to pass on */
+        if (sig == SIGCHLD || sigismember(&early, sig) != 1)
             continue;
         sigset_t one;
         sigemptyset(&one);
