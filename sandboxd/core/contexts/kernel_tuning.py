@@ -43,8 +43,9 @@ DRAIN_WAIT = 0.0002
 """Seconds a flush sleeps while the pipe's thread has bytes left to take (the thread is
 woken by them: this only lets it run)."""
 
-DRAIN_TRIES = 5000
-"""Looks at the pipe a flush takes at most before it flushes what it has (one second)."""
+DRAIN_TRIES = 50_000
+"""Looks at the pipe a flush takes at most before it flushes what it has (ten seconds at
+least: on a machine loaded enough, the pipe's thread waited more than one for a core)."""
 
 READ_SIZE = 65536
 
