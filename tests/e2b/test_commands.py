@@ -3,6 +3,7 @@ timeouts, background processes (list, kill, stdin, reconnect), and the refused r
 
 import http.client
 import json
+import time
 
 import pytest
 from e2b import (
@@ -182,4 +183,9 @@ def test_one_command_too_many_is_the_sdks_rate_limit(sandbox: Sandbox) -> None:
     finally:
         for handle in running:
             handle.kill()
+    # A kill is sent, not yet seen: each killed command counts until its end is read.
+    deadline = time.monotonic() + 60
+    while sandbox.commands.list():
+        assert time.monotonic() < deadline, sandbox.commands.list()
+        time.sleep(0.05)
     assert sandbox.commands.run("echo still here").stdout == "still here\n"
