@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._contexts import CellError, ContextInfo, Execution
     from ._handles import Route, decode_handle, encode_handle
     from ._retry import RetryPolicy
-    from ._socks5 import Socks5
+    from ._socks5 import Socks5, Socks5TLS
     from ._types import (
         ContextNotFound,
         ExecResult,
@@ -75,6 +75,7 @@ _LAZY = {
     "SandboxStats": "._types",
     "SandboxUnavailable": "._types",
     "Socks5": "._socks5",
+    "Socks5TLS": "._socks5",
     "TemplateBuildFailed": "._types",
     "TemplateInfo": "._types",
     "TemplateNotFound": "._types",
@@ -122,6 +123,7 @@ __all__ = [
     "SandboxStats",
     "SandboxUnavailable",
     "Socks5",
+    "Socks5TLS",
     "TemplateBuildFailed",
     "TemplateInfo",
     "TemplateNotFound",

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from ._handles import encode_handle
-from ._socks5 import Socks5
+from ._socks5 import Socks5, Socks5TLS
 from ._types import (
     Health,
     NetworkInfo,
@@ -211,16 +211,31 @@ def decode_network(reply: object) -> NetworkInfo:
 
 def decode_socks5(value: object) -> Socks5 | None:
     """A listed network's ``socks5`` (``None``: no proxy of its own): its address, user
-    name and whether TLS is on (the host shows ``tls`` as ``{"enabled": true, ...}``)."""
+    name and TLS (:func:`decode_socks5_tls`)."""
     if value is None:
         return None
     obj = _obj(value, "network socks5")
     username = obj.get("username")
     if username is not None and not isinstance(username, str):
         raise ProtocolError("network socks5: username must be a string")
-    tls = obj.get("tls")
-    on = tls.get("enabled", True) is True if isinstance(tls, dict) else tls is True
-    return Socks5(_get(obj, "address", str, "network socks5"), username, tls=on)
+    tls = decode_socks5_tls(obj.get("tls"))
+    return Socks5(_get(obj, "address", str, "network socks5"), username, tls=tls)
+
+
+def decode_socks5_tls(tls: object) -> bool | Socks5TLS:
+    """A listed proxy's ``tls``, which the host shows as ``{"enabled": true, "server_name":
+    ...}`` (never the CA): a :class:`Socks5TLS` of that server name, ``True`` when on without
+    one (as ``Socks5TLS()`` would be sent), ``False`` when off or absent."""
+    if not isinstance(tls, dict):
+        return tls is True
+    if tls.get("enabled", True) is not True:
+        return False
+    name = tls.get("server_name")
+    if name is None:
+        return True
+    if not isinstance(name, str):
+        raise ProtocolError("network socks5: tls server_name must be a string")
+    return Socks5TLS(name)
 
 
 def _strings(value: object, what: str) -> tuple[str, ...]:

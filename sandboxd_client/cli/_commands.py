@@ -6,6 +6,7 @@
     create [--image I] [--env K=V]... [--port P]... [--item-id ID] [--network M]
            [--allow ADDR|HOST]... [--deny ADDR|HOST]...
            [--socks5 ADDR:PORT [--socks5-user U] [--socks5-tls]
+            [--socks5-tls-server-name NAME] [--socks5-ca-file F]
             [--socks5-password-env VAR | --socks5-password-file F]]
            [--template T]            print a new handle
     fork HANDLE                      a new sandbox with a copy of HANDLE's files: its handle
@@ -100,6 +101,8 @@ async def run(client: HttpSandbox, args: argparse.Namespace, console: Console) -
                 args.socks5_password_file,
                 args.socks5_tls,
                 os.environ,
+                args.socks5_tls_server_name,
+                args.socks5_ca_file,
             ),
             template=args.template,
         )

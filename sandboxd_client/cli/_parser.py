@@ -58,6 +58,16 @@ def _add_socks5_options(p: argparse.ArgumentParser) -> None:
         help="egress: the SOCKS5 proxy's password, the first line of FILE",
     )
     p.add_argument("--socks5-tls", action="store_true", help="egress: TLS to the SOCKS5 proxy")
+    p.add_argument(
+        "--socks5-tls-server-name",
+        metavar="NAME",
+        help="egress: the name the SOCKS5 proxy's certificate is verified for (implies TLS)",
+    )
+    p.add_argument(
+        "--socks5-ca-file",
+        metavar="FILE",
+        help="egress: PEM certificates the SOCKS5 proxy's must chain to (implies TLS)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.utils import getProcessOutputAndValue
 
-from sandboxd_client import HttpSandbox, Socks5, encode_handle
+from sandboxd_client import HttpSandbox, Socks5, Socks5TLS, encode_handle
 from sandboxd_client.cli import Console, main_async, parse_args, run
 from sandboxd_client.cli._progress import MIB
 from sandboxd_client.cli._rules import rules_of
@@ -365,6 +366,50 @@ async def test_create_sends_a_socks5_proxy_whose_password_is_not_on_the_command_
     with pytest.raises(ValueError, match="need --socks5"):
         await ctl(client, "create", "--socks5-user", "me")
     assert len(fake.state.seen) == seen  # nothing sent
+
+
+PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+@pytest_twisted.ensureDeferred
+async def test_create_sends_the_socks5_proxys_tls_server_name_and_ca_file(
+    client: HttpSandbox, fake: Served, tmp_path: Path
+) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text(PEM)
+    argv = ["create", "--socks5", "203.0.113.80:1", "--socks5-tls-server-name", "proxy.example"]
+    code, out, _ = await ctl(client, *argv, "--socks5-ca-file", str(ca))
+    assert code == 0 and json.loads(fake.state.seen[-1].body)["network"]["socks5"] == {
+        "address": "203.0.113.80:1",
+        "tls": {"enabled": True, "server_name": "proxy.example", "ca_cert": PEM},
+    }
+    assert (await ctl(client, "kill", out.decode().strip()))[0] == 0
+    seen = len(fake.state.seen)
+    with pytest.raises(ValueError, match=r"--socks5-ca-file .*missing\.pem: cannot read it"):
+        await ctl(client, *argv, "--socks5-ca-file", str(tmp_path / "missing.pem"))
+    assert len(fake.state.seen) == seen  # nothing sent
+
+
+def test_socks5_tls_options_imply_tls_and_check_the_ca_file(tmp_path: Path) -> None:
+    ca, not_pem, binary = tmp_path / "ca.pem", tmp_path / "key.txt", tmp_path / "ca.der"
+    ca.write_text(PEM)
+    not_pem.write_text("not a certificate")
+    binary.write_bytes(b"\x30\x82\xff\xfe")
+    named = socks5_of("192.0.2.1:1", None, None, None, False, {}, "proxy.example")
+    assert named == Socks5("192.0.2.1:1", tls=Socks5TLS("proxy.example"))
+    own_ca = socks5_of("192.0.2.1:1", None, None, None, True, {}, None, str(ca))
+    assert own_ca == Socks5("192.0.2.1:1", tls=Socks5TLS(ca_cert=PEM))
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, None, None, None, False, {}, "proxy.example")
+    with pytest.raises(ValueError, match="need --socks5"):
+        socks5_of(None, None, None, None, False, {}, None, str(ca))
+    with pytest.raises(ValueError, match="holds no PEM certificate"):
+        socks5_of("192.0.2.1:1", None, None, None, False, {}, None, str(not_pem))
+    for unreadable in (binary, tmp_path / "missing.pem"):
+        with pytest.raises(
+            ValueError, match=re.escape(f"--socks5-ca-file {unreadable}: cannot read it")
+        ):
+            socks5_of("192.0.2.1:1", None, None, None, False, {}, None, str(unreadable))
 
 
 def test_socks5_options_say_what_is_wrong_never_the_password(tmp_path: Path) -> None:

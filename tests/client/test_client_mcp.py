@@ -24,6 +24,9 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from sandboxd_client import Socks5, Socks5TLS
+from sandboxd_client.mcp_server._inputs import Socks5Proxy
+
 from .mcp_harness import (
     POLLS,
     call,
@@ -99,6 +102,29 @@ def test_handshake_and_tools_with_valid_schemas(daemon: Daemon) -> None:
         assert by_name["read_file"].annotations.read_only_hint is True  # type: ignore[union-attr]
 
     run(test)
+
+
+def test_create_sandboxs_socks5_takes_tls_as_true_or_an_object() -> None:
+    schema = Socks5Proxy.model_json_schema()
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB-ca\n-----END CERTIFICATE-----\n"
+    given: list[tuple[object, bool | Socks5TLS]] = [
+        (True, True),
+        (False, False),
+        ({}, Socks5TLS()),
+        ({"enabled": False}, False),
+        ({"server_name": "proxy.example", "ca_cert": pem}, Socks5TLS("proxy.example", pem)),
+    ]
+    for tls, made in given:
+        value = {"address": "203.0.113.80:1080", "tls": tls}
+        jsonschema.validate(value, schema)
+        proxy = Socks5Proxy.model_validate(value).to_socks5()
+        assert proxy == Socks5("203.0.113.80:1080", tls=made)
+    bad = {"address": "203.0.113.80:1080", "tls": {"enabled": True, "sni": "x"}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    off = Socks5Proxy.model_validate({"address": "a:1", "tls": {"enabled": False, "ca_cert": pem}})
+    with pytest.raises(ValueError, match="takes no other field when enabled is false"):
+        off.to_socks5()
 
 
 def test_each_tool(daemon: Daemon) -> None:

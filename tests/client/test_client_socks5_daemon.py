@@ -2,20 +2,27 @@
 with its egress layer (docs/isolation.rst, "A sandbox's own SOCKS5 proxy"): created with
 ``SandboxSpec.socks5``, the sandbox lists its proxy back (address and user name, never the
 password) in ``list_sandboxes`` and ``network``; ``set_network`` replaces it and, without one,
-stops the tunneling. The tunnel itself (a real SOCKS5 server, nothing leaving directly) is
+stops the tunneling; a ``Socks5TLS`` server name and CA reach the host, which lists the name
+and never the CA. The tunnel itself (a real SOCKS5 server, nothing leaving directly) is
 ``tests/kernel/test_egress_socks_own.py``'s; nothing here connects to the proxy.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import pytest_twisted
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
-from sandboxd_client import HttpSandbox, NetworkInfo, SandboxSpec, Socks5, decode_handle
+from sandboxd_client import HttpSandbox, NetworkInfo, SandboxSpec, Socks5, Socks5TLS, decode_handle
 from tests.kernel.netns_helpers import EGRESS_MARKS
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 from tests.support.uids import uid_block
@@ -67,5 +74,54 @@ async def test_a_proxy_given_at_create_is_listed_without_its_password(
     denied = r"SOCKS5 proxy's address 127\.0\.0\.1 is inside"  # the operator denies it
     with pytest.raises(ValueError, match=denied) as caught:
         await client.set_network(handle, socks5=Socks5("127.0.0.1:1080", "me", PASSWORD))
+    assert PASSWORD not in str(caught.value)
+    await client.kill(handle)
+
+
+def ca_pem() -> str:
+    """A CA certificate of the test's own, as PEM (the host only parses it here)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandboxd test proxy CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(True, None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_proxys_tls_server_name_and_ca_reach_the_host_which_lists_the_name_alone(
+    client: HttpSandbox, daemon: Daemon
+) -> None:
+    ca = ca_pem()
+    body = ca.splitlines()[1]  # a line of the CA's base64, to look for in what is shown
+    tls = Socks5TLS("Proxy.Example", ca)
+    handle = await client.create(
+        SandboxSpec(socks5=Socks5("203.0.113.80:1080", "me", PASSWORD, tls))
+    )
+    shown = Socks5("203.0.113.80:1080", "me", tls=Socks5TLS("proxy.example"))  # its normal form
+    assert (await client.network(handle)).socks5 == shown
+    rid = decode_handle(handle).remote_id
+    (listed,) = [s for s in await client.list_sandboxes() if s.remote_id == rid]
+    assert listed.network is not None and listed.network.socks5 == shown
+    raw = daemon.call("GET", "/sandboxes")[1] + daemon.call("GET", f"/sandboxes/{rid}/network")[1]
+    wire = json.loads(daemon.call("GET", f"/sandboxes/{rid}/network")[1])["socks5"]
+    assert wire["tls"] == {"enabled": True, "server_name": "proxy.example"}
+    assert PASSWORD.encode() not in raw and body.encode() not in raw
+    only_ca = await client.set_network(
+        handle, socks5=Socks5("203.0.113.81:1081", tls=Socks5TLS(ca_cert=ca))
+    )
+    assert only_ca.socks5 == Socks5("203.0.113.81:1081", tls=True)  # on, the CA never shown
+    bad = Socks5TLS(ca_cert="-----BEGIN CERTIFICATE-----\nnot-base64\n-----END CERTIFICATE-----\n")
+    with pytest.raises(ValueError, match="ca_cert") as caught:
+        await client.set_network(handle, socks5=Socks5("203.0.113.81:1081", "me", PASSWORD, bad))
     assert PASSWORD not in str(caught.value)
     await client.kill(handle)

@@ -38,6 +38,7 @@ from sandboxd_client import (
     SandboxSpec,
     SandboxUnavailable,
     Socks5,
+    Socks5TLS,
     TooLarge,
     decode_handle,
     encode_handle,
@@ -298,17 +299,42 @@ def test_a_socks5_proxy_is_sent_with_its_password_and_never_shows_it() -> None:
     }
 
 
+def test_a_socks5_proxy_sends_its_tls_server_name_and_ca_never_showing_the_ca() -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB-ca-s3cret\n-----END CERTIFICATE-----\n"
+    assert Socks5("a:1", tls=Socks5TLS()).to_json() == {"address": "a:1", "tls": True}
+    assert Socks5("a:1", tls=False).to_json() == {"address": "a:1"}
+    named = Socks5("a:1", tls=Socks5TLS("proxy.example"))
+    assert named.to_json()["tls"] == {"enabled": True, "server_name": "proxy.example"}
+    own_ca = Socks5("a:1", "me", "pw-s3cret", Socks5TLS(ca_cert=pem))
+    assert own_ca.to_json()["tls"] == {"enabled": True, "ca_cert": pem}
+    both = Socks5TLS("proxy.example", pem)
+    assert both.to_json() == {"enabled": True, "server_name": "proxy.example", "ca_cert": pem}
+    for shown in (repr(own_ca), repr(both), str(SandboxSpec(socks5=own_ca))):
+        assert "ca-s3cret" not in shown and "pw-s3cret" not in shown
+    assert "proxy.example" in repr(both)
+
+
 def test_a_listed_socks5_proxy_is_read_back() -> None:
     shown = {"mode": "egress", "socks5": {"address": "203.0.113.80:1080", "username": "me"}}
     assert wire.decode_network(shown).socks5 == Socks5("203.0.113.80:1080", "me")
     assert wire.decode_network({"mode": "egress"}).socks5 is None
-    for tls, on in ((True, True), (False, False), ({"enabled": True, "server_name": "p"}, True)):
+    named = {"enabled": True, "server_name": "proxy.example"}
+    for tls, on in (
+        (True, True),
+        (False, False),
+        (None, False),
+        ({"enabled": True}, True),
+        ({}, True),
+        ({"enabled": False}, False),
+        (named, Socks5TLS("proxy.example")),
+    ):
         listed = wire.decode_network({"mode": "egress", "socks5": {"address": "a:1", "tls": tls}})
         assert listed.socks5 == Socks5("a:1", tls=on)
     for bad, message in (
         (["a:1"], "network socks5: expected a JSON object"),
         ({"username": "me"}, "network socks5: field 'address' missing"),
         ({"address": "a:1", "username": 7}, "network socks5: username must be a string"),
+        ({"address": "a:1", "tls": {"server_name": 7}}, "tls server_name must be a string"),
     ):
         with pytest.raises(ProtocolError, match=message):
             wire.decode_network({"mode": "egress", "socks5": bad})
