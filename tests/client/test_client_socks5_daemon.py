@@ -9,7 +9,6 @@ and never the CA. The tunnel itself (a real SOCKS5 server, nothing leaving direc
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 from collections.abc import Iterator
@@ -17,12 +16,9 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from sandboxd_client import HttpSandbox, NetworkInfo, SandboxSpec, Socks5, Socks5TLS, decode_handle
+from tests.isolation.test_isolation_egress_socks_tls import certificate, pem
 from tests.kernel.netns_helpers import EGRESS_MARKS
 from tests.support.daemon import Daemon, start_daemon, stop_daemon
 from tests.support.uids import uid_block
@@ -80,21 +76,7 @@ async def test_a_proxy_given_at_create_is_listed_without_its_password(
 
 def ca_pem() -> str:
     """A CA certificate of the test's own, as PEM (the host only parses it here)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sandboxd test proxy CA")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(True, None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM).decode()
+    return pem(certificate("sandboxd test proxy CA", None, [])[1])
 
 
 @pytest_twisted.ensureDeferred
