@@ -105,14 +105,20 @@ def tmpfs_root(tmp_path: Path) -> Iterator[None]:
     "protections",
     [
         "on",
+        # With the protections off: left to the wide run (``sudo tests/run -m wide``), not
+        # the gate, where it cost 100 s of CI for an outcome it cannot yet promise.
         pytest.param(
             "off",
-            marks=pytest.mark.xfail(
-                reason="the attack without the cap reaches the descriptor limit when run alone"
-                " (2 passed, 192 s) but held 121 and 133 of 160 in two full-suite runs: how many"
-                " of its connects the daemon accepts there is not understood yet",
-                strict=False,
-            ),
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.wide,
+                pytest.mark.xfail(
+                    reason="the attack without the cap reaches the descriptor limit when run"
+                    " alone (2 passed, 192 s) but held 121, 133 and 136 of 160 in full-suite"
+                    " runs: how many of its connects the daemon accepts is not understood yet",
+                    strict=False,
+                ),
+            ],
         ),
     ],
 )
@@ -148,7 +154,10 @@ def test_a_sandbox_in_host_mode_cannot_starve_the_daemon(tmp_path: Path, protect
 def _attack(daemon: Any, token: str, protected: bool) -> None:
     attacker = create(daemon, token)
     result: list[tuple[int, list[dict[str, Any]]]] = []
-    argv = ["python3", "-c", ATTACK, str(daemon.port), str(ATTACK_MIB), str(IDLE), "75"]
+    # The attacker holds its connections while the daemon is probed: 75 s without the
+    # protections (their connects may take 50 s to get in, below), 15 s with them.
+    hold = "15" if protected else "75"
+    argv = ["python3", "-c", ATTACK, str(daemon.port), str(ATTACK_MIB), str(IDLE), hold]
     thread = threading.Thread(
         target=lambda: result.append(exec_frames(daemon, attacker, {"cmd": argv}, token))
     )
@@ -161,7 +170,7 @@ def _attack(daemon: Any, token: str, protected: bool) -> None:
         raise AssertionError(f"the attack did not get to its idle part: {result}")
     fds = Path(f"/proc/{daemon.process.pid}/fd")
     # Past the listen backlog, connects wait for their SYN retries (1, 3, 7, 15, 31 s): on a
-    # busy machine the last ones get in late. The attacker holds them for 75 s.
+    # busy machine the last ones get in late.
     settled = time.monotonic() + (50 if not protected else 2)
     while time.monotonic() < settled and len(os.listdir(fds)) < DESCRIPTORS - 4:
         time.sleep(0.2)
