@@ -264,8 +264,11 @@ for base in bases:
             if method in ("POST", "PUT"):
                 data = json.dumps({"cmd": ["touch", "/tmp/pwned"], "path": "pwned",
                                    "src": "victim.txt", "dst": "pwned", "delete": True}).encode()
-            # No token, then anything token-like the sandbox can find in its environment.
-            for guess in [None, *os.environ.values()]:
+            # No token; then, on the first address and for the victim, anything token-like
+            # the sandbox can find in its environment (each guess costs a paced 401, and
+            # where it asks makes no difference to the token check).
+            guesses = os.environ.values() if (base, rid) == (bases[0], victim) else ()
+            for guess in [None, *guesses]:
                 headers = {} if guess is None else {"Authorization": "Bearer " + guess}
                 request = urllib.request.Request(url, data=data, method=method, headers=headers)
                 try:
