@@ -135,6 +135,7 @@ class LimitedRequest(Request):
         if self.channel is None:
             return  # the connection was lost meanwhile: the spool is closed (connectionLost)
         if self.content is writer:
+            writer.release()
             self.content = writer.file  # else it failed: discarded, the error kept
         super().requestReceived(command, path, version)
 

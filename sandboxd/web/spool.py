@@ -102,23 +102,23 @@ brings at most (``READ_SIZE``) once its reading stops."""
 
 
 def _write(file: IO[bytes], batch: mmap.mmap, length: int) -> None:
-    """Write a batch's first ``length`` bytes to ``file`` (run in a pool's thread), then give
-    the batch's memory back; nothing stays buffered."""
-    try:
-        with memoryview(batch) as whole, whole[:length] as data:
-            file.write(data)
-        file.flush()
-    finally:
-        batch.close()
+    """Write a batch's first ``length`` bytes to ``file`` (run in a pool's thread); nothing
+    stays buffered in ``file``."""
+    with memoryview(batch) as whole, whole[:length] as data:
+        file.write(data)
+    file.flush()
 
 
 class SpoolWriter:
     """A body's file (``file``), written in ``pool`` in the order its chunks were given.
 
     One write is in flight at a time; the chunks given meanwhile are joined into the next, in
-    an anonymous mapping of its own rather than the heap: a chunk's memory is free again as
-    soon as it is copied, and the batch's once it is written, so that however long an upload
-    the daemon's heap is not scattered with chunks freed out of turn.
+    an anonymous mapping rather than the heap: a chunk's memory is free again as soon as it is
+    copied, so that however long an upload the daemon's heap is not scattered with chunks
+    freed out of turn. A writer has two mappings at most, the one being written and the one
+    being filled, and each written one is filled again: its pages are not faulted in anew for
+    every batch (figures: docs/performance.rst); both are unmapped once the body is all
+    written (:meth:`release`) or the writer closed.
     Each write runs through ``charge`` (a sandbox's limits held, see :class:`SpoolPlace`).
     Once more than ``ahead`` bytes given are not yet written, ``pause`` is called (the
     connection stops reading), and ``resume`` once they are back under it (or the writer is
@@ -145,6 +145,10 @@ class SpoolWriter:
         self._pause = pause
         self._resume = resume
         self._queue: mmap.mmap | None = None
+        self._spare: mmap.mmap | None = None
+        """The batch last written, filled again next (``None``: none is free)."""
+        self._batch: mmap.mmap | None = None
+        """The batch being written."""
         self._queued = 0
         self._writing = 0
         self._paused = False
@@ -163,9 +167,12 @@ class SpoolWriter:
         end = self._queued + len(data)
         queue = self._queue
         if queue is None:
-            room = max(end, self.threads.ahead + SLACK)
-            queue = self._queue = mmap.mmap(-1, room, flags=mmap.MAP_PRIVATE)
-        elif end > len(queue):
+            queue, self._spare = self._spare, None
+            if queue is None:
+                room = max(end, self.threads.ahead + SLACK)
+                queue = mmap.mmap(-1, room, flags=mmap.MAP_PRIVATE)
+            self._queue = queue
+        if end > len(queue):
             queue.resize(end)
         queue[self._queued : end] = data
         self._queued = end
@@ -184,14 +191,22 @@ class SpoolWriter:
         self._waiters.append(waiter)
         return waiter
 
+    def release(self) -> None:
+        """Unmap the spare batch: nothing more is given (a body all written; its file is
+        the request's now)."""
+        if self._spare is not None:
+            self._spare.close()
+            self._spare = None
+
     def close(self) -> None:
         """Drop what is not written yet; close the file once no write is in flight."""
         if self._closed:
             return
         self._closed = True
-        if self._queue is not None:
-            self._queue.close()
-        self._queue, self._queued = None, 0
+        for batch in (self._queue, self._spare):
+            if batch is not None:
+                batch.close()
+        self._queue, self._spare, self._queued = None, None, 0
         if self._paused:
             self._paused = False
             self._resume()
@@ -199,7 +214,7 @@ class SpoolWriter:
             self._finish()
 
     def _next(self, batch: mmap.mmap) -> None:
-        self._queue = None
+        self._queue, self._batch = None, batch
         self._writing, self._queued = self._queued, 0
         threads = self.threads
         write = self.charge(partial(_write, self.file, batch, self._writing))
@@ -208,6 +223,12 @@ class SpoolWriter:
 
     def _returned(self, result: Failure | None) -> None:
         self._writing = 0
+        batch, self._batch = self._batch, None
+        assert batch is not None, "one write in flight"
+        if self._closed or isinstance(result, Failure) or self._spare is not None:
+            batch.close()  # (two spare: one is enough)
+        else:
+            self._spare = batch
         if self._closed:
             self._finish()  # what failed meanwhile no longer matters
         elif isinstance(result, Failure):

@@ -184,6 +184,59 @@ def test_the_connection_resumes_as_soon_as_what_is_left_is_under_the_bound() -> 
     assert flow.calls == ["pause", "resume"] and writer.unwritten == 3
 
 
+def batch_of(pool: StepPool) -> Any:
+    """The mapping the pool's next write writes."""
+    write: Any = pool.calls[0][1]
+    return write.args[1]
+
+
+def queue_of(writer: SpoolWriter) -> Any:
+    """The mapping being filled (``None``: none)."""
+    return writer._queue
+
+
+def spare_of(writer: SpoolWriter) -> Any:
+    """The writer's spare mapping (``None``: none)."""
+    return writer._spare
+
+
+def test_a_written_batch_is_filled_again_and_unmapped_at_the_end() -> None:
+    flow = Flow()
+    file = Recording()
+    writer, pool = flow.writer(file, ahead=1 << 20)
+    writer.write(b"a")  # in flight
+    writer.write(b"b")  # queued in a second mapping
+    first, second = batch_of(pool), queue_of(writer)
+    assert second is not None and first is not second
+    pool.step()  # "a" written: its mapping is the spare; "b" goes next
+    assert spare_of(writer) is first and batch_of(pool) is second
+    writer.write(b"c")  # filled into the written mapping, not a new one
+    assert queue_of(writer) is first and spare_of(writer) is None
+    pool.step()  # "b" written: the spare again, while "c" goes next
+    pool.step()  # "c" written: a second spare is one too many
+    assert file.getvalue() == b"abc" and spare_of(writer) is second and first.closed
+    writer.release()
+    assert second.closed and spare_of(writer) is None
+    writer.close()
+    assert file.contents == b"abc"
+
+
+def test_closing_drops_the_spare_and_a_batch_in_flight_once_written() -> None:
+    flow = Flow()
+    writer, pool = flow.writer(Recording(), ahead=1 << 20)
+    writer.write(b"a")
+    pool.step()
+    writer.write(b"b")
+    spare_then_flight = batch_of(pool)
+    writer.write(b"c")
+    queued = writer._queue
+    assert queued is not None
+    writer.close()
+    assert queued.closed and not spare_then_flight.closed  # a thread still writes it
+    pool.step()
+    assert spare_then_flight.closed
+
+
 def test_closing_mid_write_closes_the_file_once_the_thread_returns() -> None:
     flow = Flow()
     file = Recording()
