@@ -1,6 +1,7 @@
 """The daemon's service tree at run time: recovery before listening, the drain before
 stopping, and the exit status of a start-up that failed after the reactor started."""
 
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -41,6 +42,11 @@ class SandboxdService(MultiService):
     """The daemon: starting it reclaims the predecessor's sandboxes and only then listens (a
     sandbox left running may hold the port: it is killed first); a port that cannot be had then
     stops the daemon with a non-zero status, naming the address.
+
+    Once it listens, what start-up made (the imports, the service tree: tens of thousands of
+    objects) is frozen out of the garbage collector's passes (``gc.freeze``): each full pass,
+    a stall of the reactor, then walks only what was made since (docs/performance.rst,
+    "The garbage collector").
 
     Stopping it drains first (the HTTP endpoint keeps serving existing sandboxes until every
     command ended or the drain deadline passed), then stops the endpoint. ``POST /drain`` runs
@@ -125,6 +131,7 @@ class SandboxdService(MultiService):
         log.info("listening on {addresses}", addresses=" ".join(addresses))
         port = getattr(self.listeners.ports[0].getHost(), "port", None)
         log.info("{hint}", hint=reach_hint(self.listen, port))
+        gc.freeze()
         log.info("sandboxd ready")
         notify.notify("READY=1\nSTATUS=listening")  # systemd Type=notify
 

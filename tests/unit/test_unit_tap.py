@@ -6,6 +6,7 @@ and stopped with the real reactor, and asked ``/healthz`` over real TCP.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -149,6 +150,23 @@ async def test_the_daemon_starts_serves_and_stops(environ: dict[str, str]) -> No
     assert service.manager.draining
     assert service.manager.sandboxes == {}
     assert all(not pool.started for pool in service.pools)
+
+
+@pytest_twisted.ensureDeferred
+async def test_what_start_up_made_is_frozen_out_of_the_collectors_passes_once_listening(
+    environ: dict[str, str],
+) -> None:
+    gc.unfreeze()
+    service = build(environ)
+    service.startService()
+    try:
+        await listening_url(service)
+        assert gc.get_freeze_count() > 0
+        made_now: object = type("Made", (), {})()
+        assert any(o is made_now for o in gc.get_objects())  # still collected as usual
+    finally:
+        gc.unfreeze()
+        await service.stopService()
 
 
 @pytest_twisted.ensureDeferred
