@@ -282,6 +282,16 @@ def test_a_link_the_kernel_deleted_meanwhile_is_no_error(tmp_path: Path) -> None
         e.detach(1)
 
 
+def test_the_sysctl_files_are_read_trimmed_and_written_as_given(tmp_path: Path) -> None:
+    """The daemon's own reads and writes of ``/proc/sys`` (a file here: this host forwards
+    already, so only a guest whose forwarding is off writes the real one)."""
+    knob = tmp_path / "forwarding"
+    knob.write_text("0\n")
+    assert egress_host.read_sysctl(str(knob)) == "0"
+    egress_host.write_sysctl(str(knob), "1")
+    assert knob.read_text() == "1" and egress_host.read_sysctl(str(knob)) == "1"
+
+
 def test_run_program_returns_stdout_or_says_why() -> None:
     assert run_program(["cat"], "hello") == "hello"
     with pytest.raises(EgressError, match="nope"):
