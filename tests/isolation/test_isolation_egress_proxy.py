@@ -6,6 +6,7 @@ nftables redirecting real sandboxes' connections: ``tests/kernel/test_egress_nam
 import ipaddress
 import socket
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,7 +34,6 @@ from sandboxd.isolation.network.egress_policy import (
 from sandboxd.isolation.network.egress_proxy import EgressProxy, total_for
 from sandboxd.isolation.network.egress_proxy_start import descriptor_limit, egress_proxy
 from sandboxd.isolation.network.egress_resolve import answer_addresses
-from sandboxd.isolation.network.egress_upstream import UpstreamSide
 from sandboxd.isolation.network.egress_verdict import operator_denied, refusal
 from tests.isolation.test_isolation_egress import Host, plan
 from tests.isolation.test_isolation_egress_names import client_hello
@@ -263,8 +263,41 @@ class Redirected(StringTransport):
         self.disconnecting = True
 
 
-def proxy_for(policy: EgressPolicy, per_sandbox: int = 4) -> tuple[EgressProxy, MemoryReactorClock]:
-    reactor = MemoryReactorClock()
+@attrs.define
+class Attempt:
+    """A plain upstream the proxy asked for (its ``connector``): nothing is connected; the
+    test says how it went (``connected`` with a socket of its own, or ``failed``)."""
+
+    reactor: Any
+    address: Any
+    port: int
+    timeout: float
+    connected: Callable[[socket.socket], None]
+    failed: Callable[[], None]
+    started: bool = False
+    cancelled: bool = False
+
+    def start(self) -> None:
+        self.started = True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Reactor(MemoryReactorClock):
+    """A memory reactor that also keeps the proxy's plain upstreams asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts: list[Attempt] = []
+
+    def connector(self, *args: Any) -> Attempt:
+        self.attempts.append(Attempt(*args))
+        return self.attempts[-1]
+
+
+def proxy_for(policy: EgressPolicy, per_sandbox: int = 4) -> tuple[EgressProxy, Reactor]:
+    reactor = Reactor()
     zone = {"good.example": ["203.0.113.1"], "loop.example": ["127.0.0.1"]}
     refused: list[tuple[str, str]] = []
     proxy = EgressProxy(
@@ -275,6 +308,7 @@ def proxy_for(policy: EgressPolicy, per_sandbox: int = 4) -> tuple[EgressProxy, 
         never_host,
         per_sandbox=per_sandbox,
         on_refused=lambda rid, reason: refused.append((rid, reason)),
+        connector=reactor.connector,
     )
     return proxy, reactor
 
@@ -318,14 +352,14 @@ def test_an_allowed_name_is_relayed_both_ways_in_the_kernel() -> None:
     side, transport = connect(proxy)
     hello = client_hello("good.example")
     side.dataReceived(hello[:10])  # not enough to name anything yet
-    assert not reactor.tcpClients
+    assert not reactor.attempts
     side.dataReceived(hello[10:])
     assert transport.producerState == "paused"  # not read while deciding
-    host, port, factory, _timeout, _ = reactor.tcpClients[-1]
-    assert (host, port) == ("203.0.113.1", 443)
-    upstream: Any = factory.buildProtocol(None)
+    attempt = reactor.attempts[-1]
+    assert (str(attempt.address), attempt.port) == ("203.0.113.1", 443) and attempt.started
+    assert not reactor.tcpClients  # no Twisted transport is made for the upstream
     wire = Wire()
-    upstream.makeConnection(wire)
+    attempt.connected(wire.sock)
     assert transport.producerState == "taken"  # both sockets left Twisted for the relay
     assert wire.received(65536) == hello  # the peeked bytes go first
     assert side.relay is not None and not side.relay.closed
@@ -369,7 +403,7 @@ def test_what_has_no_good_name_is_refused_and_counted(
     proxy, reactor = proxy_for(GOOD)
     side, transport = connect(proxy, destination)
     side.dataReceived(first)
-    assert transport.aborted and not reactor.tcpClients
+    assert transport.aborted and not reactor.attempts
     assert proxy.refused == {("a", reason): 1}
     side.connectionLost(None)
     assert not proxy.open
@@ -401,7 +435,7 @@ def test_strangers_too_many_slow_and_vanished_connections() -> None:
     gone, gone_transport = connect(proxy)
     proxy.sandboxes.known.clear()  # type: ignore[attr-defined]
     gone.dataReceived(b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n")
-    assert gone_transport.aborted and not reactor.tcpClients
+    assert gone_transport.aborted and not reactor.attempts
     _closed, closed_transport = connect(proxy, peer="10.200.0.3")
     assert closed_transport.aborted
     proxy.sandboxes.known["10.200.0.1"] = "a"  # type: ignore[attr-defined]
@@ -409,26 +443,28 @@ def test_strangers_too_many_slow_and_vanished_connections() -> None:
     late, late_transport = connect(proxy)
     late.gone = True  # the sandbox hung up while the name was resolved
     late.dataReceived(b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n")
-    assert not reactor.tcpClients and not late_transport.aborted
+    assert not reactor.attempts and not late_transport.aborted
 
 
 def test_an_unreachable_upstream_or_a_sandbox_gone_meanwhile() -> None:
     proxy, reactor = proxy_for(GOOD)
     side, transport = connect(proxy)
     side.dataReceived(b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n")
-    factory: Any = reactor.tcpClients[-1][2]
-    factory.clientConnectionFailed(None, None)
+    attempt = reactor.attempts[-1]
+    attempt.failed()
     assert transport.aborted and proxy.refused == {("a", "unreachable"): 1}
     side.connectionLost(None)
-    factory.clientConnectionFailed(None, None)  # once only
+    attempt.failed()  # once only
     assert proxy.refused == {("a", "unreachable"): 1}
     side, transport = connect(proxy)
     side.dataReceived(b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n")
-    upstream: Any = reactor.tcpClients[-1][2].buildProtocol(None)
+    attempt = reactor.attempts[-1]
     side.connectionLost(None)
-    wire = StringTransport()
-    upstream.makeConnection(wire)
-    assert wire.disconnecting and isinstance(upstream, UpstreamSide)
+    assert attempt.cancelled  # the sandbox went: its upstream is given up
+    late, other = socket.socketpair()
+    attempt.connected(late)  # connected all the same: closed, never relayed
+    assert late.fileno() == -1 and side.relay is None
+    other.close()
 
 
 class Listener:
@@ -515,9 +551,8 @@ def test_a_half_close_before_the_upstream_is_up() -> None:
     side.dataReceived(b"body")  # read before the pause took hold: kept
     side.readConnectionLost()
     pending[0].callback(([record(dns.A, dns.Record_A("203.0.113.1"))], [], []))
-    upstream: Any = reactor.tcpClients[-1][2].buildProtocol(None)
     wire = Wire()
-    upstream.makeConnection(wire)
+    reactor.attempts[-1].connected(wire.sock)
     sent = b""
     while chunk := wire.received(65536):  # all of it, then its end
         sent += chunk

@@ -22,7 +22,7 @@ from sandboxd.isolation.network.egress_rewrite import RequestRewriter, RuleConne
 from sandboxd.isolation.network.egress_rules import rule_for
 from sandboxd.isolation.network.egress_socks_tls import SocksTunnel, Unchanged
 from sandboxd.isolation.network.egress_tls import rewritten
-from sandboxd.isolation.network.egress_upstream import UpstreamFactory
+from sandboxd.isolation.network.egress_upstream import Connecting, UpstreamFactory
 from sandboxd.isolation.network.egress_verdict import refusal
 
 if TYPE_CHECKING:
@@ -77,6 +77,8 @@ class SandboxSide(protocol.Protocol):
         """The rule's connection is TLS: terminated (:mod:`.egress_tls`)."""
         self.tls: TLSMemoryBIOProtocol | None = None
         """Then the TLS server on the sandbox's connection, which reads what it sends."""
+        self.connecting: Connecting | None = None
+        """A plain upstream being connected for a relay."""
 
     @property
     def tcp(self) -> Any:
@@ -186,6 +188,17 @@ class SandboxSide(protocol.Protocol):
                 lambda reason: self.fail(reason, name),
             )
             return
+        if rule is None:
+            self.connecting = self.proxy.connector(
+                self.proxy.reactor,
+                address,
+                self.destination[1],
+                CONNECT_TIMEOUT,
+                self.relay_socket,
+                lambda: self.fail(UNREACHABLE, name),
+            )
+            self.connecting.start()
+            return
         factory: Any = UpstreamFactory(self, name, UNREACHABLE, self.terminate, self.proxy.reactor)
         if self.terminate:
             assert self.proxy.tls is not None
@@ -207,10 +220,23 @@ class SandboxSide(protocol.Protocol):
         if self.rewriter is not None or isinstance(upstream, TLSMemoryBIOProtocol):
             self._rewrite(upstream, answered)  # (a TLS tunnel to a SOCKS5 proxy: not spliced)
             return
+        self._relay(take_socket(upstream), answered)
+
+    def relay_socket(self, upstream: socket.socket) -> None:
+        """A plain upstream is connected (:attr:`EgressProxy.connector`): both
+        sockets go to a :class:`~.egress_relay.Relay` (see :meth:`relay_to`)."""
+        self.connecting = None
+        if self.gone:
+            upstream.close()
+            return
+        self.gone = True
+        self._relay(upstream, b"")
+
+    def _relay(self, upstream: socket.socket, answered: bytes) -> None:
         self.relay = Relay.start(
             self.proxy.reactor,
             take_socket(self.transport),
-            take_socket(upstream),
+            upstream,
             self.buffer,
             self.read_done,
             self.release,
@@ -268,6 +294,9 @@ class SandboxSide(protocol.Protocol):
     def connectionLost(self, reason: Any = None) -> None:
         self.gone = True
         self._stop_timer()
+        if self.connecting is not None:
+            self.connecting.cancel()
+            self.connecting = None
         if self.tls is not None:  # (its plain side tells the rule connection)
             self.tls.connectionLost(reason)
         elif self.rule_connection is not None:

@@ -58,6 +58,7 @@ from sandboxd.isolation.network.egress_policy import EgressPolicy
 from sandboxd.isolation.network.egress_resolve import NameCache
 from sandboxd.isolation.network.egress_socks import SocksUpstream
 from sandboxd.isolation.network.egress_tls import RuleTLS
+from sandboxd.isolation.network.egress_upstream import Connector, PlainConnect
 
 log = Logger()
 
@@ -114,6 +115,8 @@ class EgressProxy:
     """The operator's SOCKS5 proxy, the only way out when set (see the module)."""
     tls: RuleTLS | None = None
     """The CA and upstream trust that header rules over TLS need (none: refused)."""
+    connector: Connector = PlainConnect
+    """Connects the upstream of a connection that is relayed as it is."""
     _ports: list[Any] = field(factory=list)
     names: NameCache = field(init=False)
     """The names resolved lately (by :attr:`resolver`) and their addresses."""

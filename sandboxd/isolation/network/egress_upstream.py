@@ -3,11 +3,16 @@ name"): made once the proxy let the connection pass, handed to the sandbox's sid
 (:class:`~sandboxd.isolation.network.egress_connection.SandboxSide`) as soon as it is up, or the
 sandbox's connection refused when it cannot be made."""
 
+import errno
+import socket
+from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from twisted.internet import protocol
-from twisted.internet.interfaces import IDelayedCall, IHandshakeListener
+from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IWriteDescriptor
 from zope.interface import implementer
+
+from sandboxd.isolation.network.egress_plan import Address
 
 
 class Sandbox(Protocol):
@@ -98,3 +103,105 @@ class UpstreamSide(protocol.Protocol):
         sandbox refused or gone already is not counted again (:meth:`Sandbox.fail`)."""
         self._stop_timer()
         self.sandbox.fail(UPSTREAM_TLS, self.name)
+
+
+class Connecting(Protocol):
+    """An upstream being connected for a relay (:class:`PlainConnect`)."""
+
+    def start(self) -> None:
+        """Begin connecting."""
+
+    def cancel(self) -> None:
+        """Give it up: neither callback follows."""
+
+
+Connector = Callable[
+    [Any, Address, int, float, Callable[[socket.socket], None], Callable[[], None]], Connecting
+]
+"""Makes a :class:`Connecting`: (reactor, address, port, timeout, connected, failed)."""
+
+
+@implementer(IWriteDescriptor)
+class PlainConnect:
+    """A plain TCP upstream connected for a relay without a Twisted transport: a
+    non-blocking ``connect(2)``, then, once the socket is writable, its ``SO_ERROR`` (a
+    transport would connect, check with a second ``connect``, and then be taken apart for the
+    relay, each a cost on every relayed connection: docs/performance.rst, "Egress by name").
+
+    :meth:`start` it; ``connected`` is given the connected socket (which is then the
+    caller's), or ``failed`` is called, once, when it cannot be made (refused, unreachable,
+    out of descriptors, or not within ``timeout`` seconds on ``reactor``'s clock).
+    :meth:`cancel` gives up (the sandbox's side went meanwhile): neither is called.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        address: Address,
+        port: int,
+        timeout: float,
+        connected: Callable[[socket.socket], None],
+        failed: Callable[[], None],
+    ) -> None:
+        self.reactor = reactor
+        self.address = address
+        self.port = port
+        self.timeout = timeout
+        self.connected = connected
+        self.failed = failed
+        self.sock: socket.socket | None = None
+        self.timer: IDelayedCall | None = None
+
+    def start(self) -> None:
+        family = socket.AF_INET6 if self.address.version == 6 else socket.AF_INET
+        try:
+            self.sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        except OSError:  # out of descriptors
+            self.failed()
+            return
+        error = self.sock.connect_ex((str(self.address), self.port))
+        if error == 0:
+            self._done(0)
+        elif error == errno.EINPROGRESS:
+            self.reactor.addWriter(self)
+            self.timer = self.reactor.callLater(self.timeout, self._done, errno.ETIMEDOUT)
+        else:
+            self._done(error)
+
+    def doWrite(self) -> None:
+        assert self.sock is not None, "written only while connecting"
+        self._done(self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+
+    def _done(self, error: int) -> None:
+        self._stop()  # (while the descriptor is still the reactor's to look up)
+        sock, self.sock = self.sock, None
+        assert sock is not None
+        if error:
+            sock.close()
+            self.failed()
+        else:
+            self.connected(sock)
+
+    def cancel(self) -> None:
+        """Give the connection up (closed; neither callback follows)."""
+        self._stop()
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+
+    def _stop(self) -> None:
+        self.reactor.removeWriter(self)
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        self.timer = None
+
+    def fileno(self) -> int:
+        return -1 if self.sock is None else self.sock.fileno()
+
+    def connectionLost(self, reason: Any) -> None:
+        """The reactor is stopping (or the socket failed under it): not connected."""
+        if self.sock is not None:
+            self._done(errno.ECONNABORTED)
+
+    def logPrefix(self) -> str:
+        return "egress upstream"
