@@ -3,10 +3,12 @@ HTTPS"): a stalled one is aborted after its timeout and refused for that, once; 
 completes in time is relayed and never refused; a plain TCP upstream waits for nothing, and
 one that is relayed as it is gets no Twisted transport at all (``PlainConnect``)."""
 
+import contextlib
 import errno
 import ipaddress
 import select
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -135,8 +137,10 @@ def test_a_refused_upstream_fails_once_and_leaves_nothing() -> None:
     assert not reactor.writers and not reactor.getDelayedCalls() and attempt.fileno() == -1
 
 
-def test_an_upstream_that_never_answers_fails_at_its_timeout() -> None:
-    # A listener whose backlog is full drops further SYNs: the connect stays in progress.
+@contextlib.contextmanager
+def deaf_port() -> Iterator[int]:
+    """A loopback port whose listener's backlog is full: it drops further SYNs, so a connect
+    to it stays in progress."""
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(0)
@@ -147,29 +151,36 @@ def test_an_upstream_that_never_answers_fails_at_its_timeout() -> None:
             filler.setblocking(False)
             filler.connect_ex(("127.0.0.1", port))
             fillers.append(filler)
+        try:
+            yield port
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
+def test_an_upstream_that_never_answers_fails_at_its_timeout() -> None:
+    with deaf_port() as port:
         attempt, outcome, reactor = plain(port, timeout=3.0)
         assert attempt in reactor.writers
         reactor.advance(3.0)
         assert outcome.failures == 1 and not outcome.sockets
         assert not reactor.writers and attempt.fileno() == -1
-        for filler in fillers:
-            filler.close()
 
 
 def test_a_cancelled_or_stopped_attempt() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        port = server.getsockname()[1]
+    with deaf_port() as port:
         attempt, outcome, reactor = plain(port)
         assert attempt.logPrefix() == "egress upstream"
+        assert attempt in reactor.writers
         attempt.cancel()
         assert not reactor.writers and not reactor.getDelayedCalls() and attempt.fileno() == -1
         attempt.cancel()  # (once is enough)
         attempt.connectionLost(None)  # (gone already: nothing to say)
         assert not outcome.failures and not outcome.sockets
         attempt, outcome, reactor = plain(port)
-        if attempt in reactor.writers:  # (a loopback connect may be done at once)
-            attempt.connectionLost(None)  # the reactor stopping
-            assert outcome.failures == 1 and attempt.fileno() == -1
+        assert attempt in reactor.writers
+        attempt.connectionLost(None)  # the reactor stopping
+        assert outcome.failures == 1 and attempt.fileno() == -1 and not reactor.writers
 
 
 class AtOnce:
