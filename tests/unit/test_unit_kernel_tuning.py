@@ -25,7 +25,9 @@ from sandboxd.core.contexts.kernel_tuning import (
 
 class Stream:
     """What of ipykernel's ``OutStream`` the tuning touches: a pipe read by a thread into a
-    buffer, and a flush that sends the buffer (here: keeps it in :attr:`sent`)."""
+    buffer, a send (``_flush``, run by the IOPub thread) that takes the buffer and queues it
+    (here: keeps it in :attr:`sent`), and a flush that has the IOPub thread send and waits
+    (here: sends behind any send under way, as the IOPub thread runs one thing at a time)."""
 
     def __init__(self) -> None:
         self._fid, self.descriptor = os.pipe()
@@ -38,16 +40,27 @@ class Stream:
         self._exc: Any = None
         self.sent: list[str] = []
         self.flushes = 0
+        self.io_thread = threading.Lock()
+        self.between_take_and_queue: Any = lambda: None
+        self.on_flush: Any = lambda: None
 
     def write(self, text: str) -> None:
         with self._buffer_lock:
             self._buffer.write(text)
 
+    def _flush(self) -> None:
+        with self.io_thread:
+            self._flush_pending = False
+            with self._buffer_lock:
+                data, self._buffer = self._buffer.getvalue(), io.StringIO()
+            self.between_take_and_queue()
+            if data:
+                self.sent.append(data)
+
     def flush(self) -> None:
         self.flushes += 1
-        with self._buffer_lock:
-            self.sent.append(self._buffer.getvalue())
-            self._buffer = io.StringIO()
+        self.on_flush()
+        self._flush()
 
     def _watch_pipe_fd(self) -> None:
         raise AssertionError("replaced by the tuning")
@@ -121,6 +134,35 @@ def test_a_flush_with_nothing_to_send_is_skipped(tuned: Any) -> None:
     tuned._flush_pending = True  # a send scheduled: flushed, whatever the buffer
     tuned.flush()
     assert tuned.flushes == 2
+
+
+def test_a_flush_waits_for_a_send_the_io_thread_has_begun(tuned: Any) -> None:
+    """The IOPub thread's send, 0.2 s after a write, has taken the buffer and not yet queued
+    it when the cell's flush looks: the flush must not return before it is queued, or the
+    cell's ``idle`` would be queued before the cell's output."""
+    tuned.start()
+    tuned.write("printed")
+    tuned._flush_pending = True  # as ipykernel's write schedules its send
+    taken, go_on = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        taken.set()
+        go_on.wait(60)  # an outer bound only: set below
+
+    tuned.between_take_and_queue = hold
+    send = threading.Thread(target=tuned._flush)
+    send.start()
+    assert taken.wait(60)  # an outer bound only: the send begins at once
+    assert tuned.sending
+    tuned.on_flush = go_on.set  # the send under way ends once ipykernel's flush is asked for
+    try:
+        tuned.flush()
+        assert tuned.sent == ["printed"]
+        assert tuned.flushes == 1
+    finally:
+        go_on.set()
+        send.join(60)
+    assert not tuned.sending
 
 
 def test_a_stream_before_its_thread_runs_flushes_as_before(tuned: Any) -> None:

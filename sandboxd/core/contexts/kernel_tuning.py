@@ -19,8 +19,11 @@ and never reach the cell. Here, instead:
   until what it read is in the buffer, and decodes UTF-8 across reads;
 - a flush (:func:`flush`) first waits until, holding that lock, the pipe is seen empty: every
   byte written to the descriptor before the flush is then in the buffer. It then returns at
-  once when there is nothing to send (no text buffered, no send scheduled), else flushes as
-  ipykernel does;
+  once when there is nothing to send (no text buffered, no send scheduled, none under way),
+  else flushes as ipykernel does. A send under way is one the IOPub thread began (its
+  ``_flush``, run 0.2 s after a write) and has not yet queued: it has taken the buffer, so
+  the buffer looks empty, and a flush that returned then would let the cell's ``idle`` be
+  queued before the cell's last output, which the daemon would then drop as another cell's;
 - the kernels' command lines set ``Kernel._execute_sleep`` to 0
   (:data:`~sandboxd.core.contexts.languages.TUNING_ARGS`).
 
@@ -96,8 +99,14 @@ def caught_up(stream: Any, sleep: Callable[[float], None]) -> None:
 
 
 def nothing_to_send(stream: Any) -> bool:
-    """Whether the stream has no text buffered and no send scheduled."""
+    """Whether the stream has no text buffered, no send scheduled and none under way.
+
+    ``_flush`` marks its send under way (:func:`tune`) before it clears ``_flush_pending``,
+    and this reads ``_flush_pending`` first: once it is seen clear, a send that took the
+    buffer is seen under way or has queued what it took."""
     if stream._flush_pending or stream._subprocess_flush_pending:
+        return False
+    if getattr(stream, "sending", False):
         return False
     with stream._buffer_lock:
         return not stream._buffer.tell()
@@ -105,10 +114,23 @@ def nothing_to_send(stream: Any) -> bool:
 
 def tune(out_stream: Any, sleep: Callable[[float], None]) -> None:
     """Give ``out_stream`` (ipykernel's class) :func:`watch` as its pipe's thread and a flush
-    that waits for it and skips sending nothing; unchanged if it lacks what they need."""
-    if not all(hasattr(out_stream, name) for name in ("_watch_pipe_fd", "flush")):
+    that waits for it and skips sending nothing; unchanged if it lacks what they need.
+
+    Its ``_flush`` (the send, run by the IOPub thread) marks itself under way in ``sending``
+    while it runs; should two ever run at once (ipykernel runs it in the caller's thread once
+    the IOPub thread is gone), the first to end clears the mark, and a flush then sends as
+    ipykernel does, no worse than before."""
+    if not all(hasattr(out_stream, name) for name in ("_watch_pipe_fd", "flush", "_flush")):
         return
     flush_as_before, watch_as_before = out_stream.flush, out_stream._watch_pipe_fd
+    send_as_before = out_stream._flush
+
+    def send(self: Any) -> None:
+        self.sending = True
+        try:
+            send_as_before(self)
+        finally:
+            self.sending = False
 
     def watch_pipe_fd(self: Any) -> None:
         if not all(hasattr(self, name) for name in WATCH_NEEDS):
@@ -125,7 +147,7 @@ def tune(out_stream: Any, sleep: Callable[[float], None]) -> None:
         if not nothing_to_send(self):
             flush_as_before(self)
 
-    out_stream._watch_pipe_fd, out_stream.flush = watch_pipe_fd, flush
+    out_stream._watch_pipe_fd, out_stream.flush, out_stream._flush = watch_pipe_fd, flush, send
 
 
 def tune_ipykernel(find: Callable[[str], Any] = importlib.import_module) -> None:
