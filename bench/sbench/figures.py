@@ -93,7 +93,9 @@ class Sizes:
         self.template_forks = 3 if quick else 20
         self.template_fork_bytes = 8 * MiB if quick else 1024 * MiB
         self.template_image_mib = 512 if quick else 8192
-        self.neighbour_samples = 10 if quick else 400
+        self.neighbour_samples = 10 if quick else 2000
+        """Probe execs idle, then as many beside each neighbour: the p99 of 400 (the fourth
+        worst) moved a ratio from 2.2 to 4.0 between identical runs (docs/performance.rst)."""
         self.neighbour_ramp = 0.1 if quick else 1.0
         self.neighbour_bound = 60 if quick else 240
         self.neighbour_stream_bytes = 4 * MiB if quick else 256 * MiB
