@@ -11,6 +11,7 @@ from typing import Any
 
 from twisted.internet import abstract
 from twisted.internet._baseprocess import BaseProcess
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.process import (
     Process,
     ProcessReader,
@@ -163,6 +164,7 @@ class _ExitWatch(abstract.FileDescriptor):
 
     def __init__(self, reactor: Any, pid: int, ended: Callable[[int], None]) -> None:
         super().__init__(reactor)
+        self.clock: IReactorTime = reactor
         self.pid = pid
         self.ended = ended
         _watched.add(pid)
@@ -189,10 +191,17 @@ class _ExitWatch(abstract.FileDescriptor):
     reapProcess = reap
 
     def processEnded(self, status: int) -> None:
-        """The child is reaped: stop watching, tell ``ended``."""
+        """The child is reaped: stop watching, tell ``ended``.
+
+        The pidfd is closed only once the reactor's current round of events is over. A child's
+        end makes its pipes and its pidfd ready in the same round, and its pipes' end may reap
+        it (``Process.reapProcess``) before the pidfd's own event comes: closed at once, its
+        number could be taken by a descriptor made later in that round (the next exec's
+        pipes), which the epoll reactor would then hand the pidfd's event. A stdin pipe told
+        so drops what it had to write (Twisted's read hack takes it for the reader gone)."""
         if self.pidfd >= 0:
             self.stopReading()
-            os.close(self.pidfd)
+            self.clock.callLater(0, os.close, self.pidfd)
         elif self.pid in reapProcessHandlers:  # not when Twisted reaped it as it came in
             unregisterReapProcessHandler(self.pid, self)
         _watched.discard(self.pid)

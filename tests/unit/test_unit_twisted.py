@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
+from twisted.internet import abstract, reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.process import ProcessReader
 from twisted.internet.protocol import ProcessProtocol
@@ -238,3 +238,60 @@ def test_without_a_pidfd_a_child_is_reaped_through_twisteds_table(monkeypatch: A
     os.waitid(os.P_PID, done, os.WEXITED | os.WNOWAIT)  # reaped as it is registered
     _twisted.reap_when_ended(reactor, done, lambda: ended.append("done"))
     assert ended == ["sleeper", "done"] and not _twisted.reap_handled(done)
+
+
+def test_a_reaped_childs_pidfd_outlives_the_round_of_events_it_came_in() -> None:
+    """A child's pipe and its pidfd are ready in the same round of the epoll reactor's events.
+    The pipe's end reaps the child first (as ``Process`` does) and a descriptor is made in that
+    round (the next exec's pipe): it must not take the pidfd's number and get its event."""
+    from twisted.internet.epollreactor import EPollReactor
+
+    own = EPollReactor()
+    read_end, write_end = os.pipe()
+    child = os.posix_spawn(
+        "/bin/true", ["true"], {}, file_actions=[(os.POSIX_SPAWN_DUP2, write_end, 1)]
+    )
+    os.close(write_end)
+    os.waitid(os.P_PID, child, os.WEXITED | os.WNOWAIT)  # ended: pipe and pidfd both ready
+    told: list[int] = []
+    made: list[int] = []
+    spurious: list[int] = []
+
+    class Made(abstract.FileDescriptor):
+        """A pipe made in that round: nothing is ever written to it."""
+
+        def __init__(self, fd: int) -> None:
+            super().__init__(own)
+            self.fd = fd
+
+        def fileno(self) -> int:
+            return self.fd
+
+        def doRead(self) -> None:
+            spurious.append(self.fd)
+
+    class ChildsPipe(abstract.FileDescriptor):
+        def fileno(self) -> int:
+            return read_end
+
+        def connectionLost(self, reason: Any) -> None:
+            watch.reap()
+            made.extend(os.pipe())
+            Made(made[0]).startReading()
+
+    ChildsPipe(own).startReading()  # registered first: its event comes first in the round
+    watch = _twisted._ExitWatch(own, child, told.append)
+    pidfd = watch.pidfd
+    try:
+        own.doIteration(0)
+        assert told == [0]
+        assert spurious == []
+        assert pidfd not in made  # still open: nothing made in the round could take it
+        assert os.readlink(f"/proc/self/fd/{pidfd}") == "anon_inode:[pidfd]"
+        own.runUntilCurrent()  # the round is over: the pidfd is closed
+        with pytest.raises(OSError):
+            os.readlink(f"/proc/self/fd/{pidfd}")
+    finally:
+        own.removeAll()
+        for fd in (read_end, *made):
+            os.close(fd)
