@@ -6,6 +6,7 @@ by name, not somewhere deep in a stream.
 """
 
 import os
+import select
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -70,6 +71,27 @@ class BadRequestChannel(HTTPChannel):
         self.bad_request()
 
 
+def reader_gone(fd: int) -> bool:
+    """Whether the pipe whose writing end is ``fd`` has no reader left, by ``poll(2)`` now."""
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR, POLLHUP and POLLNVAL are told whatever is asked
+    return bool(poller.poll(0))
+
+
+class StdinWriter(ProcessWriter):
+    """A child's stdin pipe (Twisted's ``ProcessWriter``, internal) that believes the read
+    hack only when :func:`reader_gone` says so. With the hack on, the writing end of a pipe is
+    watched for readability, which means its reader has gone, and what is left to write is
+    dropped. But the epoll reactor hands out the events of one round by descriptor number: an
+    event meant for a descriptor closed earlier in that round, whose number this pipe took,
+    would end the pipe with the child still reading (docs/spawner-design.rst)."""
+
+    def doRead(self) -> Any:
+        if self.enableReadHack and not reader_gone(self.fd):
+            return None  # not this pipe's event: it goes on being watched
+        return super().doRead()
+
+
 class ServedProcess(Process):
     """A process transport for a child that another process of ours starts (the spawn server,
     whose children are ours by ``CLONE_PARENT``): Twisted's own ``Process`` pipes, reap and
@@ -105,7 +127,7 @@ class ServedProcess(Process):
         for child_fd, (ours, target) in self._parent_side.items():
             os.close(self.child_side[child_fd])
             if target == "w":
-                self.pipes[child_fd] = ProcessWriter(
+                self.pipes[child_fd] = StdinWriter(
                     self._reactor, self, child_fd, ours, forceReadHack=True
                 )
             else:

@@ -295,3 +295,22 @@ def test_a_reaped_childs_pidfd_outlives_the_round_of_events_it_came_in() -> None
         own.removeAll()
         for fd in (read_end, *made):
             os.close(fd)
+
+
+def test_a_stdin_pipe_ends_only_when_its_reader_has_gone() -> None:
+    """Readability of a stdin pipe's writing end (Twisted's read hack) ends the pipe only when
+    its reader has gone: an event handed to it that was meant for a descriptor whose number it
+    took leaves it open, with what it has to write."""
+    from twisted.internet.main import CONNECTION_LOST
+    from twisted.internet.testing import MemoryReactor
+
+    reader, writer = os.pipe()
+    stdin = _twisted.StdinWriter(MemoryReactor(), None, 0, writer, forceReadHack=True)
+    try:
+        assert not _twisted.reader_gone(writer)
+        assert stdin.doRead() is None  # its reader is there: not its event
+        os.close(reader)
+        assert _twisted.reader_gone(writer)
+        assert stdin.doRead() is CONNECTION_LOST
+    finally:
+        os.close(writer)
