@@ -167,6 +167,17 @@ def test_an_upstream_that_never_answers_fails_at_its_timeout() -> None:
         assert not reactor.writers and attempt.fileno() == -1
 
 
+def test_a_write_event_while_the_connect_is_under_way_is_not_taken_for_its_end() -> None:
+    """An event handed to the attempt that was not its own (another descriptor's, of the
+    same number): the socket, still connecting, is not handed over."""
+    with deaf_port() as port:
+        attempt, outcome, reactor = plain(port)
+        attempt.doWrite()
+        assert not outcome.sockets and not outcome.failures
+        assert attempt in reactor.writers and attempt.fileno() != -1
+        attempt.cancel()
+
+
 def test_a_cancelled_or_stopped_attempt() -> None:
     with deaf_port() as port:
         attempt, outcome, reactor = plain(port)

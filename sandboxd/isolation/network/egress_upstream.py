@@ -169,8 +169,14 @@ class PlainConnect:
             self._done(error)
 
     def doWrite(self) -> None:
+        """The socket is writable: its connect is done, unless the event was not its own (the
+        epoll reactor hands out one round's events by descriptor number, and a descriptor
+        closed earlier in the round may have had this one's): then it goes on waiting."""
         assert self.sock is not None, "written only while connecting"
-        self._done(self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+        error = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if not error and not _has_peer(self.sock):
+            return
+        self._done(error)
 
     def _done(self, error: int) -> None:
         self._stop()  # (while the descriptor is still the reactor's to look up)
@@ -205,3 +211,12 @@ class PlainConnect:
 
     def logPrefix(self) -> str:
         return "egress upstream"
+
+
+def _has_peer(sock: socket.socket) -> bool:
+    """Whether ``sock``'s connect is complete (``getpeername`` fails while it is under way)."""
+    try:
+        sock.getpeername()
+    except OSError:
+        return False
+    return True
