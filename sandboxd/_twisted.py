@@ -8,7 +8,7 @@ by name, not somewhere deep in a stream.
 import os
 import select
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet import abstract
 from twisted.internet._baseprocess import BaseProcess
@@ -186,7 +186,6 @@ class _ExitWatch(abstract.FileDescriptor):
 
     def __init__(self, reactor: Any, pid: int, ended: Callable[[int], None]) -> None:
         super().__init__(reactor)
-        self.clock: IReactorTime = reactor
         self.pid = pid
         self.ended = ended
         _watched.add(pid)
@@ -223,7 +222,7 @@ class _ExitWatch(abstract.FileDescriptor):
         so drops what it had to write (Twisted's read hack takes it for the reader gone)."""
         if self.pidfd >= 0:
             self.stopReading()
-            self.clock.callLater(0, os.close, self.pidfd)
+            cast(IReactorTime, self.reactor).callLater(0, os.close, self.pidfd)
         elif self.pid in reapProcessHandlers:  # not when Twisted reaped it as it came in
             unregisterReapProcessHandler(self.pid, self)
         _watched.discard(self.pid)
