@@ -8,11 +8,12 @@ by name, not somewhere deep in a stream.
 import os
 import select
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 from twisted.internet import abstract
 from twisted.internet._baseprocess import BaseProcess
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.epollreactor import EPollReactor
+from twisted.internet.pollreactor import PollReactor
 from twisted.internet.process import (
     Process,
     ProcessReader,
@@ -71,6 +72,56 @@ class BadRequestChannel(HTTPChannel):
         self.bad_request()
 
 
+class _RoundPoller:
+    """A poll reactor's poller (``_poller``, private) that notes, for each descriptor of the
+    round of events it returns, the selectable registered for it at that moment (from the
+    reactor's ``_selectables``, private)."""
+
+    def __init__(self, poller: Any, selectables: Mapping[int, object]) -> None:
+        self.poller = poller
+        self.selectables = selectables
+        self.polled: dict[int, object] = {}
+
+    def poll(self, *args: Any) -> list[tuple[int, int]]:
+        events: list[tuple[int, int]] = self.poller.poll(*args)
+        self.polled = {fd: self.selectables.get(fd) for fd, _ in events}
+        return events
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.poller, name)
+
+
+def dispatch_by_round(reactor: object) -> bool:
+    """Make an epoll or poll reactor hand each event of a round only to the selectable that
+    was registered for its descriptor when the round was polled; say whether it is one.
+
+    Twisted's loop (``doPoll``) looks each event's selectable up by descriptor number as it
+    hands the round out. A handler may stop watching a descriptor and close it, and one made
+    later in the round (the next exec's pipe, an accepted socket) may take its number: it was
+    handed the closed one's event. A stdin pipe told it was readable took that for its
+    reader's end and dropped what it had to write. An event whose selectable has changed is
+    dropped instead; both reactors are level-triggered, so whatever is true of the new
+    descriptor is reported in the next round. The reactor's private ``_poller``,
+    ``_selectables`` and ``_doReadOrWrite`` (the dispatch of one event) are wrapped.
+
+    The other reactors need nothing: the select reactor hands out selectables, not numbers,
+    and asyncio cancels a removed reader's pending callback."""
+    if not isinstance(reactor, EPollReactor | PollReactor):
+        return False
+    if isinstance(reactor._poller, _RoundPoller):
+        return True
+    poller = _RoundPoller(reactor._poller, reactor._selectables)
+    dispatch = reactor._doReadOrWrite
+
+    def dispatch_if_polled(selectable: object, fd: int, event: int) -> None:
+        if poller.polled.get(fd) is selectable:
+            dispatch(selectable, fd, event)
+
+    reactor._poller = poller
+    reactor._doReadOrWrite = dispatch_if_polled  # type: ignore[method-assign]
+    return True
+
+
 def reader_gone(fd: int) -> bool:
     """Whether the pipe whose writing end is ``fd`` has no reader left, by ``poll(2)`` now."""
     poller = select.poll()
@@ -82,9 +133,10 @@ class StdinWriter(ProcessWriter):
     """A child's stdin pipe (Twisted's ``ProcessWriter``, internal) that believes the read
     hack only when :func:`reader_gone` says so. With the hack on, the writing end of a pipe is
     watched for readability, which means its reader has gone, and what is left to write is
-    dropped. But the epoll reactor hands out the events of one round by descriptor number: an
-    event meant for a descriptor closed earlier in that round, whose number this pipe took,
-    would end the pipe with the child still reading (docs/spawner-design.rst)."""
+    dropped. But Twisted's epoll reactor hands out the events of one round by descriptor
+    number: an event meant for a descriptor closed earlier in that round, whose number this
+    pipe took, would end the pipe with the child still reading. :func:`dispatch_by_round`
+    drops such events; this check holds under any reactor (docs/spawner-design.rst)."""
 
     def doRead(self) -> Any:
         if self.enableReadHack and not reader_gone(self.fd):
@@ -212,17 +264,10 @@ class _ExitWatch(abstract.FileDescriptor):
     reapProcess = reap
 
     def processEnded(self, status: int) -> None:
-        """The child is reaped: stop watching, tell ``ended``.
-
-        The pidfd is closed only once the reactor's current round of events is over. A child's
-        end makes its pipes and its pidfd ready in the same round, and its pipes' end may reap
-        it (``Process.reapProcess``) before the pidfd's own event comes: closed at once, its
-        number could be taken by a descriptor made later in that round (the next exec's
-        pipes), which the epoll reactor would then hand the pidfd's event. A stdin pipe told
-        so drops what it had to write (Twisted's read hack takes it for the reader gone)."""
+        """The child is reaped: stop watching, close the pidfd, tell ``ended``."""
         if self.pidfd >= 0:
             self.stopReading()
-            cast(IReactorTime, self.reactor).callLater(0, os.close, self.pidfd)
+            os.close(self.pidfd)
         elif self.pid in reapProcessHandlers:  # not when Twisted reaped it as it came in
             unregisterReapProcessHandler(self.pid, self)
         _watched.discard(self.pid)

@@ -14,6 +14,7 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.python import usage
 
+from sandboxd._twisted import dispatch_by_round
 from sandboxd.assemble import assemble
 from sandboxd.boot import fail
 from sandboxd.config import Config, ConfigError
@@ -38,10 +39,13 @@ def makeService(options: Options, reactor: Any = None, environ: Any = None) -> I
 
     A step that fails removes what the steps before it made on the host (cgroup directories,
     the state root, the namespaces' mount: :class:`sandboxd.undo.StartupUndo`) before start-up
-    stops; the service does the same when it cannot listen.
+    stops; the service does the same when it cannot listen. An epoll or poll reactor hands
+    each event only to the selectable it was polled for
+    (:func:`sandboxd._twisted.dispatch_by_round`).
     """
     if reactor is None:
         from twisted.internet import reactor
+    dispatch_by_round(reactor)
     environ = os.environ if environ is None else environ
     exit_status = ExitStatus()
     atexit.register(exit_status.apply)  # first: runs after every other atexit cleanup

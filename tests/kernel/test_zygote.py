@@ -352,7 +352,7 @@ def test_stdin_reaches_every_exec_while_others_start_and_end_around_it(
     same round of the reactor's events, and the next exec's pipes are made in that round: a
     pidfd closed at once gave its number, and its event, to a stdin pipe, which then dropped
     what it had to write (4 to 5 execs in 1 000 ran with an empty stdin;
-    sandboxd/_twisted.py, ``_ExitWatch.processEnded``)."""
+    sandboxd/_twisted.py, ``dispatch_by_round``)."""
     boxes = [zygoted.create() for _ in range(6)]  # of the daemon's 8 uids
 
     def drive(box: Box, seed: int) -> list[tuple[int, int]]:

@@ -171,7 +171,8 @@ class PlainConnect:
     def doWrite(self) -> None:
         """The socket is writable: its connect is done, unless the event was not its own (the
         epoll reactor hands out one round's events by descriptor number, and a descriptor
-        closed earlier in the round may have had this one's): then it goes on waiting."""
+        closed earlier in the round may have had this one's; the daemon's reactor drops such
+        events, this check holds under any): then it goes on waiting."""
         assert self.sock is not None, "written only while connecting"
         error = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if not error and not _has_peer(self.sock):
