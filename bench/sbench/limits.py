@@ -72,9 +72,12 @@ NEIGHBOUR_LIMITS: Mapping[str, str] = {
     "streams": "the reactor encodes and sends every byte of the stream, beside the probe's work",
     "fork-bombs": (
         "the bomb's failed forks (each copies its memory map before the pids limit refuses it)"
-        " keep the kernel's task-list and cgroup locks hot, and take a core"
+        " keep the kernel's task-list and cgroup locks hot, on the CPU the bomb is placed on"
     ),
-    "burns": "the neighbour's busy loops take a core: the probe waits for the other",
+    "burns": (
+        "the neighbour's busy loops hold the CPU it is placed on; the probe's daemon threads"
+        " may still wait there"
+    ),
     "uploads": (
         "the spool's thread and the reactor's copies of the body, with the uploader, take both"
         " cores (py-spy)"

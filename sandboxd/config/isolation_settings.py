@@ -31,6 +31,7 @@ from sandboxd.units import parse_count, parse_duration
 ISOLATION_MODES = ("auto", "cgroup2", "cgroup1", "none")
 SECCOMP_MODES = ("default", "off")
 SOCKET_BUFFER_MODES = ("charged", "off")
+PLACEMENT_MODES = ("spread", "shared")
 SPAWNER_MODES = ("helper", "server", "zygote")
 
 
@@ -166,6 +167,13 @@ class IsolationSettings:
         "256",
         parse_count,
         "Most zygotes alive at once (one pid each); past it execs go to the spawn server",
+    )
+    cpu_placement: str = setting_field(
+        "SANDBOXD_CPU_PLACEMENT",
+        "spread",
+        choice(PLACEMENT_MODES),
+        "Each sandbox on as many CPUs as its quota covers, the least held (spread),"
+        " or every sandbox on every CPU (shared)",
     )
     socket_buffers: str = setting_field(
         "SANDBOXD_SOCKET_BUFFERS",

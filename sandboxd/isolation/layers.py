@@ -1,7 +1,8 @@
 """The isolation layers beyond uid + cgroup that this package provides, by capability name.
 
 Each is listed in ``/healthz`` while in force and each can be turned off by name
-(``SANDBOXD_SECCOMP=off``, ``SANDBOXD_UMASK=022``, ``SANDBOXD_SOCKET_BUFFERS=off``); start-up
+(``SANDBOXD_SECCOMP=off``, ``SANDBOXD_UMASK=022``, ``SANDBOXD_SOCKET_BUFFERS=off``,
+``SANDBOXD_CPU_PLACEMENT=shared``); start-up
 logs every one that is off. The ``fs.protected_*`` sysctls are the host's, not ours: start-up
 only warns when they are off.
 """
@@ -20,6 +21,10 @@ UMASK = "isolation.umask"
 
 SOCKET_BUFFERS = "isolation.socket-buffers"
 """A sandbox's socket buffers are charged to its memory limit (v1: ``memory.kmem.tcp``)."""
+
+CPU_PLACEMENT = "isolation.cpu-placement"
+"""Each sandbox runs only on the CPUs its quota covers (its cpuset), the ones the fewest
+other sandboxes hold (``SANDBOXD_CPU_PLACEMENT``)."""
 
 PROTECTED_SYSCTLS = ("fs.protected_symlinks", "fs.protected_hardlinks", "fs.protected_regular")
 """What keeps one uid's links and files in sticky shared directories (``/tmp``) from

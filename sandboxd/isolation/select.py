@@ -36,6 +36,7 @@ from sandboxd.isolation.fscreds import (
     drop_supplementary_groups,
 )
 from sandboxd.isolation.layers import (
+    CPU_PLACEMENT,
     SECCOMP,
     SOCKET_BUFFERS,
     UID,
@@ -243,6 +244,11 @@ def build_isolation(
     sockets = charge_socket_buffers(driver, config.socket_buffers == "charged", host)
     if not sockets:
         _log_off(SOCKET_BUFFERS, "socket buffers are not charged to the sandboxes' memory")
+    placed = config.cpu_placement == "spread"
+    why_not = driver.place_cpus() if placed else "SANDBOXD_CPU_PLACEMENT=shared"
+    if why_not is not None:
+        placed = False
+        _log_off(CPU_PLACEMENT, f"every sandbox may run on every CPU: {why_not}")
     try:
         driver.preflight()
         protect_daemon(host.set_oom_score_adj)
@@ -276,6 +282,7 @@ def build_isolation(
                 (SECCOMP, seccomp),
                 (UMASK, umask_isolates(config.umask)),
                 (SOCKET_BUFFERS, sockets),
+                (CPU_PLACEMENT, placed),
             )
             if on
         ),

@@ -24,7 +24,7 @@ from sandboxd.isolation.select import build_isolation
 from tests.isolation.test_isolation_select import POOL, Machine, config
 
 HELPER_PATH = "/opt/sd/sandboxd-exec"  # root's own in test_isolation_select's fake lstat
-ALL_LAYERS = (layers.SECCOMP, layers.UMASK, layers.SOCKET_BUFFERS)
+ALL_LAYERS = (layers.SECCOMP, layers.UMASK, layers.SOCKET_BUFFERS, layers.CPU_PLACEMENT)
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def warnings() -> Iterator[list[str]]:
 
 @pytest.mark.parametrize("v1", [True, False])
 def test_every_layer_by_default(tmp_path: Path, v1: bool, warnings: list[str]) -> None:
-    machine = Machine(tmp_path, v2=None if v1 else "memory cpu pids", v1=v1)
+    machine = Machine(tmp_path, v2=None if v1 else "memory cpu pids cpuset", v1=v1)
     host = machine.host(helper=HELPER_PATH)
     iso = build_isolation(config(tmp_path, "auto", seccomp="default"), Clock(), POOL, host)
     assert iso.layers == ALL_LAYERS
@@ -80,7 +80,7 @@ def test_the_shell_chain_cannot_filter_so_it_is_refused(tmp_path: Path) -> None:
 
 def test_each_layer_turned_off_by_name_is_said(tmp_path: Path, warnings: list[str]) -> None:
     machine = Machine(tmp_path, v2=None, v1=True)
-    settings = {"umask": "022", "socket_buffers": "off"}
+    settings = {"umask": "022", "socket_buffers": "off", "cpu_placement": "shared"}
     iso = build_isolation(config(tmp_path, "auto", **settings), Clock(), POOL, machine.host())
     assert iso.layers == ()
     assert isinstance(iso.wrap, Wrapper) and iso.wrap.umask == 0o022
@@ -90,6 +90,20 @@ def test_each_layer_turned_off_by_name_is_said(tmp_path: Path, warnings: list[st
     for layer in ALL_LAYERS:
         assert f"layer {layer} is OFF" in said
     assert "SANDBOXD_SECCOMP=off" in said and "SANDBOXD_UMASK=022" in said
+    assert "SANDBOXD_CPU_PLACEMENT=shared" in said
+
+
+def test_without_a_delegated_cpuset_placement_is_off_and_said(
+    tmp_path: Path, warnings: list[str]
+) -> None:
+    """CPU placement is a matter of latency, not of isolation: without the cpuset controller,
+    start-up goes on and says why every sandbox runs on every CPU."""
+    machine = Machine(tmp_path, v2="memory cpu pids", v1=False)
+    iso = build_isolation(config(tmp_path, "auto"), Clock(), POOL, machine.host())
+    assert layers.CPU_PLACEMENT not in iso.layers
+    (said,) = [line for line in warnings if layers.CPU_PLACEMENT in line]
+    assert f"layer {layers.CPU_PLACEMENT} is OFF" in said
+    assert "the cpuset controller is not delegated" in said
 
 
 def test_the_helper_without_the_filter(tmp_path: Path) -> None:

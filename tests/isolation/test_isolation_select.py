@@ -41,8 +41,8 @@ class Machine:
         proc = []
         self.fake = FakeKernel(tmp / ("v1" if v1 else "cg"), 1 if v1 else 2, euid=euid)
         if v1:
-            self.fake.make_root("memory", "cpu,cpuacct", "pids")
-            for n, name in enumerate(("memory", "cpu,cpuacct", "pids")):
+            self.fake.make_root("memory", "cpu,cpuacct", "pids", "cpuset")
+            for n, name in enumerate(("memory", "cpu,cpuacct", "pids", "cpuset")):
                 point = self.fake.base / name
                 mountinfo.append(f"{30 + n} 1 0:{n} / {point} rw - cgroup cgroup rw,{name}")
                 proc.append(f"{n + 1}:{name}:/")

@@ -1,7 +1,8 @@
 """Real-kernel suite: umask 077 and socket buffers charged to the sandbox (issue 14).
 
 Two real daemons as root, both limited to :data:`MEMORY` per sandbox: ``layered`` (the
-defaults) and ``bare`` (``--umask=022 --socket-buffers=off``, the two layers off by name).
+defaults) and ``bare`` (``--umask=022 --socket-buffers=off --cpu-placement=shared``, the three
+layers off by name).
 
 - **umask**: what a command creates is ``0600`` (files) and ``0700`` (directories) with the
   layer, and ``0644``/``0755`` without (the umask commands inherited before).
@@ -13,11 +14,15 @@ defaults) and ``bare`` (``--umask=022 --socket-buffers=off``, the two layers off
   through (:data:`FORCED`). cgroup v2 always charges socket memory (the VM of
   ``tests/vm/run.sh`` runs the capped half; there is no uncharged half to show).
 
+- **CPU placement**: a sandbox of one core (the default quota) runs on one CPU with the
+  layer, on every CPU of the daemon without it.
+
 Outer bounds: ``timeout -s KILL`` around the attack, at most :data:`CONNECTIONS` connections,
 and :data:`TARGET` bytes at most.
 """
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,7 +105,12 @@ def layered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
 
 @pytest.fixture(scope="module")
 def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Box]:
-    yield from _start(tmp_path_factory.mktemp("bare"), "--umask=022", "--socket-buffers=off")
+    yield from _start(
+        tmp_path_factory.mktemp("bare"),
+        "--umask=022",
+        "--socket-buffers=off",
+        "--cpu-placement=shared",
+    )
 
 
 def capabilities(box: Box) -> list[str]:
@@ -108,10 +118,19 @@ def capabilities(box: Box) -> list[str]:
 
 
 def test_healthz_lists_the_layers_only_when_on(layered: Box, bare: Box) -> None:
-    for layer in ("isolation.umask", "isolation.socket-buffers"):
+    for layer in ("isolation.umask", "isolation.socket-buffers", "isolation.cpu-placement"):
         assert layer in capabilities(layered)
     assert "isolation.umask" not in capabilities(bare)
+    assert "isolation.cpu-placement" not in capabilities(bare)
     assert ("isolation.socket-buffers" in capabilities(bare)) is IN_VM  # v2 charges anyway
+
+
+def test_a_sandbox_runs_on_the_cpus_its_quota_covers(layered: Box, bare: Box) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        pytest.skip("one CPU: there is nothing to place")
+    assert layered.ok("nproc") == "1"
+    assert bare.ok("nproc") == str(cpus)
 
 
 MAKE = 'echo x > f && mkdir d && echo y > "$TMPDIR/t" && stat -c %a f d "$TMPDIR/t"'

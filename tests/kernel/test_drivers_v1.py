@@ -121,12 +121,15 @@ class Bundle:
             self.pool.stop()
 
 
-def make_bundle(mode: str) -> Iterator[Bundle]:
+def make_bundle(mode: str, **settings: str) -> Iterator[Bundle]:
     problem = driver_problem(mode)
     if problem is not None:
         pytest.skip(f"{mode} driver unavailable here: {problem}")
     state_root = Path(tempfile.mkdtemp(prefix="sandboxd-kernel-"))
-    config = Config.load({"SANDBOXD_ISOLATION": mode, "SANDBOXD_ROOT": str(state_root)})
+    config = Config.load(
+        {"SANDBOXD_ISOLATION": mode, "SANDBOXD_ROOT": str(state_root)}
+        | {f"SANDBOXD_{name.upper()}": value for name, value in settings.items()}
+    )
     pool = ThreadPool(minthreads=1, maxthreads=4, name="kernel-test-files")
     host = Host(set_oom_score_adj=lambda _: None, setgroups=lambda _: None)
     bundle = Bundle(build_isolation(config, reactor, pool, host), state_root, pool)
@@ -160,8 +163,60 @@ def dead(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+AFFINITY = """
+import os, sys
+try:
+    os.sched_setaffinity(0, {int(cpu) for cpu in sys.argv[1].split(",")})
+except OSError as e:
+    print("refused", e.errno)
+print(",".join(map(str, sorted(os.sched_getaffinity(0)))))
+"""
+"""Asks for the CPUs of its first argument, then prints its CPUs (and a refusal first)."""
+
+
+def move_to(bundle: Bundle, box: tuple[str, Identity], cpus: set[int]) -> list[str]:
+    """What a process of sandbox ``box`` says when it asks to run on ``cpus``."""
+    wanted = ",".join(map(str, sorted(cpus)))
+    done = bundle.run(*box, ["timeout", "-s", "KILL", "20", "python3", "-c", AFFINITY, wanted])
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+ONE_CORE = Limits(memory_bytes=50 << 20, cpu_cores=1.0, pids=20)
+
+
 class DriverBehaviour:
-    """What every cgroup driver must do on a real kernel. Subclasses provide ``bundle``."""
+    """What every cgroup driver must do on a real kernel. Subclasses provide ``bundle`` (and
+    ``mode``, the driver's name)."""
+
+    mode: str
+
+    @pytest.fixture
+    def shared(self) -> Iterator[Bundle]:
+        """A bundle of the same driver with ``SANDBOXD_CPU_PLACEMENT=shared``."""
+        yield from make_bundle(self.mode, cpu_placement="shared")
+
+    def test_sandboxes_of_one_core_keep_to_cpus_of_their_own(
+        self, bundle: Bundle, shared: Bundle
+    ) -> None:
+        """CPU placement: two sandboxes of one core each run on different CPUs, and a process
+        of either that asks for the other's CPU is refused (the cpuset is the cgroup's, not
+        the process's). With ``SANDBOXD_CPU_PLACEMENT=shared`` both run everywhere and the
+        same request moves the process (the protection off)."""
+        everywhere = os.sched_getaffinity(0)
+        if len(everywhere) < 2:
+            pytest.skip("one CPU: there is nothing to place")
+        first, second = bundle.sandbox(ONE_CORE), bundle.sandbox(ONE_CORE)
+        (own,) = [int(c) for c in move_to(bundle, first, everywhere)[-1].split(",")]
+        (other,) = [int(c) for c in move_to(bundle, second, everywhere)[-1].split(",")]
+        assert own != other
+        assert move_to(bundle, first, {other}) == ["refused", "22", str(own)]
+        assert move_to(bundle, first, everywhere) == [str(own)]
+        first, second = shared.sandbox(ONE_CORE), shared.sandbox(ONE_CORE)
+        all_cpus = ",".join(map(str, sorted(everywhere)))
+        assert move_to(shared, first, everywhere) == [all_cpus]
+        assert move_to(shared, second, everywhere) == [all_cpus]
+        assert move_to(shared, first, {other}) == [str(other)]
 
     def test_commands_run_as_the_sandbox_never_root(self, bundle: Bundle) -> None:
         rid, identity = bundle.sandbox()
@@ -404,6 +459,8 @@ class DriverBehaviour:
 
 class TestCgroup1(DriverBehaviour):
     """The behaviour suite on the v1 hierarchies of a hybrid host, plus v1 specifics."""
+
+    mode = "cgroup1"
 
     @pytest.fixture
     def bundle(self) -> Iterator[Bundle]:

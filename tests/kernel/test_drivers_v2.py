@@ -20,6 +20,8 @@ pytestmark = pytest.mark.kernel
 class TestCgroup2(DriverBehaviour):
     """The behaviour suite on the unified hierarchy."""
 
+    mode = "cgroup2"
+
     @pytest.fixture
     def bundle(self) -> Iterator[Bundle]:
         yield from make_bundle("cgroup2")

@@ -40,6 +40,7 @@ V2_FILES = {
     },
     "cpu": {"cpu.max": "max 100000", "cpu.stat": "usage_usec 0\nuser_usec 0\nsystem_usec 0"},
     "pids": {"pids.max": "max", "pids.current": "0"},
+    "cpuset": {"cpuset.cpus": "", "cpuset.cpus.effective": "0-3"},
 }
 
 V1_FILES = {
@@ -54,6 +55,12 @@ V1_FILES = {
     "cpuacct": {"cpuacct.usage": "0"},
     "pids": {"pids.max": "max", "pids.current": "0"},
     "freezer": {"freezer.state": "THAWED"},
+    "cpuset": {
+        "cpuset.cpus": "",
+        "cpuset.mems": "",
+        "cpuset.effective_cpus": "0-3",
+        "cpuset.effective_mems": "0",
+    },
 }
 
 
@@ -103,6 +110,7 @@ class FakeKernel:
             write(self.base / "cgroup.controllers", V2_CONTROLLERS)
             write(self.base / "cgroup.subtree_control", "")
             write(self.base / "cgroup.procs", "")
+            write(self.base / "cpuset.cpus.effective", "0-3")
             return
         for name in hierarchies:
             root = self.base / name

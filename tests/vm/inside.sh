@@ -11,10 +11,10 @@
 # cgroup layout it prepares (the test run's view is that of a systemd service with
 # Delegate=yes, which is what sandboxd expects on cgroup v2):
 #
-#   /sys/fs/cgroup                      subtree_control: cpu memory pids (+ whatever was there)
+#   /sys/fs/cgroup                      subtree_control: cpu memory pids cpuset (+ what was there)
 #   |                                   holds init, this script and the rest of the guest
 #   `-- sandboxd-vm-tests/              = D, the delegated cgroup of the test run
-#                                       cgroup.controllers: cpu memory pids (usable by D's
+#                                       cgroup.controllers: cpu memory pids cpuset (for D's
 #                                       children once D enables them); subtree_control: EMPTY;
 #                                       cgroup.procs: pytest and nothing else
 #
@@ -26,8 +26,8 @@
 # This script therefore stays in the root cgroup (which is exempt from that rule) and starts
 # pytest directly into D, so nothing but the test run has to be moved. After a daemon (or the
 # smoke test) has prepared D, pytest lives in D/sandboxd-supervisor and D's subtree_control is
-# "cpu memory pids"; a later daemon started from there takes D (the supervisor leaf's parent)
-# as its delegated cgroup again.
+# "cpu memory pids cpuset"; a later daemon started from there takes D (the supervisor leaf's
+# parent) as its delegated cgroup again.
 #
 # The test run also sees: SANDBOXD_VM=1, SANDBOXD_VM_CGROUP=/sys/fs/cgroup/sandboxd-vm-tests,
 # HOME and TMPDIR under /tmp, PYTHONDONTWRITEBYTECODE=1, no pytest cache, Hypothesis' database
@@ -64,13 +64,13 @@ while IFS= read -r -d '' arg; do args+=("$arg"); done <"$out/args"
 
 # --- cgroup v2 -------------------------------------------------------------------------
 cgroot=/sys/fs/cgroup
-want=(memory cpu pids)
+want=(memory cpu pids cpuset)
 [[ "$(stat -f -c %T "$cgroot")" == cgroup2fs ]] || fail "$cgroot is not a cgroup2 mount"
 available="$(cat "$cgroot/cgroup.controllers")"
 for c in "${want[@]}"; do
     [[ " $available " == *" $c "* ]] || fail "controller $c missing from $cgroot ($available)"
 done
-echo "+memory +cpu +pids" >"$cgroot/cgroup.subtree_control"
+echo "+memory +cpu +pids +cpuset" >"$cgroot/cgroup.subtree_control"
 
 delegated="$cgroot/sandboxd-vm-tests"
 mkdir -p "$delegated"

@@ -5,8 +5,9 @@ layout under the daemon's own cgroup in it (or ``SANDBOXD_CGROUP_ROOT``)::
 
     <own>/sandboxd-<12 hex>/<rid>/
 
-in ``memory``, ``cpu`` (``cpuacct`` too when mounted apart, for CPU time), ``pids``, and
-``freezer`` when mounted (for an atomic kill). Co-mounted controllers share one directory.
+in ``memory``, ``cpu`` (``cpuacct`` too when mounted apart, for CPU time), ``pids``,
+``freezer`` when mounted (for an atomic kill), and ``cpuset`` when CPU placement is on
+(:mod:`sandboxd.isolation.cgroups.placement`). Co-mounted controllers share one directory.
 v1 has no rule against processes in inner cgroups, so the daemon stays where it is.
 """
 
@@ -32,11 +33,14 @@ from sandboxd.isolation.cgroups.cgfiles import (
 )
 from sandboxd.isolation.cgroups.hierarchy import Mount, directory, override_path, v1_mount
 from sandboxd.isolation.cgroups.limits import CPU_PERIOD_US, v1_cpu_quota, v1_memory, v1_pids
+from sandboxd.isolation.cgroups.placement import CpuPlacement, format_cpu_list, parse_cpu_list
 from sandboxd.isolation.cgroups.polling import StillPopulated, wait_until
 from sandboxd.isolation.naming import check_rid, instance_name, is_rid
 
 REQUIRED = ("memory", "cpu", "pids")
 OPTIONAL = ("cpuacct", "freezer")
+CPUSET = "cpuset"
+"""Used only with CPU placement (:meth:`Cgroup1Driver.place_cpus`)."""
 HINT = "delegate the daemon's cgroups to it or set SANDBOXD_CGROUP_ROOT"
 FREEZE_TIMEOUT = 1.0
 TCP_LIMIT = "memory.kmem.tcp.limit_in_bytes"
@@ -63,6 +67,8 @@ class Cgroup1Driver:
     memory limit): v1 leaves them uncharged unless a limit is written."""
     made: list[str] = field(factory=list)
     """The instance directories :meth:`preflight` made (none that were there before)."""
+    placement: CpuPlacement | None = None
+    """Each sandbox's CPUs, in the cpuset hierarchy (:meth:`place_cpus`); None: all CPUs."""
 
     @classmethod
     def locate(
@@ -80,7 +86,7 @@ class Cgroup1Driver:
             raise IsolationUnavailable(f"cgroup1: no {' '.join(missing)} hierarchy is mounted")
         override = None if cgroup_root is None else override_path(mounts, cgroup_root)
         delegated = {}
-        for controller in REQUIRED + OPTIONAL:
+        for controller in (*REQUIRED, *OPTIONAL, CPUSET):
             mount = v1_mount(mounts, controller)
             if mount is None:
                 continue
@@ -99,10 +105,27 @@ class Cgroup1Driver:
         where = self.delegated.get(controller)
         return None if where is None else os.path.join(where, self.instance)
 
+    def place_cpus(self) -> str | None:
+        """Place each sandbox on the CPUs its quota covers, in the cpuset hierarchy, from
+        :meth:`preflight` on; why it cannot (one line), or None."""
+        where = self.delegated.get(CPUSET)
+        if where is None:
+            return "cgroup1: no cpuset hierarchy holds the daemon's cgroup"
+        try:
+            cpus = parse_cpu_list(read_text(os.path.join(where, "cpuset.effective_cpus")))
+        except (OSError, ValueError) as e:
+            return f"cgroup1: cannot read the CPUs of {where} ({e})"
+        if not cpus:
+            return f"cgroup1: {where} has no CPU"
+        self.placement = CpuPlacement(cpus)
+        return None
+
     def _instances(self) -> list[str]:
-        """The instance directory of every hierarchy, each once (co-mounted ones share)."""
+        """The instance directory of every hierarchy in use, each once (co-mounted ones
+        share)."""
         found = []
-        for controller in REQUIRED + OPTIONAL:
+        used = (*REQUIRED, *OPTIONAL, *((CPUSET,) if self.placement is not None else ()))
+        for controller in used:
             path = self._instance(controller)
             if path is not None and path not in found:
                 found.append(path)
@@ -140,6 +163,8 @@ class Cgroup1Driver:
                 raise IsolationUnavailable(
                     f"cgroup1: cannot create {path} ({e.strerror}): {HINT}"
                 ) from None
+        if self.placement is not None:
+            self._give_cpus(self._instance(CPUSET), self.placement.cpus)
         memory = self._instance("memory")
         assert memory is not None
         if self.socket_buffers and not os.path.exists(os.path.join(memory, TCP_LIMIT)):
@@ -152,8 +177,17 @@ class Cgroup1Driver:
         """Remove the instance directories :meth:`preflight` made (start-up stopped)."""
         remove_made(self.kernel, self.made)
 
+    def _give_cpus(self, path: str | None, cpus: tuple[int, ...]) -> None:
+        """Let the cpuset cgroup at ``path`` run on ``cpus`` and use its parent's memory nodes
+        (a new cpuset cgroup has neither, and no process can join it until it has both)."""
+        assert path is not None
+        mems = read_text(os.path.join(os.path.dirname(path), "cpuset.effective_mems")).strip()
+        self.kernel.write(os.path.join(path, "cpuset.mems"), mems)
+        self.kernel.write(os.path.join(path, "cpuset.cpus"), format_cpu_list(cpus))
+
     def create(self, rid: str, limits: Limits) -> None:
-        """Make the sandbox's cgroup in every hierarchy and write its limits (all or nothing)."""
+        """Make the sandbox's cgroup in every hierarchy and write its limits, and with CPU
+        placement its CPUs (all or nothing)."""
         made: list[str] = []
         try:
             for path in self._dirs(rid):
@@ -169,9 +203,14 @@ class Cgroup1Driver:
             self.kernel.write(self._file("cpu", rid, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
             self.kernel.write(self._file("cpu", rid, "cpu.cfs_quota_us"), v1_cpu_quota(limits))
             self.kernel.write(self._file("pids", rid, "pids.max"), v1_pids(limits))
+            if self.placement is not None:
+                cpus = self.placement.take(rid, limits.cpu_cores)
+                self._give_cpus(os.path.dirname(self._file(CPUSET, rid, "tasks")), cpus)
         except BaseException:
             for path in reversed(made):
                 remove_dir(self.kernel, path)
+            if self.placement is not None:
+                self.placement.give_back(rid)
             raise
 
     def join_files(self, rid: str) -> list[str]:
@@ -241,6 +280,8 @@ class Cgroup1Driver:
         if failure is not None:
             raise failure
         remove_dir(self.kernel, memory)
+        if self.placement is not None:
+            self.placement.give_back(rid)
 
     def stats(self, rid: str) -> CgroupStats:
         """Memory now and at peak, CPU time (from cpuacct), processes and OOM kills."""

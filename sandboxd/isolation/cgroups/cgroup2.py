@@ -4,11 +4,13 @@ Layout, ``D`` being the delegated cgroup (the daemon's own, or ``SANDBOXD_CGROUP
 
     D/sandboxd-supervisor/     the daemon itself (and whatever shared D with it), when D is its own
     D/sandboxd-<12 hex>/       this daemon instance (derived from its state root)
-    D/sandboxd-<12 hex>/<rid>/ one sandbox: memory.max, memory.swap.max, cpu.max, pids.max
+    D/sandboxd-<12 hex>/<rid>/ one sandbox: memory.max, memory.swap.max, cpu.max, pids.max,
+                               and cpuset.cpus with CPU placement
 
 v2 lets only leaves hold processes once controllers are enabled for children, so the daemon
 moves out of ``D`` into a leaf before enabling ``memory cpu pids`` in ``D`` and in the instance
-directory. With ``SANDBOXD_CGROUP_ROOT`` the operator delegated ``D`` for sandboxes only: nothing
+directory (and ``cpuset`` with CPU placement: :mod:`sandboxd.isolation.cgroups.placement`).
+With ``SANDBOXD_CGROUP_ROOT`` the operator delegated ``D`` for sandboxes only: nothing
 is moved. The real root cgroup may hold processes and is never emptied.
 """
 
@@ -36,10 +38,13 @@ from sandboxd.isolation.cgroups.cgfiles import (
 )
 from sandboxd.isolation.cgroups.hierarchy import UNIFIED, Mount, directory, override_path, v2_mount
 from sandboxd.isolation.cgroups.limits import v2_values
+from sandboxd.isolation.cgroups.placement import CpuPlacement, format_cpu_list, parse_cpu_list
 from sandboxd.isolation.cgroups.polling import StillPopulated, wait_until
 from sandboxd.isolation.naming import check_rid, instance_name, is_rid
 
 CONTROLLERS = ("memory", "cpu", "pids")
+CPUSET = "cpuset"
+"""Enabled only with CPU placement (:meth:`Cgroup2Driver.place_cpus`)."""
 SUPERVISOR = "sandboxd-supervisor"
 HINT = "give sandboxd a cgroup of its own (systemd Delegate=yes) or set SANDBOXD_CGROUP_ROOT"
 FREEZE_TIMEOUT = 1.0
@@ -61,6 +66,8 @@ class Cgroup2Driver:
     name: str = "cgroup2"
     made: list[str] = field(factory=list)
     """The instance directory, when :meth:`preflight` made it (not when it was there before)."""
+    placement: CpuPlacement | None = None
+    """Each sandbox's CPUs, by the cpuset controller (:meth:`place_cpus`); None: all CPUs."""
 
     @classmethod
     def locate(
@@ -109,11 +116,31 @@ class Cgroup2Driver:
             )
         return None
 
+    def place_cpus(self) -> str | None:
+        """Place each sandbox on the CPUs its quota covers, by the cpuset controller, from
+        :meth:`preflight` on; why it cannot (one line), or None."""
+        try:
+            available = read_text(os.path.join(self.delegated, "cgroup.controllers")).split()
+            if CPUSET not in available:
+                return f"cgroup2: the cpuset controller is not delegated to {self.delegated}"
+            effective = os.path.join(self.delegated, "cpuset.cpus.effective")
+            cpus = parse_cpu_list(read_text(effective))
+        except (OSError, ValueError) as e:
+            return f"cgroup2: cannot read the CPUs of {self.delegated} ({e})"
+        if not cpus:
+            return f"cgroup2: {self.delegated} has no CPU"
+        self.placement = CpuPlacement(cpus)
+        return None
+
+    def _controllers(self) -> tuple[str, ...]:
+        return (*CONTROLLERS, *((CPUSET,) if self.placement is not None else ()))
+
     def preflight(self) -> None:
         """Check root and controllers, then prepare ``D`` (idempotent).
 
         Moves the processes of the daemon's own cgroup into the supervisor leaf, enables
-        ``memory cpu pids`` for the children of ``D`` and of the instance directory.
+        ``memory cpu pids`` (and ``cpuset`` with CPU placement) for the children of ``D`` and
+        of the instance directory.
         """
         require_root(self.kernel, self.name)
         problem = self.problem()
@@ -161,7 +188,7 @@ class Cgroup2Driver:
     def _enable(self, where: str) -> None:
         control = os.path.join(where, "cgroup.subtree_control")
         enabled = read_text(control).split()
-        missing = [c for c in CONTROLLERS if c not in enabled]
+        missing = [c for c in self._controllers() if c not in enabled]
         if not missing:
             return
         try:
@@ -176,17 +203,24 @@ class Cgroup2Driver:
         return os.path.join(self.instance, check_rid(rid))
 
     def create(self, rid: str, limits: Limits) -> None:
-        """Make the sandbox's cgroup and write its limits (removed again if a write fails)."""
+        """Make the sandbox's cgroup and write its limits, and with CPU placement its CPUs
+        (removed again if a write fails)."""
         path = self._dir(rid)
         self.kernel.mkdir(path)
         try:
-            for name, value in v2_values(limits).items():
+            values = v2_values(limits)
+            if self.placement is not None:
+                cpus = self.placement.take(rid, limits.cpu_cores)
+                values["cpuset.cpus"] = format_cpu_list(cpus)
+            for name, value in values.items():
                 target = os.path.join(path, name)
                 if name == "memory.swap.max" and not os.path.exists(target):
                     continue  # no swap accounting on this kernel: nothing to limit
                 self.kernel.write(target, value)
         except BaseException:
             remove_dir(self.kernel, path)
+            if self.placement is not None:
+                self.placement.give_back(rid)
             raise
 
     def join_files(self, rid: str) -> tuple[str]:
@@ -246,6 +280,8 @@ class Cgroup2Driver:
     def remove(self, rid: str) -> None:
         """``rmdir`` the sandbox's cgroup (missing is fine)."""
         remove_dir(self.kernel, self._dir(rid))
+        if self.placement is not None:
+            self.placement.give_back(rid)
 
     def stats(self, rid: str) -> CgroupStats:
         """Memory now and at peak, CPU time, process count and OOM kills, from the cgroup."""
