@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandboxd.isolation.base import Limits
+from sandboxd.isolation.cgroups.cgroup1 import Cgroup1Driver
 from sandboxd.isolation.cgroups.cgroup2 import Cgroup2Driver
 from sandboxd.isolation.cgroups.hierarchy import Mount
 from sandboxd.isolation.cgroups.placement import (
@@ -107,6 +108,23 @@ def test_v1_without_placement_the_cpuset_hierarchy_is_left_alone(tmp_path: Path)
     driver.create("0" * 16, ONE)
     assert not (fake.base / "cpuset" / instance_name(STATE)).exists()
     assert not any("cpuset" in path for path in driver.join_files("0" * 16))
+
+
+def test_v1_a_successor_without_placement_removes_what_a_placing_one_left(
+    tmp_path: Path,
+) -> None:
+    fake, placing = setup_v1(tmp_path, ("memory", "cpu,cpuacct", "pids", "cpuset"))
+    placing.place_cpus()
+    placing.preflight()
+    placing.create("0" * 16, ONE)
+    instance = fake.base / "cpuset" / instance_name(STATE)
+    successor = Cgroup1Driver(placing.delegated, placing.instance, fake.clock, fake.kernel())
+    successor.preflight()
+    assert successor.leftovers() == ["0" * 16]
+    successor.remove("0" * 16)
+    assert not (instance / ("0" * 16)).exists()
+    successor.remove_instance()
+    assert not instance.exists()
 
 
 def test_v1_placement_needs_a_cpuset_hierarchy_with_cpus(tmp_path: Path) -> None:

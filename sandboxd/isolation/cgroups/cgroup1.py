@@ -120,20 +120,21 @@ class Cgroup1Driver:
         self.placement = CpuPlacement(cpus)
         return None
 
-    def _instances(self) -> list[str]:
+    def _instances(self, every: bool = False) -> list[str]:
         """The instance directory of every hierarchy in use, each once (co-mounted ones
-        share)."""
+        share); ``every``: of the cpuset hierarchy too, placement or not (what a predecessor
+        that placed its sandboxes left there is removed all the same)."""
         found = []
-        used = (*REQUIRED, *OPTIONAL, *((CPUSET,) if self.placement is not None else ()))
-        for controller in used:
+        placed = self.placement is not None or every
+        for controller in (*REQUIRED, *OPTIONAL, *((CPUSET,) if placed else ())):
             path = self._instance(controller)
             if path is not None and path not in found:
                 found.append(path)
         return found
 
-    def _dirs(self, rid: str) -> list[str]:
+    def _dirs(self, rid: str, every: bool = False) -> list[str]:
         check_rid(rid)
-        return [os.path.join(instance, rid) for instance in self._instances()]
+        return [os.path.join(instance, rid) for instance in self._instances(every)]
 
     def _file(self, controller: str, rid: str, name: str) -> str:
         instance = self._instance(controller)
@@ -270,7 +271,7 @@ class Cgroup1Driver:
         kept, so that a sandbox whose removal failed or was cut short is still found by
         :meth:`leftovers`.
         """
-        memory, *others = self._dirs(rid)
+        memory, *others = self._dirs(rid, every=True)
         failure: OSError | None = None
         for path in reversed(others):
             try:
@@ -318,7 +319,7 @@ class Cgroup1Driver:
 
     def remove_instance(self) -> None:
         """``rmdir`` every instance directory left empty (clean shutdown)."""
-        for path in self._instances():
+        for path in self._instances(every=True):
             try:
                 self.kernel.rmdir(path)
             except OSError as e:
