@@ -52,8 +52,8 @@ def test_type_notify_from_the_main_process() -> None:
     ]
 
 
-def test_cgroup_delegation_of_memory_cpu_pids() -> None:
-    assert set(one("Delegate").split()) == {"memory", "cpu", "pids"}
+def test_cgroup_delegation_of_memory_cpu_pids_cpuset() -> None:
+    assert set(one("Delegate").split()) == {"memory", "cpu", "pids", "cpuset"}
     assert one("TasksMax") == "infinity"
 
 
