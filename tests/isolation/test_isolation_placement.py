@@ -195,4 +195,6 @@ def test_v2_placement_needs_the_cpuset_controller_and_cpus(tmp_path: Path) -> No
     assert driver.place_cpus() == f"cgroup2: {fake.base / 'd'} has no CPU"
     (fake.base / "d" / "cpuset.cpus.effective").unlink()
     assert "cannot read the CPUs" in (driver.place_cpus() or "")
+    (fake.base / "d" / "cgroup.controllers").unlink()
+    assert driver.place_cpus() == driver.problem() is not None
     assert driver.placement is None

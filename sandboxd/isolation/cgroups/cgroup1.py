@@ -33,7 +33,7 @@ from sandboxd.isolation.cgroups.cgfiles import (
 )
 from sandboxd.isolation.cgroups.hierarchy import Mount, directory, override_path, v1_mount
 from sandboxd.isolation.cgroups.limits import CPU_PERIOD_US, v1_cpu_quota, v1_memory, v1_pids
-from sandboxd.isolation.cgroups.placement import CpuPlacement, format_cpu_list, parse_cpu_list
+from sandboxd.isolation.cgroups.placement import CpuPlacement, format_cpu_list, read_placement
 from sandboxd.isolation.cgroups.polling import StillPopulated, wait_until
 from sandboxd.isolation.naming import check_rid, instance_name, is_rid
 
@@ -110,14 +110,11 @@ class Cgroup1Driver:
         :meth:`preflight` on; why it cannot (one line), or None."""
         where = self.delegated.get(CPUSET)
         if where is None:
-            return "cgroup1: no cpuset hierarchy holds the daemon's cgroup"
-        try:
-            cpus = parse_cpu_list(read_text(os.path.join(where, "cpuset.effective_cpus")))
-        except (OSError, ValueError) as e:
-            return f"cgroup1: cannot read the CPUs of {where} ({e})"
-        if not cpus:
-            return f"cgroup1: {where} has no CPU"
-        self.placement = CpuPlacement(cpus)
+            return f"{self.name}: no cpuset hierarchy holds the daemon's cgroup"
+        found = read_placement(self.name, where, "cpuset.effective_cpus")
+        if isinstance(found, str):
+            return found
+        self.placement = found
         return None
 
     def _instances(self, every: bool = False) -> list[str]:

@@ -38,7 +38,7 @@ from sandboxd.isolation.cgroups.cgfiles import (
 )
 from sandboxd.isolation.cgroups.hierarchy import UNIFIED, Mount, directory, override_path, v2_mount
 from sandboxd.isolation.cgroups.limits import v2_values
-from sandboxd.isolation.cgroups.placement import CpuPlacement, format_cpu_list, parse_cpu_list
+from sandboxd.isolation.cgroups.placement import CpuPlacement, format_cpu_list, read_placement
 from sandboxd.isolation.cgroups.polling import StillPopulated, wait_until
 from sandboxd.isolation.naming import check_rid, instance_name, is_rid
 
@@ -119,17 +119,16 @@ class Cgroup2Driver:
     def place_cpus(self) -> str | None:
         """Place each sandbox on the CPUs its quota covers, by the cpuset controller, from
         :meth:`preflight` on; why it cannot (one line), or None."""
-        try:
-            available = read_text(os.path.join(self.delegated, "cgroup.controllers")).split()
-            if CPUSET not in available:
-                return f"cgroup2: the cpuset controller is not delegated to {self.delegated}"
-            effective = os.path.join(self.delegated, "cpuset.cpus.effective")
-            cpus = parse_cpu_list(read_text(effective))
-        except (OSError, ValueError) as e:
-            return f"cgroup2: cannot read the CPUs of {self.delegated} ({e})"
-        if not cpus:
-            return f"cgroup2: {self.delegated} has no CPU"
-        self.placement = CpuPlacement(cpus)
+        problem = self.problem()
+        if problem is not None:
+            return problem
+        available = read_text(os.path.join(self.delegated, "cgroup.controllers")).split()
+        if CPUSET not in available:
+            return f"{self.name}: the cpuset controller is not delegated to {self.delegated}"
+        found = read_placement(self.name, self.delegated, "cpuset.cpus.effective")
+        if isinstance(found, str):
+            return found
+        self.placement = found
         return None
 
     def _controllers(self) -> tuple[str, ...]:

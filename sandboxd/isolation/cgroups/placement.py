@@ -12,9 +12,12 @@ its removal. A sandbox whose quota covers every CPU (or that has none) runs on a
 """
 
 import math
+import os
 from collections import Counter
 
 from attrs import define, field
+
+from sandboxd.isolation.cgroups.cgfiles import read_text
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
@@ -64,3 +67,15 @@ class CpuPlacement:
     def give_back(self, rid: str) -> None:
         """Sandbox ``rid``'s cgroup is gone: its CPUs hold one sandbox fewer."""
         self.held.pop(rid, None)
+
+
+def read_placement(driver: str, cgroup: str, name: str) -> CpuPlacement | str:
+    """A placement over the CPUs that file ``name`` of ``cgroup`` lists, or why there can be
+    none (one line, after ``driver``'s name)."""
+    try:
+        cpus = parse_cpu_list(read_text(os.path.join(cgroup, name)))
+    except (OSError, ValueError) as e:
+        return f"{driver}: cannot read the CPUs of {cgroup} ({e})"
+    if not cpus:
+        return f"{driver}: {cgroup} has no CPU"
+    return CpuPlacement(cpus)
