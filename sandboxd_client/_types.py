@@ -267,6 +267,9 @@ class SandboxStats:
     cpu_usec: int | None
     pids: int | None
     oom_kills: int | None
+    cpus: tuple[int, ...] | None = None
+    """The CPUs the sandbox runs on, where the daemon places it (``None``: not placed, or a
+    daemon that does not say)."""
 
 
 class ContextNotFound(SandboxError, LookupError):

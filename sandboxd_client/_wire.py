@@ -247,11 +247,17 @@ def _strings(value: object, what: str) -> tuple[str, ...]:
 def decode_stats(reply: object) -> SandboxStats:
     """``GET /sandboxes/{rid}/stats`` → ``SandboxStats`` (absent counters are ``None``)."""
     obj = _obj(reply, "stats")
+    cpus = obj.get("cpus")
+    if cpus is not None and (
+        not isinstance(cpus, list) or not all(type(c) is int and c >= 0 for c in cpus)
+    ):
+        raise ProtocolError("stats: cpus: expected a list of CPU numbers")
     return SandboxStats(
         **{
             k: _opt_int(obj, k, "stats")
             for k in ("memory_bytes", "memory_peak_bytes", "cpu_usec", "pids", "oom_kills")
-        }
+        },
+        cpus=None if cpus is None else tuple(cpus),
     )
 
 

@@ -73,6 +73,8 @@ class CgroupStats:
     cpu_usec: int
     pids: int
     oom_kills: int
+    cpus: tuple[int, ...] | None = None
+    """The CPUs the sandbox is placed on (``None``: not placed, every CPU of the daemon's)."""
 
 
 class UidPool(Protocol):

@@ -200,6 +200,7 @@ class FakeSandboxd:
                     "cpu_usec": 12,
                     "pids": 1,
                     "oom_kills": 0,
+                    "cpus": [1],
                 },
             )
 

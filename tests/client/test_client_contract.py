@@ -210,7 +210,8 @@ async def test_lifecycle_and_service_calls(client: HttpSandbox, fake: Served) ->
     assert fake.state.persisted == [("sb-2", True), ("sb-2", False)]
     infos = await client.list_sandboxes()
     assert [i.remote_id for i in infos] == ["sb-1", "sb-2"]
-    assert (await client.stats(h)).memory_bytes == 4096
+    stats = await client.stats(h)
+    assert (stats.memory_bytes, stats.cpus) == (4096, (1,))
     health = await client.health()
     assert (health.status, health.capabilities) == ("ok", ("auth",))
     assert (await client.health(fake.pod_url)).version == "fake-1"

@@ -277,6 +277,16 @@ def test_network_replies_are_checked() -> None:
         wire.decode_network({"mode": "egress", "rules": {"a.example": "X"}})
 
 
+def test_stats_name_the_cpus_of_a_placed_sandbox() -> None:
+    counters = {"memory_bytes": 1, "memory_peak_bytes": 2, "cpu_usec": 3, "pids": 4}
+    assert wire.decode_stats({**counters, "oom_kills": 0, "cpus": [0, 2]}).cpus == (0, 2)
+    assert wire.decode_stats({**counters, "cpus": None}).cpus is None
+    assert wire.decode_stats(counters).cpus is None  # a daemon that does not place
+    for bad in ("0-1", [True], [-1], ["0"]):
+        with pytest.raises(ProtocolError, match="cpus: expected a list of CPU numbers"):
+            wire.decode_stats({**counters, "cpus": bad})
+
+
 def test_a_socks5_proxy_is_sent_with_its_password_and_never_shows_it() -> None:
     proxy = Socks5("203.0.113.80:1080", "me", "pw-s3cret")
     spec = SandboxSpec(socks5=proxy)

@@ -185,6 +185,7 @@ def test_stats(harness: Harness) -> None:
         "cpu_usec": 0,
         "pids": 0,
         "oom_kills": 0,
+        "cpus": None,  # not placed
         "disk_bytes": None,  # no disk limits: nothing counted
         "disk_limit_bytes": None,
         "files": None,

@@ -84,6 +84,7 @@ def test_v1_sandboxes_are_spread_over_the_cpus_and_give_them_back(tmp_path: Path
     assert (instance / ("0" * 16) / "cpuset.cpus").read_text() == "0"
     assert (instance / ("1" * 16) / "cpuset.cpus").read_text() == "1"
     assert (instance / ("1" * 16) / "cpuset.mems").read_text() == "0"
+    assert driver.stats("1" * 16).cpus == (1,)
     assert str(instance / ("1" * 16) / "tasks") in driver.join_files("1" * 16)
     driver.remove("0" * 16)
     driver.create("2" * 16, ONE)
@@ -108,6 +109,7 @@ def test_v1_without_placement_the_cpuset_hierarchy_is_left_alone(tmp_path: Path)
     driver.create("0" * 16, ONE)
     assert not (fake.base / "cpuset" / instance_name(STATE)).exists()
     assert not any("cpuset" in path for path in driver.join_files("0" * 16))
+    assert driver.stats("0" * 16).cpus is None
 
 
 def test_v1_a_successor_without_placement_removes_what_a_placing_one_left(
@@ -167,6 +169,7 @@ def test_v2_sandboxes_are_spread_over_the_cpus_and_give_them_back(tmp_path: Path
         "1",
         "0,1",
     ]
+    assert driver.stats("2" * 16).cpus == (0, 1)
     driver.remove("1" * 16)
     assert driver.placement is not None and set(driver.placement.held) == {"0" * 16, "2" * 16}
 

@@ -131,6 +131,9 @@ def test_a_sandbox_runs_on_the_cpus_its_quota_covers(layered: Box, bare: Box) ->
         pytest.skip("one CPU: there is nothing to place")
     assert layered.ok("nproc") == "1"
     assert bare.ok("nproc") == str(cpus)
+    (placed,) = layered.kd.call("GET", f"/sandboxes/{layered.rid}/stats").json()["cpus"]
+    assert layered.ok("taskset -pc $$").endswith(f": {placed}")
+    assert bare.kd.call("GET", f"/sandboxes/{bare.rid}/stats").json()["cpus"] is None
 
 
 MAKE = 'echo x > f && mkdir d && echo y > "$TMPDIR/t" && stat -c %a f d "$TMPDIR/t"'

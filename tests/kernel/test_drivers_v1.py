@@ -210,6 +210,7 @@ class DriverBehaviour:
         (own,) = [int(c) for c in move_to(bundle, first, everywhere)[-1].split(",")]
         (other,) = [int(c) for c in move_to(bundle, second, everywhere)[-1].split(",")]
         assert own != other
+        assert bundle.isolation.cgroups.stats(first[0]).cpus == (own,)
         assert move_to(bundle, first, {other}) == ["refused", "22", str(own)]
         assert move_to(bundle, first, everywhere) == [str(own)]
         first, second = shared.sandbox(ONE_CORE), shared.sandbox(ONE_CORE)

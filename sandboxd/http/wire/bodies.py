@@ -44,6 +44,7 @@ def stats_body(usage: CgroupStats, disk: DiskUsage) -> dict[str, Any]:
         "cpu_usec": usage.cpu_usec,
         "pids": usage.pids,
         "oom_kills": usage.oom_kills,
+        "cpus": None if usage.cpus is None else list(usage.cpus),
         "disk_bytes": disk.bytes,
         "disk_limit_bytes": disk.bytes_limit,
         "files": disk.files,

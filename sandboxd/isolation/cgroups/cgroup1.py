@@ -292,6 +292,7 @@ class Cgroup1Driver:
             cpu_usec=cpu_usec,
             pids=read_int(self._file("pids", rid, "pids.current")),
             oom_kills=self.oom_kills(rid),
+            cpus=None if self.placement is None else self.placement.held.get(rid),
         )
 
     def oom_kills(self, rid: str) -> int:

@@ -294,6 +294,7 @@ class Cgroup2Driver:
             cpu_usec=read_keyed(os.path.join(path, "cpu.stat")).get("usage_usec", 0),
             pids=read_int(os.path.join(path, "pids.current")),
             oom_kills=self.oom_kills(rid),
+            cpus=None if self.placement is None else self.placement.held.get(rid),
         )
 
     def oom_kills(self, rid: str) -> int:
