@@ -31,6 +31,7 @@ has ``PR_SET_PDEATHSIG`` ``SIGKILL``, and the command is the PID namespace's fir
 
 import ctypes
 import os
+import select
 import signal
 import sys
 
@@ -126,19 +127,31 @@ def enter_root(rootfs: str, network: str) -> None:  # pragma: no cover - in the 
 
 
 def command(  # pragma: no cover - in the build's children, which exec or _exit unmeasured
-    rootfs: str, network: str, workdir: str, argv: list[str], ready: int
+    rootfs: str, network: str, workdir: str, argv: list[str], ready: int, outer: int
 ) -> None:
     """The namespaces' maker: waits for its id maps, then starts the command as the PID
-    namespace's first process and exits with its status."""
+    namespace's first process and exits with its status.
+
+    Each follows its parent's death (``PR_SET_PDEATHSIG``) only from the moment it asks, and
+    a fork or a change of credentials clears the request: a parent that died before is
+    checked for after it (the maker's by its pid, ``outer``; the command's, whose parent is
+    outside its PID namespace, by the maker's pidfd), else the command outlived its daemon."""
     die_with_parent()
     os.read(ready, 1)
     os.setgroups([])
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
+    die_with_parent()
+    if os.getppid() != outer:
+        os._exit(128 + signal.SIGKILL)  # the outer process died before this one could follow
+    maker = os.pidfd_open(os.getpid())
     pid = os.fork()
     if pid == 0:
         try:
             die_with_parent()
+            if select.select([maker], [], [], 0)[0]:  # the maker has ended
+                os._exit(128 + signal.SIGKILL)
+            os.close(maker)
             enter_root(rootfs, network)
             os.makedirs(workdir, 0o755, exist_ok=True)
             os.chdir(workdir)
@@ -191,6 +204,7 @@ def main(arguments: list[str]) -> int:
         flags |= CLONE_NEWNET
     ready, go = os.pipe()
     made, told = os.pipe()
+    outer = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the namespaces' maker, which _exits unmeasured
         os.close(go)
@@ -201,7 +215,7 @@ def main(arguments: list[str]) -> int:
             print(f"sandboxd: cannot make the build's namespaces: {e}", file=sys.stderr)
             os._exit(125)
         os.write(told, b"x")
-        command(rootfs, network, workdir, argv, ready)
+        command(rootfs, network, workdir, argv, ready, outer)
     os.close(ready)
     os.close(told)
     if os.read(made, 1):  # pragma: no branch - else only where the kernel refuses the unshare
