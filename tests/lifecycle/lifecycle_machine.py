@@ -371,10 +371,15 @@ class LifecycleMachine(RuleBasedStateMachine):
         stats = reply.json()
         keys = {"memory_bytes", "memory_peak_bytes", "cpu_usec", "pids", "oom_kills"}
         disk = {"disk_bytes", "disk_limit_bytes", "files", "files_limit"}
-        assert set(stats) == keys | disk
+        assert set(stats) == keys | disk | {"cpus"}
         assert all(type(stats[k]) is int and stats[k] >= 0 for k in keys)
         assert all(stats[k] is None for k in disk)  # no disk limits configured here
         assert stats["oom_kills"] == 0
+        cpus = stats["cpus"]  # the CPUs it is placed on, with real cgroups that place it
+        if self.kernel and cpus is not None:
+            assert cpus and all(type(c) is int and c >= 0 for c in cpus), cpus
+        else:
+            assert cpus is None, cpus
         if self.kernel and self.live[rid].background:
             assert stats["pids"] >= 1, stats
 
