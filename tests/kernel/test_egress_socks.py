@@ -7,8 +7,8 @@ The SOCKS5 server listens on an address of its own and connects out from it, so 
 sees who connected: the SOCKS5 server, never the host's address that a direct (masqueraded)
 connection would come from. Each connection is checked in its log (``pproxy -v``: one line
 per ``CONNECT``), the upstreams' peers, and an nftables counter in the "internet" of every
-packet from the host's address to the upstreams' ports (what a direct connection would
-send). Through the proxy: an allowed name (TLS by SNI), an address an open policy lets
+SYN from the host's address to the upstreams' ports (what a direct connection would
+send first). Through the proxy: an allowed name (TLS by SNI), an address an open policy lets
 through, a CIDR an address list allows; refused: an address that list leaves out, the host
 itself, UDP. Fails closed: with the SOCKS5 server stopped, replaced by one answering garbage,
 or refusing the password, a sandbox's connection is reset and counted, and nothing of it
@@ -186,8 +186,10 @@ class World:
 
 
 def counted_packets(netns: str) -> int:
-    """Packets the "internet" ``netns`` received from the host's address to the upstreams'
-    ports (:data:`PEER_PORT`, 443), counted by :data:`WATCH`'s chain."""
+    """Connections the "internet" ``netns`` was asked for from the host's address to the
+    upstreams' ports (:data:`PEER_PORT`, 443): their SYNs, counted by :data:`WATCH`'s chain.
+    Only SYNs: a late retransmission of a closed connection's FIN or ACK (seen once, on a
+    loaded machine) is not a new connection."""
     listed = sh("nsenter", f"--net={netns}", "nft", "list", "chain", "inet", "watch", "in")
     return sum(
         int(line.split("packets ")[1].split()[0])
@@ -216,7 +218,7 @@ SETTLE = 0.3
 WATCH = f"""table inet watch {{
   chain in {{
     type filter hook prerouting priority -500; policy accept;
-    ip saddr {HOST4} tcp dport {{ {PEER_PORT}, 443 }} counter
+    ip saddr {HOST4} tcp dport {{ {PEER_PORT}, 443 }} tcp flags & (syn | ack) == syn counter
   }}
 }}
 """
