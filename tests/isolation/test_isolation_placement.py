@@ -135,6 +135,9 @@ def test_v1_placement_needs_a_cpuset_hierarchy_with_cpus(tmp_path: Path) -> None
     fake, driver = setup_v1(tmp_path / "empty", ("memory", "cpu,cpuacct", "pids", "cpuset"))
     write(fake.base / "cpuset" / "cpuset.effective_cpus", "\n")
     assert driver.place_cpus() == f"cgroup1: {fake.base / 'cpuset'} has no CPU"
+    (fake.base / "cpuset" / "cpuset.effective_mems").unlink()
+    write(fake.base / "cpuset" / "cpuset.effective_cpus", "0-1")
+    assert "cannot read the memory nodes" in (driver.place_cpus() or "")
     (fake.base / "cpuset" / "cpuset.effective_cpus").unlink()
     assert "cannot read the CPUs" in (driver.place_cpus() or "")
     assert driver.placement is None

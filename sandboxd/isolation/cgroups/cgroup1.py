@@ -69,6 +69,9 @@ class Cgroup1Driver:
     """The instance directories :meth:`preflight` made (none that were there before)."""
     placement: CpuPlacement | None = None
     """Each sandbox's CPUs, in the cpuset hierarchy (:meth:`place_cpus`); None: all CPUs."""
+    mems: str = ""
+    """The memory nodes of the daemon's cpuset cgroup, given to every cpuset cgroup made
+    beneath it (read once, by :meth:`place_cpus`)."""
 
     @classmethod
     def locate(
@@ -114,8 +117,17 @@ class Cgroup1Driver:
         found = read_placement(self.name, where, "cpuset.effective_cpus")
         if isinstance(found, str):
             return found
+        try:
+            self.mems = read_text(os.path.join(where, "cpuset.effective_mems")).strip()
+        except OSError as e:
+            return f"{self.name}: cannot read the memory nodes of {where} ({e.strerror})"
         self.placement = found
         return None
+
+    def _cpuset_instance(self) -> str:
+        instance = self._instance(CPUSET)
+        assert instance is not None, "placed only where the cpuset hierarchy is delegated"
+        return instance
 
     def _instances(self, every: bool = False) -> list[str]:
         """The instance directory of every hierarchy in use, each once (co-mounted ones
@@ -162,7 +174,7 @@ class Cgroup1Driver:
                     f"cgroup1: cannot create {path} ({e.strerror}): {HINT}"
                 ) from None
         if self.placement is not None:
-            self._give_cpus(self._instance(CPUSET), self.placement.cpus)
+            self._give_cpus(self._cpuset_instance(), self.placement.cpus)
         memory = self._instance("memory")
         assert memory is not None
         if self.socket_buffers and not os.path.exists(os.path.join(memory, TCP_LIMIT)):
@@ -175,12 +187,10 @@ class Cgroup1Driver:
         """Remove the instance directories :meth:`preflight` made (start-up stopped)."""
         remove_made(self.kernel, self.made)
 
-    def _give_cpus(self, path: str | None, cpus: tuple[int, ...]) -> None:
-        """Let the cpuset cgroup at ``path`` run on ``cpus`` and use its parent's memory nodes
+    def _give_cpus(self, path: str, cpus: tuple[int, ...]) -> None:
+        """Let the cpuset cgroup at ``path`` run on ``cpus`` and use the daemon's memory nodes
         (a new cpuset cgroup has neither, and no process can join it until it has both)."""
-        assert path is not None
-        mems = read_text(os.path.join(os.path.dirname(path), "cpuset.effective_mems")).strip()
-        self.kernel.write(os.path.join(path, "cpuset.mems"), mems)
+        self.kernel.write(os.path.join(path, "cpuset.mems"), self.mems)
         self.kernel.write(os.path.join(path, "cpuset.cpus"), format_cpu_list(cpus))
 
     def create(self, rid: str, limits: Limits) -> None:
@@ -203,7 +213,7 @@ class Cgroup1Driver:
             self.kernel.write(self._file("pids", rid, "pids.max"), v1_pids(limits))
             if self.placement is not None:
                 cpus = self.placement.take(rid, limits.cpu_cores)
-                self._give_cpus(os.path.dirname(self._file(CPUSET, rid, "tasks")), cpus)
+                self._give_cpus(os.path.join(self._cpuset_instance(), rid), cpus)
         except BaseException:
             for path in reversed(made):
                 remove_dir(self.kernel, path)
