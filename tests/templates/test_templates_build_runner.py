@@ -106,3 +106,41 @@ def test_a_host_command_mounts_only_in_a_namespace_of_its_own(tmp_path: Path) ->
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 127
     assert "sandboxd: cannot run ['/no/such']" in done.stderr
+
+
+ORPHANED_MAKER = """
+import os, sys
+from sandboxd.core.templates import build_runner
+ready, go = os.pipe()
+os.write(go, b"x")  # its id maps are written
+build_runner.command(sys.argv[1], "none", "/", ["/bin/mkdir", "/ran"], ready, 1)
+"""
+"""The namespaces' maker told that its outer process is pid 1: not its parent, so that
+process is gone, as when the daemon is killed between the maker's fork and its
+``PR_SET_PDEATHSIG``."""
+
+
+def test_a_maker_whose_outer_process_is_gone_starts_nothing(root: Path) -> None:
+    """The maker follows its parent's death only from its ``prctl`` on: one whose parent
+    died before starts no command (137), else the command would outlive its daemon. In a
+    mount namespace of its own, so that a maker that goes on changes no mount of the host."""
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            sys.executable,
+            "-c",
+            ORPHANED_MAKER,
+            str(root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(build_runner.__file__).parents[3])},
+    )
+    assert done.returncode == 137, done
+    assert not (root / "ran").exists()
