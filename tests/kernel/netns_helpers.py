@@ -11,7 +11,6 @@ import ctypes
 import os
 import socket
 import subprocess
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -134,37 +133,59 @@ def connect(netns: str | None, address: str, port: int, timeout: float = 3.0) ->
     return in_netns(netns, attempt)
 
 
+KEEPER = "ip link set lo up && echo up && exec sleep infinity"
+"""What holds a scene's namespace: its loopback up, a line to say so, then nothing, for ever."""
+
+
 class Scene:
     """Namespaces, veths and servers made by one test, all removed by :meth:`close`.
 
-    Namespaces are pinned by ``unshare --net=FILE`` in a directory of the scene's own (bound
-    onto itself with private propagation, as ``ip netns`` does for ``/run/netns``), so nothing
-    depends on ``/run`` being writable (it is not in the test VM).
+    Each namespace is held by a keeper process (``unshare --net`` then ``sleep``) that the kernel
+    kills when the test process dies (``setpriv --pdeathsig KILL``), and is named by
+    ``/proc/<keeper>/ns/net``. A run killed mid-test (a CI job's limit, a session's end) thus
+    leaves no namespace behind, nor the veths and routes into it: a pinned namespace outlived
+    such a run once and went on taking the host's traffic for its addresses. Nothing depends on
+    ``/run`` being writable (it is not in the test VM).
     """
+
+    keeper_argv = ["setpriv", "--pdeathsig", "KILL", "unshare", "--net", "sh", "-c", KEEPER]
+    """How a keeper starts: killed with the process that made it, in a namespace of its own."""
 
     def __init__(self) -> None:
         self.tag = f"{os.getpid() % 100000}"
-        self.dir = tempfile.mkdtemp(prefix=f"egt-{self.tag}-")
-        sh("mount", "--bind", self.dir, self.dir)
-        sh("mount", "--make-private", self.dir)
         self.namespaces: list[str] = []
+        self.keepers: dict[str, subprocess.Popen[bytes]] = {}
         self.links: list[str] = []
         self.servers: list[Server] = []
 
     def netns(self, role: str) -> str:
-        """A new network namespace, its loopback up; the path of its pin."""
-        path = os.path.join(self.dir, role)
-        open(path, "w").close()
+        """A new network namespace, its loopback up; the path that names it (``role`` is for
+        the reader: the namespace has no name of its own)."""
+        keeper = subprocess.Popen(
+            self.keeper_argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+        )
+        assert keeper.stdout is not None
+        ready = keeper.stdout.readline()
+        if ready != b"up\n":
+            keeper.kill()
+            keeper.wait()
+            raise RuntimeError(f"the {role} namespace's keeper did not start: {ready!r}")
+        path = f"/proc/{keeper.pid}/ns/net"
         self.namespaces.append(path)
-        sh("unshare", f"--net={path}", "true")
-        sh("nsenter", f"--net={path}", "ip", "link", "set", "lo", "up")
+        self.keepers[path] = keeper
         return path
 
     def remove_netns(self, path: str) -> None:
-        """Unpin a namespace (the kernel then deletes it, and the veths inside)."""
-        subprocess.run(["umount", path], capture_output=True, check=False)
-        with suppress(FileNotFoundError):
-            os.unlink(path)
+        """End a namespace's keeper (the kernel then deletes the namespace, and the veths
+        inside)."""
+        keeper = self.keepers.pop(path, None)
+        if keeper is not None:
+            keeper.kill()
+            keeper.wait()
+            if keeper.stdout is not None:
+                keeper.stdout.close()
         with suppress(ValueError):
             self.namespaces.remove(path)
 
@@ -191,9 +212,6 @@ class Scene:
             subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
         for path in list(self.namespaces):
             self.remove_netns(path)
-        subprocess.run(["umount", self.dir], capture_output=True, check=False)
-        with suppress(OSError):
-            os.rmdir(self.dir)
 
 
 @contextmanager

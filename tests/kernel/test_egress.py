@@ -4,7 +4,7 @@ nothing else (as root; every namespace, veth, table and sysctl made or changed i
 The test builds its own world: a namespace ``inet`` behind a veth, holding a server on
 198.51.100.1 (and 2001:db8:51::1, and 203.0.113.7 for a configured extra deny range), a
 namespace ``meta`` holding a server on 169.254.169.254 behind another veth (a cloud metadata
-service), and two sandbox stand-ins (namespaces pinned by ``unshare --net=FILE``) attached by
+service), and two sandbox stand-ins (namespaces of :class:`Scene`'s own) attached by
 :class:`Egress`. Each refusal is shown to be the layer's doing: with the table removed (veths
 and forwarding unchanged), or the extra range not configured, the same connection succeeds.
 """
@@ -47,6 +47,7 @@ HOST_ON_INET4 = "198.51.100.254"
 class World:
     scene: Scene
     egress: Egress
+    inet: str
     a: str
     b: str
     servers: dict[str, Server]
@@ -128,7 +129,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 "sandbox4": s.serve(b, str(b_addrs.sandbox4), "sandbox4"),
                 "sandbox6": s.serve(b, str(b_addrs.sandbox6), "sandbox6"),
             }
-            yield World(s, egress, a, b, servers, found)
+            yield World(s, egress, inet, a, b, servers, found)
         finally:
             egress.stop()
     assert sysctls_found() == found, "forwarding sysctls not restored"
@@ -182,7 +183,7 @@ def test_the_host_cannot_open_connections_into_a_sandbox(world: World) -> None:
 def test_nothing_else_is_forwarded_because_forwarding_was_turned_on(world: World) -> None:
     if "0" not in world.found.values():
         pytest.skip("forwarding was already on here: the table leaves others' forwarding alone")
-    inet = os.path.join(world.scene.dir, "inet")
+    inet = world.inet
     sh("nsenter", f"--net={inet}", "ip", "route", "add", "169.254.0.0/16", "via", HOST_ON_INET4)
     server = world.servers["metadata"]
     assert connect(inet, server.address, server.port, timeout=1.0) == "timeout"
