@@ -2,7 +2,8 @@
 request's latency through a router that forwards in the kernel, with and without a judge that
 reads each connection's first payload from an NFQUEUE and allows it by name.
 
-    sudo .venv/bin/python bench/egress_judge.py [--rounds N] [--requests N]
+    sudo .venv/bin/python bench/egress_judge.py [--rounds N] [--requests N] [--judge-c]
+                                                [--judge-fifo]
 
 Not the daemon: the measurement its design needs first. As root, with iptables-nft (this
 machine's kernel has no nftables ``queue``, but iptables-nft's ``NFQUEUE`` goes through
@@ -14,6 +15,9 @@ connection to port 80 (not a SYN, connection mark 0) to queue 7. The judge (this
 reads the name with the daemon's own :func:`~sandboxd.isolation.network.egress_names.peek_name`
 and answers ``NF_REPEAT`` with mark 1 (allowed: the chain saves it as the connection's mark,
 so its later packets pass in the kernel) or mark 2 (refused: rejected with a TCP reset).
+With ``--judge-c`` the judge is ``egress_judge.c`` instead (the same verdicts by the HTTP
+``Host`` header, built with gcc): what of a packet's cost is the interpreter's. With
+``--judge-fifo`` the judge runs under ``SCHED_FIFO``: what of it is waiting to be scheduled.
 In alternating rounds the client times ``--requests`` requests (connect, ``GET``, the answer,
 the close) with the queue rule and without it. Prints JSON: the p50 and p90 of each round,
 and a refused name's outcome.
@@ -26,13 +30,14 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sandboxd.isolation.network.egress_names import NO_NAME, peek_name  # noqa: E402
-from tests.kernel.netns_helpers import scene, sh  # noqa: E402
+from tests.kernel.netns_helpers import Scene, scene, sh  # noqa: E402
 
 ALLOWED = "bulk.example"
 QUEUE = 7
@@ -144,15 +149,23 @@ def judge() -> None:
             nl.send(_message(MSG_VERDICT, verdict + _attr(3, struct.pack(">I", mark))))
 
 
-def started(netns: str, code: str, *args: str) -> subprocess.Popen[str]:
-    """A Python program in ``netns``, killed with this process; returned once it printed
-    ``up``."""
-    argv = ["setpriv", "--pdeathsig", "KILL", "nsenter", f"--net={netns}", sys.executable]
-    child = subprocess.Popen(
-        [*argv, *(["-c", code] if code else []), *args], text=True, stdout=subprocess.PIPE, cwd=ROOT
-    )
+def started(netns: str, program: list[str], fifo: bool = False) -> subprocess.Popen[str]:
+    """``program`` in ``netns`` (under ``SCHED_FIFO`` with ``fifo``), killed with this process;
+    returned once it printed ``up``."""
+    argv = ["setpriv", "--pdeathsig", "KILL", "nsenter", f"--net={netns}"]
+    if fifo:
+        argv += ["chrt", "-f", "10"]
+    child = subprocess.Popen([*argv, *program], text=True, stdout=subprocess.PIPE, cwd=ROOT)
     assert child.stdout is not None and child.stdout.readline() == "up\n"
     return child
+
+
+def built_judge(where: Path) -> list[str]:
+    """The C judge (``egress_judge.c``), built in ``where``: its command line."""
+    binary = where / "egress_judge"
+    source = Path(__file__).with_suffix(".c")
+    sh("gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(binary), str(source))
+    return [str(binary), str(QUEUE), ALLOWED]
 
 
 def measure(client: str, count: int, name: str = ALLOWED) -> object:
@@ -171,116 +184,82 @@ def percentiles(times: list[float]) -> dict[str, float]:
     }
 
 
+def ip_batch(netns: str, commands: str) -> None:
+    sh("nsenter", f"--net={netns}", "ip", "-batch", "-", stdin=commands)
+
+
+def routed(s: Scene) -> tuple[str, str, str]:
+    """Client, router and server namespaces, wired and routed; the router's chains (the marks
+    saved as the connection's, a refused connection reset) without the judge's rule."""
+    client, router, server = s.netns("client"), s.netns("router"), s.netns("server")
+    for end, net, address, gateway in (
+        ("rc", client, "10.9.0.2/24", "10.9.0.1"),
+        ("rs", server, "10.9.1.2/24", "10.9.1.1"),
+    ):
+        peer = ["peer", "name", end, "netns", router]
+        sh("ip", "link", "add", "eth0", "netns", net, "type", "veth", *peer)
+        ip_batch(net, f"addr add {address} dev eth0\nlink set eth0 up\n")
+        ip_batch(net, f"route add default via {gateway}\n")
+        ip_batch(router, f"addr add {gateway}/24 dev {end}\nlink set {end} up\n")
+    sh("nsenter", f"--net={router}", "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    for mark in (ALLOW_MARK, REFUSE_MARK):
+        save = ["-m", "mark", "--mark", str(mark), "-j", "CONNMARK", "--save-mark"]
+        sh(*iptables(router, "mangle"), "-A", "FORWARD", *save)
+    reset = ["-j", "REJECT", "--reject-with", "tcp-reset"]
+    refused = ["-p", "tcp", "-m", "connmark", "--mark", str(REFUSE_MARK), *reset]
+    sh(*iptables(router, "filter"), "-A", "FORWARD", *refused)
+    return client, router, server
+
+
+def iptables(netns: str, table: str) -> list[str]:
+    return ["nsenter", f"--net={netns}", "iptables-nft", "-t", table]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument(
+        "--judge-fifo",
+        action="store_true",
+        help="run the judge under SCHED_FIFO (chrt -f 10): woken ahead of every other task",
+    )
+    parser.add_argument(
+        "--judge-c", action="store_true", help="judge with egress_judge.c (built with gcc)"
+    )
     parser.add_argument("--judge", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.judge:
         judge()
         return
     children: list[subprocess.Popen[str]] = []
-    with scene() as s:
-        client, router, server = s.netns("client"), s.netns("router"), s.netns("server")
-        for end, (net, address, gateway) in {
-            "c": (client, "10.9.0.2/24", "10.9.0.1"),
-            "s": (server, "10.9.1.2/24", "10.9.1.1"),
-        }.items():
-            sh(
-                "ip",
-                "link",
-                "add",
-                "eth0",
-                "netns",
-                net,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                f"r{end}",
-                "netns",
-                router,
-            )
-            sh(
-                "nsenter",
-                f"--net={net}",
-                "ip",
-                "-batch",
-                "-",
-                stdin=f"addr add {address} dev eth0\nlink set eth0 up\n"
-                f"route add default via {gateway}\n",
-            )
-        sh(
-            "nsenter",
-            f"--net={router}",
-            "ip",
-            "-batch",
-            "-",
-            stdin="addr add 10.9.0.1/24 dev rc\naddr add 10.9.1.1/24 dev rs\n"
-            "link set rc up\nlink set rs up\n",
-        )
-        sh("nsenter", f"--net={router}", "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        ipt = ["nsenter", f"--net={router}", "iptables-nft", "-t", "mangle"]
-        sh(
-            *ipt,
-            "-A",
-            "FORWARD",
-            "-m",
-            "mark",
-            "--mark",
-            str(ALLOW_MARK),
-            "-j",
-            "CONNMARK",
-            "--save-mark",
-        )
-        sh(
-            *ipt,
-            "-A",
-            "FORWARD",
-            "-m",
-            "mark",
-            "--mark",
-            str(REFUSE_MARK),
-            "-j",
-            "CONNMARK",
-            "--save-mark",
-        )
-        filt = ["nsenter", f"--net={router}", "iptables-nft", "-t", "filter"]
-        sh(
-            *filt,
-            "-A",
-            "FORWARD",
-            "-p",
-            "tcp",
-            "-m",
-            "connmark",
-            "--mark",
-            str(REFUSE_MARK),
-            "-j",
-            "REJECT",
-            "--reject-with",
-            "tcp-reset",
-        )
+    with scene() as s, tempfile.TemporaryDirectory() as work:
+        client, router, server = routed(s)
+        mangle = iptables(router, "mangle")
+        judge_argv = [sys.executable, str(Path(__file__)), "--judge"]
+        if options.judge_c:
+            judge_argv = built_judge(Path(work))
         try:
-            children.append(started(server, SERVER))
-            children.append(started(router, "", str(Path(__file__)), "--judge"))
+            children.append(started(server, [sys.executable, "-c", SERVER]))
+            children.append(started(router, judge_argv, fifo=options.judge_fifo))
             rounds = []
             for _ in range(options.rounds):
                 direct = measure(client, options.requests)
-                sh(*ipt, "-A", "FORWARD", *RULE)
+                sh(*mangle, "-A", "FORWARD", *RULE)
                 judged = measure(client, options.requests)
-                sh(*ipt, "-D", "FORWARD", *RULE)
+                sh(*mangle, "-D", "FORWARD", *RULE)
                 assert isinstance(direct, list) and isinstance(judged, list)
                 rounds.append({"direct": percentiles(direct), "judged": percentiles(judged)})
-            sh(*ipt, "-A", "FORWARD", *RULE)
+            sh(*mangle, "-A", "FORWARD", *RULE)
             refused = measure(client, 0, "other.example")
             load = os.getloadavg()
         finally:
             for child in children:
                 child.kill()
                 child.wait()
-    print(json.dumps({"rounds": rounds, "refused": refused, "load": load}, indent=1))
+    which = "C" if options.judge_c else "Python"
+    summary = {"judge": which, "fifo": options.judge_fifo, "rounds": rounds}
+    print(json.dumps({**summary, "refused": refused, "load": load}, indent=1))
 
 
 if __name__ == "__main__":
