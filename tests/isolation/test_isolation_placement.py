@@ -204,3 +204,6 @@ def test_v2_placement_needs_the_cpuset_controller_and_cpus(tmp_path: Path) -> No
     (fake.base / "d" / "cgroup.controllers").unlink()
     assert driver.place_cpus() == driver.problem() is not None
     assert driver.placement is None
+    fake, driver = setup_v2(tmp_path / "few", "cpuset")  # what sandboxes need is missing
+    assert driver.place_cpus() == driver.problem() is not None
+    assert driver.placement is None

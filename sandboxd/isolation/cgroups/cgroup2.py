@@ -104,10 +104,18 @@ class Cgroup2Driver:
 
     def problem(self) -> str | None:
         """Why this subtree cannot host sandboxes (one line), or None when it can."""
+        available = self._delegated_controllers()
+        return available if isinstance(available, str) else self._missing(available)
+
+    def _delegated_controllers(self) -> list[str] | str:
+        """The controllers delegated to the subtree, or why they cannot be read (one line)."""
         try:
-            available = read_text(os.path.join(self.delegated, "cgroup.controllers")).split()
+            return read_text(os.path.join(self.delegated, "cgroup.controllers")).split()
         except OSError as e:
             return f"cgroup2: cannot read {self.delegated}/cgroup.controllers ({e.strerror})"
+
+    def _missing(self, available: list[str]) -> str | None:
+        """Which controllers sandboxes need are not among ``available`` (one line), or None."""
         missing = [c for c in CONTROLLERS if c not in available]
         if missing:
             return (
@@ -119,10 +127,12 @@ class Cgroup2Driver:
     def place_cpus(self) -> str | None:
         """Place each sandbox on the CPUs its quota covers, by the cpuset controller, from
         :meth:`preflight` on; why it cannot (one line), or None."""
-        problem = self.problem()
+        available = self._delegated_controllers()
+        if isinstance(available, str):
+            return available
+        problem = self._missing(available)
         if problem is not None:
             return problem
-        available = read_text(os.path.join(self.delegated, "cgroup.controllers")).split()
         if CPUSET not in available:
             return f"{self.name}: the cpuset controller is not delegated to {self.delegated}"
         found = read_placement(self.name, self.delegated, "cpuset.cpus.effective")
