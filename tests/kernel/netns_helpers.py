@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import TypeVar
 
 import pytest
@@ -153,8 +153,8 @@ class Scene:
 
     def __init__(self) -> None:
         self.tag = f"{os.getpid() % 100000}"
-        self.namespaces: list[str] = []
         self.keepers: dict[str, subprocess.Popen[bytes]] = {}
+        """Each namespace's keeper, by the path that names the namespace."""
         self.links: list[str] = []
         self.servers: list[Server] = []
 
@@ -173,7 +173,6 @@ class Scene:
             keeper.wait()
             raise RuntimeError(f"the {role} namespace's keeper did not start: {ready!r}")
         path = f"/proc/{keeper.pid}/ns/net"
-        self.namespaces.append(path)
         self.keepers[path] = keeper
         return path
 
@@ -186,8 +185,6 @@ class Scene:
             keeper.wait()
             if keeper.stdout is not None:
                 keeper.stdout.close()
-        with suppress(ValueError):
-            self.namespaces.remove(path)
 
     def wire(self, role: str, netns: str, host_addrs: list[str], inside_addrs: list[str]) -> str:
         """A veth from the host (``eg{role}{tag}``) to ``eth0`` in ``netns``, addressed."""
@@ -210,7 +207,7 @@ class Scene:
             server.close()
         for link in self.links:
             subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
-        for path in list(self.namespaces):
+        for path in list(self.keepers):
             self.remove_netns(path)
 
 
