@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sandboxd.isolation.network.egress_names import NO_NAME, peek_name  # noqa: E402
+from sandboxd.isolation.network.egress_names import peek_name  # noqa: E402
 from tests.kernel.netns_helpers import Scene, scene, sh  # noqa: E402
 
 ALLOWED = "bulk.example"
@@ -144,7 +144,7 @@ def judge() -> None:
                 continue
             packet_id, payload = _packet(message)
             name = peek_name(payload)
-            mark = ALLOW_MARK if name == ALLOWED and name is not NO_NAME else REFUSE_MARK
+            mark = ALLOW_MARK if name == ALLOWED else REFUSE_MARK
             verdict = _attr(2, struct.pack(">II", NF_REPEAT, packet_id))
             nl.send(_message(MSG_VERDICT, verdict + _attr(3, struct.pack(">I", mark))))
 
