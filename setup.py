@@ -27,14 +27,13 @@ def _helper_build():  # type: ignore[no-untyped-def]
 
 
 class BuildWithHelper(build_py):  # type: ignore[misc]
-    """The packages, plus the ``sandboxd-exec`` helper compiled into them when a C compiler is
-    there (in place for an editable install)."""
+    """The packages, plus the ``sandboxd-exec`` helper and the ``sandboxd-judge`` egress judge
+    compiled into them when a C compiler is there (in place for an editable install)."""
 
     def run(self) -> None:
         super().run()
-        helper = _helper_build()
         base = HERE if getattr(self, "editable_mode", False) else Path(self.build_lib)
-        helper.build(base / "sandboxd" / "isolation" / "exec" / helper.HELPER_NAME)
+        _helper_build().build_all(base)
 
 
 class HelperWheel(bdist_wheel):  # type: ignore[misc]
@@ -82,6 +81,15 @@ setup(
             "sandboxd_exec_spawn.h",
             "sandboxd_exec_zygote.h",
             "sandboxd_seccomp.h",
+        ],
+        "sandboxd.isolation.network": [
+            "sandboxd_judge.c",
+            "sandboxd_judge_commands.h",
+            "sandboxd_judge_flows.h",
+            "sandboxd_judge_io.h",
+            "sandboxd_judge_peek.h",
+            "sandboxd_judge_policy.h",
+            "sandboxd_judge_queue.h",
         ],
         "sandboxd_client": ["py.typed"],
         # The terminal page's own files, xterm.js where `npm ci` vendored it before a build,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandboxd.isolation.exec import helper_build
-from sandboxd.isolation.exec.helper_build import SOURCE, build, find_compiler
+from sandboxd.isolation.exec.helper_build import JUDGE, SOURCE, build, find_compiler
 
 has_cc = pytest.mark.skipif(find_compiler() is None, reason="no C compiler here")
 
@@ -24,6 +24,15 @@ def test_builds_a_working_helper(tmp_path: Path) -> None:
         [str(target), "session", str(tmp_path), "pwd"], capture_output=True, text=True, check=False
     )
     assert (done.returncode, done.stdout) == (0, f"{tmp_path}\n")
+
+
+@has_cc
+def test_builds_a_working_judge(tmp_path: Path) -> None:
+    target = tmp_path / "sandboxd-judge"
+    assert build(target, program=JUDGE)
+    request = b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n"
+    done = subprocess.run([str(target), "peek"], input=request, capture_output=True, check=False)
+    assert done.stdout == b"name a.example\n"
 
 
 def test_compiler_from_cc_else_cc_or_gcc(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,13 +83,40 @@ def test_a_failing_compiler_leaves_nothing(
     assert "failed" in capsys.readouterr().err
 
 
-def test_main_builds_beside_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    built: list[Path] = []
-    monkeypatch.setattr(helper_build, "build", lambda target: built.append(target) or True)  # type: ignore[func-returns-value]
+def test_main_builds_each_program_beside_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[tuple[Path, str]] = []
+
+    def fake(target: Path, program: helper_build.Program) -> bool:
+        built.append((target, program.name))
+        return True
+
+    monkeypatch.setattr(helper_build, "build", fake)
     assert helper_build.main() == 0
-    assert built == [helper_build.SOURCE.with_name("sandboxd-exec")]
-    monkeypatch.setattr(helper_build, "build", lambda target: False)
+    network = helper_build.SOURCE.parents[1] / "network"
+    assert built == [
+        (helper_build.SOURCE.with_name("sandboxd-exec"), "sandboxd-exec"),
+        (network / "sandboxd-judge", "sandboxd-judge"),
+    ]
+    only_exec = lambda target, program: program.name == "sandboxd-exec"  # noqa: E731
+    monkeypatch.setattr(helper_build, "build", only_exec)
     assert helper_build.main() == 1
+
+
+def test_a_build_tree_gets_each_program_at_its_package_place(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    built: list[Path] = []
+
+    def fake(target: Path, program: helper_build.Program) -> bool:
+        built.append(target)
+        return True
+
+    monkeypatch.setattr(helper_build, "build", fake)
+    assert helper_build.build_all(tmp_path)
+    assert built == [
+        tmp_path / "sandboxd" / "isolation" / "exec" / "sandboxd-exec",
+        tmp_path / "sandboxd" / "isolation" / "network" / "sandboxd-judge",
+    ]
 
 
 def test_every_file_the_helper_includes_is_shipped() -> None:
@@ -89,8 +125,9 @@ def test_every_file_the_helper_includes_is_shipped() -> None:
     setup = (SOURCE.parents[3] / "setup.py").read_text()
     included = {
         name
-        for path in SOURCE.parent.glob("sandboxd_*.[ch]")
+        for program in helper_build.PROGRAMS
+        for path in program.source.parent.glob("sandboxd_*.[ch]")
         for name in re.findall(r'#include "([^"]+)"', path.read_text())
     }
-    assert "sandboxd_exec_noptrace.h" in included
+    assert {"sandboxd_exec_noptrace.h", "sandboxd_judge_flows.h"} <= included
     assert {name for name in included if f'"{name}"' not in setup} == set()

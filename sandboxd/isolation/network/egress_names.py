@@ -24,7 +24,7 @@ PEEK_MAX = 16384
 NO_NAME = ""
 """What :func:`peek_name` answers for bytes that carry no name."""
 
-_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 
 
 def normal_name(text: str) -> str:
@@ -39,7 +39,7 @@ def normal_name(text: str) -> str:
     if (
         len(name) > MAX_NAME
         or len(labels) < 2
-        or not all(_LABEL.match(label) for label in labels)
+        or not all(_LABEL.fullmatch(label) for label in labels)
         or labels[-1].isdigit()
     ):
         raise ValueError(f"{text!r} is not a host name")
