@@ -1,8 +1,11 @@
 /*
  * The connections being judged: each one's first payload, gathered in sequence from the packets
  * the kernel queued (held, without a verdict, until the name is whole and judged), and, once
- * judged, its verdict for a while (a packet queued before the ruleset saved the verdict on the
- * connection gets the same). Included by sandboxd_judge.c only.
+ * judged, its verdict for a while: a packet queued before the ruleset saved the verdict on the
+ * connection gets the same, and only such a packet, the one that continues the judged bytes
+ * exactly (a new connection on the same addresses and ports, which the kernel marks pending
+ * anew, starts at a sequence number of its own and is judged afresh). Included by
+ * sandboxd_judge.c only.
  */
 #include <linux/netfilter.h>
 #include <stdlib.h>
@@ -14,7 +17,7 @@ enum {
     FLOWS_PER_SANDBOX = 256, /* of one sandbox */
     HELD_MAX = 32,           /* packets held for one connection (more are dropped) */
     FLOW_TIMEOUT = 10,       /* seconds a connection may take to be judged */
-    DECIDED_KEEP = 10,       /* seconds a verdict is kept for packets queued before it */
+    DECIDED_KEEP = 2,        /* seconds a verdict is kept for packets queued before it */
 };
 enum { UNDECIDED, ALLOWED, REFUSED };
 static const size_t BUFFERED_MAX = 16u << 20; /* bytes of first payloads held, all connections */
@@ -23,7 +26,7 @@ struct flow {
     unsigned ifindex;
     struct address source, destination;
     unsigned short sport, dport;
-    unsigned next_seq;
+    unsigned first_seq, next_seq;
     unsigned char *buffer;
     size_t len;
     unsigned held[HELD_MAX], held_marks[HELD_MAX];
@@ -145,8 +148,17 @@ static void segment(unsigned id, unsigned mark, unsigned ifindex, const struct a
     }
     struct flow *f = flow_of(ifindex, s, d, sport, dport);
     if (f != NULL && f->state != UNDECIDED) {
-        verdict(id, NF_REPEAT, 1, mark | (f->state == ALLOWED ? allow_mark : refuse_mark));
-        return;
+        if (seq == f->next_seq) {
+            f->next_seq += (unsigned)len;
+            verdict(id, NF_REPEAT, 1, mark | (f->state == ALLOWED ? allow_mark : refuse_mark));
+            return;
+        }
+        if (seq - f->first_seq < f->next_seq - f->first_seq) {
+            verdict(id, NF_DROP, 0, 0); /* a resend of bytes judged already (they went on) */
+            return;
+        }
+        free_flow(f); /* another connection on the same addresses and ports */
+        f = NULL;
     }
     if (f == NULL) {
         struct policy *p = policy_of(ifindex);
@@ -159,7 +171,7 @@ static void segment(unsigned id, unsigned mark, unsigned ifindex, const struct a
             return;
         }
         *f = (struct flow){.ifindex = ifindex, .source = *s, .destination = *d, .sport = sport,
-                           .dport = dport, .next_seq = seq, .since = now()};
+                           .dport = dport, .first_seq = seq, .next_seq = seq, .since = now()};
         unsigned b = flow_hash(ifindex, s, d, sport, dport);
         f->next = flows[b];
         flows[b] = f;

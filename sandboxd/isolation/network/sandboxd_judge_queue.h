@@ -67,7 +67,7 @@ static int read_queue(void) {
         ssize_t got = recv(nl, buf, sizeof buf, MSG_DONTWAIT);
         if (got < 0)
             return errno == EAGAIN || errno == ENOBUFS ? 0 : (perror("sandboxd-judge: recv"), -1);
-        size_t left = (size_t)got;
+        int left = (int)got; /* (signed: NLMSG_NEXT steps past an unpadded last message) */
         for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, left);
              h = NLMSG_NEXT(h, left)) {
             if (h->nlmsg_type != ((NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET))
