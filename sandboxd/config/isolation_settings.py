@@ -130,6 +130,13 @@ class IsolationSettings:
         "PEM file of the CAs an upstream of a header rule over HTTPS must chain to (empty:"
         " the host's trust store)",
     )
+    egress_judge: str = setting_field(
+        "SANDBOXD_EGRESS_JUDGE",
+        "off",
+        choice(("off", "on")),
+        "on: the names of egress policies without header rules are read by the kernel's"
+        " judge (sandboxd-judge on an NFQUEUE, iptables-nft), not the proxy",
+    )
     resolv_conf: str = setting_field(
         "SANDBOXD_RESOLV_CONF",
         "/etc/resolv.conf",

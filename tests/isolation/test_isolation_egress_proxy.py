@@ -486,7 +486,9 @@ def test_the_proxy_listens_while_the_layer_is_up_its_port_guarded(tmp_path: Path
     mode = EgressNetwork(host.egress(tmp_path), capacity=1, lazy=True)
     reactor = MemoryReactorClock()
     config = SimpleNamespace(
-        egress_dns=parse_dns_servers("127.0.0.1:5353"), resolv_conf="/nonexistent"
+        egress_dns=parse_dns_servers("127.0.0.1:5353"),
+        resolv_conf="/nonexistent",
+        egress_judge="off",
     )
     proxy = egress_proxy(config, reactor, mode, interfaces=("127.0.0.1", "::1"))
     assert proxy is not None and mode.proxy is proxy
@@ -524,7 +526,7 @@ def test_a_sandboxs_counts_go_with_it(tmp_path: Path) -> None:
     mode = EgressNetwork(host.egress(tmp_path), capacity=2)
     forgotten: list[tuple[str, str]] = []
     reactor = MemoryReactorClock()
-    config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent")
+    config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent", egress_judge="off")
     proxy = egress_proxy(config, reactor, mode, interfaces=("127.0.0.1",))
     assert proxy is not None
     proxy.on_forget = lambda rid, why: forgotten.append((rid, why))

@@ -319,7 +319,7 @@ def test_the_ruleset_sends_every_sandboxs_tcp_to_the_proxy(tmp_path: Path) -> No
     assert "dport 53" not in plan(proxy_all=True, proxy_port=4711).ruleset("drop")
     host = Host()
     mode = EgressNetwork(host.egress(tmp_path), capacity=1)
-    config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent")
+    config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent", egress_judge="off")
     proxy = egress_proxy(
         config, MemoryReactorClock(), mode, ("127.0.0.1",), socks=SocksUpstream(SOCKS)
     )

@@ -192,7 +192,7 @@ def test_the_daemon_makes_its_ca_and_gives_the_proxy_the_means(tmp_path: Path) -
 
 def test_only_a_sandbox_with_a_rule_gets_the_ca_beside_the_hosts_bundle(tmp_path: Path) -> None:
     mode = EgressNetwork(Host().egress(tmp_path), capacity=1)
-    config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent")
+    config = SimpleNamespace(egress_dns=(), resolv_conf="/nonexistent", egress_judge="off")
     assert mode.trust_bundle(RULED) == b""  # (no CA: no termination, nothing to trust)
     config_tls = SimpleNamespace(root=str(tmp_path), egress_upstream_ca=None)
     tls = rule_tls(config_tls, Clock(), StartupUndo())

@@ -51,6 +51,8 @@ SITES = {
     " chain's unshare), runs nothing of a sandbox's",
     ("sandboxd/isolation/network/egress_host.py", "run_program"): "root: ip and nft on the"
     " host side",
+    ("sandboxd/isolation/network/egress_judge.py", "EgressJudge._spawn"): "root: the egress"
+    " judge (sandboxd-judge), which reads queued packets; runs nothing of a sandbox's",
     ("sandboxd/isolation/exec/helper.py", "run_program"): "root: the helper's seccomp-check at"
     " start-up",
     ("sandboxd/isolation/exec/helper_build.py", "_run"): "the build: the C compiler",

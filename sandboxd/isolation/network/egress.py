@@ -12,6 +12,7 @@ import errno
 import ipaddress
 import os
 import shutil
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from sandboxd.isolation.network.egress_policy import (
     TRUST_PATH,
     EgressPolicy,
     check_allowed,
+    judged,
     policy_script,
 )
 from sandboxd.isolation.network.modes import NetworkUnavailable, egress_named
@@ -48,6 +50,22 @@ the sysctls' changes are)."""
 RESOLV_CONF = "/etc/resolv.conf"
 PROGRAMS = (("nft", "nftables"), ("ip", "iproute2"))
 FORBID = "SANDBOXD_NETWORK_ALLOW without egress (e.g. none,host) stops offering it"
+
+
+class Judge(Protocol):
+    """What the mode asks of the egress judge (:class:`.egress_judge.EgressJudge`)."""
+
+    def start(self) -> None:
+        """Start judging (``EgressError`` when this host cannot)."""
+
+    def stop(self) -> None:
+        """Stop judging."""
+
+    def judge(self, rid: str, ifindex: int, policy: EgressPolicy) -> None:
+        """Judge the veth ``ifindex``'s web connections by ``policy``."""
+
+    def forget(self, ifindex: int) -> None:
+        """Judge the veth ``ifindex`` no more."""
 
 
 class ProxyListener(Protocol):
@@ -101,6 +119,11 @@ class EgressNetwork:
     """The egress proxy (:mod:`sandboxd.isolation.network.egress_proxy`), which the
     composition root gives; it listens while the layer is up (the table guards its port).
     ``None``: a policy naming hosts is refused."""
+    judge: Judge | None = None
+    """The egress judge, which the composition root gives when ``SANDBOXD_EGRESS_JUDGE`` is
+    ``on``: it runs while the layer is up, and reads the names of policies without header
+    rules in place of the proxy (where this host cannot run it, the proxy does)."""
+    ifindex: Callable[[str], int] = socket.if_nametoindex
     on_detach: Callable[[str], None] = lambda rid: None
     """Told each sandbox that goes (the proxy drops its counts)."""
     trusted: bytes = b""
@@ -111,6 +134,8 @@ class EgressNetwork:
     _rids: dict[int, str] = field(factory=dict)
     """The sandbox of each slot taken (the inverse of ``_slots``)."""
     _policies: dict[str, EgressPolicy] = field(factory=dict)
+    _judged: dict[str, int] = field(factory=dict)
+    """The ifindex of each judged sandbox's veth, by sandbox."""
     _staged: dict[str, EgressPolicy] = field(factory=dict)
     _stale: set[int] = field(factory=set)
     """Slots whose last sandbox's policy could not be cleared at detach (cleared at attach)."""
@@ -163,9 +188,11 @@ class EgressNetwork:
     def _start(self) -> None:
         if self.proxy is not None:  # its port goes into the ruleset
             self.egress.plan = evolve(self.egress.plan, proxy_port=self.proxy.listen())
+        self._start_judge()
         try:
             reclaimed = self.egress.start()
         except BaseException:
+            self._stop_judge()
             self._close_proxy()
             raise
         self._started = True
@@ -179,7 +206,26 @@ class EgressNetwork:
             try:
                 self.egress.stop()
             finally:
+                self._stop_judge()
                 self._close_proxy()
+
+    def _start_judge(self) -> None:
+        """Start the judge (its set and chains go into the ruleset); where this host cannot
+        run it, policies by name go through the proxy alone."""
+        if self.judge is None:
+            return
+        try:
+            self.judge.start()
+        except (EgressError, OSError) as e:
+            log.warn("egress: no judge on this host ({why}): names go through the proxy", why=e)
+            return
+        self.egress.plan = evolve(self.egress.plan, judge=True)
+
+    def _stop_judge(self) -> None:
+        if self.judge is not None and self.egress.plan.judge:
+            self.judge.stop()
+            self.egress.plan = evolve(self.egress.plan, judge=False)
+            self._judged.clear()
 
     def _close_proxy(self) -> None:
         if self.proxy is not None:
@@ -245,6 +291,7 @@ class EgressNetwork:
         with self._lock:
             slot = self._slots.pop(rid, None)
         policy = self._policies.pop(rid, OPEN)
+        self._unjudge(rid)
         self.on_detach(rid)
         if slot is not None:  # (a predecessor's veths went when the layer started)
             self._rids.pop(slot, None)
@@ -282,12 +329,31 @@ class EgressNetwork:
         :meth:`check_policy`): its next new connection obeys it. ``OSError`` when ``nft``
         refuses (the previous policy stays)."""
         slot = self._slots[rid]
-        script = policy_script(self.egress.plan, slot, policy)
+        plan = self.egress.plan
+        script = policy_script(plan, slot, policy)
+        before = self._policies.get(rid, OPEN)
+        self._judge(rid, slot, policy)  # (before its connections reach the judge)
         try:
             self.egress.run(["nft", "-f", "-"], script)
         except EgressError as e:
+            self._judge(rid, slot, before)
             raise OSError(errno.EIO, f"egress policy: {e}") from None
         self._policies[rid] = policy
+
+    def _judge(self, rid: str, slot: int, policy: EgressPolicy) -> None:
+        """Tell the judge ``policy`` when it is one the judge reads, else that the sandbox is
+        judged no more."""
+        if self.judge is None or not judged(self.egress.plan, policy):
+            self._unjudge(rid)
+            return
+        ifindex = self.ifindex(self.egress.plan.ifname(slot))
+        self.judge.judge(rid, ifindex, policy)
+        self._judged[rid] = ifindex
+
+    def _unjudge(self, rid: str) -> None:
+        ifindex = self._judged.pop(rid, None)
+        if ifindex is not None and self.judge is not None:
+            self.judge.forget(ifindex)
 
     def policy(self, rid: str) -> EgressPolicy:
         """The policy the attached sandbox ``rid`` has now."""

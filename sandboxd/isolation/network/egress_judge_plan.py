@@ -4,7 +4,7 @@ verdict (docs/isolation.rst, "Egress by name"). Pure values only.
 
 A sandbox whose policy names hosts, sets no header and names no SOCKS5 proxy may be *judged*
 instead of proxied: its veth is in the ``judged`` set, and its web connections (TCP to
-:data:`~.egress_policy.PROXIED_PORTS`) are forwarded by the kernel, not relayed. Each such
+:data:`WEB_PORTS`) are forwarded by the kernel, not relayed. Each such
 connection is marked *pending* in its conntrack mark when it starts. While it is pending:
 
 - a packet from the sandbox that carries data (any byte past its TCP header: checked exactly,
@@ -33,7 +33,10 @@ REFUSE_MARK = 0x00400000
 MARKS = JUDGE_MARK | ALLOW_MARK | REFUSE_MARK
 
 JUDGE_QUEUE = 7
-"""The NFQUEUE number of :data:`JUDGE_QUEUE` (``SANDBOXD_EGRESS_JUDGE_QUEUE``)."""
+"""The NFQUEUE the judge reads."""
+
+WEB_PORTS = (80, 443)
+"""The TCP ports a policy by name reads names on (HTTP by ``Host``, TLS by SNI)."""
 
 TCP_HEADER_WORDS = range(5, 16)
 """Every TCP data offset (32-bit words): 20 to 60 bytes of header."""

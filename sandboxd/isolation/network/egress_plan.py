@@ -31,6 +31,8 @@ from collections.abc import Iterable, Sequence
 
 from attrs import evolve, frozen
 
+from sandboxd.isolation.network.egress_judge_plan import WEB_PORTS, judge_chains, verdict_rules
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -127,6 +129,9 @@ class EgressPlan:
     """Every sandbox's TCP goes to the egress proxy, nothing but DNS is forwarded (the
     operator's SOCKS5 proxy is the only way out: docs/isolation.rst, "Egress through a
     SOCKS5 proxy")."""
+    judge: bool = False
+    """The egress judge runs (:mod:`.egress_judge_plan`): the table has its set and chains,
+    and a policy by name without header rules is judged in place of proxied."""
 
     @property
     def slots(self) -> int:
@@ -235,7 +240,10 @@ class EgressPlan:
             guard = f"\n    iifname != {veth} tcp dport {self.proxy_port} reject with tcp reset"
         nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255"
         reject = "reject with icmpx type admin-prohibited"
-        to_proxy = only_dns = proxy_all = ""
+        to_proxy = only_dns = proxy_all = judge = verdicts = ""
+        if self.judge:
+            judge = judge_chains(veth, WEB_PORTS)
+            verdicts = "".join(f"\n    {rule}" for rule in verdict_rules())
         if self.proxy_all:  # (no port: nothing is redirected, and nothing leaves either)
             to_proxy = f"\n    iifname {veth} meta l4proto tcp ct status dnat accept"
             only_dns = f"\n    {reject}"
@@ -248,7 +256,7 @@ table inet {self.table} {{
   map policies {{ type ifname : verdict; }}
   set proxied {{ type ifname; }}
   set tunneled {{ type ifname; }}
-  chain prerouting {{
+{judge}  chain prerouting {{
     type filter hook prerouting priority -300; policy accept;
     iifname {veth} ip6 saddr fe80::/10 accept
     iifname {veth} fib saddr . iif oif missing drop
@@ -271,7 +279,7 @@ table inet {self.table} {{
     oifname {veth} ct state established,related accept
     oifname {veth} drop
   }}
-  chain from_sandbox {{
+  chain from_sandbox {{{verdicts}
     oifname {veth} {reject}
     ct state established,related accept{dns}{only_dns}
     ip daddr @deny4 {reject}

@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from attrs import frozen
 
+from sandboxd.isolation.network.egress_judge_plan import WEB_PORTS
 from sandboxd.isolation.network.egress_names import parse_pattern
 from sandboxd.isolation.network.egress_plan import Address, EgressPlan, Network
 from sandboxd.isolation.network.egress_rules import HeaderRule, parse_rules, rules_json
@@ -247,8 +248,15 @@ def chain_name(slot: int) -> str:
     return f"policy{slot}"
 
 
-PROXIED_PORTS = (80, 443)
-"""The TCP ports a policy by name hands to the proxy (HTTP by ``Host``, TLS by SNI)."""
+PROXIED_PORTS = WEB_PORTS
+"""The TCP ports a policy by name hands to the proxy, or the judge (HTTP by ``Host``, TLS by
+SNI)."""
+
+
+def judged(plan: EgressPlan, policy: EgressPolicy) -> bool:
+    """Whether the judge, not the proxy, reads ``policy``'s names (the plan's judge runs, and
+    the policy names hosts but sets no header and names no SOCKS5 proxy)."""
+    return plan.judge and policy.by_name and not policy.rules and policy.socks5 is None
 
 
 def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
@@ -263,10 +271,14 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
     policy with a SOCKS5 proxy puts the veth in ``proxied`` (whose redirected TCP the host
     accepts) and ``tunneled``, whose TCP ``proxy_redirect`` redirects whatever its port (but
     DNS to the nameservers), and its chain refuses TCP forwarded all the same (fail closed).
+    A :func:`judged` policy puts the veth in the ``judged`` set instead of ``proxied``: its
+    TCP to :data:`PROXIED_PORTS` leaves its chain at once, for the judge to read
+    (:mod:`.egress_judge_plan`).
     """
     table = f"inet {plan.table}"
     chain = chain_name(slot)
     veth = f'"{plan.ifname(slot)}"'
+    by_judge = judged(plan, policy)
     lines = [
         f"add chain {table} {chain}",
         f"flush chain {table} {chain}",
@@ -274,7 +286,9 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
         f"add element {table} proxied {{ {veth} }}",
         f"add element {table} tunneled {{ {veth} }}",
     ]
-    if policy.by_name or policy.socks5 is not None:
+    if plan.judge:
+        lines.append(f"add element {table} judged {{ {veth} }}")
+    if (policy.by_name and not by_judge) or policy.socks5 is not None:
         if not plan.proxy_port:
             raise ValueError(
                 "host names or a SOCKS5 proxy in a policy need the egress proxy,"
@@ -283,9 +297,15 @@ def policy_script(plan: EgressPlan, slot: int, policy: EgressPolicy) -> str:
         lines += _redirect(plan)
     if policy.socks5 is None:
         lines.append(f"delete element {table} tunneled {{ {veth} }}")
-        if not policy.by_name:
+        if not policy.by_name or by_judge:
             lines.append(f"delete element {table} proxied {{ {veth} }}")
-    lines += [f"add rule {table} {chain} {rule}" for rule in _rules(policy)]
+    if plan.judge and not by_judge:
+        lines.append(f"delete element {table} judged {{ {veth} }}")
+    rules = _rules(policy)
+    if by_judge:
+        ports = ", ".join(str(port) for port in PROXIED_PORTS)
+        rules.insert(0, f"tcp dport {{ {ports} }} return")
+    lines += [f"add rule {table} {chain} {rule}" for rule in rules]
     return "\n".join(lines) + "\n"
 
 

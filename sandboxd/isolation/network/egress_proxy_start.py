@@ -17,6 +17,7 @@ from twisted.names import client
 
 from sandboxd.isolation.network.egress import EgressNetwork
 from sandboxd.isolation.network.egress_ca import CA_DIR, EgressCA
+from sandboxd.isolation.network.egress_judge import JUDGE_PROGRAM, EgressJudge
 from sandboxd.isolation.network.egress_policy import is_host_address
 from sandboxd.isolation.network.egress_proxy import ALL_INTERFACES, EgressProxy, total_for
 from sandboxd.isolation.network.egress_socks import SocksUpstream
@@ -113,4 +114,23 @@ def egress_proxy(
         mode.trusted = tls.ca.pem
     mode.on_detach = proxy.forget  # (a kill's detach runs on the reactor thread, as the proxy)
     mode.proxy = proxy
+    mode.judge = egress_judge(config, reactor, proxy, plan.pool6 is not None)
     return proxy
+
+
+def egress_judge(
+    config: Any, reactor: Any, proxy: EgressProxy, ipv6: bool, program: str = str(JUDGE_PROGRAM)
+) -> EgressJudge | None:
+    """The egress judge (``SANDBOXD_EGRESS_JUDGE=on``: docs/isolation.rst, "The judged
+    path"), answered by ``proxy``; ``None`` when off, or when the judge was not built (no C
+    compiler where the daemon was installed: the proxy reads every name then)."""
+    if config.egress_judge != "on":
+        return None
+    if not os.access(program, os.X_OK):
+        log.warn(
+            "egress: SANDBOXD_EGRESS_JUDGE=on, but {program} was not built: names go through"
+            " the proxy",
+            program=program,
+        )
+        return None
+    return EgressJudge(reactor, proxy, program=program, ipv6=ipv6)

@@ -68,6 +68,11 @@ class NameCache:
         found: Deferred[Any] = DeferredList(lookups, consumeErrors=True)
         return found.addCallback(self._remember, name, now)
 
+    def kept_for(self, name: str) -> float:
+        """How much longer ``name``'s addresses are kept (seconds; 0: they are not)."""
+        kept = self._names.get(name)
+        return 0.0 if kept is None else max(0.0, kept[0] - self.reactor.seconds())
+
     def _remember(self, results: list[tuple[bool, Any]], name: str, now: float) -> set[Address]:
         addresses, ttl = answer_addresses(results)
         if addresses and ttl > 0:
