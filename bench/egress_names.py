@@ -1,14 +1,17 @@
 """What egress by name costs a sandbox (issue 33): a small HTTP request's latency and a large
-download's throughput, direct against through the daemon's egress proxy.
+download's throughput, direct against through the daemon's egress proxy (or, with ``--judge``,
+judged in the kernel's path: ``SANDBOXD_EGRESS_JUDGE=on``).
 
     sudo .venv/bin/python bench/egress_names.py [--rounds N] [--requests N] [--bulk-bytes B]
+        [--judge]
 
 As root, with nftables: builds the egress tests' "internet" (``tests/kernel/names_internet``:
 a namespace of its own behind a veth, an HTTP server on 198.51.100.1:80 and a DNS server
 answering ``bulk.example`` with that address, nothing leaving the machine), starts one daemon
 (``--network-allow=egress``, the proxy resolving with that DNS server) and two sandboxes:
 ``direct`` (egress, no names: its packets are forwarded by the kernel) and ``proxied``
-(``allow_out: ["bulk.example"]``: its TCP to port 80 is redirected to the proxy). In
+(``allow_out: ["bulk.example"]``: its TCP to port 80 is redirected to the proxy; with
+``--judge`` it is called ``judged``, and its connections' first bytes are judged). In
 interleaved rounds, a program in each sandbox times ``--requests`` small requests (connect,
 ``GET /small``, the answer, the close; after a few unmeasured ones: the proxy's lookup) and
 one ``GET /bulk/B`` (from the request to the last byte). Prints JSON: the samples (seconds)
@@ -75,8 +78,11 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run(rounds: int, requests: int, bulk_bytes: int) -> dict[str, Any]:
+def run(rounds: int, requests: int, bulk_bytes: int, judge: bool = False) -> dict[str, Any]:
     figures: dict[str, Any] = {"small": {}, "bulk": {}, "bulk_bytes": bulk_bytes}
+    variants = dict(VARIANTS)
+    if judge:
+        variants["judged"] = variants.pop("proxied")
     figures["loadavg_before"] = loadavg()
     with scene() as s, tempfile.TemporaryDirectory(prefix="egress-bench-") as tmp:
         inet = s.netns("inet")
@@ -91,11 +97,11 @@ def run(rounds: int, requests: int, bulk_bytes: int) -> dict[str, Any]:
             f"--uid-min={base}",
             f"--uid-max={base + 3}",
             "--network-allow=egress",
-            env={"SANDBOXD_EGRESS_DNS": DNS},
+            env={"SANDBOXD_EGRESS_DNS": DNS, "SANDBOXD_EGRESS_JUDGE": "on" if judge else "off"},
         )
         try:
             rids = {}
-            for variant, network in VARIANTS.items():
+            for variant, network in variants.items():
                 status, body = daemon.call("POST", "/sandboxes", {"network": network})
                 assert status == 200, body
                 rids[variant] = json.loads(body)["remote_id"]
@@ -118,11 +124,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--bulk-bytes", type=int, default=64 << 20)
+    parser.add_argument("--judge", action="store_true", help="judged, not proxied")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1
-    print(json.dumps(run(args.rounds, args.requests, args.bulk_bytes)))
+    print(json.dumps(run(args.rounds, args.requests, args.bulk_bytes, args.judge)))
     return 0
 
 

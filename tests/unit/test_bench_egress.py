@@ -61,6 +61,44 @@ def test_the_rows_are_p50s_and_median_rates_judged_against_direct() -> None:
     assert all(row["met"] is None for row in quick.rows)  # a quick run judges nothing
 
 
+def test_the_judged_run_has_rows_of_its_own() -> None:
+    full = bench(quick=False)
+    judged = {
+        **SAMPLES,
+        "small": {"direct": [0.0003], "judged": [0.00033]},
+        "bulk": {"direct": [0.1], "judged": [0.1]},
+    }
+    egress.record(full, judged)
+    rows = {(row["figure"], row["variant"]): row for row in full.rows}
+    small = rows[(egress.SMALL, "judged in the kernel")]
+    assert small["ratio"] == pytest.approx(1.1) and small["met"] is True
+    assert rows[(egress.SMALL, "direct (beside judged in the kernel)")]["value"] == 0.3
+    bulk = rows[(egress.BULK, "judged in the kernel, 64 MiB")]
+    assert bulk["share_of_direct"] == pytest.approx(1.0) and bulk["met"] is True
+
+
+def test_the_section_runs_both_ways_where_it_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: list[bool] = []
+
+    def measure(rounds: int, requests: int, size: int, judge: bool = False) -> dict[str, Any]:
+        runs.append(judge)
+        way = "judged" if judge else "proxied"
+        return {**SAMPLES, "small": {"direct": [0.0003], way: [0.0003]},
+                "bulk": {"direct": [0.1], way: [0.1]}}  # fmt: skip
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(egress, "measure", measure)
+    b = bench(quick=True)
+    egress.section(b)
+    assert runs == [False, True] and len(b.rows) == 8
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "iptables-nft" else name)
+    b = bench(quick=True)
+    egress.section(b)
+    assert len(b.rows) == 4 and b.notes == [
+        "egress rows judged in the kernel skipped: no iptables-nft"
+    ]
+
+
 def test_where_it_cannot_run_one_note_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     b = bench(quick=True)

@@ -18,6 +18,7 @@ enum {
     HELD_MAX = 32,           /* packets held for one connection (more are dropped) */
     FLOW_TIMEOUT = 10,       /* seconds a connection may take to be judged */
     DECIDED_KEEP = 2,        /* seconds a verdict is kept for packets queued before it */
+    DECIDED_MAX = 16384,     /* verdicts kept at once (the oldest go first) */
 };
 enum { UNDECIDED, ALLOWED, REFUSED };
 static const size_t BUFFERED_MAX = 16u << 20; /* bytes of first payloads held, all connections */
@@ -35,10 +36,12 @@ struct flow {
     int state;
     char name[MAX_NAME + 1]; /* once peeked */
     struct flow *next;
+    struct flow *newer; /* decided: the next one decided (kept in the order of their verdicts) */
 };
 
 static struct flow *flows[FLOW_BUCKETS];
-static size_t n_flows, buffered;
+static size_t n_flows, n_decided, buffered; /* n_flows: undecided; they alone count to bounds */
+static struct flow *oldest_decided, *newest_decided;
 
 static unsigned flow_hash(unsigned ifindex, const struct address *s, const struct address *d,
                           unsigned short sport, unsigned short dport) {
@@ -64,18 +67,31 @@ static void drop_buffer(struct flow *f) {
     f->len = 0;
 }
 
-static void free_flow(struct flow *f) {
+/* Forget f: an undecided one counts no more against the bounds; a decided one must be the
+ * oldest verdict kept (they go in the order they were made). */
+static void unhash(struct flow *f) {
     unsigned b = flow_hash(f->ifindex, &f->source, &f->destination, f->sport, f->dport);
     for (struct flow **at = &flows[b]; *at; at = &(*at)->next)
         if (*at == f) {
             *at = f->next;
-            break;
+            return;
         }
+}
+
+static void free_flow(struct flow *f) {
+    unhash(f);
     drop_buffer(f);
-    struct policy *p = policy_of(f->ifindex);
-    if (p != NULL && p->flows)
-        p->flows--;
-    n_flows--;
+    if (f->state == UNDECIDED) {
+        struct policy *p = policy_of(f->ifindex);
+        if (p != NULL && p->flows)
+            p->flows--;
+        n_flows--;
+    } else {
+        oldest_decided = f->newer;
+        if (oldest_decided == NULL)
+            newest_decided = NULL;
+        n_decided--;
+    }
     free(f);
 }
 
@@ -89,9 +105,20 @@ static void settle(struct flow *f, int state, const char *reason) {
         verdict(f->held[i], NF_REPEAT, 1,
                 f->held_marks[i] | (state == ALLOWED ? allow_mark : refuse_mark));
     f->n_held = 0;
+    struct policy *p = policy_of(f->ifindex);
+    if (p != NULL && p->flows)
+        p->flows--;
+    n_flows--;
     f->state = state;
     f->since = now();
-    drop_buffer(f);
+    drop_buffer(f); /* (past DECIDED_MAX, the oldest verdicts go in expire(): none is freed here,
+                       while a caller may be walking the flows) */
+    if (newest_decided)
+        newest_decided->newer = f;
+    else
+        oldest_decided = f;
+    newest_decided = f;
+    n_decided++;
     if (reason != NULL) {
         char text[INET6_ADDRSTRLEN];
         say("refused %u %s %s %s\n", f->ifindex, reason, address_text(&f->destination, text),
@@ -157,8 +184,8 @@ static void segment(unsigned id, unsigned mark, unsigned ifindex, const struct a
             verdict(id, NF_DROP, 0, 0); /* a resend of bytes judged already (they went on) */
             return;
         }
-        free_flow(f); /* another connection on the same addresses and ports */
-        f = NULL;
+        unhash(f); /* another connection on the same addresses and ports: this verdict is */
+        f = NULL;  /* found no more, and goes in its turn */
     }
     if (f == NULL) {
         struct policy *p = policy_of(ifindex);
@@ -219,13 +246,17 @@ static void segment(unsigned id, unsigned mark, unsigned ifindex, const struct a
 /* Connections not judged in time are refused; verdicts kept long enough are forgotten; a
  * name the daemon did not answer in time is asked again by its next connection. */
 static void expire(double at) {
+    static double scanned;
+    while (oldest_decided && (at - oldest_decided->since > DECIDED_KEEP || n_decided > DECIDED_MAX))
+        free_flow(oldest_decided);
+    if (at - scanned < 0.1)
+        return; /* (the walks below, at most ten times a second) */
+    scanned = at;
     for (size_t b = 0; b < FLOW_BUCKETS; b++)
         for (struct flow *f = flows[b], *next; f; f = next) {
             next = f->next;
             if (f->state == UNDECIDED && at - f->since > FLOW_TIMEOUT)
                 settle(f, REFUSED, f->name[0] ? "unresolved" : "no_name");
-            else if (f->state != UNDECIDED && at - f->since > DECIDED_KEEP)
-                free_flow(f);
         }
     for (struct name *n = oldest; n; n = n->newer)
         if (n->pending && at - n->asked > FLOW_TIMEOUT) {
