@@ -199,6 +199,7 @@ class World:
         if judged:
             ruleset += 'add element inet judge_test judged { "sbx0" }\n'
         sh(*router, "nft", "-f", "-", stdin=ruleset)
+        sh(*router, "nft", "list", "table", "inet", "judge_test")  # (nft 1.0.6 lists it too)
         sh(*router, "iptables-nft", "-t", "mangle", "-I", *queue_rule(QUEUE))
         self.internet = Internet(inet)
         s.servers.append(self.internet)  # type: ignore[arg-type]

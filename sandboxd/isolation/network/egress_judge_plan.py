@@ -43,15 +43,19 @@ TCP_HEADER_WORDS = range(5, 16)
 
 
 def _empty_segments() -> str:
-    """The (data offset, length) pairs of TCP segments without data: IPv4 without options
-    (``ip length``, the whole packet), IPv6 without extension headers (``ip6 length``, the
-    payload after the fixed header)."""
-    four = ", ".join(f"{words} . {20 + 4 * words}" for words in TCP_HEADER_WORDS)
-    six = ", ".join(f"{words} . {4 * words}" for words in TCP_HEADER_WORDS)
-    return (
-        f"    ip hdrlength 5 tcp doff . ip length {{ {four} }} accept\n"
-        f"    ip6 nexthdr tcp tcp doff . ip6 length {{ {six} }} accept\n"
+    """The rules accepting TCP segments without data, one per data offset: IPv4 without
+    options (``ip length``, the whole packet), IPv6 without extension headers (``ip6
+    length``, the payload after the fixed header). (Not one set of ``tcp doff . ip length``:
+    nft 1.0.6 loads such a set but aborts listing it.)"""
+    four = "".join(
+        f"    ip hdrlength 5 tcp doff {words} ip length {20 + 4 * words} accept\n"
+        for words in TCP_HEADER_WORDS
     )
+    six = "".join(
+        f"    ip6 nexthdr tcp tcp doff {words} ip6 length {4 * words} accept\n"
+        for words in TCP_HEADER_WORDS
+    )
+    return four + six
 
 
 def judge_chains(veth: str, ports: Iterable[int]) -> str:
