@@ -132,10 +132,11 @@ class IsolationSettings:
     )
     egress_judge: str = setting_field(
         "SANDBOXD_EGRESS_JUDGE",
-        "off",
+        "on",
         choice(("off", "on")),
-        "on: the names of egress policies without header rules are read by the kernel's"
-        " judge (sandboxd-judge on an NFQUEUE, iptables-nft), not the proxy",
+        "on: the names of egress policies without header rules are read by the judge"
+        " (sandboxd-judge on an NFQUEUE, iptables-nft) and their connections forwarded by the"
+        " kernel; off: the egress proxy reads and relays them all",
     )
     resolv_conf: str = setting_field(
         "SANDBOXD_RESOLV_CONF",

@@ -35,7 +35,7 @@ MORE: dict[str, str] = {
     "SANDBOXD_EGRESS_SOCKS5_USER": "sandboxd",
     "SANDBOXD_EGRESS_SOCKS5_PASSWORD_FILE": "/etc/sandboxd/socks5-password",
     "SANDBOXD_EGRESS_UPSTREAM_CA": "/etc/sandboxd/upstream-ca.pem",
-    "SANDBOXD_EGRESS_JUDGE": "on",
+    "SANDBOXD_EGRESS_JUDGE": "off",
     "SANDBOXD_RESOLV_CONF": "/run/systemd/resolve/resolv.conf",
     "SANDBOXD_PROCESS_LOG_MAX": "1000",
     "SANDBOXD_TERMINAL_SCROLLBACK": "64K",
