@@ -85,6 +85,7 @@ setup(
         "sandboxd.isolation.network": [
             "sandboxd_judge.c",
             "sandboxd_judge_commands.h",
+            "sandboxd_judge_confine.h",
             "sandboxd_judge_flows.h",
             "sandboxd_judge_io.h",
             "sandboxd_judge_peek.h",

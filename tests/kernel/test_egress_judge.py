@@ -8,6 +8,7 @@ them (the sandbox's veth left out of the ``judged`` set: the kernel forwards eve
 """
 
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -366,3 +367,26 @@ def test_without_a_judge_nothing_leaves(world: tuple[World, Judge]) -> None:
     judge.close()
     assert exchange(w, ALLOWED_AT, 80, get("allowed.test"), wait=1.0) == "timeout"
     assert w.internet.received == []
+
+
+def test_the_judge_keeps_only_what_its_verdicts_need(world: tuple[World, Judge]) -> None:
+    """Once bound, the judge is nobody with CAP_NET_ADMIN alone, no_new_privs and a filter."""
+    w, judge = world
+    assert exchange(w, ALLOWED_AT, 80, get("allowed.test")) == f"hello from {ALLOWED_AT}"
+    status = dict(
+        line.split(":\t", 1)
+        for line in Path(f"/proc/{judge.process.pid}/status").read_text().splitlines()
+    )
+    assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+    assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == 1 << 12  # CAP_NET_ADMIN
+    assert (status["NoNewPrivs"], status["Seccomp"]) == ("1", "2")
+
+
+def test_the_judges_filter_kills_what_its_loop_never_does(program: Path) -> None:
+    """Confined, a new socket kills the judge (SIGSYS); without the filter it is made."""
+    confined = subprocess.run([str(program), "confine-check"], capture_output=True, check=False)
+    assert confined.returncode == -signal.SIGSYS
+    unfiltered = subprocess.run(
+        [str(program), "confine-check", "none"], capture_output=True, check=False
+    )
+    assert unfiltered.returncode == 3  # the socket was made

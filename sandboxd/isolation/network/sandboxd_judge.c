@@ -7,6 +7,7 @@
  *
  *   sandboxd-judge QUEUE JUDGE_MARK ALLOW_MARK REFUSE_MARK   judge, for ever (as root)
  *   sandboxd-judge peek                                        the name of stdin's bytes
+ *   sandboxd-judge confine-check [none]                        its confinement, tried
  *
  * The daemon talks to it over stdin and stdout, one line each, space-separated:
  *   in:  policy IFINDEX WINS HAS_ALLOW [+NAME|-NAME|+ADDRESS/PREFIX|-ADDRESS/PREFIX ..]
@@ -20,6 +21,8 @@
  * cannot be judged within FLOW_TIMEOUT seconds, from a sandbox without a policy here, or past
  * the bounds below is refused. The judge exits when stdin closes; while it is gone the kernel
  * drops what it would have queued (the ruleset does not bypass the queue): egress fails closed.
+ * Once bound it runs as nobody with CAP_NET_ADMIN alone and a seccomp filter
+ * (sandboxd_judge_confine.h).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h> /* (before the kernel's headers, which define struct in_addr too) */
@@ -44,6 +47,7 @@
 #include "sandboxd_judge_flows.h"
 #include "sandboxd_judge_queue.h"
 #include "sandboxd_judge_commands.h"
+#include "sandboxd_judge_confine.h"
 
 static int peek_main(void) {
     static unsigned char data[PEEK_MAX + 6];
@@ -60,6 +64,8 @@ static int peek_main(void) {
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "peek") == 0)
         return peek_main();
+    if (argc >= 2 && strcmp(argv[1], "confine-check") == 0)
+        return confine_check(!(argc == 3 && strcmp(argv[2], "none") == 0));
     if (argc != 5) {
         fprintf(stderr, "usage: sandboxd-judge QUEUE JUDGE_MARK ALLOW_MARK REFUSE_MARK"
                         " | sandboxd-judge peek\n");
@@ -72,6 +78,8 @@ int main(int argc, char **argv) {
     if (bind_queue() != 0)
         return 1;
     fcntl(STDOUT_FILENO, F_SETFL, fcntl(STDOUT_FILENO, F_GETFL) | O_NONBLOCK);
+    if (confine(1) != 0)
+        return 1;
     say("ready\n");
     struct pollfd fds[3] = {{.fd = nl, .events = POLLIN}, {.fd = STDIN_FILENO, .events = POLLIN},
                             {.fd = STDOUT_FILENO, .events = 0}};
