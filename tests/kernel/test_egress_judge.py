@@ -390,3 +390,32 @@ def test_the_judges_filter_kills_what_its_loop_never_does(program: Path) -> None
         [str(program), "confine-check", "none"], capture_output=True, check=False
     )
     assert unfiltered.returncode == 3  # the socket was made
+
+
+def test_one_sandbox_holds_at_most_a_mebibyte_of_first_bytes(world: tuple[World, Judge]) -> None:
+    """ClientHellos that never end are held (each as far as its first flight, 14 to 15 KB)
+    until the sandbox's connections hold 1 MiB; those past it are refused (too_many)."""
+    w, judge = world
+    partial = b"\x16\x03\x01\x3e\x80" + b"\x01" * 15000  # a 16 000-byte record, never finished
+
+    def hold(count: int) -> list[socket.socket]:
+        held = []
+        for _ in range(count):
+            s = socket.socket()
+            s.settimeout(3)
+            s.connect((ALLOWED_AT, 443))
+            s.sendall(partial)
+            held.append(s)
+        return held
+
+    held = in_netns(w.sandbox, lambda: hold(80))
+    try:
+        judge.refusals(1)
+        time.sleep(0.5)
+        reasons = [words[1] for words in judge.refused]
+        assert reasons and set(reasons) == {"too_many"}
+        assert 68 <= 80 - len(reasons) <= 76  # held: 1 MiB of first flights, no more
+    finally:
+        for s in held:
+            s.close()
+    assert w.internet.received == []

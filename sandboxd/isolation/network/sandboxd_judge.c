@@ -89,13 +89,13 @@ int main(int argc, char **argv) {
             perror("sandboxd-judge: poll");
             return 1;
         }
-        if (fds[0].revents & POLLIN && read_queue() != 0)
-            return 1;
-        if (fds[1].revents & (POLLIN | POLLHUP)) {
+        if (fds[1].revents & (POLLIN | POLLHUP)) { /* (first: a policy before its packets) */
             int r = read_commands();
             if (r != 0)
                 return r < 0 ? 1 : 0;
         }
+        if (fds[0].revents & POLLIN && read_queue() != 0)
+            return 1;
         flush_out();
         expire(now());
     }

@@ -22,6 +22,7 @@ enum {
 };
 enum { UNDECIDED, ALLOWED, REFUSED };
 static const size_t BUFFERED_MAX = 16u << 20; /* bytes of first payloads held, all connections */
+static const size_t SANDBOX_BUFFERED_MAX = 1u << 20; /* of one sandbox's connections */
 
 struct flow {
     unsigned ifindex;
@@ -61,6 +62,9 @@ static struct flow *flow_of(unsigned ifindex, const struct address *s, const str
 }
 
 static void drop_buffer(struct flow *f) {
+    struct policy *p = policy_of(f->ifindex);
+    if (p != NULL)
+        p->buffered -= f->len < p->buffered ? f->len : p->buffered;
     buffered -= f->len;
     free(f->buffer);
     f->buffer = NULL;
@@ -217,7 +221,8 @@ static void segment(unsigned id, unsigned mark, unsigned ifindex, const struct a
     size_t take = len;
     if (f->len + take > PEEK_MAX + 5)
         take = PEEK_MAX + 5 - f->len;
-    if (buffered + take > BUFFERED_MAX) {
+    struct policy *p = policy_of(ifindex);
+    if (buffered + take > BUFFERED_MAX || p == NULL || p->buffered + take > SANDBOX_BUFFERED_MAX) {
         settle(f, REFUSED, "too_many");
         return;
     }
@@ -230,6 +235,7 @@ static void segment(unsigned id, unsigned mark, unsigned ifindex, const struct a
     f->buffer = grown;
     f->len += take;
     buffered += take;
+    p->buffered += take;
     char name[MAX_NAME + 1];
     int found = peek_name(f->buffer, f->len, name);
     if (found == PEEK_MORE)

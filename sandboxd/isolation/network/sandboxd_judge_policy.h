@@ -25,7 +25,8 @@ struct policy {
     size_t n_allow_names, n_deny_names;
     struct net *allow_nets, *deny_nets;
     size_t n_allow_nets, n_deny_nets;
-    unsigned flows; /* its connections being judged (or judged lately) */
+    unsigned flows;  /* its connections being judged */
+    size_t buffered; /* the first bytes held of them */
     struct policy *next;
 };
 
@@ -96,6 +97,7 @@ static void forget_policy(unsigned ifindex) {
 static void keep_policy(struct policy *p) {
     struct policy *old = policy_of(p->ifindex);
     p->flows = old ? old->flows : 0;
+    p->buffered = old ? old->buffered : 0;
     forget_policy(p->ifindex);
     p->next = policies[p->ifindex % POLICY_BUCKETS];
     policies[p->ifindex % POLICY_BUCKETS] = p;
