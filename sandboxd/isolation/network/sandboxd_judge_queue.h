@@ -60,6 +60,17 @@ refuse:
     verdict(id, NF_REPEAT, 1, (mark & ~(judge_mark | allow_mark)) | refuse_mark);
 }
 
+/* The kernel numbers a queue's packets in order: ids skipped between two messages were lost
+ * (the socket's buffer overflowed, ENOBUFS). Left without a verdict they would stay queued for
+ * ever and fill the queue; they are dropped (their connections send them again). */
+static void drop_lost(unsigned id) {
+    static unsigned last;
+    if (last != 0 && id - last > 1 && id - last <= QUEUE_MAXLEN)
+        for (unsigned lost = last + 1; lost != id; lost++)
+            verdict(lost, NF_DROP, 0, 0);
+    last = id;
+}
+
 /* Every message the queue has ready; -1 when the netlink socket fails. */
 static int read_queue(void) {
     static char buf[1 << 17];
@@ -106,8 +117,10 @@ static int read_queue(void) {
                 }
                 at += NLA_ALIGN(a->nla_len);
             }
-            if (have_id)
-                packet(id, mark, ifindex, ip ? ip : (const unsigned char *)"", ip ? ip_len : 0);
+            if (!have_id)
+                continue;
+            drop_lost(id);
+            packet(id, mark, ifindex, ip ? ip : (const unsigned char *)"", ip ? ip_len : 0);
         }
     }
 }
