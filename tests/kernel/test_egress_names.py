@@ -310,3 +310,50 @@ def test_a_policy_by_name_replaced_at_run_time_holds_for_the_next_connection(
         assert exec_out(daemon, rid, *udp).strip() == "ok quic?"
     finally:
         stop_daemon(daemon)
+
+
+def judge_pids(daemon: Daemon) -> list[int]:
+    """The daemon's ``sandboxd-judge`` children (none while it is restarting one)."""
+    found = []
+    for task in Path(f"/proc/{daemon.process.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                if Path(f"/proc/{child}/comm").read_text().strip() == "sandboxd-judge":
+                    found.append(int(child))
+            except OSError:  # (gone meanwhile)
+                continue
+    return found
+
+
+def test_a_judge_killed_is_replaced_with_the_sandboxes_policies(
+    internet: Internet, tmp_path: Path
+) -> None:
+    """SIGKILL the daemon's judge: within seconds a new one runs with the sandbox's policy,
+    and names are judged as before (what the kernel does meanwhile, no judge listening:
+    ``tests/kernel/test_egress_judge.py``, nothing leaves)."""
+    ca = internet.ca
+    daemon = start(tmp_path, 2, "on")
+    try:
+        rid = created(daemon, {"mode": "egress", "allow_out": ["good.example"]})
+        assert fetch(daemon, rid, ca, "http", "good.example", A4) == "ok a good.example"
+        (first,) = judge_pids(daemon)
+        os.kill(first, 9)
+        deadline = time.monotonic() + 10
+        while judge_pids(daemon) in ([], [first]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (second,) = judge_pids(daemon)
+        assert second != first
+        assert fetch(daemon, rid, ca, "https", "good.example", A4) == "ok a good.example"
+        assert fetch(daemon, rid, ca, "https", "other.example", A4).startswith("refused")
+        assert refused_counts(daemon, rid) == {"not_allowed": 1}
+    finally:
+        stop_daemon(daemon)
+    assert judge_pids_gone(second)
+
+
+def judge_pids_gone(pid: int) -> bool:
+    """Whether the judge ``pid`` ended with its daemon (within 5 s)."""
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not Path(f"/proc/{pid}").exists()
