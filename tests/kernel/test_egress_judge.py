@@ -166,8 +166,14 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+RESTART = "tcp flags & (syn | ack) == syn"
+"""What makes each SYN restart its connection's judgement in the judge's rules."""
+ONLY_NEW = "ct state new"
+"""The same rule without it (the protection off): pending only when conntrack sees a new one."""
+
+
 class World:
-    def __init__(self, s: Scene, judged: bool) -> None:
+    def __init__(self, s: Scene, judged: bool, restart: bool = True) -> None:
         self.sandbox = s.netns("sandbox")
         self.router = s.netns("router")
         inet = s.netns("internet")
@@ -187,8 +193,11 @@ class World:
             f"addr add {ALLOWED_AT}/24 dev eth0\naddr add {ELSEWHERE}/24 dev eth0\n"
             f"link set eth0 up\nroute add default via {UPLINK}\n"))  # fmt: skip
         verdicts = "\n    ".join(verdict_rules())
+        chains = judge_chains('"sbx*"', PROXIED_PORTS)
+        assert RESTART in chains
+        chains = chains if restart else chains.replace(RESTART, ONLY_NEW)
         ruleset = f"""table inet judge_test {{
-{judge_chains('"sbx*"', PROXIED_PORTS)}  chain forward {{
+{chains}  chain forward {{
     type filter hook forward priority 0; policy accept;
     iifname "sbx*" jump from_sandbox
   }}
@@ -215,7 +224,8 @@ def exchange(
 ) -> str:
     """Connect from the sandbox (from ``source_port`` when given), send ``chunks`` (a pause
     between them), read the answer: ``"reset"``, ``"timeout"``, ``"closed"`` or the answer's
-    text. The connection ends with a reset (no TIME_WAIT: its ports may be used again)."""
+    text, or ``"refused"`` when the connection is not made. The connection ends with a reset
+    (no TIME_WAIT: its ports may be used again)."""
 
     def attempt() -> str:
         with socket.socket() as s:
@@ -235,6 +245,8 @@ def exchange(
                 return got.decode() if got else "closed"
             except ConnectionResetError:
                 return "reset"
+            except ConnectionRefusedError:
+                return "refused"
             except TimeoutError:
                 return "timeout"
 
@@ -311,19 +323,36 @@ def test_a_new_connection_on_the_same_ports_is_judged_afresh(
     assert [words[1:] for words in judge.refusals(1)] == [["not_allowed", ALLOWED_AT, "other.test"]]
 
 
-def test_a_connection_the_server_reset_lends_no_verdict(world: tuple[World, Judge]) -> None:
+def test_a_connection_the_server_reset_lends_no_verdict(program: Path) -> None:
     """The kernel may take a new connection on the ports of one the server reset for the same
-    connection (the same conntrack entry, its mark): each handshake is judged anew."""
-    w, judge = world
-    w.internet.resets = True
-    for _ in range(2):
-        allowed = exchange(w, ALLOWED_AT, 80, get("allowed.test"), source_port=40405)
-        assert allowed == f"hello from {ALLOWED_AT}"
-        time.sleep(0.1)
-        assert exchange(w, ALLOWED_AT, 80, get("other.test"), source_port=40405) == "reset"
-    assert w.internet.received == [get("allowed.test")] * 2
-    refused = [words[1:] for words in judge.refusals(2)]
-    assert refused == [["not_allowed", ALLOWED_AT, "other.test"]] * 2
+    connection (the same conntrack entry, its mark): each handshake is judged anew. With the
+    SYN's restart replaced by ``ct state new`` (the protection off), the refused name gets
+    through on the allowed connection's verdict."""
+    for restart in (True, False):
+        with scene() as s:
+            w = World(s, judged=True, restart=restart)
+            judge = Judge(program, w.router)
+            judge.send(f"policy {w.ifindex()} 0 1 +allowed.test")
+            w.internet.resets = True
+            try:
+                answers = []
+                for _ in range(2):
+                    allowed = exchange(w, ALLOWED_AT, 80, get("allowed.test"), source_port=40405)
+                    assert allowed == f"hello from {ALLOWED_AT}" or not restart
+                    time.sleep(0.1)
+                    answers.append(
+                        exchange(w, ALLOWED_AT, 80, get("other.test"), source_port=40405)
+                    )
+            finally:
+                judge.close()
+            if restart:
+                assert answers == ["reset"] * 2
+                assert w.internet.received == [get("allowed.test")] * 2
+                refused = [words[1:] for words in judge.refusals(2)]
+                assert refused == [["not_allowed", ALLOWED_AT, "other.test"]] * 2
+            else:
+                assert f"hello from {ALLOWED_AT}" in answers
+                assert get("other.test") in w.internet.received
 
 
 def test_a_name_split_over_segments_is_gathered(world: tuple[World, Judge]) -> None:
