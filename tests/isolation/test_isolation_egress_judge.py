@@ -149,8 +149,8 @@ def test_a_judge_that_exits_is_started_again_with_every_policy() -> None:
     judge.start()
     judge.judge("a", 7, POLICY)
     judge.judge("b", 8, parse_policy(None, ["bad.example"]))
-    judge.forget(8)
-    judge.forget(9)  # never judged: nothing said
+    judge.forget("b")
+    judge.forget("z")  # never judged: nothing said
     first, _, transport = reactor.spawned[0]
     assert transport.written.decode().splitlines() == [
         policy_line(7, POLICY).strip(),
@@ -175,6 +175,10 @@ def test_a_judge_that_exits_is_started_again_with_every_policy() -> None:
     judge.stop()  # the pending start is cancelled
     assert not reactor.getDelayedCalls()
     judge.stop()  # (twice: nothing more)
+    reactor.refuse = False
+    judge.start()  # the layer again: none of the last one's sandboxes is told of
+    assert reactor.spawned[-1][2].written == b""
+    judge.stop()
 
 
 def test_a_stopped_judge_is_not_started_again() -> None:
@@ -243,8 +247,8 @@ def test_the_mode_hands_the_judge_its_policies(tmp_path: Path) -> None:
         def judge(self, rid: str, ifindex: int, policy: EgressPolicy) -> None:
             told.append(("judge", (rid, ifindex, policy)))
 
-        def forget(self, ifindex: int) -> None:
-            told.append(("forget", ifindex))
+        def forget(self, rid: str) -> None:
+            told.append(("forget", rid))
 
     judge = Judge()
     mode = EgressNetwork(host.egress(tmp_path), capacity=2, judge=judge, ifindex=lambda n: 40)
@@ -258,13 +262,13 @@ def test_the_mode_hands_the_judge_its_policies(tmp_path: Path) -> None:
     host.fail = "policy0"
     with pytest.raises(OSError, match="egress policy"):
         mode.set_policy("a", OPEN)
-    assert told[-2:] == [("forget", 40), ("judge", ("a", 40, POLICY))]  # as it was
+    assert told[-2:] == [("forget", "a"), ("judge", ("a", 40, POLICY))]  # as it was
     host.fail = None
     mode.set_policy("a", OPEN)
-    assert told[-1] == ("forget", 40)
+    assert told[-1] == ("forget", "a")
     mode.set_policy("a", POLICY)
     mode.detach("a", "/ns/a")
-    assert told[-1] == ("forget", 40)
+    assert told[-1] == ("forget", "a")
     mode.close()
     assert told[-1] == ("stop", None) and not mode.egress.plan.judge
     judge.fail = True  # this host has no judge: the proxy reads every name

@@ -64,8 +64,8 @@ class Judge(Protocol):
     def judge(self, rid: str, ifindex: int, policy: EgressPolicy) -> None:
         """Judge the veth ``ifindex``'s web connections by ``policy``."""
 
-    def forget(self, ifindex: int) -> None:
-        """Judge the veth ``ifindex`` no more."""
+    def forget(self, rid: str) -> None:
+        """Judge sandbox ``rid``'s veth no more (nothing when it was not judged)."""
 
 
 class ProxyListener(Protocol):
@@ -134,8 +134,6 @@ class EgressNetwork:
     _rids: dict[int, str] = field(factory=dict)
     """The sandbox of each slot taken (the inverse of ``_slots``)."""
     _policies: dict[str, EgressPolicy] = field(factory=dict)
-    _judged: dict[str, int] = field(factory=dict)
-    """The ifindex of each judged sandbox's veth, by sandbox."""
     _staged: dict[str, EgressPolicy] = field(factory=dict)
     _stale: set[int] = field(factory=set)
     """Slots whose last sandbox's policy could not be cleared at detach (cleared at attach)."""
@@ -225,7 +223,6 @@ class EgressNetwork:
         if self.judge is not None and self.egress.plan.judge:
             self.judge.stop()
             self.egress.plan = evolve(self.egress.plan, judge=False)
-            self._judged.clear()
 
     def _close_proxy(self) -> None:
         if self.proxy is not None:
@@ -346,14 +343,11 @@ class EgressNetwork:
         if self.judge is None or not judged(self.egress.plan, policy):
             self._unjudge(rid)
             return
-        ifindex = self.ifindex(self.egress.plan.ifname(slot))
-        self.judge.judge(rid, ifindex, policy)
-        self._judged[rid] = ifindex
+        self.judge.judge(rid, self.ifindex(self.egress.plan.ifname(slot)), policy)
 
     def _unjudge(self, rid: str) -> None:
-        ifindex = self._judged.pop(rid, None)
-        if ifindex is not None and self.judge is not None:
-            self.judge.forget(ifindex)
+        if self.judge is not None and self.egress.plan.judge:
+            self.judge.forget(rid)
 
     def policy(self, rid: str) -> EgressPolicy:
         """The policy the attached sandbox ``rid`` has now."""

@@ -100,6 +100,9 @@ class EgressJudge:
     _policies: dict[int, str] = field(factory=dict)
     """Each judged veth's policy line, by ifindex (given again to a new judge)."""
     _rids: dict[int, str] = field(factory=dict)
+    """Each judged veth's sandbox, by ifindex (for the refusals' counts)."""
+    _ifindexes: dict[str, int] = field(factory=dict)
+    """Each judged sandbox's veth, by sandbox (the inverse of ``_rids``)."""
 
     def start(self) -> None:
         """Start the judge and add the queue rule (a predecessor's removed first);
@@ -124,6 +127,9 @@ class EgressJudge:
         if self._process is not None and self._process.transport is not None:
             self._process.transport.signalProcess("KILL")
         self._process = None
+        self._policies.clear()  # (the layer's end: none of its sandboxes is left)
+        self._rids.clear()
+        self._ifindexes.clear()
         self._rules("-D", missing_ok=True)
 
     def _rules(self, action: str, missing_ok: bool = False) -> None:
@@ -170,13 +176,16 @@ class EgressJudge:
         """Judge the web connections of sandbox ``rid``'s veth ``ifindex`` by ``policy``."""
         self._policies[ifindex] = line = policy_line(ifindex, policy)
         self._rids[ifindex] = rid
+        self._ifindexes[rid] = ifindex
         self._send(line)
 
-    def forget(self, ifindex: int) -> None:
-        """The veth ``ifindex`` is judged no more (its sandbox went, or its policy changed)."""
-        if self._policies.pop(ifindex, None) is not None:
+    def forget(self, rid: str) -> None:
+        """Sandbox ``rid``'s veth is judged no more (it went, or its policy changed); nothing
+        when it was not judged."""
+        ifindex = self._ifindexes.pop(rid, None)
+        if ifindex is not None:
+            del self._policies[ifindex], self._rids[ifindex]
             self._send(f"forget {ifindex}\n")
-        self._rids.pop(ifindex, None)
 
     def heard(self, line: str) -> None:
         """One line of the judge's (``sandboxd_judge.c`` lists them)."""
