@@ -37,8 +37,8 @@ docs/performance.rst)."""
 
 SEND_SIZE = 2 << 20
 """Bytes a connection hands the kernel per ``send()`` at most (Twisted's default is 128 KiB,
-each a turn of the reactor): a whole exec output frame (a 512 KiB pipe's worth, in base64) or a
-megabyte of a download at once. Only a cap, never a buffer."""
+each a turn of the reactor): several whole exec output frames (a pipe's worth each, in
+base64) or a megabyte of a download at once. Only a cap, never a buffer."""
 
 
 LINGER = 2.0

@@ -25,10 +25,12 @@ READ_SIZE = 1 << 16
 """Bytes read from the command's stdout or stderr at a time when its pipe could not be enlarged:
 a pipe's whole default capacity."""
 
-PIPE_SIZE = 1 << 19
+PIPE_SIZE = 1 << 17
 """The capacity asked for the command's stdout and stderr pipes (``F_SETPIPE_SZ``; up to 1 MiB
 an unprivileged process may ask by default), and then the most a read takes: bulk output comes
-in chunks of up to this much. Quiet output is unaffected: a read returns what the pipe holds."""
+in chunks of up to this much, each read, encoded and sent in one turn of the reactor, which every
+other sandbox's request waits behind (docs/performance.rst, "Exec output"). Quiet output is
+unaffected: a read returns what the pipe holds."""
 
 
 def waiting(fd: int) -> int:
