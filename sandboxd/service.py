@@ -20,6 +20,13 @@ from sandboxd.undo import StartupUndo
 
 log = Logger()
 
+SWITCH_INTERVAL = 0.0005
+"""Seconds a thread keeps the GIL once another asks for it (``sys.setswitchinterval``; CPython's
+default is 5 ms), set when the daemon starts its thread pools. The reactor thread gives the GIL
+up for each system call and asks for it back after; while a pool's thread runs Python code (a
+walk, a spool's write loop), that wait is the reactor's, and every sandbox's request with it
+(docs/performance.rst, "Neighbours and the GIL")."""
+
 
 class ExitStatus:
     """The status the process exits with once twistd is done (0 unless start-up failed after
@@ -46,7 +53,8 @@ class SandboxdService(MultiService):
     Once it listens, what start-up made (the imports, the service tree: tens of thousands of
     objects) is frozen out of the garbage collector's passes (``gc.freeze``): each full pass,
     a stall of the reactor, then walks only what was made since (docs/performance.rst,
-    "The garbage collector").
+    "The garbage collector"). Before its thread pools start, the GIL's switch interval is
+    shortened to :data:`SWITCH_INTERVAL`.
 
     Stopping it drains first (the HTTP endpoint keeps serving existing sandboxes until every
     command ended or the drain deadline passed), then stops the endpoint. ``POST /drain`` runs
@@ -97,6 +105,7 @@ class SandboxdService(MultiService):
         super().setServiceParent(parent)
 
     def startService(self) -> None:
+        sys.setswitchinterval(SWITCH_INTERVAL)
         for pool in self.pools:
             pool.start()
         super().startService()

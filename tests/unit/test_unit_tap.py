@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from sandboxd.isolation.base import IsolationUnavailable
 from sandboxd.isolation.namespaces.pins import HOME_VIEW, Namespaces
 from sandboxd.listen import Listeners
 from sandboxd.options import option_table
-from sandboxd.service import ExitStatus, SandboxdService
+from sandboxd.service import SWITCH_INTERVAL, ExitStatus, SandboxdService
 from tests.support.fakes import fake_isolation
 
 
@@ -166,6 +167,23 @@ async def test_what_start_up_made_is_frozen_out_of_the_collectors_passes_once_li
         assert any(o is made_now for o in gc.get_objects())  # still collected as usual
     finally:
         gc.unfreeze()
+        await service.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_gil_is_handed_over_within_the_short_switch_interval_once_started(
+    environ: dict[str, str],
+) -> None:
+    default = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)  # CPython's own
+    service = build(environ)
+    service.startService()
+    try:
+        await listening_url(service)
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
+        assert SWITCH_INTERVAL < 0.005
+    finally:
+        sys.setswitchinterval(default)
         await service.stopService()
 
 
