@@ -55,6 +55,7 @@ from sandboxd.service import ExitStatus, SandboxdService
 from sandboxd.stop_signals import on_next_stop_signal
 from sandboxd.undo import StartupUndo
 from sandboxd.web import guard
+from sandboxd.web.body_pace import BodyPace
 from sandboxd.web.site import SpoolingSite, can_spool, make_site
 from sandboxd.web.spool import SpoolThreads
 
@@ -230,6 +231,7 @@ def assemble(
         refused = served.manager.metrics.egress_refused
         proxy.on_refused = lambda rid, reason: refused.labels(rid, reason).inc()
         proxy.on_forget = refused.remove  # a sandbox's counts go with it
+    pace = BodyPace(reactor, config.body_pace)  # one for both fronts
     site = make_site(
         served.api.app.resource(),
         config.max_body,
@@ -239,13 +241,16 @@ def assemble(
         refusal=served.api.authoriser.refusal,
         spool_threads=spool_threads,
         spool_place=spool_places(served.manager),
+        pace=pace,
     )
     listeners = Listeners(reactor, config.listen, site, dual_stack=config.dual_stack == "on")
     _log_listen(config, listen_capabilities)
     more_listeners = []
     if config.e2b_listen is not None:
         spool = (spool_dir, spool_threads)
-        more_listeners.append(start_e2b(config, served.e2b, token, reactor, spool, gate, auth_gate))
+        more_listeners.append(
+            start_e2b(config, served.e2b, token, reactor, spool, gate, auth_gate, pace)
+        )
     service = SandboxdService(
         served.manager,
         [pools.files, pools.admin, pools.spool],

@@ -19,6 +19,7 @@ from sandboxd.isolation.disk.select import build_disk
 from sandboxd.listen import Listeners
 from sandboxd.undo import StartupUndo, missing_directories, remove_made
 from sandboxd.web import guard
+from sandboxd.web.body_pace import BodyPace
 from sandboxd.web.guard import ConnectionGate
 from sandboxd.web.site import make_site
 from sandboxd.web.spool import SpoolThreads
@@ -172,10 +173,12 @@ def start_e2b(
     spool: tuple[str | None, SpoolThreads | None],
     gate: ConnectionGate,
     auth_gate: bool,
+    pace: BodyPace | None = None,
 ) -> Listeners:
     """The E2B-compatible front's listeners (``SANDBOXD_E2B_LISTEN``): ``front`` (on the
     native API's manager) behind a site of its own under the same connection gate (one cap,
-    the same timeouts, keys judged at the headers unless ``SANDBOXD_AUTH_GATE=off``),
+    the same timeouts, keys judged at the headers unless ``SANDBOXD_AUTH_GATE=off``, bodies
+    under the same ``pace``),
     listened on like the native API's (both address families, after recovery)."""
     assert config.e2b_listen is not None
     site = make_site(
@@ -187,6 +190,7 @@ def start_e2b(
         admit=front.authoriser.admit if auth_gate else None,
         refusal=front.authoriser.refusal,
         spool_place=e2b_spool_places(front.registry),
+        pace=pace,
     )
     if token is None:
         log.warn("e2b: no SANDBOXD_TOKEN_FILE: any X-API-Key is accepted on the E2B front")

@@ -72,6 +72,16 @@ def optional_duration(text: str) -> float | None:
     return value
 
 
+def rate_or_off(text: str) -> int | None:
+    """Bytes a second, written as a size (``256M``), or ``off`` (``None``)."""
+    if text.strip().lower() == "off":
+        return None
+    value = parse_size(text)
+    if value <= 0:
+        raise ValueError(f"{text!r} is not above zero (off: no pace)")
+    return value
+
+
 def connections(text: str) -> int | None:
     """``auto`` (``None``: from the descriptor limit), ``off`` (``0``: no cap), or a count."""
     value = text.strip().lower()
@@ -121,7 +131,7 @@ def setting_text(metadata: Mapping[str, Any], value: Any) -> str:
         return str(metadata["unset"])
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if parse in (parse_size, optional_size):
+    if parse in (parse_size, optional_size, rate_or_off):
         return format_size(value)
     if parse in (parse_duration, optional_duration):
         return format_duration(value)

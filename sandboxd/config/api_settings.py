@@ -8,6 +8,7 @@ from sandboxd.settings import (
     choice,
     connections,
     optional_duration,
+    rate_or_off,
     setting_field,
 )
 from sandboxd.units import parse_count, parse_duration, parse_size
@@ -106,6 +107,14 @@ class ApiSettings:
         "2m",
         optional_duration,
         "Longest a connection may wait for its next request, or go silent in a body (off: 12h)",
+        unset="off",
+    )
+    body_pace: int | None = setting_field(
+        "SANDBOXD_BODY_PACE",
+        "256M",
+        rate_or_off,
+        "Bytes a second a request body is read at while other connections' requests come in "
+        "(a lone upload runs at full speed; off: never paced)",
         unset="off",
     )
     auth_gate: str = setting_field(

@@ -21,6 +21,9 @@ from twisted.web.server import Request
 from sandboxd import _twisted
 from sandboxd.web.spool import SPOOL_MIN, Spool, SpoolPlace, SpoolThreads, SpoolWriter, uncharged
 
+SPOOL = "spool"
+"""The reason a connection's reading is held while its body's writes catch up."""
+
 
 class _Discard:
     """A content file that drops what it is given."""
@@ -140,13 +143,13 @@ class LimitedRequest(Request):
         super().requestReceived(command, path, version)
 
     def _pause(self) -> None:
-        transport: Any = self.channel.transport
-        transport.pauseProducing()  # while the body's writes catch up
+        channel: Any = self.channel  # the sites' Channel: the spool is one of its holds
+        channel.hold(SPOOL)  # while the body's writes catch up
 
     def _resume(self) -> None:
-        if self.channel is not None:  # None: the connection is lost
-            transport: Any = self.channel.transport
-            transport.resumeProducing()
+        channel: Any = self.channel
+        if channel is not None:  # None: the connection is lost
+            channel.release(SPOOL)
 
     def _refuse(self) -> None:
         self.too_large = True

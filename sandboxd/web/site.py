@@ -23,6 +23,7 @@ from zope.interface import implementer
 
 from sandboxd import _twisted
 from sandboxd.web import answers
+from sandboxd.web.body_pace import BodyMeter, BodyPace, ReadHolds
 from sandboxd.web.guard import Admission, Admit, ConnectionGate, Refusal
 from sandboxd.web.request import LimitedRequest as LimitedRequest
 from sandboxd.web.request import _Discard as _Discard
@@ -51,6 +52,9 @@ LINGER_BYTES = 4 << 20
 FLUSH_TIMEOUT = 5.0
 """Seconds a stopping daemon waits for a client to take what was written to it."""
 
+PACE = "pace"
+"""The reason a connection's reading is held while its body is ahead of its pace."""
+
 
 class Channel(_twisted.BadRequestChannel):
     """An HTTP channel that answers an over-long request line or header line with a JSON
@@ -66,7 +70,10 @@ class Channel(_twisted.BadRequestChannel):
     still sends is dropped for :data:`LINGER` seconds, then the connection closed).
 
     It reads up to :data:`READ_SIZE` and sends up to :data:`SEND_SIZE` bytes at a time on a
-    TCP or UNIX socket.
+    TCP or UNIX socket. With a :class:`~sandboxd.web.body_pace.BodyPace` on its site, its
+    request bodies are paced while other connections' requests come in; the reasons its
+    reading is paused (the pace, the spool's back-pressure) are held in one
+    :class:`~sandboxd.web.body_pace.ReadHolds`.
     """
 
     site: Any = None
@@ -78,6 +85,9 @@ class Channel(_twisted.BadRequestChannel):
     _verdict = Admission.REFUSED
     _refused_headers: Any = None
     _dropped = 0
+    _holds: ReadHolds | None = None
+    _meter: BodyMeter | None = None
+    _pace_call: IDelayedCall | None = None
 
     @property
     def gate(self) -> ConnectionGate | None:
@@ -89,6 +99,10 @@ class Channel(_twisted.BadRequestChannel):
         self.site.channels.add(self)  # a SpoolingSite's (make_site)
         super().connectionMade()
         _twisted.set_socket_sizes(self.transport, READ_SIZE, SEND_SIZE)
+        self._holds = ReadHolds(self.transport)
+        pace: BodyPace | None = getattr(self.site, "pace", None)
+        if pace is not None:
+            self._meter = pace.meter(self)
         gate = self.gate
         if gate is None:
             return
@@ -146,6 +160,7 @@ class Channel(_twisted.BadRequestChannel):
             gate.busy(self)
         admit = getattr(self.site, "admit", None)
         if gate is None or admit is None:
+            self._began()
             super().allHeadersReceived()
             return
         request = self.requests[-1]
@@ -156,6 +171,7 @@ class Channel(_twisted.BadRequestChannel):
         if verdict is Admission.TRUSTED:
             gate.trust(self)
         if verdict not in (Admission.REFUSED, Admission.ABSENT):
+            self._began()
             super().allHeadersReceived()
             return
         self._verdict = verdict
@@ -194,8 +210,50 @@ class Channel(_twisted.BadRequestChannel):
         assert gate is not None
         self._deadline = gate.clock.callLater(LINGER, self._abort)
 
+    def _began(self) -> None:
+        """An admitted request began: the others' bodies are paced for a while."""
+        if self._meter is not None:
+            self._meter.pace.began(self)
+
+    def hold(self, reason: str) -> None:
+        """Stop reading for ``reason`` until :meth:`release`."""
+        assert self._holds is not None, "connected"
+        self._holds.hold(reason)
+
+    def release(self, reason: str) -> None:
+        """``reason`` no longer stops the reading."""
+        assert self._holds is not None, "connected"
+        self._holds.release(reason)
+
+    def _paced(self) -> None:
+        """The body's pause for its pace is over, or extended by what was read meanwhile."""
+        meter = self._meter
+        assert meter is not None, "armed only with a meter"
+        owed = meter.owed()
+        if owed > 0:
+            self._pace_call = meter.pace.clock.callLater(owed, self._paced)
+            return
+        self._pace_call = None
+        self.release(PACE)
+
+    def allContentReceived(self) -> None:
+        # The body is in: no more pace. twisted.web resumes the reading once it has answered.
+        self._cancel_pace()
+        assert self._holds is not None, "connected"
+        self._holds.forget(PACE)
+        super().allContentReceived()
+
+    def _cancel_pace(self) -> None:
+        if self._pace_call is not None and self._pace_call.active():
+            self._pace_call.cancel()
+        self._pace_call = None
+
     def rawDataReceived(self, data: bytes) -> None:
         if not self._refused:
+            meter = self._meter
+            if meter is not None and meter.received(len(data)) > 0 and self._pace_call is None:
+                self.hold(PACE)
+                self._pace_call = meter.pace.clock.callLater(meter.owed(), self._paced)
             super().rawDataReceived(data)
             return
         self._dropped += len(data)
@@ -211,6 +269,7 @@ class Channel(_twisted.BadRequestChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
+        self._cancel_pace()
         self.site.channels.discard(self)
         if self.closed is not None and not self.closed.called:
             self.closed.callback(None)
@@ -308,6 +367,7 @@ def make_site(
     refusal: Refusal | None = None,
     spool_threads: SpoolThreads | None = None,
     spool_place: SpoolPlaces | None = None,
+    pace: BodyPace | None = None,
 ) -> SpoolingSite:
     """A site whose requests refuse bodies over ``max_body`` bytes, store large bodies in
     ``spool_dir`` (see :class:`SpoolingSite`), and whose malformed requests get JSON errors.
@@ -317,7 +377,8 @@ def make_site(
     ``refusal`` makes the whole answer to a request refused or found absent at its headers
     (each front passes its own; default: :func:`sandboxd.web.answers.unauthorized_answer`).
     With ``spool_threads``, spooled bodies are written in its threads; with ``spool_place``,
-    those of a request naming a sandbox in that sandbox's place.
+    those of a request naming a sandbox in that sandbox's place. With ``pace``, request bodies
+    are paced while other connections' requests come in (:class:`Channel`).
     """
     request_class = type("SandboxdRequest", (LimitedRequest,), {"max_body": max_body})
     # No route takes an HTML form: twisted.web would parse each POST's content type with the
@@ -329,6 +390,7 @@ def make_site(
     site.spool_dir = spool_dir
     site.spool_threads = spool_threads
     site.spool_place = spool_place
+    site.pace = pace  # type: ignore[attr-defined]
     site.gate = gate  # type: ignore[attr-defined]
     site.admit = admit  # type: ignore[attr-defined]
     site.refusal = refusal  # type: ignore[attr-defined]

@@ -46,6 +46,7 @@ SAMPLES: dict[str, tuple[str, Any]] = {
     "SANDBOXD_HEADER_TIMEOUT": ("3s", 3.0),
     "SANDBOXD_CONNECTION_IDLE": ("Off", None),
     "SANDBOXD_AUTH_GATE": ("OFF", "off"),
+    "SANDBOXD_BODY_PACE": ("64M", 64 << 20),
 }
 
 BAD: dict[str, str] = {
@@ -80,6 +81,7 @@ BAD: dict[str, str] = {
     "SANDBOXD_HEADER_TIMEOUT": "0s",
     "SANDBOXD_CONNECTION_IDLE": "later",
     "SANDBOXD_AUTH_GATE": "body",
+    "SANDBOXD_BODY_PACE": "0",
 }
 
 

@@ -56,6 +56,7 @@ MORE: dict[str, str] = {
 OFF: dict[str, str] = {
     "SANDBOXD_MAX_CONNECTIONS": "off",
     "SANDBOXD_HEADER_TIMEOUT": "off",
+    "SANDBOXD_BODY_PACE": "off",
     "SANDBOXD_CONNECTION_IDLE": "off",
     "SANDBOXD_EGRESS_POOL6": "none",
     "SANDBOXD_EGRESS_DENY": "",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.testing import StringTransport
@@ -316,15 +317,15 @@ class Request(LimitedRequest):
 
 def spooling(tmp_path: Path, ahead: int = 10) -> tuple[Request, StepPool, StringTransport]:
     pool = StepPool()
-    channel: Any = DummyChannel()
-    channel.transport = transport = StringTransport()
     site = make_site(
         Utf8URLs(Resource()),
         64,
         spool_dir=str(tmp_path),
         spool_threads=SpoolThreads(Now(), pool, ahead),
     )
-    channel.site = site
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+    transport = StringTransport()
+    channel.makeConnection(transport)  # the site's Channel: the spool pauses it as one hold
     return Request(channel), pool, transport
 
 
