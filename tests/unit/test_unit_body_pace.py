@@ -2,6 +2,8 @@
 its meter alone, then the channel's reading (a string transport's producer state) with the
 pace on and off, beside a refused request, and beside the spool's own hold."""
 
+from collections.abc import Callable
+
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
@@ -122,13 +124,22 @@ def producer_state(channel: Channel) -> str:
     return state
 
 
-@pytest.mark.parametrize("paced", [True, False], ids=["paced", "off"])
-def test_an_upload_stops_reading_while_another_connections_request_comes_in(paced: bool) -> None:
+def uploading_beside_another(
+    pace: Callable[[Clock, int], BodyPace] | None,
+) -> tuple[Clock, Channel, Channel]:
+    """An upload's headers in on one connection, then another connection's whole request;
+    both on a site with the pace ``pace`` makes (``None``: none)."""
     clock = Clock()
-    pace = BodyPace(clock, RATE) if paced else None
-    uploader, other = connect(clock, pace), connect(clock, pace)
+    made = None if pace is None else pace(clock, RATE)
+    uploader, other = connect(clock, made), connect(clock, made)
     uploader.dataReceived(UPLOAD)
     other.dataReceived(OTHER)
+    return clock, uploader, other
+
+
+@pytest.mark.parametrize("paced", [True, False], ids=["paced", "off"])
+def test_an_upload_stops_reading_while_another_connections_request_comes_in(paced: bool) -> None:
+    clock, uploader, other = uploading_beside_another(BodyPace if paced else None)
     uploader.dataReceived(b"x" * CHUNK)
     if not paced:  # the protection off: the uploader reads on at full speed
         assert producer_state(uploader) == "producing"
@@ -142,11 +153,7 @@ def test_an_upload_stops_reading_while_another_connections_request_comes_in(pace
 
 
 def test_what_arrives_while_paused_extends_the_pause() -> None:
-    clock = Clock()
-    pace = BodyPace(clock, RATE)
-    uploader, other = connect(clock, pace), connect(clock, pace)
-    uploader.dataReceived(UPLOAD)
-    other.dataReceived(OTHER)
+    clock, uploader, _ = uploading_beside_another(BodyPace)
     uploader.dataReceived(b"x" * (CHUNK // 2))
     uploader.dataReceived(b"x" * (CHUNK // 2))  # read in the same turn, before the pause
     clock.advance(CHUNK / RATE / 2)
@@ -173,11 +180,7 @@ def test_a_request_refused_at_its_headers_paces_no_one() -> None:
 
 
 def test_the_pace_ending_does_not_resume_what_the_spool_still_holds() -> None:
-    clock = Clock()
-    pace = BodyPace(clock, RATE)
-    uploader, other = connect(clock, pace), connect(clock, pace)
-    uploader.dataReceived(UPLOAD)
-    other.dataReceived(OTHER)
+    clock, uploader, _ = uploading_beside_another(BodyPace)
     uploader.dataReceived(b"x" * CHUNK)
     uploader.hold(SPOOL)  # the body's writes fell behind meanwhile
     clock.advance(CHUNK / RATE)
@@ -187,11 +190,7 @@ def test_the_pace_ending_does_not_resume_what_the_spool_still_holds() -> None:
 
 
 def test_a_body_in_whole_is_answered_and_then_read_on_without_its_pause() -> None:
-    clock = Clock()
-    pace = BodyPace(clock, RATE)
-    uploader, other = connect(clock, pace), connect(clock, pace)
-    uploader.dataReceived(UPLOAD)
-    other.dataReceived(OTHER)
+    clock, uploader, _ = uploading_beside_another(BodyPace)
     uploader.dataReceived(b"x" * 900_000)  # the whole body: answered at once
     transport = uploader.transport
     assert isinstance(transport, StringTransport)
@@ -201,11 +200,7 @@ def test_a_body_in_whole_is_answered_and_then_read_on_without_its_pause() -> Non
 
 
 def test_a_lost_connection_cancels_its_pause() -> None:
-    clock = Clock()
-    pace = BodyPace(clock, RATE)
-    uploader, other = connect(clock, pace), connect(clock, pace)
-    uploader.dataReceived(UPLOAD)
-    other.dataReceived(OTHER)
+    clock, uploader, _ = uploading_beside_another(BodyPace)
     uploader.dataReceived(b"x" * CHUNK)
     assert clock.getDelayedCalls()
     uploader.connectionLost(ConnectionError("gone"))  # type: ignore[arg-type]
