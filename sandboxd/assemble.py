@@ -221,7 +221,7 @@ def assemble(
         pod_ip=environ.get("POD_IP"),
         extra_capabilities=[
             *listen_capabilities,
-            *guard.capabilities(gate.limits, auth_gate),
+            *guard.capabilities(gate.limits, auth_gate, config.body_pace is not None),
             *e2b,
         ],
         # The service (made below, from the fronts' manager and site) drains and exits.

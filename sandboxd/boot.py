@@ -104,6 +104,11 @@ def start_guard(config: Config, reactor: Any) -> tuple[ConnectionGate, bool]:
             log.warn(
                 "connections: SANDBOXD_{name}=off: a slow peer may hold a connection", name=name
             )
+    if config.body_pace is None:
+        log.warn(
+            "connections: SANDBOXD_BODY_PACE=off: one upload may take the CPUs every other "
+            "sandbox's requests need"
+        )
     auth_gate = config.auth_gate == "headers"
     if not auth_gate:
         log.warn(

@@ -252,8 +252,9 @@ def limits_for(
     return Limits(cap, reserve, header_timeout, idle_timeout)
 
 
-def capabilities(limits: Limits, auth_gate: bool) -> list[str]:
-    """The ``/healthz`` capabilities of the protections in force."""
+def capabilities(limits: Limits, auth_gate: bool, body_pace: bool) -> list[str]:
+    """The ``/healthz`` capabilities of the protections in force (``body_pace``: request bodies
+    are paced beside others' requests, :mod:`sandboxd.web.body_pace`)."""
     names = []
     if auth_gate:
         names += ["http.auth_at_headers", "http.token_pace"]
@@ -263,4 +264,6 @@ def capabilities(limits: Limits, auth_gate: bool) -> list[str]:
         names.append("http.header_timeout")
     if limits.idle_timeout is not None:
         names.append("http.idle_timeout")
+    if body_pace:
+        names.append("http.body_pace")
     return names

@@ -107,14 +107,15 @@ def test_limits_under_a_descriptor_limit() -> None:
 
 
 def test_capabilities_name_the_protections_in_force() -> None:
-    assert guard.capabilities(Limits(10, 1, 1.0, 1.0), True) == [
+    assert guard.capabilities(Limits(10, 1, 1.0, 1.0), True, True) == [
         "http.auth_at_headers",
         "http.token_pace",
         "http.connection_cap",
         "http.header_timeout",
         "http.idle_timeout",
+        "http.body_pace",
     ]
-    assert guard.capabilities(Limits(None, 0, None, None), False) == []
+    assert guard.capabilities(Limits(None, 0, None, None), False, False) == []
 
 
 def test_admission_judges_path_and_token() -> None:

@@ -65,6 +65,21 @@ def test_no_cap_is_said(environ: dict[str, str]) -> None:
     ), lines
 
 
+def test_bodies_paced_by_default_say_nothing(environ: dict[str, str]) -> None:
+    said = "connections: SANDBOXD_BODY_PACE"
+    assert not any(line.startswith(said) for line in lines_of(environ))
+
+
+def test_bodies_never_paced_is_said(environ: dict[str, str]) -> None:
+    environ["SANDBOXD_BODY_PACE"] = "off"
+    lines = lines_of(environ)
+    warning = (
+        "connections: SANDBOXD_BODY_PACE=off: one upload may take the CPUs every other "
+        "sandbox's requests need"
+    )
+    assert warning in lines, lines
+
+
 def test_an_e2b_front_without_a_token_says_any_key_is_accepted(environ: dict[str, str]) -> None:
     environ["SANDBOXD_E2B_LISTEN"] = "tcp:0:interface=127.0.0.1"
     lines = lines_of(environ)
