@@ -599,12 +599,13 @@ def test_read_from_reads_what_the_pipe_holds_up_to_its_size() -> None:
     os.set_blocking(r, False)
     got: list[bytes] = []
     try:
-        exec_run.enlarge_pipe(r)
-        os.write(w, b"x" * 300_000)
-        assert exec_run.waiting(r) == 300_000
-        assert exec_run.read_from(r, got.append, 200_000) is None
-        assert exec_run.read_from(r, got.append, 200_000) is None
-        assert [len(chunk) for chunk in got] == [200_000, 100_000]
+        held = exec_run.enlarge_pipe(r)
+        part = held * 2 // 3
+        os.write(w, b"x" * held)  # a full pipe
+        assert exec_run.waiting(r) == held
+        assert exec_run.read_from(r, got.append, part) is None
+        assert exec_run.read_from(r, got.append, part) is None
+        assert [len(chunk) for chunk in got] == [part, held - part]
         assert exec_run.waiting(r) == 0
     finally:
         os.close(r)
