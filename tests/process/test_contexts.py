@@ -6,6 +6,7 @@ Every wait is for an event (a frame, the end), bounded by the client's socket ti
 
 import http.client
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -185,6 +186,7 @@ def test_a_root_too_long_for_a_socket(tmp_path: Path) -> None:
         assert "shorter SANDBOXD_ROOT" in json.loads(data)["detail"]
     finally:
         stop_daemon(running)
+        shutil.rmtree(root, ignore_errors=True)  # made outside tmp_path: its own to remove
 
 
 def test_removing_a_context_ends_what_runs_and_waits_in_it(daemon: Daemon) -> None:
