@@ -54,7 +54,7 @@ class SandboxdService(MultiService):
     objects) is frozen out of the garbage collector's passes (``gc.freeze``): each full pass,
     a stall of the reactor, then walks only what was made since (docs/performance.rst,
     "The garbage collector"). Before its thread pools start, the GIL's switch interval is
-    shortened to :data:`SWITCH_INTERVAL`.
+    shortened to :data:`SWITCH_INTERVAL`, and set back once they stop.
 
     Stopping it drains first (the HTTP endpoint keeps serving existing sandboxes until every
     command ended or the drain deadline passed), then stops the endpoint. ``POST /drain`` runs
@@ -82,6 +82,8 @@ class SandboxdService(MultiService):
         :func:`sandboxd.stop_signals.on_next_stop_signal`)."""
         self.manager = manager
         self.pools = pools
+        self.switch_before = sys.getswitchinterval()
+        """The GIL's switch interval before :meth:`startService`, set back once the pools stop."""
         self.reactor = reactor
         self.log_observer = log_observer
         self.listen = listen
@@ -105,6 +107,7 @@ class SandboxdService(MultiService):
         super().setServiceParent(parent)
 
     def startService(self) -> None:
+        self.switch_before = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL)
         for pool in self.pools:
             pool.start()
@@ -163,6 +166,7 @@ class SandboxdService(MultiService):
         def stop_pools(result: object) -> object:
             for pool in self.pools:
                 pool.stop()
+            sys.setswitchinterval(self.switch_before)
             self.undo.run()  # start-up failed at listen (else forgotten): what it made goes
             return result
 

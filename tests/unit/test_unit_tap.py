@@ -182,9 +182,12 @@ async def test_the_gil_is_handed_over_within_the_short_switch_interval_once_star
         await listening_url(service)
         assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
         assert SWITCH_INTERVAL < 0.005
-    finally:
-        sys.setswitchinterval(default)
         await service.stopService()
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # set back with the pools
+    finally:
+        if service.running:
+            await service.stopService()
+        sys.setswitchinterval(default)
 
 
 @pytest_twisted.ensureDeferred
