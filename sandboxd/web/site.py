@@ -251,9 +251,11 @@ class Channel(_twisted.BadRequestChannel):
     def rawDataReceived(self, data: bytes) -> None:
         if not self._refused:
             meter = self._meter
-            if meter is not None and meter.received(len(data)) > 0 and self._pace_call is None:
+            owed = 0.0 if meter is None else meter.received(len(data))
+            if owed > 0 and self._pace_call is None:
+                assert meter is not None
                 self.hold(PACE)
-                self._pace_call = meter.pace.clock.callLater(meter.owed(), self._paced)
+                self._pace_call = meter.pace.clock.callLater(owed, self._paced)
             super().rawDataReceived(data)
             return
         self._dropped += len(data)
