@@ -4,6 +4,7 @@ Twisted: an upgrade that removes or renames one fails here, by name."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from typing import Any
 
@@ -253,15 +254,18 @@ def poll_reactor(kind: str, by_round: bool) -> Any:
 
 @pytest.mark.parametrize("kind", ["epoll", "poll"])
 @pytest.mark.parametrize("by_round", [True, False], ids=["by-round", "twisteds-own"])
+@pytest.mark.parametrize("lower_freed", [False, True], ids=["pidfd-lowest", "lower-number-freed"])
 def test_a_descriptor_made_in_a_round_is_not_handed_a_closed_ones_event(
-    kind: str, by_round: bool
+    kind: str, by_round: bool, lower_freed: bool
 ) -> None:
     """A child's pipe and its pidfd are ready in the same round of events. The pipe's end
     reaps the child (as ``Process`` does), which closes the pidfd, and a pipe is made in that
     round (the next exec's), taking the pidfd's number: with events handed out by round it is
     not handed the pidfd's event; with Twisted's own loop it is (the stdin pipe that dropped
-    its stdin)."""
+    its stdin). With ``lower_freed``, a number below the pidfd's is freed as the pipe is made
+    (as another thread of the test process may)."""
     own = poll_reactor(kind, by_round)
+    lower = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     read_end, write_end = os.pipe()
     child = os.posix_spawn(
         "/bin/true", ["true"], {}, file_actions=[(os.POSIX_SPAWN_DUP2, write_end, 1)]
@@ -291,13 +295,19 @@ def test_a_descriptor_made_in_a_round_is_not_handed_a_closed_ones_event(
 
         def connectionLost(self, reason: Any) -> None:
             watch.reap()
+            if lower_freed:
+                os.close(lower)
             # The lowest free number, as os.pipe() takes it in the daemon (here, in a test
-            # process with lower numbers free, the pidfd's is given outright).
+            # process with lower numbers free, the pidfd's is given outright). Should another
+            # thread free a lower number meanwhile, the pipe's write end takes the pidfd's
+            # number: it is moved above it before the read end is put there.
             read, write = os.pipe()
+            above = fcntl.fcntl(write, fcntl.F_DUPFD_CLOEXEC, pidfd + 1)
+            os.close(write)
             if read != pidfd:
                 os.dup2(read, pidfd)
                 os.close(read)
-            made.extend((pidfd, write))
+            made.extend((pidfd, above))
             Made(made[0]).startReading()
 
     ChildsPipe(own).startReading()  # registered first: its event comes first in the round
@@ -316,7 +326,7 @@ def test_a_descriptor_made_in_a_round_is_not_handed_a_closed_ones_event(
         assert spurious == ([pidfd] if by_round else [pidfd, pidfd])
     finally:
         own.removeAll()
-        for fd in (read_end, *made):
+        for fd in (read_end, *made, *([] if lower_freed else [lower])):
             os.close(fd)
 
 
