@@ -35,7 +35,7 @@ SPOOL_MIN = 100_000
 """Bodies at least this long (or of unknown length) are stored in a :class:`Spool`; shorter
 ones in memory, as twisted.web does."""
 
-AHEAD = 4 << 20
+AHEAD = 2 << 20
 """Bytes of a body received but not yet written past which its connection stops reading
 (the memory one upload takes, however fast its client sends, plus one read)."""
 
