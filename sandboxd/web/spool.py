@@ -36,8 +36,9 @@ SPOOL_MIN = 100_000
 ones in memory, as twisted.web does."""
 
 AHEAD = 2 << 20
-"""Bytes of a body received but not yet written past which its connection stops reading
-(the memory one upload takes, however fast its client sends, plus one read)."""
+"""Bytes of a body received but not yet written past which its connection stops reading. A
+body holds two batches at most (the one being written, the one filled meanwhile), each of at
+most this plus one read, however fast its client sends."""
 
 
 class Spool(io.BufferedRandom):
