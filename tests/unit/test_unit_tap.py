@@ -183,7 +183,7 @@ async def test_the_gil_is_handed_over_within_the_short_switch_interval_once_star
         assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL)
         assert SWITCH_INTERVAL < 0.005
         await service.stopService()
-        assert sys.getswitchinterval() == pytest.approx(default)  # set back with the pools
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # set back with the pools
     finally:
         if service.running:
             await service.stopService()
