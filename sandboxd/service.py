@@ -121,6 +121,7 @@ class SandboxdService(MultiService):
             # (without stopService): what start-up made goes now.
             for pool in self.pools:
                 pool.stop()
+            sys.setswitchinterval(self.switch_before)
             self.undo.run()
             raise SystemExit(f"sandboxd: {self.exit_status.message}")
 
