@@ -119,10 +119,7 @@ class SandboxdService(MultiService):
         if self.exit_status.message is not None and not self.reactor.running:
             # No leftovers: all of that ran before the reactor, and twistd exits at once
             # (without stopService): what start-up made goes now.
-            for pool in self.pools:
-                pool.stop()
-            sys.setswitchinterval(self.switch_before)
-            self.undo.run()
+            self._undo_start()
             raise SystemExit(f"sandboxd: {self.exit_status.message}")
 
     async def _listen(self) -> None:
@@ -165,13 +162,19 @@ class SandboxdService(MultiService):
             return maybeDeferred(MultiService.stopService, self)
 
         def stop_pools(result: object) -> object:
-            for pool in self.pools:
-                pool.stop()
-            sys.setswitchinterval(self.switch_before)
-            self.undo.run()  # start-up failed at listen (else forgotten): what it made goes
+            self._undo_start()
             return result
 
         return drained.addCallback(stop_children).addBoth(stop_pools)
+
+    def _undo_start(self) -> None:
+        """Undo what :meth:`startService` did outside the children: stop the pools, set the
+        switch interval back, and remove what start-up made on the host if it failed at
+        listen (once listening, :attr:`undo` is forgotten: the drain cleans up)."""
+        for pool in self.pools:
+            pool.stop()
+        sys.setswitchinterval(self.switch_before)
+        self.undo.run()
 
     def stop_now(self, signal_name: str) -> None:
         """A second stop signal during a drain: kill every sandbox now, then exit."""
