@@ -73,6 +73,17 @@ def capture() -> Iterator[list[dict[str, Any]]]:
 
 
 @pytest.fixture
+def cpythons_switch_interval() -> Iterator[None]:
+    """CPython's own switch interval (5 ms) for the test; the one before it afterwards."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@pytest.fixture
 def token_file(tmp_path: Path) -> Path:
     path = tmp_path / "token"
     path.write_bytes(b"  t0ken-value \n")
@@ -172,10 +183,8 @@ async def test_what_start_up_made_is_frozen_out_of_the_collectors_passes_once_li
 
 @pytest_twisted.ensureDeferred
 async def test_the_gil_is_handed_over_within_the_short_switch_interval_once_started(
-    environ: dict[str, str],
+    environ: dict[str, str], cpythons_switch_interval: None
 ) -> None:
-    default = sys.getswitchinterval()
-    sys.setswitchinterval(0.005)  # CPython's own
     service = build(environ)
     service.startService()
     try:
@@ -187,7 +196,6 @@ async def test_the_gil_is_handed_over_within_the_short_switch_interval_once_star
     finally:
         if service.running:
             await service.stopService()
-        sys.setswitchinterval(default)
 
 
 @pytest_twisted.ensureDeferred
@@ -242,7 +250,7 @@ async def test_listening_waits_for_the_recovery(
 
 
 def test_a_port_taken_before_the_reactor_runs_stops_twistd(
-    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    environ: dict[str, str], monkeypatch: pytest.MonkeyPatch, cpythons_switch_interval: None
 ) -> None:
     with socket.socket(socket.AF_INET6) as squatter:
         squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -256,16 +264,11 @@ def test_a_port_taken_before_the_reactor_runs_stops_twistd(
             running = False
 
         service.reactor = NotRunning()
-        default = sys.getswitchinterval()
-        sys.setswitchinterval(0.005)  # CPython's own
-        try:
-            with pytest.raises(
-                SystemExit, match=rf"start-up failed at listen: \[::1\]:{port}: Address"
-            ):
-                service.startService()
-            assert sys.getswitchinterval() == pytest.approx(0.005)  # set back with the pools
-        finally:
-            sys.setswitchinterval(default)
+        with pytest.raises(
+            SystemExit, match=rf"start-up failed at listen: \[::1\]:{port}: Address"
+        ):
+            service.startService()
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # set back with the pools
         assert service.exit_status.code == 1
         service.exit_status.code = 0  # this test process exits as pytest says
         assert all(not pool.started for pool in service.pools)
