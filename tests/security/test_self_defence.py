@@ -61,6 +61,14 @@ def send_unfinished(port: int, head: bytes) -> tuple[socket.socket, int]:
     return attack, sent
 
 
+def stored_whole(attack: socket.socket, sent: int, stored: int) -> None:
+    """With the gate off: the whole attack was sent and at least half of it stored (less what
+    the socket buffers still hold). The daemon is still reading the body, so no answer comes:
+    ``attack`` is closed without waiting for one."""
+    attack.close()
+    assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
+
+
 def answer_of(attack: socket.socket) -> bytes:
     """What the daemon answered on ``attack`` (nothing if it reset it), and close it."""
     answer = b""
@@ -132,10 +140,8 @@ def test_an_unauthenticated_chunked_body_is_never_stored(tmp_path: Path, gate: s
         # The body is left unfinished, so whatever the daemon stored of it is still held.
         stored = used_bytes(root) - used_before
         grown = daemon.rss_kib() * 1024 - rss_before
-        if gate == "off":  # the daemon is still reading the body: no answer comes
-            attack.close()
-            # (less what the socket buffers still hold)
-            assert sent == ATTACK_BYTES and stored >= ATTACK_BYTES // 2, stored
+        if gate == "off":
+            stored_whole(attack, sent, stored)
             return
         answer = answer_of(attack)
         assert answer.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), answer
